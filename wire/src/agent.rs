@@ -1,0 +1,125 @@
+//! The host↔agent protocol: what the daemon says to `guest-init` over one stream connection
+//! (vsock in a microVM, a Unix socket in a namespace sandbox). See `docs/agent-protocol.md`.
+//!
+//! Every connection carries one request. The host first sends an [`AgentRequest`] as a
+//! length-prefixed JSON message ([`write_message`](crate::write_message)); then:
+//! - `exec`: the agent answers with a frame stream (stdout/stderr, then exactly one exit frame).
+//!   With `interactive`, the host sends stdin/stdin_close frames; otherwise the command's stdin
+//!   is `/dev/null`. Closing the connection kills the command's process group.
+//! - `put_files`: the host streams a tar archive and closes its write half (or simply ends the
+//!   archive); the agent answers with one [`AgentReply`] (`files` or `error`).
+//! - `get_file`: the agent answers with one [`AgentReply`]: `file` with the size, followed by
+//!   exactly that many raw bytes, or `error`.
+//! - `ping`: [`AgentReply::Pong`] with the agent's [`Hello`]. `shutdown`: `shutting_down`, then
+//!   the agent syncs and ends the VM.
+
+use serde::{Deserialize, Serialize};
+
+use crate::types::{ErrorBody, ExecRequest, FilesPutResult};
+
+/// Version of this host↔agent protocol, sent in the hello.
+pub const PROTOCOL_VERSION: u32 = 1;
+
+/// The vsock port the agent serves requests on (kernel command line `crucible.port=`).
+pub const DEFAULT_AGENT_PORT: u32 = 1024;
+
+/// The host vsock port the agent connects to when ready (`crucible.ready_port=`).
+pub const DEFAULT_READY_PORT: u32 = 1025;
+
+/// One request, the first message on a connection.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "op", rename_all = "snake_case", deny_unknown_fields)]
+pub enum AgentRequest {
+    /// Run a command and stream its output as frames.
+    Exec {
+        /// What to run.
+        request: ExecRequest,
+        /// Whether the host will send stdin frames.
+        #[serde(default)]
+        interactive: bool,
+    },
+    /// Extract the tar archive that follows beneath `path`.
+    PutFiles {
+        /// The destination directory (absolute; created if missing).
+        path: String,
+    },
+    /// Send one file's bytes.
+    GetFile {
+        /// The file (absolute).
+        path: String,
+    },
+    /// Answer with the agent's hello.
+    Ping,
+    /// Sync and end the VM (or the namespace sandbox).
+    Shutdown,
+}
+
+/// The agent's JSON answer to the requests that have one (not `exec`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "reply", rename_all = "snake_case")]
+pub enum AgentReply {
+    /// The request failed; `code` is one of `invalid_request`, `not_found`, `is_a_directory`,
+    /// `permission_denied`, `io_error`.
+    Error(ErrorBody),
+    /// The result of `put_files`.
+    Files(FilesPutResult),
+    /// `get_file` succeeded: exactly `size` raw bytes follow.
+    File {
+        /// The file's length in bytes.
+        size: u64,
+    },
+    /// The answer to `ping`.
+    Pong(Hello),
+    /// The answer to `shutdown`, sent before the agent ends the VM.
+    ShuttingDown,
+}
+
+/// What the agent says when it is ready (and in answer to `ping`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Hello {
+    /// The agent's crate version.
+    pub agent_version: String,
+    /// [`PROTOCOL_VERSION`] of the agent.
+    pub protocol: u32,
+    /// `uname -r` of the guest kernel.
+    pub kernel_release: String,
+    /// The guest's `/proc/uptime` when the agent became ready, in milliseconds.
+    pub uptime_ms: u64,
+    /// The agent's PID (1 when it is the guest's init).
+    pub pid: u32,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn requests_are_tagged_by_op() {
+        let json = serde_json::to_string(&AgentRequest::GetFile {
+            path: "/etc/hostname".into(),
+        })
+        .expect("serializes");
+        assert_eq!(json, r#"{"op":"get_file","path":"/etc/hostname"}"#);
+        let ping: AgentRequest = serde_json::from_str(r#"{"op":"ping"}"#).expect("parses");
+        assert_eq!(ping, AgentRequest::Ping);
+        let exec: AgentRequest =
+            serde_json::from_str(r#"{"op":"exec","request":{"cmd":["true"]}}"#).expect("parses");
+        assert_eq!(
+            exec,
+            AgentRequest::Exec {
+                request: ExecRequest::new(["true"]),
+                interactive: false
+            }
+        );
+    }
+
+    #[test]
+    fn replies_are_tagged_by_reply() {
+        let json = serde_json::to_string(&AgentReply::File { size: 3 }).expect("serializes");
+        assert_eq!(json, r#"{"reply":"file","size":3}"#);
+        let err: AgentReply =
+            serde_json::from_str(r#"{"reply":"error","code":"not_found","message":"no /x"}"#)
+                .expect("parses");
+        assert_eq!(err, AgentReply::Error(ErrorBody::new("not_found", "no /x")));
+    }
+}

@@ -1,0 +1,367 @@
+//! The JSON types of the protocol, with exactly the spec's field names.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+/// Longest accepted `timeout_s`: one week. Anything longer is a mistake, not a CI job.
+pub const MAX_TIMEOUT_S: i64 = 7 * 24 * 3600;
+/// Most arguments accepted in `cmd`.
+pub const MAX_ARGS: usize = 65_536;
+/// Most variables accepted in `env`.
+pub const MAX_ENV: usize = 4_096;
+/// Largest total size of `cmd`, `env` and `cwd` together (Linux's default `ARG_MAX` is 2 MiB,
+/// shared between argv and the environment).
+pub const MAX_REQUEST_BYTES: usize = 1024 * 1024;
+
+/// A command to run in the sandbox: the body of `POST /sandboxes/{id}/exec` and the first
+/// WebSocket message.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ExecRequest {
+    /// The command and its arguments; `cmd[0]` is resolved on `PATH` inside the guest.
+    pub cmd: Vec<String>,
+    /// Variables added to (not replacing) the agent's environment.
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+    /// Working directory; empty inherits the agent's.
+    #[serde(default)]
+    pub cwd: String,
+    /// Deadline in seconds after which the agent kills the command's process group; 0 = none.
+    #[serde(default)]
+    pub timeout_s: i64,
+}
+
+/// Why an [`ExecRequest`] was refused. The message names the field.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{field}: {reason}")]
+pub struct ValidationError {
+    /// The offending field, as spelled in JSON (`cmd[2]`, `env.PATH`, `timeout_s`).
+    pub field: String,
+    /// What is wrong with it.
+    pub reason: String,
+}
+
+impl ValidationError {
+    fn new(field: impl Into<String>, reason: impl Into<String>) -> Self {
+        ValidationError {
+            field: field.into(),
+            reason: reason.into(),
+        }
+    }
+}
+
+impl ExecRequest {
+    /// A request for `cmd` with no env, cwd or timeout.
+    pub fn new<I, S>(cmd: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        ExecRequest {
+            cmd: cmd.into_iter().map(Into::into).collect(),
+            ..ExecRequest::default()
+        }
+    }
+
+    /// Checks what JSON parsing cannot: a non-empty command, no NUL bytes anywhere (they cannot
+    /// cross `execve`), valid env names, an absolute `cwd`, and sane sizes and timeouts.
+    pub fn validate(&self) -> Result<(), ValidationError> {
+        if self.cmd.is_empty() {
+            return Err(ValidationError::new("cmd", "must not be empty"));
+        }
+        if self.cmd[0].is_empty() {
+            return Err(ValidationError::new(
+                "cmd[0]",
+                "the program name must not be empty",
+            ));
+        }
+        if self.cmd.len() > MAX_ARGS {
+            return Err(ValidationError::new(
+                "cmd",
+                format!(
+                    "{} arguments, more than the {MAX_ARGS} allowed",
+                    self.cmd.len()
+                ),
+            ));
+        }
+        for (i, arg) in self.cmd.iter().enumerate() {
+            if arg.contains('\0') {
+                return Err(ValidationError::new(
+                    format!("cmd[{i}]"),
+                    "contains a NUL byte",
+                ));
+            }
+        }
+        if self.env.len() > MAX_ENV {
+            return Err(ValidationError::new(
+                "env",
+                format!(
+                    "{} variables, more than the {MAX_ENV} allowed",
+                    self.env.len()
+                ),
+            ));
+        }
+        for (name, value) in &self.env {
+            if name.is_empty() {
+                return Err(ValidationError::new("env", "a variable name is empty"));
+            }
+            if name.contains('=') || name.contains('\0') {
+                return Err(ValidationError::new(
+                    format!("env.{}", name.escape_debug()),
+                    "variable names must not contain '=' or NUL",
+                ));
+            }
+            if value.contains('\0') {
+                return Err(ValidationError::new(
+                    format!("env.{name}"),
+                    "value contains a NUL byte",
+                ));
+            }
+        }
+        if self.cwd.contains('\0') {
+            return Err(ValidationError::new("cwd", "contains a NUL byte"));
+        }
+        if !self.cwd.is_empty() && !self.cwd.starts_with('/') {
+            return Err(ValidationError::new(
+                "cwd",
+                format!("must be an absolute path, got {:?}", self.cwd),
+            ));
+        }
+        if !(0..=MAX_TIMEOUT_S).contains(&self.timeout_s) {
+            return Err(ValidationError::new(
+                "timeout_s",
+                format!(
+                    "must be between 0 and {MAX_TIMEOUT_S}, got {}",
+                    self.timeout_s
+                ),
+            ));
+        }
+        let total: usize = self.cmd.iter().map(|a| a.len() + 1).sum::<usize>()
+            + self
+                .env
+                .iter()
+                .map(|(k, v)| k.len() + v.len() + 2)
+                .sum::<usize>()
+            + self.cwd.len();
+        if total > MAX_REQUEST_BYTES {
+            return Err(ValidationError::new(
+                "cmd",
+                format!(
+                    "cmd, env and cwd total {total} bytes, more than the {MAX_REQUEST_BYTES} allowed"
+                ),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Resource usage of a finished command.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Usage {
+    /// User CPU time.
+    pub cpu_user_ms: u64,
+    /// System CPU time.
+    pub cpu_sys_ms: u64,
+    /// Peak resident set size.
+    pub peak_memory_bytes: u64,
+    /// Page faults that needed I/O.
+    pub page_faults_major: u64,
+    /// Times the command was preempted.
+    pub context_switches_involuntary: u64,
+    /// Bytes read from storage (approximate for very short commands).
+    pub io_read_bytes: u64,
+    /// Bytes written to storage (approximate for very short commands).
+    pub io_write_bytes: u64,
+}
+
+/// The payload of the exit frame: how a command ended.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ExecResult {
+    /// The exit status; -1 when the process was killed by a signal or never started.
+    pub exit_code: i32,
+    /// Wall time from spawn to exit.
+    #[serde(default)]
+    pub duration_ms: u64,
+    /// The signal name (`"SIGKILL"`) when the process was signalled; empty otherwise.
+    #[serde(default)]
+    pub signal: String,
+    /// Whether the agent killed the command at its `timeout_s` deadline.
+    #[serde(default)]
+    pub timed_out: bool,
+    /// Best-effort: whether the kernel's OOM killer ended the command.
+    #[serde(default)]
+    pub oom_killed: bool,
+    /// Why the command could not run or was lost; empty on a normal exit.
+    #[serde(default)]
+    pub error: String,
+    /// Resource usage; `null` when the agent collected none ("no data", not zeroes).
+    #[serde(default)]
+    pub usage: Option<Usage>,
+}
+
+impl ExecResult {
+    /// The result of a command that never ran or was lost: `exit_code: -1` and `error`.
+    pub fn failed(error: impl Into<String>) -> Self {
+        ExecResult {
+            exit_code: -1,
+            error: error.into(),
+            ..ExecResult::default()
+        }
+    }
+}
+
+/// A tar entry that `put_files` refused, and why.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RefusedEntry {
+    /// The entry's path as written in the archive.
+    pub path: String,
+    /// Why it was refused (`"escapes the destination"`, `"device nodes are not allowed"`, …).
+    pub reason: String,
+}
+
+/// The answer to a file upload (`POST /sandboxes/{id}/files`).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FilesPutResult {
+    /// The guest directory the archive was extracted beneath.
+    pub path: String,
+    /// Regular files written.
+    pub files: u64,
+    /// Directories created.
+    pub dirs: u64,
+    /// Symbolic and hard links created.
+    pub links: u64,
+    /// File content bytes written.
+    pub bytes: u64,
+    /// Paths written, relative to `path`, in archive order.
+    pub written: Vec<String>,
+    /// The first refused entry, if any; extraction stopped there and nothing was written outside
+    /// `path`. Entries before it were extracted.
+    pub refused: Option<RefusedEntry>,
+}
+
+/// The JSON body of every 4xx/5xx the daemon sends.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ErrorBody {
+    /// A stable machine-readable code (`"not_found"`, `"invalid_request"`, `"unauthorized"`, …).
+    pub code: String,
+    /// A human-readable sentence saying what failed and on which input.
+    pub message: String,
+}
+
+impl ErrorBody {
+    /// An error envelope.
+    pub fn new(code: impl Into<String>, message: impl Into<String>) -> Self {
+        ErrorBody {
+            code: code.into(),
+            message: message.into(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn exec_result_uses_the_spec_field_names_and_null_usage() {
+        let json = serde_json::to_value(ExecResult::default()).expect("serializes");
+        let keys: Vec<&str> = json
+            .as_object()
+            .expect("object")
+            .keys()
+            .map(String::as_str)
+            .collect();
+        let mut expected = vec![
+            "exit_code",
+            "duration_ms",
+            "signal",
+            "timed_out",
+            "oom_killed",
+            "error",
+            "usage",
+        ];
+        expected.sort();
+        let mut keys = keys;
+        keys.sort();
+        assert_eq!(keys, expected);
+        assert!(json["usage"].is_null());
+    }
+
+    #[test]
+    fn spec_example_exec_result_parses() {
+        let text = r#"{"exit_code":0,"duration_ms":247,"signal":"","timed_out":false,
+            "oom_killed":false,"error":"","usage":{"cpu_user_ms":180,"cpu_sys_ms":40,
+            "peak_memory_bytes":35389440,"page_faults_major":2,
+            "context_switches_involuntary":14,"io_read_bytes":0,"io_write_bytes":0}}"#;
+        let r: ExecResult = serde_json::from_str(text).expect("parses");
+        assert_eq!(r.duration_ms, 247);
+        assert_eq!(r.usage.expect("usage").peak_memory_bytes, 35389440);
+    }
+
+    #[test]
+    fn exec_request_defaults_optional_fields() {
+        let r: ExecRequest = serde_json::from_str(r#"{"cmd":["true"]}"#).expect("parses");
+        assert_eq!(r, ExecRequest::new(["true"]));
+        r.validate().expect("valid");
+    }
+
+    #[test]
+    fn exec_request_rejects_unknown_fields() {
+        let e = serde_json::from_str::<ExecRequest>(r#"{"cmd":["true"],"timeout":3}"#)
+            .expect_err("unknown field");
+        assert!(e.to_string().contains("timeout"), "{e}");
+    }
+
+    #[test]
+    fn validation_names_the_field() {
+        let cases: Vec<(ExecRequest, &str)> = vec![
+            (ExecRequest::default(), "cmd"),
+            (ExecRequest::new([""]), "cmd[0]"),
+            (ExecRequest::new(["echo", "a\0b"]), "cmd[1]"),
+            (
+                ExecRequest {
+                    env: [("A=B".to_string(), "x".to_string())].into(),
+                    ..ExecRequest::new(["true"])
+                },
+                "env.A=B",
+            ),
+            (
+                ExecRequest {
+                    env: [("A".to_string(), "x\0".to_string())].into(),
+                    ..ExecRequest::new(["true"])
+                },
+                "env.A",
+            ),
+            (
+                ExecRequest {
+                    cwd: "relative".into(),
+                    ..ExecRequest::new(["true"])
+                },
+                "cwd",
+            ),
+            (
+                ExecRequest {
+                    timeout_s: -1,
+                    ..ExecRequest::new(["true"])
+                },
+                "timeout_s",
+            ),
+            (
+                ExecRequest {
+                    timeout_s: MAX_TIMEOUT_S + 1,
+                    ..ExecRequest::new(["true"])
+                },
+                "timeout_s",
+            ),
+            (
+                ExecRequest::new(vec!["x".repeat(MAX_REQUEST_BYTES + 1)]),
+                "cmd",
+            ),
+        ];
+        for (req, field) in cases {
+            let err = req.validate().expect_err("invalid");
+            assert_eq!(err.field, field, "{err}");
+        }
+    }
+}

@@ -1,0 +1,31 @@
+//! `cargo xtask …`: builds, checks and generated files for crucible.
+
+use anyhow::Result;
+use clap::{Parser, Subcommand};
+
+mod ci;
+mod fixtures;
+mod util;
+
+#[derive(Parser)]
+#[command(name = "cargo xtask", about = "crucible's project automation", version)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Everything CI checks: fmt, clippy, tests, generated files up to date.
+    Ci(ci::Args),
+    /// Regenerate the conformance fixtures (`fixtures/*.bin` + `manifest.json`) from the codec.
+    GenFixtures(fixtures::Args),
+}
+
+fn main() -> Result<()> {
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Ci(args) => ci::run(args),
+        Command::GenFixtures(args) => fixtures::run(args),
+    }
+}
