@@ -10,6 +10,14 @@ fn codec(c: &mut Criterion) {
 
     let mut group = c.benchmark_group("codec");
     group.throughput(Throughput::Bytes(data.len() as u64));
+    // The floor the codec is measured against: copying the same bytes once.
+    group.bench_function("memcpy_floor", |b| {
+        let mut out = vec![0u8; encoded.len()];
+        b.iter(|| {
+            out.copy_from_slice(std::hint::black_box(&encoded));
+            out.len()
+        })
+    });
     group.bench_function("encode_64k_frames", |b| {
         let mut out = Vec::with_capacity(encoded.len());
         b.iter(|| {

@@ -32,6 +32,13 @@ pub fn run(_args: Args) -> Result<()> {
         Command::new(&cargo).args(["test", "--workspace", "--all-features"]),
     )?;
     check_generated("fixtures", "gen-fixtures", &["fixtures"])?;
+    ensure_pytest()?;
+    run_step(
+        "python sdk",
+        Command::new("python3")
+            .args(["-m", "pytest", "-q"])
+            .current_dir(workspace_root().join("sdks/python")),
+    )?;
     eprintln!("==> ci: all checks passed");
     Ok(())
 }
@@ -56,5 +63,24 @@ fn check_generated(name: &str, task: &str, paths: &[&str]) -> Result<()> {
         );
     }
     eprintln!("    {name} up to date");
+    Ok(())
+}
+
+/// Installs pytest with pip when the machine lacks it (a fresh CI machine does).
+fn ensure_pytest() -> Result<()> {
+    let have = Command::new("python3")
+        .args(["-c", "import pytest"])
+        .output()
+        .map(|o| o.status.success())
+        .unwrap_or(false);
+    if !have {
+        eprintln!(
+            "==> pytest is missing: installing it with pip (needed for the Python SDK tests)"
+        );
+        run_step(
+            "pip install pytest",
+            Command::new("python3").args(["-m", "pip", "install", "--quiet", "pytest"]),
+        )?;
+    }
     Ok(())
 }

@@ -15,9 +15,11 @@ pub fn workspace_root() -> PathBuf {
         .unwrap_or(manifest_dir)
 }
 
-/// Runs `cmd` in the workspace root, echoing it and its duration; fails naming the command.
+/// Runs `cmd` (in the workspace root unless it names a directory), echoing it and its duration; fails naming the command.
 pub fn run_step(name: &str, cmd: &mut Command) -> Result<()> {
-    cmd.current_dir(workspace_root());
+    if cmd.get_current_dir().is_none() {
+        cmd.current_dir(workspace_root());
+    }
     eprintln!("==> {name}: {}", describe(cmd));
     let started = Instant::now();
     let status = cmd

@@ -1,0 +1,31 @@
+"""Python SDK for crucible sandboxes."""
+
+from .codec import (
+    EXIT,
+    HEADER_SIZE,
+    MAX_PAYLOAD,
+    STDERR,
+    STDIN,
+    STDIN_CLOSE,
+    STDOUT,
+    DecodeError,
+    Decoder,
+    Frame,
+    encode_frame,
+    encode_frames,
+)
+
+__all__ = [
+    "EXIT",
+    "HEADER_SIZE",
+    "MAX_PAYLOAD",
+    "STDERR",
+    "STDIN",
+    "STDIN_CLOSE",
+    "STDOUT",
+    "DecodeError",
+    "Decoder",
+    "Frame",
+    "encode_frame",
+    "encode_frames",
+]
