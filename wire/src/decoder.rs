@@ -157,6 +157,37 @@ impl Decoder {
         }))
     }
 
+    /// Takes every whole frame buffered, as the exact bytes received (headers included), and
+    /// validates them as [`next_frame`](Self::next_frame) does. For relays that forward frames
+    /// without re-encoding them while never forwarding half a frame. Empty when no whole frame
+    /// is buffered.
+    pub fn take_whole_frames(&mut self) -> Result<&[u8], DecodeError> {
+        let first = self.start;
+        let mut end = self.start;
+        let mut result = Ok(());
+        loop {
+            match self.complete_frame() {
+                Ok(Some((frame_type, len))) => {
+                    end += HEADER_SIZE + len;
+                    self.start = end;
+                    if frame_type == FrameType::Exit {
+                        self.saw_exit = true;
+                    }
+                }
+                Ok(None) => break,
+                Err(e) => {
+                    result = Err(e);
+                    break;
+                }
+            }
+        }
+        // Whole frames before an error are still good; the error surfaces on the next call.
+        if end == first {
+            result?;
+        }
+        Ok(&self.buf[first..end])
+    }
+
     /// Whether a whole frame is buffered (so [`next_frame`](Self::next_frame) returns one).
     pub fn has_frame(&mut self) -> Result<bool, DecodeError> {
         Ok(self.complete_frame()?.is_some())
@@ -388,6 +419,36 @@ mod tests {
         bytes.extend_from_slice(&[2, 0]);
         d.push(&bytes);
         assert_eq!(d.finish(), Err(DecodeError::TruncatedHeader { got: 2 }));
+    }
+
+    #[test]
+    fn take_whole_frames_returns_exact_bytes_and_keeps_the_partial_tail() {
+        let mut bytes = frame(FrameType::Stdout, b"one");
+        bytes.extend(frame(FrameType::Stderr, b"two"));
+        let whole = bytes.len();
+        bytes.extend(frame(FrameType::Exit, b"{}"));
+        let mut d = Decoder::new(Direction::GuestToHost);
+        d.push(&bytes[..whole + 3]);
+        assert_eq!(d.take_whole_frames().expect("valid"), &bytes[..whole]);
+        assert_eq!(d.take_whole_frames().expect("valid"), b"");
+        d.push(&bytes[whole + 3..]);
+        assert_eq!(d.take_whole_frames().expect("valid"), &bytes[whole..]);
+        assert!(d.saw_exit());
+        d.finish().expect("clean end");
+    }
+
+    #[test]
+    fn take_whole_frames_reports_an_error_after_the_good_frames() {
+        let mut bytes = frame(FrameType::Stdout, b"ok");
+        let good = bytes.len();
+        bytes.extend_from_slice(&[9, 0, 0, 0, 0, 0, 0, 0]);
+        let mut d = Decoder::new(Direction::GuestToHost);
+        d.push(&bytes);
+        assert_eq!(d.take_whole_frames().expect("good part"), &bytes[..good]);
+        assert_eq!(
+            d.take_whole_frames(),
+            Err(DecodeError::UnknownType { type_byte: 9 })
+        );
     }
 
     #[test]

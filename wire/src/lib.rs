@@ -17,6 +17,7 @@ mod encoder;
 mod frame;
 mod io;
 mod message;
+mod sandbox;
 mod types;
 
 #[cfg(feature = "tokio")]
@@ -27,6 +28,9 @@ pub use encoder::{encode_exit_payload, encode_frames, encode_header};
 pub use frame::{FrameType, UnknownFrameType, HEADER_SIZE, MAX_PAYLOAD};
 pub use io::{FrameReader, FrameWriter, ReadError, READ_BUFFER_SIZE};
 pub use message::{encode_message, read_message, write_message, MessageError, MAX_MESSAGE_SIZE};
+pub use sandbox::{
+    BackendKind, CreateSandbox, SandboxInfo, SandboxList, SandboxState, SandboxTimings,
+};
 pub use types::{
     ErrorBody, ExecRequest, ExecResult, FilesPutResult, RefusedEntry, Usage, ValidationError,
 };

@@ -1,0 +1,209 @@
+//! Per-sandbox cgroups: a memory limit, a process limit and a CPU quota, on cgroup v2 where it
+//! is mounted and on the v1 hierarchies otherwise (this project's CI host has only v1).
+
+use std::fs;
+use std::io;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+/// The limits to apply.
+#[derive(Debug, Clone, Copy)]
+pub struct CgroupLimits {
+    /// Memory limit in bytes (swap is not allowed on top).
+    pub memory_bytes: u64,
+    /// Most processes.
+    pub pids: u64,
+    /// CPU quota in whole CPUs.
+    pub cpus: u32,
+}
+
+/// The cgroups of one sandbox.
+#[derive(Debug)]
+pub struct SandboxCgroups {
+    dirs: Vec<PathBuf>,
+}
+
+const CFS_PERIOD_US: u64 = 100_000;
+
+fn write(path: &Path, value: &str) -> io::Result<()> {
+    fs::write(path, value).map_err(|e| {
+        io::Error::new(
+            e.kind(),
+            format!("write {value:?} to {}: {e}", path.display()),
+        )
+    })
+}
+
+fn mkdir(path: &Path) -> io::Result<()> {
+    fs::create_dir_all(path)
+        .map_err(|e| io::Error::new(e.kind(), format!("create cgroup {}: {e}", path.display())))
+}
+
+impl SandboxCgroups {
+    /// Creates the sandbox's cgroups under `root` (normally `/sys/fs/cgroup`), in a `crucible`
+    /// parent group.
+    pub fn create(root: &Path, id: &str, limits: CgroupLimits) -> io::Result<Self> {
+        if root.join("cgroup.controllers").exists() {
+            Self::create_v2(root, id, limits)
+        } else {
+            Self::create_v1(root, id, limits)
+        }
+    }
+
+    fn create_v2(root: &Path, id: &str, limits: CgroupLimits) -> io::Result<Self> {
+        let parent = root.join("crucible");
+        mkdir(&parent)?;
+        // Delegate the controllers to our children; missing ones are simply not limited.
+        for controller in ["+memory", "+pids", "+cpu"] {
+            let _ = write(&root.join("cgroup.subtree_control"), controller);
+            let _ = write(&parent.join("cgroup.subtree_control"), controller);
+        }
+        let dir = parent.join(id);
+        mkdir(&dir)?;
+        let group = SandboxCgroups {
+            dirs: vec![dir.clone()],
+        };
+        write(&dir.join("memory.max"), &limits.memory_bytes.to_string())?;
+        let _ = write(&dir.join("memory.swap.max"), "0");
+        write(&dir.join("pids.max"), &limits.pids.to_string())?;
+        let _ = write(
+            &dir.join("cpu.max"),
+            &format!("{} {CFS_PERIOD_US}", u64::from(limits.cpus) * CFS_PERIOD_US),
+        );
+        Ok(group)
+    }
+
+    fn create_v1(root: &Path, id: &str, limits: CgroupLimits) -> io::Result<Self> {
+        let mut group = SandboxCgroups { dirs: Vec::new() };
+        let memory = root.join("memory");
+        if !memory.is_dir() {
+            return Err(io::Error::new(
+                io::ErrorKind::NotFound,
+                format!(
+                    "no cgroup memory controller under {} (neither v2 nor v1 is mounted)",
+                    root.display()
+                ),
+            ));
+        }
+        let dir = memory.join("crucible").join(id);
+        mkdir(&dir)?;
+        group.dirs.push(dir.clone());
+        write(
+            &dir.join("memory.limit_in_bytes"),
+            &limits.memory_bytes.to_string(),
+        )?;
+        let memsw = dir.join("memory.memsw.limit_in_bytes");
+        if memsw.exists() {
+            write(&memsw, &limits.memory_bytes.to_string())?;
+        }
+        let pids = root.join("pids");
+        if pids.is_dir() {
+            let dir = pids.join("crucible").join(id);
+            mkdir(&dir)?;
+            group.dirs.push(dir.clone());
+            write(&dir.join("pids.max"), &limits.pids.to_string())?;
+        }
+        let cpu = root.join("cpu");
+        if cpu.is_dir() {
+            let dir = cpu.join("crucible").join(id);
+            mkdir(&dir)?;
+            group.dirs.push(dir.clone());
+            write(&dir.join("cpu.cfs_period_us"), &CFS_PERIOD_US.to_string())?;
+            write(
+                &dir.join("cpu.cfs_quota_us"),
+                &(u64::from(limits.cpus) * CFS_PERIOD_US).to_string(),
+            )?;
+        }
+        Ok(group)
+    }
+
+    /// The `cgroup.procs` files a process writes its pid into to join every group.
+    pub fn procs_files(&self) -> Vec<PathBuf> {
+        self.dirs.iter().map(|d| d.join("cgroup.procs")).collect()
+    }
+
+    /// The memory group's OOM-kill count, when the kernel reports one.
+    pub fn oom_kills(&self) -> Option<u64> {
+        for dir in &self.dirs {
+            for (file, key) in [
+                ("memory.events", "oom_kill"),
+                ("memory.oom_control", "oom_kill"),
+            ] {
+                if let Ok(text) = fs::read_to_string(dir.join(file)) {
+                    for line in text.lines() {
+                        if let Some(v) = line.strip_prefix(key).map(str::trim) {
+                            if let Ok(n) = v.parse() {
+                                return Some(n);
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        None
+    }
+
+    /// Removes the groups. Their processes must be dead; the kernel may need a moment to
+    /// release them after the last one exits, so an in-use group is retried briefly.
+    pub async fn remove(&self) -> io::Result<()> {
+        for dir in &self.dirs {
+            let mut attempts = 0;
+            loop {
+                match fs::remove_dir(dir) {
+                    Ok(()) => break,
+                    Err(e) if e.kind() == io::ErrorKind::NotFound => break,
+                    Err(e) if attempts < 200 && e.raw_os_error() == Some(16) => {
+                        attempts += 1;
+                        tokio::time::sleep(Duration::from_millis(5)).await;
+                    }
+                    Err(e) => {
+                        return Err(io::Error::new(
+                            e.kind(),
+                            format!("remove cgroup {}: {e}", dir.display()),
+                        ))
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Kills the processes of, and removes, every leftover sandbox cgroup under `root` (from a
+/// daemon that died). Returns how many groups were removed.
+pub async fn remove_stale(root: &Path) -> usize {
+    let mut removed = 0;
+    let parents = [
+        root.join("crucible"),
+        root.join("memory/crucible"),
+        root.join("pids/crucible"),
+        root.join("cpu/crucible"),
+    ];
+    for parent in parents {
+        let Ok(entries) = fs::read_dir(&parent) else {
+            continue;
+        };
+        for entry in entries.flatten() {
+            let dir = entry.path();
+            if !dir.is_dir() {
+                continue;
+            }
+            if let Ok(procs) = fs::read_to_string(dir.join("cgroup.procs")) {
+                for pid in procs
+                    .split_whitespace()
+                    .filter_map(|p| p.parse::<i32>().ok())
+                {
+                    let _ = nix::sys::signal::kill(
+                        nix::unistd::Pid::from_raw(pid),
+                        nix::sys::signal::Signal::SIGKILL,
+                    );
+                }
+            }
+            let group = SandboxCgroups { dirs: vec![dir] };
+            if group.remove().await.is_ok() {
+                removed += 1;
+            }
+        }
+    }
+    removed
+}

@@ -1,0 +1,116 @@
+//! What `crucible serve` is configured with.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use wire::BackendKind;
+
+use crate::auth::ApiKeys;
+
+/// Limits and defaults applied to every sandbox.
+#[derive(Debug, Clone)]
+pub struct Limits {
+    /// Most sandboxes alive at once (429 past it).
+    pub max_sandboxes: usize,
+    /// Most concurrent execs per sandbox (429 past it).
+    pub max_execs_per_sandbox: usize,
+    /// Memory when the create request gives none.
+    pub default_memory_mib: u64,
+    /// Largest memory a create request may ask for.
+    pub max_memory_mib: u64,
+    /// vCPUs when the create request gives none.
+    pub default_vcpus: u32,
+    /// Most vCPUs a create request may ask for.
+    pub max_vcpus: u32,
+    /// Lifetime when the create request gives none.
+    pub default_ttl_s: u64,
+    /// Longest lifetime a create request may ask for.
+    pub max_ttl_s: u64,
+    /// A sandbox with no exec or file transfer for this long is deleted.
+    pub idle_timeout_s: u64,
+    /// Most processes in one sandbox (pids cgroup).
+    pub max_pids: u64,
+    /// Size of a namespace sandbox's writable layer (tmpfs) and of its `/tmp`.
+    pub scratch_mib: u64,
+    /// How long to wait for a new sandbox's agent to say hello.
+    pub ready_timeout_s: u64,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            max_sandboxes: 256,
+            max_execs_per_sandbox: 128,
+            default_memory_mib: 512,
+            max_memory_mib: 16 * 1024,
+            default_vcpus: 1,
+            max_vcpus: 16,
+            default_ttl_s: 3600,
+            max_ttl_s: 7 * 24 * 3600,
+            idle_timeout_s: 1800,
+            max_pids: 1024,
+            scratch_mib: 1024,
+            ready_timeout_s: 10,
+        }
+    }
+}
+
+/// The daemon's configuration.
+#[derive(Debug, Clone)]
+pub struct ServeConfig {
+    /// The Unix socket to listen on (mode 0600); `None` for TCP only.
+    pub unix_socket: Option<PathBuf>,
+    /// A TCP address to listen on; requires API keys.
+    pub tcp: Option<SocketAddr>,
+    /// Accepted API keys; when any is set, every request must carry one.
+    pub api_keys: ApiKeys,
+    /// Where sandbox runtime directories live (`/run/crucible` for root).
+    pub state_dir: PathBuf,
+    /// The image: `rootfs/` (namespace backend) and `vmlinux` + `initramfs.cpio` (microVM).
+    pub image_dir: PathBuf,
+    /// The backend for requests that do not name one; `None` picks the best the host offers.
+    pub default_backend: Option<BackendKind>,
+    /// Limits and defaults.
+    pub limits: Limits,
+}
+
+/// Whether the process runs as root (state under `/run`), else under `$XDG_RUNTIME_DIR`.
+fn is_root() -> bool {
+    std::fs::metadata("/proc/self")
+        .map(|m| std::os::unix::fs::MetadataExt::uid(&m) == 0)
+        .unwrap_or(false)
+}
+
+/// `/run/crucible` for root, `$XDG_RUNTIME_DIR/crucible` (or `/tmp/crucible-<user>`) otherwise.
+pub fn default_state_dir() -> PathBuf {
+    if is_root() {
+        return PathBuf::from("/run/crucible");
+    }
+    match std::env::var_os("XDG_RUNTIME_DIR") {
+        Some(dir) => PathBuf::from(dir).join("crucible"),
+        None => {
+            let user = std::env::var("USER").unwrap_or_else(|_| "user".into());
+            std::env::temp_dir().join(format!("crucible-{user}"))
+        }
+    }
+}
+
+/// The daemon's default socket: `<state dir>/crucible.sock`.
+pub fn default_socket() -> PathBuf {
+    default_state_dir().join("crucible.sock")
+}
+
+impl ServeConfig {
+    /// Defaults: the default socket, no TCP, no keys, the given image.
+    pub fn new(image_dir: PathBuf) -> Self {
+        ServeConfig {
+            unix_socket: Some(default_socket()),
+            tcp: None,
+            api_keys: ApiKeys::default(),
+            state_dir: default_state_dir(),
+            image_dir,
+            default_backend: None,
+            limits: Limits::default(),
+        }
+    }
+}

@@ -1,0 +1,139 @@
+//! File transfer: a tar stream extracted in the guest (push), one file's bytes (pull). Both
+//! streamed: nothing is buffered whole.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use axum::body::Body;
+use axum::http::{header, StatusCode};
+use axum::response::{IntoResponse, Response};
+use futures_util::StreamExt;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio_util::io::ReaderStream;
+use wire::agent::{AgentReply, AgentRequest};
+use wire::{ErrorBody, FilesPutResult};
+
+use crate::error::ApiError;
+use crate::sandbox::ActivityGuard;
+use crate::state::AppState;
+
+/// Checks a guest path from `?path=`.
+pub fn validate_path(path: Option<&str>, what: &str) -> Result<String, ApiError> {
+    let path = path.ok_or_else(|| {
+        ApiError::invalid(format!("path: missing; pass ?path=<absolute guest {what}>"))
+    })?;
+    if !path.starts_with('/') || path.contains('\0') {
+        return Err(ApiError::invalid(format!(
+            "path: must be an absolute guest path without NUL, got {path:?}"
+        )));
+    }
+    Ok(path.to_string())
+}
+
+/// Maps an agent error reply to an HTTP error.
+fn agent_error(body: ErrorBody) -> ApiError {
+    let (status, code) = match body.code.as_str() {
+        "invalid_request" => (StatusCode::BAD_REQUEST, "invalid_request"),
+        "not_found" => (StatusCode::NOT_FOUND, "not_found"),
+        "is_a_directory" => (StatusCode::BAD_REQUEST, "is_a_directory"),
+        "permission_denied" => (StatusCode::FORBIDDEN, "permission_denied"),
+        _ => (StatusCode::INTERNAL_SERVER_ERROR, "io_error"),
+    };
+    ApiError::new(status, code, body.message)
+}
+
+async fn request(
+    guard: &ActivityGuard,
+    message: &AgentRequest,
+) -> Result<tokio::net::UnixStream, ApiError> {
+    let sandbox = guard.sandbox();
+    let mut agent = sandbox.connect_agent().await.map_err(|e| {
+        ApiError::agent(format!(
+            "cannot reach the agent of sandbox {}: {e}",
+            sandbox.id
+        ))
+    })?;
+    wire::write_message_async(&mut agent, message)
+        .await
+        .map_err(|e| ApiError::agent(format!("sending the request to the agent failed: {e}")))?;
+    Ok(agent)
+}
+
+/// `POST /sandboxes/{id}/files?path=DIR`: streams the tar body to the agent.
+pub async fn put(
+    state: Arc<AppState>,
+    guard: ActivityGuard,
+    path: String,
+    body: Body,
+) -> Result<FilesPutResult, ApiError> {
+    let mut agent = request(&guard, &AgentRequest::PutFiles { path }).await?;
+    let mut body = body.into_data_stream();
+    while let Some(chunk) = body.next().await {
+        let chunk =
+            chunk.map_err(|e| ApiError::invalid(format!("reading the upload failed: {e}")))?;
+        state
+            .metrics
+            .bytes_uploaded
+            .fetch_add(chunk.len() as u64, Ordering::Relaxed);
+        if let Err(e) = agent.write_all(&chunk).await {
+            // The agent may have stopped reading because it refused an entry: its reply says.
+            tracing::debug!("upload to agent stopped early: {e}");
+            break;
+        }
+    }
+    let _ = agent.shutdown().await;
+    let reply: AgentReply = wire::read_message_async(&mut agent)
+        .await
+        .map_err(|e| ApiError::agent(format!("reading the agent's reply failed: {e}")))?;
+    match reply {
+        AgentReply::Files(result) => match &result.refused {
+            Some(refused) => Err(ApiError::new(
+                StatusCode::BAD_REQUEST,
+                "refused_entry",
+                format!(
+                    "tar entry {:?} refused: {} ({} entries before it were extracted)",
+                    refused.path,
+                    refused.reason,
+                    result.written.len()
+                ),
+            )),
+            None => Ok(result),
+        },
+        AgentReply::Error(body) => Err(agent_error(body)),
+        other => Err(ApiError::agent(format!("unexpected agent reply {other:?}"))),
+    }
+}
+
+/// `GET /sandboxes/{id}/files?path=FILE`: the file's bytes, streamed with their length.
+pub async fn get(
+    state: Arc<AppState>,
+    guard: ActivityGuard,
+    path: String,
+) -> Result<Response, ApiError> {
+    let mut agent = request(&guard, &AgentRequest::GetFile { path }).await?;
+    let reply: AgentReply = wire::read_message_async(&mut agent)
+        .await
+        .map_err(|e| ApiError::agent(format!("reading the agent's reply failed: {e}")))?;
+    let size = match reply {
+        AgentReply::File { size } => size,
+        AgentReply::Error(body) => return Err(agent_error(body)),
+        other => return Err(ApiError::agent(format!("unexpected agent reply {other:?}"))),
+    };
+    state
+        .metrics
+        .bytes_downloaded
+        .fetch_add(size, Ordering::Relaxed);
+    // The guard rides along with the body so the sandbox counts as busy until it is sent.
+    let stream = ReaderStream::with_capacity(agent.take(size), 64 * 1024).map(move |chunk| {
+        let _busy = &guard;
+        chunk
+    });
+    Ok((
+        [
+            (header::CONTENT_TYPE, "application/octet-stream".to_string()),
+            (header::CONTENT_LENGTH, size.to_string()),
+        ],
+        Body::from_stream(stream),
+    )
+        .into_response())
+}

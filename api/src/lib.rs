@@ -1,0 +1,33 @@
+//! `crucible serve`: the sandbox daemon. It owns sandbox state, starts each sandbox on a
+//! backend (a microVM, or Linux namespaces), and relays exec streams and files between HTTP /
+//! WebSocket clients and each sandbox's agent. See `docs/api.md`.
+
+#![forbid(unsafe_code)]
+
+pub mod auth;
+pub mod backend;
+pub mod config;
+pub mod error;
+mod exec;
+mod files;
+pub mod hijack;
+pub mod host;
+pub mod metrics;
+pub mod relay;
+mod rewind;
+pub mod routes;
+pub mod sandbox;
+pub mod server;
+pub mod state;
+mod ws;
+
+pub use auth::ApiKeys;
+pub use config::{Limits, ServeConfig};
+pub use server::{shutdown_signal, ServeError, Server};
+
+/// Binds and serves until SIGTERM/SIGINT, then deletes every sandbox.
+pub async fn serve(config: ServeConfig) -> Result<(), ServeError> {
+    let server = Server::bind(config).await?;
+    server.run(shutdown_signal()).await;
+    Ok(())
+}

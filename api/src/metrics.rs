@@ -1,0 +1,154 @@
+//! Prometheus metrics, kept in atomics so the hot paths pay one relaxed add.
+
+use std::collections::BTreeMap;
+use std::fmt::Write;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+use std::time::Duration;
+
+use crate::sandbox::Registry;
+
+/// Upper bounds (seconds) of the exec latency histogram buckets.
+const LATENCY_BUCKETS: [f64; 16] = [
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+    60.0,
+];
+
+/// The daemon's counters.
+#[derive(Debug, Default)]
+pub struct Metrics {
+    /// Sandboxes created.
+    pub sandboxes_created: AtomicU64,
+    /// Sandbox creations that failed.
+    pub sandboxes_failed: AtomicU64,
+    /// Execs started (all transports).
+    pub execs_started: AtomicU64,
+    /// Execs whose agent was lost (synthesized exit frame).
+    pub execs_lost: AtomicU64,
+    /// Frame bytes relayed from agents to clients.
+    pub bytes_streamed: AtomicU64,
+    /// Bytes uploaded into sandboxes.
+    pub bytes_uploaded: AtomicU64,
+    /// Bytes downloaded from sandboxes.
+    pub bytes_downloaded: AtomicU64,
+    latency_buckets: [AtomicU64; LATENCY_BUCKETS.len()],
+    latency_count: AtomicU64,
+    latency_sum_us: AtomicU64,
+    errors: Mutex<BTreeMap<u16, u64>>,
+}
+
+impl Metrics {
+    /// Records one finished exec's duration (request to exit frame).
+    pub fn observe_exec(&self, elapsed: Duration) {
+        let secs = elapsed.as_secs_f64();
+        for (bound, bucket) in LATENCY_BUCKETS.iter().zip(&self.latency_buckets) {
+            if secs <= *bound {
+                bucket.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        self.latency_count.fetch_add(1, Ordering::Relaxed);
+        self.latency_sum_us
+            .fetch_add(elapsed.as_micros() as u64, Ordering::Relaxed);
+    }
+
+    /// Records an error response.
+    pub fn observe_error(&self, status: u16) {
+        let mut errors = self.errors.lock().unwrap_or_else(|p| p.into_inner());
+        *errors.entry(status).or_default() += 1;
+    }
+
+    /// The Prometheus text exposition.
+    pub fn render(&self, registry: &Registry) -> String {
+        let mut out = String::new();
+        let counter = |out: &mut String, name: &str, help: &str, value: &AtomicU64| {
+            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter");
+            let _ = writeln!(out, "{name} {}", value.load(Ordering::Relaxed));
+        };
+        let _ = writeln!(
+            out,
+            "# HELP crucible_sandboxes Sandboxes by state.\n# TYPE crucible_sandboxes gauge"
+        );
+        for (state, n) in registry.count_by_state() {
+            let state = serde_json::to_value(state)
+                .ok()
+                .and_then(|v| v.as_str().map(String::from))
+                .unwrap_or_default();
+            let _ = writeln!(out, "crucible_sandboxes{{state=\"{state}\"}} {n}");
+        }
+        counter(
+            &mut out,
+            "crucible_sandboxes_created_total",
+            "Sandboxes created.",
+            &self.sandboxes_created,
+        );
+        counter(
+            &mut out,
+            "crucible_sandbox_create_failures_total",
+            "Sandbox creations that failed.",
+            &self.sandboxes_failed,
+        );
+        counter(
+            &mut out,
+            "crucible_sandboxes_died_total",
+            "Sandboxes that died unexpectedly.",
+            &registry.died,
+        );
+        counter(
+            &mut out,
+            "crucible_execs_total",
+            "Execs started.",
+            &self.execs_started,
+        );
+        counter(
+            &mut out,
+            "crucible_execs_lost_total",
+            "Execs whose agent was lost mid-stream.",
+            &self.execs_lost,
+        );
+        counter(
+            &mut out,
+            "crucible_stream_bytes_total",
+            "Frame bytes relayed to clients.",
+            &self.bytes_streamed,
+        );
+        counter(
+            &mut out,
+            "crucible_upload_bytes_total",
+            "Bytes uploaded into sandboxes.",
+            &self.bytes_uploaded,
+        );
+        counter(
+            &mut out,
+            "crucible_download_bytes_total",
+            "Bytes downloaded from sandboxes.",
+            &self.bytes_downloaded,
+        );
+
+        let name = "crucible_exec_duration_seconds";
+        let _ = writeln!(
+            out,
+            "# HELP {name} Exec duration, request to exit frame.\n# TYPE {name} histogram"
+        );
+        for (bound, bucket) in LATENCY_BUCKETS.iter().zip(&self.latency_buckets) {
+            let _ = writeln!(
+                out,
+                "{name}_bucket{{le=\"{bound}\"}} {}",
+                bucket.load(Ordering::Relaxed)
+            );
+        }
+        let count = self.latency_count.load(Ordering::Relaxed);
+        let _ = writeln!(out, "{name}_bucket{{le=\"+Inf\"}} {count}");
+        let sum = self.latency_sum_us.load(Ordering::Relaxed) as f64 / 1e6;
+        let _ = writeln!(out, "{name}_sum {sum}\n{name}_count {count}");
+
+        let _ = writeln!(
+            out,
+            "# HELP crucible_http_errors_total Error responses by status.\n# TYPE crucible_http_errors_total counter"
+        );
+        let errors = self.errors.lock().unwrap_or_else(|p| p.into_inner());
+        for (status, n) in errors.iter() {
+            let _ = writeln!(out, "crucible_http_errors_total{{status=\"{status}\"}} {n}");
+        }
+        out
+    }
+}

@@ -1,0 +1,411 @@
+//! Sandboxes and their registry: lifecycle state, exec admission, TTL and idle expiry.
+
+use std::collections::{BTreeMap, HashMap};
+use std::io;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use tokio::net::UnixStream;
+use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
+use wire::{BackendKind, SandboxInfo, SandboxState, SandboxTimings};
+
+use crate::backend::Instance;
+use crate::error::ApiError;
+
+/// Unix milliseconds now.
+pub fn unix_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+/// A fresh sandbox id: `sb-` and 16 random hex digits.
+pub fn new_id() -> String {
+    let mut bytes = [0u8; 8];
+    if getrandom::fill(&mut bytes).is_err() {
+        // The kernel's RNG is always there on Linux; fall back to time-based bits regardless.
+        bytes = (unix_ms() ^ u64::from(std::process::id()).rotate_left(32)).to_be_bytes();
+    }
+    let hex: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+    format!("sb-{hex}")
+}
+
+/// Whether `id` has the shape of a sandbox id (so a bad id is a 400, an unknown one a 404).
+pub fn is_valid_id(id: &str) -> bool {
+    id.strip_prefix("sb-")
+        .is_some_and(|hex| hex.len() == 16 && hex.bytes().all(|b| b.is_ascii_hexdigit()))
+}
+
+/// Settings a sandbox was created with.
+#[derive(Debug, Clone)]
+pub struct SandboxSettings {
+    /// Backend running it.
+    pub backend: BackendKind,
+    /// Image name.
+    pub image: String,
+    /// Memory limit.
+    pub memory_mib: u64,
+    /// vCPUs.
+    pub vcpus: u32,
+    /// Lifetime.
+    pub ttl: Duration,
+    /// Idle timeout.
+    pub idle: Duration,
+    /// Labels.
+    pub labels: BTreeMap<String, String>,
+    /// Most concurrent execs.
+    pub max_execs: usize,
+}
+
+#[derive(Debug)]
+struct Status {
+    state: SandboxState,
+    error: String,
+    last_activity: Instant,
+}
+
+/// One sandbox.
+pub struct Sandbox {
+    /// Its id.
+    pub id: String,
+    settings: SandboxSettings,
+    created: Instant,
+    created_at_ms: u64,
+    timings: SandboxTimings,
+    instance: Box<dyn Instance>,
+    status: Mutex<Status>,
+    exec_slots: Arc<Semaphore>,
+    active_execs: AtomicU32,
+    activity: Notify,
+}
+
+impl std::fmt::Debug for Sandbox {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Sandbox")
+            .field("id", &self.id)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Held for the duration of one exec or file transfer.
+#[derive(Debug)]
+pub struct ActivityGuard {
+    sandbox: Arc<Sandbox>,
+    _permit: Option<OwnedSemaphorePermit>,
+}
+
+impl Drop for ActivityGuard {
+    fn drop(&mut self) {
+        self.sandbox.active_execs.fetch_sub(1, Ordering::Relaxed);
+        self.sandbox.touch();
+    }
+}
+
+impl ActivityGuard {
+    /// The sandbox this activity runs in.
+    pub fn sandbox(&self) -> &Arc<Sandbox> {
+        &self.sandbox
+    }
+}
+
+impl Sandbox {
+    /// A running sandbox around a ready instance.
+    pub fn new(
+        id: String,
+        settings: SandboxSettings,
+        instance: Box<dyn Instance>,
+        create_to_ready: Duration,
+    ) -> Self {
+        let timings = SandboxTimings {
+            create_to_ready_ms: create_to_ready.as_secs_f64() * 1000.0,
+            agent_uptime_ms: instance.hello().uptime_ms,
+        };
+        Sandbox {
+            id,
+            exec_slots: Arc::new(Semaphore::new(settings.max_execs)),
+            settings,
+            created: Instant::now(),
+            created_at_ms: unix_ms(),
+            timings,
+            instance,
+            status: Mutex::new(Status {
+                state: SandboxState::Running,
+                error: String::new(),
+                last_activity: Instant::now(),
+            }),
+            active_execs: AtomicU32::new(0),
+            activity: Notify::new(),
+        }
+    }
+
+    fn status(&self) -> std::sync::MutexGuard<'_, Status> {
+        self.status
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Its current state.
+    pub fn state(&self) -> SandboxState {
+        self.status().state
+    }
+
+    /// The backend running it.
+    pub fn backend(&self) -> BackendKind {
+        self.settings.backend
+    }
+
+    fn touch(&self) {
+        self.status().last_activity = Instant::now();
+        self.activity.notify_one();
+    }
+
+    /// When it expires: its TTL, or its idle timeout when nothing runs in it.
+    pub fn deadline(&self) -> Instant {
+        let ttl_end = self.created + self.settings.ttl;
+        if self.active_execs.load(Ordering::Relaxed) > 0 {
+            return ttl_end;
+        }
+        ttl_end.min(self.status().last_activity + self.settings.idle)
+    }
+
+    /// Admits one exec or file transfer: the sandbox must be running and below its exec cap.
+    pub fn begin(self: &Arc<Self>, counts_as_exec: bool) -> Result<ActivityGuard, ApiError> {
+        match self.state() {
+            SandboxState::Running => {}
+            SandboxState::Dead => {
+                return Err(ApiError::conflict(format!(
+                    "sandbox {} is dead: {}",
+                    self.id,
+                    self.status().error
+                )))
+            }
+            state => {
+                return Err(ApiError::conflict(format!(
+                    "sandbox {} is {}",
+                    self.id,
+                    serde_json::to_value(state)
+                        .ok()
+                        .and_then(|v| v.as_str().map(String::from))
+                        .unwrap_or_default()
+                )))
+            }
+        }
+        let permit = if counts_as_exec {
+            Some(self.exec_slots.clone().try_acquire_owned().map_err(|_| {
+                ApiError::too_many(format!(
+                    "sandbox {} already runs {} commands, its limit",
+                    self.id, self.settings.max_execs
+                ))
+            })?)
+        } else {
+            None
+        };
+        self.active_execs.fetch_add(1, Ordering::Relaxed);
+        self.touch();
+        Ok(ActivityGuard {
+            sandbox: self.clone(),
+            _permit: permit,
+        })
+    }
+
+    /// A new connection to its agent.
+    pub async fn connect_agent(&self) -> io::Result<UnixStream> {
+        self.instance.connect().await
+    }
+
+    /// The error to report when the agent was lost mid-request: if the sandbox died, say so.
+    pub async fn lost_reason(&self, detail: String) -> String {
+        let mut exited = self.instance.exited();
+        // The connection usually breaks a moment before the death is noticed.
+        let died =
+            tokio::time::timeout(Duration::from_millis(200), exited.wait_for(Option::is_some))
+                .await
+                .ok()
+                .and_then(|r| r.ok().and_then(|reason| reason.clone()));
+        match died {
+            Some(reason) => format!("sandbox {} died during the request: {reason}", self.id),
+            None => format!("lost the agent of sandbox {}: {detail}", self.id),
+        }
+    }
+
+    /// The API's view of it.
+    pub fn info(&self) -> SandboxInfo {
+        let status = self.status();
+        let remaining = self
+            .deadline_locked(&status)
+            .saturating_duration_since(Instant::now());
+        SandboxInfo {
+            id: self.id.clone(),
+            state: status.state,
+            backend: self.settings.backend,
+            image: self.settings.image.clone(),
+            memory_mib: self.settings.memory_mib,
+            vcpus: self.settings.vcpus,
+            created_at_ms: self.created_at_ms,
+            expires_at_ms: unix_ms() + remaining.as_millis() as u64,
+            labels: self.settings.labels.clone(),
+            timings: self.timings.clone(),
+            active_execs: self.active_execs.load(Ordering::Relaxed),
+            error: status.error.clone(),
+        }
+    }
+
+    fn deadline_locked(&self, status: &Status) -> Instant {
+        let ttl_end = self.created + self.settings.ttl;
+        if self.active_execs.load(Ordering::Relaxed) > 0 {
+            return ttl_end;
+        }
+        ttl_end.min(status.last_activity + self.settings.idle)
+    }
+
+    fn set_state(&self, state: SandboxState, error: Option<String>) {
+        let mut status = self.status();
+        status.state = state;
+        if let Some(error) = error {
+            status.error = error;
+        }
+    }
+}
+
+/// Every sandbox of the daemon.
+#[derive(Debug, Default)]
+pub struct Registry {
+    /// Sandboxes that died unexpectedly.
+    pub died: std::sync::atomic::AtomicU64,
+    sandboxes: RwLock<HashMap<String, Arc<Sandbox>>>,
+    reserved: Mutex<usize>,
+}
+
+/// A reserved place under the sandbox cap, released on drop unless the sandbox was added.
+#[derive(Debug)]
+pub struct Reservation<'a> {
+    registry: &'a Registry,
+}
+
+impl Drop for Reservation<'_> {
+    fn drop(&mut self) {
+        let mut reserved = self
+            .registry
+            .reserved
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        *reserved = reserved.saturating_sub(1);
+    }
+}
+
+impl Registry {
+    fn map(&self) -> std::sync::RwLockReadGuard<'_, HashMap<String, Arc<Sandbox>>> {
+        self.sandboxes.read().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn map_mut(&self) -> std::sync::RwLockWriteGuard<'_, HashMap<String, Arc<Sandbox>>> {
+        self.sandboxes.write().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Reserves room for one more sandbox, or fails when `max` exist or are being created.
+    pub fn reserve(&self, max: usize) -> Result<Reservation<'_>, ApiError> {
+        let mut reserved = self.reserved.lock().unwrap_or_else(|p| p.into_inner());
+        if self.map().len() + *reserved >= max {
+            return Err(ApiError::too_many(format!(
+                "the daemon already runs {max} sandboxes, its limit"
+            )));
+        }
+        *reserved += 1;
+        Ok(Reservation { registry: self })
+    }
+
+    /// Looks a sandbox up; a malformed id is a 400, an unknown one a 404.
+    pub fn get(&self, id: &str) -> Result<Arc<Sandbox>, ApiError> {
+        if !is_valid_id(id) {
+            return Err(ApiError::invalid(format!(
+                "{id:?} is not a sandbox id (expected sb- and 16 hex digits)"
+            )));
+        }
+        self.map()
+            .get(id)
+            .cloned()
+            .ok_or_else(|| ApiError::no_sandbox(id))
+    }
+
+    /// Every sandbox, oldest first.
+    pub fn list(&self) -> Vec<Arc<Sandbox>> {
+        let mut all: Vec<_> = self.map().values().cloned().collect();
+        all.sort_by_key(|s| s.created);
+        all
+    }
+
+    /// Counts by state, for metrics.
+    pub fn count_by_state(&self) -> Vec<(SandboxState, usize)> {
+        let mut counts = Vec::new();
+        for state in [
+            SandboxState::Creating,
+            SandboxState::Running,
+            SandboxState::Stopping,
+            SandboxState::Dead,
+        ] {
+            let n = self.map().values().filter(|s| s.state() == state).count();
+            counts.push((state, n));
+        }
+        counts
+    }
+
+    /// Adds a ready sandbox and starts watching its lifetime and health.
+    pub fn insert(self: &Arc<Self>, sandbox: Arc<Sandbox>, _reservation: Reservation<'_>) {
+        self.map_mut().insert(sandbox.id.clone(), sandbox.clone());
+        tokio::spawn(watch_lifecycle(self.clone(), sandbox));
+    }
+
+    /// Removes a sandbox and destroys it. Returns false when it was not there.
+    pub async fn remove(&self, id: &str) -> bool {
+        let Some(sandbox) = self.map_mut().remove(id) else {
+            return false;
+        };
+        if sandbox.state() != SandboxState::Dead {
+            sandbox.set_state(SandboxState::Stopping, None);
+        }
+        sandbox.instance.destroy().await;
+        true
+    }
+
+    /// Destroys every sandbox (daemon shutdown).
+    pub async fn remove_all(&self) {
+        let ids: Vec<String> = self.map().keys().cloned().collect();
+        let removals = ids.iter().map(|id| self.remove(id));
+        futures_util::future::join_all(removals).await;
+    }
+}
+
+/// Expires the sandbox at its deadline and notices when it dies.
+async fn watch_lifecycle(registry: Arc<Registry>, sandbox: Arc<Sandbox>) {
+    let mut exited = sandbox.instance.exited();
+    let mut alive = true;
+    loop {
+        let deadline = tokio::time::Instant::from_std(sandbox.deadline());
+        tokio::select! {
+            () = tokio::time::sleep_until(deadline) => {
+                if Instant::now() >= sandbox.deadline() {
+                    registry.remove(&sandbox.id).await;
+                    return;
+                }
+            }
+            () = sandbox.activity.notified() => {}
+            reason = async {
+                exited.wait_for(Option::is_some).await.ok().and_then(|r| r.clone())
+            }, if alive => {
+                alive = false;
+                let reason = reason.unwrap_or_default();
+                if sandbox.state() == SandboxState::Stopping {
+                    return;
+                }
+                tracing::warn!("sandbox {} died: {reason}", sandbox.id);
+                registry.died.fetch_add(1, Ordering::Relaxed);
+                sandbox.set_state(SandboxState::Dead, Some(reason));
+                // Release its processes, cgroups and files now; the entry stays until DELETE
+                // or its TTL so clients can see why it died.
+                sandbox.instance.destroy().await;
+            }
+        }
+    }
+}
