@@ -35,6 +35,9 @@ pub struct SandboxSpec {
     pub hostname: String,
     /// Size of the tmpfs that holds every write to `/` (and of `/tmp`).
     pub scratch_mib: u64,
+    /// Kill the sandbox when the process that started it (the daemon) dies, so a crashed
+    /// daemon leaves no sandbox running.
+    pub die_with_parent: bool,
     /// cgroup membership files (`cgroup.procs`) to join before unsharing, so every process in
     /// the sandbox is accounted and limited.
     pub cgroup_procs: Vec<PathBuf>,
@@ -71,6 +74,15 @@ pub fn enter(spec: &SandboxSpec) -> Result<(), EnterError> {
             "hostname {:?} must be 1 to 64 bytes",
             spec.hostname
         )));
+    }
+    if spec.die_with_parent {
+        sys::die_with_parent()?;
+        // The daemon may have died before the line above took effect.
+        if sys::parent_pid() == 1 {
+            return Err(EnterError::Spec(
+                "the process that started the sandbox is gone".into(),
+            ));
+        }
     }
     let pid = std::process::id().to_string();
     for path in &spec.cgroup_procs {

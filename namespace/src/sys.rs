@@ -109,6 +109,11 @@ pub(crate) fn die_with_parent() -> Result<(), SysError> {
     check(ret, || "prctl(PR_SET_PDEATHSIG)".into())
 }
 
+pub(crate) fn parent_pid() -> libc::pid_t {
+    // SAFETY: getppid takes no arguments and cannot fail.
+    unsafe { libc::getppid() }
+}
+
 pub(crate) fn set_hostname(name: &str) -> Result<(), SysError> {
     // SAFETY: the pointer and length describe `name`'s bytes, valid for the call.
     let ret = unsafe { libc::sethostname(name.as_ptr().cast(), name.len()) };

@@ -1,0 +1,332 @@
+//! A typed client for the crucible API.
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), client::ClientError> {
+//! let crucible = client::Client::new("/run/crucible/crucible.sock".parse()?);
+//! let sandbox = crucible.create(&Default::default()).await?;
+//! let output = crucible.exec_collect(&sandbox.id, &wire::ExecRequest::new(["uname", "-a"])).await?;
+//! print!("{}", String::from_utf8_lossy(&output.stdout));
+//! crucible.delete(&sandbox.id).await?;
+//! # Ok(()) }
+//! ```
+
+#![forbid(unsafe_code)]
+
+mod connection;
+mod error;
+mod exec;
+mod session;
+
+use std::path::Path;
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
+use hyper::{Method, Request, Response, StatusCode};
+use serde::de::DeserializeOwned;
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
+use wire::{CreateSandbox, ErrorBody, ExecRequest, FilesPutResult, SandboxInfo, SandboxList};
+
+pub use connection::Endpoint;
+pub use error::ClientError;
+pub use exec::{ExecEvent, ExecOutput, ExecStream};
+pub use session::{Session, SessionReader, SessionWriter};
+
+/// A client of one daemon.
+#[derive(Debug, Clone)]
+pub struct Client {
+    endpoint: Endpoint,
+    api_key: Option<String>,
+}
+
+impl Client {
+    /// A client of the daemon at `endpoint`, without an API key.
+    pub fn new(endpoint: Endpoint) -> Self {
+        Client {
+            endpoint,
+            api_key: None,
+        }
+    }
+
+    /// Sends `Authorization: Bearer <key>` on every request.
+    pub fn with_api_key(mut self, key: impl Into<String>) -> Self {
+        self.api_key = Some(key.into());
+        self
+    }
+
+    /// The daemon's address.
+    pub fn endpoint(&self) -> &Endpoint {
+        &self.endpoint
+    }
+
+    fn request(&self, method: Method, path: &str) -> hyper::http::request::Builder {
+        let mut builder = Request::builder()
+            .method(method)
+            .uri(path)
+            .header(hyper::header::HOST, self.endpoint.host_header());
+        if let Some(key) = &self.api_key {
+            builder = builder.header(hyper::header::AUTHORIZATION, format!("Bearer {key}"));
+        }
+        builder
+    }
+
+    async fn send<B>(&self, request: Request<B>) -> Result<Response<Incoming>, ClientError>
+    where
+        B: hyper::body::Body + Send + 'static,
+        B::Data: Send,
+        B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    {
+        let response = connection::send(&self.endpoint, request).await?;
+        if response.status().is_client_error() || response.status().is_server_error() {
+            return Err(api_error(response).await);
+        }
+        Ok(response)
+    }
+
+    async fn json<T: DeserializeOwned>(
+        &self,
+        request: Request<Full<Bytes>>,
+    ) -> Result<T, ClientError> {
+        let response = self.send(request).await?;
+        let body = response.into_body().collect().await?.to_bytes();
+        serde_json::from_slice(&body)
+            .map_err(|e| ClientError::Protocol(format!("unexpected JSON from the daemon: {e}")))
+    }
+
+    fn json_body<T: serde::Serialize>(
+        &self,
+        method: Method,
+        path: &str,
+        value: &T,
+    ) -> Result<Request<Full<Bytes>>, ClientError> {
+        let body = serde_json::to_vec(value).map_err(|e| ClientError::Protocol(e.to_string()))?;
+        self.request(method, path)
+            .header(hyper::header::CONTENT_TYPE, "application/json")
+            .body(Full::new(Bytes::from(body)))
+            .map_err(|e| ClientError::Protocol(e.to_string()))
+    }
+
+    fn empty(&self, method: Method, path: &str) -> Result<Request<Full<Bytes>>, ClientError> {
+        self.request(method, path)
+            .body(Full::new(Bytes::new()))
+            .map_err(|e| ClientError::Protocol(e.to_string()))
+    }
+
+    /// `GET /healthz`.
+    pub async fn health(&self) -> Result<serde_json::Value, ClientError> {
+        self.json(self.empty(Method::GET, "/healthz")?).await
+    }
+
+    /// `GET /metrics`, the Prometheus text.
+    pub async fn metrics(&self) -> Result<String, ClientError> {
+        let response = self.send(self.empty(Method::GET, "/metrics")?).await?;
+        let body = response.into_body().collect().await?.to_bytes();
+        Ok(String::from_utf8_lossy(&body).into_owned())
+    }
+
+    /// `POST /sandboxes`: creates a sandbox and returns once its agent is ready.
+    pub async fn create(&self, request: &CreateSandbox) -> Result<SandboxInfo, ClientError> {
+        self.json(self.json_body(Method::POST, "/sandboxes", request)?)
+            .await
+    }
+
+    /// `GET /sandboxes`.
+    pub async fn list(&self) -> Result<Vec<SandboxInfo>, ClientError> {
+        let list: SandboxList = self.json(self.empty(Method::GET, "/sandboxes")?).await?;
+        Ok(list.sandboxes)
+    }
+
+    /// `GET /sandboxes/{id}`.
+    pub async fn get(&self, id: &str) -> Result<SandboxInfo, ClientError> {
+        self.json(self.empty(Method::GET, &format!("/sandboxes/{}", path_segment(id)))?)
+            .await
+    }
+
+    /// `DELETE /sandboxes/{id}`.
+    pub async fn delete(&self, id: &str) -> Result<(), ClientError> {
+        self.send(self.empty(Method::DELETE, &format!("/sandboxes/{}", path_segment(id)))?)
+            .await?;
+        Ok(())
+    }
+
+    /// `POST /sandboxes/{id}/exec`: runs a command and streams its output as events.
+    pub async fn exec(&self, id: &str, request: &ExecRequest) -> Result<ExecStream, ClientError> {
+        let path = format!("/sandboxes/{}/exec", path_segment(id));
+        let response = self
+            .send(self.json_body(Method::POST, &path, request)?)
+            .await?;
+        Ok(ExecStream::new(response.into_body()))
+    }
+
+    /// Runs a command and collects all its output.
+    pub async fn exec_collect(
+        &self,
+        id: &str,
+        request: &ExecRequest,
+    ) -> Result<ExecOutput, ClientError> {
+        self.exec(id, request).await?.collect().await
+    }
+
+    /// `POST /sandboxes/{id}/exec?stdin=1`: an interactive session over a hijacked connection.
+    pub async fn interactive(
+        &self,
+        id: &str,
+        request: &ExecRequest,
+    ) -> Result<Session, ClientError> {
+        session::open(&self.endpoint, self.api_key.as_deref(), id, request).await
+    }
+
+    /// `POST /sandboxes/{id}/files?path=DIR`: uploads a tar stream, extracted beneath `dir`.
+    pub async fn put_tar<R>(
+        &self,
+        id: &str,
+        dir: &str,
+        tar: R,
+    ) -> Result<FilesPutResult, ClientError>
+    where
+        R: AsyncRead + Send + 'static,
+    {
+        let stream = tokio_util::io::ReaderStream::with_capacity(tar, 64 * 1024)
+            .map_ok(hyper::body::Frame::data);
+        let body = http_body_util::StreamBody::new(stream);
+        let path = format!(
+            "/sandboxes/{}/files?path={}",
+            path_segment(id),
+            query_value(dir)
+        );
+        let request = self
+            .request(Method::POST, &path)
+            .header(hyper::header::CONTENT_TYPE, "application/x-tar")
+            .body(body)
+            .map_err(|e| ClientError::Protocol(e.to_string()))?;
+        let response = self.send(request).await?;
+        let body = response.into_body().collect().await?.to_bytes();
+        serde_json::from_slice(&body)
+            .map_err(|e| ClientError::Protocol(format!("unexpected JSON from the daemon: {e}")))
+    }
+
+    /// Uploads a local file or directory tree (as a tar built on the fly) beneath `dir`. A
+    /// directory's contents land under `dir/<its name>`, as `cp -r` would put them.
+    pub async fn put_path(
+        &self,
+        id: &str,
+        local: &Path,
+        dir: &str,
+    ) -> Result<FilesPutResult, ClientError> {
+        let local = local.to_path_buf();
+        let name = local
+            .file_name()
+            .map(|n| n.to_os_string())
+            .ok_or_else(|| ClientError::Local(format!("{} has no file name", local.display())))?;
+        let metadata = std::fs::metadata(&local)
+            .map_err(|e| ClientError::Local(format!("{}: {e}", local.display())))?;
+        let (writer, reader) = tokio::io::duplex(64 * 1024);
+        let builder = tokio::task::spawn_blocking(move || {
+            let mut tar = tar::Builder::new(tokio_util::io::SyncIoBridge::new(writer));
+            tar.follow_symlinks(false);
+            if metadata.is_dir() {
+                tar.append_dir_all(&name, &local)?;
+            } else {
+                tar.append_path_with_name(&local, &name)?;
+            }
+            let mut out = tar.into_inner()?;
+            std::io::Write::flush(&mut out)?;
+            out.shutdown()
+        });
+        let result = self.put_tar(id, dir, reader).await;
+        match builder.await {
+            Ok(Ok(())) => result,
+            Ok(Err(e)) => result.and(Err(ClientError::Local(format!("building the tar: {e}")))),
+            Err(e) => result.and(Err(ClientError::Local(format!("building the tar: {e}")))),
+        }
+    }
+
+    /// `GET /sandboxes/{id}/files?path=FILE`: streams one file's bytes into `out`; returns
+    /// how many were written.
+    pub async fn get_file<W>(&self, id: &str, path: &str, out: &mut W) -> Result<u64, ClientError>
+    where
+        W: AsyncWrite + Unpin,
+    {
+        let uri = format!(
+            "/sandboxes/{}/files?path={}",
+            path_segment(id),
+            query_value(path)
+        );
+        let response = self.send(self.empty(Method::GET, &uri)?).await?;
+        let expected = response
+            .headers()
+            .get(hyper::header::CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse::<u64>().ok());
+        let mut body = response.into_body();
+        let mut written = 0u64;
+        while let Some(frame) = body.frame().await {
+            if let Ok(data) = frame?.into_data() {
+                out.write_all(&data)
+                    .await
+                    .map_err(|e| ClientError::Local(format!("writing the download: {e}")))?;
+                written += data.len() as u64;
+            }
+        }
+        out.flush()
+            .await
+            .map_err(|e| ClientError::Local(format!("writing the download: {e}")))?;
+        if let Some(expected) = expected {
+            if written != expected {
+                return Err(ClientError::Protocol(format!(
+                    "download ended after {written} of {expected} bytes"
+                )));
+            }
+        }
+        Ok(written)
+    }
+}
+
+use futures_util::TryStreamExt;
+
+/// Reads an error response's JSON envelope.
+async fn api_error(response: Response<Incoming>) -> ClientError {
+    let status = response.status();
+    let body = match response.into_body().collect().await {
+        Ok(body) => body.to_bytes(),
+        Err(e) => return ClientError::Http(e.to_string()),
+    };
+    api_error_from(status, &body)
+}
+
+pub(crate) fn api_error_from(status: StatusCode, body: &[u8]) -> ClientError {
+    match serde_json::from_slice::<ErrorBody>(body) {
+        Ok(error) => ClientError::Api {
+            status: status.as_u16(),
+            code: error.code,
+            message: error.message,
+        },
+        Err(_) => ClientError::Api {
+            status: status.as_u16(),
+            code: "unknown".into(),
+            message: String::from_utf8_lossy(body).trim().to_string(),
+        },
+    }
+}
+
+/// Percent-encodes a path segment.
+fn path_segment(s: &str) -> String {
+    encode(s, |b| b.is_ascii_alphanumeric() || b"-._~".contains(&b))
+}
+
+/// Percent-encodes a query value.
+fn query_value(s: &str) -> String {
+    encode(s, |b| b.is_ascii_alphanumeric() || b"-._~/".contains(&b))
+}
+
+fn encode(s: &str, keep: impl Fn(u8) -> bool) -> String {
+    let mut out = String::with_capacity(s.len());
+    for b in s.bytes() {
+        if keep(b) {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
