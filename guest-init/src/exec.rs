@@ -315,8 +315,10 @@ struct StdinPump {
     /// Payload not yet written to the pipe.
     buf: Vec<u8>,
     pos: usize,
-    /// Whether the host is done sending (stdin_close or EOF).
+    /// Whether the host is done sending (stdin_close, or EOF and every frame consumed).
     host_done: bool,
+    /// Whether the host half-closed the connection (frames may still be buffered).
+    eof: bool,
 }
 
 impl StdinPump {
@@ -328,19 +330,40 @@ impl StdinPump {
             buf: Vec::new(),
             pos: 0,
             host_done: false,
+            eof: false,
         })
     }
 
     fn wants_host_input(&self) -> bool {
-        !self.host_done && self.pos >= self.buf.len()
+        !self.host_done && !self.eof && self.pos >= self.buf.len()
     }
 
-    /// Takes decoded frames until one with payload is buffered or input ends.
-    fn take_frames(&mut self) -> Result<(), ExecError> {
-        while self.pos >= self.buf.len() && !self.host_done {
+    /// Moves decoded frames into the command's stdin until the pipe is full, the decoder has
+    /// no whole frame left, or input has ended.
+    fn advance(&mut self) -> Result<(), ExecError> {
+        loop {
+            self.write_some();
+            if self.pos < self.buf.len() {
+                return Ok(()); // The pipe is full: wait for POLLOUT.
+            }
+            if self.host_done {
+                self.pipe = None;
+                return Ok(());
+            }
             let frame = match self.decoder.next_frame() {
                 Ok(Some(f)) => f,
-                Ok(None) => return Ok(()),
+                Ok(None) => {
+                    if self.eof {
+                        // The host half-closed without stdin_close: that ends stdin too, unless
+                        // it stopped inside a frame.
+                        self.decoder
+                            .finish()
+                            .map_err(|e| ExecError::Protocol(e.to_string()))?;
+                        self.host_done = true;
+                        self.pipe = None;
+                    }
+                    return Ok(());
+                }
                 Err(e) => return Err(ExecError::Protocol(e.to_string())),
             };
             match frame.frame_type {
@@ -357,10 +380,6 @@ impl StdinPump {
                 }
             }
         }
-        if self.host_done && self.pos >= self.buf.len() {
-            self.pipe = None;
-        }
-        Ok(())
     }
 
     fn write_some(&mut self) {
@@ -473,9 +492,7 @@ impl Session {
             }
             if fds[STDIN].revents != 0 {
                 if let Some(stdin) = self.stdin.as_mut() {
-                    stdin.write_some();
-                    stdin.take_frames()?;
-                    stdin.write_some();
+                    stdin.advance()?;
                 }
             }
             for (i, s) in [OUT, ERR].into_iter().zip(self.streams.iter_mut()) {
@@ -527,12 +544,9 @@ impl Session {
         };
         match self.conn.read(stdin.decoder.unfilled_mut()) {
             Ok(0) => {
-                // The host half-closed its side: treat as the end of stdin.
-                stdin
-                    .decoder
-                    .finish()
-                    .map_err(|e| ExecError::Protocol(e.to_string()))?;
-                stdin.host_done = true;
+                // The host half-closed its side: once the frames already received are
+                // delivered, that ends stdin (see `advance`).
+                stdin.eof = true;
             }
             Ok(n) => stdin.decoder.mark_filled(n),
             Err(e)
@@ -542,9 +556,7 @@ impl Session {
                 ) => {}
             Err(e) => return Err(ExecError::HostGone(Some(e))),
         }
-        stdin.take_frames()?;
-        stdin.write_some();
-        Ok(())
+        stdin.advance()
     }
 
     fn pending_empty(&self) -> bool {
