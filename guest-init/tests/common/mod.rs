@@ -74,12 +74,29 @@ impl Agent {
         Agent::start_with(|_| {})
     }
 
+    /// Starts the agent as user and group 65534 (when the tests run as root), so that the
+    /// filesystem can refuse it something. `None` when not root.
+    pub fn start_as_nobody() -> Option<Agent> {
+        if !is_root() {
+            return None;
+        }
+        Some(Agent::start_with(|c| {
+            use std::os::unix::process::CommandExt;
+            c.uid(65534).gid(65534);
+        }))
+    }
+
     /// Starts the agent, letting `setup` adjust the command (uid, env).
     pub fn start_with(setup: impl FnOnce(&mut Command)) -> Agent {
         let dir = TempDir::new("agent");
         let sock = dir.path().join("agent.sock");
         let ready_path = dir.path().join("ready.sock");
         let ready = UnixListener::bind(&ready_path).expect("bind ready socket");
+        // Let an agent started as another user (see `start_as_nobody`) use both.
+        use std::os::unix::fs::PermissionsExt;
+        for p in [dir.path(), ready_path.as_path()] {
+            std::fs::set_permissions(p, std::fs::Permissions::from_mode(0o777)).expect("chmod");
+        }
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_guest-init"));
         cmd.arg("--listen")
             .arg(format!("unix:{}", sock.display()))
