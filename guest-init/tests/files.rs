@@ -310,7 +310,7 @@ fn put_files_reports_bad_destinations() {
     }
 }
 
-fn get(agent: &Agent, path: &str) -> Result<Vec<u8>, AgentReply> {
+fn get(agent: &Agent, path: &str) -> Result<Vec<u8>, Box<AgentReply>> {
     let mut s = agent.send(&AgentRequest::GetFile { path: path.into() });
     match wire::read_message(&mut s).expect("reply") {
         AgentReply::File { size } => {
@@ -319,7 +319,7 @@ fn get(agent: &Agent, path: &str) -> Result<Vec<u8>, AgentReply> {
             assert_eq!(data.len() as u64, size, "exactly size bytes follow");
             Ok(data)
         }
-        other => Err(other),
+        other => Err(Box::new(other)),
     }
 }
 
@@ -351,16 +351,16 @@ fn get_file_errors_have_stable_codes() {
     let tmp = TempDir::new("geterr");
     let dir = tmp.path().to_string_lossy().into_owned();
     expect_error(
-        get(&agent, &format!("{dir}/missing")).expect_err("missing"),
+        *get(&agent, &format!("{dir}/missing")).expect_err("missing"),
         "not_found",
     );
     expect_error(
-        get(&agent, &format!("{dir}/missing/deeper")).expect_err("missing"),
+        *get(&agent, &format!("{dir}/missing/deeper")).expect_err("missing"),
         "not_found",
     );
-    expect_error(get(&agent, &dir).expect_err("dir"), "is_a_directory");
+    expect_error(*get(&agent, &dir).expect_err("dir"), "is_a_directory");
     expect_error(
-        get(&agent, "relative").expect_err("relative"),
+        *get(&agent, "relative").expect_err("relative"),
         "invalid_request",
     );
     if let Some(nobody) = Agent::start_as_nobody() {
@@ -368,7 +368,7 @@ fn get_file_errors_have_stable_codes() {
         std::fs::write(&secret, b"x").expect("secret");
         std::fs::set_permissions(&secret, std::fs::Permissions::from_mode(0o600)).expect("chmod");
         expect_error(
-            get(&nobody, &secret.to_string_lossy()).expect_err("denied"),
+            *get(&nobody, &secret.to_string_lossy()).expect_err("denied"),
             "permission_denied",
         );
     }
