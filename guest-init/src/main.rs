@@ -14,6 +14,8 @@ USAGE:
     guest-init                                   (as PID 1 of a crucible microVM)
     guest-init --listen unix:PATH [--ready unix:PATH] [--log LEVEL]
     guest-init --selftest
+    guest-init sandbox --rootfs DIR --runtime-dir DIR --hostname NAME [--scratch-mib N]
+               [--memory-bytes N] [--cgroup FILE]... --listen unix:PATH [--ready unix:PATH]
 
 MODES:
     With no --listen and running as PID 1, it is the VM's init: it mounts /proc, /sys, /dev,
@@ -25,6 +27,14 @@ MODES:
     vsock:PORT). If --ready is given it connects there once it is listening and sends its hello
     (one length-prefixed JSON message), so the caller needs no polling. It reaps orphaned
     descendants (as a subreaper, or as PID 1 of a PID namespace). `shutdown` exits with 0.
+
+    `sandbox` first makes the process PID 1 of a namespace sandbox (the daemon's namespace
+    backend runs it this way): new PID, mount, UTS, IPC, network and cgroup namespaces, the
+    image directory --rootfs read-only under a tmpfs overlay of --scratch-mib MiB as `/`, the
+    host directory --runtime-dir at /run/crucible, the cgroups whose cgroup.procs files are
+    given with --cgroup joined, every capability dropped and no_new_privs set; the sandbox
+    dies with the process that started it. Then it serves as with --listen (paths are inside
+    the sandbox). --memory-bytes is the sandbox's memory limit, for the OOM verdict.
 
     --selftest runs the boot self-test through the exec engine and exits (1 if any test fails;
     `pid1` fails unless run as PID 1).
@@ -49,11 +59,29 @@ struct Args {
     ready: Option<Address>,
     log: Option<Level>,
     selftest: bool,
+    sandbox: Option<namespace::SandboxSpec>,
+    memory_bytes: Option<u64>,
+}
+
+fn number(flag: &str, text: &str) -> Result<u64, String> {
+    text.parse()
+        .map_err(|_| format!("{flag} needs a number, got {text:?}"))
 }
 
 fn parse_args() -> Result<Option<Args>, String> {
     let mut args = Args::default();
-    let mut it = std::env::args().skip(1);
+    let mut it = std::env::args().skip(1).peekable();
+    if it.peek().map(String::as_str) == Some("sandbox") {
+        it.next();
+        args.sandbox = Some(namespace::SandboxSpec {
+            rootfs: Default::default(),
+            runtime_dir: Default::default(),
+            hostname: String::new(),
+            scratch_mib: 1024,
+            die_with_parent: true,
+            cgroup_procs: Vec::new(),
+        });
+    }
     while let Some(arg) = it.next() {
         let (flag, inline) = match arg.split_once('=') {
             Some((f, v)) if f.starts_with("--") => (f.to_string(), Some(v.to_string())),
@@ -88,7 +116,29 @@ fn parse_args() -> Result<Option<Args>, String> {
                 args.log = Some(Level::parse(&v).ok_or(format!("bad --log level {v:?}"))?);
             }
             "--selftest" => args.selftest = true,
+            "--memory-bytes" => args.memory_bytes = Some(number(&flag, &value(&flag)?)?),
+            "--rootfs" | "--runtime-dir" | "--hostname" | "--scratch-mib" | "--cgroup" => {
+                let v = value(&flag)?;
+                let Some(spec) = args.sandbox.as_mut() else {
+                    return Err(format!("{flag} is only valid after `sandbox` (see --help)"));
+                };
+                match flag.as_str() {
+                    "--rootfs" => spec.rootfs = v.into(),
+                    "--runtime-dir" => spec.runtime_dir = v.into(),
+                    "--hostname" => spec.hostname = v,
+                    "--scratch-mib" => spec.scratch_mib = number(&flag, &v)?,
+                    _ => spec.cgroup_procs.push(v.into()),
+                }
+            }
             other => return Err(format!("unknown argument {other:?} (see --help)")),
+        }
+    }
+    if let Some(spec) = &args.sandbox {
+        if spec.rootfs.as_os_str().is_empty() || spec.runtime_dir.as_os_str().is_empty() {
+            return Err("sandbox needs --rootfs and --runtime-dir".into());
+        }
+        if args.listen.is_none() {
+            return Err("sandbox needs --listen".into());
         }
     }
     Ok(Some(args))
@@ -105,6 +155,13 @@ fn main() -> ExitCode {
     };
     if let Some(level) = args.log {
         log::set_level(level);
+    }
+    if let Some(spec) = &args.sandbox {
+        // Still single-threaded here, as entering requires.
+        if let Err(e) = namespace::enter(spec) {
+            eprintln!("guest-init: entering the sandbox failed: {}", chain(&e));
+            return ExitCode::FAILURE;
+        }
     }
     if args.listen.is_none() && !args.selftest {
         if sys::getpid() == 1 {
@@ -128,7 +185,16 @@ fn host_main(args: Args) -> ExitCode {
         }
     }
     let exec = match ExecContext::new() {
-        Ok(c) => c,
+        Ok(mut c) => {
+            if args.sandbox.is_some() {
+                // The agent's OOM score is -1000 (set on entering); commands go back to 0.
+                c.reset_oom_score = true;
+            }
+            if let Some(limit) = args.memory_bytes {
+                c.mem_total_bytes = limit;
+            }
+            c
+        }
         Err(e) => {
             eprintln!("guest-init: cannot open /dev/null: {e}");
             return ExitCode::FAILURE;

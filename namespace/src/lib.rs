@@ -84,6 +84,8 @@ pub fn enter(spec: &SandboxSpec) -> Result<(), EnterError> {
             ));
         }
     }
+    // Inherited through the fork below, and done before /proc is replaced.
+    privileges::protect_from_oom_killer()?;
     let pid = std::process::id().to_string();
     for path in &spec.cgroup_procs {
         std::fs::write(path, &pid).map_err(|source| EnterError::Cgroup {

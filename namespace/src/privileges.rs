@@ -37,14 +37,22 @@ fn last_capability() -> libc::c_ulong {
 }
 
 /// Lowers the OOM score of the caller so that the kernel kills commands, not the agent. Commands
-/// reset their own score to 0 (raising needs no privilege).
-fn protect_from_oom_killer() -> Result<(), SysError> {
-    std::fs::write("/proc/self/oom_score_adj", "-1000")
-        .map_err(|e| SysError::io("write /proc/self/oom_score_adj", e))
+/// reset their own score to 0 (raising needs no privilege). Best effort: a daemon without
+/// CAP_SYS_RESOURCE (some container hosts) cannot lower it, and the sandbox still works.
+pub(crate) fn protect_from_oom_killer() -> Result<(), SysError> {
+    match std::fs::write("/proc/self/oom_score_adj", "-1000") {
+        Ok(()) => Ok(()),
+        Err(e) if matches!(e.raw_os_error(), Some(libc::EACCES) | Some(libc::EPERM)) => {
+            eprintln!(
+                "guest-init: cannot lower oom_score_adj ({e}); the agent is not OOM-protected"
+            );
+            Ok(())
+        }
+        Err(e) => Err(SysError::io("write /proc/self/oom_score_adj", e)),
+    }
 }
 
 pub(crate) fn drop_all() -> Result<(), SysError> {
-    protect_from_oom_killer()?;
     prctl(libc::PR_SET_SECUREBITS, SECURE_BITS, "PR_SET_SECUREBITS")?;
     for cap in 0..=last_capability() {
         // SAFETY: PR_CAPBSET_DROP takes an integer capability number.
