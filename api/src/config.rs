@@ -68,6 +68,8 @@ pub struct ServeConfig {
     pub state_dir: PathBuf,
     /// The image: `rootfs/` (namespace backend) and `vmlinux` + `initramfs.cpio` (microVM).
     pub image_dir: PathBuf,
+    /// The cgroup (under each controller's root) that holds this daemon's sandbox groups.
+    pub cgroup_parent: String,
     /// The backend for requests that do not name one; `None` picks the best the host offers.
     pub default_backend: Option<BackendKind>,
     /// Limits and defaults.
@@ -109,6 +111,7 @@ impl ServeConfig {
             api_keys: ApiKeys::default(),
             state_dir: default_state_dir(),
             image_dir,
+            cgroup_parent: "crucible".into(),
             default_backend: None,
             limits: Limits::default(),
         }

@@ -14,6 +14,8 @@ use crate::config::ServeConfig;
 use crate::hijack::{serve_connection, Transport};
 use crate::state::AppState;
 
+const CGROUP_ROOT: &str = "/sys/fs/cgroup";
+
 /// Why the daemon could not start.
 #[derive(Debug, thiserror::Error)]
 pub enum ServeError {
@@ -74,7 +76,7 @@ impl Server {
             ),
             None => None,
         };
-        clean_stale_sandboxes(&config.state_dir).await;
+        clean_stale_sandboxes(&config.state_dir, &config.cgroup_parent).await;
         Ok(Server {
             state: Arc::new(AppState::new(config)),
             unix,
@@ -130,6 +132,7 @@ impl Server {
         }
         tracing::info!("shutting down: deleting every sandbox");
         state.registry.remove_all().await;
+        cgroup::remove_parent(Path::new(CGROUP_ROOT), &state.config.cgroup_parent);
         if let Some(path) = unix_path {
             let _ = std::fs::remove_file(path);
         }
@@ -164,8 +167,8 @@ async fn bind_unix(path: &Path) -> Result<UnixListener, ServeError> {
 
 /// A daemon that died leaves sandboxes behind; their init processes died with it (they are
 /// tied to the daemon), so what remains is cgroups and directories. Remove them.
-async fn clean_stale_sandboxes(state_dir: &Path) {
-    let removed = cgroup::remove_stale(Path::new("/sys/fs/cgroup")).await;
+async fn clean_stale_sandboxes(state_dir: &Path, cgroup_parent: &str) {
+    let removed = cgroup::remove_stale(Path::new(CGROUP_ROOT), cgroup_parent).await;
     let mut dirs = 0;
     for sub in ["sandboxes", "logs"] {
         let dir = state_dir.join(sub);

@@ -41,6 +41,7 @@ impl AppState {
         let namespace = NamespaceBackend::new(
             ImagePaths::in_dir(&config.image_dir),
             config.state_dir.clone(),
+            config.cgroup_parent.clone(),
             config.limits.max_pids,
             config.limits.scratch_mib,
             Duration::from_secs(config.limits.ready_timeout_s),

@@ -40,18 +40,18 @@ fn mkdir(path: &Path) -> io::Result<()> {
 }
 
 impl SandboxCgroups {
-    /// Creates the sandbox's cgroups under `root` (normally `/sys/fs/cgroup`), in a `crucible`
-    /// parent group.
-    pub fn create(root: &Path, id: &str, limits: CgroupLimits) -> io::Result<Self> {
+    /// Creates the sandbox's cgroups under `root` (normally `/sys/fs/cgroup`), in the `parent`
+    /// group of each controller.
+    pub fn create(root: &Path, parent: &str, id: &str, limits: CgroupLimits) -> io::Result<Self> {
         if root.join("cgroup.controllers").exists() {
-            Self::create_v2(root, id, limits)
+            Self::create_v2(root, parent, id, limits)
         } else {
-            Self::create_v1(root, id, limits)
+            Self::create_v1(root, parent, id, limits)
         }
     }
 
-    fn create_v2(root: &Path, id: &str, limits: CgroupLimits) -> io::Result<Self> {
-        let parent = root.join("crucible");
+    fn create_v2(root: &Path, parent: &str, id: &str, limits: CgroupLimits) -> io::Result<Self> {
+        let parent = root.join(parent);
         mkdir(&parent)?;
         // Delegate the controllers to our children; missing ones are simply not limited.
         for controller in ["+memory", "+pids", "+cpu"] {
@@ -73,7 +73,7 @@ impl SandboxCgroups {
         Ok(group)
     }
 
-    fn create_v1(root: &Path, id: &str, limits: CgroupLimits) -> io::Result<Self> {
+    fn create_v1(root: &Path, parent: &str, id: &str, limits: CgroupLimits) -> io::Result<Self> {
         let mut group = SandboxCgroups { dirs: Vec::new() };
         let memory = root.join("memory");
         if !memory.is_dir() {
@@ -85,7 +85,7 @@ impl SandboxCgroups {
                 ),
             ));
         }
-        let dir = memory.join("crucible").join(id);
+        let dir = memory.join(parent).join(id);
         mkdir(&dir)?;
         group.dirs.push(dir.clone());
         write(
@@ -98,14 +98,14 @@ impl SandboxCgroups {
         }
         let pids = root.join("pids");
         if pids.is_dir() {
-            let dir = pids.join("crucible").join(id);
+            let dir = pids.join(parent).join(id);
             mkdir(&dir)?;
             group.dirs.push(dir.clone());
             write(&dir.join("pids.max"), &limits.pids.to_string())?;
         }
         let cpu = root.join("cpu");
         if cpu.is_dir() {
-            let dir = cpu.join("crucible").join(id);
+            let dir = cpu.join(parent).join(id);
             mkdir(&dir)?;
             group.dirs.push(dir.clone());
             write(&dir.join("cpu.cfs_period_us"), &CFS_PERIOD_US.to_string())?;
@@ -169,17 +169,20 @@ impl SandboxCgroups {
     }
 }
 
-/// Kills the processes of, and removes, every leftover sandbox cgroup under `root` (from a
+fn parent_dirs(root: &Path, parent: &str) -> [PathBuf; 4] {
+    [
+        root.join(parent),
+        root.join("memory").join(parent),
+        root.join("pids").join(parent),
+        root.join("cpu").join(parent),
+    ]
+}
+
+/// Kills the processes of, and removes, every leftover sandbox cgroup under `parent` (from a
 /// daemon that died). Returns how many groups were removed.
-pub async fn remove_stale(root: &Path) -> usize {
+pub async fn remove_stale(root: &Path, parent: &str) -> usize {
     let mut removed = 0;
-    let parents = [
-        root.join("crucible"),
-        root.join("memory/crucible"),
-        root.join("pids/crucible"),
-        root.join("cpu/crucible"),
-    ];
-    for parent in parents {
+    for parent in parent_dirs(root, parent) {
         let Ok(entries) = fs::read_dir(&parent) else {
             continue;
         };
@@ -206,4 +209,11 @@ pub async fn remove_stale(root: &Path) -> usize {
         }
     }
     removed
+}
+
+/// Removes the daemon's parent groups when they are empty (daemon shutdown).
+pub fn remove_parent(root: &Path, parent: &str) {
+    for dir in parent_dirs(root, parent) {
+        let _ = fs::remove_dir(dir);
+    }
 }

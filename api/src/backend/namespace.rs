@@ -30,6 +30,7 @@ pub struct NamespaceBackend {
     image: ImagePaths,
     state_dir: PathBuf,
     cgroup_root: PathBuf,
+    cgroup_parent: String,
     max_pids: u64,
     scratch_mib: u64,
     ready_timeout: Duration,
@@ -40,6 +41,7 @@ impl NamespaceBackend {
     pub fn new(
         image: ImagePaths,
         state_dir: PathBuf,
+        cgroup_parent: String,
         max_pids: u64,
         scratch_mib: u64,
         ready_timeout: Duration,
@@ -48,6 +50,7 @@ impl NamespaceBackend {
             image,
             state_dir,
             cgroup_root: PathBuf::from("/sys/fs/cgroup"),
+            cgroup_parent,
             max_pids,
             scratch_mib,
             ready_timeout,
@@ -94,6 +97,7 @@ impl NamespaceBackend {
         }
         let cgroups = SandboxCgroups::create(
             &self.cgroup_root,
+            &self.cgroup_parent,
             &spec.id,
             CgroupLimits {
                 memory_bytes: spec.memory_mib * 1024 * 1024,
