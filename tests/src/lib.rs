@@ -38,6 +38,7 @@ pub fn require_root() {
 static NEXT: AtomicUsize = AtomicUsize::new(0);
 
 /// A daemon running on its own runtime thread.
+#[derive(Debug)]
 pub struct TestDaemon {
     /// The daemon's Unix socket.
     pub socket: PathBuf,
