@@ -339,19 +339,9 @@ async fn client_session_round_trips_stdin_and_close() {
         other => panic!("expected the echo, got {other:?}"),
     }
     session.close_stdin().await.expect("close");
-    loop {
-        match session
-            .next_event()
-            .await
-            .expect("events until exit")
-            .expect("valid")
-        {
-            ExecEvent::Exit(result) => {
-                assert_eq!(result.exit_code, 0);
-                break;
-            }
-            other => panic!("unexpected {other:?}"),
-        }
+    match session.next_event().await.expect("the exit event").expect("valid") {
+        ExecEvent::Exit(result) => assert_eq!(result.exit_code, 0),
+        other => panic!("unexpected {other:?}"),
     }
     assert!(session.next_event().await.is_none());
 }
