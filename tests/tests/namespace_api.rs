@@ -339,7 +339,12 @@ async fn client_session_round_trips_stdin_and_close() {
         other => panic!("expected the echo, got {other:?}"),
     }
     session.close_stdin().await.expect("close");
-    match session.next_event().await.expect("the exit event").expect("valid") {
+    match session
+        .next_event()
+        .await
+        .expect("the exit event")
+        .expect("valid")
+    {
         ExecEvent::Exit(result) => assert_eq!(result.exit_code, 0),
         other => panic!("unexpected {other:?}"),
     }
