@@ -26,7 +26,7 @@ impl<R: AsyncRead + Unpin> AsyncFrameReader<R> {
     pub fn new(inner: R, direction: Direction) -> Self {
         AsyncFrameReader {
             inner,
-            decoder: Decoder::new(direction),
+            decoder: Decoder::with_capacity(direction, crate::io::READ_BUFFER_SIZE),
             eof: false,
         }
     }

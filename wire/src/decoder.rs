@@ -75,11 +75,12 @@ pub struct Frame<'a> {
     pub payload: &'a [u8],
 }
 
-/// Initial buffer: room for two maximal frames, so steady-state reads rarely compact.
-const INITIAL_CAPACITY: usize = 2 * (HEADER_SIZE + MAX_PAYLOAD);
+/// Initial buffer of [`Decoder::new`]: enough for the short outputs most commands print; it
+/// grows (to about two maximal frames) only when a stream carries large frames.
+const INITIAL_CAPACITY: usize = 16 * 1024;
 
-/// Below this much free tail space the buffer is compacted before the next read.
-const MIN_FREE: usize = 16 * 1024;
+/// Below this much free tail space the buffer is compacted (or grown) before the next read.
+const MIN_FREE: usize = 8 * 1024;
 
 /// A push-style incremental decoder.
 ///
@@ -99,10 +100,16 @@ pub struct Decoder {
 }
 
 impl Decoder {
-    /// A decoder for a stream flowing in `direction`.
+    /// A decoder for a stream flowing in `direction`, with a small buffer that grows on demand.
     pub fn new(direction: Direction) -> Self {
+        Self::with_capacity(direction, INITIAL_CAPACITY)
+    }
+
+    /// A decoder whose buffer starts at `capacity` bytes (readers that expect bulk output use
+    /// two maximal frames, so that reads are large and compaction rare).
+    pub fn with_capacity(direction: Direction, capacity: usize) -> Self {
         Decoder {
-            buf: vec![0; INITIAL_CAPACITY],
+            buf: vec![0; capacity.max(HEADER_SIZE)],
             start: 0,
             end: 0,
             direction,

@@ -35,7 +35,7 @@ impl<R: Read> FrameReader<R> {
     pub fn new(inner: R, direction: Direction) -> Self {
         FrameReader {
             inner,
-            decoder: Decoder::new(direction),
+            decoder: Decoder::with_capacity(direction, crate::io::READ_BUFFER_SIZE),
             eof: false,
         }
     }
