@@ -13,6 +13,7 @@ mod files;
 pub mod hijack;
 pub mod host;
 pub mod metrics;
+pub mod openapi;
 pub mod relay;
 mod rewind;
 pub mod routes;

@@ -7,6 +7,7 @@ use serde::{Deserialize, Serialize};
 
 /// Where a sandbox's agent runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum BackendKind {
     /// A KVM microVM run by `crucible-vmm`: a hardware boundary.
@@ -26,6 +27,7 @@ impl fmt::Display for BackendKind {
 
 /// The body of `POST /sandboxes`; every field is optional and `{}` gives a working sandbox.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub struct CreateSandbox {
     /// Memory limit (guest RAM for a microVM, cgroup limit for a namespace sandbox).
@@ -53,6 +55,7 @@ pub struct CreateSandbox {
 
 /// A sandbox's lifecycle state.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum SandboxState {
     /// Booting; the agent has not said hello yet.
@@ -67,6 +70,7 @@ pub enum SandboxState {
 
 /// How long creation took.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct SandboxTimings {
     /// From the create request to the agent's hello, in milliseconds (fractional).
     pub create_to_ready_ms: f64,
@@ -76,6 +80,7 @@ pub struct SandboxTimings {
 
 /// A sandbox, as `GET /sandboxes/{id}` and `POST /sandboxes` return it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct SandboxInfo {
     /// `sb-` followed by 16 hex digits.
     pub id: String,
@@ -106,6 +111,7 @@ pub struct SandboxInfo {
 
 /// The body of `GET /sandboxes`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct SandboxList {
     /// Every sandbox, oldest first.
     pub sandboxes: Vec<SandboxInfo>,

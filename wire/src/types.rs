@@ -17,9 +17,11 @@ pub const MAX_REQUEST_BYTES: usize = 1024 * 1024;
 /// A command to run in the sandbox: the body of `POST /sandboxes/{id}/exec` and the first
 /// WebSocket message.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub struct ExecRequest {
     /// The command and its arguments; `cmd[0]` is resolved on `PATH` inside the guest.
+    #[cfg_attr(feature = "schema", schemars(length(min = 1)))]
     pub cmd: Vec<String>,
     /// Variables added to (not replacing) the agent's environment.
     #[serde(default)]
@@ -29,6 +31,7 @@ pub struct ExecRequest {
     pub cwd: String,
     /// Deadline in seconds after which the agent kills the command's process group; 0 = none.
     #[serde(default)]
+    #[cfg_attr(feature = "schema", schemars(range(min = 0, max = 604800)))]
     pub timeout_s: i64,
 }
 
@@ -158,6 +161,7 @@ impl ExecRequest {
 
 /// Resource usage of a finished command.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct Usage {
     /// User CPU time.
     pub cpu_user_ms: u64,
@@ -177,6 +181,7 @@ pub struct Usage {
 
 /// The payload of the exit frame: how a command ended.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct ExecResult {
     /// The exit status; -1 when the process was killed by a signal or never started.
     pub exit_code: i32,
@@ -213,6 +218,7 @@ impl ExecResult {
 
 /// A tar entry that `put_files` refused, and why.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct RefusedEntry {
     /// The entry's path as written in the archive.
     pub path: String,
@@ -222,6 +228,7 @@ pub struct RefusedEntry {
 
 /// The answer to a file upload (`POST /sandboxes/{id}/files`).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct FilesPutResult {
     /// The guest directory the archive was extracted beneath.
     pub path: String,
@@ -242,6 +249,7 @@ pub struct FilesPutResult {
 
 /// The JSON body of every 4xx/5xx the daemon sends.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct ErrorBody {
     /// A stable machine-readable code (`"not_found"`, `"invalid_request"`, `"unauthorized"`, …).
     pub code: String,

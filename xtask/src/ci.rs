@@ -32,6 +32,7 @@ pub fn run(_args: Args) -> Result<()> {
         Command::new(&cargo).args(["test", "--workspace", "--all-features"]),
     )?;
     check_generated("fixtures", "gen-fixtures", &["fixtures"])?;
+    check_generated("docs/openapi.json", "gen-openapi", &["docs/openapi.json"])?;
     ensure_pytest()?;
     run_step(
         "python sdk",

@@ -5,6 +5,7 @@ use clap::{Parser, Subcommand};
 
 mod ci;
 mod fixtures;
+mod openapi;
 mod util;
 
 #[derive(Parser)]
@@ -20,6 +21,8 @@ enum Command {
     Ci(ci::Args),
     /// Regenerate the conformance fixtures (`fixtures/*.bin` + `manifest.json`) from the codec.
     GenFixtures(fixtures::Args),
+    /// Regenerate `docs/openapi.json` from the API's wire types and route table.
+    GenOpenapi,
 }
 
 fn main() -> Result<()> {
@@ -27,5 +30,6 @@ fn main() -> Result<()> {
     match cli.command {
         Command::Ci(args) => ci::run(args),
         Command::GenFixtures(args) => fixtures::run(args),
+        Command::GenOpenapi => openapi::run(),
     }
 }

@@ -1,0 +1,238 @@
+//! The OpenAPI document, generated from the wire types' JSON Schemas plus the route table
+//! below. Served at `GET /openapi.json` and written to `docs/openapi.json` by
+//! `cargo xtask gen-openapi` (CI fails when that file drifts from this code).
+
+use schemars::generate::SchemaSettings;
+use serde_json::{json, Map, Value};
+use wire::{
+    CreateSandbox, ErrorBody, ExecRequest, ExecResult, FilesPutResult, SandboxInfo, SandboxList,
+};
+
+fn schema_ref(name: &str) -> Value {
+    json!({ "$ref": format!("#/components/schemas/{name}") })
+}
+
+fn json_response(description: &str, schema: &str) -> Value {
+    json!({
+        "description": description,
+        "content": { "application/json": { "schema": schema_ref(schema) } }
+    })
+}
+
+fn error(description: &str) -> Value {
+    json_response(description, "ErrorBody")
+}
+
+fn errors(codes: &[(&str, &str)]) -> Map<String, Value> {
+    let mut map = Map::new();
+    map.insert("401".into(), error("Missing or invalid API key."));
+    for (code, description) in codes {
+        map.insert((*code).into(), error(description));
+    }
+    map
+}
+
+fn with(mut base: Map<String, Value>, extra: Value) -> Value {
+    if let Value::Object(extra) = extra {
+        base.extend(extra);
+    }
+    Value::Object(base)
+}
+
+fn id_param() -> Value {
+    json!({
+        "name": "id", "in": "path", "required": true,
+        "description": "The sandbox id.",
+        "schema": { "type": "string", "pattern": "^sb-[0-9a-f]{16}$" }
+    })
+}
+
+fn path_query(description: &str) -> Value {
+    json!({
+        "name": "path", "in": "query", "required": true, "description": description,
+        "schema": { "type": "string", "pattern": "^/" }
+    })
+}
+
+/// The whole document.
+pub fn document() -> Value {
+    let mut generator = SchemaSettings::openapi3().into_generator();
+    generator.subschema_for::<CreateSandbox>();
+    generator.subschema_for::<SandboxInfo>();
+    generator.subschema_for::<SandboxList>();
+    generator.subschema_for::<ExecRequest>();
+    generator.subschema_for::<ExecResult>();
+    generator.subschema_for::<FilesPutResult>();
+    generator.subschema_for::<ErrorBody>();
+    let schemas = generator.take_definitions(true);
+
+    let sandbox_errors = [
+        ("400", "The id is malformed."),
+        ("404", "No sandbox has this id."),
+    ];
+    json!({
+        "openapi": "3.0.3",
+        "info": {
+            "title": "crucible",
+            "version": env!("CARGO_PKG_VERSION"),
+            "description": "Disposable Linux sandboxes for CI. Exec output is a length-prefixed \
+                frame stream ([type:1][reserved:3][size:4 BE][payload]; 1 stdout, 2 stderr, \
+                3 exit with an ExecResult payload, 4 stdin, 5 stdin_close), specified in \
+                docs/protocol.md. Every error has the JSON body ErrorBody."
+        },
+        "security": [{ "bearer": [] }],
+        "paths": {
+            "/healthz": { "get": {
+                "summary": "Liveness; needs no key.",
+                "security": [],
+                "responses": { "200": { "description": "The daemon is up.",
+                    "content": { "application/json": { "schema": { "type": "object" } } } } }
+            }},
+            "/metrics": { "get": {
+                "summary": "Prometheus metrics.",
+                "responses": with(errors(&[]), json!({ "200": { "description": "Prometheus text.",
+                    "content": { "text/plain": { "schema": { "type": "string" } } } } }))
+            }},
+            "/openapi.json": { "get": {
+                "summary": "This document.",
+                "responses": with(errors(&[]), json!({ "200": { "description": "OpenAPI 3.0.",
+                    "content": { "application/json": { "schema": { "type": "object" } } } } }))
+            }},
+            "/sandboxes": {
+                "post": {
+                    "summary": "Create a sandbox; answers once its agent is ready.",
+                    "requestBody": { "required": false, "content": {
+                        "application/json": { "schema": schema_ref("CreateSandbox") } } },
+                    "responses": with(errors(&[
+                        ("400", "The request is invalid."),
+                        ("429", "The daemon runs its maximum number of sandboxes."),
+                        ("500", "The sandbox could not be started."),
+                        ("503", "The requested backend is not available on this host."),
+                    ]), json!({ "201": json_response("The sandbox, running.", "SandboxInfo") }))
+                },
+                "get": {
+                    "summary": "List sandboxes.",
+                    "responses": with(errors(&[]),
+                        json!({ "200": json_response("Every sandbox.", "SandboxList") }))
+                }
+            },
+            "/sandboxes/{id}": {
+                "parameters": [id_param()],
+                "get": {
+                    "summary": "One sandbox.",
+                    "responses": with(errors(&sandbox_errors),
+                        json!({ "200": json_response("The sandbox.", "SandboxInfo") }))
+                },
+                "delete": {
+                    "summary": "Delete a sandbox and everything it holds.",
+                    "responses": with(errors(&sandbox_errors),
+                        json!({ "204": { "description": "Deleted." } }))
+                }
+            },
+            "/sandboxes/{id}/exec": {
+                "parameters": [id_param()],
+                "post": {
+                    "summary": "Run a command; stream its output as frames.",
+                    "description": "Without stdin: 200 with an application/octet-stream body of \
+                        stdout/stderr frames and exactly one exit frame. With ?stdin=1 the \
+                        connection is hijacked after a bare `HTTP/1.1 200 OK` header block (or \
+                        a 101 when the client sends `Connection: Upgrade` + `Upgrade: tcp`) \
+                        and carries frames both ways. Failures after the 200 end the stream \
+                        with a synthesized exit frame (exit_code -1 and error).",
+                    "parameters": [{ "name": "stdin", "in": "query", "required": false,
+                        "description": "1 for an interactive (hijacked) session.",
+                        "schema": { "type": "string", "enum": ["0", "1", "true", "false"] } }],
+                    "requestBody": { "required": true, "content": {
+                        "application/json": { "schema": schema_ref("ExecRequest") } } },
+                    "responses": with(errors(&[
+                        ("400", "Bad JSON, a request that fails validation, or a malformed id."),
+                        ("404", "No sandbox has this id."),
+                        ("409", "The sandbox is not running."),
+                        ("413", "The request body is too large."),
+                        ("429", "The sandbox runs its maximum number of commands."),
+                    ]), json!({
+                        "200": { "description": "The frame stream.", "content": {
+                            "application/octet-stream": { "schema": { "type": "string", "format": "binary" } } } },
+                        "101": { "description": "Switched to the raw frame stream (Upgrade: tcp)." }
+                    }))
+                },
+                "get": {
+                    "summary": "Interactive exec over WebSocket.",
+                    "description": "Upgrade to a WebSocket; the first message is the JSON \
+                        ExecRequest (within 30 s); then binary message payloads in each \
+                        direction, concatenated, are the frame stream. Close codes: 1008 \
+                        invalid request, 1011 guest unreachable, 1000 after the exit frame.",
+                    "responses": with(errors(&sandbox_errors), json!({
+                        "101": { "description": "Switched to WebSocket." },
+                        "426": error("A plain GET without the WebSocket upgrade handshake.")
+                    }))
+                }
+            },
+            "/sandboxes/{id}/files": {
+                "parameters": [id_param()],
+                "post": {
+                    "summary": "Upload a tar archive, extracted beneath ?path=.",
+                    "parameters": [path_query("The destination directory in the sandbox (absolute).")],
+                    "requestBody": { "required": true, "content": {
+                        "application/x-tar": { "schema": { "type": "string", "format": "binary" } } } },
+                    "responses": with(errors(&[
+                        ("400", "Bad path, or an entry was refused (it would escape the destination, or is a device)."),
+                        ("403", "Permission denied in the sandbox."),
+                        ("404", "No sandbox has this id."),
+                        ("409", "The sandbox is not running."),
+                        ("502", "The sandbox's agent failed."),
+                    ]), json!({ "200": json_response("What was written.", "FilesPutResult") }))
+                },
+                "get": {
+                    "summary": "Download one file (?path=).",
+                    "parameters": [path_query("The file in the sandbox (absolute).")],
+                    "responses": with(errors(&[
+                        ("400", "Bad path, or the path is a directory."),
+                        ("403", "Permission denied in the sandbox."),
+                        ("404", "No such sandbox or file."),
+                        ("409", "The sandbox is not running."),
+                        ("502", "The sandbox's agent failed."),
+                    ]), json!({ "200": { "description": "The file's bytes.", "content": {
+                        "application/octet-stream": { "schema": { "type": "string", "format": "binary" } } } } }))
+                }
+            }
+        },
+        "components": {
+            "schemas": schemas,
+            "securitySchemes": { "bearer": { "type": "http", "scheme": "bearer" } }
+        }
+    })
+}
+
+/// The document as written to `docs/openapi.json`: pretty, with a final newline.
+pub fn document_text() -> String {
+    let mut text = serde_json::to_string_pretty(&document()).unwrap_or_default();
+    text.push('\n');
+    text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_referenced_schema_is_defined() {
+        let doc = document();
+        let text = doc.to_string();
+        let schemas = doc["components"]["schemas"].as_object().expect("schemas");
+        for piece in text.split("#/components/schemas/").skip(1) {
+            let name: String = piece
+                .chars()
+                .take_while(|c| c.is_alphanumeric() || *c == '_')
+                .collect();
+            assert!(
+                schemas.contains_key(&name),
+                "{name} is referenced but not defined"
+            );
+        }
+        assert_eq!(
+            doc["components"]["schemas"]["ExecRequest"]["properties"]["cmd"]["minItems"],
+            1
+        );
+    }
+}
