@@ -1,11 +1,19 @@
 //! `crucible doctor`: what the host offers and which backend will run sandboxes.
 
-use std::path::Path;
+use std::path::PathBuf;
 
 use anyhow::Result;
 use api::host::{self, KvmKind};
 
-pub fn run(image: &Path, json: bool) -> Result<()> {
+#[derive(clap::Args)]
+pub struct Args {
+    /// The image directory to check.
+    #[arg(long, env = "CRUCIBLE_IMAGE", default_value_os_t = crate::default_image_dir())]
+    image: PathBuf,
+}
+
+pub fn run(args: &Args, json: bool) -> Result<()> {
+    let image = &args.image;
     let report = host::inspect();
     let agent = image.join("rootfs/init");
     let kernel = image.join("vmlinux");

@@ -2,155 +2,178 @@
 
 #![forbid(unsafe_code)]
 
-use std::net::SocketAddr;
 use std::path::PathBuf;
 
-use anyhow::{Context, Result};
-use clap::{Parser, Subcommand};
-use wire::BackendKind;
+use clap::{CommandFactory, Parser, Subcommand};
 
+mod commands;
 mod doctor;
+mod exit;
+mod output;
+mod serve;
 
 #[derive(Parser)]
 #[command(
     name = "crucible",
     version,
     about = "Disposable Linux sandboxes for CI: microVMs where the host can boot them, \
-             namespace sandboxes elsewhere, driven over HTTP"
+             namespace sandboxes elsewhere, driven over HTTP",
+    after_help = "Quick start:  crucible run -- uname -a\n\
+                  Daemon:       crucible serve   (then: crucible sandbox create, sandbox exec ID -- CMD)"
 )]
 struct Cli {
+    #[command(flatten)]
+    global: Global,
     #[command(subcommand)]
     command: Command,
 }
 
-#[derive(Subcommand)]
-enum Command {
-    /// Run the sandbox daemon (HTTP on a Unix socket, and on TCP with --listen).
-    Serve(ServeArgs),
-    /// Report what this host offers (KVM kind, cgroups, namespaces, the image) and which
-    /// backend sandboxes will use, and why.
-    Doctor(DoctorArgs),
-}
-
-#[derive(clap::Args)]
-struct ServeArgs {
-    /// Unix socket to listen on (mode 0600).
-    #[arg(long, env = "CRUCIBLE_SOCKET", default_value_os_t = api::config::default_socket())]
-    socket: PathBuf,
-    /// Also listen on TCP at ADDR (e.g. 127.0.0.1:7070); requires API keys.
-    #[arg(long, value_name = "ADDR")]
-    listen: Option<SocketAddr>,
-    /// Do not listen on the Unix socket (only with --listen).
-    #[arg(long, requires = "listen")]
-    no_socket: bool,
-    /// The image directory (rootfs/ for namespace sandboxes, vmlinux + initramfs.cpio for
-    /// microVMs), as written by `cargo xtask build-image`.
-    #[arg(long, env = "CRUCIBLE_IMAGE", default_value = "target/crucible/image")]
-    image: PathBuf,
-    /// Where sandbox state lives.
-    #[arg(long, default_value_os_t = api::config::default_state_dir())]
-    state_dir: PathBuf,
-    /// A file of API keys, one per line. Keys also come from CRUCIBLE_API_KEYS
-    /// (comma-separated). With any key set, every request must send `Authorization: Bearer <key>`.
-    #[arg(long, value_name = "FILE")]
-    keys_file: Option<PathBuf>,
-    /// Backend for sandboxes that do not ask for one (default: the best this host offers).
-    #[arg(long, value_parser = parse_backend)]
-    backend: Option<BackendKind>,
-    /// Most sandboxes at once.
-    #[arg(long, default_value_t = api::Limits::default().max_sandboxes)]
-    max_sandboxes: usize,
-    /// Most concurrent execs per sandbox.
-    #[arg(long, default_value_t = api::Limits::default().max_execs_per_sandbox)]
-    max_execs: usize,
-    /// Seconds without activity after which a sandbox is deleted.
-    #[arg(long, default_value_t = api::Limits::default().idle_timeout_s)]
-    idle_timeout: u64,
-}
-
-#[derive(clap::Args)]
-struct DoctorArgs {
-    /// The image directory to check.
-    #[arg(long, env = "CRUCIBLE_IMAGE", default_value = "target/crucible/image")]
-    image: PathBuf,
-    /// Print the report as JSON.
-    #[arg(long)]
+/// Options every client command shares.
+#[derive(clap::Args, Clone)]
+pub(crate) struct Global {
+    /// The daemon: a Unix socket path or http://host:port [default: the local daemon's socket]
+    #[arg(long, global = true, env = "CRUCIBLE_HOST", value_name = "ADDR")]
+    host: Option<String>,
+    /// API key sent as `Authorization: Bearer <key>`.
+    #[arg(long, global = true, env = "CRUCIBLE_API_KEY", hide_env_values = true)]
+    api_key: Option<String>,
+    /// Machine-readable JSON output.
+    #[arg(long, global = true)]
     json: bool,
 }
 
-fn parse_backend(text: &str) -> Result<BackendKind, String> {
-    match text {
-        "microvm" => Ok(BackendKind::Microvm),
-        "namespace" => Ok(BackendKind::Namespace),
-        other => Err(format!(
-            "unknown backend {other:?}: expected microvm or namespace"
-        )),
-    }
+#[derive(Subcommand)]
+enum Command {
+    /// Create a sandbox, run one command in it with live output, delete it, and exit with the
+    /// command's status. Starts a daemon inside this process when none is running.
+    Run(commands::run::Args),
+    /// Manage sandboxes and run commands in them.
+    #[command(subcommand)]
+    Sandbox(SandboxCommand),
+    /// An interactive shell in a sandbox (line-buffered, no PTY; Ctrl-D ends it).
+    Shell(commands::exec::ShellArgs),
+    /// Copy files in or out: `cp LOCAL ID:DIR` uploads (directories recursively),
+    /// `cp ID:FILE LOCAL` downloads one file (`-` for stdout).
+    Cp(commands::cp::Args),
+    /// Run the sandbox daemon (HTTP on a Unix socket, and on TCP with --listen).
+    Serve(serve::Args),
+    /// Report what this host offers (KVM kind, cgroups, namespaces, the image) and which
+    /// backend sandboxes will use, and why.
+    Doctor(doctor::Args),
+    /// Print a shell completion script (bash, zsh, fish, elvish, powershell).
+    Completions {
+        /// The shell.
+        shell: clap_complete::Shell,
+    },
+    /// Print the man page (roff).
+    Man,
 }
 
-fn api_keys(keys_file: Option<&PathBuf>) -> Result<api::ApiKeys> {
-    let mut keys = Vec::new();
-    if let Ok(env) = std::env::var("CRUCIBLE_API_KEYS") {
-        keys.push(env);
-    }
-    if let Some(path) = keys_file {
-        keys.push(
-            std::fs::read_to_string(path)
-                .with_context(|| format!("reading API keys from {}", path.display()))?,
-        );
-    }
-    Ok(api::ApiKeys::parse(&keys.join("\n")))
+#[derive(Subcommand)]
+enum SandboxCommand {
+    /// Create a sandbox and print its id (or its JSON with --json).
+    Create(commands::sandbox::CreateArgs),
+    /// List sandboxes.
+    Ls,
+    /// Show one sandbox.
+    Get {
+        /// The sandbox id.
+        id: String,
+    },
+    /// Delete sandboxes.
+    Rm {
+        /// The sandbox ids.
+        #[arg(required = true)]
+        ids: Vec<String>,
+    },
+    /// Run a command in a sandbox, streaming its output; exits with its status (128+N when
+    /// killed by signal N, 124 on timeout, 127 when not found).
+    Exec(commands::exec::ExecArgs),
 }
 
-async fn serve(args: ServeArgs) -> Result<()> {
-    let mut config = api::ServeConfig::new(args.image);
-    config.unix_socket = (!args.no_socket).then_some(args.socket);
-    config.tcp = args.listen;
-    config.state_dir = args.state_dir;
-    config.api_keys = api_keys(args.keys_file.as_ref())?;
-    config.default_backend = args.backend;
-    config.limits.max_sandboxes = args.max_sandboxes;
-    config.limits.max_execs_per_sandbox = args.max_execs;
-    config.limits.idle_timeout_s = args.idle_timeout;
-    let server = api::Server::bind(config).await?;
-    let state = server.state();
-    if let Some(path) = &state.config.unix_socket {
-        eprintln!("crucible: listening on {}", path.display());
-    }
-    if let Some(addr) = server.tcp_addr() {
-        eprintln!("crucible: listening on http://{addr}");
-    }
-    let backend = state.default_backend();
-    match state.unavailable_reason(backend) {
-        None => eprintln!("crucible: default backend: {backend}"),
-        Some(reason) => {
-            eprintln!("crucible: warning: default backend {backend} is unavailable: {reason}")
+impl Global {
+    /// A client for the configured daemon.
+    pub fn client(&self) -> anyhow::Result<client::Client> {
+        let endpoint: client::Endpoint = match &self.host {
+            Some(host) => host.parse()?,
+            None => client::Endpoint::Unix(api::config::default_socket()),
+        };
+        let mut c = client::Client::new(endpoint);
+        if let Some(key) = &self.api_key {
+            c = c.with_api_key(key.clone());
         }
+        Ok(c)
     }
-    server.run(api::shutdown_signal()).await;
-    eprintln!("crucible: stopped; every sandbox deleted");
-    Ok(())
+}
+
+fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
+    Ok(tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?)
+}
+
+fn dispatch(cli: Cli) -> anyhow::Result<i32> {
+    let global = cli.global;
+    match cli.command {
+        Command::Doctor(args) => doctor::run(&args, global.json).map(|()| 0),
+        Command::Completions { shell } => {
+            clap_complete::generate(
+                shell,
+                &mut Cli::command(),
+                "crucible",
+                &mut std::io::stdout(),
+            );
+            Ok(0)
+        }
+        Command::Man => {
+            clap_mangen::Man::new(Cli::command()).render(&mut std::io::stdout())?;
+            Ok(0)
+        }
+        Command::Serve(args) => runtime()?.block_on(serve::run(args)).map(|()| 0),
+        Command::Run(args) => runtime()?.block_on(commands::run::run(&global, args)),
+        Command::Shell(args) => runtime()?.block_on(commands::exec::shell(&global, args)),
+        Command::Cp(args) => runtime()?
+            .block_on(commands::cp::run(&global, args))
+            .map(|()| 0),
+        Command::Sandbox(command) => runtime()?.block_on(async {
+            match command {
+                SandboxCommand::Create(args) => {
+                    commands::sandbox::create(&global, args).await.map(|()| 0)
+                }
+                SandboxCommand::Ls => commands::sandbox::list(&global).await.map(|()| 0),
+                SandboxCommand::Get { id } => {
+                    commands::sandbox::get(&global, &id).await.map(|()| 0)
+                }
+                SandboxCommand::Rm { ids } => {
+                    commands::sandbox::remove(&global, &ids).await.map(|()| 0)
+                }
+                SandboxCommand::Exec(args) => commands::exec::exec(&global, args).await,
+            }
+        }),
+    }
 }
 
 fn main() {
     let cli = Cli::parse();
+    let verbose = matches!(cli.command, Command::Serve(_));
     tracing_subscriber::fmt()
         .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("CRUCIBLE_LOG")
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+            tracing_subscriber::EnvFilter::try_from_env("CRUCIBLE_LOG").unwrap_or_else(|_| {
+                tracing_subscriber::EnvFilter::new(if verbose { "info" } else { "warn" })
+            }),
         )
         .with_writer(std::io::stderr)
         .init();
-    let result = match cli.command {
-        Command::Doctor(args) => doctor::run(&args.image, args.json),
-        Command::Serve(args) => tokio::runtime::Builder::new_multi_thread()
-            .enable_all()
-            .build()
-            .context("starting the async runtime")
-            .and_then(|rt| rt.block_on(serve(args))),
-    };
-    if let Err(e) = result {
-        eprintln!("crucible: error: {e:#}");
-        std::process::exit(1);
+    match dispatch(cli) {
+        Ok(code) => std::process::exit(code),
+        Err(e) => {
+            eprintln!("crucible: error: {}", output::error_line(&e));
+            std::process::exit(exit::CRUCIBLE_ERROR);
+        }
     }
+}
+
+/// The default image directory: `$CRUCIBLE_IMAGE`, else `target/crucible/image`.
+pub fn default_image_dir() -> PathBuf {
+    PathBuf::from("target/crucible/image")
 }

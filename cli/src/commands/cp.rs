@@ -1,0 +1,90 @@
+//! `crucible cp`: files in and out of a sandbox.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context, Result};
+use tokio::io::AsyncWriteExt;
+
+use crate::{output, Global};
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// LOCAL path to upload, or ID:FILE to download.
+    pub source: String,
+    /// ID:DIR to upload into, or LOCAL path (file, directory, or `-` for stdout).
+    pub destination: String,
+}
+
+/// `ID:PATH` when `text` names a sandbox path.
+fn remote(text: &str) -> Option<(&str, &str)> {
+    let (id, path) = text.split_once(':')?;
+    (id.starts_with("sb-") && !id.contains('/')).then_some((id, path))
+}
+
+pub async fn run(global: &Global, args: Args) -> Result<()> {
+    let client = global.client()?;
+    match (remote(&args.source), remote(&args.destination)) {
+        (None, Some((id, dir))) => {
+            let local = Path::new(&args.source);
+            if !local.exists() {
+                bail!("{} does not exist", local.display());
+            }
+            let dir = if dir.is_empty() { "/" } else { dir };
+            let result = client.put_path(id, local, dir).await?;
+            if global.json {
+                return output::print_json(&result);
+            }
+            eprintln!(
+                "copied {} files, {} directories, {} bytes to {id}:{dir}",
+                result.files, result.dirs, result.bytes
+            );
+            Ok(())
+        }
+        (Some((id, path)), None) => {
+            let written = if args.destination == "-" {
+                let mut out = tokio::io::stdout();
+                client.get_file(id, path, &mut out).await?
+            } else {
+                let mut target = PathBuf::from(&args.destination);
+                if target.is_dir() {
+                    let name = Path::new(path)
+                        .file_name()
+                        .with_context(|| format!("{path} names no file"))?;
+                    target.push(name);
+                }
+                let partial = target.with_extension("crucible-partial");
+                let mut file = tokio::fs::File::create(&partial)
+                    .await
+                    .with_context(|| format!("creating {}", partial.display()))?;
+                let result = client.get_file(id, path, &mut file).await;
+                file.flush().await?;
+                drop(file);
+                match result {
+                    Ok(n) => {
+                        tokio::fs::rename(&partial, &target)
+                            .await
+                            .with_context(|| format!("writing {}", target.display()))?;
+                        n
+                    }
+                    Err(e) => {
+                        let _ = tokio::fs::remove_file(&partial).await;
+                        return Err(e.into());
+                    }
+                }
+            };
+            if global.json {
+                return output::print_json(&serde_json::json!({ "bytes": written }));
+            }
+            if args.destination != "-" {
+                eprintln!("copied {written} bytes from {id}:{path}");
+            }
+            Ok(())
+        }
+        (Some(_), Some(_)) => {
+            bail!("copying between two sandboxes is not supported; go through a local path")
+        }
+        (None, None) => {
+            bail!("one side must be a sandbox path, ID:PATH (e.g. sb-0123456789abcdef:/work)")
+        }
+    }
+}

@@ -1,0 +1,15 @@
+//! The client commands.
+
+pub mod cp;
+pub mod exec;
+pub mod image;
+pub mod run;
+pub mod sandbox;
+
+/// Parses `K=V`.
+pub fn key_value(text: &str) -> Result<(String, String), String> {
+    match text.split_once('=') {
+        Some((k, v)) if !k.is_empty() => Ok((k.to_string(), v.to_string())),
+        _ => Err(format!("expected KEY=VALUE, got {text:?}")),
+    }
+}

@@ -1,0 +1,138 @@
+//! `crucible run`: one command in a fresh sandbox, the sandbox deleted afterwards. With no
+//! daemon running it starts one inside this process (building the image first if needed), so
+//! a new user needs one command.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result};
+use tokio::sync::oneshot;
+use wire::ExecRequest;
+
+use super::sandbox::CreateArgs;
+use crate::{exit, output, Global};
+
+#[derive(clap::Args)]
+pub struct Args {
+    #[command(flatten)]
+    pub sandbox: CreateArgs,
+    /// The image directory for an embedded daemon.
+    #[arg(long = "image-dir", env = "CRUCIBLE_IMAGE", default_value_os_t = crate::default_image_dir())]
+    pub image_dir: PathBuf,
+    /// Environment added for the command (repeatable; --sandbox-env is not needed for one
+    /// command).
+    #[arg(long = "cmd-env", value_name = "KEY=VALUE", value_parser = super::key_value)]
+    pub cmd_env: Vec<(String, String)>,
+    /// Working directory (absolute).
+    #[arg(long, value_name = "DIR")]
+    pub cwd: Option<String>,
+    /// Kill the command after this many seconds; exit status 124.
+    #[arg(long, value_name = "SECONDS")]
+    pub timeout: Option<i64>,
+    /// Print the command's resource usage to stderr when it ends.
+    #[arg(long)]
+    pub stats: bool,
+    /// Keep the sandbox (print its id) instead of deleting it.
+    #[arg(long)]
+    pub keep: bool,
+    /// The command and its arguments (after `--`).
+    #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true)]
+    pub cmd: Vec<String>,
+}
+
+/// A daemon running inside this process for the duration of `run`.
+struct Embedded {
+    shutdown: oneshot::Sender<()>,
+    done: tokio::task::JoinHandle<()>,
+    _dir: tempfile::TempDir,
+}
+
+async fn start_embedded(image_dir: &Path) -> Result<(client::Client, Embedded)> {
+    super::image::ensure_for_namespace(image_dir)?;
+    let dir = tempfile::Builder::new()
+        .prefix("crucible-run-")
+        .tempdir()
+        .context("creating a directory for the embedded daemon")?;
+    let mut config = api::ServeConfig::new(image_dir.to_path_buf());
+    let socket = dir.path().join("crucible.sock");
+    config.unix_socket = Some(socket.clone());
+    config.state_dir = dir.path().join("state");
+    config.cgroup_parent = format!("crucible-run-{}", std::process::id());
+    let server = api::Server::bind(config).await?;
+    let (tx, rx) = oneshot::channel::<()>();
+    let done = tokio::spawn(server.run(async {
+        let _ = rx.await;
+    }));
+    let client = client::Client::new(client::Endpoint::Unix(socket));
+    Ok((
+        client,
+        Embedded {
+            shutdown: tx,
+            done,
+            _dir: dir,
+        },
+    ))
+}
+
+/// The daemon to use: the one at --host, the local one if it answers, else an embedded one.
+async fn connect(global: &Global, image_dir: &Path) -> Result<(client::Client, Option<Embedded>)> {
+    let client = global.client()?;
+    if global.host.is_some() {
+        return Ok((client, None));
+    }
+    match client.health().await {
+        Ok(_) => Ok((client, None)),
+        Err(client::ClientError::Connect { .. }) => {
+            eprintln!(
+                "crucible: no daemon at {}; starting one in this process",
+                client.endpoint()
+            );
+            let (client, embedded) = start_embedded(image_dir).await?;
+            Ok((client, Some(embedded)))
+        }
+        Err(e) => Err(e.into()),
+    }
+}
+
+pub async fn run(global: &Global, args: Args) -> Result<i32> {
+    let (client, embedded) = connect(global, &args.image_dir).await?;
+    let outcome = run_in_sandbox(global, &client, &args).await;
+    if let Some(embedded) = embedded {
+        let _ = embedded.shutdown.send(());
+        let _ = embedded.done.await;
+    }
+    outcome
+}
+
+async fn run_in_sandbox(global: &Global, client: &client::Client, args: &Args) -> Result<i32> {
+    let sandbox = client.create(&args.sandbox.request()).await?;
+    let request = ExecRequest {
+        cmd: args.cmd.clone(),
+        env: args.cmd_env.iter().cloned().collect(),
+        cwd: args.cwd.clone().unwrap_or_default(),
+        timeout_s: args.timeout.unwrap_or(0),
+    };
+    let result = tokio::select! {
+        result = super::exec::stream(client, &sandbox.id, &request) => Some(result),
+        _ = tokio::signal::ctrl_c() => None,
+    };
+    if args.keep {
+        eprintln!("crucible: kept sandbox {}", sandbox.id);
+    } else if let Err(e) = client.delete(&sandbox.id).await {
+        eprintln!("crucible: warning: deleting sandbox {}: {e}", sandbox.id);
+    }
+    let Some(result) = result else {
+        eprintln!("crucible: interrupted; sandbox deleted");
+        return Ok(130);
+    };
+    let result = result?;
+    if args.stats {
+        eprint!("{}", output::stats_table(&result));
+    }
+    if global.json {
+        output::print_json(&result)?;
+    }
+    if !result.error.is_empty() {
+        eprintln!("crucible: {}", result.error);
+    }
+    Ok(exit::code(&result))
+}

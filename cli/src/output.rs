@@ -1,0 +1,122 @@
+//! Human and JSON output.
+
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use wire::{ExecResult, SandboxInfo};
+
+/// One line for an error, with its causes, never a debug dump.
+pub fn error_line(error: &anyhow::Error) -> String {
+    let mut line = error.to_string();
+    for cause in error.chain().skip(1) {
+        let cause = cause.to_string();
+        if !line.contains(&cause) {
+            line.push_str(": ");
+            line.push_str(&cause);
+        }
+    }
+    line
+}
+
+/// Prints a value as pretty JSON.
+pub fn print_json<T: serde::Serialize>(value: &T) -> anyhow::Result<()> {
+    println!("{}", serde_json::to_string_pretty(value)?);
+    Ok(())
+}
+
+fn state_name<T: serde::Serialize>(value: &T) -> String {
+    serde_json::to_value(value)
+        .ok()
+        .and_then(|v| v.as_str().map(String::from))
+        .unwrap_or_default()
+}
+
+fn age(ms: u64) -> String {
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0);
+    let secs = now.abs_diff(ms) / 1000;
+    match secs {
+        0..=119 => format!("{secs}s"),
+        120..=7199 => format!("{}m", secs / 60),
+        _ => format!("{}h", secs / 3600),
+    }
+}
+
+/// The `sandbox ls` table.
+pub fn sandbox_table(sandboxes: &[SandboxInfo]) -> String {
+    let mut out = format!(
+        "{:<20} {:<9} {:<10} {:>7} {:>6} {:>8} {:>6}\n",
+        "ID", "STATE", "BACKEND", "MEMORY", "AGE", "EXPIRES", "EXECS"
+    );
+    for s in sandboxes {
+        out.push_str(&format!(
+            "{:<20} {:<9} {:<10} {:>6}M {:>6} {:>8} {:>6}\n",
+            s.id,
+            state_name(&s.state),
+            s.backend,
+            s.memory_mib,
+            age(s.created_at_ms),
+            age(s.expires_at_ms),
+            s.active_execs
+        ));
+    }
+    out
+}
+
+/// A sandbox's details.
+pub fn sandbox_details(s: &SandboxInfo) -> String {
+    let mut out = format!(
+        "id:       {}\nstate:    {}\nbackend:  {}\nimage:    {}\nmemory:   {} MiB\nvcpus:    {}\nage:      {}\nexpires:  in {}\nexecs:    {}\nready in: {:.1} ms\n",
+        s.id,
+        state_name(&s.state),
+        s.backend,
+        s.image,
+        s.memory_mib,
+        s.vcpus,
+        age(s.created_at_ms),
+        age(s.expires_at_ms),
+        s.active_execs,
+        s.timings.create_to_ready_ms
+    );
+    for (k, v) in &s.labels {
+        out.push_str(&format!("label:    {k}={v}\n"));
+    }
+    if !s.error.is_empty() {
+        out.push_str(&format!("error:    {}\n", s.error));
+    }
+    out
+}
+
+/// The `--stats` table.
+pub fn stats_table(result: &ExecResult) -> String {
+    let mut out = format!("duration      {} ms\n", result.duration_ms);
+    match &result.usage {
+        None => out.push_str("usage         (not collected)\n"),
+        Some(u) => {
+            out.push_str(&format!("cpu user      {} ms\n", u.cpu_user_ms));
+            out.push_str(&format!("cpu system    {} ms\n", u.cpu_sys_ms));
+            out.push_str(&format!(
+                "peak memory   {:.1} MiB\n",
+                u.peak_memory_bytes as f64 / 1048576.0
+            ));
+            out.push_str(&format!("major faults  {}\n", u.page_faults_major));
+            out.push_str(&format!(
+                "preemptions   {}\n",
+                u.context_switches_involuntary
+            ));
+            out.push_str(&format!("io read       {} bytes\n", u.io_read_bytes));
+            out.push_str(&format!("io write      {} bytes\n", u.io_write_bytes));
+        }
+    }
+    if !result.signal.is_empty() {
+        out.push_str(&format!("signal        {}\n", result.signal));
+    }
+    if result.timed_out {
+        out.push_str("timed out     yes\n");
+    }
+    if result.oom_killed {
+        out.push_str("oom killed    yes\n");
+    }
+    out
+}

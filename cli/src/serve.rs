@@ -1,0 +1,97 @@
+//! `crucible serve`.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use anyhow::{Context, Result};
+use wire::BackendKind;
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// Unix socket to listen on (mode 0600).
+    #[arg(long, env = "CRUCIBLE_SOCKET", default_value_os_t = api::config::default_socket())]
+    socket: PathBuf,
+    /// Also listen on TCP at ADDR (e.g. 127.0.0.1:7070); requires API keys.
+    #[arg(long, value_name = "ADDR")]
+    listen: Option<SocketAddr>,
+    /// Do not listen on the Unix socket (only with --listen).
+    #[arg(long, requires = "listen")]
+    no_socket: bool,
+    /// The image directory (rootfs/ for namespace sandboxes, vmlinux + initramfs.cpio for
+    /// microVMs), as written by `cargo xtask build-image`.
+    #[arg(long, env = "CRUCIBLE_IMAGE", default_value_os_t = crate::default_image_dir())]
+    image: PathBuf,
+    /// Where sandbox state lives.
+    #[arg(long, default_value_os_t = api::config::default_state_dir())]
+    state_dir: PathBuf,
+    /// A file of API keys, one per line. Keys also come from CRUCIBLE_API_KEYS
+    /// (comma-separated). With any key set, every request must send `Authorization: Bearer <key>`.
+    #[arg(long, value_name = "FILE")]
+    keys_file: Option<PathBuf>,
+    /// Backend for sandboxes that do not ask for one [default: the best this host offers].
+    #[arg(long, value_parser = parse_backend)]
+    backend: Option<BackendKind>,
+    /// Most sandboxes at once.
+    #[arg(long, default_value_t = api::Limits::default().max_sandboxes)]
+    max_sandboxes: usize,
+    /// Most concurrent execs per sandbox.
+    #[arg(long, default_value_t = api::Limits::default().max_execs_per_sandbox)]
+    max_execs: usize,
+    /// Seconds without activity after which a sandbox is deleted.
+    #[arg(long, default_value_t = api::Limits::default().idle_timeout_s)]
+    idle_timeout: u64,
+}
+
+pub fn parse_backend(text: &str) -> Result<BackendKind, String> {
+    match text {
+        "microvm" => Ok(BackendKind::Microvm),
+        "namespace" => Ok(BackendKind::Namespace),
+        other => Err(format!(
+            "unknown backend {other:?}: expected microvm or namespace"
+        )),
+    }
+}
+
+fn api_keys(keys_file: Option<&PathBuf>) -> Result<api::ApiKeys> {
+    let mut keys = Vec::new();
+    if let Ok(env) = std::env::var("CRUCIBLE_API_KEYS") {
+        keys.push(env);
+    }
+    if let Some(path) = keys_file {
+        keys.push(
+            std::fs::read_to_string(path)
+                .with_context(|| format!("reading API keys from {}", path.display()))?,
+        );
+    }
+    Ok(api::ApiKeys::parse(&keys.join("\n")))
+}
+
+pub async fn run(args: Args) -> Result<()> {
+    let mut config = api::ServeConfig::new(args.image);
+    config.unix_socket = (!args.no_socket).then_some(args.socket);
+    config.tcp = args.listen;
+    config.state_dir = args.state_dir;
+    config.api_keys = api_keys(args.keys_file.as_ref())?;
+    config.default_backend = args.backend;
+    config.limits.max_sandboxes = args.max_sandboxes;
+    config.limits.max_execs_per_sandbox = args.max_execs;
+    config.limits.idle_timeout_s = args.idle_timeout;
+    let server = api::Server::bind(config).await?;
+    let state = server.state();
+    if let Some(path) = &state.config.unix_socket {
+        eprintln!("crucible: listening on {}", path.display());
+    }
+    if let Some(addr) = server.tcp_addr() {
+        eprintln!("crucible: listening on http://{addr}");
+    }
+    let backend = state.default_backend();
+    match state.unavailable_reason(backend) {
+        None => eprintln!("crucible: default backend: {backend}"),
+        Some(reason) => {
+            eprintln!("crucible: warning: default backend {backend} is unavailable: {reason}")
+        }
+    }
+    server.run(api::shutdown_signal()).await;
+    eprintln!("crucible: stopped; every sandbox deleted");
+    Ok(())
+}
