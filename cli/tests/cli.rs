@@ -1,0 +1,263 @@
+//! The `crucible` binary as a user runs it, against a real daemon.
+
+use std::io::Write;
+use std::process::{Command, Output, Stdio};
+
+use harness::TestDaemon;
+use wire::CreateSandbox;
+
+fn crucible(daemon: &TestDaemon) -> Command {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_crucible"));
+    command
+        .arg("--host")
+        .arg(&daemon.socket)
+        .env_remove("CRUCIBLE_API_KEY");
+    command
+}
+
+fn run(command: &mut Command) -> Output {
+    command.output().expect("crucible runs")
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+fn sandbox(daemon: &TestDaemon) -> String {
+    let out = run(crucible(daemon).args(["sandbox", "create"]));
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    text(&out.stdout).trim().to_string()
+}
+
+#[test]
+fn run_streams_output_and_exits_with_the_command_status() {
+    let daemon = TestDaemon::start();
+    let out =
+        run(crucible(&daemon).args(["run", "--", "sh", "-c", "echo hi; echo warn >&2; exit 3"]));
+    assert_eq!(text(&out.stdout), "hi\n");
+    assert_eq!(text(&out.stderr), "warn\n");
+    assert_eq!(out.status.code(), Some(3));
+    let left = run(crucible(&daemon).args(["--json", "sandbox", "ls"]));
+    let list: serde_json::Value = serde_json::from_slice(&left.stdout).expect("JSON");
+    assert_eq!(
+        list["sandboxes"].as_array().map(Vec::len),
+        Some(0),
+        "run deletes its sandbox"
+    );
+}
+
+#[test]
+fn exit_codes_map_signals_timeouts_and_missing_commands() {
+    let daemon = TestDaemon::start();
+    let id = sandbox(&daemon);
+    for (options, cmd, code) in [
+        (vec![], vec!["sh", "-c", "kill -KILL $$"], 137),
+        (vec![], vec!["sh", "-c", "kill -TERM $$"], 143),
+        (vec!["--timeout", "1"], vec!["sleep", "30"], 124),
+        (vec![], vec!["no-such-command"], 127),
+        (vec![], vec!["true"], 0),
+    ] {
+        let out = run(crucible(&daemon)
+            .args(["sandbox", "exec"])
+            .args(&options)
+            .args([id.as_str(), "--"])
+            .args(&cmd));
+        assert_eq!(
+            out.status.code(),
+            Some(code),
+            "{cmd:?}: {}",
+            text(&out.stderr)
+        );
+    }
+}
+
+#[test]
+fn json_output_everywhere() {
+    let daemon = TestDaemon::start();
+    let out = run(crucible(&daemon).args(["--json", "sandbox", "create", "--label", "team=ci"]));
+    let info: serde_json::Value = serde_json::from_slice(&out.stdout).expect("create JSON");
+    let id = info["id"].as_str().expect("id").to_string();
+    assert_eq!(info["labels"]["team"], "ci");
+    let out = run(crucible(&daemon).args(["--json", "sandbox", "get", &id]));
+    let got: serde_json::Value = serde_json::from_slice(&out.stdout).expect("get JSON");
+    assert_eq!(got["state"], "running");
+    let out = run(crucible(&daemon).args([
+        "--json",
+        "sandbox",
+        "exec",
+        &id,
+        "--",
+        "sh",
+        "-c",
+        "echo o; echo e >&2; exit 2",
+    ]));
+    let exec: serde_json::Value = serde_json::from_slice(&out.stdout).expect("exec JSON");
+    assert_eq!(exec["stdout"], "o\n");
+    assert_eq!(exec["stderr"], "e\n");
+    assert_eq!(exec["result"]["exit_code"], 2);
+    assert_eq!(out.status.code(), Some(2));
+    let out =
+        run(crucible(&daemon).args(["--json", "sandbox", "exec", "--stats", &id, "--", "true"]));
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let out = run(crucible(&daemon).args(["--json", "doctor"]));
+    let doctor: serde_json::Value = serde_json::from_slice(&out.stdout).expect("doctor JSON");
+    assert!(doctor["host"]["kvm"].is_string());
+}
+
+#[test]
+fn errors_are_one_clear_line() {
+    let daemon = TestDaemon::start_with(|c| {
+        c.tcp = Some("127.0.0.1:0".parse().expect("addr"));
+        c.api_keys = harness::keys(&["right-key"]);
+    });
+    let unreachable = run(Command::new(env!("CARGO_BIN_EXE_crucible")).args([
+        "--host",
+        "/nonexistent/crucible.sock",
+        "sandbox",
+        "ls",
+    ]));
+    let tcp = format!("http://{}", daemon.tcp.expect("tcp"));
+    let bad_auth = run(Command::new(env!("CARGO_BIN_EXE_crucible")).args([
+        "--host",
+        &tcp,
+        "--api-key",
+        "wrong-key",
+        "sandbox",
+        "ls",
+    ]));
+    let unknown = run(Command::new(env!("CARGO_BIN_EXE_crucible")).args([
+        "--host",
+        &tcp,
+        "--api-key",
+        "right-key",
+        "sandbox",
+        "get",
+        "sb-0123456789abcdef",
+    ]));
+    for (out, needle) in [
+        (
+            &unreachable,
+            "cannot connect to the crucible daemon at unix:/nonexistent/crucible.sock",
+        ),
+        (&bad_auth, "missing or invalid API key"),
+        (&unknown, "no sandbox with id \"sb-0123456789abcdef\""),
+    ] {
+        let stderr = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(125), "{stderr}");
+        assert_eq!(stderr.lines().count(), 1, "one line: {stderr}");
+        assert!(stderr.starts_with("crucible: error: "), "{stderr}");
+        assert!(stderr.contains(needle), "{stderr}");
+        assert!(
+            !stderr.contains("Error {") && !stderr.contains("Api {"),
+            "no debug dump: {stderr}"
+        );
+    }
+}
+
+#[test]
+fn shell_runs_a_session_from_piped_stdin() {
+    let daemon = TestDaemon::start();
+    let id = sandbox(&daemon);
+    let mut child = crucible(&daemon)
+        .args(["shell", &id])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("shell");
+    child
+        .stdin
+        .take()
+        .expect("stdin")
+        .write_all(b"cd /tmp\necho now in $(pwd)\nexit 3\n")
+        .expect("type");
+    let out = child.wait_with_output().expect("wait");
+    assert!(
+        text(&out.stdout).contains("now in /tmp"),
+        "{}",
+        text(&out.stdout)
+    );
+    assert_eq!(out.status.code(), Some(3));
+
+    // Ctrl-D (EOF) ends the session cleanly.
+    let out = crucible(&daemon)
+        .args(["sandbox", "exec", "-i", &id, "--", "cat"])
+        .stdin(Stdio::null())
+        .output()
+        .expect("exec -i");
+    assert_eq!(out.status.code(), Some(0));
+}
+
+#[test]
+fn cp_round_trips_a_directory_tree_byte_for_byte() {
+    let daemon = TestDaemon::start();
+    let id = sandbox(&daemon);
+    let local = tempfile::tempdir().expect("tempdir");
+    let tree = local.path().join("project");
+    std::fs::create_dir_all(tree.join("src/nested")).expect("mkdir");
+    let blob: Vec<u8> = (0..1_000_000u32).map(|i| (i % 253) as u8).collect();
+    let files: Vec<(&str, Vec<u8>)> = vec![
+        ("README", b"read me\n".to_vec()),
+        ("src/main.rs", b"fn main() {}\n".to_vec()),
+        ("src/nested/blob.bin", blob),
+        ("src/nested/empty", Vec::new()),
+    ];
+    for (rel, data) in &files {
+        std::fs::write(tree.join(rel), data).expect("write");
+    }
+    let up =
+        run(crucible(&daemon).args(["cp", tree.to_str().expect("utf8"), &format!("{id}:/work")]));
+    assert!(up.status.success(), "{}", text(&up.stderr));
+    let back = local.path().join("back");
+    std::fs::create_dir_all(&back).expect("mkdir");
+    for (rel, data) in &files {
+        let dest = back.join(rel.replace('/', "_"));
+        let down = run(crucible(&daemon).args([
+            "cp",
+            &format!("{id}:/work/project/{rel}"),
+            dest.to_str().expect("utf8"),
+        ]));
+        assert!(down.status.success(), "{rel}: {}", text(&down.stderr));
+        assert!(
+            std::fs::read(&dest).expect("read") == *data,
+            "{rel} differs"
+        );
+    }
+    let out = run(crucible(&daemon).args(["cp", &format!("{id}:/work/project/README"), "-"]));
+    assert_eq!(out.stdout, b"read me\n");
+}
+
+#[test]
+fn completions_and_man_page_are_generated() {
+    let out = run(Command::new(env!("CARGO_BIN_EXE_crucible")).args(["completions", "bash"]));
+    assert!(out.status.success());
+    assert!(text(&out.stdout).contains("crucible"));
+    let out = run(Command::new(env!("CARGO_BIN_EXE_crucible")).arg("man"));
+    assert!(out.status.success());
+    assert!(text(&out.stdout).contains(".TH crucible"));
+}
+
+#[test]
+fn create_request_flags_reach_the_daemon() {
+    let daemon = TestDaemon::start();
+    let out = run(crucible(&daemon).args([
+        "--json",
+        "sandbox",
+        "create",
+        "--memory",
+        "256",
+        "--ttl",
+        "600",
+        "--env",
+        "GREETING=hi",
+    ]));
+    let info: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    assert_eq!(info["memory_mib"], 256);
+    let id = info["id"].as_str().expect("id");
+    let out =
+        run(crucible(&daemon).args(["sandbox", "exec", id, "--", "sh", "-c", "echo $GREETING"]));
+    assert_eq!(text(&out.stdout), "hi\n");
+    let _ = CreateSandbox::default();
+    let out = run(crucible(&daemon).args(["sandbox", "rm", id]));
+    assert!(out.status.success());
+}
