@@ -28,6 +28,10 @@ pub struct Args {
     /// (comma-separated). With any key set, every request must send `Authorization: Bearer <key>`.
     #[arg(long, value_name = "FILE")]
     keys_file: Option<PathBuf>,
+    /// The cgroup (under each controller) holding this daemon's sandboxes; daemons sharing a
+    /// host need different ones.
+    #[arg(long, default_value = "crucible")]
+    cgroup_parent: String,
     /// Backend for sandboxes that do not ask for one [default: the best this host offers].
     #[arg(long, value_parser = parse_backend)]
     backend: Option<BackendKind>,
@@ -73,6 +77,7 @@ pub async fn run(args: Args) -> Result<()> {
     config.state_dir = args.state_dir;
     config.api_keys = api_keys(args.keys_file.as_ref())?;
     config.default_backend = args.backend;
+    config.cgroup_parent = args.cgroup_parent;
     config.limits.max_sandboxes = args.max_sandboxes;
     config.limits.max_execs_per_sandbox = args.max_execs;
     config.limits.idle_timeout_s = args.idle_timeout;

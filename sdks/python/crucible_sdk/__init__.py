@@ -15,7 +15,13 @@ from .codec import (
     encode_frames,
 )
 
+from .client import Client, CrucibleError, ExecOutput, Session
+
 __all__ = [
+    "Client",
+    "CrucibleError",
+    "ExecOutput",
+    "Session",
     "EXIT",
     "HEADER_SIZE",
     "MAX_PAYLOAD",

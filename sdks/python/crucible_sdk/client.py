@@ -1,0 +1,317 @@
+"""A client for the crucible API, standard library only.
+
+    from crucible_sdk import Client
+    c = Client()                               # CRUCIBLE_HOST, else the local daemon's socket
+    sb = c.create()
+    out = c.exec(sb["id"], ["uname", "-a"])
+    print(out.stdout.decode(), out.result["exit_code"])
+    c.delete(sb["id"])
+"""
+
+from __future__ import annotations
+
+import http.client
+import io
+import json
+import os
+import socket
+import tarfile
+import urllib.parse
+from dataclasses import dataclass, field
+from typing import IO, Dict, Iterator, List, Optional, Tuple, Union
+
+from . import codec
+
+DEFAULT_SOCKET = "/run/crucible/crucible.sock"
+
+
+class CrucibleError(Exception):
+    """The daemon answered with an error envelope (or could not be reached: status 0)."""
+
+    def __init__(self, status: int, code: str, message: str) -> None:
+        super().__init__(f"{message} (HTTP {status}, {code})" if status else message)
+        self.status = status
+        self.code = code
+        self.message = message
+
+
+@dataclass
+class ExecOutput:
+    stdout: bytes = b""
+    stderr: bytes = b""
+    result: Dict = field(default_factory=dict)
+
+    @property
+    def exit_code(self) -> int:
+        return self.result.get("exit_code", -1)
+
+
+class _UnixHTTPConnection(http.client.HTTPConnection):
+    def __init__(self, path: str, timeout: Optional[float] = None) -> None:
+        super().__init__("crucible", timeout=timeout)
+        self._path = path
+
+    def connect(self) -> None:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        if self.timeout is not None:
+            sock.settimeout(self.timeout)
+        sock.connect(self._path)
+        self.sock = sock
+
+
+def parse_host(host: Optional[str]) -> Tuple[str, str]:
+    """("unix", path) or ("tcp", "host:port")."""
+    host = host or os.environ.get("CRUCIBLE_HOST") or DEFAULT_SOCKET
+    if host.startswith("http://"):
+        authority = host[len("http://") :].rstrip("/")
+        if not authority or "/" in authority:
+            raise ValueError(f"invalid daemon address {host!r}")
+        return "tcp", authority
+    if host.startswith("https://"):
+        raise ValueError("TLS is not supported; put a proxy in front")
+    if host.startswith("unix:"):
+        host = host[len("unix:") :]
+    return "unix", host
+
+
+def _frames_to_events(frame: codec.Frame):
+    if frame.type == codec.EXIT:
+        return ("exit", json.loads(frame.payload))
+    if frame.type == codec.STDOUT:
+        return ("stdout", frame.payload)
+    if frame.type == codec.STDERR:
+        return ("stderr", frame.payload)
+    raise codec.DecodeError("unknown_type", f"unexpected {frame.type_name} frame from the daemon")
+
+
+def _request_body(cmd: List[str], env, cwd: str, timeout_s: int) -> bytes:
+    return json.dumps(
+        {"cmd": list(cmd), "env": dict(env or {}), "cwd": cwd, "timeout_s": timeout_s}
+    ).encode()
+
+
+class Session:
+    """An interactive exec over a hijacked connection: send stdin, read events."""
+
+    def __init__(self, sock: socket.socket, leftover: bytes) -> None:
+        self._sock = sock
+        self._decoder = codec.Decoder(response=True)
+        self._pending = [_frames_to_events(f) for f in self._decoder.feed(leftover)]
+        self._done = False
+
+    def send_stdin(self, data: bytes) -> None:
+        if data:
+            self._sock.sendall(codec.encode_frames(codec.STDIN, data))
+
+    def close_stdin(self) -> None:
+        self._sock.sendall(codec.encode_frame(codec.STDIN_CLOSE))
+
+    def events(self) -> Iterator[Tuple[str, object]]:
+        """("stdout", bytes), ("stderr", bytes) ..., then ("exit", result dict)."""
+        while True:
+            while self._pending:
+                event = self._pending.pop(0)
+                yield event
+                if event[0] == "exit":
+                    return
+            if self._done:
+                return
+            chunk = self._sock.recv(65536)
+            if not chunk:
+                self._done = True
+                self._decoder.close()
+                return
+            self._pending.extend(_frames_to_events(f) for f in self._decoder.feed(chunk))
+
+    def close(self) -> None:
+        """Closes the connection (which kills the command if it still runs)."""
+        self._sock.close()
+
+    def __enter__(self) -> "Session":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+class Client:
+    """A client of one crucible daemon (`host`: a Unix socket path, `unix:PATH` or
+    `http://host:port`; default `$CRUCIBLE_HOST`, else the local daemon's socket)."""
+
+    def __init__(self, host: Optional[str] = None, api_key: Optional[str] = None,
+                 timeout: Optional[float] = None) -> None:
+        self.kind, self.address = parse_host(host)
+        self.api_key = api_key if api_key is not None else os.environ.get("CRUCIBLE_API_KEY")
+        self.timeout = timeout
+
+    # -- plumbing -------------------------------------------------------------------------
+
+    def _connection(self) -> http.client.HTTPConnection:
+        if self.kind == "unix":
+            return _UnixHTTPConnection(self.address, timeout=self.timeout)
+        host, _, port = self.address.rpartition(":")
+        return http.client.HTTPConnection(host, int(port), timeout=self.timeout)
+
+    def _headers(self, extra: Optional[Dict[str, str]] = None) -> Dict[str, str]:
+        headers = dict(extra or {})
+        if self.api_key:
+            headers["Authorization"] = f"Bearer {self.api_key}"
+        return headers
+
+    def _open(self, method: str, path: str, body=None, headers=None) -> http.client.HTTPResponse:
+        conn = self._connection()
+        try:
+            conn.request(method, path, body=body, headers=self._headers(headers))
+        except OSError as e:
+            raise CrucibleError(0, "unreachable",
+                                f"cannot connect to the crucible daemon at {self.kind}:{self.address}: {e}") from e
+        response = conn.getresponse()
+        if response.status >= 400:
+            raise self._error(response.status, response.read())
+        return response
+
+    @staticmethod
+    def _error(status: int, body: bytes) -> CrucibleError:
+        try:
+            envelope = json.loads(body)
+            return CrucibleError(status, envelope["code"], envelope["message"])
+        except (ValueError, KeyError, TypeError):
+            return CrucibleError(status, "unknown", body.decode(errors="replace").strip())
+
+    def _json(self, method: str, path: str, value=None):
+        body = None if value is None else json.dumps(value).encode()
+        headers = {"Content-Type": "application/json"} if body is not None else {}
+        response = self._open(method, path, body=body, headers=headers)
+        data = response.read()
+        return json.loads(data) if data else None
+
+    @staticmethod
+    def _sandbox_path(sandbox_id: str, tail: str = "") -> str:
+        return f"/sandboxes/{urllib.parse.quote(sandbox_id, safe='')}{tail}"
+
+    # -- sandboxes --------------------------------------------------------------------------
+
+    def health(self) -> Dict:
+        return self._json("GET", "/healthz")
+
+    def create(self, **settings) -> Dict:
+        """POST /sandboxes; settings: memory_mib, vcpus, image, backend, ttl_s, env, labels."""
+        return self._json("POST", "/sandboxes", settings)
+
+    def list(self) -> List[Dict]:
+        return self._json("GET", "/sandboxes")["sandboxes"]
+
+    def get(self, sandbox_id: str) -> Dict:
+        return self._json("GET", self._sandbox_path(sandbox_id))
+
+    def delete(self, sandbox_id: str) -> None:
+        self._open("DELETE", self._sandbox_path(sandbox_id)).read()
+
+    # -- exec -------------------------------------------------------------------------------
+
+    def exec_stream(self, sandbox_id: str, cmd: List[str], env=None, cwd: str = "",
+                    timeout_s: int = 0) -> Iterator[Tuple[str, object]]:
+        """Runs a command; yields ("stdout", bytes) / ("stderr", bytes) as they arrive, then
+        ("exit", result dict). A stream that breaks off raises codec.DecodeError."""
+        response = self._open("POST", self._sandbox_path(sandbox_id, "/exec"),
+                              body=_request_body(cmd, env, cwd, timeout_s),
+                              headers={"Content-Type": "application/json"})
+        decoder = codec.Decoder(response=True)
+        while True:
+            chunk = response.read1(65536) if hasattr(response, "read1") else response.read(65536)
+            if not chunk:
+                break
+            for frame in decoder.feed(chunk):
+                yield _frames_to_events(frame)
+        decoder.close()
+
+    def exec(self, sandbox_id: str, cmd: List[str], env=None, cwd: str = "",
+             timeout_s: int = 0) -> ExecOutput:
+        """Runs a command and collects its output."""
+        out = ExecOutput()
+        stdout, stderr = io.BytesIO(), io.BytesIO()
+        for kind, value in self.exec_stream(sandbox_id, cmd, env, cwd, timeout_s):
+            if kind == "stdout":
+                stdout.write(value)
+            elif kind == "stderr":
+                stderr.write(value)
+            else:
+                out.result = value
+        out.stdout, out.stderr = stdout.getvalue(), stderr.getvalue()
+        return out
+
+    def interactive(self, sandbox_id: str, cmd: List[str], env=None, cwd: str = "",
+                    timeout_s: int = 0) -> Session:
+        """POST …/exec?stdin=1: the connection becomes a raw two-way frame stream."""
+        body = _request_body(cmd, env, cwd, timeout_s)
+        if self.kind == "unix":
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            target, host_header = self.address, "crucible"
+        else:
+            host, _, port = self.address.rpartition(":")
+            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            target, host_header = (host, int(port)), self.address
+        try:
+            sock.connect(target)
+        except OSError as e:
+            sock.close()
+            raise CrucibleError(0, "unreachable",
+                                f"cannot connect to the crucible daemon at {self.kind}:{self.address}: {e}") from e
+        head = [f"POST {self._sandbox_path(sandbox_id, '/exec')}?stdin=1 HTTP/1.1",
+                f"Host: {host_header}", "Content-Type: application/json",
+                f"Content-Length: {len(body)}"]
+        head += [f"{k}: {v}" for k, v in self._headers().items()]
+        sock.sendall(("\r\n".join(head) + "\r\n\r\n").encode() + body)
+        buf = b""
+        while b"\r\n\r\n" not in buf:
+            chunk = sock.recv(4096)
+            if not chunk:
+                sock.close()
+                raise CrucibleError(0, "protocol", "the daemon closed the connection before answering")
+            buf += chunk
+        head_bytes, _, rest = buf.partition(b"\r\n\r\n")
+        lines = head_bytes.decode("latin-1").split("\r\n")
+        status = int(lines[0].split()[1])
+        if status != 200:
+            length = 0
+            for line in lines[1:]:
+                name, _, value = line.partition(":")
+                if name.strip().lower() == "content-length":
+                    length = int(value.strip())
+            while len(rest) < length:
+                chunk = sock.recv(length - len(rest))
+                if not chunk:
+                    break
+                rest += chunk
+            sock.close()
+            raise self._error(status, rest)
+        return Session(sock, rest)
+
+    # -- files ------------------------------------------------------------------------------
+
+    def put_files(self, sandbox_id: str, dest_dir: str,
+                  source: Union[str, os.PathLike, bytes, IO[bytes]]) -> Dict:
+        """Uploads a tar archive (bytes or a binary file object) or a local path (packed as a
+        tar on the fly: a directory lands under dest_dir/<its name>)."""
+        if isinstance(source, (str, os.PathLike)):
+            buf = io.BytesIO()
+            with tarfile.open(fileobj=buf, mode="w") as tar:
+                tar.add(os.fspath(source), arcname=os.path.basename(os.path.normpath(source)))
+            body = buf.getvalue()
+        else:
+            body = source
+        path = self._sandbox_path(sandbox_id, "/files") + "?path=" + urllib.parse.quote(dest_dir)
+        return json.loads(self._open("POST", path, body=body,
+                                     headers={"Content-Type": "application/x-tar"}).read())
+
+    def get_file(self, sandbox_id: str, path: str, out: Optional[IO[bytes]] = None) -> Optional[bytes]:
+        """Downloads one file: returns its bytes, or streams them into `out`."""
+        url = self._sandbox_path(sandbox_id, "/files") + "?path=" + urllib.parse.quote(path)
+        response = self._open("GET", url)
+        if out is None:
+            return response.read()
+        while True:
+            chunk = response.read(65536)
+            if not chunk:
+                return None
+            out.write(chunk)

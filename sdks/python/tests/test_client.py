@@ -1,0 +1,106 @@
+"""The Python client and scripts/wsexec end to end against a real daemon."""
+
+import io
+import pathlib
+import subprocess
+import sys
+import tarfile
+
+import pytest
+
+from crucible_sdk import Client, CrucibleError
+
+WSEXEC = pathlib.Path(__file__).resolve().parents[3] / "scripts" / "wsexec"
+
+
+@pytest.fixture
+def sandbox(daemon):
+    client = Client(daemon)
+    sb = client.create(labels={"suite": "pytest"})
+    yield client, sb["id"]
+    client.delete(sb["id"])
+
+
+def test_exec_collects_output_and_result(sandbox):
+    client, sid = sandbox
+    out = client.exec(sid, ["sh", "-c", "echo hi; echo err >&2; exit 3"], env={"A": "1"})
+    assert out.stdout == b"hi\n"
+    assert out.stderr == b"err\n"
+    assert out.exit_code == 3
+    assert out.result["usage"] is not None
+
+
+def test_exec_stream_yields_events_then_exit(sandbox):
+    client, sid = sandbox
+    events = list(client.exec_stream(sid, ["sh", "-c", "head -c 200000 /dev/zero"]))
+    assert events[-1][0] == "exit"
+    assert sum(len(v) for k, v in events if k == "stdout") == 200000
+
+
+def test_interactive_session(sandbox):
+    client, sid = sandbox
+    with client.interactive(sid, ["sh"]) as session:
+        session.send_stdin(b"cd /tmp\necho $PWD\n")
+        session.close_stdin()
+        events = list(session.events())
+    assert b"".join(v for k, v in events if k == "stdout") == b"/tmp\n"
+    assert events[-1] == ("exit", events[-1][1]) and events[-1][1]["exit_code"] == 0
+
+
+def test_files_round_trip(sandbox, tmp_path):
+    client, sid = sandbox
+    (tmp_path / "tree" / "sub").mkdir(parents=True)
+    (tmp_path / "tree" / "sub" / "data.bin").write_bytes(bytes(range(256)) * 1000)
+    result = client.put_files(sid, "/work", tmp_path / "tree")
+    assert result["files"] == 1
+    assert client.get_file(sid, "/work/tree/sub/data.bin") == bytes(range(256)) * 1000
+
+
+def test_refused_tar_entry_is_an_error(sandbox):
+    client, sid = sandbox
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        info = tarfile.TarInfo("../escape")
+        info.size = 1
+        tar.addfile(info, io.BytesIO(b"x"))
+    with pytest.raises(CrucibleError) as raised:
+        client.put_files(sid, "/work", buf.getvalue())
+    assert raised.value.status == 400
+    assert raised.value.code == "refused_entry"
+
+
+def test_errors_carry_the_envelope(daemon):
+    client = Client(daemon)
+    with pytest.raises(CrucibleError) as raised:
+        client.get("sb-0123456789abcdef")
+    assert (raised.value.status, raised.value.code) == (404, "not_found")
+    with pytest.raises(CrucibleError) as raised:
+        Client("/nonexistent.sock").list()
+    assert raised.value.status == 0
+
+
+def run_wsexec(daemon, *args, stdin=b""):
+    return subprocess.run([sys.executable, str(WSEXEC), "--host", daemon, *args],
+                          input=stdin, capture_output=True, timeout=60)
+
+
+def test_wsexec_runs_a_command_and_exits_with_its_code(daemon, sandbox):
+    _, sid = sandbox
+    done = run_wsexec(daemon, sid, "--", "sh", "-c", "echo out; echo err >&2; exit 7")
+    assert done.stdout == b"out\n"
+    assert done.stderr == b"err\n"
+    assert done.returncode == 7
+
+
+def test_wsexec_forwards_stdin(daemon, sandbox):
+    _, sid = sandbox
+    done = run_wsexec(daemon, "--stdin", sid, "--", "sh", stdin=b"cd /tmp\npwd\n")
+    assert done.stdout == b"/tmp\n"
+    assert done.returncode == 0
+
+
+def test_wsexec_reports_refusals(daemon, sandbox):
+    _, sid = sandbox
+    assert run_wsexec(daemon, "sb-0123456789abcdef", "--", "true").returncode == 125
+    done = run_wsexec(daemon, "--timeout", "1", sid, "--", "sleep", "30")
+    assert done.returncode == 124
