@@ -10,10 +10,13 @@
 //!   `/tmp`, `/dev/shm`, and the sandbox's runtime directory at `/run/crucible`;
 //! - membership in the cgroups the daemon prepared (memory and pids limits);
 //! - no capabilities (bounding set emptied, then effective/permitted/inheritable cleared) and
-//!   `no_new_privs`, so nothing inside can regain privileges through setuid binaries.
+//!   `no_new_privs`, so nothing inside can regain privileges through setuid binaries;
+//! - a seccomp filter that makes escape-only system calls (`mount`, `unshare`, `setns`,
+//!   `ptrace`, `kexec_load`, module loading, `bpf`, …) fail with EPERM.
 
 mod mounts;
 mod privileges;
+mod seccomp;
 mod sys;
 
 use std::path::PathBuf;
@@ -103,5 +106,6 @@ pub fn enter(spec: &SandboxSpec) -> Result<(), EnterError> {
     sys::set_hostname(&spec.hostname)?;
     sys::bring_up_loopback()?;
     privileges::drop_all()?;
+    seccomp::install()?;
     Ok(())
 }
