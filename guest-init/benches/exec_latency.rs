@@ -1,1 +1,139 @@
-fn main() {}
+//! Exec round-trip latency of `true` through the agent over a Unix socket, side by side with the
+//! floor: a plain fork/exec/wait of `true` with `std::process::Command` in this process.
+//!
+//! `cargo bench -p guest-init` (set `BENCH_ITERS` to change the sample count). The two are
+//! measured in alternating blocks so that machine noise hits both alike.
+
+#[path = "../tests/common/mod.rs"]
+mod common;
+
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use wire::ExecRequest;
+
+/// p50/p99 overhead target of the agent over the floor.
+const TARGET_P50_OVERHEAD: Duration = Duration::from_micros(150);
+
+fn percentile(sorted: &[Duration], p: f64) -> Duration {
+    if sorted.is_empty() {
+        return Duration::ZERO;
+    }
+    let idx = ((sorted.len() - 1) as f64 * p).round() as usize;
+    sorted[idx.min(sorted.len() - 1)]
+}
+
+fn micros(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e6
+}
+
+struct Stats {
+    p50: Duration,
+    p99: Duration,
+    mean: Duration,
+}
+
+fn stats(mut samples: Vec<Duration>) -> Stats {
+    samples.sort();
+    let total: Duration = samples.iter().sum();
+    Stats {
+        p50: percentile(&samples, 0.50),
+        p99: percentile(&samples, 0.99),
+        mean: total / u32::try_from(samples.len().max(1)).unwrap_or(u32::MAX),
+    }
+}
+
+fn main() {
+    let iters: usize = std::env::var("BENCH_ITERS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(2000);
+    let block = 100;
+    let agent = common::Agent::start();
+
+    let agent_exec = || {
+        let start = Instant::now();
+        let out = agent.exec(ExecRequest::new(["true"]));
+        let took = start.elapsed();
+        assert_eq!(out.result.exit_code, 0, "{}", out.result.error);
+        took
+    };
+    let floor_exec = || {
+        let start = Instant::now();
+        let status = Command::new("true").status().expect("spawn true");
+        let took = start.elapsed();
+        assert!(status.success());
+        took
+    };
+
+    let ping = || {
+        let start = Instant::now();
+        let reply = agent.reply(&wire::agent::AgentRequest::Ping);
+        let took = start.elapsed();
+        assert!(matches!(reply, wire::agent::AgentReply::Pong(_)));
+        took
+    };
+
+    // Warm up both paths (page cache, allocator, the agent's first threads).
+    for _ in 0..200 {
+        agent_exec();
+        floor_exec();
+    }
+    let mut through_agent = Vec::with_capacity(iters);
+    let mut floor = Vec::with_capacity(iters);
+    while through_agent.len() < iters {
+        for _ in 0..block {
+            through_agent.push(agent_exec());
+        }
+        for _ in 0..block {
+            floor.push(floor_exec());
+        }
+    }
+    let p = stats((0..iters.min(1000)).map(|_| ping()).collect());
+    let a = stats(through_agent);
+    let f = stats(floor);
+    let overhead50 = a.p50.saturating_sub(f.p50);
+    let overhead99 = a.p99.saturating_sub(f.p99);
+
+    println!("exec round trip of `true`, {iters} samples each");
+    println!(
+        "{:<38} {:>10} {:>10} {:>10}",
+        "", "p50 (µs)", "p99 (µs)", "mean (µs)"
+    );
+    println!(
+        "{:<38} {:>10.1} {:>10.1} {:>10.1}",
+        "agent (unix socket, frames, exit)",
+        micros(a.p50),
+        micros(a.p99),
+        micros(a.mean)
+    );
+    println!(
+        "{:<38} {:>10.1} {:>10.1} {:>10.1}",
+        "floor (std::process::Command)",
+        micros(f.p50),
+        micros(f.p99),
+        micros(f.mean)
+    );
+    println!(
+        "{:<38} {:>10.1} {:>10.1} {:>10.1}",
+        "ping (connect, dispatch, reply)",
+        micros(p.p50),
+        micros(p.p99),
+        micros(p.mean)
+    );
+    println!(
+        "{:<38} {:>10.1} {:>10.1}",
+        "overhead (agent - floor)",
+        micros(overhead50),
+        micros(overhead99)
+    );
+    println!(
+        "target: p50 overhead <= {} µs: {}",
+        TARGET_P50_OVERHEAD.as_micros(),
+        if overhead50 <= TARGET_P50_OVERHEAD {
+            "met"
+        } else {
+            "NOT met"
+        }
+    );
+}
