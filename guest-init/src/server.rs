@@ -6,6 +6,8 @@ use std::mem::size_of;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{mpsc, Mutex};
 use std::time::Duration;
 
 use wire::agent::{AgentReply, AgentRequest, Hello, PROTOCOL_VERSION};
@@ -266,20 +268,96 @@ impl Agent {
     }
 }
 
-/// Accepts connections forever, one thread each. Returns only if accepting keeps failing.
+/// How long an idle connection thread waits for work before exiting.
+const IDLE_WORKER_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Connection threads: every connection gets a thread of its own at once (an idle one if
+/// there is one, else a new one), so one slow client never waits behind another; finished
+/// threads stay around a while to spare the next connections a thread creation.
+#[derive(Debug)]
+struct Workers {
+    agent: &'static Agent,
+    queue: Mutex<mpsc::Receiver<UnixStream>>,
+    sender: mpsc::Sender<UnixStream>,
+    /// Threads waiting on `queue` that no connection has claimed yet.
+    idle: AtomicUsize,
+}
+
+impl Workers {
+    fn new(agent: &'static Agent) -> &'static Workers {
+        let (sender, receiver) = mpsc::channel();
+        Box::leak(Box::new(Workers {
+            agent,
+            queue: Mutex::new(receiver),
+            sender,
+            idle: AtomicUsize::new(0),
+        }))
+    }
+
+    fn claim_idle(&self) -> bool {
+        self.idle
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1))
+            .is_ok()
+    }
+
+    fn dispatch(&'static self, conn: UnixStream) {
+        if self.claim_idle() {
+            // A claimed worker is blocked on the queue (or about to be) and takes it.
+            match self.sender.send(conn) {
+                Ok(()) => return,
+                Err(mpsc::SendError(conn)) => return self.start(conn),
+            }
+        }
+        self.start(conn);
+    }
+
+    fn start(&'static self, conn: UnixStream) {
+        let spawned = std::thread::Builder::new()
+            .name("conn".into())
+            .stack_size(CONNECTION_STACK)
+            .spawn(move || self.work(conn));
+        if let Err(e) = spawned {
+            log::error(format_args!("cannot start a connection thread: {e}"));
+        }
+    }
+
+    fn work(&self, first: UnixStream) {
+        handle(first, self.agent);
+        // Whether our unit is in `idle`; after a failed exit a claimed connection is ours to
+        // take, so we wait again without adding one.
+        let mut counted = false;
+        loop {
+            if !counted {
+                self.idle.fetch_add(1, Ordering::AcqRel);
+                counted = true;
+            }
+            let next = {
+                let queue = self.queue.lock().unwrap_or_else(|p| p.into_inner());
+                queue.recv_timeout(IDLE_WORKER_TIMEOUT)
+            };
+            match next {
+                Ok(conn) => {
+                    counted = false;
+                    handle(conn, self.agent);
+                }
+                // Leave only if no connection has claimed an idle worker meanwhile; if one has,
+                // its connection is on the way and this thread takes it.
+                Err(_) if self.claim_idle() => return,
+                Err(_) => {}
+            }
+        }
+    }
+}
+
+/// Accepts connections forever. Returns only if accepting keeps failing.
 pub fn serve(listener: &Listener, agent: &'static Agent) -> ServerError {
+    let workers = Workers::new(agent);
     let mut failures = 0u32;
     loop {
         match listener.accept() {
             Ok(conn) => {
                 failures = 0;
-                let spawned = std::thread::Builder::new()
-                    .name("conn".into())
-                    .stack_size(CONNECTION_STACK)
-                    .spawn(move || handle(conn, agent));
-                if let Err(e) = spawned {
-                    log::error(format_args!("cannot start a connection thread: {e}"));
-                }
+                workers.dispatch(conn);
             }
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
             Err(e) => {

@@ -39,17 +39,11 @@ pub fn eventfd_signal(fd: BorrowedFd<'_>) {
     unsafe { libc::write(fd.as_raw_fd(), (&one as *const u64).cast(), 8) };
 }
 
-/// Sets or clears `O_NONBLOCK`.
+/// Sets or clears `O_NONBLOCK` (one ioctl rather than fcntl's get-then-set).
 pub fn set_nonblocking(fd: BorrowedFd<'_>, on: bool) -> io::Result<()> {
-    // SAFETY: F_GETFL takes no pointer argument.
-    let flags = cvt(unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GETFL) })?;
-    let flags = if on {
-        flags | libc::O_NONBLOCK
-    } else {
-        flags & !libc::O_NONBLOCK
-    };
-    // SAFETY: F_SETFL takes an int argument.
-    cvt(unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_SETFL, flags) })?;
+    let mut on = libc::c_int::from(on);
+    // SAFETY: FIONBIO reads one int through the pointer, which points at a live int.
+    cvt(unsafe { libc::ioctl(fd.as_raw_fd(), libc::FIONBIO as _, &mut on) })?;
     Ok(())
 }
 
