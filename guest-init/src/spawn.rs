@@ -11,11 +11,11 @@
 use std::ffi::{CString, OsStr, OsString};
 use std::io;
 use std::os::fd::{AsRawFd, BorrowedFd, RawFd};
-use std::os::unix::ffi::OsStrExt;
+use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use wire::ExecRequest;
 
@@ -116,13 +116,13 @@ pub fn spawn(
     ctx: &SpawnContext<'_>,
     slot: &Arc<ExitSlot>,
 ) -> Result<libc::pid_t, SpawnError> {
-    let env = merged_env(req);
-    let search_path = env
-        .iter()
-        .find_map(|(k, v)| (k.as_os_str() == "PATH").then(|| v.clone()))
-        .unwrap_or_else(|| OsString::from(DEFAULT_PATH));
+    let base = BaseEnv::get();
+    let search_path = match req.env.get("PATH") {
+        Some(p) => OsStr::new(p.as_str()),
+        None => base.path.as_os_str(),
+    };
     let cwd = (!req.cwd.is_empty()).then(|| PathBuf::from(&req.cwd));
-    let program = resolve_program(&req.cmd[0], &search_path, cwd.as_deref())?;
+    let program = resolve_program(&req.cmd[0], search_path, cwd.as_deref())?;
 
     let program_c = CString::new(program.as_os_str().as_bytes()).map_err(|_| SpawnError::Nul)?;
     let args_c = req
@@ -131,14 +131,10 @@ pub fn spawn(
         .map(|a| CString::new(a.as_bytes()))
         .collect::<Result<Vec<_>, _>>()
         .map_err(|_| SpawnError::Nul)?;
-    let env_c = env
+    let added_c = req
+        .env
         .iter()
-        .map(|(k, v)| {
-            let mut kv = k.as_bytes().to_vec();
-            kv.push(b'=');
-            kv.extend_from_slice(v.as_bytes());
-            CString::new(kv)
-        })
+        .map(|(k, v)| CString::new(format!("{k}={v}")))
         .collect::<Result<Vec<_>, _>>()
         .map_err(|_| SpawnError::Nul)?;
     let cwd_c = match &cwd {
@@ -147,7 +143,14 @@ pub fn spawn(
     };
     let mut argv: Vec<*const libc::c_char> = args_c.iter().map(|a| a.as_ptr()).collect();
     argv.push(std::ptr::null());
-    let mut envp: Vec<*const libc::c_char> = env_c.iter().map(|e| e.as_ptr()).collect();
+    // The agent's variables that the request does not override, then the request's.
+    let mut envp: Vec<*const libc::c_char> = base
+        .vars
+        .iter()
+        .filter(|(k, _)| !std::str::from_utf8(k).is_ok_and(|k| req.env.contains_key(k)))
+        .map(|(_, kv)| kv.as_ptr())
+        .chain(added_c.iter().map(|e| e.as_ptr()))
+        .collect();
     envp.push(std::ptr::null());
 
     let plan = ChildPlan {
@@ -193,7 +196,7 @@ pub fn spawn(
 
     let report = plan.report.load(Ordering::Acquire);
     if report == 0 {
-        drop((argv, envp, args_c, env_c, cwd_c, program_c));
+        drop((argv, envp, args_c, added_c, cwd_c, program_c));
         return Ok(pid);
     }
     let errno = (report & 0xffff_ffff) as i32;
@@ -215,17 +218,36 @@ pub fn spawn(
     })
 }
 
-/// The agent's environment with the request's variables added (the request wins).
-fn merged_env(req: &ExecRequest) -> Vec<(OsString, OsString)> {
-    let mut env: Vec<(OsString, OsString)> = std::env::vars_os()
-        .filter(|(k, _)| !req.env.contains_key(&*k.to_string_lossy()))
-        .collect();
-    env.extend(
-        req.env
-            .iter()
-            .map(|(k, v)| (OsString::from(k), OsString::from(v))),
-    );
-    env
+/// The agent's own environment, encoded once: the agent never changes it after startup, so
+/// each exec only adds the request's variables.
+#[derive(Debug)]
+struct BaseEnv {
+    /// `(name, "NAME=value")`.
+    vars: Vec<(Vec<u8>, CString)>,
+    /// The agent's `PATH`, or [`DEFAULT_PATH`].
+    path: OsString,
+}
+
+static BASE_ENV: OnceLock<BaseEnv> = OnceLock::new();
+
+impl BaseEnv {
+    fn get() -> &'static BaseEnv {
+        BASE_ENV.get_or_init(|| {
+            let mut path = OsString::from(DEFAULT_PATH);
+            let vars = std::env::vars_os()
+                .filter_map(|(k, v)| {
+                    if k == "PATH" {
+                        path = v.clone();
+                    }
+                    let mut kv = k.as_bytes().to_vec();
+                    kv.push(b'=');
+                    kv.extend_from_slice(v.as_bytes());
+                    Some((k.into_vec(), CString::new(kv).ok()?))
+                })
+                .collect();
+            BaseEnv { vars, path }
+        })
+    }
 }
 
 /// Finds `name` the way `execvp` would: as given when it contains a slash, else the first
