@@ -126,12 +126,17 @@ pub fn set_child_subreaper() -> io::Result<()> {
     Ok(())
 }
 
+/// Whether `fd` is an open descriptor.
+pub fn fd_is_open(fd: libc::c_int) -> bool {
+    // SAFETY: F_GETFD takes no pointer; it only asks whether `fd` is open.
+    unsafe { libc::fcntl(fd, libc::F_GETFD) != -1 }
+}
+
 /// Makes sure descriptors 0, 1 and 2 are open (on `/dev/null` if nothing else), so pipes
 /// created later never land on them and `dup2` in the child always clears close-on-exec.
 pub fn ensure_stdio_open() {
     for fd in 0..3 {
-        // SAFETY: F_GETFD takes no pointer; it only asks whether `fd` is open.
-        if unsafe { libc::fcntl(fd, libc::F_GETFD) } != -1 {
+        if fd_is_open(fd) {
             continue;
         }
         // SAFETY: the path is a NUL-terminated literal; open returns the lowest free fd, which is
