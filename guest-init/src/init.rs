@@ -416,7 +416,7 @@ fn boot_and_serve() {
     }
     match listener {
         Some(l) => {
-            let e = server::serve(&l, agent);
+            let e = server::serve(l, agent);
             log::error(format_args!("{e}"));
         }
         None => log::error(format_args!("nothing to serve on; ending the VM")),

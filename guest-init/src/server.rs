@@ -7,7 +7,6 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{mpsc, Mutex};
 use std::time::Duration;
 
 use wire::agent::{AgentReply, AgentRequest, Hello, PROTOCOL_VERSION};
@@ -268,107 +267,81 @@ impl Agent {
     }
 }
 
-/// How long an idle connection thread waits for work before exiting.
-const IDLE_WORKER_TIMEOUT: Duration = Duration::from_secs(30);
+/// Idle threads kept blocked in `accept` beyond the one that must always be there.
+const SPARE_ACCEPTORS: usize = 4;
 
-/// Connection threads: every connection gets a thread of its own at once (an idle one if
-/// there is one, else a new one), so one slow client never waits behind another; finished
-/// threads stay around a while to spare the next connections a thread creation.
+/// Connection threads, leader/follower style: idle threads block in `accept` on the shared
+/// listener themselves (the kernel hands each connection to one of them), so a connection
+/// reaches its thread without a hand-off. A thread that takes a connection while no other is
+/// left accepting starts a new one first, so one slow client never waits behind another.
 #[derive(Debug)]
 struct Workers {
     agent: &'static Agent,
-    queue: Mutex<mpsc::Receiver<UnixStream>>,
-    sender: mpsc::Sender<UnixStream>,
-    /// Threads waiting on `queue` that no connection has claimed yet.
-    idle: AtomicUsize,
+    listener: &'static Listener,
+    /// Threads currently blocked in (or about to enter) `accept`.
+    accepting: AtomicUsize,
 }
 
 impl Workers {
-    fn new(agent: &'static Agent) -> &'static Workers {
-        let (sender, receiver) = mpsc::channel();
-        Box::leak(Box::new(Workers {
-            agent,
-            queue: Mutex::new(receiver),
-            sender,
-            idle: AtomicUsize::new(0),
-        }))
-    }
-
-    fn claim_idle(&self) -> bool {
-        self.idle
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1))
-            .is_ok()
-    }
-
-    fn dispatch(&'static self, conn: UnixStream) {
-        if self.claim_idle() {
-            // A claimed worker is blocked on the queue (or about to be) and takes it.
-            match self.sender.send(conn) {
-                Ok(()) => return,
-                Err(mpsc::SendError(conn)) => return self.start(conn),
-            }
-        }
-        self.start(conn);
-    }
-
-    fn start(&'static self, conn: UnixStream) {
-        let spawned = std::thread::Builder::new()
+    fn start(&'static self) -> io::Result<()> {
+        std::thread::Builder::new()
             .name("conn".into())
             .stack_size(CONNECTION_STACK)
-            .spawn(move || self.work(conn));
-        if let Err(e) = spawned {
-            log::error(format_args!("cannot start a connection thread: {e}"));
-        }
+            .spawn(move || {
+                let _ = self.work(false);
+            })
+            .map(drop)
     }
 
-    fn work(&self, first: UnixStream) {
-        handle(first, self.agent);
-        // Whether our unit is in `idle`; after a failed exit a claimed connection is ours to
-        // take, so we wait again without adding one.
-        let mut counted = false;
+    /// Accepts and serves connections. The main thread (`forever`) only returns when
+    /// accepting keeps failing; other threads return `None` when enough others are idle.
+    fn work(&'static self, forever: bool) -> Option<ServerError> {
+        let mut failures = 0u32;
         loop {
-            if !counted {
-                self.idle.fetch_add(1, Ordering::AcqRel);
-                counted = true;
+            self.accepting.fetch_add(1, Ordering::AcqRel);
+            let accepted = self.listener.accept();
+            if self.accepting.fetch_sub(1, Ordering::AcqRel) == 1 {
+                // Nobody else is accepting now: make sure somebody is before we get busy.
+                if let Err(e) = self.start() {
+                    log::error(format_args!("cannot start a connection thread: {e}"));
+                }
             }
-            let next = {
-                let queue = self.queue.lock().unwrap_or_else(|p| p.into_inner());
-                queue.recv_timeout(IDLE_WORKER_TIMEOUT)
-            };
-            match next {
+            match accepted {
                 Ok(conn) => {
-                    counted = false;
+                    failures = 0;
                     handle(conn, self.agent);
                 }
-                // Leave only if no connection has claimed an idle worker meanwhile; if one has,
-                // its connection is on the way and this thread takes it.
-                Err(_) if self.claim_idle() => return,
-                Err(_) => {}
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => {
+                    // EMFILE and friends are transient: back off instead of spinning.
+                    log::error(format_args!("accept failed: {e}"));
+                    failures += 1;
+                    if failures > 100 && forever {
+                        return Some(ServerError::Accept(e));
+                    }
+                    std::thread::sleep(Duration::from_millis(10 * u64::from(failures.min(100))));
+                }
+            }
+            // Enough idle threads: let this one go. (If they all get busy at once, the last
+            // one to leave `accept` starts a new thread, as above.)
+            if !forever && self.accepting.load(Ordering::Acquire) > SPARE_ACCEPTORS {
+                return None;
             }
         }
     }
 }
 
-/// Accepts connections forever. Returns only if accepting keeps failing.
-pub fn serve(listener: &Listener, agent: &'static Agent) -> ServerError {
-    let workers = Workers::new(agent);
-    let mut failures = 0u32;
+/// Accepts connections forever, on this thread and the connection threads. Returns only if
+/// accepting keeps failing.
+pub fn serve(listener: Listener, agent: &'static Agent) -> ServerError {
+    let workers: &'static Workers = Box::leak(Box::new(Workers {
+        agent,
+        listener: Box::leak(Box::new(listener)),
+        accepting: AtomicUsize::new(0),
+    }));
     loop {
-        match listener.accept() {
-            Ok(conn) => {
-                failures = 0;
-                workers.dispatch(conn);
-            }
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(e) => {
-                // EMFILE and friends are transient: back off a little instead of spinning.
-                log::error(format_args!("accept failed: {e}"));
-                failures += 1;
-                if failures > 100 {
-                    return ServerError::Accept(e);
-                }
-                std::thread::sleep(Duration::from_millis(10 * u64::from(failures)));
-            }
+        if let Some(e) = workers.work(true) {
+            return e;
         }
     }
 }
