@@ -636,3 +636,72 @@ impl Session {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::reaper::RawUsage;
+
+    fn killed(maxrss_kib: u64) -> ExitInfo {
+        ExitInfo {
+            status: libc::SIGKILL, // WIFSIGNALED with WTERMSIG = SIGKILL
+            usage: RawUsage {
+                maxrss_kib,
+                ..RawUsage::default()
+            },
+            io: Some((4096, 0)),
+            at: Instant::now(),
+        }
+    }
+
+    fn ctx(mem_total_bytes: u64) -> ExecContext {
+        let mut c = ExecContext::new().expect("context");
+        c.mem_total_bytes = mem_total_bytes;
+        c
+    }
+
+    #[test]
+    fn oom_heuristic_needs_sigkill_not_ours_and_near_total_memory() {
+        let started = Instant::now();
+        let total = 1024 * 1024 * 1024;
+        let mut r = ExecResult::default();
+        fill_result(
+            &mut r,
+            &killed(1_000_000),
+            started,
+            false,
+            None,
+            &ctx(total),
+        );
+        assert!(r.oom_killed);
+        assert_eq!(r.signal, "SIGKILL");
+        assert_eq!(r.exit_code, -1);
+        let usage = r.usage.expect("usage");
+        assert_eq!(usage.peak_memory_bytes, 1_000_000 * 1024);
+        assert_eq!(usage.io_read_bytes, 4096);
+
+        let mut r = ExecResult::default();
+        fill_result(&mut r, &killed(1_000_000), started, true, None, &ctx(total));
+        assert!(!r.oom_killed, "our own timeout kill is not an OOM kill");
+
+        let mut r = ExecResult::default();
+        fill_result(&mut r, &killed(10_000), started, false, None, &ctx(total));
+        assert!(!r.oom_killed, "a small process killed by someone else");
+    }
+
+    #[test]
+    fn normal_exit_reports_the_code() {
+        let mut r = ExecResult::default();
+        let info = ExitInfo {
+            status: 3 << 8,
+            usage: RawUsage::default(),
+            io: None,
+            at: Instant::now(),
+        };
+        fill_result(&mut r, &info, Instant::now(), false, None, &ctx(0));
+        assert_eq!(
+            (r.exit_code, r.signal.as_str(), r.oom_killed),
+            (3, "", false)
+        );
+    }
+}
