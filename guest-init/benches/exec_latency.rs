@@ -2,7 +2,9 @@
 //! floor: a plain fork/exec/wait of `true` with `std::process::Command` in this process.
 //!
 //! `cargo bench -p guest-init` (set `BENCH_ITERS` to change the sample count). The two are
-//! measured in alternating blocks so that machine noise hits both alike.
+//! measured alternately, one sample each, so that machine noise hits both alike; besides the
+//! difference of the two medians it reports the median of the paired differences, which is
+//! the steadier figure on a busy machine.
 
 #[path = "../tests/common/mod.rs"]
 mod common;
@@ -64,7 +66,6 @@ fn main() {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(2000);
-    let block = 100;
     let agent = common::Agent::start();
 
     // A lean client, so that the figure is the agent's and not the test client's allocations:
@@ -109,14 +110,16 @@ fn main() {
     }
     let mut through_agent = Vec::with_capacity(iters);
     let mut floor = Vec::with_capacity(iters);
+    let mut paired = Vec::with_capacity(iters);
     while through_agent.len() < iters {
-        for _ in 0..block {
-            through_agent.push(agent_exec());
-        }
-        for _ in 0..block {
-            floor.push(floor_exec());
-        }
+        let a = agent_exec();
+        let f = floor_exec();
+        through_agent.push(a);
+        floor.push(f);
+        paired.push(a.as_secs_f64() - f.as_secs_f64());
     }
+    paired.sort_by(f64::total_cmp);
+    let paired50 = paired[paired.len() / 2] * 1e6;
     let p = stats((0..iters.min(1000)).map(|_| ping()).collect());
     let a = stats(through_agent);
     let f = stats(floor);
@@ -155,10 +158,11 @@ fn main() {
         micros(overhead50),
         micros(overhead99)
     );
+    println!("{:<38} {:>10.1}", "median of paired differences", paired50);
     println!(
         "target: p50 overhead <= {} µs: {}",
         TARGET_P50_OVERHEAD.as_micros(),
-        if overhead50 <= TARGET_P50_OVERHEAD {
+        if overhead50 <= TARGET_P50_OVERHEAD && paired50 <= micros(TARGET_P50_OVERHEAD) {
             "met"
         } else {
             "NOT met"

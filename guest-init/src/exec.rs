@@ -134,6 +134,7 @@ pub fn run(
         Err(e) => return write_exit(&mut conn, &ExecResult::failed(e.to_string())),
     };
     drop((out_w, err_w));
+    slot.open_io(pid);
     let stdin_w = stdin_pipe.map(|(r, w)| {
         drop(r);
         w
