@@ -145,8 +145,8 @@ pub fn run(
         pid,
         slot,
         streams: [
-            Stream::new(FrameType::Stdout, out_r)?,
-            Stream::new(FrameType::Stderr, err_r)?,
+            Stream::new(FrameType::Stdout, out_r),
+            Stream::new(FrameType::Stderr, err_r),
         ],
         stdin: match stdin_w {
             Some(w) => Some(StdinPump::new(w)?),
@@ -304,13 +304,14 @@ struct Stream {
 }
 
 impl Stream {
-    fn new(kind: FrameType, fd: OwnedFd) -> io::Result<Stream> {
-        sys::set_nonblocking(fd.as_fd(), true)?;
-        Ok(Stream {
+    /// The pipe stays blocking: it is read only after poll reported it readable (or, after
+    /// the exit, for no more than the bytes it holds), so a read never waits.
+    fn new(kind: FrameType, fd: OwnedFd) -> Stream {
+        Stream {
             kind,
             pipe: Some(File::from(fd)),
             drain: None,
-        })
+        }
     }
 
     /// Reads once (at most one frame's worth) and appends a frame to `out`, which has room
@@ -478,7 +479,7 @@ const STDIN: usize = 4;
 impl Session {
     /// Moves data until the command has exited and its output is forwarded.
     fn pump(&mut self) -> Result<ExitInfo, ExecError> {
-        self.conn.set_nonblocking(true)?;
+        // The connection stays blocking; the loop uses MSG_DONTWAIT sends and receives.
         loop {
             if let Some(exit) = self.exit {
                 if self.pending_empty() && self.streams.iter().all(|s| s.pipe.is_none()) {
@@ -590,7 +591,7 @@ impl Session {
         let Some(stdin) = self.stdin.as_mut() else {
             return Ok(());
         };
-        match self.conn.read(stdin.decoder.unfilled_mut()) {
+        match sys::recv_nowait(self.conn.as_fd(), stdin.decoder.unfilled_mut()) {
             Ok(0) => {
                 // The host half-closed its side: once the frames already received are
                 // delivered, that ends stdin (see `advance`).
@@ -613,7 +614,7 @@ impl Session {
 
     fn flush_pending(&mut self) -> Result<(), ExecError> {
         while !self.pending.is_empty() {
-            match self.conn.write(self.pending.unsent()) {
+            match sys::send_nowait(self.conn.as_fd(), self.pending.unsent()) {
                 Ok(0) => return Err(ExecError::HostGone(None)),
                 Ok(n) => self.pending.written += n,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
@@ -627,7 +628,6 @@ impl Session {
 
     /// Writes the exit frame (after any pending output) and closes the stream.
     fn finish_with(&mut self, result: &ExecResult) -> Result<(), ExecError> {
-        self.conn.set_nonblocking(false)?;
         self.conn
             .write_all(self.pending.unsent())
             .map_err(|e| ExecError::HostGone(Some(e)))?;
