@@ -235,6 +235,7 @@ fn one_gib_through_a_slow_reader_keeps_the_agent_small() {
     assert_eq!(exit.exit_code, 0);
     assert_eq!(stdout, 1 << 30);
     let peak = agent.peak_rss();
+    eprintln!("agent VmHWM after 1 GiB: {} KiB", peak >> 10);
     assert!(peak < 64 << 20, "agent peak RSS {} MiB", peak >> 20);
 }
 
