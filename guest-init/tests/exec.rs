@@ -235,6 +235,7 @@ fn one_gib_through_a_slow_reader_keeps_the_agent_small() {
     assert_eq!(exit.exit_code, 0);
     assert_eq!(stdout, 1 << 30);
     let peak = agent.peak_rss();
+    eprintln!("agent VmHWM after 1 GiB: {} KiB", peak >> 10);
     assert!(peak < 64 << 20, "agent peak RSS {} MiB", peak >> 20);
 }
 
@@ -390,4 +391,40 @@ fn invalid_stdin_frames_kill_the_command_with_an_error() {
     assert_eq!(out.result.exit_code, -1);
     assert_eq!(out.result.signal, "SIGKILL");
     assert!(out.result.error.contains("stdin"), "{}", out.result.error);
+}
+
+#[test]
+fn as_pid1_of_a_namespace_it_reaps_orphans() {
+    let Some(agent) = common::Agent::start_in_pid_namespace() else {
+        eprintln!("skipped: needs root and unshare");
+        return;
+    };
+    assert_eq!(agent.hello.pid, 1);
+    // The subshell exits at once, orphaning its sleep to the agent (PID 1).
+    let out = agent.exec(sh("(sleep 0.2 &); echo started"));
+    assert_eq!(out.stdout_str(), "started\n");
+    // After the orphan has exited, no zombie may remain in the namespace.
+    let scan = "sleep 0.5; for f in /proc/[0-9]*/stat; do cat $f 2>/dev/null; echo; done";
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let out = agent.exec(sh(scan));
+        let zombies: Vec<&str> = out
+            .stdout_str()
+            .leak()
+            .lines()
+            .filter(|l| {
+                l.rsplit_once(')')
+                    .is_some_and(|(_, r)| r.trim_start().starts_with('Z'))
+            })
+            .collect();
+        if zombies.is_empty() {
+            break;
+        }
+        assert!(Instant::now() < deadline, "zombies left: {zombies:?}");
+    }
+    // The usual exec semantics hold as PID 1 too.
+    let mut req = sh("sleep 100 & echo $!; sleep 100");
+    req.timeout_s = 1;
+    let out = agent.exec(req);
+    assert!(out.result.timed_out);
 }

@@ -86,8 +86,34 @@ impl Agent {
         }))
     }
 
+    /// Starts the agent as PID 1 of a new PID (and mount) namespace, as the namespace backend
+    /// will. `None` unless root with a working `unshare`.
+    pub fn start_in_pid_namespace() -> Option<Agent> {
+        if !is_root() {
+            return None;
+        }
+        let works = Command::new("unshare")
+            .args(["-pf", "--mount-proc", "true"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success());
+        if !works {
+            return None;
+        }
+        Some(Agent::launch(
+            &["unshare", "-pf", "--mount-proc", "--kill-child"],
+            |_| {},
+        ))
+    }
+
     /// Starts the agent, letting `setup` adjust the command (uid, env).
     pub fn start_with(setup: impl FnOnce(&mut Command)) -> Agent {
+        Agent::launch(&[], setup)
+    }
+
+    /// Starts the agent behind `wrapper` (a command that runs its arguments).
+    fn launch(wrapper: &[&str], setup: impl FnOnce(&mut Command)) -> Agent {
         let dir = TempDir::new("agent");
         let sock = dir.path().join("agent.sock");
         let ready_path = dir.path().join("ready.sock");
@@ -97,7 +123,15 @@ impl Agent {
         for p in [dir.path(), ready_path.as_path()] {
             std::fs::set_permissions(p, std::fs::Permissions::from_mode(0o777)).expect("chmod");
         }
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_guest-init"));
+        let bin = env!("CARGO_BIN_EXE_guest-init");
+        let mut cmd = match wrapper.split_first() {
+            Some((program, args)) => {
+                let mut c = Command::new(program);
+                c.args(args).arg(bin);
+                c
+            }
+            None => Command::new(bin),
+        };
         cmd.arg("--listen")
             .arg(format!("unix:{}", sock.display()))
             .arg("--ready")
