@@ -5,6 +5,7 @@ use clap::{Parser, Subcommand};
 
 mod ci;
 mod fixtures;
+mod image;
 mod util;
 
 #[derive(Parser)]
@@ -20,6 +21,10 @@ enum Command {
     Ci(ci::Args),
     /// Regenerate the conformance fixtures (`fixtures/*.bin` + `manifest.json`) from the codec.
     GenFixtures(fixtures::Args),
+    /// Build the guest image (vmlinux, initramfs.cpio, optional rootfs.ext4, manifest.json).
+    BuildImage(image::BuildArgs),
+    /// Boot the built image under QEMU microvm and check the agent's selftests.
+    SmokeImage(image::SmokeArgs),
 }
 
 fn main() -> Result<()> {
@@ -27,5 +32,7 @@ fn main() -> Result<()> {
     match cli.command {
         Command::Ci(args) => ci::run(args),
         Command::GenFixtures(args) => fixtures::run(args),
+        Command::BuildImage(args) => image::build(args),
+        Command::SmokeImage(args) => image::smoke(args),
     }
 }
