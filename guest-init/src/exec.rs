@@ -1,0 +1,582 @@
+//! The exec engine: one command on one connection.
+//!
+//! One thread per exec runs a poll(2) loop over the connection, the command's stdout and stderr
+//! pipes, its stdin pipe (interactive only) and the reaper's exit event. Output is read only when
+//! everything read before has been written to the connection, so a host that stops reading stops
+//! the agent reading the pipes, and then the command blocks on a full pipe: memory stays bounded
+//! (two 64 KiB frames) whatever the command writes. Stdin frames are read from the host only when
+//! the previous one has reached the command, for the same reason.
+//!
+//! The stream ends with exactly one exit frame: after the command has exited, the agent forwards
+//! what its pipes already hold (a snapshot of their fill level, so a background grandchild that
+//! keeps writing cannot hold the exit back), then writes the exit frame and closes.
+
+use std::fs::File;
+use std::io::{self, Read, Write};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::os::unix::net::UnixStream;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use wire::{
+    Decoder, Direction, ExecRequest, ExecResult, FrameType, Usage, HEADER_SIZE, MAX_PAYLOAD,
+};
+
+use crate::reaper::{ExitInfo, ExitSlot, Reaper};
+use crate::spawn::{self, ChildStdio, SpawnContext};
+use crate::sys;
+
+/// Why an exec stream could not be carried to its end (the command is killed in every case).
+#[derive(Debug, thiserror::Error)]
+pub enum ExecError {
+    /// The host closed the connection or the connection failed.
+    #[error("the host went away")]
+    HostGone(#[source] Option<io::Error>),
+    /// The host sent something that is not a valid stdin frame stream.
+    #[error("invalid stdin frame stream: {0}")]
+    Protocol(String),
+    /// A local resource (pipe, eventfd, poll) failed.
+    #[error("exec plumbing failed")]
+    Io(#[from] io::Error),
+}
+
+/// Process-wide exec settings (see [`SpawnContext`]), plus what the OOM verdict needs.
+#[derive(Debug)]
+pub struct ExecContext {
+    /// `/dev/null`.
+    pub devnull: OwnedFd,
+    /// `cgroup.procs` of the commands cgroup.
+    pub cgroup_procs: Option<OwnedFd>,
+    /// `memory.events` of the commands cgroup.
+    pub cgroup_memory_events: Option<std::path::PathBuf>,
+    /// Whether children must reset `oom_score_adj`.
+    pub reset_oom_score: bool,
+    /// The machine's memory, for the OOM heuristic.
+    pub mem_total_bytes: u64,
+}
+
+impl ExecContext {
+    /// A context with no cgroup.
+    pub fn new() -> io::Result<ExecContext> {
+        let devnull = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open("/dev/null")?;
+        Ok(ExecContext {
+            devnull: devnull.into(),
+            cgroup_procs: None,
+            cgroup_memory_events: None,
+            reset_oom_score: false,
+            mem_total_bytes: mem_total_bytes().unwrap_or(0),
+        })
+    }
+
+    fn spawn_context(&self) -> SpawnContext<'_> {
+        SpawnContext {
+            devnull: self.devnull.as_fd(),
+            cgroup_procs: self.cgroup_procs.as_ref().map(|f| f.as_fd()),
+            reset_oom_score: self.reset_oom_score,
+        }
+    }
+
+    fn oom_kills(&self) -> Option<u64> {
+        let text = std::fs::read_to_string(self.cgroup_memory_events.as_ref()?).ok()?;
+        text.lines()
+            .find_map(|l| l.strip_prefix("oom_kill "))
+            .and_then(|v| v.trim().parse().ok())
+    }
+}
+
+/// `MemTotal` from `/proc/meminfo`, in bytes.
+pub fn mem_total_bytes() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = text.lines().find(|l| l.starts_with("MemTotal:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
+}
+
+/// Runs `req` on `conn`: validates, spawns, streams, writes the exit frame. Errors have
+/// already been dealt with (command killed, stream abandoned) and are returned for logging.
+pub fn run(
+    conn: UnixStream,
+    req: &ExecRequest,
+    interactive: bool,
+    ctx: &ExecContext,
+) -> Result<(), ExecError> {
+    let mut conn = conn;
+    if let Err(e) = req.validate() {
+        return write_exit_blocking(
+            &mut conn,
+            &ExecResult::failed(format!("invalid request: {e}")),
+        );
+    }
+    let oom_before = ctx.oom_kills();
+
+    let slot = ExitSlot::new()?;
+    let (out_r, out_w) = sys::pipe()?;
+    let (err_r, err_w) = sys::pipe()?;
+    let stdin_pipe = if interactive {
+        Some(sys::pipe()?)
+    } else {
+        None
+    };
+    let stdio = ChildStdio {
+        stdin: match &stdin_pipe {
+            Some((r, _)) => r.as_fd(),
+            None => ctx.devnull.as_fd(),
+        },
+        stdout: out_w.as_fd(),
+        stderr: err_w.as_fd(),
+    };
+    let started = Instant::now();
+    let pid = match spawn::spawn(req, stdio, &ctx.spawn_context(), &slot) {
+        Ok(pid) => pid,
+        Err(e) => return write_exit_blocking(&mut conn, &ExecResult::failed(e.to_string())),
+    };
+    drop((out_w, err_w));
+    let stdin_w = stdin_pipe.map(|(r, w)| {
+        drop(r);
+        w
+    });
+
+    let mut session = Session {
+        conn,
+        pid,
+        slot,
+        streams: [
+            Stream::new(FrameType::Stdout, out_r)?,
+            Stream::new(FrameType::Stderr, err_r)?,
+        ],
+        stdin: match stdin_w {
+            Some(w) => Some(StdinPump::new(w)?),
+            None => None,
+        },
+        pending: Vec::with_capacity(2 * (HEADER_SIZE + MAX_PAYLOAD)),
+        written: 0,
+        deadline: (req.timeout_s > 0)
+            .then(|| started + Duration::from_secs(req.timeout_s.unsigned_abs())),
+        timed_out: false,
+        exit: None,
+    };
+    let outcome = session.pump();
+    let exit = match outcome {
+        Ok(exit) => exit,
+        Err(e) => {
+            // The host is gone or spoke nonsense: kill the whole group and wait for the
+            // reaper, so the pid is accounted for.
+            Reaper::global().signal_group(pid, libc::SIGKILL);
+            if let ExecError::Protocol(msg) = &e {
+                let mut result = ExecResult::failed(format!("invalid stdin frame stream: {msg}"));
+                let info = session.slot.wait();
+                fill_result(&mut result, &info, started, false, None, ctx);
+                result.error = format!("killed: invalid stdin frame stream: {msg}");
+                let _ = session.finish_with(&result);
+            } else {
+                session.slot.wait();
+            }
+            return Err(e);
+        }
+    };
+    let mut result = ExecResult::default();
+    fill_result(
+        &mut result,
+        &exit,
+        started,
+        session.timed_out,
+        oom_before,
+        ctx,
+    );
+    session.finish_with(&result)
+}
+
+/// Turns the reaper's record into the exit frame's fields.
+fn fill_result(
+    result: &mut ExecResult,
+    info: &ExitInfo,
+    started: Instant,
+    timed_out: bool,
+    oom_before: Option<u64>,
+    ctx: &ExecContext,
+) {
+    result.duration_ms =
+        u64::try_from(info.at.saturating_duration_since(started).as_millis()).unwrap_or(u64::MAX);
+    let status = info.status;
+    let mut killed_by = None;
+    if libc::WIFEXITED(status) {
+        result.exit_code = libc::WEXITSTATUS(status);
+    } else if libc::WIFSIGNALED(status) {
+        let sig = libc::WTERMSIG(status);
+        result.exit_code = -1;
+        result.signal = sys::signal_name(sig);
+        killed_by = Some(sig);
+    } else {
+        result.exit_code = -1;
+    }
+    result.timed_out = timed_out;
+    let peak = info.usage.maxrss_kib.saturating_mul(1024);
+    let (io_read, io_write) = info.io.unwrap_or((0, 0));
+    result.usage = Some(Usage {
+        cpu_user_ms: info.usage.user_ms,
+        cpu_sys_ms: info.usage.sys_ms,
+        peak_memory_bytes: peak,
+        page_faults_major: info.usage.majflt,
+        context_switches_involuntary: info.usage.nivcsw,
+        io_read_bytes: io_read,
+        io_write_bytes: io_write,
+    });
+    let sigkill = killed_by == Some(libc::SIGKILL) && !timed_out;
+    result.oom_killed = sigkill
+        && match (oom_before, ctx.oom_kills()) {
+            (Some(before), Some(after)) => after > before,
+            _ => ctx.mem_total_bytes > 0 && peak >= ctx.mem_total_bytes / 100 * 95,
+        };
+}
+
+fn write_exit_blocking(conn: &mut UnixStream, result: &ExecResult) -> Result<(), ExecError> {
+    conn.set_nonblocking(false)?;
+    let mut frame = Vec::new();
+    wire::encode_frames(
+        FrameType::Exit,
+        &wire::encode_exit_payload(result),
+        &mut frame,
+    );
+    conn.write_all(&frame)
+        .map_err(|e| ExecError::HostGone(Some(e)))?;
+    Ok(())
+}
+
+/// One output pipe of the command.
+#[derive(Debug)]
+struct Stream {
+    kind: FrameType,
+    pipe: Option<File>,
+    /// After the exit: how many more bytes to forward before closing.
+    drain: Option<usize>,
+}
+
+impl Stream {
+    fn new(kind: FrameType, fd: OwnedFd) -> io::Result<Stream> {
+        sys::set_nonblocking(fd.as_fd(), true)?;
+        Ok(Stream {
+            kind,
+            pipe: Some(File::from(fd)),
+            drain: None,
+        })
+    }
+
+    /// Reads once (at most one frame's worth) and appends a frame to `out`.
+    fn read_into(&mut self, out: &mut Vec<u8>) -> io::Result<()> {
+        let Some(pipe) = self.pipe.as_mut() else {
+            return Ok(());
+        };
+        let want = self.drain.unwrap_or(MAX_PAYLOAD).min(MAX_PAYLOAD);
+        if want == 0 {
+            self.pipe = None;
+            return Ok(());
+        }
+        let start = out.len();
+        out.resize(start + HEADER_SIZE + want, 0);
+        let res = pipe.read(&mut out[start + HEADER_SIZE..]);
+        match res {
+            Ok(0) => {
+                out.truncate(start);
+                self.pipe = None;
+            }
+            Ok(n) => {
+                out.truncate(start + HEADER_SIZE + n);
+                out[start..start + HEADER_SIZE].copy_from_slice(&wire::encode_header(self.kind, n));
+                if let Some(d) = self.drain.as_mut() {
+                    *d -= n.min(*d);
+                    if *d == 0 {
+                        self.pipe = None;
+                    }
+                }
+            }
+            Err(e) => {
+                out.truncate(start);
+                if e.kind() == io::ErrorKind::WouldBlock {
+                    if self.drain.is_some() {
+                        self.pipe = None;
+                    }
+                } else if e.kind() != io::ErrorKind::Interrupted {
+                    return Err(e);
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Host stdin frames to the command's stdin pipe.
+#[derive(Debug)]
+struct StdinPump {
+    pipe: Option<File>,
+    decoder: Decoder,
+    /// Payload not yet written to the pipe.
+    buf: Vec<u8>,
+    pos: usize,
+    /// Whether the host is done sending (stdin_close or EOF).
+    host_done: bool,
+}
+
+impl StdinPump {
+    fn new(fd: OwnedFd) -> io::Result<StdinPump> {
+        sys::set_nonblocking(fd.as_fd(), true)?;
+        Ok(StdinPump {
+            pipe: Some(File::from(fd)),
+            decoder: Decoder::new(Direction::HostToGuest),
+            buf: Vec::new(),
+            pos: 0,
+            host_done: false,
+        })
+    }
+
+    fn wants_host_input(&self) -> bool {
+        !self.host_done && self.pos >= self.buf.len()
+    }
+
+    /// Takes decoded frames until one with payload is buffered or input ends.
+    fn take_frames(&mut self) -> Result<(), ExecError> {
+        while self.pos >= self.buf.len() && !self.host_done {
+            let frame = match self.decoder.next_frame() {
+                Ok(Some(f)) => f,
+                Ok(None) => return Ok(()),
+                Err(e) => return Err(ExecError::Protocol(e.to_string())),
+            };
+            match frame.frame_type {
+                FrameType::Stdin => {
+                    self.buf.clear();
+                    self.buf.extend_from_slice(frame.payload);
+                    self.pos = 0;
+                }
+                FrameType::StdinClose => self.host_done = true,
+                other => {
+                    return Err(ExecError::Protocol(format!(
+                        "unexpected {other} frame from the host"
+                    )))
+                }
+            }
+        }
+        if self.host_done && self.pos >= self.buf.len() {
+            self.pipe = None;
+        }
+        Ok(())
+    }
+
+    fn write_some(&mut self) {
+        let Some(pipe) = self.pipe.as_mut() else {
+            self.pos = self.buf.len();
+            return;
+        };
+        while self.pos < self.buf.len() {
+            match pipe.write(&self.buf[self.pos..]) {
+                Ok(n) => self.pos += n,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
+                Err(_) => {
+                    // The command closed its stdin (EPIPE): discard what the host still sends.
+                    self.pipe = None;
+                    self.pos = self.buf.len();
+                    return;
+                }
+            }
+        }
+        if self.host_done {
+            self.pipe = None;
+        }
+    }
+}
+
+#[derive(Debug)]
+struct Session {
+    conn: UnixStream,
+    pid: libc::pid_t,
+    slot: Arc<ExitSlot>,
+    streams: [Stream; 2],
+    stdin: Option<StdinPump>,
+    /// Encoded frames not yet written to the host.
+    pending: Vec<u8>,
+    written: usize,
+    deadline: Option<Instant>,
+    timed_out: bool,
+    exit: Option<ExitInfo>,
+}
+
+const CONN: usize = 0;
+const EXIT: usize = 1;
+const OUT: usize = 2;
+const ERR: usize = 3;
+const STDIN: usize = 4;
+
+impl Session {
+    /// Moves data until the command has exited and its output is forwarded.
+    fn pump(&mut self) -> Result<ExitInfo, ExecError> {
+        self.conn.set_nonblocking(true)?;
+        loop {
+            if let Some(exit) = self.exit {
+                if self.pending_empty() && self.streams.iter().all(|s| s.pipe.is_none()) {
+                    return Ok(exit);
+                }
+            }
+            let mut fds = [libc::pollfd {
+                fd: -1,
+                events: 0,
+                revents: 0,
+            }; 5];
+            // The connection: always watched for hang-up; for writing when frames wait; for
+            // reading when interactive input is wanted.
+            fds[CONN].fd = self.conn.as_raw_fd();
+            if !self.pending_empty() {
+                fds[CONN].events |= libc::POLLOUT;
+            }
+            if self.stdin.as_ref().is_some_and(StdinPump::wants_host_input) {
+                fds[CONN].events |= libc::POLLIN;
+            }
+            if self.exit.is_none() {
+                fds[EXIT].fd = self.slot.event_fd().as_raw_fd();
+                fds[EXIT].events = libc::POLLIN;
+            }
+            if self.pending_empty() {
+                for (i, s) in [OUT, ERR].into_iter().zip(self.streams.iter()) {
+                    if let Some(p) = &s.pipe {
+                        fds[i].fd = p.as_raw_fd();
+                        fds[i].events = libc::POLLIN;
+                    }
+                }
+            }
+            if let Some(stdin) = &self.stdin {
+                if let Some(p) = &stdin.pipe {
+                    if stdin.pos < stdin.buf.len() {
+                        fds[STDIN].fd = p.as_raw_fd();
+                        fds[STDIN].events = libc::POLLOUT;
+                    }
+                }
+            }
+            let timeout = match (self.deadline, self.timed_out, self.exit.is_some()) {
+                (Some(d), false, false) => {
+                    let left = d.saturating_duration_since(Instant::now());
+                    // Round up so that we never wake just before the deadline and spin.
+                    libc::c_int::try_from(left.as_millis() + 1).unwrap_or(libc::c_int::MAX)
+                }
+                _ => -1,
+            };
+            sys::poll(&mut fds, timeout)?;
+
+            if fds[CONN].revents & (libc::POLLHUP | libc::POLLERR) != 0 {
+                return Err(ExecError::HostGone(None));
+            }
+            if fds[CONN].revents & libc::POLLIN != 0 {
+                self.read_host_input()?;
+            }
+            if fds[CONN].revents & libc::POLLOUT != 0 {
+                self.flush_pending()?;
+            }
+            if fds[STDIN].revents != 0 {
+                if let Some(stdin) = self.stdin.as_mut() {
+                    stdin.write_some();
+                    stdin.take_frames()?;
+                    stdin.write_some();
+                }
+            }
+            for (i, s) in [OUT, ERR].into_iter().zip(self.streams.iter_mut()) {
+                if fds[i].revents != 0 {
+                    s.read_into(&mut self.pending)?;
+                }
+            }
+            if !self.pending_empty() {
+                // Most of the time the socket has room: skip a poll round trip.
+                self.flush_pending()?;
+            }
+            if fds[EXIT].revents != 0 {
+                self.on_exit()?;
+            }
+            if let (Some(d), false, None) = (self.deadline, self.timed_out, self.exit) {
+                if Instant::now() >= d {
+                    self.timed_out = true;
+                    Reaper::global().signal_group(self.pid, libc::SIGKILL);
+                }
+            }
+        }
+    }
+
+    fn on_exit(&mut self) -> io::Result<()> {
+        let Some(exit) = self.slot.get() else {
+            return Ok(());
+        };
+        self.exit = Some(exit);
+        // Forward what the pipes hold now, then stop: later writers are background processes.
+        for s in &mut self.streams {
+            if let Some(p) = &s.pipe {
+                s.drain = Some(sys::bytes_available(p.as_fd()).unwrap_or(0));
+                if s.drain == Some(0) {
+                    s.pipe = None;
+                }
+            }
+        }
+        // Nobody will read the command's stdin any more.
+        if let Some(stdin) = self.stdin.as_mut() {
+            stdin.pipe = None;
+            stdin.host_done = true;
+        }
+        Ok(())
+    }
+
+    fn read_host_input(&mut self) -> Result<(), ExecError> {
+        let Some(stdin) = self.stdin.as_mut() else {
+            return Ok(());
+        };
+        match self.conn.read(stdin.decoder.unfilled_mut()) {
+            Ok(0) => {
+                // The host half-closed its side: treat as the end of stdin.
+                stdin
+                    .decoder
+                    .finish()
+                    .map_err(|e| ExecError::Protocol(e.to_string()))?;
+                stdin.host_done = true;
+            }
+            Ok(n) => stdin.decoder.mark_filled(n),
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted
+                ) => {}
+            Err(e) => return Err(ExecError::HostGone(Some(e))),
+        }
+        stdin.take_frames()?;
+        stdin.write_some();
+        Ok(())
+    }
+
+    fn pending_empty(&self) -> bool {
+        self.written >= self.pending.len()
+    }
+
+    fn flush_pending(&mut self) -> Result<(), ExecError> {
+        while self.written < self.pending.len() {
+            match self.conn.write(&self.pending[self.written..]) {
+                Ok(0) => return Err(ExecError::HostGone(None)),
+                Ok(n) => self.written += n,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(()),
+                Err(e) => return Err(ExecError::HostGone(Some(e))),
+            }
+        }
+        self.pending.clear();
+        self.written = 0;
+        Ok(())
+    }
+
+    /// Writes the exit frame (after any pending output) and closes the stream.
+    fn finish_with(&mut self, result: &ExecResult) -> Result<(), ExecError> {
+        self.conn.set_nonblocking(false)?;
+        let unsent = self.pending.split_off(self.written);
+        self.conn
+            .write_all(&unsent)
+            .map_err(|e| ExecError::HostGone(Some(e)))?;
+        self.pending.clear();
+        self.written = 0;
+        write_exit_blocking(&mut self.conn, result)?;
+        let _ = self.conn.shutdown(std::net::Shutdown::Write);
+        Ok(())
+    }
+}

@@ -1,0 +1,431 @@
+//! File transfer: `put_files` (a tar stream extracted beneath a directory) and `get_file`.
+//!
+//! Extraction is done entry by entry by hand rather than with `tar::Entry::unpack_in`, so that
+//! every rule is explicit and the first refused entry stops the archive with a reason:
+//! - names must be relative and free of `..` (`.` components are dropped);
+//! - no entry may be written through a symlink: every parent directory on disk is checked with
+//!   `lstat`, and an existing file, link or symlink at the entry's own path is removed first, so
+//!   a new file never follows an old symlink;
+//! - a symlink's target must resolve (lexically, from the symlink's directory) inside the
+//!   destination; a hardlink's target must name an existing non-directory inside it, reached
+//!   without symlinked parents;
+//! - device nodes and fifos are refused, and so are entry types we do not know.
+
+use std::ffi::OsStr;
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, Read, Write};
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use std::path::{Component, Path, PathBuf};
+
+use wire::{ErrorBody, FilesPutResult, RefusedEntry};
+
+/// Largest size-less file (`/proc/…`) that `get_file` will buffer to learn its length.
+const MAX_UNSIZED_FILE: u64 = 16 * 1024 * 1024;
+
+/// Why a file request failed as a whole.
+#[derive(Debug, thiserror::Error)]
+pub enum FilesError {
+    /// The request itself is wrong (relative path, destination is a file, …).
+    #[error("{0}")]
+    Invalid(String),
+    /// The path does not exist.
+    #[error("{0} does not exist")]
+    NotFound(String),
+    /// The path is a directory where a file was wanted.
+    #[error("{0} is a directory")]
+    IsADirectory(String),
+    /// A filesystem operation failed.
+    #[error("{what}: {source}")]
+    Io {
+        /// What was being done.
+        what: String,
+        /// The error.
+        source: io::Error,
+    },
+}
+
+impl FilesError {
+    fn io(what: impl Into<String>, source: io::Error) -> FilesError {
+        FilesError::Io {
+            what: what.into(),
+            source,
+        }
+    }
+
+    /// The error envelope for the host, with a stable code.
+    pub fn to_body(&self) -> ErrorBody {
+        let code = match self {
+            FilesError::Invalid(_) => "invalid_request",
+            FilesError::NotFound(_) => "not_found",
+            FilesError::IsADirectory(_) => "is_a_directory",
+            FilesError::Io { source, .. } => match source.kind() {
+                io::ErrorKind::PermissionDenied => "permission_denied",
+                io::ErrorKind::NotFound => "not_found",
+                _ => "io_error",
+            },
+        };
+        ErrorBody::new(code, self.to_string())
+    }
+}
+
+/// Extracts the tar archive read from `input` beneath `dest` (absolute; created if missing).
+/// Stops at the first refused entry, which is reported in the result.
+pub fn put_files<R: Read>(input: R, dest: &str) -> Result<FilesPutResult, FilesError> {
+    if !dest.starts_with('/') || dest.contains('\0') {
+        return Err(FilesError::Invalid(format!(
+            "destination must be an absolute path, got {dest:?}"
+        )));
+    }
+    match fs::metadata(dest) {
+        Ok(m) if !m.is_dir() => {
+            return Err(FilesError::Invalid(format!("{dest} is not a directory")));
+        }
+        Ok(_) => {}
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {
+            fs::create_dir_all(dest).map_err(|e| FilesError::io(format!("creating {dest}"), e))?;
+        }
+        Err(e) => return Err(FilesError::io(format!("checking {dest}"), e)),
+    }
+    let root =
+        fs::canonicalize(dest).map_err(|e| FilesError::io(format!("resolving {dest}"), e))?;
+
+    let mut result = FilesPutResult {
+        path: dest.to_string(),
+        ..FilesPutResult::default()
+    };
+    let mut archive = tar::Archive::new(input);
+    let entries = archive
+        .entries()
+        .map_err(|e| FilesError::io("reading the archive", e))?;
+    for entry in entries {
+        let mut entry = entry.map_err(|e| FilesError::io("reading the archive", e))?;
+        let name = String::from_utf8_lossy(&entry.path_bytes()).into_owned();
+        match extract(&root, &mut entry, &mut result) {
+            Ok(()) => {}
+            Err(Extract::Refused(reason)) => {
+                result.refused = Some(RefusedEntry { path: name, reason });
+                break;
+            }
+            Err(Extract::Failed(e)) => return Err(e),
+        }
+    }
+    Ok(result)
+}
+
+enum Extract {
+    Refused(String),
+    Failed(FilesError),
+}
+
+impl From<FilesError> for Extract {
+    fn from(e: FilesError) -> Extract {
+        Extract::Failed(e)
+    }
+}
+
+fn refuse<T>(reason: impl Into<String>) -> Result<T, Extract> {
+    Err(Extract::Refused(reason.into()))
+}
+
+/// `name` as a clean relative path: no root, no `..`, no `.`; `None` for the root itself.
+fn sanitize(name: &[u8]) -> Result<Option<PathBuf>, Extract> {
+    let path = Path::new(OsStr::from_bytes(name));
+    let mut clean = PathBuf::new();
+    for c in path.components() {
+        match c {
+            Component::Normal(part) => clean.push(part),
+            Component::CurDir => {}
+            Component::RootDir | Component::Prefix(_) => return refuse("absolute path"),
+            Component::ParentDir => return refuse("path contains '..'"),
+        }
+    }
+    Ok((!clean.as_os_str().is_empty()).then_some(clean))
+}
+
+/// Makes sure every parent of `rel` beneath `root` is a real directory (creating missing ones
+/// when `create`), never a symlink.
+fn check_parents(root: &Path, rel: &Path, create: bool) -> Result<(), Extract> {
+    let Some(parent) = rel.parent() else {
+        return Ok(());
+    };
+    let mut cur = root.to_path_buf();
+    for part in parent.components() {
+        cur.push(part);
+        match fs::symlink_metadata(&cur) {
+            Ok(m) if m.file_type().is_symlink() => {
+                return refuse(format!(
+                    "parent {} is a symlink",
+                    cur.strip_prefix(root).unwrap_or(&cur).display()
+                ))
+            }
+            Ok(m) if m.is_dir() => {}
+            Ok(_) => {
+                return refuse(format!(
+                    "parent {} is not a directory",
+                    cur.strip_prefix(root).unwrap_or(&cur).display()
+                ))
+            }
+            Err(e) if e.kind() == io::ErrorKind::NotFound && create => {
+                fs::create_dir(&cur)
+                    .map_err(|e| FilesError::io(format!("creating {}", cur.display()), e))?;
+            }
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                return refuse(format!(
+                    "{} does not exist",
+                    cur.strip_prefix(root).unwrap_or(&cur).display()
+                ))
+            }
+            Err(e) => return Err(FilesError::io(format!("checking {}", cur.display()), e).into()),
+        }
+    }
+    Ok(())
+}
+
+/// Removes whatever non-directory is at `path`, so that nothing new follows an old symlink.
+fn clear_non_dir(path: &Path) -> Result<(), Extract> {
+    match fs::symlink_metadata(path) {
+        Ok(m) if m.is_dir() => refuse("would replace a directory"),
+        Ok(_) => fs::remove_file(path)
+            .map_err(|e| FilesError::io(format!("replacing {}", path.display()), e).into()),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(FilesError::io(format!("checking {}", path.display()), e).into()),
+    }
+}
+
+/// Normalizes `path` lexically; `None` if `..` climbs above `/`.
+fn normalize(path: &Path) -> Option<PathBuf> {
+    let mut out = PathBuf::new();
+    for c in path.components() {
+        match c {
+            Component::RootDir => out.push("/"),
+            Component::Normal(p) => out.push(p),
+            Component::CurDir | Component::Prefix(_) => {}
+            Component::ParentDir => {
+                if !out.pop() || out.as_os_str().is_empty() {
+                    return None;
+                }
+            }
+        }
+    }
+    Some(out)
+}
+
+fn extract<R: Read>(
+    root: &Path,
+    entry: &mut tar::Entry<'_, R>,
+    result: &mut FilesPutResult,
+) -> Result<(), Extract> {
+    let Some(rel) = sanitize(&entry.path_bytes())? else {
+        return Ok(()); // "./": the destination itself.
+    };
+    let kind = entry.header().entry_type();
+    let mode = entry.header().mode().unwrap_or(0o644) & 0o7777;
+    match kind {
+        tar::EntryType::Char | tar::EntryType::Block => {
+            return refuse("device nodes are not allowed")
+        }
+        tar::EntryType::Fifo => return refuse("fifos are not allowed"),
+        tar::EntryType::XGlobalHeader => return Ok(()),
+        _ => {}
+    }
+    check_parents(root, &rel, true)?;
+    let target = root.join(&rel);
+    match kind {
+        tar::EntryType::Directory => {
+            match fs::symlink_metadata(&target) {
+                Ok(m) if m.is_dir() => {}
+                Ok(_) => {
+                    clear_non_dir(&target)?;
+                    create_dir(&target)?;
+                }
+                Err(_) => create_dir(&target)?,
+            }
+            fs::set_permissions(&target, fs::Permissions::from_mode(mode))
+                .map_err(|e| FilesError::io(format!("chmod {}", target.display()), e))?;
+            result.dirs += 1;
+        }
+        tar::EntryType::Regular | tar::EntryType::Continuous | tar::EntryType::GNUSparse => {
+            clear_non_dir(&target)?;
+            let mut file = OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .mode(mode)
+                .custom_flags(libc::O_NOFOLLOW)
+                .open(&target)
+                .map_err(|e| FilesError::io(format!("creating {}", target.display()), e))?;
+            let n = io::copy(entry, &mut file)
+                .map_err(|e| FilesError::io(format!("writing {}", target.display()), e))?;
+            file.flush()
+                .map_err(|e| FilesError::io(format!("writing {}", target.display()), e))?;
+            // create_new applied the umask; set the archive's mode exactly.
+            file.set_permissions(fs::Permissions::from_mode(mode))
+                .map_err(|e| FilesError::io(format!("chmod {}", target.display()), e))?;
+            result.files += 1;
+            result.bytes += n;
+        }
+        tar::EntryType::Symlink => {
+            let Some(link) = entry
+                .link_name_bytes()
+                .map(|l| PathBuf::from(OsStr::from_bytes(&l)))
+            else {
+                return refuse("symlink without a target");
+            };
+            let resolved = if link.is_absolute() {
+                normalize(&link)
+            } else {
+                let dir = target.parent().unwrap_or(root);
+                normalize(&dir.join(&link))
+            };
+            if !resolved.is_some_and(|r| r.starts_with(root)) {
+                return refuse(format!(
+                    "symlink target {} escapes the destination",
+                    link.display()
+                ));
+            }
+            clear_non_dir(&target)?;
+            std::os::unix::fs::symlink(&link, &target)
+                .map_err(|e| FilesError::io(format!("symlink {}", target.display()), e))?;
+            result.links += 1;
+        }
+        tar::EntryType::Link => {
+            let Some(link) = entry.link_name_bytes() else {
+                return refuse("hardlink without a target");
+            };
+            let Some(src_rel) = sanitize(&link).map_err(|_| {
+                Extract::Refused(format!(
+                    "hardlink target {} escapes the destination",
+                    String::from_utf8_lossy(&link)
+                ))
+            })?
+            else {
+                return refuse("hardlink to the destination directory");
+            };
+            check_parents(root, &src_rel, false)?;
+            let src = root.join(&src_rel);
+            match fs::symlink_metadata(&src) {
+                Ok(m) if m.is_dir() => return refuse("hardlink to a directory"),
+                Ok(_) => {}
+                Err(_) => {
+                    return refuse(format!(
+                        "hardlink target {} does not exist",
+                        src_rel.display()
+                    ))
+                }
+            }
+            clear_non_dir(&target)?;
+            // linkat without AT_SYMLINK_FOLLOW: a symlink is linked as itself, never followed.
+            fs::hard_link(&src, &target)
+                .map_err(|e| FilesError::io(format!("hardlink {}", target.display()), e))?;
+            result.links += 1;
+        }
+        other => {
+            return refuse(format!(
+                "unsupported entry type {:?}",
+                other.as_byte() as char
+            ))
+        }
+    }
+    result.written.push(rel.to_string_lossy().into_owned());
+    Ok(())
+}
+
+fn create_dir(path: &Path) -> Result<(), Extract> {
+    fs::create_dir(path)
+        .map_err(|e| FilesError::io(format!("creating {}", path.display()), e).into())
+}
+
+/// An opened file ready to send.
+#[derive(Debug)]
+pub enum Outgoing {
+    /// A regular file of known size, streamed from disk.
+    File(File, u64),
+    /// A size-less file (procfs, sysfs), read into memory.
+    Buffered(Vec<u8>),
+}
+
+impl Outgoing {
+    /// The size announced to the host.
+    pub fn size(&self) -> u64 {
+        match self {
+            Outgoing::File(_, n) => *n,
+            Outgoing::Buffered(b) => b.len() as u64,
+        }
+    }
+
+    /// Writes exactly [`size`](Self::size) bytes, or fails (the host then sees a short stream).
+    pub fn send<W: Write>(self, out: &mut W) -> io::Result<()> {
+        match self {
+            Outgoing::Buffered(b) => out.write_all(&b),
+            Outgoing::File(f, n) => {
+                let sent = io::copy(&mut f.take(n), out)?;
+                if sent < n {
+                    return Err(io::Error::new(
+                        io::ErrorKind::UnexpectedEof,
+                        format!("the file shrank to {sent} of {n} bytes while being sent"),
+                    ));
+                }
+                Ok(())
+            }
+        }
+    }
+}
+
+/// Opens `path` for `get_file`.
+pub fn open_for_get(path: &str) -> Result<Outgoing, FilesError> {
+    if !path.starts_with('/') || path.contains('\0') {
+        return Err(FilesError::Invalid(format!(
+            "path must be absolute, got {path:?}"
+        )));
+    }
+    let file = OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(path)
+        .map_err(|e| match e.raw_os_error() {
+            Some(libc::ENOENT) | Some(libc::ENOTDIR) => FilesError::NotFound(path.to_string()),
+            _ => FilesError::io(format!("opening {path}"), e),
+        })?;
+    let meta = file
+        .metadata()
+        .map_err(|e| FilesError::io(format!("stat {path}"), e))?;
+    if meta.is_dir() {
+        return Err(FilesError::IsADirectory(path.to_string()));
+    }
+    if !meta.is_file() {
+        return Err(FilesError::Invalid(format!("{path} is not a regular file")));
+    }
+    if meta.len() > 0 {
+        return Ok(Outgoing::File(file, meta.len()));
+    }
+    let mut buf = Vec::new();
+    file.take(MAX_UNSIZED_FILE)
+        .read_to_end(&mut buf)
+        .map_err(|e| FilesError::io(format!("reading {path}"), e))?;
+    Ok(Outgoing::Buffered(buf))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sanitize_drops_dots_and_refuses_escapes() {
+        assert_eq!(
+            sanitize(b"./a/./b").ok().flatten(),
+            Some(PathBuf::from("a/b"))
+        );
+        assert!(matches!(sanitize(b"./"), Ok(None)));
+        assert!(matches!(sanitize(b"/etc/passwd"), Err(Extract::Refused(_))));
+        assert!(matches!(sanitize(b"a/../../x"), Err(Extract::Refused(_))));
+    }
+
+    #[test]
+    fn normalize_is_lexical_and_stops_at_root() {
+        assert_eq!(
+            normalize(Path::new("/d/a/../b/./c")),
+            Some(PathBuf::from("/d/b/c"))
+        );
+        assert_eq!(normalize(Path::new("/d/../..")), None);
+    }
+}

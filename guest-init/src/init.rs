@@ -1,0 +1,426 @@
+//! VM mode: the agent as PID 1 of the microVM.
+//!
+//! Order of boot: mount the API filesystems, read `/proc/cmdline`, optionally switch to the ext4
+//! root (read-only, with a tmpfs overlay), set the hostname and bring up `lo`, protect the agent
+//! from the OOM killer, create the `commands` cgroup, listen on vsock, announce readiness
+//! (hello to the host, optional boot marker, the console line), then serve. PID 1 never exits:
+//! every way out goes through [`end_vm`] (sync, then reset).
+
+use std::ffi::CString;
+use std::fs;
+use std::io::{self, Write};
+use std::os::fd::{FromRawFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+
+use crate::cmdline::BootConfig;
+use crate::exec::{self, ExecContext};
+use crate::log;
+use crate::server::{self, Address, Agent, Listener, ShutdownAction};
+use crate::spawn::DEFAULT_PATH;
+use crate::{selftest, sys};
+
+/// The I/O port the boot marker is written to, and the value (`crucible.boot_marker=1`).
+pub const BOOT_MARKER_PORT: u16 = 0x03f0;
+/// The boot marker's value, 0x7b.
+pub const BOOT_MARKER_VALUE: u8 = 123;
+
+/// Why a boot step failed. Most are logged and survived; see [`vm_main`].
+#[derive(Debug, thiserror::Error)]
+pub enum InitError {
+    /// A mount failed.
+    #[error("mount {fstype} on {target}")]
+    Mount {
+        /// The filesystem type.
+        fstype: String,
+        /// The mount point.
+        target: String,
+        /// The cause.
+        #[source]
+        source: io::Error,
+    },
+    /// Another system call failed.
+    #[error("{0}")]
+    Sys(String, #[source] io::Error),
+}
+
+fn cstr(p: &Path) -> io::Result<CString> {
+    CString::new(p.as_os_str().as_bytes()).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))
+}
+
+/// mount(2); an already-mounted target (EBUSY) counts as success.
+fn mount(
+    source: &str,
+    target: &str,
+    fstype: &str,
+    flags: libc::c_ulong,
+    data: Option<&str>,
+) -> Result<(), InitError> {
+    let err = |source| InitError::Mount {
+        fstype: fstype.to_string(),
+        target: target.to_string(),
+        source,
+    };
+    let _ = fs::create_dir_all(target);
+    let src = CString::new(source).map_err(|_| err(io::ErrorKind::InvalidInput.into()))?;
+    let tgt = CString::new(target).map_err(|_| err(io::ErrorKind::InvalidInput.into()))?;
+    let fst = CString::new(fstype).map_err(|_| err(io::ErrorKind::InvalidInput.into()))?;
+    let dat = match data {
+        Some(d) => Some(CString::new(d).map_err(|_| err(io::ErrorKind::InvalidInput.into()))?),
+        None => None,
+    };
+    // SAFETY: every pointer is a live NUL-terminated string or null (fstype/data may be null for
+    // MS_MOVE, and the kernel reads only what the flags call for).
+    let r = unsafe {
+        libc::mount(
+            src.as_ptr(),
+            tgt.as_ptr(),
+            if fstype.is_empty() {
+                std::ptr::null()
+            } else {
+                fst.as_ptr()
+            },
+            flags,
+            dat.as_ref().map_or(std::ptr::null(), |d| d.as_ptr().cast()),
+        )
+    };
+    match sys::cvt(r) {
+        Ok(_) => Ok(()),
+        Err(e) if e.raw_os_error() == Some(libc::EBUSY) => Ok(()),
+        Err(e) => Err(err(e)),
+    }
+}
+
+/// The API filesystems every process expects.
+fn mount_basics() {
+    let nosuid_nodev = libc::MS_NOSUID | libc::MS_NODEV;
+    let mounts: [(&str, &str, &str, libc::c_ulong, Option<&str>); 7] = [
+        (
+            "proc",
+            "/proc",
+            "proc",
+            nosuid_nodev | libc::MS_NOEXEC,
+            None,
+        ),
+        (
+            "sysfs",
+            "/sys",
+            "sysfs",
+            nosuid_nodev | libc::MS_NOEXEC,
+            None,
+        ),
+        (
+            "devtmpfs",
+            "/dev",
+            "devtmpfs",
+            libc::MS_NOSUID,
+            Some("mode=0755"),
+        ),
+        (
+            "devpts",
+            "/dev/pts",
+            "devpts",
+            libc::MS_NOSUID | libc::MS_NOEXEC,
+            Some("gid=5,mode=0620,ptmxmode=0666"),
+        ),
+        (
+            "tmpfs",
+            "/dev/shm",
+            "tmpfs",
+            nosuid_nodev,
+            Some("mode=1777"),
+        ),
+        ("tmpfs", "/run", "tmpfs", nosuid_nodev, Some("mode=0755")),
+        ("tmpfs", "/tmp", "tmpfs", nosuid_nodev, Some("mode=1777")),
+    ];
+    for (src, target, fstype, flags, data) in mounts {
+        if let Err(e) = mount(src, target, fstype, flags, data) {
+            log::error(format_args!("{e}: {}", source_of(&e)));
+        }
+    }
+}
+
+fn source_of(e: &InitError) -> String {
+    match e {
+        InitError::Mount { source, .. } | InitError::Sys(_, source) => source.to_string(),
+    }
+}
+
+/// Mounts `device` (ext4) read-only with a tmpfs overlay on top and makes it the root.
+fn switch_root(device: &str) -> Result<(), InitError> {
+    let base = "/.crucible";
+    let (lower, rw, root) = (
+        format!("{base}/lower"),
+        format!("{base}/rw"),
+        format!("{base}/root"),
+    );
+    mount(device, &lower, "ext4", libc::MS_RDONLY, None)?;
+    mount("tmpfs", &rw, "tmpfs", 0, Some("mode=0755"))?;
+    for d in ["upper", "work"] {
+        fs::create_dir_all(format!("{rw}/{d}"))
+            .map_err(|e| InitError::Sys(format!("mkdir {rw}/{d}"), e))?;
+    }
+    let opts = format!("lowerdir={lower},upperdir={rw}/upper,workdir={rw}/work");
+    mount("overlay", &root, "overlay", 0, Some(&opts))?;
+    for m in ["/dev", "/proc", "/sys", "/run", "/tmp"] {
+        mount(m, &format!("{root}{m}"), "", libc::MS_MOVE, None)?;
+    }
+    std::env::set_current_dir(&root).map_err(|e| InitError::Sys(format!("chdir {root}"), e))?;
+    mount(".", "/", "", libc::MS_MOVE, None)?;
+    let dot = cstr(Path::new(".")).map_err(|e| InitError::Sys("chroot".into(), e))?;
+    // SAFETY: chroot takes a live NUL-terminated string.
+    sys::cvt(unsafe { libc::chroot(dot.as_ptr()) })
+        .map_err(|e| InitError::Sys("chroot .".into(), e))?;
+    std::env::set_current_dir("/").map_err(|e| InitError::Sys("chdir /".into(), e))?;
+    Ok(())
+}
+
+fn set_hostname(name: &str) -> Result<(), InitError> {
+    // SAFETY: the pointer and length describe the live bytes of `name`.
+    sys::cvt(unsafe { libc::sethostname(name.as_ptr().cast(), name.len()) })
+        .map_err(|e| InitError::Sys(format!("sethostname {name}"), e))?;
+    Ok(())
+}
+
+/// `ip link set lo up`.
+fn loopback_up() -> Result<(), InitError> {
+    let err = |what: &str, e| InitError::Sys(format!("bringing up lo: {what}"), e);
+    // SAFETY: socket takes no pointers.
+    let fd =
+        sys::cvt(unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) })
+            .map_err(|e| err("socket", e))?;
+    // SAFETY: socket returned a fresh descriptor that nobody else owns.
+    let sock = unsafe { OwnedFd::from_raw_fd(fd) };
+    use std::os::fd::AsRawFd;
+    // SAFETY: ifreq is plain old data; all-zeroes is a valid value.
+    let mut req: libc::ifreq = unsafe { std::mem::zeroed() };
+    for (dst, &src) in req.ifr_name.iter_mut().zip(b"lo\0") {
+        *dst = src as libc::c_char;
+    }
+    // SAFETY: SIOCGIFFLAGS reads the name and writes the flags of the live ifreq we pass.
+    sys::cvt(unsafe { libc::ioctl(sock.as_raw_fd(), libc::SIOCGIFFLAGS as _, &mut req) })
+        .map_err(|e| err("SIOCGIFFLAGS", e))?;
+    // SAFETY: after SIOCGIFFLAGS the flags member of the union is the initialized one.
+    let flags = unsafe { req.ifr_ifru.ifru_flags };
+    req.ifr_ifru.ifru_flags = flags | (libc::IFF_UP | libc::IFF_RUNNING) as libc::c_short;
+    // SAFETY: SIOCSIFFLAGS reads the live ifreq we pass.
+    sys::cvt(unsafe { libc::ioctl(sock.as_raw_fd(), libc::SIOCSIFFLAGS as _, &req) })
+        .map_err(|e| err("SIOCSIFFLAGS", e))?;
+    Ok(())
+}
+
+/// Creates the `commands` cgroup (memory and pids limits) and returns its `cgroup.procs` and
+/// `memory.events`. Best effort: `None` when cgroup2 or the controllers are unavailable.
+fn commands_cgroup(cfg: &BootConfig) -> Option<(OwnedFd, PathBuf)> {
+    let root = Path::new("/sys/fs/cgroup");
+    if let Err(e) = mount(
+        "cgroup2",
+        "/sys/fs/cgroup",
+        "cgroup2",
+        libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC,
+        None,
+    ) {
+        log::info(format_args!(
+            "no cgroup2, commands run without limits: {}",
+            source_of(&e)
+        ));
+        return None;
+    }
+    for ctl in ["+memory", "+pids"] {
+        if let Err(e) = fs::write(root.join("cgroup.subtree_control"), ctl) {
+            log::info(format_args!("cgroup controller {ctl} unavailable: {e}"));
+        }
+    }
+    let group = root.join("commands");
+    if let Err(e) = fs::create_dir_all(&group) {
+        log::error(format_args!("cannot create the commands cgroup: {e}"));
+        return None;
+    }
+    if let Some(total) = exec::mem_total_bytes() {
+        let limit = total
+            .saturating_sub(cfg.mem_reserve_mib * 1024 * 1024)
+            .max(16 * 1024 * 1024);
+        if let Err(e) = fs::write(group.join("memory.max"), limit.to_string()) {
+            log::info(format_args!("cannot set memory.max: {e}"));
+        }
+    }
+    if let Err(e) = fs::write(group.join("pids.max"), cfg.pids_max.to_string()) {
+        log::info(format_args!("cannot set pids.max: {e}"));
+    }
+    let procs = fs::OpenOptions::new()
+        .write(true)
+        .open(group.join("cgroup.procs"))
+        .map_err(|e| log::error(format_args!("cannot open the commands cgroup: {e}")))
+        .ok()?;
+    Some((procs.into(), group.join("memory.events")))
+}
+
+/// Writes the boot marker: `outb(123, 0x3f0)`, trapped by the VMM.
+#[cfg(target_arch = "x86_64")]
+fn boot_marker() {
+    // SAFETY: ioperm changes only this process's I/O permission bitmap for one port.
+    if unsafe { libc::ioperm(libc::c_ulong::from(BOOT_MARKER_PORT), 1, 1) } != 0 {
+        log::error(format_args!(
+            "boot marker: ioperm failed: {}",
+            io::Error::last_os_error()
+        ));
+        return;
+    }
+    // SAFETY: a single port write that touches no memory; the port was granted above and the
+    // VMM traps it (on real hardware 0x3f0 is the legacy floppy controller, harmless to poke).
+    unsafe {
+        std::arch::asm!("out dx, al", in("dx") BOOT_MARKER_PORT, in("al") BOOT_MARKER_VALUE,
+            options(nomem, nostack, preserves_flags));
+    }
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+fn boot_marker() {
+    log::error(format_args!(
+        "boot marker: not supported on this architecture"
+    ));
+}
+
+/// Ends the VM: sync, then reset. Never returns.
+pub fn end_vm() -> ! {
+    sys::sync();
+    let e = sys::reboot();
+    log::error(format_args!("reboot failed: {e}"));
+    loop {
+        // SAFETY: pause takes no arguments; PID 1 must never return.
+        unsafe { libc::pause() };
+    }
+}
+
+/// The console line that says the agent is ready (a contract: see docs/agent-protocol.md).
+pub fn print_ready_line(uptime_ms: u64) {
+    log::console(format_args!(
+        "crucible-agent: ready pid={} version={} kernel={} uptime_ms={uptime_ms}",
+        sys::getpid(),
+        env!("CARGO_PKG_VERSION"),
+        sys::kernel_release(),
+    ));
+}
+
+/// PID 1 of the microVM. Never returns.
+pub fn vm_main() -> ! {
+    let outcome = std::panic::catch_unwind(boot_and_serve);
+    if outcome.is_err() {
+        log::error(format_args!("the agent panicked; ending the VM"));
+    }
+    end_vm()
+}
+
+fn boot_and_serve() {
+    mount_basics();
+    sys::ensure_stdio_open();
+    if let Ok(console) = fs::OpenOptions::new()
+        .write(true)
+        .custom_flags_noctty()
+        .open("/dev/console")
+    {
+        log::set_sink(Box::new(console));
+    }
+    if std::env::var_os("PATH").is_none() {
+        // Before any thread exists, so setting the environment is sound.
+        std::env::set_var("PATH", DEFAULT_PATH);
+    }
+    let cfg = BootConfig::parse(&fs::read_to_string("/proc/cmdline").unwrap_or_default());
+    if let Some(level) = cfg.log {
+        log::set_level(level);
+    }
+    if let Some(dev) = &cfg.root {
+        if let Err(e) = switch_root(dev) {
+            log::error(format_args!(
+                "cannot switch to root {dev}: {e}: {}",
+                source_of(&e)
+            ));
+        }
+    }
+    for step in [set_hostname(&cfg.hostname), loopback_up()] {
+        if let Err(e) = step {
+            log::error(format_args!("{e}: {}", source_of(&e)));
+        }
+    }
+    if let Err(e) = fs::write("/proc/self/oom_score_adj", "-1000") {
+        log::error(format_args!("cannot set oom_score_adj: {e}"));
+    }
+
+    let mut exec_ctx = match ExecContext::new() {
+        Ok(c) => c,
+        Err(e) => {
+            log::error(format_args!("cannot open /dev/null: {e}"));
+            return;
+        }
+    };
+    exec_ctx.reset_oom_score = true;
+    if let Some((procs, events)) = commands_cgroup(&cfg) {
+        exec_ctx.cgroup_procs = Some(procs);
+        exec_ctx.cgroup_memory_events = Some(events);
+    }
+
+    let listener = match Listener::bind(&Address::Vsock(libc::VMADDR_CID_ANY, cfg.port)) {
+        Ok(l) => Some(l),
+        Err(e) => {
+            // Without vsock (QEMU without a vsock device) the agent still boots, prints its
+            // console line and can run the self-test.
+            log::error(format_args!(
+                "{e}: {}",
+                std::error::Error::source(&e)
+                    .map(ToString::to_string)
+                    .unwrap_or_default()
+            ));
+            None
+        }
+    };
+    let uptime_ms = sys::uptime_ms();
+    let agent: &'static Agent = Box::leak(Box::new(Agent {
+        exec: exec_ctx,
+        shutdown: ShutdownAction::Reboot,
+        ready_uptime_ms: uptime_ms,
+    }));
+
+    // The hello goes out on its own thread: a host that does not answer must never delay the
+    // console line or the service.
+    let hello = agent.hello();
+    let ready = Address::Vsock(libc::VMADDR_CID_HOST, cfg.ready_port);
+    let _ = std::thread::Builder::new()
+        .name("hello".into())
+        .spawn(move || {
+            if let Err(e) = server::send_hello(&ready, &hello) {
+                let cause = std::error::Error::source(&e)
+                    .map(ToString::to_string)
+                    .unwrap_or_default();
+                log::info(format_args!("{e} ({cause}); continuing without it"));
+            }
+        });
+    if cfg.boot_marker {
+        boot_marker();
+    }
+    print_ready_line(uptime_ms);
+
+    if cfg.selftest {
+        selftest::run(agent);
+        let _ = io::stdout().flush();
+        return; // vm_main ends the VM.
+    }
+    match listener {
+        Some(l) => {
+            let e = server::serve(&l, agent);
+            log::error(format_args!("{e}"));
+        }
+        None => log::error(format_args!("nothing to serve on; ending the VM")),
+    }
+}
+
+/// `O_NOCTTY` for opening the console without making it our controlling terminal.
+trait NoCtty {
+    fn custom_flags_noctty(&mut self) -> &mut Self;
+}
+
+impl NoCtty for fs::OpenOptions {
+    fn custom_flags_noctty(&mut self) -> &mut Self {
+        use std::os::unix::fs::OpenOptionsExt;
+        self.custom_flags(libc::O_NOCTTY)
+    }
+}

@@ -1,0 +1,22 @@
+//! crucible's guest agent.
+//!
+//! The same code serves three ways (see `docs/agent-protocol.md`):
+//! - **VM PID 1** ([`init::vm_main`]): mounts, cgroups, vsock, console readiness line;
+//! - **host process** (`--listen unix:PATH`): the same protocol on a Unix socket;
+//! - **namespace PID 1**: the host-process mode run as PID 1 of a PID namespace, where the
+//!   [`reaper`] also reaps orphans.
+//!
+//! Modules: [`server`] accepts connections and dispatches requests; [`exec`] streams one
+//! command; [`spawn`] forks and execs it; [`reaper`] is the single place that waits for
+//! children; [`files`] extracts tar archives and sends files.
+
+pub mod cmdline;
+pub mod exec;
+pub mod files;
+pub mod init;
+pub mod log;
+pub mod reaper;
+pub mod selftest;
+pub mod server;
+pub mod spawn;
+pub mod sys;

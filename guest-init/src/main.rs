@@ -1,0 +1,181 @@
+//! `guest-init`: crucible's guest agent. See `--help`.
+
+use std::process::ExitCode;
+
+use guest_init::exec::ExecContext;
+use guest_init::log::{self, Level};
+use guest_init::server::{self, Address, Agent, Listener, ShutdownAction};
+use guest_init::{init, selftest, sys};
+
+const HELP: &str = "\
+guest-init: crucible's guest agent
+
+USAGE:
+    guest-init                                   (as PID 1 of a crucible microVM)
+    guest-init --listen unix:PATH [--ready unix:PATH] [--log LEVEL]
+    guest-init --selftest
+
+MODES:
+    With no --listen and running as PID 1, it is the VM's init: it mounts /proc, /sys, /dev,
+    /run and /tmp, reads crucible.* settings from /proc/cmdline (port, ready_port, root, log,
+    selftest, boot_marker, hostname), listens on vsock, sends its hello to the host (CID 2) and
+    prints `crucible-agent: ready ...` on the console. It never exits: shutdown syncs and resets.
+
+    With --listen it is a plain process serving the same protocol on ADDR (unix:PATH, or
+    vsock:PORT). If --ready is given it connects there once it is listening and sends its hello
+    (one length-prefixed JSON message), so the caller needs no polling. It reaps orphaned
+    descendants (as a subreaper, or as PID 1 of a PID namespace). `shutdown` exits with 0.
+
+    --selftest runs the boot self-test through the exec engine and exits (1 if any test fails;
+    `pid1` fails unless run as PID 1).
+
+PROTOCOL:
+    One request per connection: a length-prefixed JSON AgentRequest (exec, put_files,
+    get_file, ping, shutdown); exec answers with stdout/stderr frames and one exit frame.
+    See docs/agent-protocol.md.
+
+OPTIONS:
+    --listen ADDR    serve on ADDR instead of being the VM's init
+    --ready ADDR     send the hello to ADDR once listening
+    --log LEVEL      quiet, error, info (default) or debug
+    --selftest       run the self-test and exit
+    -h, --help       this text
+    -V, --version    the version
+";
+
+#[derive(Debug, Default)]
+struct Args {
+    listen: Option<Address>,
+    ready: Option<Address>,
+    log: Option<Level>,
+    selftest: bool,
+}
+
+fn parse_args() -> Result<Option<Args>, String> {
+    let mut args = Args::default();
+    let mut it = std::env::args().skip(1);
+    while let Some(arg) = it.next() {
+        let (flag, inline) = match arg.split_once('=') {
+            Some((f, v)) if f.starts_with("--") => (f.to_string(), Some(v.to_string())),
+            _ => (arg.clone(), None),
+        };
+        let mut value = |name: &str| {
+            inline
+                .clone()
+                .or_else(|| it.next())
+                .ok_or_else(|| format!("{name} needs a value"))
+        };
+        match flag.as_str() {
+            "-h" | "--help" => {
+                print!("{HELP}");
+                return Ok(None);
+            }
+            "-V" | "--version" => {
+                println!("guest-init {}", env!("CARGO_PKG_VERSION"));
+                return Ok(None);
+            }
+            "--listen" => {
+                let v = value("--listen")?;
+                args.listen =
+                    Some(Address::parse(&v).ok_or(format!("bad --listen address {v:?}"))?);
+            }
+            "--ready" => {
+                let v = value("--ready")?;
+                args.ready = Some(Address::parse(&v).ok_or(format!("bad --ready address {v:?}"))?);
+            }
+            "--log" => {
+                let v = value("--log")?;
+                args.log = Some(Level::parse(&v).ok_or(format!("bad --log level {v:?}"))?);
+            }
+            "--selftest" => args.selftest = true,
+            other => return Err(format!("unknown argument {other:?} (see --help)")),
+        }
+    }
+    Ok(Some(args))
+}
+
+fn main() -> ExitCode {
+    let args = match parse_args() {
+        Ok(Some(a)) => a,
+        Ok(None) => return ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("guest-init: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    if let Some(level) = args.log {
+        log::set_level(level);
+    }
+    if args.listen.is_none() && !args.selftest {
+        if sys::getpid() == 1 {
+            init::vm_main();
+        }
+        eprintln!(
+            "guest-init: not PID 1; use --listen unix:PATH to serve as a process (see --help)"
+        );
+        return ExitCode::from(2);
+    }
+    host_main(args)
+}
+
+/// Modes 2 and 3: a process serving on a socket (possibly PID 1 of a PID namespace).
+fn host_main(args: Args) -> ExitCode {
+    sys::ensure_stdio_open();
+    if sys::getpid() != 1 {
+        // Orphaned grandchildren come back to us, so our reaper collects them.
+        if let Err(e) = sys::set_child_subreaper() {
+            log::info(format_args!("cannot become a subreaper: {e}"));
+        }
+    }
+    let exec = match ExecContext::new() {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("guest-init: cannot open /dev/null: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let agent: &'static Agent = Box::leak(Box::new(Agent {
+        exec,
+        shutdown: ShutdownAction::Exit,
+        ready_uptime_ms: sys::uptime_ms(),
+    }));
+    if args.selftest {
+        let (_, failed) = selftest::run(agent);
+        return if failed == 0 {
+            ExitCode::SUCCESS
+        } else {
+            ExitCode::FAILURE
+        };
+    }
+    let Some(addr) = args.listen else {
+        return ExitCode::from(2);
+    };
+    let listener = match Listener::bind(&addr) {
+        Ok(l) => l,
+        Err(e) => {
+            eprintln!("guest-init: {}", chain(&e));
+            return ExitCode::FAILURE;
+        }
+    };
+    if let Some(ready) = &args.ready {
+        if let Err(e) = server::send_hello(ready, &agent.hello()) {
+            eprintln!("guest-init: {}", chain(&e));
+            return ExitCode::FAILURE;
+        }
+    }
+    init::print_ready_line(agent.ready_uptime_ms);
+    let e = server::serve(&listener, agent);
+    eprintln!("guest-init: {}", chain(&e));
+    ExitCode::FAILURE
+}
+
+fn chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        s.push_str(": ");
+        s.push_str(&c.to_string());
+        cur = c.source();
+    }
+    s
+}

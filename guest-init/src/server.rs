@@ -1,0 +1,381 @@
+//! The request server: listeners (vsock or Unix), one thread per connection, dispatch of the
+//! first message to exec, file transfer, ping or shutdown.
+
+use std::io::{self, Read, Write};
+use std::mem::size_of;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::PathBuf;
+use std::time::Duration;
+
+use wire::agent::{AgentReply, AgentRequest, Hello, PROTOCOL_VERSION};
+use wire::{ErrorBody, MessageError};
+
+use crate::exec::{self, ExecContext};
+use crate::files;
+use crate::log;
+use crate::sys;
+
+/// Per-connection thread stack: the exec loop needs little, and there may be many.
+const CONNECTION_STACK: usize = 256 * 1024;
+
+/// Why serving failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ServerError {
+    /// Creating or binding the listening socket failed.
+    #[error("cannot listen on {addr}")]
+    Listen {
+        /// The address.
+        addr: String,
+        /// The cause.
+        #[source]
+        source: io::Error,
+    },
+    /// Accepting a connection failed.
+    #[error("accept failed")]
+    Accept(#[source] io::Error),
+    /// Sending the readiness hello failed.
+    #[error("cannot send the hello to {addr}")]
+    Ready {
+        /// The address.
+        addr: String,
+        /// The cause.
+        #[source]
+        source: io::Error,
+    },
+}
+
+/// Where to listen or connect.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Address {
+    /// A Unix stream socket path.
+    Unix(PathBuf),
+    /// A vsock (cid, port); the cid is ignored for listening.
+    Vsock(u32, u32),
+}
+
+impl Address {
+    /// Parses `unix:PATH` or `vsock:PORT` / `vsock:CID:PORT`.
+    pub fn parse(s: &str) -> Option<Address> {
+        if let Some(path) = s.strip_prefix("unix:") {
+            return (!path.is_empty()).then(|| Address::Unix(PathBuf::from(path)));
+        }
+        let rest = s.strip_prefix("vsock:")?;
+        match rest.split_once(':') {
+            Some((cid, port)) => Some(Address::Vsock(cid.parse().ok()?, port.parse().ok()?)),
+            None => Some(Address::Vsock(libc::VMADDR_CID_HOST, rest.parse().ok()?)),
+        }
+    }
+}
+
+impl std::fmt::Display for Address {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Address::Unix(p) => write!(f, "unix:{}", p.display()),
+            Address::Vsock(cid, port) => write!(f, "vsock:{cid}:{port}"),
+        }
+    }
+}
+
+/// A listening socket of either kind.
+#[derive(Debug)]
+pub enum Listener {
+    /// Unix stream socket.
+    Unix(UnixListener),
+    /// AF_VSOCK stream socket.
+    Vsock(OwnedFd),
+}
+
+impl Listener {
+    /// Binds and listens on `addr` (a stale Unix socket file is replaced).
+    pub fn bind(addr: &Address) -> Result<Listener, ServerError> {
+        let err = |source| ServerError::Listen {
+            addr: addr.to_string(),
+            source,
+        };
+        match addr {
+            Address::Unix(path) => {
+                if let Ok(meta) = std::fs::symlink_metadata(path) {
+                    use std::os::unix::fs::FileTypeExt;
+                    if meta.file_type().is_socket() {
+                        let _ = std::fs::remove_file(path);
+                    }
+                }
+                Ok(Listener::Unix(UnixListener::bind(path).map_err(err)?))
+            }
+            Address::Vsock(_, port) => Ok(Listener::Vsock(vsock_listen(*port).map_err(err)?)),
+        }
+    }
+
+    /// The next connection. Vsock sockets are carried as `UnixStream`: the agent only uses
+    /// read, write, shutdown, poll and non-blocking mode on them, which work on any stream
+    /// socket.
+    pub fn accept(&self) -> io::Result<UnixStream> {
+        match self {
+            Listener::Unix(l) => l.accept().map(|(s, _)| s),
+            Listener::Vsock(fd) => {
+                // SAFETY: accept4 with null address pointers only returns a new descriptor.
+                let conn = sys::cvt(unsafe {
+                    libc::accept4(
+                        fd.as_raw_fd(),
+                        std::ptr::null_mut(),
+                        std::ptr::null_mut(),
+                        libc::SOCK_CLOEXEC,
+                    )
+                })?;
+                // SAFETY: accept4 returned a fresh descriptor that nobody else owns.
+                Ok(UnixStream::from(unsafe { OwnedFd::from_raw_fd(conn) }))
+            }
+        }
+    }
+}
+
+fn vsock_socket() -> io::Result<OwnedFd> {
+    // SAFETY: socket takes no pointers.
+    let fd = sys::cvt(unsafe {
+        libc::socket(libc::AF_VSOCK, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0)
+    })?;
+    // SAFETY: socket returned a fresh descriptor that nobody else owns.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+fn vsock_addr(cid: u32, port: u32) -> libc::sockaddr_vm {
+    // SAFETY: sockaddr_vm is plain old data; all-zeroes is a valid value.
+    let mut addr: libc::sockaddr_vm = unsafe { std::mem::zeroed() };
+    addr.svm_family = libc::AF_VSOCK as libc::sa_family_t;
+    addr.svm_cid = cid;
+    addr.svm_port = port;
+    addr
+}
+
+fn vsock_listen(port: u32) -> io::Result<OwnedFd> {
+    let fd = vsock_socket()?;
+    let addr = vsock_addr(libc::VMADDR_CID_ANY, port);
+    // SAFETY: the pointer and length describe the live sockaddr_vm above.
+    sys::cvt(unsafe {
+        libc::bind(
+            fd.as_raw_fd(),
+            (&addr as *const libc::sockaddr_vm).cast(),
+            size_of::<libc::sockaddr_vm>() as libc::socklen_t,
+        )
+    })?;
+    // SAFETY: listen takes no pointers.
+    sys::cvt(unsafe { libc::listen(fd.as_raw_fd(), 128) })?;
+    Ok(fd)
+}
+
+/// Connects to `cid:port` over vsock, giving up after `timeout`.
+fn vsock_connect(cid: u32, port: u32, timeout: Duration) -> io::Result<UnixStream> {
+    use std::os::fd::AsFd;
+    let fd = vsock_socket()?;
+    sys::set_nonblocking(fd.as_fd(), true)?;
+    let addr = vsock_addr(cid, port);
+    // SAFETY: the pointer and length describe the live sockaddr_vm above.
+    let r = unsafe {
+        libc::connect(
+            fd.as_raw_fd(),
+            (&addr as *const libc::sockaddr_vm).cast(),
+            size_of::<libc::sockaddr_vm>() as libc::socklen_t,
+        )
+    };
+    if let Err(e) = sys::cvt(r) {
+        if e.raw_os_error() != Some(libc::EINPROGRESS) {
+            return Err(e);
+        }
+        let mut fds = [libc::pollfd {
+            fd: fd.as_raw_fd(),
+            events: libc::POLLOUT,
+            revents: 0,
+        }];
+        let ms = libc::c_int::try_from(timeout.as_millis()).unwrap_or(libc::c_int::MAX);
+        if sys::poll(&mut fds, ms)? == 0 {
+            return Err(io::Error::from(io::ErrorKind::TimedOut));
+        }
+        let stream = UnixStream::from(fd);
+        if let Some(e) = stream.take_error()? {
+            return Err(e);
+        }
+        stream.set_nonblocking(false)?;
+        return Ok(stream);
+    }
+    let stream = UnixStream::from(fd);
+    stream.set_nonblocking(false)?;
+    Ok(stream)
+}
+
+/// Connects to `addr` and sends `hello` (the readiness signal), then closes.
+pub fn send_hello(addr: &Address, hello: &Hello) -> Result<(), ServerError> {
+    let err = |source| ServerError::Ready {
+        addr: addr.to_string(),
+        source,
+    };
+    let mut stream = match addr {
+        Address::Unix(path) => UnixStream::connect(path).map_err(err)?,
+        Address::Vsock(cid, port) => {
+            vsock_connect(*cid, *port, Duration::from_secs(5)).map_err(err)?
+        }
+    };
+    stream
+        .set_write_timeout(Some(Duration::from_secs(5)))
+        .map_err(err)?;
+    wire::write_message(&mut stream, hello).map_err(|e| match e {
+        MessageError::Io(io) => err(io),
+        other => err(io::Error::other(other.to_string())),
+    })
+}
+
+/// What `shutdown` does once answered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ShutdownAction {
+    /// Exit the process with status 0 (host process, namespace PID 1).
+    Exit,
+    /// sync and reset the machine (VM PID 1).
+    Reboot,
+}
+
+/// Everything a connection handler needs.
+#[derive(Debug)]
+pub struct Agent {
+    /// Exec settings.
+    pub exec: ExecContext,
+    /// What shutdown does.
+    pub shutdown: ShutdownAction,
+    /// The boot-time uptime reported in hellos.
+    pub ready_uptime_ms: u64,
+}
+
+impl Agent {
+    /// The agent's hello.
+    pub fn hello(&self) -> Hello {
+        Hello {
+            agent_version: env!("CARGO_PKG_VERSION").to_string(),
+            protocol: PROTOCOL_VERSION,
+            kernel_release: sys::kernel_release(),
+            uptime_ms: self.ready_uptime_ms,
+            pid: sys::getpid(),
+        }
+    }
+
+    /// Ends the agent (never returns).
+    pub fn end(&self) -> ! {
+        sys::sync();
+        match self.shutdown {
+            ShutdownAction::Exit => std::process::exit(0),
+            ShutdownAction::Reboot => crate::init::end_vm(),
+        }
+    }
+}
+
+/// Accepts connections forever, one thread each. Returns only if accepting keeps failing.
+pub fn serve(listener: &Listener, agent: &'static Agent) -> ServerError {
+    let mut failures = 0u32;
+    loop {
+        match listener.accept() {
+            Ok(conn) => {
+                failures = 0;
+                let spawned = std::thread::Builder::new()
+                    .name("conn".into())
+                    .stack_size(CONNECTION_STACK)
+                    .spawn(move || handle(conn, agent));
+                if let Err(e) = spawned {
+                    log::error(format_args!("cannot start a connection thread: {e}"));
+                }
+            }
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => {
+                // EMFILE and friends are transient: back off a little instead of spinning.
+                log::error(format_args!("accept failed: {e}"));
+                failures += 1;
+                if failures > 100 {
+                    return ServerError::Accept(e);
+                }
+                std::thread::sleep(Duration::from_millis(10 * u64::from(failures)));
+            }
+        }
+    }
+}
+
+/// Serves one connection: reads the request and answers it.
+pub fn handle(mut conn: UnixStream, agent: &Agent) {
+    let request: AgentRequest = match wire::read_message(&mut conn) {
+        Ok(r) => r,
+        Err(MessageError::Closed) => return,
+        Err(e) => {
+            log::debug(format_args!("bad request: {e}"));
+            let body = ErrorBody::new("invalid_request", format!("bad request: {e}"));
+            let _ = wire::write_message(&mut conn, &AgentReply::Error(body));
+            return;
+        }
+    };
+    match request {
+        AgentRequest::Exec {
+            request,
+            interactive,
+        } => {
+            log::debug(format_args!("exec {:?}", request.cmd));
+            if let Err(e) = exec::run(conn, &request, interactive, &agent.exec) {
+                log::debug(format_args!("exec {:?}: {e}", request.cmd));
+            }
+        }
+        AgentRequest::PutFiles { path } => put_files(conn, &path),
+        AgentRequest::GetFile { path } => {
+            let reply = match files::open_for_get(&path) {
+                Ok(out) => {
+                    let header = AgentReply::File { size: out.size() };
+                    if wire::write_message(&mut conn, &header).is_ok() {
+                        if let Err(e) = out.send(&mut conn) {
+                            log::debug(format_args!("get_file {path}: {e}"));
+                        }
+                    }
+                    return;
+                }
+                Err(e) => AgentReply::Error(e.to_body()),
+            };
+            let _ = wire::write_message(&mut conn, &reply);
+        }
+        AgentRequest::Ping => {
+            let _ = wire::write_message(&mut conn, &AgentReply::Pong(agent.hello()));
+        }
+        AgentRequest::Shutdown => {
+            log::info(format_args!("shutdown requested"));
+            let _ = wire::write_message(&mut conn, &AgentReply::ShuttingDown);
+            let _ = conn.shutdown(std::net::Shutdown::Write);
+            drop(conn);
+            agent.end();
+        }
+    }
+}
+
+fn put_files(mut conn: UnixStream, path: &str) {
+    let reply = match files::put_files(&mut conn, path) {
+        Ok(result) => AgentReply::Files(result),
+        Err(e) => AgentReply::Error(e.to_body()),
+    };
+    if wire::write_message(&mut conn, &reply).is_err() {
+        return;
+    }
+    // The host may still be sending (after a refusal, or trailing padding): tell it we are done
+    // and drain until it closes, so that it does not see a reset before reading the reply.
+    let _ = conn.shutdown(std::net::Shutdown::Write);
+    let _ = conn.set_read_timeout(Some(Duration::from_secs(30)));
+    let mut sink = [0u8; 16 * 1024];
+    while matches!(conn.read(&mut sink), Ok(n) if n > 0) {}
+    let _ = conn.flush();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn addresses_parse() {
+        assert_eq!(
+            Address::parse("unix:/tmp/a.sock"),
+            Some(Address::Unix("/tmp/a.sock".into()))
+        );
+        assert_eq!(Address::parse("vsock:1024"), Some(Address::Vsock(2, 1024)));
+        assert_eq!(Address::parse("vsock:3:5"), Some(Address::Vsock(3, 5)));
+        assert_eq!(Address::parse("unix:"), None);
+        assert_eq!(Address::parse("tcp:1"), None);
+    }
+}

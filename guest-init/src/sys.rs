@@ -1,0 +1,215 @@
+//! Thin, safe wrappers over the few system calls std does not offer. Every `unsafe` block in
+//! the agent outside `spawn.rs` and `init.rs` lives here, each as small as it can be.
+
+use std::ffi::CStr;
+use std::io;
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+
+/// Turns a `-1` return into the thread's `errno`.
+pub fn cvt(ret: libc::c_int) -> io::Result<libc::c_int> {
+    if ret == -1 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(ret)
+    }
+}
+
+/// A pipe `(read end, write end)`, both close-on-exec.
+pub fn pipe() -> io::Result<(OwnedFd, OwnedFd)> {
+    let mut fds = [-1 as libc::c_int; 2];
+    // SAFETY: `fds` is a valid, writable array of two ints, as pipe2 requires.
+    cvt(unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) })?;
+    // SAFETY: pipe2 succeeded, so both descriptors are open and owned by nobody else.
+    Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
+}
+
+/// A non-blocking, close-on-exec eventfd.
+pub fn eventfd() -> io::Result<OwnedFd> {
+    // SAFETY: eventfd takes no pointers.
+    let fd = cvt(unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) })?;
+    // SAFETY: the descriptor was just created and is owned by nobody else.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// Adds one to an eventfd's counter (wakes its pollers).
+pub fn eventfd_signal(fd: BorrowedFd<'_>) {
+    let one: u64 = 1;
+    // SAFETY: writes 8 bytes from a live u64 to a descriptor we borrow. An eventfd write only
+    // fails on counter overflow, which a handful of signals cannot reach.
+    unsafe { libc::write(fd.as_raw_fd(), (&one as *const u64).cast(), 8) };
+}
+
+/// Sets or clears `O_NONBLOCK`.
+pub fn set_nonblocking(fd: BorrowedFd<'_>, on: bool) -> io::Result<()> {
+    // SAFETY: F_GETFL takes no pointer argument.
+    let flags = cvt(unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GETFL) })?;
+    let flags = if on {
+        flags | libc::O_NONBLOCK
+    } else {
+        flags & !libc::O_NONBLOCK
+    };
+    // SAFETY: F_SETFL takes an int argument.
+    cvt(unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_SETFL, flags) })?;
+    Ok(())
+}
+
+/// Bytes waiting to be read on a pipe or socket.
+pub fn bytes_available(fd: BorrowedFd<'_>) -> io::Result<usize> {
+    let mut n: libc::c_int = 0;
+    // SAFETY: FIONREAD writes one int through the pointer, which points at a live int.
+    cvt(unsafe { libc::ioctl(fd.as_raw_fd(), libc::FIONREAD as _, &mut n) })?;
+    Ok(usize::try_from(n).unwrap_or(0))
+}
+
+/// poll(2); an interrupted call counts as "nothing ready".
+pub fn poll(fds: &mut [libc::pollfd], timeout_ms: libc::c_int) -> io::Result<usize> {
+    // SAFETY: the pointer and length describe a live, writable slice of pollfd.
+    let n = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, timeout_ms) };
+    match cvt(n) {
+        Ok(n) => Ok(usize::try_from(n).unwrap_or(0)),
+        Err(e) if e.kind() == io::ErrorKind::Interrupted => Ok(0),
+        Err(e) => Err(e),
+    }
+}
+
+/// Sends `signal` to the process group `pgid`.
+pub fn kill_group(pgid: libc::pid_t, signal: libc::c_int) -> io::Result<()> {
+    if pgid <= 1 {
+        return Err(io::Error::from(io::ErrorKind::InvalidInput));
+    }
+    // SAFETY: kill takes no pointers; pgid > 1 so this never targets every process.
+    cvt(unsafe { libc::kill(-pgid, signal) })?;
+    Ok(())
+}
+
+/// This process's id.
+pub fn getpid() -> u32 {
+    std::process::id()
+}
+
+/// `uname -r`.
+pub fn kernel_release() -> String {
+    // SAFETY: utsname is plain old data; all-zeroes is a valid value.
+    let mut uts: libc::utsname = unsafe { std::mem::zeroed() };
+    // SAFETY: uname writes into the live struct we pass.
+    if unsafe { libc::uname(&mut uts) } != 0 {
+        return String::from("unknown");
+    }
+    // SAFETY: on success `release` holds a NUL-terminated string within the array.
+    let release = unsafe { CStr::from_ptr(uts.release.as_ptr()) };
+    release.to_string_lossy().into_owned()
+}
+
+/// Milliseconds since boot (`CLOCK_BOOTTIME`, what `/proc/uptime` reports).
+pub fn uptime_ms() -> u64 {
+    // SAFETY: timespec is plain old data; all-zeroes is a valid value.
+    let mut ts: libc::timespec = unsafe { std::mem::zeroed() };
+    // SAFETY: clock_gettime writes into the live struct we pass.
+    if unsafe { libc::clock_gettime(libc::CLOCK_BOOTTIME, &mut ts) } != 0 {
+        return 0;
+    }
+    u64::try_from(ts.tv_sec).unwrap_or(0) * 1000
+        + u64::try_from(ts.tv_nsec).unwrap_or(0) / 1_000_000
+}
+
+/// Flushes every filesystem.
+pub fn sync() {
+    // SAFETY: sync takes no arguments and cannot fail.
+    unsafe { libc::sync() };
+}
+
+/// Resets the machine (the VMM turns a reset into a clean exit). Returns only on failure.
+pub fn reboot() -> io::Error {
+    // SAFETY: reboot takes no pointers; RB_AUTOBOOT restarts the machine.
+    unsafe { libc::reboot(libc::RB_AUTOBOOT) };
+    io::Error::last_os_error()
+}
+
+/// Makes this process the reaper of its orphaned descendants (for host-process mode).
+pub fn set_child_subreaper() -> io::Result<()> {
+    // SAFETY: PR_SET_CHILD_SUBREAPER takes an integer argument.
+    cvt(unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1 as libc::c_ulong) })?;
+    Ok(())
+}
+
+/// Makes sure descriptors 0, 1 and 2 are open (on `/dev/null` if nothing else), so pipes
+/// created later never land on them and `dup2` in the child always clears close-on-exec.
+pub fn ensure_stdio_open() {
+    for fd in 0..3 {
+        // SAFETY: F_GETFD takes no pointer; it only asks whether `fd` is open.
+        if unsafe { libc::fcntl(fd, libc::F_GETFD) } != -1 {
+            continue;
+        }
+        // SAFETY: the path is a NUL-terminated literal; open returns the lowest free fd, which is
+        // `fd` since all lower ones are open.
+        unsafe { libc::open(c"/dev/null".as_ptr(), libc::O_RDWR) };
+    }
+}
+
+/// Block until `fd` is readable or `timeout_ms` passes (`-1`: forever).
+pub fn wait_readable(fd: BorrowedFd<'_>, timeout_ms: libc::c_int) -> io::Result<bool> {
+    let mut fds = [libc::pollfd {
+        fd: fd.as_raw_fd(),
+        events: libc::POLLIN,
+        revents: 0,
+    }];
+    Ok(poll(&mut fds, timeout_ms)? > 0)
+}
+
+/// The name of a signal number (`"SIGKILL"`), or `"SIG<n>"` for one without a name.
+pub fn signal_name(signal: libc::c_int) -> String {
+    let name = match signal {
+        libc::SIGHUP => "SIGHUP",
+        libc::SIGINT => "SIGINT",
+        libc::SIGQUIT => "SIGQUIT",
+        libc::SIGILL => "SIGILL",
+        libc::SIGTRAP => "SIGTRAP",
+        libc::SIGABRT => "SIGABRT",
+        libc::SIGBUS => "SIGBUS",
+        libc::SIGFPE => "SIGFPE",
+        libc::SIGKILL => "SIGKILL",
+        libc::SIGUSR1 => "SIGUSR1",
+        libc::SIGSEGV => "SIGSEGV",
+        libc::SIGUSR2 => "SIGUSR2",
+        libc::SIGPIPE => "SIGPIPE",
+        libc::SIGALRM => "SIGALRM",
+        libc::SIGTERM => "SIGTERM",
+        libc::SIGSTKFLT => "SIGSTKFLT",
+        libc::SIGCHLD => "SIGCHLD",
+        libc::SIGCONT => "SIGCONT",
+        libc::SIGSTOP => "SIGSTOP",
+        libc::SIGTSTP => "SIGTSTP",
+        libc::SIGTTIN => "SIGTTIN",
+        libc::SIGTTOU => "SIGTTOU",
+        libc::SIGURG => "SIGURG",
+        libc::SIGXCPU => "SIGXCPU",
+        libc::SIGXFSZ => "SIGXFSZ",
+        libc::SIGVTALRM => "SIGVTALRM",
+        libc::SIGPROF => "SIGPROF",
+        libc::SIGWINCH => "SIGWINCH",
+        libc::SIGIO => "SIGIO",
+        libc::SIGPWR => "SIGPWR",
+        libc::SIGSYS => "SIGSYS",
+        other => return format!("SIG{other}"),
+    };
+    name.to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn signal_names_are_the_conventional_ones() {
+        assert_eq!(signal_name(libc::SIGKILL), "SIGKILL");
+        assert_eq!(signal_name(libc::SIGTERM), "SIGTERM");
+        assert_eq!(signal_name(40), "SIG40");
+    }
+
+    #[test]
+    fn kill_group_refuses_to_signal_everything() {
+        assert!(kill_group(0, 0).is_err());
+        assert!(kill_group(1, 0).is_err());
+        assert!(kill_group(-5, 0).is_err());
+    }
+}
