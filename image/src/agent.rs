@@ -247,6 +247,46 @@ mod tests {
     }
 
     #[test]
+    fn freshly_built_static_c_binary_passes_and_dynamic_one_fails() {
+        let Some(cc) = crate::deps::which("cc") else {
+            eprintln!("skipped: no C compiler");
+            return;
+        };
+        let dir = std::env::temp_dir().join(format!("crucible-static-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let src = dir.join("hello.c");
+        std::fs::write(&src, "int main(void) { return 0; }\n").unwrap();
+        let build = |name: &str, extra: &[&str]| {
+            let out = dir.join(name);
+            let status = Command::new(&cc)
+                .args(extra)
+                .arg("-o")
+                .arg(&out)
+                .arg(&src)
+                .status()
+                .unwrap();
+            status.success().then_some(out)
+        };
+        if let Some(dynamic) = build("dynamic", &[]) {
+            assert!(matches!(
+                check_static(&dynamic),
+                Err(AgentError::NotStatic { .. })
+            ));
+        }
+        // Needs libc.a (libc6-dev); both plain -static and static-pie must pass.
+        for (name, flags) in [
+            ("static", &["-static"][..]),
+            ("static-pie", &["-static-pie"][..]),
+        ] {
+            match build(name, flags) {
+                Some(bin) => check_static(&bin).unwrap(),
+                None => eprintln!("skipped {name}: the C toolchain cannot link it"),
+            }
+        }
+        let _ = std::fs::remove_dir_all(dir);
+    }
+
+    #[test]
     fn missing_prebuilt_agent_is_named() {
         let err = obtain(
             &AgentSource::Prebuilt("/nonexistent/guest-init".into()),

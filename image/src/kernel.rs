@@ -416,3 +416,96 @@ fn build(
         log: Some(log),
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fake_tree(name: &str) -> PathBuf {
+        let dir =
+            std::env::temp_dir().join(format!("crucible-ktree-{name}-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&dir);
+        for (file, text) in [
+            ("kernel/configs/tiny-base.config", "CONFIG_EXPERT=y\n"),
+            ("kernel/configs/tiny.config", "CONFIG_KERNEL_XZ=y\n"),
+            ("arch/x86/configs/tiny.config", "CONFIG_NOHIGHMEM=y\n"),
+        ] {
+            let path = dir.join(file);
+            fs::create_dir_all(path.parent().unwrap()).unwrap();
+            fs::write(path, text).unwrap();
+        }
+        dir
+    }
+
+    #[test]
+    fn allconfig_is_tinyconfig_fragments_then_ours_last() {
+        let tree = fake_tree("allconfig");
+        let text = allconfig(&tree).unwrap();
+        let expert = text.find("CONFIG_EXPERT=y").unwrap();
+        let xz = text.find("CONFIG_KERNEL_XZ=y").unwrap();
+        let nohighmem = text.find("CONFIG_NOHIGHMEM=y").unwrap();
+        let ours = text.find("CONFIG_PVH=y").unwrap();
+        assert!(expert < xz && xz < nohighmem && nohighmem < ours);
+        let _ = fs::remove_dir_all(tree);
+    }
+
+    #[test]
+    fn allconfig_names_a_missing_tinyconfig_fragment() {
+        let tree = fake_tree("missing");
+        fs::remove_file(tree.join("arch/x86/configs/tiny.config")).unwrap();
+        let err = allconfig(&tree).unwrap_err().to_string();
+        assert!(err.contains("arch/x86/configs/tiny.config"), "{err}");
+        let _ = fs::remove_dir_all(tree);
+    }
+
+    #[test]
+    fn cache_hit_needs_vmlinux_and_info_and_no_force() {
+        let root = std::env::temp_dir().join(format!("crucible-kcache-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&root);
+        let cache = Cache::at(&root);
+        assert!(lookup(&cache, "k1", false).unwrap().is_none());
+        let dir = cache.kernel_dir("k1");
+        fs::create_dir_all(&dir).unwrap();
+        fs::write(dir.join("vmlinux"), b"elf").unwrap();
+        let info = KernelInfo {
+            source: "debian:linux-source-6.12".into(),
+            source_version: "6.12.117-1~deb12u1".into(),
+            release: Some("6.12.117".into()),
+            fragment: FRAGMENT_NAME.into(),
+            fragment_sha256: fragment_sha256(),
+            config_sha256: None,
+            recipe_version: RECIPE_VERSION,
+            cache_key: Some("k1".into()),
+            built_at: "2026-11-30T00:00:00Z".into(),
+            build_seconds: 293.0,
+        };
+        fs::write(
+            dir.join("kernel.json"),
+            serde_json::to_string(&info).unwrap(),
+        )
+        .unwrap();
+        let hit = lookup(&cache, "k1", false).unwrap().unwrap();
+        assert_eq!(hit.origin, Origin::Cached);
+        assert_eq!(hit.info, info);
+        assert!(
+            lookup(&cache, "k1", true).unwrap().is_none(),
+            "--force bypasses the cache"
+        );
+        fs::write(dir.join("kernel.json"), "{").unwrap();
+        assert!(matches!(
+            lookup(&cache, "k1", false),
+            Err(KernelError::BadInfo { .. })
+        ));
+        let _ = fs::remove_dir_all(root);
+    }
+
+    #[test]
+    fn prebuilt_kernel_without_pvh_note_is_rejected() {
+        let me = std::env::current_exe().unwrap();
+        assert!(matches!(prebuilt(&me), Err(KernelError::NotPvh { .. })));
+        assert!(matches!(
+            prebuilt(Path::new("/nonexistent/vmlinux")),
+            Err(KernelError::NoKernel { .. })
+        ));
+    }
+}
