@@ -35,8 +35,11 @@ pub const QEMU_PACKAGE: &str = "qemu-system-x86";
 /// The microvm machine as measured to work here: no ACPI (so `virtio_mmio.device=` reaches the
 /// guest), legacy serial for the console, PIT and PIC for timers and interrupts.
 pub const MACHINE: &str = "microvm,x-option-roms=off,isa-serial=on,rtc=off,pit=on,pic=on,acpi=off";
-/// Kernel command line: serial console, reset by triple fault, reboot at once on panic.
-pub const BASE_APPEND: &str = "console=ttyS0 reboot=t panic=-1";
+/// Kernel command line: serial console, reset by triple fault, reboot at once on panic, and
+/// `quiet`: informational kernel messages printed while the agent writes its lines can land in
+/// the middle of one and garble it, and each serial byte is slow under emulation. Append
+/// `loglevel=7` to see the whole kernel log.
+pub const BASE_APPEND: &str = "console=ttyS0 reboot=t panic=-1 quiet";
 
 #[derive(Debug, Error)]
 pub enum SmokeError {
