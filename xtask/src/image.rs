@@ -108,7 +108,7 @@ impl Progress for Reporter {
         let bar = ProgressBar::new_spinner();
         bar.set_style(
             ProgressStyle::with_template(
-                "{spinner:.green} {prefix:>10.cyan.bold} {msg} [{elapsed}]",
+                "{spinner:.green} {prefix:>10.cyan.bold} [{elapsed}] {wide_msg}",
             )
             .unwrap_or_else(|_| ProgressStyle::default_spinner()),
         );
