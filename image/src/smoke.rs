@@ -66,6 +66,9 @@ pub struct SmokeOptions {
     pub memory_mib: u32,
     /// Appended to [`BASE_APPEND`] and `crucible.selftest=1`.
     pub extra_append: Vec<String>,
+    /// An ext4 root to attach read-only as the first virtio-blk device (`/dev/vda`) and boot
+    /// into (`crucible.root=/dev/vda`: the agent mounts it under a tmpfs overlay).
+    pub rootfs: Option<PathBuf>,
 }
 
 impl SmokeOptions {
@@ -76,6 +79,7 @@ impl SmokeOptions {
             timeout: Duration::from_secs(120),
             memory_mib: 256,
             extra_append: Vec::new(),
+            rootfs: None,
         }
     }
 }
@@ -208,6 +212,9 @@ pub fn problems(run: &BootRun, facts: &ConsoleFacts, timeout: Duration) -> Vec<S
 /// The QEMU command line for a smoke boot.
 pub fn qemu_command(qemu: &Path, opts: &SmokeOptions) -> Command {
     let mut append = format!("{BASE_APPEND} crucible.selftest=1");
+    if opts.rootfs.is_some() {
+        append.push_str(" crucible.root=/dev/vda");
+    }
     for extra in &opts.extra_append {
         append.push(' ');
         append.push_str(extra);
@@ -228,6 +235,13 @@ pub fn qemu_command(qemu: &Path, opts: &SmokeOptions) -> Command {
         .arg("-initrd")
         .arg(&opts.initramfs)
         .args(["-append", &append]);
+    if let Some(rootfs) = &opts.rootfs {
+        let mut drive = std::ffi::OsString::from("id=rootfs,format=raw,if=none,readonly=on,file=");
+        drive.push(rootfs);
+        cmd.arg("-drive")
+            .arg(drive)
+            .args(["-device", "virtio-blk-device,drive=rootfs"]);
+    }
     cmd
 }
 
@@ -237,7 +251,10 @@ pub fn boot(
     logs: &Path,
     progress: &dyn Progress,
 ) -> Result<BootRun, SmokeError> {
-    for path in [&opts.vmlinux, &opts.initramfs] {
+    for path in [&opts.vmlinux, &opts.initramfs]
+        .into_iter()
+        .chain(opts.rootfs.as_ref())
+    {
         if !path.is_file() {
             return Err(SmokeError::Missing { path: path.clone() });
         }
@@ -462,5 +479,16 @@ reboot: Restarting system
         assert!(cmd.contains("-no-reboot"), "{cmd}");
         assert!(cmd.contains("-kernel /img/vmlinux"), "{cmd}");
         assert!(cmd.contains("crucible.selftest=1"), "{cmd}");
+        assert!(!cmd.contains("crucible.root"), "{cmd}");
+    }
+
+    #[test]
+    fn qemu_command_attaches_rootfs_read_only_and_boots_into_it() {
+        let mut opts = SmokeOptions::new("/img/vmlinux".into(), "/img/initramfs.cpio".into());
+        opts.rootfs = Some("/img/rootfs.ext4".into());
+        let cmd = describe(&qemu_command(Path::new("qemu-system-x86_64"), &opts));
+        assert!(cmd.contains("readonly=on,file=/img/rootfs.ext4"), "{cmd}");
+        assert!(cmd.contains("virtio-blk-device,drive=rootfs"), "{cmd}");
+        assert!(cmd.contains("crucible.root=/dev/vda"), "{cmd}");
     }
 }

@@ -71,6 +71,9 @@ pub struct SmokeArgs {
     /// Extra kernel command-line arguments.
     #[arg(long, value_name = "ARG")]
     append: Vec<String>,
+    /// Also attach the image's rootfs.ext4 and boot into it (read-only + tmpfs overlay).
+    #[arg(long)]
+    rootfs: bool,
     /// Print the whole console log even when the test passes.
     #[arg(long, short)]
     verbose: bool,
@@ -251,11 +254,22 @@ pub fn smoke(args: SmokeArgs) -> Result<()> {
     let mut opts = SmokeOptions::new(dir.join(&vmlinux.file), dir.join(&manifest.initramfs.file));
     opts.timeout = Duration::from_secs(args.timeout);
     opts.extra_append = args.append;
+    if args.rootfs {
+        let Some(rootfs) = &manifest.rootfs else {
+            bail!(
+                "{} has no rootfs.ext4; build with `cargo xtask build-image --rootfs DIR|debian`",
+                dir.display()
+            );
+        };
+        opts.rootfs = Some(dir.join(&rootfs.file));
+    }
     let reporter = Reporter::new();
     reporter.phase_started("smoke");
     reporter.status(&format!(
-        "booting {} + {} under qemu microvm (tcg)",
-        vmlinux.file, manifest.initramfs.file
+        "booting {} + {}{} under qemu microvm (tcg)",
+        vmlinux.file,
+        manifest.initramfs.file,
+        if args.rootfs { " + rootfs.ext4" } else { "" }
     ));
     let run = match smoke::boot(&opts, &dir.join("logs"), &reporter) {
         Ok(run) => run,
