@@ -1,9 +1,12 @@
 //! The build cache outside the checkout: `$XDG_CACHE_HOME/crucible` (default
 //! `~/.cache/crucible`), so fresh CI clones reuse kernels and debootstrapped roots.
 
+use std::fs::{File, OpenOptions, TryLockError};
 use std::path::{Path, PathBuf};
 
 use sha2::{Digest, Sha256};
+
+use crate::progress::Progress;
 
 /// Where cached kernels, extracted sources and rootfs trees live.
 #[derive(Debug, Clone)]
@@ -48,6 +51,49 @@ impl Cache {
     /// `rootfs/<name>/`: a debootstrapped tree.
     pub fn rootfs_dir(&self, name: &str) -> PathBuf {
         self.root.join("rootfs").join(name)
+    }
+}
+
+/// An exclusive lock on one cache entry, held until dropped, so two `build-image` runs sharing
+/// the cache never build into the same directory at once: the second waits, then finds the
+/// first one's result.
+#[derive(Debug)]
+pub struct CacheLock {
+    _file: File,
+    path: PathBuf,
+}
+
+impl CacheLock {
+    /// Locks `<entry>.lock` beside `entry` (creating parents), saying so when it has to wait.
+    pub fn acquire(entry: &Path, progress: &dyn Progress) -> std::io::Result<CacheLock> {
+        let mut name = entry.file_name().unwrap_or_default().to_os_string();
+        name.push(".lock");
+        let path = entry.with_file_name(name);
+        if let Some(dir) = path.parent() {
+            std::fs::create_dir_all(dir)?;
+        }
+        let file = OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&path)?;
+        match file.try_lock() {
+            Ok(()) => {}
+            Err(TryLockError::WouldBlock) => {
+                progress.note(&format!(
+                    "waiting for another build using {} (lock {})",
+                    entry.display(),
+                    path.display()
+                ));
+                file.lock()?;
+            }
+            Err(TryLockError::Error(e)) => return Err(e),
+        }
+        Ok(CacheLock { _file: file, path })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
     }
 }
 
@@ -100,6 +146,19 @@ mod tests {
             default_root(None, Some("/root".into())),
             PathBuf::from("/root/.cache/crucible")
         );
+    }
+
+    #[test]
+    fn cache_lock_is_exclusive_until_dropped() {
+        let root = std::env::temp_dir().join(format!("crucible-lock-{}", std::process::id()));
+        let entry = root.join("kernel").join("abc");
+        let lock = CacheLock::acquire(&entry, &crate::progress::Silent).unwrap();
+        assert_eq!(lock.path(), root.join("kernel/abc.lock"));
+        let other = File::options().write(true).open(lock.path()).unwrap();
+        assert!(matches!(other.try_lock(), Err(TryLockError::WouldBlock)));
+        drop(lock);
+        other.try_lock().unwrap();
+        let _ = std::fs::remove_dir_all(root);
     }
 
     #[test]

@@ -9,7 +9,7 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use thiserror::Error;
 
-use crate::cache::{self, Cache};
+use crate::cache::{self, Cache, CacheLock};
 use crate::deps::{self, DepsError};
 use crate::elf::{self, ElfError};
 use crate::kconfig::{self, KconfigError, FRAGMENT, FRAGMENT_NAME};
@@ -158,6 +158,7 @@ pub fn obtain(
                 &format!("version={version}"),
                 &format!("fragment={}", fragment_sha256()),
             ]);
+            let _lock = lock(cache, &key, progress)?;
             if let Some(hit) = lookup(cache, &key, opts.force)? {
                 return Ok(hit);
             }
@@ -186,6 +187,7 @@ pub fn obtain(
                 &format!("version={version}"),
                 &format!("fragment={}", fragment_sha256()),
             ]);
+            let _lock = lock(cache, &key, progress)?;
             if let Some(hit) = lookup(cache, &key, opts.force)? {
                 return Ok(hit);
             }
@@ -198,6 +200,12 @@ pub fn obtain(
             build(opts, cache, &key, &dir, source, version, logs, progress)
         }
     }
+}
+
+/// Serializes builds of one kernel key across processes sharing the cache.
+fn lock(cache: &Cache, key: &str, progress: &dyn Progress) -> Result<CacheLock, KernelError> {
+    let entry = cache.kernel_dir(key);
+    CacheLock::acquire(&entry, progress).map_err(io_err(&entry, "locking the cache entry"))
 }
 
 fn prebuilt(path: &Path) -> Result<Kernel, KernelError> {
@@ -276,6 +284,7 @@ fn extract_debian(
     ));
     let tree = dir.join(DEBIAN_SOURCE_PACKAGE);
     let marker = dir.join(".crucible-extracted");
+    let _lock = CacheLock::acquire(&dir, progress).map_err(io_err(&dir, "locking"))?;
     if marker.is_file() && tree.join("Makefile").is_file() {
         return Ok(tree);
     }

@@ -11,7 +11,7 @@ use std::process::Command;
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
-use crate::cache::{self, Cache};
+use crate::cache::{self, Cache, CacheLock};
 use crate::deps::{self, DepsError};
 use crate::process::{self, CommandError};
 use crate::progress::{Origin, Progress};
@@ -148,6 +148,7 @@ fn debian(
         tree: tree.clone(),
         tree_origin: origin,
     };
+    let _lock = CacheLock::acquire(&tree, progress).map_err(io_err(&tree, "locking"))?;
     if !force && marker.is_file() && tree.is_dir() {
         return Ok(info(Origin::Cached));
     }
