@@ -133,7 +133,7 @@ pub(crate) fn bring_up_loopback() -> Result<(), SysError> {
         *dst = *src as libc::c_char;
     }
     // SAFETY: `req` is a valid ifreq for SIOCGIFFLAGS, which writes its flags union member.
-    let got = unsafe { libc::ioctl(fd, libc::SIOCGIFFLAGS, &mut req) };
+    let got = unsafe { libc::ioctl(fd, libc::SIOCGIFFLAGS as _, &mut req) };
     let result = if got < 0 {
         Err(SysError::last("ioctl(SIOCGIFFLAGS, lo)"))
     } else {
@@ -141,7 +141,7 @@ pub(crate) fn bring_up_loopback() -> Result<(), SysError> {
         let flags = unsafe { req.ifr_ifru.ifru_flags };
         req.ifr_ifru.ifru_flags = flags | libc::IFF_UP as libc::c_short;
         // SAFETY: `req` is a valid ifreq for SIOCSIFFLAGS, which only reads it.
-        let set = unsafe { libc::ioctl(fd, libc::SIOCSIFFLAGS, &req) };
+        let set = unsafe { libc::ioctl(fd, libc::SIOCSIFFLAGS as _, &req) };
         check(set, || "ioctl(SIOCSIFFLAGS, lo up)".into())
     };
     // SAFETY: `fd` is ours and closed exactly once.

@@ -27,6 +27,15 @@ pub fn run(_args: Args) -> Result<()> {
             "warnings",
         ]),
     )?;
+    // The image the end-to-end tests and the smoke test run (kernel from ~/.cache/crucible).
+    run_step(
+        "build-image",
+        Command::new(&cargo).args(["xtask", "build-image"]),
+    )?;
+    run_step(
+        "smoke-image",
+        Command::new(&cargo).args(["xtask", "smoke-image"]),
+    )?;
     run_step(
         "test",
         Command::new(&cargo).args(["test", "--workspace", "--all-features"]),

@@ -5,6 +5,7 @@ use clap::{Parser, Subcommand};
 
 mod ci;
 mod fixtures;
+mod image;
 mod openapi;
 mod util;
 
@@ -23,6 +24,10 @@ enum Command {
     GenFixtures(fixtures::Args),
     /// Regenerate `docs/openapi.json` from the API's wire types and route table.
     GenOpenapi,
+    /// Build the guest image (vmlinux, initramfs.cpio, optional rootfs.ext4, manifest.json).
+    BuildImage(image::BuildArgs),
+    /// Boot the built image under QEMU microvm and check the agent's selftests.
+    SmokeImage(image::SmokeArgs),
 }
 
 fn main() -> Result<()> {
@@ -31,5 +36,7 @@ fn main() -> Result<()> {
         Command::Ci(args) => ci::run(args),
         Command::GenFixtures(args) => fixtures::run(args),
         Command::GenOpenapi => openapi::run(),
+        Command::BuildImage(args) => image::build(args),
+        Command::SmokeImage(args) => image::smoke(args),
     }
 }
