@@ -14,9 +14,9 @@ use vmm_sys_util::eventfd::EventFd;
 
 use super::{GuestMemory, Interrupt};
 
-/// 16 MiB of guest memory at 0.
+/// 32 MiB of guest memory at 0.
 pub fn default_mem() -> GuestMemory {
-    GuestMemory::from_ranges(&[(GuestAddress(0), 16 << 20)]).unwrap()
+    GuestMemory::from_ranges(&[(GuestAddress(0), 32 << 20)]).unwrap()
 }
 
 /// A fresh interrupt line.
@@ -56,7 +56,7 @@ impl<'a> TestQueue<'a> {
             mem,
             next_desc: 0,
             next_used: 0,
-            next_buf: BUF_BASE + 0x10_0000 * i as u64,
+            next_buf: BUF_BASE + 0x40_0000 * i as u64,
         }
     }
 

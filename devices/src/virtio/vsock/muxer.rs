@@ -526,7 +526,9 @@ impl Muxer {
         }
         let want = room.min(credit).min(self.scratch.len());
         if want == 0 {
-            c.pending |= pending::DATA;
+            // A buffer without room for data: poll again, try the next buffer.
+            c.want_in = true;
+            self.repoll(key);
             return None;
         }
         match c.stream.read(&mut self.scratch[..want]) {
@@ -626,7 +628,10 @@ impl Muxer {
                 .is_err()
             {
                 self.handshakes.remove(&fd);
+                continue;
             }
+            // The line may already be there.
+            self.handshake(fd);
         }
     }
 
