@@ -73,6 +73,11 @@ pub struct VmConfig {
     /// Also emulate the 8250 serial at 0x3f8 (early-boot debugging; slow).
     #[serde(default)]
     pub serial: bool,
+    /// Stop the VM (KVM error) if the guest has neither written the boot-complete marker nor
+    /// exited by then. Default: 10 s on kvm_pvm hosts (where a stock kernel would crawl through
+    /// the instruction emulator), none on hardware KVM.
+    #[serde(default)]
+    pub boot_timeout_ms: Option<u64>,
 }
 
 fn default_mem() -> u32 {
@@ -114,6 +119,7 @@ impl VmConfig {
             vsock: None,
             console: ConsoleOutput::default(),
             serial: false,
+            boot_timeout_ms: None,
         }
     }
 

@@ -60,7 +60,8 @@ pub const EXIT_GUEST_CRASH: i32 = 4;
 
 /// At most this many vsock connections at once.
 pub const VSOCK_MAX_CONNECTIONS: usize = 1024;
-/// On a PVM host, a guest that has neither finished booting nor exited by then is stopped.
+/// On a PVM host, a guest that has neither finished booting nor exited by then is stopped
+/// (unless the configuration says otherwise).
 pub const PVM_BOOT_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Why a VM could not be built.
@@ -161,6 +162,7 @@ pub struct Vmm {
     reset_evt: EventFd,
     boot_marker_us: Arc<AtomicU64>,
     kvm_ready_us: u64,
+    boot_timeout: Option<Duration>,
     next_mmio: u64,
     next_irq: u32,
 }
@@ -309,6 +311,12 @@ impl Vmm {
             reset_evt,
             boot_marker_us,
             kvm_ready_us: 0,
+            boot_timeout: match (cfg.boot_timeout_ms, host) {
+                (Some(0), _) => None,
+                (Some(ms), _) => Some(Duration::from_millis(ms)),
+                (None, HostKind::KvmPvm) => Some(PVM_BOOT_TIMEOUT),
+                (None, _) => None,
+            },
             next_mmio: VIRTIO_MMIO_BASE,
             next_irq: VIRTIO_IRQ_BASE,
         };
@@ -424,6 +432,7 @@ impl Vmm {
             reset_evt,
             boot_marker_us,
             kvm_ready_us,
+            boot_timeout,
             ..
         } = self;
         let exit_evt = match EventFd::new(libc::EFD_NONBLOCK) {
@@ -455,13 +464,11 @@ impl Vmm {
         for d in devices {
             em.add_subscriber(Box::new(DeviceSubscriber::new(d)));
         }
-        let watchdog = match host {
-            HostKind::KvmPvm => TimerFd::new().ok().and_then(|mut t| {
-                t.reset(PVM_BOOT_TIMEOUT, None).ok()?;
-                Some(t)
-            }),
-            _ => None,
-        };
+        let watchdog = boot_timeout.and_then(|d| {
+            let mut t = TimerFd::new().ok()?;
+            t.reset(d, None).ok()?;
+            Some((t, d))
+        });
         let signal_evt = match install_signal_handlers() {
             Ok(e) => Some(e),
             Err(e) => {
@@ -474,6 +481,7 @@ impl Vmm {
             reset_evt,
             signal_evt,
             watchdog,
+            host,
             boot_marker_us: boot_marker_us.clone(),
         }));
         if let Err(e) = before_run() {
@@ -543,7 +551,8 @@ struct ExitHandler {
     shared: Arc<Shared>,
     reset_evt: EventFd,
     signal_evt: Option<EventFd>,
-    watchdog: Option<TimerFd>,
+    watchdog: Option<(TimerFd, Duration)>,
+    host: HostKind,
     boot_marker_us: Arc<AtomicU64>,
 }
 
@@ -563,7 +572,7 @@ impl MutEventSubscriber for ExitHandler {
         if let Some(s) = &self.signal_evt {
             let _ = ops.add(Events::with_data(s, EV_SIGNAL, EventSet::IN));
         }
-        if let Some(w) = &self.watchdog {
+        if let Some((w, _)) = &self.watchdog {
             let _ = ops.add(Events::with_data(w, EV_WATCHDOG, EventSet::IN));
         }
     }
@@ -576,14 +585,19 @@ impl MutEventSubscriber for ExitHandler {
             }
             EV_SIGNAL => self.shared.report(VmExit::Signal),
             EV_WATCHDOG => {
-                if let Some(w) = &mut self.watchdog {
-                    let _ = w.wait();
-                }
+                let Some((w, d)) = &mut self.watchdog else {
+                    return;
+                };
+                let _ = w.wait();
                 if self.boot_marker_us.load(Ordering::SeqCst) == 0 {
+                    let why = match self.host {
+                        HostKind::KvmPvm => format!("; host is {}", self.host.describe()),
+                        _ => String::new(),
+                    };
                     self.shared.report(VmExit::Kvm(format!(
-                        "no boot-complete marker after {}s; host is {}",
-                        PVM_BOOT_TIMEOUT.as_secs(),
-                        HostKind::KvmPvm.describe()
+                        "the guest did not finish booting within {} ms (no boot-complete \
+                         marker){why}",
+                        d.as_millis()
                     )));
                 }
             }

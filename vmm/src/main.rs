@@ -49,6 +49,10 @@ struct Args {
     /// Emulate the 8250 serial at 0x3f8 and use it as the console (early-boot debugging).
     #[arg(long)]
     serial: bool,
+    /// Stop the VM if the guest has not written the boot-complete marker by then (0 = never;
+    /// default 10000 on kvm_pvm hosts, never elsewhere).
+    #[arg(long)]
+    boot_timeout_ms: Option<u64>,
     /// Print boot timings as JSON on stderr when the VM ends.
     #[arg(long)]
     timings: bool,
@@ -81,6 +85,7 @@ fn config_from(args: &Args) -> Result<VmConfig, String> {
     c.vcpus = args.vcpus;
     c.hugepages = args.hugepages;
     c.serial = args.serial;
+    c.boot_timeout_ms = args.boot_timeout_ms;
     c.block = args
         .block
         .iter()

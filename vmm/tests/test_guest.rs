@@ -225,3 +225,74 @@ fn vmm_exits_with_the_config_code_for_a_non_elf_kernel() {
     assert_eq!(r.out.status.code(), Some(crucible_vmm::EXIT_CONFIG));
     assert!(r.stderr.contains("uncompressed vmlinux ELF"));
 }
+
+/// `jmp $`: a guest that never finishes booting.
+const SPIN: &[u8] = &[0xeb, 0xfe];
+
+#[test]
+fn guest_that_never_finishes_booting_is_stopped_by_the_boot_timeout() {
+    require_kvm!();
+    let dir = tempfile::tempdir().unwrap();
+    let k = write_kernel(dir.path(), "spin.elf", SPIN, false);
+    let t0 = std::time::Instant::now();
+    let r = run_vmm(dir.path(), &k, true, &["--boot-timeout-ms", "300"]);
+    assert!(t0.elapsed() < std::time::Duration::from_secs(5));
+    assert_eq!(r.out.status.code(), Some(crucible_vmm::EXIT_KVM));
+    assert!(
+        r.stderr.contains("did not finish booting within 300 ms"),
+        "{}",
+        r.stderr
+    );
+}
+
+#[test]
+fn sigterm_stops_a_running_vm_cleanly_with_vsock_traffic_under_seccomp() {
+    use std::io::{Read, Write};
+    require_kvm!();
+    let dir = tempfile::tempdir().unwrap();
+    let k = write_kernel(dir.path(), "spin.elf", SPIN, false);
+    let img = dir.path().join("disk.img");
+    std::fs::write(&img, vec![0u8; 1 << 20]).unwrap();
+    let sock = dir.path().join("v.sock");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_crucible-vmm"))
+        .arg("--kernel")
+        .arg(&k)
+        .args(["--mem-mib", "64", "--timings", "--boot-timeout-ms", "0"])
+        .args(["--console", "off", "--vsock-cid", "3", "--vsock-uds"])
+        .arg(&sock)
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // The host side accepts and reads the handshake while the guest spins (no driver: no
+    // answer), which exercises the muxer's system calls under the seccomp filter.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    let mut c = loop {
+        match std::os::unix::net::UnixStream::connect(&sock) {
+            Ok(c) => break c,
+            Err(_) if std::time::Instant::now() < deadline => {
+                std::thread::sleep(std::time::Duration::from_millis(20))
+            }
+            Err(e) => panic!("vsock socket never appeared: {e}"),
+        }
+    };
+    c.write_all(b"CONNECT 1024\n").unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(200));
+    // SAFETY: kill(2) on our own child's pid.
+    assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGTERM) }, 0);
+    let status = child.wait().unwrap();
+    let mut err = String::new();
+    child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut err)
+        .unwrap();
+    eprintln!("{err}");
+    assert_eq!(status.code(), Some(0), "{err}");
+    assert_eq!(timings(&err)["exit"], "signal");
+    // The VMM is gone: the pending host connection is closed, not left hanging.
+    c.set_read_timeout(Some(std::time::Duration::from_secs(2)))
+        .unwrap();
+    let mut b = [0u8; 8];
+    assert!(matches!(c.read(&mut b), Ok(0) | Err(_)));
+}
