@@ -296,3 +296,34 @@ fn sigterm_stops_a_running_vm_cleanly_with_vsock_traffic_under_seccomp() {
     let mut b = [0u8; 8];
     assert!(matches!(c.read(&mut b), Ok(0) | Err(_)));
 }
+
+/// With `CRUCIBLE_TEST_GUEST_OUT=<dir>`, writes `guest64.elf` and `guest-pvh.elf` there for
+/// manual runs (`crucible-vmm --kernel <dir>/guest64.elf --serial --timings`).
+#[test]
+fn write_test_guest_elfs_when_asked() {
+    if let Some(dir) = std::env::var_os("CRUCIBLE_TEST_GUEST_OUT") {
+        let dir = PathBuf::from(dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        write_kernel(&dir, "guest64.elf", GUEST64, false);
+        write_kernel(&dir, "guest-pvh.elf", GUEST32, true);
+    }
+}
+
+#[test]
+fn test_guest_runs_with_two_vcpus_and_after_dropping_privileges() {
+    require_kvm!();
+    let dir = tempfile::tempdir().unwrap();
+    let k = write_kernel(dir.path(), "guest64.elf", GUEST64, false);
+    // SAFETY: geteuid has no preconditions.
+    let root = unsafe { libc::geteuid() } == 0;
+    let drop: &[&str] = if root {
+        &["--uid", "65534", "--gid", "65534"]
+    } else {
+        &[]
+    };
+    let mut extra = vec!["--vcpus", "2"];
+    extra.extend_from_slice(drop);
+    let r = run_vmm(dir.path(), &k, true, &extra);
+    assert!(r.stdout.contains("test-guest: resetting"), "{}", r.stdout);
+    assert_eq!(r.out.status.code(), Some(0));
+}
