@@ -176,6 +176,12 @@ impl MmioTransport {
         let mut dev = lock(&self.device);
         let result = dev.activate(self.mem.clone(), self.interrupt.clone(), queues);
         self.queues = fresh_queues(dev.queue_max_sizes());
+        if result.is_ok() {
+            // Let the device look at its queues once: a backend may already hold data.
+            if let Some(evt) = dev.queue_events().first() {
+                let _ = evt.write(1);
+            }
+        }
         drop(dev);
         if result.is_err() {
             self.status |= status::DEVICE_NEEDS_RESET;

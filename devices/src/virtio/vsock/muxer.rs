@@ -91,6 +91,9 @@ struct Conn {
     /// Whether the socket is polled for input (off while the guest has no credit or data waits).
     want_in: bool,
     want_out: bool,
+    /// Whether the socket is in the epoll set at all. A socket nobody wants events from is
+    /// taken out, so a hung-up peer (HUP is always reported) cannot spin the event loop.
+    polled: bool,
     /// The host closed its side; SHUTDOWN goes out, then we wait for the guest's RST.
     host_eof: bool,
     /// The guest said it sends no more: shut the socket's write half once `tx_buf` is empty.
@@ -112,6 +115,7 @@ impl Conn {
             peer_fwd_cnt: Wrapping(0),
             want_in: false,
             want_out: false,
+            polled: true,
             host_eof: false,
             peer_send_done: false,
         }
@@ -246,7 +250,7 @@ impl Muxer {
 
     /// Re-arms a connection's socket interest to match `want_in`/`want_out`.
     fn repoll(&mut self, key: Key) {
-        let Some(c) = self.conns.get(&key) else {
+        let Some(c) = self.conns.get_mut(&key) else {
             return;
         };
         let mut ev = EventSet::empty();
@@ -257,7 +261,20 @@ impl Muxer {
             ev |= EventSet::OUT;
         }
         let fd = c.stream.as_raw_fd();
-        let _ = self.poll(fd, Owner::Conn(key), ev, ControlOperation::Modify);
+        // A host-initiated connection stays polled (for HUP) until the guest answers.
+        let keep = !ev.is_empty() || c.state == State::LocalInit;
+        let op = match (keep, c.polled) {
+            (true, true) => ControlOperation::Modify,
+            (true, false) => ControlOperation::Add,
+            (false, true) => {
+                c.polled = false;
+                self.unpoll(fd);
+                return;
+            }
+            (false, false) => return,
+        };
+        c.polled = true;
+        let _ = self.poll(fd, Owner::Conn(key), ev, op);
     }
 
     fn queue(&mut self, key: Key, what: u8) {

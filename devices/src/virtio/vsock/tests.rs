@@ -273,6 +273,15 @@ fn vsock_host_eof_becomes_a_guest_shutdown() {
     h.pump();
     let (pkt, _) = h.expect(op::SHUTDOWN);
     assert_eq!(pkt.flags, SHUTDOWN_RCV | SHUTDOWN_SEND);
+    // Waiting for the guest's RST, the hung-up socket must not keep the muxer readable (that
+    // would spin the event loop).
+    let mut pfd = libc::pollfd {
+        fd: std::os::fd::AsRawFd::as_raw_fd(h.dev.muxer()),
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: one valid pollfd, zero timeout.
+    assert_eq!(unsafe { libc::poll(&mut pfd, 1, 0) }, 0);
     h.send(Hdr::guest(op::RST, 1024, hport), &[], true);
     assert_eq!(h.dev.muxer().connection_count(), 0);
 }
