@@ -327,3 +327,42 @@ fn test_guest_runs_with_two_vcpus_and_after_dropping_privileges() {
     assert!(r.stdout.contains("test-guest: resetting"), "{}", r.stdout);
     assert_eq!(r.out.status.code(), Some(0));
 }
+
+#[test]
+fn each_attached_device_adds_its_virtio_mmio_window_and_irq_to_the_cmdline() {
+    require_kvm!();
+    let dir = tempfile::tempdir().unwrap();
+    let k = write_kernel(dir.path(), "guest64.elf", GUEST64, false);
+    let img = dir.path().join("disk.img");
+    std::fs::write(&img, vec![0u8; 4096]).unwrap();
+    let mut cfg = crucible_vmm::VmConfig::new(k);
+    cfg.mem_mib = 32;
+    cfg.console = crucible_vmm::ConsoleOutput::File(dir.path().join("c.log"));
+    cfg.block = vec![crucible_vmm::BlockConfig {
+        path: img,
+        read_only: true,
+    }];
+    cfg.vsock = Some(crucible_vmm::VsockConfig {
+        guest_cid: 3,
+        uds_path: dir.path().join("v.sock"),
+    });
+    cfg.cmdline = "crucible.boot_marker=1".into();
+    let vmm = crucible_vmm::Vmm::new(&cfg, std::time::Instant::now()).unwrap();
+    let line = vmm.cmdline();
+    let windows = [
+        "virtio_mmio.device=4K@0xd0000000:5",
+        "virtio_mmio.device=4K@0xd0001000:6",
+        "virtio_mmio.device=4K@0xd0002000:7",
+    ];
+    let mut pos = 0;
+    for w in windows {
+        let at = line[pos..]
+            .find(w)
+            .unwrap_or_else(|| panic!("{w} in order in {line}"))
+            + pos;
+        pos = at + w.len();
+    }
+    assert!(line.starts_with("reboot=k"), "{line}");
+    assert!(line.ends_with("crucible.boot_marker=1"), "{line}");
+    assert!(line.contains("console=hvc0"), "{line}");
+}
