@@ -1,0 +1,16 @@
+//! crucible's microVM devices.
+//!
+//! The VMM's bus decodes addresses, [`virtio::mmio::MmioTransport`] decodes the virtio-mmio
+//! registers, and the devices ([`virtio::block`], [`virtio::vsock`], [`virtio::console`])
+//! decode neither: they see queues, guest memory and an interrupt. The legacy devices
+//! ([`legacy`]) are the few port-I/O devices a boot needs: the 8250 serial (early-boot debugging
+//! only), the i8042 reset line and the boot-complete marker.
+//!
+//! Everything here is testable without KVM: queues are built in plain guest memory
+//! (`virtio_queue::mock`), interrupts are eventfds.
+
+pub mod bus;
+pub mod legacy;
+pub mod virtio;
+
+pub use bus::BusDevice;

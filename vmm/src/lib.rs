@@ -1,0 +1,635 @@
+//! crucible's minimal KVM VMM. One narrow door: [`Vmm::new`] from a [`VmConfig`], then
+//! [`Vmm::run`] until the guest ends. The builder functions ([`build_memory`],
+//! [`attach_virtio_device`], …) follow Firecracker's `builder.rs`: each device attach also adds
+//! its `virtio_mmio.device=4K@…:IRQ` to the command line, so the two can never disagree.
+
+pub mod boot;
+pub mod bus;
+pub mod config;
+pub mod cpu;
+pub mod host;
+pub mod layout;
+pub mod mptable;
+pub mod seccomp;
+pub mod vcpu;
+
+use std::fs::OpenOptions;
+use std::io::{self, Write};
+use std::os::fd::AsRawFd;
+use std::sync::atomic::{AtomicI32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use devices::legacy::{BootMarker, SerialPort, I8042};
+use devices::virtio::block::Block;
+use devices::virtio::console::Console;
+use devices::virtio::mmio::{MmioTransport, MMIO_WINDOW_SIZE};
+use devices::virtio::subscriber::DeviceSubscriber;
+use devices::virtio::vsock::Vsock;
+use devices::virtio::{Interrupt, VirtioDevice};
+use event_manager::{EventManager, EventOps, EventSet, Events, MutEventSubscriber, SubscriberOps};
+use kvm_bindings::{kvm_pit_config, kvm_userspace_memory_region, KVM_PIT_SPEAKER_DUMMY};
+use kvm_ioctls::{IoEventAddress, Kvm, VcpuFd, VmFd};
+use linux_loader::cmdline::Cmdline;
+use vm_memory::mmap::MmapRegionBuilder;
+use vm_memory::{
+    GuestAddress, GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion, GuestRegionMmap,
+};
+use vmm_sys_util::eventfd::EventFd;
+use vmm_sys_util::timerfd::TimerFd;
+
+pub use config::{BlockConfig, ConsoleOutput, VmConfig, VsockConfig};
+pub use host::HostKind;
+pub use vcpu::VmExit;
+
+use crate::boot::BootEntry;
+use crate::bus::Bus;
+use crate::layout::*;
+use crate::vcpu::Shared;
+
+/// Exit code: the guest reset or powered off, or SIGTERM stopped the VM.
+pub const EXIT_OK: i32 = 0;
+/// Exit code: an unexpected VMM failure.
+pub const EXIT_INTERNAL: i32 = 1;
+/// Exit code: bad flags/configuration, or an unreadable kernel, initramfs or disk image.
+pub const EXIT_CONFIG: i32 = 2;
+/// Exit code: KVM is missing, failed, or cannot run this guest on this host.
+pub const EXIT_KVM: i32 = 3;
+/// Exit code: the guest crashed (triple fault, a failed test-guest check).
+pub const EXIT_GUEST_CRASH: i32 = 4;
+
+/// At most this many vsock connections at once.
+pub const VSOCK_MAX_CONNECTIONS: usize = 1024;
+/// On a PVM host, a guest that has neither finished booting nor exited by then is stopped
+/// (unless the configuration says otherwise).
+pub const PVM_BOOT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Why a VM could not be built.
+#[derive(Debug, thiserror::Error)]
+pub enum VmmError {
+    /// The configuration is invalid.
+    #[error(transparent)]
+    Config(#[from] config::ConfigError),
+    /// The kernel or initramfs could not be loaded.
+    #[error(transparent)]
+    Boot(#[from] boot::BootError),
+    /// A KVM call failed.
+    #[error("KVM: {what}")]
+    Kvm {
+        /// The call.
+        what: &'static str,
+        /// The cause.
+        #[source]
+        source: kvm_ioctls::Error,
+    },
+    /// A vCPU could not be configured.
+    #[error(transparent)]
+    Cpu(#[from] cpu::CpuError),
+    /// Guest memory could not be allocated.
+    #[error("guest memory: {0}")]
+    Memory(String),
+    /// A device could not be created.
+    #[error("device {what}")]
+    Device {
+        /// Which.
+        what: String,
+        /// The cause.
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+    /// The MP table does not fit.
+    #[error(transparent)]
+    MpTable(#[from] mptable::MpTableError),
+}
+
+impl VmmError {
+    /// The process exit code for this error.
+    pub fn code(&self) -> i32 {
+        match self {
+            VmmError::Config(_) | VmmError::Boot(_) | VmmError::Device { .. } => EXIT_CONFIG,
+            VmmError::Kvm { .. } | VmmError::Cpu(_) | VmmError::Memory(_) => EXIT_KVM,
+            VmmError::MpTable(_) => EXIT_INTERNAL,
+        }
+    }
+}
+
+fn kvm_err(what: &'static str) -> impl FnOnce(kvm_ioctls::Error) -> VmmError {
+    move |source| VmmError::Kvm { what, source }
+}
+
+fn dev_err<E: std::error::Error + Send + Sync + 'static>(
+    what: impl Into<String>,
+) -> impl FnOnce(E) -> VmmError {
+    let what = what.into();
+    move |e| VmmError::Device {
+        what,
+        source: Box::new(e),
+    }
+}
+
+/// Boot timings in microseconds since process start.
+#[derive(Debug, Clone, Default, serde::Serialize)]
+pub struct Timings {
+    /// The host's KVM kind.
+    pub host: &'static str,
+    /// Always 0: the reference point.
+    pub process_start_us: u64,
+    /// VM, memory, devices and vCPUs are set up.
+    pub kvm_ready_us: u64,
+    /// The boot vCPU's first KVM_RUN.
+    pub kernel_entry_us: u64,
+    /// The guest agent wrote the boot-complete marker (absent if it never did).
+    pub boot_complete_us: Option<u64>,
+    /// The VM ended.
+    pub exit_us: u64,
+    /// How it ended.
+    pub exit: String,
+}
+
+/// A built VM, ready to run.
+pub struct Vmm {
+    start: Instant,
+    host: HostKind,
+    #[allow(dead_code)]
+    kvm: Kvm,
+    vm: VmFd,
+    mem: GuestMemoryMmap,
+    vcpus: Vec<VcpuFd>,
+    pio: Bus,
+    mmio: Bus,
+    cmdline: Cmdline,
+    devices: Vec<Arc<Mutex<dyn VirtioDevice>>>,
+    reset_evt: EventFd,
+    boot_marker_us: Arc<AtomicU64>,
+    kvm_ready_us: u64,
+    boot_timeout: Option<Duration>,
+    next_mmio: u64,
+    next_irq: u32,
+}
+
+impl std::fmt::Debug for Vmm {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Vmm")
+            .field("host", &self.host)
+            .field("pio", &self.pio)
+            .field("mmio", &self.mmio)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Allocates guest RAM (anonymous, mapped lazily; 2 MiB hugepages if asked).
+pub fn build_memory(mem_bytes: u64, hugepages: bool) -> Result<GuestMemoryMmap, VmmError> {
+    let mut regions = Vec::new();
+    for (start, len) in ram_ranges(mem_bytes) {
+        let mut flags = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE;
+        if hugepages {
+            flags |= libc::MAP_HUGETLB;
+        }
+        let region = MmapRegionBuilder::new(len as usize)
+            .with_mmap_prot(libc::PROT_READ | libc::PROT_WRITE)
+            .with_mmap_flags(flags)
+            .with_hugetlbfs(hugepages)
+            .build()
+            .map_err(|e| VmmError::Memory(format!("mmap {len} bytes: {e}")))?;
+        let r = GuestRegionMmap::new(region, GuestAddress(start))
+            .ok_or_else(|| VmmError::Memory("region overflows".into()))?;
+        regions.push(r);
+    }
+    GuestMemoryMmap::from_regions(regions).map_err(|e| VmmError::Memory(e.to_string()))
+}
+
+fn register_memory(vm: &VmFd, mem: &GuestMemoryMmap) -> Result<(), VmmError> {
+    for (slot, r) in mem.iter().enumerate() {
+        let region = kvm_userspace_memory_region {
+            slot: slot as u32,
+            guest_phys_addr: r.start_addr().0,
+            memory_size: r.len(),
+            userspace_addr: r.as_ptr() as u64,
+            flags: 0,
+        };
+        // SAFETY: the mapping is owned by `mem`, which the Vmm keeps alive (and never unmaps)
+        // as long as the VM exists; the slot numbers are distinct.
+        unsafe { vm.set_user_memory_region(region) }.map_err(kvm_err("set memory region"))?;
+    }
+    Ok(())
+}
+
+/// Attaches a virtio device at the next MMIO window and IRQ: transport on the bus, irqfd,
+/// one ioeventfd per queue, and its `virtio_mmio.device=` on the command line.
+pub fn attach_virtio_device(
+    vmm: &mut Vmm,
+    device: Arc<Mutex<dyn VirtioDevice>>,
+    name: &str,
+) -> Result<(), VmmError> {
+    let base = vmm.next_mmio;
+    let irq = vmm.next_irq;
+    let irqfd = EventFd::new(libc::EFD_NONBLOCK).map_err(dev_err(name))?;
+    vmm.vm
+        .register_irqfd(&irqfd, irq)
+        .map_err(kvm_err("register irqfd"))?;
+    let interrupt = Arc::new(Interrupt::new(irqfd));
+    {
+        let dev = device.lock().unwrap_or_else(|p| p.into_inner());
+        for (i, evt) in dev.queue_events().iter().enumerate() {
+            let addr = IoEventAddress::Mmio(base + devices::virtio::mmio::reg::QUEUE_NOTIFY);
+            vmm.vm
+                .register_ioevent(evt, &addr, i as u32)
+                .map_err(kvm_err("register ioeventfd"))?;
+        }
+    }
+    let transport = MmioTransport::new(device.clone(), vmm.mem.clone(), interrupt);
+    vmm.mmio
+        .insert(Arc::new(Mutex::new(transport)), base, MMIO_WINDOW_SIZE)
+        .map_err(dev_err(name))?;
+    vmm.cmdline
+        .add_virtio_mmio_device(MMIO_WINDOW_SIZE, GuestAddress(base), irq, None)
+        .map_err(|e| VmmError::Boot(boot::BootError::Cmdline(e)))?;
+    vmm.devices.push(device);
+    vmm.next_mmio += MMIO_WINDOW_SIZE;
+    vmm.next_irq += 1;
+    Ok(())
+}
+
+fn console_writer(out: &ConsoleOutput) -> Result<Box<dyn Write + Send>, VmmError> {
+    Ok(match out {
+        ConsoleOutput::Off => Box::new(io::sink()),
+        ConsoleOutput::Stdout => Box::new(io::stdout()),
+        ConsoleOutput::File(p) => Box::new(
+            OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(p)
+                .map_err(dev_err(format!("console log {}", p.display())))?,
+        ),
+    })
+}
+
+impl Vmm {
+    /// Builds the VM: KVM, memory, irqchip, kernel, devices, vCPUs. `start` is the process start
+    /// (the zero of the timings).
+    pub fn new(cfg: &VmConfig, start: Instant) -> Result<Self, VmmError> {
+        cfg.validate()?;
+        let host = HostKind::detect();
+        let kvm = Kvm::new().map_err(kvm_err("open /dev/kvm"))?;
+        let vm = kvm.create_vm().map_err(kvm_err("create VM"))?;
+        let mem_bytes = u64::from(cfg.mem_mib) << 20;
+        let mem = build_memory(mem_bytes, cfg.hugepages)?;
+        register_memory(&vm, &mem)?;
+        vm.set_tss_address(KVM_TSS_ADDR as usize)
+            .map_err(kvm_err("set TSS address"))?;
+        vm.create_irq_chip().map_err(kvm_err("create irqchip"))?;
+        let pit = kvm_pit_config {
+            flags: KVM_PIT_SPEAKER_DUMMY,
+            ..Default::default()
+        };
+        vm.create_pit2(pit).map_err(kvm_err("create PIT"))?;
+
+        let mut cmdline =
+            Cmdline::new(CMDLINE_MAX).map_err(|e| VmmError::Boot(boot::BootError::Cmdline(e)))?;
+        let console = match (&cfg.console, cfg.serial) {
+            (_, true) => "console=ttyS0",
+            (ConsoleOutput::Off, false) => "quiet",
+            _ => "console=hvc0 quiet",
+        };
+        cmdline
+            .insert_str(format!("{} {console}", boot::DEFAULT_CMDLINE))
+            .map_err(|e| VmmError::Boot(boot::BootError::Cmdline(e)))?;
+
+        let reset_evt = EventFd::new(libc::EFD_NONBLOCK).map_err(dev_err("reset eventfd"))?;
+        let boot_marker_us = Arc::new(AtomicU64::new(0));
+        let mut vmm = Vmm {
+            start,
+            host,
+            kvm,
+            vm,
+            mem,
+            vcpus: Vec::new(),
+            pio: Bus::default(),
+            mmio: Bus::default(),
+            cmdline,
+            devices: Vec::new(),
+            reset_evt,
+            boot_marker_us,
+            kvm_ready_us: 0,
+            boot_timeout: match (cfg.boot_timeout_ms, host) {
+                (Some(0), _) => None,
+                (Some(ms), _) => Some(Duration::from_millis(ms)),
+                (None, HostKind::KvmPvm) => Some(PVM_BOOT_TIMEOUT),
+                (None, _) => None,
+            },
+            next_mmio: VIRTIO_MMIO_BASE,
+            next_irq: VIRTIO_IRQ_BASE,
+        };
+        vmm.attach_legacy_devices(cfg)?;
+        if cfg.console != ConsoleOutput::Off {
+            let c = Console::new(console_writer(&cfg.console)?).map_err(dev_err("console"))?;
+            attach_virtio_device(&mut vmm, Arc::new(Mutex::new(c)), "console")?;
+        }
+        for b in &cfg.block {
+            let what = format!("block {}", b.path.display());
+            let d = Block::new(&b.path, b.read_only).map_err(dev_err(what.clone()))?;
+            attach_virtio_device(&mut vmm, Arc::new(Mutex::new(d)), &what)?;
+        }
+        if let Some(v) = &cfg.vsock {
+            let d = Vsock::new(u64::from(v.guest_cid), &v.uds_path, VSOCK_MAX_CONNECTIONS)
+                .map_err(dev_err("vsock"))?;
+            attach_virtio_device(&mut vmm, Arc::new(Mutex::new(d)), "vsock")?;
+        }
+        if !cfg.cmdline.is_empty() {
+            vmm.cmdline
+                .insert_str(&cfg.cmdline)
+                .map_err(|e| VmmError::Boot(boot::BootError::Cmdline(e)))?;
+        }
+
+        let (entry, kernel_end) = boot::load_kernel(&vmm.mem, &cfg.kernel)?;
+        let initramfs = match &cfg.initramfs {
+            Some(p) => Some(boot::load_initramfs(&vmm.mem, p, kernel_end)?),
+            None => None,
+        };
+        boot::write_cmdline(&vmm.mem, &vmm.cmdline)?;
+        match entry {
+            BootEntry::Pvh(_) => {
+                boot::write_gdt(&vmm.mem, false)?;
+                boot::write_pvh_info(&vmm.mem, mem_bytes, initramfs)?;
+            }
+            BootEntry::Linux64(_) => {
+                boot::write_gdt(&vmm.mem, true)?;
+                boot::write_page_tables(&vmm.mem)?;
+                boot::write_zero_page(&vmm.mem, mem_bytes, &vmm.cmdline, initramfs)?;
+            }
+        }
+        if cfg.vcpus > 1 {
+            mptable::write(&vmm.mem, cfg.vcpus)?;
+        }
+        let cpuid = cpu::supported_cpuid(&vmm.kvm)?;
+        for id in 0..cfg.vcpus {
+            let vcpu = vmm
+                .vm
+                .create_vcpu(u64::from(id))
+                .map_err(kvm_err("create vCPU"))?;
+            cpu::configure(
+                &vcpu,
+                &cpu::vcpu_cpuid(&cpuid, id, cfg.vcpus),
+                id,
+                Some(entry),
+            )?;
+            vmm.vcpus.push(vcpu);
+        }
+        vmm.kvm_ready_us = micros(start);
+        Ok(vmm)
+    }
+
+    fn attach_legacy_devices(&mut self, cfg: &VmConfig) -> Result<(), VmmError> {
+        let i8042 = I8042::new(self.reset_evt.try_clone().map_err(dev_err("i8042"))?);
+        self.pio
+            .insert(Arc::new(Mutex::new(i8042)), u64::from(I8042_PORT), 5)
+            .map_err(dev_err("i8042"))?;
+        let marker = BootMarker::new(self.start, self.boot_marker_us.clone());
+        self.pio
+            .insert(
+                Arc::new(Mutex::new(marker)),
+                u64::from(devices::legacy::BOOT_MARKER_PORT),
+                1,
+            )
+            .map_err(dev_err("boot marker"))?;
+        if cfg.serial {
+            let irq = EventFd::new(libc::EFD_NONBLOCK).map_err(dev_err("serial"))?;
+            self.vm
+                .register_irqfd(&irq, COM1_IRQ)
+                .map_err(kvm_err("register irqfd"))?;
+            let out: Box<dyn Write + Send> = Box::new(io::stdout());
+            let serial = SerialPort::new(irq, out);
+            self.pio
+                .insert(Arc::new(Mutex::new(serial)), u64::from(COM1_PORT), 8)
+                .map_err(dev_err("serial"))?;
+        }
+        Ok(())
+    }
+
+    /// The kernel command line as built (defaults, devices, the user's words).
+    pub fn cmdline(&self) -> String {
+        self.cmdline
+            .as_cstring()
+            .map(|c| c.to_string_lossy().into_owned())
+            .unwrap_or_default()
+    }
+
+    /// The host kind detected.
+    pub fn host(&self) -> HostKind {
+        self.host
+    }
+
+    /// Runs the VM until it ends; returns how, with the timings. `before_run` is called once
+    /// every thread exists and before the guest starts (the seccomp filter goes on there).
+    pub fn run(self, before_run: impl FnOnce() -> io::Result<()>) -> (VmExit, Timings) {
+        let Vmm {
+            start,
+            host,
+            vcpus,
+            pio,
+            mmio,
+            devices,
+            reset_evt,
+            boot_marker_us,
+            kvm_ready_us,
+            boot_timeout,
+            ..
+        } = self;
+        let exit_evt = match EventFd::new(libc::EFD_NONBLOCK) {
+            Ok(e) => e,
+            Err(e) => {
+                return finish(
+                    start,
+                    host,
+                    kvm_ready_us,
+                    0,
+                    &boot_marker_us,
+                    VmExit::Kvm(e.to_string()),
+                )
+            }
+        };
+        let shared = Arc::new(Shared {
+            exit: Mutex::new(None),
+            exit_evt,
+            kernel_entry_us: AtomicU64::new(0),
+            stop: Default::default(),
+        });
+        let mut em = match EventManager::<Box<dyn MutEventSubscriber + Send>>::new() {
+            Ok(em) => em,
+            Err(e) => {
+                let exit = VmExit::Kvm(format!("event manager: {e:?}"));
+                return finish(start, host, kvm_ready_us, 0, &boot_marker_us, exit);
+            }
+        };
+        for d in devices {
+            em.add_subscriber(Box::new(DeviceSubscriber::new(d)));
+        }
+        let watchdog = boot_timeout.and_then(|d| {
+            let mut t = TimerFd::new().ok()?;
+            t.reset(d, None).ok()?;
+            Some((t, d))
+        });
+        let signal_evt = match install_signal_handlers() {
+            Ok(e) => Some(e),
+            Err(e) => {
+                eprintln!("crucible-vmm: cannot handle SIGTERM: {e}");
+                None
+            }
+        };
+        em.add_subscriber(Box::new(ExitHandler {
+            shared: shared.clone(),
+            reset_evt,
+            signal_evt,
+            watchdog,
+            host,
+            boot_marker_us: boot_marker_us.clone(),
+        }));
+        if let Err(e) = before_run() {
+            let exit = VmExit::Kvm(format!("cannot install the seccomp filter: {e}"));
+            return finish(start, host, kvm_ready_us, 0, &boot_marker_us, exit);
+        }
+        let mut threads = Vec::new();
+        for (id, vcpu) in vcpus.into_iter().enumerate() {
+            let (pio, mmio, sh) = (pio.clone(), mmio.clone(), shared.clone());
+            let t = std::thread::Builder::new()
+                .name(format!("vcpu{id}"))
+                .spawn(move || vcpu::run(vcpu, id as u8, pio, mmio, sh, start, host));
+            match t {
+                Ok(t) => threads.push(t),
+                Err(e) => shared.report(VmExit::Kvm(format!("cannot start vCPU {id}: {e}"))),
+            }
+        }
+        loop {
+            if let Some(exit) = shared
+                .exit
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .clone()
+            {
+                let entry = shared.kernel_entry_us.load(Ordering::SeqCst);
+                return finish(start, host, kvm_ready_us, entry, &boot_marker_us, exit);
+            }
+            if let Err(e) = em.run() {
+                shared.report(VmExit::Kvm(format!("event loop: {e:?}")));
+            }
+        }
+    }
+}
+
+fn micros(start: Instant) -> u64 {
+    u64::try_from(start.elapsed().as_micros()).unwrap_or(u64::MAX)
+}
+
+fn finish(
+    start: Instant,
+    host: HostKind,
+    kvm_ready_us: u64,
+    kernel_entry_us: u64,
+    boot_marker_us: &AtomicU64,
+    exit: VmExit,
+) -> (VmExit, Timings) {
+    let marker = boot_marker_us.load(Ordering::SeqCst);
+    let t = Timings {
+        host: host.name(),
+        process_start_us: 0,
+        kvm_ready_us,
+        kernel_entry_us,
+        boot_complete_us: (marker > 0).then_some(marker),
+        exit_us: micros(start),
+        exit: match &exit {
+            VmExit::GuestStop => "guest_stop".into(),
+            VmExit::Signal => "signal".into(),
+            VmExit::GuestCrash(_) => "guest_crash".into(),
+            VmExit::Kvm(_) => "kvm_error".into(),
+        },
+    };
+    (exit, t)
+}
+
+/// Watches the reset line, the vCPUs' exit event, SIGTERM and the PVM boot watchdog.
+struct ExitHandler {
+    shared: Arc<Shared>,
+    reset_evt: EventFd,
+    signal_evt: Option<EventFd>,
+    watchdog: Option<(TimerFd, Duration)>,
+    host: HostKind,
+    boot_marker_us: Arc<AtomicU64>,
+}
+
+const EV_RESET: u32 = 1;
+const EV_EXIT: u32 = 2;
+const EV_SIGNAL: u32 = 3;
+const EV_WATCHDOG: u32 = 4;
+
+impl MutEventSubscriber for ExitHandler {
+    fn init(&mut self, ops: &mut EventOps) {
+        let _ = ops.add(Events::with_data(&self.reset_evt, EV_RESET, EventSet::IN));
+        let _ = ops.add(Events::with_data(
+            &self.shared.exit_evt,
+            EV_EXIT,
+            EventSet::IN,
+        ));
+        if let Some(s) = &self.signal_evt {
+            let _ = ops.add(Events::with_data(s, EV_SIGNAL, EventSet::IN));
+        }
+        if let Some((w, _)) = &self.watchdog {
+            let _ = ops.add(Events::with_data(w, EV_WATCHDOG, EventSet::IN));
+        }
+    }
+
+    fn process(&mut self, events: Events, _ops: &mut EventOps) {
+        match events.data() {
+            EV_RESET => self.shared.report(VmExit::GuestStop),
+            EV_EXIT => {
+                let _ = self.shared.exit_evt.read();
+            }
+            EV_SIGNAL => self.shared.report(VmExit::Signal),
+            EV_WATCHDOG => {
+                let Some((w, d)) = &mut self.watchdog else {
+                    return;
+                };
+                let _ = w.wait();
+                if self.boot_marker_us.load(Ordering::SeqCst) == 0 {
+                    let why = match self.host {
+                        HostKind::KvmPvm => format!("; host is {}", self.host.describe()),
+                        _ => String::new(),
+                    };
+                    self.shared.report(VmExit::Kvm(format!(
+                        "the guest did not finish booting within {} ms (no boot-complete \
+                         marker){why}",
+                        d.as_millis()
+                    )));
+                }
+            }
+            _ => {}
+        }
+    }
+}
+
+static SIGNAL_FD: AtomicI32 = AtomicI32::new(-1);
+
+extern "C" fn on_signal(_: libc::c_int) {
+    let fd = SIGNAL_FD.load(Ordering::SeqCst);
+    let one: u64 = 1;
+    // SAFETY: write(2) is async-signal-safe; `one` outlives the call and is 8 bytes, as an
+    // eventfd write requires. A failure (full counter) still leaves the event pending.
+    unsafe { libc::write(fd, std::ptr::from_ref(&one).cast(), 8) };
+}
+
+/// SIGTERM and SIGINT stop the VM cleanly through an eventfd.
+fn install_signal_handlers() -> io::Result<EventFd> {
+    let evt = EventFd::new(libc::EFD_NONBLOCK)?;
+    let dup = evt.try_clone()?;
+    SIGNAL_FD.store(dup.as_raw_fd(), Ordering::SeqCst);
+    std::mem::forget(dup); // Must stay open for the handler for the life of the process.
+    for sig in [libc::SIGTERM, libc::SIGINT] {
+        // SAFETY: a zeroed sigaction is a valid "no flags, empty mask" value.
+        let mut sa: libc::sigaction = unsafe { std::mem::zeroed() };
+        sa.sa_sigaction = on_signal as extern "C" fn(libc::c_int) as usize;
+        // SAFETY: installs a handler that only calls async-signal-safe functions.
+        if unsafe { libc::sigaction(sig, &sa, std::ptr::null_mut()) } != 0 {
+            return Err(io::Error::last_os_error());
+        }
+    }
+    Ok(evt)
+}

@@ -1,0 +1,185 @@
+//! `crucible-vmm`: run one microVM until the guest ends. See `docs/vmm.md`.
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use clap::Parser;
+use crucible_vmm::{
+    seccomp, BlockConfig, ConsoleOutput, HostKind, VmConfig, Vmm, VsockConfig, EXIT_CONFIG,
+    EXIT_KVM,
+};
+
+/// Run one crucible microVM.
+#[derive(Debug, Parser)]
+#[command(name = "crucible-vmm", version)]
+struct Args {
+    /// A JSON VmConfig (the daemon's way); other flags are then not allowed.
+    #[arg(long, conflicts_with_all = ["kernel"])]
+    config: Option<PathBuf>,
+    /// The uncompressed vmlinux ELF.
+    #[arg(long, required_unless_present = "config")]
+    kernel: Option<PathBuf>,
+    /// An initramfs.
+    #[arg(long)]
+    initramfs: Option<PathBuf>,
+    /// Words appended to the kernel command line.
+    #[arg(long, default_value = "")]
+    cmdline: String,
+    /// Guest memory in MiB.
+    #[arg(long, default_value_t = 256)]
+    mem_mib: u32,
+    /// vCPUs.
+    #[arg(long, default_value_t = 1)]
+    vcpus: u8,
+    /// Back guest memory with 2 MiB hugepages.
+    #[arg(long)]
+    hugepages: bool,
+    /// A raw disk image (repeatable); suffix `:ro` for read-only.
+    #[arg(long = "block")]
+    block: Vec<String>,
+    /// The guest CID for vsock (needs --vsock-uds).
+    #[arg(long, requires = "vsock_uds")]
+    vsock_cid: Option<u32>,
+    /// The vsock Unix socket path.
+    #[arg(long, requires = "vsock_cid")]
+    vsock_uds: Option<PathBuf>,
+    /// Console: `stdout`, `off`, or a file path.
+    #[arg(long, default_value = "stdout")]
+    console: String,
+    /// Emulate the 8250 serial at 0x3f8 and use it as the console (early-boot debugging).
+    #[arg(long)]
+    serial: bool,
+    /// Stop the VM if the guest has not written the boot-complete marker by then (0 = never;
+    /// default 10000 on kvm_pvm hosts, never elsewhere).
+    #[arg(long)]
+    boot_timeout_ms: Option<u64>,
+    /// Print boot timings as JSON on stderr when the VM ends.
+    #[arg(long)]
+    timings: bool,
+    /// Run without the seccomp filter.
+    #[arg(long)]
+    no_seccomp: bool,
+    /// Drop to this uid once the VM is built.
+    #[arg(long)]
+    uid: Option<u32>,
+    /// Drop to this gid once the VM is built.
+    #[arg(long)]
+    gid: Option<u32>,
+    /// Print the host's KVM kind and what it means, then exit.
+    #[arg(long)]
+    host_info: bool,
+}
+
+fn config_from(args: &Args) -> Result<VmConfig, String> {
+    if let Some(p) = &args.config {
+        return VmConfig::from_file(p).map_err(|e| error_chain(&e));
+    }
+    let kernel = args
+        .kernel
+        .clone()
+        .ok_or("--kernel or --config is required")?;
+    let mut c = VmConfig::new(kernel);
+    c.initramfs = args.initramfs.clone();
+    c.cmdline = args.cmdline.clone();
+    c.mem_mib = args.mem_mib;
+    c.vcpus = args.vcpus;
+    c.hugepages = args.hugepages;
+    c.serial = args.serial;
+    c.boot_timeout_ms = args.boot_timeout_ms;
+    c.block = args
+        .block
+        .iter()
+        .map(|b| match b.strip_suffix(":ro") {
+            Some(p) => BlockConfig {
+                path: p.into(),
+                read_only: true,
+            },
+            None => BlockConfig {
+                path: b.into(),
+                read_only: false,
+            },
+        })
+        .collect();
+    if let (Some(cid), Some(uds)) = (args.vsock_cid, &args.vsock_uds) {
+        c.vsock = Some(VsockConfig {
+            guest_cid: cid,
+            uds_path: uds.clone(),
+        });
+    }
+    c.console = match args.console.as_str() {
+        "stdout" => ConsoleOutput::Stdout,
+        "off" => ConsoleOutput::Off,
+        p => ConsoleOutput::File(p.into()),
+    };
+    Ok(c)
+}
+
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        s.push_str(": ");
+        s.push_str(&c.to_string());
+        cur = c.source();
+    }
+    s
+}
+
+fn main() {
+    let start = Instant::now();
+    let args = match Args::try_parse() {
+        Ok(a) => a,
+        Err(e) => {
+            let _ = e.print();
+            std::process::exit(if e.use_stderr() { EXIT_CONFIG } else { 0 });
+        }
+    };
+    if args.host_info {
+        let h = HostKind::detect();
+        println!("{}: {}", h.name(), h.describe());
+        return;
+    }
+    let cfg = match config_from(&args) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("crucible-vmm: {e}");
+            std::process::exit(EXIT_CONFIG);
+        }
+    };
+    let host = HostKind::detect();
+    if host == HostKind::None {
+        eprintln!("crucible-vmm: {}", host.describe());
+        std::process::exit(EXIT_KVM);
+    }
+    let vmm = match Vmm::new(&cfg, start) {
+        Ok(v) => v,
+        Err(e) => {
+            eprintln!("crucible-vmm: {}", error_chain(&e));
+            std::process::exit(e.code());
+        }
+    };
+    if !host.boots_stock_kernel() {
+        eprintln!("crucible-vmm: note: host is {}", host.describe());
+    }
+    if let Err(e) = seccomp::drop_privileges(args.uid, args.gid) {
+        eprintln!("crucible-vmm: cannot drop privileges: {e}");
+        std::process::exit(EXIT_CONFIG);
+    }
+    let no_seccomp = args.no_seccomp;
+    let (exit, timings) = vmm.run(|| {
+        if no_seccomp {
+            Ok(())
+        } else {
+            seccomp::install()
+        }
+    });
+    if args.timings {
+        eprintln!("{}", serde_json::to_string(&timings).unwrap_or_default());
+    }
+    match &exit {
+        crucible_vmm::VmExit::GuestCrash(m) => eprintln!("crucible-vmm: guest crashed: {m}"),
+        crucible_vmm::VmExit::Kvm(m) => eprintln!("crucible-vmm: {m}"),
+        _ => {}
+    }
+    std::process::exit(exit.code());
+}

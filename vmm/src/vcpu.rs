@@ -1,0 +1,127 @@
+//! vCPU threads: run until the guest exits to us, route port and MMIO accesses to the buses,
+//! report how the guest ended. They touch nothing else.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use kvm_ioctls::{VcpuExit, VcpuFd};
+use vmm_sys_util::eventfd::EventFd;
+
+use crate::bus::Bus;
+use crate::host::HostKind;
+
+/// How the VM ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum VmExit {
+    /// The guest reset (i8042, `reboot=k`) or powered off.
+    GuestStop,
+    /// SIGTERM/SIGINT.
+    Signal,
+    /// Triple fault, KVM_SYSTEM_EVENT_CRASH, or a failed check in a test guest.
+    GuestCrash(String),
+    /// KVM failed, or cannot run this guest (emulator failures on PVM hosts, watchdog).
+    Kvm(String),
+}
+
+impl VmExit {
+    /// The process exit code (see `docs/vmm.md`).
+    pub fn code(&self) -> i32 {
+        match self {
+            VmExit::GuestStop | VmExit::Signal => 0,
+            VmExit::Kvm(_) => crate::EXIT_KVM,
+            VmExit::GuestCrash(_) => crate::EXIT_GUEST_CRASH,
+        }
+    }
+}
+
+/// What vCPU threads share with the event loop.
+#[derive(Debug)]
+pub struct Shared {
+    /// The first exit reported wins.
+    pub exit: Mutex<Option<VmExit>>,
+    /// Written when `exit` is set.
+    pub exit_evt: EventFd,
+    /// Microseconds from process start to the boot vCPU's first KVM_RUN.
+    pub kernel_entry_us: AtomicU64,
+    /// Set to stop the vCPU threads.
+    pub stop: AtomicBool,
+}
+
+impl Shared {
+    /// Records `exit` (unless one is already recorded) and wakes the event loop.
+    pub fn report(&self, exit: VmExit) {
+        let mut e = self.exit.lock().unwrap_or_else(|p| p.into_inner());
+        if e.is_none() {
+            *e = Some(exit);
+        }
+        drop(e);
+        self.stop.store(true, Ordering::SeqCst);
+        let _ = self.exit_evt.write(1);
+    }
+}
+
+/// Runs one vCPU until the VM ends.
+pub fn run(
+    mut vcpu: VcpuFd,
+    id: u8,
+    pio: Bus,
+    mmio: Bus,
+    shared: Arc<Shared>,
+    start: Instant,
+    host: HostKind,
+) {
+    if id == 0 {
+        let us = u64::try_from(start.elapsed().as_micros()).unwrap_or(u64::MAX);
+        shared.kernel_entry_us.store(us, Ordering::SeqCst);
+    }
+    while !shared.stop.load(Ordering::SeqCst) {
+        let exit = match vcpu.run() {
+            Ok(VcpuExit::IoOut(port, data)) => {
+                pio.write(u64::from(port), data);
+                continue;
+            }
+            Ok(VcpuExit::IoIn(port, data)) => {
+                pio.read(u64::from(port), data);
+                continue;
+            }
+            Ok(VcpuExit::MmioRead(addr, data)) => {
+                mmio.read(addr, data);
+                continue;
+            }
+            Ok(VcpuExit::MmioWrite(addr, data)) => {
+                mmio.write(addr, data);
+                continue;
+            }
+            Ok(VcpuExit::Hlt) => VmExit::GuestStop,
+            Ok(VcpuExit::Shutdown) => VmExit::GuestCrash(format!("vCPU {id}: triple fault")),
+            Ok(VcpuExit::SystemEvent(kind, _)) => match kind {
+                kvm_bindings::KVM_SYSTEM_EVENT_SHUTDOWN | kvm_bindings::KVM_SYSTEM_EVENT_RESET => {
+                    VmExit::GuestStop
+                }
+                k => VmExit::GuestCrash(format!("vCPU {id}: system event {k}")),
+            },
+            Ok(VcpuExit::FailEntry(reason, _)) => VmExit::Kvm(format!(
+                "vCPU {id}: KVM entry failed (hardware reason {reason:#x}){}",
+                pvm_hint(host)
+            )),
+            Ok(VcpuExit::InternalError) => VmExit::Kvm(format!(
+                "vCPU {id}: KVM internal error (instruction emulation failed){}",
+                pvm_hint(host)
+            )),
+            Ok(VcpuExit::Intr) | Ok(VcpuExit::IrqWindowOpen) => continue,
+            Ok(other) => VmExit::Kvm(format!("vCPU {id}: unexpected exit {other:?}")),
+            Err(e) if e.errno() == libc::EINTR || e.errno() == libc::EAGAIN => continue,
+            Err(e) => VmExit::Kvm(format!("vCPU {id}: KVM_RUN: {e}{}", pvm_hint(host))),
+        };
+        shared.report(exit);
+        return;
+    }
+}
+
+fn pvm_hint(host: HostKind) -> String {
+    match host {
+        HostKind::KvmPvm => format!(" — host is {}", host.describe()),
+        _ => String::new(),
+    }
+}

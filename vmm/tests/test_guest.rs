@@ -1,0 +1,368 @@
+//! Boots tiny test guests through the real boot path (`crucible-vmm` binary, real KVM) and
+//! checks what they report. The guests are hand-assembled (`tests/guest/*.S`, bytes in
+//! `tests/guest/*.bin`) and wrapped in an ELF by the test: without a PVH note they enter through
+//! the 64-bit Linux boot protocol, with one through PVH.
+//!
+//! These run wherever `/dev/kvm` works, including kvm_pvm hosts (the guests only do port I/O,
+//! MMIO and a reset). Where there is no usable `/dev/kvm` they are skipped with the reason.
+
+#![allow(clippy::unwrap_used)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+const GUEST64: &[u8] = include_bytes!("guest/guest64.bin");
+const GUEST32: &[u8] = include_bytes!("guest/guest32.bin");
+const LOAD_ADDR: u64 = 0x10_0000;
+
+/// An ELF64 x86-64 executable with one PT_LOAD at 1 MiB and, if `pvh`, a PT_NOTE carrying
+/// `XEN_ELFNOTE_PHYS32_ENTRY` = the load address.
+fn build_elf(code: &[u8], pvh: bool) -> Vec<u8> {
+    let phnum: u16 = if pvh { 2 } else { 1 };
+    let mut e = Vec::new();
+    e.extend_from_slice(b"\x7fELF");
+    e.extend_from_slice(&[2, 1, 1, 0]); // 64-bit, little-endian, version 1, SysV
+    e.extend_from_slice(&[0; 8]);
+    e.extend_from_slice(&2u16.to_le_bytes()); // ET_EXEC
+    e.extend_from_slice(&62u16.to_le_bytes()); // EM_X86_64
+    e.extend_from_slice(&1u32.to_le_bytes());
+    e.extend_from_slice(&LOAD_ADDR.to_le_bytes()); // e_entry
+    e.extend_from_slice(&64u64.to_le_bytes()); // e_phoff
+    e.extend_from_slice(&0u64.to_le_bytes()); // e_shoff
+    e.extend_from_slice(&0u32.to_le_bytes()); // flags
+    e.extend_from_slice(&64u16.to_le_bytes()); // ehsize
+    e.extend_from_slice(&56u16.to_le_bytes()); // phentsize
+    e.extend_from_slice(&phnum.to_le_bytes());
+    e.extend_from_slice(&64u16.to_le_bytes()); // shentsize
+    e.extend_from_slice(&0u16.to_le_bytes()); // shnum
+    e.extend_from_slice(&0u16.to_le_bytes()); // shstrndx
+    assert_eq!(e.len(), 64);
+    let code_off = 0x1000u64;
+    let note_off = code_off + code.len().next_multiple_of(8) as u64;
+    let phdr =
+        |e: &mut Vec<u8>, kind: u32, flags: u32, off: u64, addr: u64, len: u64, align: u64| {
+            e.extend_from_slice(&kind.to_le_bytes());
+            e.extend_from_slice(&flags.to_le_bytes());
+            e.extend_from_slice(&off.to_le_bytes());
+            e.extend_from_slice(&addr.to_le_bytes()); // vaddr
+            e.extend_from_slice(&addr.to_le_bytes()); // paddr
+            e.extend_from_slice(&len.to_le_bytes()); // filesz
+            e.extend_from_slice(&len.to_le_bytes()); // memsz
+            e.extend_from_slice(&align.to_le_bytes());
+        };
+    phdr(&mut e, 1, 5, code_off, LOAD_ADDR, code.len() as u64, 0x1000);
+    let mut note = Vec::new();
+    if pvh {
+        note.extend_from_slice(&4u32.to_le_bytes()); // namesz
+        note.extend_from_slice(&4u32.to_le_bytes()); // descsz
+        note.extend_from_slice(&18u32.to_le_bytes()); // XEN_ELFNOTE_PHYS32_ENTRY
+        note.extend_from_slice(b"Xen\0");
+        note.extend_from_slice(&(LOAD_ADDR as u32).to_le_bytes());
+        phdr(&mut e, 4, 4, note_off, 0, note.len() as u64, 4);
+    }
+    e.resize(code_off as usize, 0);
+    e.extend_from_slice(code);
+    e.resize(note_off as usize, 0);
+    e.extend_from_slice(&note);
+    e
+}
+
+/// Why KVM tests cannot run here, if they cannot.
+fn kvm_unusable() -> Option<String> {
+    match std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/kvm")
+    {
+        Ok(_) => None,
+        Err(e) => Some(format!("/dev/kvm is not usable: {e}")),
+    }
+}
+
+macro_rules! require_kvm {
+    () => {
+        if let Some(why) = kvm_unusable() {
+            eprintln!("SKIPPED: {why}");
+            return;
+        }
+    };
+}
+
+struct Run {
+    out: Output,
+    stdout: String,
+    stderr: String,
+}
+
+/// Runs `crucible-vmm` on `kernel` with a console log, a disk and vsock (so windows 0, 1, 2 are
+/// console, block, vsock) unless `block` is false.
+fn run_vmm(dir: &Path, kernel: &Path, block: bool, extra: &[&str]) -> Run {
+    let img = dir.join("disk.img");
+    std::fs::write(&img, vec![0u8; 1 << 20]).unwrap();
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_crucible-vmm"));
+    cmd.arg("--kernel")
+        .arg(kernel)
+        .args(["--mem-mib", "64", "--serial", "--timings"])
+        .arg("--console")
+        .arg(dir.join("console.log"));
+    if block {
+        cmd.arg("--block").arg(&img);
+    }
+    cmd.args(["--vsock-cid", "3", "--vsock-uds"])
+        .arg(dir.join("v.sock"))
+        .args(extra);
+    let out = cmd.output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    eprintln!("--- stdout\n{stdout}--- stderr\n{stderr}---");
+    Run {
+        out,
+        stdout,
+        stderr,
+    }
+}
+
+fn write_kernel(dir: &Path, name: &str, code: &[u8], pvh: bool) -> PathBuf {
+    let p = dir.join(name);
+    std::fs::write(&p, build_elf(code, pvh)).unwrap();
+    p
+}
+
+fn timings(stderr: &str) -> serde_json::Value {
+    let line = stderr
+        .lines()
+        .find(|l| l.starts_with('{'))
+        .expect("--timings printed JSON");
+    serde_json::from_str(line).unwrap()
+}
+
+#[test]
+fn test_guest_boots_via_64bit_boot_protocol_probes_devices_and_resets_cleanly() {
+    require_kvm!();
+    let dir = tempfile::tempdir().unwrap();
+    let k = write_kernel(dir.path(), "guest64.elf", GUEST64, false);
+    let r = run_vmm(dir.path(), &k, true, &[]);
+    assert!(r
+        .stdout
+        .contains("test-guest: entered (64-bit boot protocol)"));
+    assert!(r
+        .stdout
+        .contains("boot_params, e820, cmdline, long mode ok"));
+    assert!(r.stdout.contains("virtio-mmio console/block/vsock ok"));
+    assert!(r.stdout.contains("test-guest: resetting"));
+    assert_eq!(
+        r.out.status.code(),
+        Some(0),
+        "clean exit after the i8042 reset"
+    );
+    let t = timings(&r.stderr);
+    assert_eq!(t["exit"], "guest_stop");
+    let ready = t["kvm_ready_us"].as_u64().unwrap();
+    let entry = t["kernel_entry_us"].as_u64().unwrap();
+    let marker = t["boot_complete_us"].as_u64().unwrap();
+    assert!(0 < ready && ready <= entry && entry <= marker, "{t}");
+}
+
+#[test]
+fn test_guest_boots_via_pvh_when_the_note_is_present() {
+    require_kvm!();
+    let dir = tempfile::tempdir().unwrap();
+    let k = write_kernel(dir.path(), "guest32.elf", GUEST32, true);
+    let r = run_vmm(dir.path(), &k, true, &[]);
+    assert!(
+        r.stdout.contains("test-guest: entered (PVH)"),
+        "{}",
+        r.stdout
+    );
+    assert!(r
+        .stdout
+        .contains("start info, memory map, cmdline, protected mode ok"));
+    assert!(r.stdout.contains("virtio-mmio console/block/vsock ok"));
+    assert_eq!(r.out.status.code(), Some(0));
+    assert!(timings(&r.stderr)["boot_complete_us"].as_u64().is_some());
+}
+
+#[test]
+fn test_guest_failing_a_check_makes_the_vmm_exit_with_the_guest_crash_code() {
+    require_kvm!();
+    let dir = tempfile::tempdir().unwrap();
+    let k = write_kernel(dir.path(), "guest64.elf", GUEST64, false);
+    // Without the disk, window 1 is vsock: the guest's block check fails.
+    let r = run_vmm(dir.path(), &k, false, &[]);
+    assert!(r.stdout.contains("test-guest: FAIL M"), "{}", r.stdout);
+    assert_eq!(r.out.status.code(), Some(crucible_vmm::EXIT_GUEST_CRASH));
+    assert_eq!(timings(&r.stderr)["exit"], "guest_crash");
+}
+
+#[test]
+fn vmm_exits_with_the_config_code_for_a_missing_kernel_or_bad_flags() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_crucible-vmm"))
+        .arg("--kernel")
+        .arg(dir.path().join("nope"))
+        .output()
+        .unwrap();
+    let code = out.status.code();
+    let err = String::from_utf8_lossy(&out.stderr);
+    if kvm_unusable().is_none() {
+        assert_eq!(code, Some(crucible_vmm::EXIT_CONFIG), "{err}");
+        assert!(err.contains("cannot open the kernel"), "{err}");
+    }
+    let out = Command::new(env!("CARGO_BIN_EXE_crucible-vmm"))
+        .args(["--kernel", "/k", "--vcpus", "nope"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(crucible_vmm::EXIT_CONFIG));
+}
+
+#[test]
+fn vmm_exits_with_the_config_code_for_a_non_elf_kernel() {
+    require_kvm!();
+    let dir = tempfile::tempdir().unwrap();
+    let k = dir.path().join("junk");
+    std::fs::write(&k, b"not an elf").unwrap();
+    let r = run_vmm(dir.path(), &k, false, &[]);
+    assert_eq!(r.out.status.code(), Some(crucible_vmm::EXIT_CONFIG));
+    assert!(r.stderr.contains("uncompressed vmlinux ELF"));
+}
+
+/// `jmp $`: a guest that never finishes booting.
+const SPIN: &[u8] = &[0xeb, 0xfe];
+
+#[test]
+fn guest_that_never_finishes_booting_is_stopped_by_the_boot_timeout() {
+    require_kvm!();
+    let dir = tempfile::tempdir().unwrap();
+    let k = write_kernel(dir.path(), "spin.elf", SPIN, false);
+    let t0 = std::time::Instant::now();
+    let r = run_vmm(dir.path(), &k, true, &["--boot-timeout-ms", "300"]);
+    assert!(t0.elapsed() < std::time::Duration::from_secs(5));
+    assert_eq!(r.out.status.code(), Some(crucible_vmm::EXIT_KVM));
+    assert!(
+        r.stderr.contains("did not finish booting within 300 ms"),
+        "{}",
+        r.stderr
+    );
+}
+
+#[test]
+fn sigterm_stops_a_running_vm_cleanly_with_vsock_traffic_under_seccomp() {
+    use std::io::{Read, Write};
+    require_kvm!();
+    let dir = tempfile::tempdir().unwrap();
+    let k = write_kernel(dir.path(), "spin.elf", SPIN, false);
+    let img = dir.path().join("disk.img");
+    std::fs::write(&img, vec![0u8; 1 << 20]).unwrap();
+    let sock = dir.path().join("v.sock");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_crucible-vmm"))
+        .arg("--kernel")
+        .arg(&k)
+        .args(["--mem-mib", "64", "--timings", "--boot-timeout-ms", "0"])
+        .args(["--console", "off", "--vsock-cid", "3", "--vsock-uds"])
+        .arg(&sock)
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // The host side accepts and reads the handshake while the guest spins (no driver: no
+    // answer), which exercises the muxer's system calls under the seccomp filter.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    let mut c = loop {
+        match std::os::unix::net::UnixStream::connect(&sock) {
+            Ok(c) => break c,
+            Err(_) if std::time::Instant::now() < deadline => {
+                std::thread::sleep(std::time::Duration::from_millis(20))
+            }
+            Err(e) => panic!("vsock socket never appeared: {e}"),
+        }
+    };
+    c.write_all(b"CONNECT 1024\n").unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(200));
+    // SAFETY: kill(2) on our own child's pid.
+    assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGTERM) }, 0);
+    let status = child.wait().unwrap();
+    let mut err = String::new();
+    child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut err)
+        .unwrap();
+    eprintln!("{err}");
+    assert_eq!(status.code(), Some(0), "{err}");
+    assert_eq!(timings(&err)["exit"], "signal");
+    // The VMM is gone: the pending host connection is closed, not left hanging.
+    c.set_read_timeout(Some(std::time::Duration::from_secs(2)))
+        .unwrap();
+    let mut b = [0u8; 8];
+    assert!(matches!(c.read(&mut b), Ok(0) | Err(_)));
+}
+
+/// With `CRUCIBLE_TEST_GUEST_OUT=<dir>`, writes `guest64.elf` and `guest-pvh.elf` there for
+/// manual runs (`crucible-vmm --kernel <dir>/guest64.elf --serial --timings`).
+#[test]
+fn write_test_guest_elfs_when_asked() {
+    if let Some(dir) = std::env::var_os("CRUCIBLE_TEST_GUEST_OUT") {
+        let dir = PathBuf::from(dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        write_kernel(&dir, "guest64.elf", GUEST64, false);
+        write_kernel(&dir, "guest-pvh.elf", GUEST32, true);
+    }
+}
+
+#[test]
+fn test_guest_runs_with_two_vcpus_and_after_dropping_privileges() {
+    require_kvm!();
+    let dir = tempfile::tempdir().unwrap();
+    let k = write_kernel(dir.path(), "guest64.elf", GUEST64, false);
+    // SAFETY: geteuid has no preconditions.
+    let root = unsafe { libc::geteuid() } == 0;
+    let drop: &[&str] = if root {
+        &["--uid", "65534", "--gid", "65534"]
+    } else {
+        &[]
+    };
+    let mut extra = vec!["--vcpus", "2"];
+    extra.extend_from_slice(drop);
+    let r = run_vmm(dir.path(), &k, true, &extra);
+    assert!(r.stdout.contains("test-guest: resetting"), "{}", r.stdout);
+    assert_eq!(r.out.status.code(), Some(0));
+}
+
+#[test]
+fn each_attached_device_adds_its_virtio_mmio_window_and_irq_to_the_cmdline() {
+    require_kvm!();
+    let dir = tempfile::tempdir().unwrap();
+    let k = write_kernel(dir.path(), "guest64.elf", GUEST64, false);
+    let img = dir.path().join("disk.img");
+    std::fs::write(&img, vec![0u8; 4096]).unwrap();
+    let mut cfg = crucible_vmm::VmConfig::new(k);
+    cfg.mem_mib = 32;
+    cfg.console = crucible_vmm::ConsoleOutput::File(dir.path().join("c.log"));
+    cfg.block = vec![crucible_vmm::BlockConfig {
+        path: img,
+        read_only: true,
+    }];
+    cfg.vsock = Some(crucible_vmm::VsockConfig {
+        guest_cid: 3,
+        uds_path: dir.path().join("v.sock"),
+    });
+    cfg.cmdline = "crucible.boot_marker=1".into();
+    let vmm = crucible_vmm::Vmm::new(&cfg, std::time::Instant::now()).unwrap();
+    let line = vmm.cmdline();
+    let windows = [
+        "virtio_mmio.device=4K@0xd0000000:5",
+        "virtio_mmio.device=4K@0xd0001000:6",
+        "virtio_mmio.device=4K@0xd0002000:7",
+    ];
+    let mut pos = 0;
+    for w in windows {
+        let at = line[pos..]
+            .find(w)
+            .unwrap_or_else(|| panic!("{w} in order in {line}"))
+            + pos;
+        pos = at + w.len();
+    }
+    assert!(line.starts_with("reboot=k"), "{line}");
+    assert!(line.ends_with("crucible.boot_marker=1"), "{line}");
+    assert!(line.contains("console=hvc0"), "{line}");
+}
