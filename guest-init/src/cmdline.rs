@@ -25,6 +25,8 @@ pub struct BootConfig {
     pub mem_reserve_mib: u64,
     /// `crucible.pids_max=`: the commands cgroup's task limit.
     pub pids_max: u64,
+    /// `crucible.cgroups=0` turns the `commands` cgroup off.
+    pub cgroups: bool,
 }
 
 impl Default for BootConfig {
@@ -39,6 +41,7 @@ impl Default for BootConfig {
             hostname: "crucible".to_string(),
             mem_reserve_mib: 16,
             pids_max: 16_384,
+            cgroups: true,
         }
     }
 }
@@ -69,6 +72,7 @@ impl BootConfig {
                     cfg.mem_reserve_mib = value.parse().unwrap_or(cfg.mem_reserve_mib)
                 }
                 "pids_max" => cfg.pids_max = value.parse().unwrap_or(cfg.pids_max),
+                "cgroups" => cfg.cgroups = flag(value),
                 _ => {}
             }
         }

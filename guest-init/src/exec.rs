@@ -105,7 +105,7 @@ pub fn run(
 ) -> Result<(), ExecError> {
     let mut conn = conn;
     if let Err(e) = req.validate() {
-        return write_exit_blocking(
+        return write_exit(
             &mut conn,
             &ExecResult::failed(format!("invalid request: {e}")),
         );
@@ -131,9 +131,10 @@ pub fn run(
     let started = Instant::now();
     let pid = match spawn::spawn(req, stdio, &ctx.spawn_context(), &slot) {
         Ok(pid) => pid,
-        Err(e) => return write_exit_blocking(&mut conn, &ExecResult::failed(e.to_string())),
+        Err(e) => return write_exit(&mut conn, &ExecResult::failed(e.to_string())),
     };
     drop((out_w, err_w));
+    slot.open_io(pid);
     let stdin_w = stdin_pipe.map(|(r, w)| {
         drop(r);
         w
@@ -144,15 +145,14 @@ pub fn run(
         pid,
         slot,
         streams: [
-            Stream::new(FrameType::Stdout, out_r)?,
-            Stream::new(FrameType::Stderr, err_r)?,
+            Stream::new(FrameType::Stdout, out_r),
+            Stream::new(FrameType::Stderr, err_r),
         ],
         stdin: match stdin_w {
             Some(w) => Some(StdinPump::new(w)?),
             None => None,
         },
-        pending: Vec::with_capacity(2 * (HEADER_SIZE + MAX_PAYLOAD)),
-        written: 0,
+        pending: OutBuf::take(),
         deadline: (req.timeout_s > 0)
             .then(|| started + Duration::from_secs(req.timeout_s.unsigned_abs())),
         timed_out: false,
@@ -232,8 +232,8 @@ fn fill_result(
         };
 }
 
-fn write_exit_blocking(conn: &mut UnixStream, result: &ExecResult) -> Result<(), ExecError> {
-    conn.set_nonblocking(false)?;
+/// Writes the exit frame on a blocking connection.
+fn write_exit(conn: &mut UnixStream, result: &ExecResult) -> Result<(), ExecError> {
     let mut frame = Vec::new();
     wire::encode_frames(
         FrameType::Exit,
@@ -243,6 +243,55 @@ fn write_exit_blocking(conn: &mut UnixStream, result: &ExecResult) -> Result<(),
     conn.write_all(&frame)
         .map_err(|e| ExecError::HostGone(Some(e)))?;
     Ok(())
+}
+
+/// Room for one frame from each output stream.
+const OUT_BUF: usize = 2 * (HEADER_SIZE + MAX_PAYLOAD);
+
+thread_local! {
+    /// Connection threads are reused: so is their output buffer (no allocation, no zeroing,
+    /// no mmap per exec).
+    static SPARE_BUF: std::cell::Cell<Vec<u8>> = const { std::cell::Cell::new(Vec::new()) };
+}
+
+/// Encoded frames waiting for the host: `buf[written..len]`.
+#[derive(Debug)]
+struct OutBuf {
+    buf: Vec<u8>,
+    len: usize,
+    written: usize,
+}
+
+impl OutBuf {
+    fn take() -> OutBuf {
+        let mut buf = SPARE_BUF.with(|b| b.take());
+        buf.resize(OUT_BUF, 0);
+        OutBuf {
+            buf,
+            len: 0,
+            written: 0,
+        }
+    }
+
+    fn unsent(&self) -> &[u8] {
+        &self.buf[self.written..self.len]
+    }
+
+    fn is_empty(&self) -> bool {
+        self.written >= self.len
+    }
+
+    fn clear(&mut self) {
+        self.len = 0;
+        self.written = 0;
+    }
+}
+
+impl Drop for OutBuf {
+    fn drop(&mut self) {
+        let buf = std::mem::take(&mut self.buf);
+        SPARE_BUF.with(|b| b.set(buf));
+    }
 }
 
 /// One output pipe of the command.
@@ -255,17 +304,19 @@ struct Stream {
 }
 
 impl Stream {
-    fn new(kind: FrameType, fd: OwnedFd) -> io::Result<Stream> {
-        sys::set_nonblocking(fd.as_fd(), true)?;
-        Ok(Stream {
+    /// The pipe stays blocking: it is read only after poll reported it readable (or, after
+    /// the exit, for no more than the bytes it holds), so a read never waits.
+    fn new(kind: FrameType, fd: OwnedFd) -> Stream {
+        Stream {
             kind,
             pipe: Some(File::from(fd)),
             drain: None,
-        })
+        }
     }
 
-    /// Reads once (at most one frame's worth) and appends a frame to `out`.
-    fn read_into(&mut self, out: &mut Vec<u8>) -> io::Result<()> {
+    /// Reads once (at most one frame's worth) and appends a frame to `out`, which has room
+    /// for it (it holds at most one frame per stream).
+    fn read_into(&mut self, out: &mut OutBuf) -> io::Result<()> {
         let Some(pipe) = self.pipe.as_mut() else {
             return Ok(());
         };
@@ -274,17 +325,19 @@ impl Stream {
             self.pipe = None;
             return Ok(());
         }
-        let start = out.len();
-        out.resize(start + HEADER_SIZE + want, 0);
-        let res = pipe.read(&mut out[start + HEADER_SIZE..]);
-        match res {
-            Ok(0) => {
-                out.truncate(start);
-                self.pipe = None;
-            }
+        let start = out.len;
+        let Some(room) = out
+            .buf
+            .get_mut(start + HEADER_SIZE..start + HEADER_SIZE + want)
+        else {
+            return Ok(()); // Cannot happen: callers read only into an empty buffer.
+        };
+        match pipe.read(room) {
+            Ok(0) => self.pipe = None,
             Ok(n) => {
-                out.truncate(start + HEADER_SIZE + n);
-                out[start..start + HEADER_SIZE].copy_from_slice(&wire::encode_header(self.kind, n));
+                out.buf[start..start + HEADER_SIZE]
+                    .copy_from_slice(&wire::encode_header(self.kind, n));
+                out.len = start + HEADER_SIZE + n;
                 if let Some(d) = self.drain.as_mut() {
                     *d -= n.min(*d);
                     if *d == 0 {
@@ -292,16 +345,13 @@ impl Stream {
                     }
                 }
             }
-            Err(e) => {
-                out.truncate(start);
-                if e.kind() == io::ErrorKind::WouldBlock {
-                    if self.drain.is_some() {
-                        self.pipe = None;
-                    }
-                } else if e.kind() != io::ErrorKind::Interrupted {
-                    return Err(e);
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                if self.drain.is_some() {
+                    self.pipe = None;
                 }
             }
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
         }
         Ok(())
     }
@@ -315,8 +365,10 @@ struct StdinPump {
     /// Payload not yet written to the pipe.
     buf: Vec<u8>,
     pos: usize,
-    /// Whether the host is done sending (stdin_close or EOF).
+    /// Whether the host is done sending (stdin_close, or EOF and every frame consumed).
     host_done: bool,
+    /// Whether the host half-closed the connection (frames may still be buffered).
+    eof: bool,
 }
 
 impl StdinPump {
@@ -328,19 +380,40 @@ impl StdinPump {
             buf: Vec::new(),
             pos: 0,
             host_done: false,
+            eof: false,
         })
     }
 
     fn wants_host_input(&self) -> bool {
-        !self.host_done && self.pos >= self.buf.len()
+        !self.host_done && !self.eof && self.pos >= self.buf.len()
     }
 
-    /// Takes decoded frames until one with payload is buffered or input ends.
-    fn take_frames(&mut self) -> Result<(), ExecError> {
-        while self.pos >= self.buf.len() && !self.host_done {
+    /// Moves decoded frames into the command's stdin until the pipe is full, the decoder has
+    /// no whole frame left, or input has ended.
+    fn advance(&mut self) -> Result<(), ExecError> {
+        loop {
+            self.write_some();
+            if self.pos < self.buf.len() {
+                return Ok(()); // The pipe is full: wait for POLLOUT.
+            }
+            if self.host_done {
+                self.pipe = None;
+                return Ok(());
+            }
             let frame = match self.decoder.next_frame() {
                 Ok(Some(f)) => f,
-                Ok(None) => return Ok(()),
+                Ok(None) => {
+                    if self.eof {
+                        // The host half-closed without stdin_close: that ends stdin too, unless
+                        // it stopped inside a frame.
+                        self.decoder
+                            .finish()
+                            .map_err(|e| ExecError::Protocol(e.to_string()))?;
+                        self.host_done = true;
+                        self.pipe = None;
+                    }
+                    return Ok(());
+                }
                 Err(e) => return Err(ExecError::Protocol(e.to_string())),
             };
             match frame.frame_type {
@@ -357,10 +430,6 @@ impl StdinPump {
                 }
             }
         }
-        if self.host_done && self.pos >= self.buf.len() {
-            self.pipe = None;
-        }
-        Ok(())
     }
 
     fn write_some(&mut self) {
@@ -395,8 +464,7 @@ struct Session {
     streams: [Stream; 2],
     stdin: Option<StdinPump>,
     /// Encoded frames not yet written to the host.
-    pending: Vec<u8>,
-    written: usize,
+    pending: OutBuf,
     deadline: Option<Instant>,
     timed_out: bool,
     exit: Option<ExitInfo>,
@@ -411,7 +479,7 @@ const STDIN: usize = 4;
 impl Session {
     /// Moves data until the command has exited and its output is forwarded.
     fn pump(&mut self) -> Result<ExitInfo, ExecError> {
-        self.conn.set_nonblocking(true)?;
+        // The connection stays blocking; the loop uses MSG_DONTWAIT sends and receives.
         loop {
             if let Some(exit) = self.exit {
                 if self.pending_empty() && self.streams.iter().all(|s| s.pipe.is_none()) {
@@ -473,9 +541,7 @@ impl Session {
             }
             if fds[STDIN].revents != 0 {
                 if let Some(stdin) = self.stdin.as_mut() {
-                    stdin.write_some();
-                    stdin.take_frames()?;
-                    stdin.write_some();
+                    stdin.advance()?;
                 }
             }
             for (i, s) in [OUT, ERR].into_iter().zip(self.streams.iter_mut()) {
@@ -525,14 +591,11 @@ impl Session {
         let Some(stdin) = self.stdin.as_mut() else {
             return Ok(());
         };
-        match self.conn.read(stdin.decoder.unfilled_mut()) {
+        match sys::recv_nowait(self.conn.as_fd(), stdin.decoder.unfilled_mut()) {
             Ok(0) => {
-                // The host half-closed its side: treat as the end of stdin.
-                stdin
-                    .decoder
-                    .finish()
-                    .map_err(|e| ExecError::Protocol(e.to_string()))?;
-                stdin.host_done = true;
+                // The host half-closed its side: once the frames already received are
+                // delivered, that ends stdin (see `advance`).
+                stdin.eof = true;
             }
             Ok(n) => stdin.decoder.mark_filled(n),
             Err(e)
@@ -542,41 +605,104 @@ impl Session {
                 ) => {}
             Err(e) => return Err(ExecError::HostGone(Some(e))),
         }
-        stdin.take_frames()?;
-        stdin.write_some();
-        Ok(())
+        stdin.advance()
     }
 
     fn pending_empty(&self) -> bool {
-        self.written >= self.pending.len()
+        self.pending.is_empty()
     }
 
     fn flush_pending(&mut self) -> Result<(), ExecError> {
-        while self.written < self.pending.len() {
-            match self.conn.write(&self.pending[self.written..]) {
+        while !self.pending.is_empty() {
+            match sys::send_nowait(self.conn.as_fd(), self.pending.unsent()) {
                 Ok(0) => return Err(ExecError::HostGone(None)),
-                Ok(n) => self.written += n,
+                Ok(n) => self.pending.written += n,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(()),
                 Err(e) => return Err(ExecError::HostGone(Some(e))),
             }
         }
         self.pending.clear();
-        self.written = 0;
         Ok(())
     }
 
     /// Writes the exit frame (after any pending output) and closes the stream.
     fn finish_with(&mut self, result: &ExecResult) -> Result<(), ExecError> {
-        self.conn.set_nonblocking(false)?;
-        let unsent = self.pending.split_off(self.written);
         self.conn
-            .write_all(&unsent)
+            .write_all(self.pending.unsent())
             .map_err(|e| ExecError::HostGone(Some(e)))?;
         self.pending.clear();
-        self.written = 0;
-        write_exit_blocking(&mut self.conn, result)?;
+        write_exit(&mut self.conn, result)?;
         let _ = self.conn.shutdown(std::net::Shutdown::Write);
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::reaper::RawUsage;
+
+    fn killed(maxrss_kib: u64) -> ExitInfo {
+        ExitInfo {
+            status: libc::SIGKILL, // WIFSIGNALED with WTERMSIG = SIGKILL
+            usage: RawUsage {
+                maxrss_kib,
+                ..RawUsage::default()
+            },
+            io: Some((4096, 0)),
+            at: Instant::now(),
+        }
+    }
+
+    fn ctx(mem_total_bytes: u64) -> ExecContext {
+        let mut c = ExecContext::new().expect("context");
+        c.mem_total_bytes = mem_total_bytes;
+        c
+    }
+
+    #[test]
+    fn oom_heuristic_needs_sigkill_not_ours_and_near_total_memory() {
+        let started = Instant::now();
+        let total = 1024 * 1024 * 1024;
+        let mut r = ExecResult::default();
+        fill_result(
+            &mut r,
+            &killed(1_000_000),
+            started,
+            false,
+            None,
+            &ctx(total),
+        );
+        assert!(r.oom_killed);
+        assert_eq!(r.signal, "SIGKILL");
+        assert_eq!(r.exit_code, -1);
+        let usage = r.usage.expect("usage");
+        assert_eq!(usage.peak_memory_bytes, 1_000_000 * 1024);
+        assert_eq!(usage.io_read_bytes, 4096);
+
+        let mut r = ExecResult::default();
+        fill_result(&mut r, &killed(1_000_000), started, true, None, &ctx(total));
+        assert!(!r.oom_killed, "our own timeout kill is not an OOM kill");
+
+        let mut r = ExecResult::default();
+        fill_result(&mut r, &killed(10_000), started, false, None, &ctx(total));
+        assert!(!r.oom_killed, "a small process killed by someone else");
+    }
+
+    #[test]
+    fn normal_exit_reports_the_code() {
+        let mut r = ExecResult::default();
+        let info = ExitInfo {
+            status: 3 << 8,
+            usage: RawUsage::default(),
+            io: None,
+            at: Instant::now(),
+        };
+        fill_result(&mut r, &info, Instant::now(), false, None, &ctx(0));
+        assert_eq!(
+            (r.exit_code, r.signal.as_str(), r.oom_killed),
+            (3, "", false)
+        );
     }
 }

@@ -312,20 +312,30 @@ pub fn vm_main() -> ! {
 }
 
 fn boot_and_serve() {
+    // The kernel hands init the console as 0/1/2 when the initramfs has /dev/console; then
+    // stderr is the console. Otherwise open it once devtmpfs is mounted.
+    let have_stderr = sys::fd_is_open(2);
     mount_basics();
     sys::ensure_stdio_open();
-    if let Ok(console) = fs::OpenOptions::new()
-        .write(true)
-        .custom_flags_noctty()
-        .open("/dev/console")
-    {
-        log::set_sink(Box::new(console));
+    if !have_stderr {
+        if let Ok(console) = fs::OpenOptions::new()
+            .write(true)
+            .custom_flags_noctty()
+            .open("/dev/console")
+        {
+            log::set_sink(Box::new(console));
+        }
     }
     if std::env::var_os("PATH").is_none() {
         // Before any thread exists, so setting the environment is sound.
         std::env::set_var("PATH", DEFAULT_PATH);
     }
-    let cfg = BootConfig::parse(&fs::read_to_string("/proc/cmdline").unwrap_or_default());
+    // CRUCIBLE_CMDLINE stands in for /proc/cmdline, to exercise VM mode as PID 1 of a
+    // namespace (see docs/agent-protocol.md).
+    let cmdline = std::env::var("CRUCIBLE_CMDLINE")
+        .or_else(|_| fs::read_to_string("/proc/cmdline"))
+        .unwrap_or_default();
+    let cfg = BootConfig::parse(&cmdline);
     if let Some(level) = cfg.log {
         log::set_level(level);
     }
@@ -354,7 +364,7 @@ fn boot_and_serve() {
         }
     };
     exec_ctx.reset_oom_score = true;
-    if let Some((procs, events)) = commands_cgroup(&cfg) {
+    if let Some((procs, events)) = cfg.cgroups.then(|| commands_cgroup(&cfg)).flatten() {
         exec_ctx.cgroup_procs = Some(procs);
         exec_ctx.cgroup_memory_events = Some(events);
     }
@@ -406,7 +416,7 @@ fn boot_and_serve() {
     }
     match listener {
         Some(l) => {
-            let e = server::serve(&l, agent);
+            let e = server::serve(l, agent);
             log::error(format_args!("{e}"));
         }
         None => log::error(format_args!("nothing to serve on; ending the VM")),

@@ -164,7 +164,7 @@ fn host_main(args: Args) -> ExitCode {
         }
     }
     init::print_ready_line(agent.ready_uptime_ms);
-    let e = server::serve(&listener, agent);
+    let e = server::serve(listener, agent);
     eprintln!("guest-init: {}", chain(&e));
     ExitCode::FAILURE
 }

@@ -50,6 +50,9 @@ pub struct RawUsage {
 pub struct ExitSlot {
     info: Mutex<Option<ExitInfo>>,
     event: OwnedFd,
+    /// `/proc/<pid>/io`, opened while the child runs, so that reading it at exit (on the path
+    /// to the exit frame) is one `pread` instead of a procfs path lookup.
+    io_file: Mutex<Option<std::fs::File>>,
 }
 
 impl ExitSlot {
@@ -58,6 +61,7 @@ impl ExitSlot {
         Ok(Arc::new(ExitSlot {
             info: Mutex::new(None),
             event: sys::eventfd()?,
+            io_file: Mutex::new(None),
         }))
     }
 
@@ -80,6 +84,13 @@ impl ExitSlot {
             // Errors here mean a broken eventfd; fall back to re-checking, which still ends
             // because the reaper fills the slot.
             let _ = sys::wait_readable(self.event.as_fd(), 1000);
+        }
+    }
+
+    /// Opens `/proc/<pid>/io` ahead of the exit (best effort).
+    pub fn open_io(&self, pid: libc::pid_t) {
+        if let Ok(f) = std::fs::File::open(format!("/proc/{pid}/io")) {
+            *lock(&self.io_file) = Some(f);
         }
     }
 
@@ -177,10 +188,14 @@ impl Reaper {
     fn reap(&self, pid: libc::pid_t) {
         let mut state = lock(&self.state);
         let slot = state.watched.remove(&pid);
-        let io = if slot.is_some() {
-            read_proc_io(pid)
-        } else {
-            None
+        let io = match &slot {
+            Some(slot) => match lock(&slot.io_file).take() {
+                Some(file) => read_io_file(&file),
+                None => std::fs::File::open(format!("/proc/{pid}/io"))
+                    .ok()
+                    .and_then(|f| read_io_file(&f)),
+            },
+            None => None,
         };
         match wait4(pid) {
             Ok((status, usage)) => {
@@ -243,10 +258,19 @@ fn wait4(pid: libc::pid_t) -> io::Result<(libc::c_int, RawUsage)> {
     Ok((status, usage))
 }
 
-/// `(read_bytes, write_bytes)` of a (zombie) process.
-fn read_proc_io(pid: libc::pid_t) -> Option<(u64, u64)> {
-    let text = std::fs::read_to_string(format!("/proc/{pid}/io")).ok()?;
-    parse_proc_io(&text)
+/// `(read_bytes, write_bytes)` from an open `/proc/<pid>/io` of a (zombie) process: one
+/// `pread` (the file is about 150 bytes).
+fn read_io_file(file: &std::fs::File) -> Option<(u64, u64)> {
+    use std::os::unix::fs::FileExt;
+    let mut buf = [0u8; 512];
+    let len = loop {
+        match file.read_at(&mut buf, 0) {
+            Ok(n) => break n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(_) => return None,
+        }
+    };
+    parse_proc_io(std::str::from_utf8(&buf[..len]).ok()?)
 }
 
 fn parse_proc_io(text: &str) -> Option<(u64, u64)> {

@@ -6,6 +6,7 @@ use std::mem::size_of;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use wire::agent::{AgentReply, AgentRequest, Hello, PROTOCOL_VERSION};
@@ -266,31 +267,81 @@ impl Agent {
     }
 }
 
-/// Accepts connections forever, one thread each. Returns only if accepting keeps failing.
-pub fn serve(listener: &Listener, agent: &'static Agent) -> ServerError {
-    let mut failures = 0u32;
-    loop {
-        match listener.accept() {
-            Ok(conn) => {
-                failures = 0;
-                let spawned = std::thread::Builder::new()
-                    .name("conn".into())
-                    .stack_size(CONNECTION_STACK)
-                    .spawn(move || handle(conn, agent));
-                if let Err(e) = spawned {
+/// Idle threads kept blocked in `accept` beyond the one that must always be there.
+const SPARE_ACCEPTORS: usize = 4;
+
+/// Connection threads, leader/follower style: idle threads block in `accept` on the shared
+/// listener themselves (the kernel hands each connection to one of them), so a connection
+/// reaches its thread without a hand-off. A thread that takes a connection while no other is
+/// left accepting starts a new one first, so one slow client never waits behind another.
+#[derive(Debug)]
+struct Workers {
+    agent: &'static Agent,
+    listener: &'static Listener,
+    /// Threads currently blocked in (or about to enter) `accept`.
+    accepting: AtomicUsize,
+}
+
+impl Workers {
+    fn start(&'static self) -> io::Result<()> {
+        std::thread::Builder::new()
+            .name("conn".into())
+            .stack_size(CONNECTION_STACK)
+            .spawn(move || {
+                let _ = self.work(false);
+            })
+            .map(drop)
+    }
+
+    /// Accepts and serves connections. The main thread (`forever`) only returns when
+    /// accepting keeps failing; other threads return `None` when enough others are idle.
+    fn work(&'static self, forever: bool) -> Option<ServerError> {
+        let mut failures = 0u32;
+        loop {
+            self.accepting.fetch_add(1, Ordering::AcqRel);
+            let accepted = self.listener.accept();
+            if self.accepting.fetch_sub(1, Ordering::AcqRel) == 1 {
+                // Nobody else is accepting now: make sure somebody is before we get busy.
+                if let Err(e) = self.start() {
                     log::error(format_args!("cannot start a connection thread: {e}"));
                 }
             }
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(e) => {
-                // EMFILE and friends are transient: back off a little instead of spinning.
-                log::error(format_args!("accept failed: {e}"));
-                failures += 1;
-                if failures > 100 {
-                    return ServerError::Accept(e);
+            match accepted {
+                Ok(conn) => {
+                    failures = 0;
+                    handle(conn, self.agent);
                 }
-                std::thread::sleep(Duration::from_millis(10 * u64::from(failures)));
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => {
+                    // EMFILE and friends are transient: back off instead of spinning.
+                    log::error(format_args!("accept failed: {e}"));
+                    failures += 1;
+                    if failures > 100 && forever {
+                        return Some(ServerError::Accept(e));
+                    }
+                    std::thread::sleep(Duration::from_millis(10 * u64::from(failures.min(100))));
+                }
             }
+            // Enough idle threads: let this one go. (If they all get busy at once, the last
+            // one to leave `accept` starts a new thread, as above.)
+            if !forever && self.accepting.load(Ordering::Acquire) > SPARE_ACCEPTORS {
+                return None;
+            }
+        }
+    }
+}
+
+/// Accepts connections forever, on this thread and the connection threads. Returns only if
+/// accepting keeps failing.
+pub fn serve(listener: Listener, agent: &'static Agent) -> ServerError {
+    let workers: &'static Workers = Box::leak(Box::new(Workers {
+        agent,
+        listener: Box::leak(Box::new(listener)),
+        accepting: AtomicUsize::new(0),
+    }));
+    loop {
+        if let Some(e) = workers.work(true) {
+            return e;
         }
     }
 }

@@ -1,24 +1,25 @@
-//! fork + exec of one command, by hand.
+//! clone(CLONE_VM | CLONE_VFORK) + exec of one command, by hand.
 //!
 //! std's `Command` waits for its own children when exec fails, which races with (and would be
 //! broken by) our single reaper, so the agent forks itself. Everything the child needs (argv,
 //! envp, the resolved program path, the cwd) is prepared before the fork; after it the child
-//! only makes async-signal-safe system calls: `setsid`, cgroup and OOM-score writes, `dup2`,
-//! signal resets, `chdir`, `execve`. A failure is reported to the parent as `[stage, errno]`
-//! through a close-on-exec pipe, so the parent knows within one read whether the exec worked.
+//! only makes async-signal-safe system calls (it shares our memory until it execs, like
+//! posix_spawn's child): `setsid`, cgroup and OOM-score writes, `dup2`,
+//! signal resets, `chdir`, `execve`. A failure is left for the parent as `stage << 32 | errno`
+//! in shared memory; the parent, suspended until the child execs or exits, reads it on waking.
 
 use std::ffi::{CString, OsStr, OsString};
-use std::io::{self, Read};
+use std::io;
 use std::os::fd::{AsRawFd, BorrowedFd, RawFd};
-use std::os::unix::ffi::OsStrExt;
+use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
 
 use wire::ExecRequest;
 
 use crate::reaper::{ExitSlot, Reaper};
-use crate::sys;
 
 /// Used when neither the agent nor the request has a `PATH`.
 pub const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
@@ -92,7 +93,25 @@ struct ChildPlan {
     stdio: [RawFd; 3],
     cgroup_procs: Option<RawFd>,
     reset_oom_score: bool,
-    report: RawFd,
+    /// Written by the child on failure: `stage << 32 | errno`; 0 means the exec happened.
+    report: AtomicU64,
+}
+
+/// The child's stack: it only makes a few system calls before exec.
+const CHILD_STACK: usize = 64 * 1024;
+
+thread_local! {
+    /// The stack our vfork children run on, one per spawning thread and reused: the thread is
+    /// suspended while its child uses it, so it is never in use twice at once, and reusing it
+    /// spares an allocation, a memset and fresh page faults per exec.
+    static CHILD_STACKS: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+extern "C" fn child_entry(plan: *mut libc::c_void) -> libc::c_int {
+    // SAFETY: `spawn` passes a pointer to a live ChildPlan and is suspended until we exec or
+    // exit, so the reference is valid for the whole call.
+    let plan = unsafe { &*(plan as *const ChildPlan) };
+    child_after_fork(plan)
 }
 
 /// Starts `req` with `stdio`, registering the child with the reaper under `slot`. Returns the
@@ -104,13 +123,13 @@ pub fn spawn(
     ctx: &SpawnContext<'_>,
     slot: &Arc<ExitSlot>,
 ) -> Result<libc::pid_t, SpawnError> {
-    let env = merged_env(req);
-    let search_path = env
-        .iter()
-        .find_map(|(k, v)| (k.as_os_str() == "PATH").then(|| v.clone()))
-        .unwrap_or_else(|| OsString::from(DEFAULT_PATH));
+    let base = BaseEnv::get();
+    let search_path = match req.env.get("PATH") {
+        Some(p) => OsStr::new(p.as_str()),
+        None => base.path.as_os_str(),
+    };
     let cwd = (!req.cwd.is_empty()).then(|| PathBuf::from(&req.cwd));
-    let program = resolve_program(&req.cmd[0], &search_path, cwd.as_deref())?;
+    let program = resolve_program(&req.cmd[0], search_path, cwd.as_deref())?;
 
     let program_c = CString::new(program.as_os_str().as_bytes()).map_err(|_| SpawnError::Nul)?;
     let args_c = req
@@ -119,14 +138,10 @@ pub fn spawn(
         .map(|a| CString::new(a.as_bytes()))
         .collect::<Result<Vec<_>, _>>()
         .map_err(|_| SpawnError::Nul)?;
-    let env_c = env
+    let added_c = req
+        .env
         .iter()
-        .map(|(k, v)| {
-            let mut kv = k.as_bytes().to_vec();
-            kv.push(b'=');
-            kv.extend_from_slice(v.as_bytes());
-            CString::new(kv)
-        })
+        .map(|(k, v)| CString::new(format!("{k}={v}")))
         .collect::<Result<Vec<_>, _>>()
         .map_err(|_| SpawnError::Nul)?;
     let cwd_c = match &cwd {
@@ -135,10 +150,16 @@ pub fn spawn(
     };
     let mut argv: Vec<*const libc::c_char> = args_c.iter().map(|a| a.as_ptr()).collect();
     argv.push(std::ptr::null());
-    let mut envp: Vec<*const libc::c_char> = env_c.iter().map(|e| e.as_ptr()).collect();
+    // The agent's variables that the request does not override, then the request's.
+    let mut envp: Vec<*const libc::c_char> = base
+        .vars
+        .iter()
+        .filter(|(k, _)| !std::str::from_utf8(k).is_ok_and(|k| req.env.contains_key(k)))
+        .map(|(_, kv)| kv.as_ptr())
+        .chain(added_c.iter().map(|e| e.as_ptr()))
+        .collect();
     envp.push(std::ptr::null());
 
-    let (report_r, report_w) = sys::pipe()?;
     let plan = ChildPlan {
         program: program_c.as_ptr(),
         argv: argv.as_ptr(),
@@ -151,40 +172,47 @@ pub fn spawn(
         ],
         cgroup_procs: ctx.cgroup_procs.map(|fd| fd.as_raw_fd()),
         reset_oom_score: ctx.reset_oom_score,
-        report: report_w.as_raw_fd(),
+        report: AtomicU64::new(0),
     };
 
-    let pid = Reaper::global().spawn_with(slot, || {
-        // SAFETY: fork takes no arguments. The child runs only `child_after_fork`, which makes
-        // async-signal-safe calls on memory prepared above and never returns.
-        match unsafe { libc::fork() } {
-            -1 => Err(io::Error::last_os_error()),
-            0 => child_after_fork(&plan),
-            pid => Ok(pid),
+    // The child runs on its own small stack in our address space (CLONE_VM | CLONE_VFORK, as
+    // posix_spawn does): no page tables are copied, and this thread is suspended until the
+    // child has exec'd or exited, so everything above stays alive and unchanged meanwhile.
+    let pid = CHILD_STACKS.with(|stack| {
+        let mut stack = stack.borrow_mut();
+        if stack.len() < CHILD_STACK {
+            stack.resize(CHILD_STACK, 0);
         }
+        Reaper::global().spawn_with(slot, || {
+            // The stack grows down: pass its (16-byte aligned) top.
+            let top = stack.as_mut_ptr_range().end as usize & !0xf;
+            // SAFETY: `child_entry` only makes async-signal-safe system calls using `plan`, which
+            // outlives the call (CLONE_VFORK suspends us until the child execs or exits), and runs
+            // on `stack`, which nothing else uses meanwhile. SIGCHLD makes it an ordinary child.
+            let pid = unsafe {
+                libc::clone(
+                    child_entry,
+                    top as *mut libc::c_void,
+                    libc::CLONE_VM | libc::CLONE_VFORK | libc::SIGCHLD,
+                    (&plan as *const ChildPlan).cast_mut().cast(),
+                )
+            };
+            if pid == -1 {
+                Err(io::Error::last_os_error())
+            } else {
+                Ok(pid)
+            }
+        })
     })?;
-    drop(report_w);
 
-    // Read the child's report: EOF without bytes means execve succeeded (the pipe was
-    // close-on-exec). The buffers above stay alive until here, past the child's exec.
-    let mut report = [0u8; 5];
-    let mut got = 0;
-    let mut file = std::fs::File::from(report_r);
-    while got < report.len() {
-        match file.read(&mut report[got..]) {
-            Ok(0) => break,
-            Ok(n) => got += n,
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(e.into()),
-        }
-    }
-    drop((argv, envp, args_c, env_c, cwd_c, program_c));
-    if got == 0 {
+    let report = plan.report.load(Ordering::Acquire);
+    if report == 0 {
+        drop((argv, envp, args_c, added_c, cwd_c, program_c));
         return Ok(pid);
     }
-    let errno = i32::from_ne_bytes([report[1], report[2], report[3], report[4]]);
+    let errno = (report & 0xffff_ffff) as i32;
     let source = io::Error::from_raw_os_error(errno);
-    Err(match report[0] {
+    Err(match (report >> 32) as u8 {
         STAGE_CHDIR => SpawnError::BadCwd {
             cwd: req.cwd.clone(),
             source,
@@ -201,17 +229,36 @@ pub fn spawn(
     })
 }
 
-/// The agent's environment with the request's variables added (the request wins).
-fn merged_env(req: &ExecRequest) -> Vec<(OsString, OsString)> {
-    let mut env: Vec<(OsString, OsString)> = std::env::vars_os()
-        .filter(|(k, _)| !req.env.contains_key(&*k.to_string_lossy()))
-        .collect();
-    env.extend(
-        req.env
-            .iter()
-            .map(|(k, v)| (OsString::from(k), OsString::from(v))),
-    );
-    env
+/// The agent's own environment, encoded once: the agent never changes it after startup, so
+/// each exec only adds the request's variables.
+#[derive(Debug)]
+struct BaseEnv {
+    /// `(name, "NAME=value")`.
+    vars: Vec<(Vec<u8>, CString)>,
+    /// The agent's `PATH`, or [`DEFAULT_PATH`].
+    path: OsString,
+}
+
+static BASE_ENV: OnceLock<BaseEnv> = OnceLock::new();
+
+impl BaseEnv {
+    fn get() -> &'static BaseEnv {
+        BASE_ENV.get_or_init(|| {
+            let mut path = OsString::from(DEFAULT_PATH);
+            let vars = std::env::vars_os()
+                .filter_map(|(k, v)| {
+                    if k == "PATH" {
+                        path = v.clone();
+                    }
+                    let mut kv = k.as_bytes().to_vec();
+                    kv.push(b'=');
+                    kv.extend_from_slice(v.as_bytes());
+                    Some((k.into_vec(), CString::new(kv).ok()?))
+                })
+                .collect();
+            BaseEnv { vars, path }
+        })
+    }
 }
 
 /// Finds `name` the way `execvp` would: as given when it contains a slash, else the first
@@ -285,7 +332,7 @@ fn child_after_fork(plan: &ChildPlan) -> ! {
     for (target, &fd) in plan.stdio.iter().enumerate() {
         // SAFETY: dup2 takes no pointers; `fd` is open in the parent and so in the child.
         if unsafe { libc::dup2(fd, target as libc::c_int) } == -1 {
-            fail(plan.report, STAGE_SETUP);
+            fail(&plan.report, STAGE_SETUP);
         }
     }
     // SAFETY: sigset_t is plain old data; sigemptyset initializes it before use, and
@@ -300,26 +347,25 @@ fn child_after_fork(plan: &ChildPlan) -> ! {
     if let Some(cwd) = plan.cwd {
         // SAFETY: `cwd` points at a NUL-terminated string the parent keeps alive.
         if unsafe { libc::chdir(cwd) } == -1 {
-            fail(plan.report, STAGE_CHDIR);
+            fail(&plan.report, STAGE_CHDIR);
         }
     }
     // SAFETY: program, argv and envp point at NUL-terminated strings and NULL-terminated
     // pointer arrays that the parent keeps alive until this exec has happened.
     unsafe { libc::execve(plan.program, plan.argv, plan.envp) };
-    fail(plan.report, STAGE_EXEC)
+    fail(&plan.report, STAGE_EXEC)
 }
 
-/// Reports `[stage, errno]` to the parent and exits the child.
-fn fail(report: RawFd, stage: u8) -> ! {
+/// Reports `stage` and errno to the parent (shared memory) and exits the child.
+fn fail(report: &AtomicU64, stage: u8) -> ! {
     let errno = io::Error::last_os_error().raw_os_error().unwrap_or(0);
-    let e = errno.to_ne_bytes();
-    let msg = [stage, e[0], e[1], e[2], e[3]];
-    // SAFETY: writes 5 bytes from a live stack array, then exits without running any
-    // destructors or atexit handlers (which a forked child of a threaded process must not run).
-    unsafe {
-        libc::write(report, msg.as_ptr().cast(), msg.len());
-        libc::_exit(127)
-    }
+    report.store(
+        (u64::from(stage) << 32) | u64::from(errno as u32),
+        Ordering::Release,
+    );
+    // SAFETY: _exit ends the child without running destructors or atexit handlers, which a
+    // child sharing its parent's memory must not run.
+    unsafe { libc::_exit(127) }
 }
 
 #[cfg(test)]

@@ -39,18 +39,46 @@ pub fn eventfd_signal(fd: BorrowedFd<'_>) {
     unsafe { libc::write(fd.as_raw_fd(), (&one as *const u64).cast(), 8) };
 }
 
-/// Sets or clears `O_NONBLOCK`.
+/// Sets or clears `O_NONBLOCK` (one ioctl rather than fcntl's get-then-set).
 pub fn set_nonblocking(fd: BorrowedFd<'_>, on: bool) -> io::Result<()> {
-    // SAFETY: F_GETFL takes no pointer argument.
-    let flags = cvt(unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GETFL) })?;
-    let flags = if on {
-        flags | libc::O_NONBLOCK
-    } else {
-        flags & !libc::O_NONBLOCK
-    };
-    // SAFETY: F_SETFL takes an int argument.
-    cvt(unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_SETFL, flags) })?;
+    let mut on = libc::c_int::from(on);
+    // SAFETY: FIONBIO reads one int through the pointer, which points at a live int.
+    cvt(unsafe { libc::ioctl(fd.as_raw_fd(), libc::FIONBIO as _, &mut on) })?;
     Ok(())
+}
+
+/// send(2) with `MSG_DONTWAIT`: a non-blocking write on a blocking socket, no `fcntl` needed.
+pub fn send_nowait(fd: BorrowedFd<'_>, buf: &[u8]) -> io::Result<usize> {
+    // SAFETY: the pointer and length describe a live, readable slice.
+    let n = unsafe {
+        libc::send(
+            fd.as_raw_fd(),
+            buf.as_ptr().cast(),
+            buf.len(),
+            libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
+        )
+    };
+    if n < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(n.unsigned_abs())
+}
+
+/// recv(2) with `MSG_DONTWAIT`.
+pub fn recv_nowait(fd: BorrowedFd<'_>, buf: &mut [u8]) -> io::Result<usize> {
+    // SAFETY: the pointer and length describe a live, writable slice.
+    let n = unsafe {
+        libc::recv(
+            fd.as_raw_fd(),
+            buf.as_mut_ptr().cast(),
+            buf.len(),
+            libc::MSG_DONTWAIT,
+        )
+    };
+    if n < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(n.unsigned_abs())
 }
 
 /// Bytes waiting to be read on a pipe or socket.
@@ -132,12 +160,17 @@ pub fn set_child_subreaper() -> io::Result<()> {
     Ok(())
 }
 
+/// Whether `fd` is an open descriptor.
+pub fn fd_is_open(fd: libc::c_int) -> bool {
+    // SAFETY: F_GETFD takes no pointer; it only asks whether `fd` is open.
+    unsafe { libc::fcntl(fd, libc::F_GETFD) != -1 }
+}
+
 /// Makes sure descriptors 0, 1 and 2 are open (on `/dev/null` if nothing else), so pipes
 /// created later never land on them and `dup2` in the child always clears close-on-exec.
 pub fn ensure_stdio_open() {
     for fd in 0..3 {
-        // SAFETY: F_GETFD takes no pointer; it only asks whether `fd` is open.
-        if unsafe { libc::fcntl(fd, libc::F_GETFD) } != -1 {
+        if fd_is_open(fd) {
             continue;
         }
         // SAFETY: the path is a NUL-terminated literal; open returns the lowest free fd, which is

@@ -1,0 +1,430 @@
+//! Exec over a Unix socket against the real binary.
+
+mod common;
+
+use std::io::Read;
+use std::os::unix::fs::PermissionsExt;
+use std::time::{Duration, Instant};
+
+use common::{read_output, sh, wait_gone, write_frame, Agent};
+use wire::agent::{AgentReply, AgentRequest};
+use wire::{ExecRequest, FrameType};
+
+#[test]
+fn stdout_and_stderr_are_separate_and_each_in_order() {
+    let agent = Agent::start();
+    let out = agent.exec(sh(
+        "for i in 1 2 3 4 5; do echo out$i; echo err$i >&2; done",
+    ));
+    assert_eq!(out.stdout_str(), "out1\nout2\nout3\nout4\nout5\n");
+    assert_eq!(out.stderr_str(), "err1\nerr2\nerr3\nerr4\nerr5\n");
+    assert_eq!(out.result.exit_code, 0);
+    assert_eq!(out.result.error, "");
+
+    // A long stream arrives complete and in order across many frames.
+    let out = agent.exec(ExecRequest::new(["seq", "1", "200000"]));
+    let expected: String = (1..=200_000).map(|i| format!("{i}\n")).collect();
+    assert!(out.stdout == expected.as_bytes(), "seq output differs");
+    assert!(out.frames.len() > 3, "{} frames", out.frames.len());
+}
+
+#[test]
+fn exit_codes_are_reported() {
+    let agent = Agent::start();
+    for code in [0, 1, 7, 255] {
+        let out = agent.exec(sh(&format!("exit {code}")));
+        assert_eq!(out.result.exit_code, code);
+        assert_eq!(out.result.signal, "");
+        assert!(!out.result.timed_out);
+        let usage = out.result.usage.expect("usage collected");
+        assert!(usage.peak_memory_bytes > 0);
+    }
+}
+
+#[test]
+fn signalled_commands_report_the_signal_name() {
+    let agent = Agent::start();
+    for (sig, name) in [("TERM", "SIGTERM"), ("KILL", "SIGKILL"), ("INT", "SIGINT")] {
+        let out = agent.exec(sh(&format!("kill -{sig} $$")));
+        assert_eq!(out.result.exit_code, -1, "{name}");
+        assert_eq!(out.result.signal, name);
+        assert!(!out.result.timed_out);
+    }
+}
+
+#[test]
+fn env_is_added_to_the_agents_and_cwd_is_honoured() {
+    let agent = Agent::start_with(|c| {
+        c.env("CRUCIBLE_INHERITED", "from-agent");
+    });
+    let mut req = sh("echo $CRUCIBLE_INHERITED $FOO; pwd");
+    req.env.insert("FOO".into(), "bar baz".into());
+    req.cwd = "/usr".into();
+    let out = agent.exec(req);
+    assert_eq!(out.stdout_str(), "from-agent bar baz\n/usr\n");
+
+    // A request's variable overrides the agent's.
+    let mut req = sh("echo $CRUCIBLE_INHERITED");
+    req.env
+        .insert("CRUCIBLE_INHERITED".into(), "overridden".into());
+    assert_eq!(agent.exec(req).stdout_str(), "overridden\n");
+
+    // cmd[0] is looked up on the request's PATH when it sets one.
+    let mut req = ExecRequest::new(["sh", "-c", "true"]);
+    req.env.insert("PATH".into(), "/nonexistent".into());
+    let out = agent.exec(req);
+    assert_eq!(out.result.exit_code, -1);
+    assert!(
+        out.result.error.contains("not found"),
+        "{}",
+        out.result.error
+    );
+}
+
+#[test]
+fn spawn_errors_say_why_and_send_no_output() {
+    let agent = Agent::start();
+    let script = agent.dir.path().join("not-executable.sh");
+    std::fs::write(&script, "#!/bin/sh\necho hi\n").expect("write script");
+    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o644)).expect("chmod");
+
+    let cases = [
+        (ExecRequest::new(["no-such-cmd"]), "not found"),
+        (ExecRequest::new(["/definitely/not/here"]), "not found"),
+        (
+            ExecRequest::new([script.to_string_lossy().into_owned()]),
+            "permission denied",
+        ),
+        (
+            ExecRequest {
+                cwd: "/no/such/dir".into(),
+                ..ExecRequest::new(["true"])
+            },
+            "cwd",
+        ),
+        (ExecRequest::new(Vec::<String>::new()), "invalid request"),
+    ];
+    for (req, why) in cases {
+        let out = agent.exec(req.clone());
+        assert_eq!(out.result.exit_code, -1, "{req:?}");
+        assert!(
+            out.result.error.contains(why),
+            "{req:?}: error {:?} should mention {why:?}",
+            out.result.error
+        );
+        assert_eq!(
+            out.frames,
+            vec![FrameType::Exit],
+            "{req:?}: no output frames"
+        );
+    }
+}
+
+#[test]
+fn timeout_kills_the_whole_process_group() {
+    let agent = Agent::start();
+    let mut req = sh("sleep 100 & echo $!; sleep 100");
+    req.timeout_s = 1;
+    let started = Instant::now();
+    let out = agent.exec(req);
+    assert!(started.elapsed() < Duration::from_secs(10), "hang guard");
+    assert!(out.result.timed_out);
+    assert_eq!(out.result.signal, "SIGKILL");
+    assert_eq!(out.result.exit_code, -1);
+    assert!(!out.result.oom_killed);
+    let grandchild: u32 = out.stdout_str().trim().parse().expect("grandchild pid");
+    assert!(
+        wait_gone(grandchild, Duration::from_secs(10)),
+        "grandchild {grandchild} survived the timeout"
+    );
+}
+
+#[test]
+fn interactive_stdin_reaches_the_command_and_close_ends_it() {
+    let agent = Agent::start();
+    let mut s = agent.send(&AgentRequest::Exec {
+        request: ExecRequest::new(["cat"]),
+        interactive: true,
+    });
+    write_frame(&mut s, FrameType::Stdin, b"hello\n");
+    write_frame(&mut s, FrameType::Stdin, b"world\n");
+    write_frame(&mut s, FrameType::StdinClose, b"");
+    let out = read_output(s);
+    assert_eq!(out.stdout_str(), "hello\nworld\n");
+    assert_eq!(out.result.exit_code, 0);
+
+    // State persists across lines of one shell.
+    let mut s = agent.send(&AgentRequest::Exec {
+        request: ExecRequest::new(["sh"]),
+        interactive: true,
+    });
+    write_frame(&mut s, FrameType::Stdin, b"cd /tmp\n");
+    write_frame(&mut s, FrameType::Stdin, b"pwd\n");
+    write_frame(&mut s, FrameType::StdinClose, b"");
+    let out = read_output(s);
+    assert_eq!(out.stdout_str(), "/tmp\n");
+    assert_eq!(out.result.exit_code, 0);
+}
+
+#[test]
+fn interactive_large_input_round_trips_with_backpressure() {
+    let agent = Agent::start();
+    let s = agent.send(&AgentRequest::Exec {
+        request: ExecRequest::new(["cat"]),
+        interactive: true,
+    });
+    let mut writer = s.try_clone().expect("clone");
+    let data: Vec<u8> = (0..8 * 1024 * 1024u32).map(|i| (i % 251) as u8).collect();
+    let sent = data.clone();
+    let t = std::thread::spawn(move || {
+        for chunk in sent.chunks(50_000) {
+            write_frame(&mut writer, FrameType::Stdin, chunk);
+        }
+        write_frame(&mut writer, FrameType::StdinClose, b"");
+    });
+    let out = read_output(s);
+    t.join().expect("writer");
+    assert!(out.stdout == data, "cat echoed {} bytes", out.stdout.len());
+    assert_eq!(out.result.exit_code, 0);
+}
+
+#[test]
+fn non_interactive_stdin_is_dev_null() {
+    let agent = Agent::start();
+    let out = agent.exec(ExecRequest::new(["cat"]));
+    assert_eq!(out.stdout, b"");
+    assert_eq!(out.result.exit_code, 0);
+}
+
+#[test]
+fn one_gib_through_a_slow_reader_keeps_the_agent_small() {
+    let agent = Agent::start();
+    let mut s = agent.send(&AgentRequest::Exec {
+        request: sh("head -c 1G /dev/zero"),
+        interactive: false,
+    });
+    // Read raw bytes slowly (a pause every 4 MiB), counting stdout payload via the decoder.
+    let mut decoder = wire::Decoder::new(wire::Direction::GuestToHost);
+    let mut stdout = 0u64;
+    let mut exit = None;
+    let mut since_pause = 0usize;
+    loop {
+        let n = s.read(decoder.unfilled_mut()).expect("read");
+        if n == 0 {
+            decoder.finish().expect("clean end");
+            break;
+        }
+        decoder.mark_filled(n);
+        while let Some(f) = decoder.next_frame().expect("valid") {
+            match f.frame_type {
+                FrameType::Stdout => stdout += f.payload.len() as u64,
+                FrameType::Exit => {
+                    exit =
+                        Some(serde_json::from_slice::<wire::ExecResult>(f.payload).expect("exit"))
+                }
+                other => panic!("unexpected {other}"),
+            }
+        }
+        since_pause += n;
+        if since_pause >= 4 << 20 {
+            since_pause = 0;
+            std::thread::sleep(Duration::from_millis(2));
+        }
+    }
+    let exit = exit.expect("exit frame");
+    assert_eq!(exit.exit_code, 0);
+    assert_eq!(stdout, 1 << 30);
+    let peak = agent.peak_rss();
+    eprintln!("agent VmHWM after 1 GiB: {} KiB", peak >> 10);
+    assert!(peak < 64 << 20, "agent peak RSS {} MiB", peak >> 20);
+}
+
+#[test]
+fn a_host_that_stops_reading_blocks_only_its_own_command() {
+    let agent = Agent::start();
+    // This stream is never read: the agent must stop reading the pipe, not buffer.
+    let _stalled = agent.send(&AgentRequest::Exec {
+        request: sh("head -c 200M /dev/zero"),
+        interactive: false,
+    });
+    std::thread::sleep(Duration::from_millis(300));
+    let out = agent.exec(sh("echo still here"));
+    assert_eq!(out.stdout_str(), "still here\n");
+    let peak = agent.peak_rss();
+    assert!(peak < 64 << 20, "agent peak RSS {} MiB", peak >> 20);
+}
+
+#[test]
+fn host_disconnect_kills_the_command() {
+    let agent = Agent::start();
+    let mut s = agent.send(&AgentRequest::Exec {
+        request: sh("echo $$; exec sleep 100"),
+        interactive: false,
+    });
+    let mut reader = wire::FrameReader::new(&mut s, wire::Direction::GuestToHost);
+    let frame = reader.read_frame().expect("frame").expect("first frame");
+    assert_eq!(frame.frame_type, FrameType::Stdout);
+    let pid: u32 = String::from_utf8_lossy(frame.payload)
+        .trim()
+        .parse()
+        .expect("pid");
+    drop(reader);
+    drop(s);
+    assert!(
+        wait_gone(pid, Duration::from_secs(10)),
+        "command {pid} survived the disconnect"
+    );
+    // Interactive sessions too.
+    let mut s = agent.send(&AgentRequest::Exec {
+        request: sh("echo $$; exec cat"),
+        interactive: true,
+    });
+    let mut reader = wire::FrameReader::new(&mut s, wire::Direction::GuestToHost);
+    let frame = reader.read_frame().expect("frame").expect("first frame");
+    let pid: u32 = String::from_utf8_lossy(frame.payload)
+        .trim()
+        .parse()
+        .expect("pid");
+    drop(reader);
+    drop(s);
+    assert!(
+        wait_gone(pid, Duration::from_secs(10)),
+        "cat {pid} survived"
+    );
+}
+
+#[test]
+fn fifty_concurrent_execs_each_get_their_own_stream() {
+    let agent = std::sync::Arc::new(Agent::start());
+    let threads: Vec<_> = (0..50)
+        .map(|i| {
+            let agent = std::sync::Arc::clone(&agent);
+            std::thread::spawn(move || {
+                let req = ExecRequest::new([
+                    "sh",
+                    "-c",
+                    "sleep 0.2; echo \"$1\"; echo \"e$1\" >&2",
+                    "sh",
+                    &i.to_string(),
+                ]);
+                let out = agent.exec(req);
+                assert_eq!(out.stdout_str(), format!("{i}\n"));
+                assert_eq!(out.stderr_str(), format!("e{i}\n"));
+                assert_eq!(out.result.exit_code, 0);
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().expect("exec thread");
+    }
+}
+
+#[test]
+fn exit_is_reported_even_when_a_background_child_holds_the_pipes() {
+    let agent = Agent::start();
+    let started = Instant::now();
+    let out = agent.exec(sh("echo before; sleep 30 & echo after"));
+    assert!(started.elapsed() < Duration::from_secs(10), "hang guard");
+    assert_eq!(out.stdout_str(), "before\nafter\n");
+    assert_eq!(out.result.exit_code, 0);
+}
+
+#[test]
+fn ping_answers_with_the_hello_and_shutdown_exits() {
+    let mut agent = Agent::start();
+    match agent.reply(&AgentRequest::Ping) {
+        AgentReply::Pong(hello) => {
+            assert_eq!(hello.pid, agent.pid());
+            assert_eq!(hello.protocol, wire::agent::PROTOCOL_VERSION);
+            assert_eq!(hello, agent.hello);
+        }
+        other => panic!("expected pong, got {other:?}"),
+    }
+    assert_eq!(
+        agent.reply(&AgentRequest::Shutdown),
+        AgentReply::ShuttingDown
+    );
+    let status = agent
+        .wait_exit(Duration::from_secs(10))
+        .expect("agent exited");
+    assert!(status.success(), "{status:?}");
+}
+
+#[test]
+fn garbage_first_message_gets_an_error_reply() {
+    let agent = Agent::start();
+    let mut s = agent.connect();
+    std::io::Write::write_all(&mut s, b"\0\0\0\x05hello").expect("write");
+    match wire::read_message::<_, AgentReply>(&mut s).expect("reply") {
+        AgentReply::Error(e) => assert_eq!(e.code, "invalid_request"),
+        other => panic!("expected error, got {other:?}"),
+    }
+    // The agent is still fine.
+    assert_eq!(agent.exec(sh("echo ok")).stdout_str(), "ok\n");
+}
+
+#[test]
+fn interactive_half_close_ends_stdin_after_the_frames_already_sent() {
+    let agent = Agent::start();
+    let mut s = agent.send(&AgentRequest::Exec {
+        request: ExecRequest::new(["cat"]),
+        interactive: true,
+    });
+    write_frame(&mut s, FrameType::Stdin, b"one\n");
+    write_frame(&mut s, FrameType::Stdin, b"two\n");
+    s.shutdown(std::net::Shutdown::Write).expect("half-close");
+    let out = read_output(s);
+    assert_eq!(out.stdout_str(), "one\ntwo\n");
+    assert_eq!(out.result.exit_code, 0);
+}
+
+#[test]
+fn invalid_stdin_frames_kill_the_command_with_an_error() {
+    let agent = Agent::start();
+    let mut s = agent.send(&AgentRequest::Exec {
+        request: ExecRequest::new(["cat"]),
+        interactive: true,
+    });
+    // A guest-to-host frame type is not valid input.
+    write_frame(&mut s, FrameType::Stdout, b"nope");
+    let out = read_output(s);
+    assert_eq!(out.result.exit_code, -1);
+    assert_eq!(out.result.signal, "SIGKILL");
+    assert!(out.result.error.contains("stdin"), "{}", out.result.error);
+}
+
+#[test]
+fn as_pid1_of_a_namespace_it_reaps_orphans() {
+    let Some(agent) = common::Agent::start_in_pid_namespace() else {
+        eprintln!("skipped: needs root and unshare");
+        return;
+    };
+    assert_eq!(agent.hello.pid, 1);
+    // The subshell exits at once, orphaning its sleep to the agent (PID 1).
+    let out = agent.exec(sh("(sleep 0.2 &); echo started"));
+    assert_eq!(out.stdout_str(), "started\n");
+    // After the orphan has exited, no zombie may remain in the namespace.
+    let scan = "sleep 0.5; for f in /proc/[0-9]*/stat; do cat $f 2>/dev/null; echo; done";
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let out = agent.exec(sh(scan));
+        let zombies: Vec<&str> = out
+            .stdout_str()
+            .leak()
+            .lines()
+            .filter(|l| {
+                l.rsplit_once(')')
+                    .is_some_and(|(_, r)| r.trim_start().starts_with('Z'))
+            })
+            .collect();
+        if zombies.is_empty() {
+            break;
+        }
+        assert!(Instant::now() < deadline, "zombies left: {zombies:?}");
+    }
+    // The usual exec semantics hold as PID 1 too.
+    let mut req = sh("sleep 100 & echo $!; sleep 100");
+    req.timeout_s = 1;
+    let out = agent.exec(req);
+    assert!(out.result.timed_out);
+}
