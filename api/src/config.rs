@@ -68,6 +68,8 @@ pub struct ServeConfig {
     pub state_dir: PathBuf,
     /// The image: `rootfs/` (namespace backend) and `vmlinux` + `initramfs.cpio` (microVM).
     pub image_dir: PathBuf,
+    /// The `crucible-vmm` binary the microVM backend runs.
+    pub vmm_binary: PathBuf,
     /// The cgroup (under each controller's root) that holds this daemon's sandbox groups.
     pub cgroup_parent: String,
     /// The backend for requests that do not name one; `None` picks the best the host offers.
@@ -102,6 +104,23 @@ pub fn default_socket() -> PathBuf {
     default_state_dir().join("crucible.sock")
 }
 
+/// `crucible-vmm` beside the running binary, else whatever `crucible-vmm` is on `PATH`.
+pub fn default_vmm_binary() -> PathBuf {
+    let beside = std::env::current_exe()
+        .ok()
+        .and_then(|exe| exe.parent().map(|dir| dir.join("crucible-vmm")));
+    match beside {
+        Some(path) if path.is_file() => path,
+        _ => std::env::var_os("PATH")
+            .and_then(|paths| {
+                std::env::split_paths(&paths)
+                    .map(|dir| dir.join("crucible-vmm"))
+                    .find(|p| p.is_file())
+            })
+            .unwrap_or_else(|| PathBuf::from("crucible-vmm")),
+    }
+}
+
 impl ServeConfig {
     /// Defaults: the default socket, no TCP, no keys, the given image.
     pub fn new(image_dir: PathBuf) -> Self {
@@ -111,6 +130,7 @@ impl ServeConfig {
             api_keys: ApiKeys::default(),
             state_dir: default_state_dir(),
             image_dir,
+            vmm_binary: default_vmm_binary(),
             cgroup_parent: "crucible".into(),
             default_backend: None,
             limits: Limits::default(),

@@ -34,7 +34,7 @@ pub async fn open(
         }
     };
     let message = AgentRequest::Exec {
-        request: request.clone(),
+        request: sandbox.with_sandbox_env(request),
         interactive,
     };
     if let Err(e) = wire::write_message_async(&mut agent, &message).await {

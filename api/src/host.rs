@@ -68,13 +68,15 @@ pub fn inspect() -> HostReport {
     }
 }
 
-/// Why the microVM backend cannot run here (it always has a reason until crucible-vmm lands).
-pub fn microvm_unavailable_reason(report: &HostReport) -> String {
+/// Why this host's KVM cannot boot the image, if it cannot.
+pub fn kvm_unavailable_reason(report: &HostReport) -> Option<String> {
     match report.kvm {
-        KvmKind::None => "there is no usable /dev/kvm on this host".into(),
-        KvmKind::Pvm => "this host's KVM is kvm_pvm (nested, pagetable-based): a stock guest \
-                         kernel runs in KVM's instruction emulator and does not boot"
-            .into(),
-        KvmKind::Hardware => "crucible-vmm is not part of this build yet".into(),
+        KvmKind::None => Some("there is no usable /dev/kvm on this host".into()),
+        KvmKind::Pvm => Some(
+            "this host's KVM is kvm_pvm (nested, pagetable-based): a stock guest kernel runs \
+             in KVM's instruction emulator and does not boot"
+                .into(),
+        ),
+        KvmKind::Hardware => None,
     }
 }

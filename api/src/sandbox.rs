@@ -55,6 +55,8 @@ pub struct SandboxSettings {
     pub idle: Duration,
     /// Labels.
     pub labels: BTreeMap<String, String>,
+    /// Environment for every command (under each request's own `env`).
+    pub env: BTreeMap<String, String>,
     /// Most concurrent execs.
     pub max_execs: usize,
 }
@@ -208,6 +210,19 @@ impl Sandbox {
             sandbox: self.clone(),
             _permit: permit,
         })
+    }
+
+    /// `request` with the sandbox's environment under its own (the request's values win),
+    /// so both backends apply it the same way.
+    pub fn with_sandbox_env(&self, request: &wire::ExecRequest) -> wire::ExecRequest {
+        let mut merged = request.clone();
+        for (name, value) in &self.settings.env {
+            merged
+                .env
+                .entry(name.clone())
+                .or_insert_with(|| value.clone());
+        }
+        merged
     }
 
     /// A new connection to its agent.

@@ -6,6 +6,7 @@ use std::time::{Duration, Instant};
 
 use wire::{BackendKind, CreateSandbox, SandboxInfo};
 
+use crate::backend::microvm::MicrovmBackend;
 use crate::backend::namespace::NamespaceBackend;
 use crate::backend::{Backend, BackendError, ImagePaths, InstanceSpec};
 use crate::config::ServeConfig;
@@ -23,6 +24,7 @@ pub struct AppState {
     /// Counters.
     pub metrics: Metrics,
     namespace: NamespaceBackend,
+    microvm: MicrovmBackend,
     host: host::HostReport,
 }
 
@@ -46,12 +48,21 @@ impl AppState {
             config.limits.scratch_mib,
             Duration::from_secs(config.limits.ready_timeout_s),
         );
+        let host = host::inspect();
+        let microvm = MicrovmBackend::new(
+            config.vmm_binary.clone(),
+            &config.image_dir,
+            config.state_dir.clone(),
+            Duration::from_secs(config.limits.ready_timeout_s),
+            host::kvm_unavailable_reason(&host),
+        );
         AppState {
             config,
             registry: Arc::new(Registry::default()),
             metrics: Metrics::default(),
             namespace,
-            host: host::inspect(),
+            microvm,
+            host,
         }
     }
 
@@ -64,7 +75,7 @@ impl AppState {
     pub fn unavailable_reason(&self, kind: BackendKind) -> Option<String> {
         match kind {
             BackendKind::Namespace => self.namespace.unavailable_reason(),
-            BackendKind::Microvm => Some(host::microvm_unavailable_reason(&self.host)),
+            BackendKind::Microvm => self.microvm.unavailable_reason(),
         }
     }
 
@@ -91,7 +102,7 @@ impl AppState {
         }
         match kind {
             BackendKind::Namespace => Ok(&self.namespace),
-            BackendKind::Microvm => Err(ApiError::internal("no microvm backend")),
+            BackendKind::Microvm => Ok(&self.microvm),
         }
     }
 
@@ -139,6 +150,7 @@ impl AppState {
         let reservation = self.registry.reserve(limits.max_sandboxes)?;
 
         let id = new_id();
+        let spec_env = request.env.clone();
         let spec = InstanceSpec {
             id: id.clone(),
             memory_mib,
@@ -171,6 +183,7 @@ impl AppState {
             ttl: Duration::from_secs(ttl_s),
             idle: Duration::from_secs(limits.idle_timeout_s),
             labels: request.labels,
+            env: spec_env,
             max_execs: limits.max_execs_per_sandbox,
         };
         let sandbox = Arc::new(Sandbox::new(id, settings, instance, started.elapsed()));

@@ -3,7 +3,8 @@
 use std::path::PathBuf;
 
 use anyhow::Result;
-use api::host::{self, KvmKind};
+use api::host::KvmKind;
+use wire::BackendKind;
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -14,36 +15,24 @@ pub struct Args {
 
 pub fn run(args: &Args, json: bool) -> Result<()> {
     let image = &args.image;
-    let report = host::inspect();
+    // The daemon's own view, so doctor and `serve` can never disagree.
+    let state = api::state::AppState::new(api::ServeConfig::new(image.clone()));
+    let report = state.host().clone();
     let agent = image.join("rootfs/init");
     let kernel = image.join("vmlinux");
-    let microvm = host::microvm_unavailable_reason(&report);
-    let namespace = if !report.root {
-        Some("needs root (namespaces, mounts, cgroups)".to_string())
-    } else if !agent.is_file() {
-        Some(format!(
-            "no agent at {} (run: cargo xtask build-image)",
-            agent.display()
-        ))
-    } else if report.cgroup_version == 0 {
-        Some("no cgroup hierarchy is mounted".to_string())
-    } else {
-        None
-    };
-    let chosen = if namespace.is_none() {
-        "namespace"
-    } else {
-        "none"
-    };
+    let microvm = state.unavailable_reason(BackendKind::Microvm);
+    let namespace = state.unavailable_reason(BackendKind::Namespace);
+    let chosen = state.default_backend();
+    let usable = state.unavailable_reason(chosen).is_none();
     if json {
         let value = serde_json::json!({
             "host": report,
             "image": {"dir": image, "agent": agent.is_file(), "kernel": kernel.is_file()},
             "backends": {
-                "microvm": {"available": false, "reason": microvm},
+                "microvm": {"available": microvm.is_none(), "reason": microvm},
                 "namespace": {"available": namespace.is_none(), "reason": namespace},
             },
-            "default_backend": chosen,
+            "default_backend": if usable { chosen.to_string() } else { "none".to_string() },
         });
         println!("{}", serde_json::to_string_pretty(&value)?);
         return Ok(());
@@ -53,9 +42,9 @@ pub fn run(args: &Args, json: bool) -> Result<()> {
         KvmKind::Pvm => "PVM (kvm_pvm: nested, pagetable-based)",
         KvmKind::None => "none",
     };
-    println!("KVM:              {kvm}");
+    println!("KVM:               {kvm}");
     println!(
-        "cgroups:          {}",
+        "cgroups:           {}",
         match report.cgroup_version {
             2 => "v2 (unified)",
             1 => "v1 controllers",
@@ -63,15 +52,15 @@ pub fn run(args: &Args, json: bool) -> Result<()> {
         }
     );
     println!(
-        "user namespaces:  {}",
+        "user namespaces:   {}",
         if report.user_namespaces { "yes" } else { "no" }
     );
     println!(
-        "running as root:  {}",
+        "running as root:   {}",
         if report.root { "yes" } else { "no" }
     );
     println!(
-        "image:            {} (agent {}, kernel {})",
+        "image:             {} (agent {}, kernel {})",
         image.display(),
         if agent.is_file() {
             "present"
@@ -84,11 +73,16 @@ pub fn run(args: &Args, json: bool) -> Result<()> {
             "missing"
         }
     );
-    println!("microvm backend:  unavailable: {microvm}");
-    match &namespace {
-        None => println!("namespace backend: available"),
-        Some(reason) => println!("namespace backend: unavailable: {reason}"),
+    for (name, reason) in [("microvm", &microvm), ("namespace", &namespace)] {
+        match reason {
+            None => println!("{name:<9} backend: available"),
+            Some(reason) => println!("{name:<9} backend: unavailable: {reason}"),
+        }
     }
-    println!("sandboxes will use: {chosen}");
+    if usable {
+        println!("sandboxes will use: {chosen}");
+    } else {
+        println!("sandboxes will use: nothing works yet (see above)");
+    }
     Ok(())
 }

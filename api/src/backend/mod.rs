@@ -2,6 +2,7 @@
 //! stream connection to the sandbox's agent, which speaks the same protocol either way.
 
 pub mod cgroup;
+pub mod microvm;
 pub mod namespace;
 
 use std::collections::BTreeMap;

@@ -200,7 +200,8 @@ fn create_private_dir(path: &Path) -> Result<(), BackendError> {
         .map_err(|e| BackendError::setup(format!("create {}", path.display()), e))
 }
 
-async fn accept_hello(listener: &UnixListener) -> Result<Hello, String> {
+/// Accepts the agent's connection on `listener` and reads its hello.
+pub(crate) async fn accept_hello(listener: &UnixListener) -> Result<Hello, String> {
     let (mut stream, _) = listener
         .accept()
         .await

@@ -1,0 +1,325 @@
+//! The microVM backend: one `crucible-vmm` process per sandbox, booting the image's kernel and
+//! initramfs with a virtio-vsock device whose host side is a Unix socket (Firecracker's hybrid
+//! design). The agent's hello arrives on `<uds>_<ready port>`, a socket the daemon listens on
+//! before the VM starts (no polling); each request opens the vsock socket and says
+//! `CONNECT <agent port>\n`, answered `OK <host port>\n` once the guest accepts.
+
+use std::io;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{UnixListener, UnixStream};
+use tokio::process::{Child, Command};
+use tokio::sync::{oneshot, watch};
+use vmm::{ConsoleOutput, VmConfig, VsockConfig};
+use wire::agent::{Hello, DEFAULT_AGENT_PORT, DEFAULT_READY_PORT};
+use wire::BackendKind;
+
+use super::{Backend, BackendError, BoxFuture, Instance, InstanceSpec};
+
+/// The guest's vsock CID (each VM has its own vsock device, so every guest can use the same).
+const GUEST_CID: u32 = 3;
+
+/// Creates microVM sandboxes.
+#[derive(Debug)]
+pub struct MicrovmBackend {
+    vmm_binary: PathBuf,
+    kernel: PathBuf,
+    initramfs: PathBuf,
+    state_dir: PathBuf,
+    ready_timeout: Duration,
+    host_reason: Option<String>,
+}
+
+impl MicrovmBackend {
+    /// A backend booting `image_dir`'s `vmlinux` + `initramfs.cpio` with `vmm_binary`;
+    /// `host_reason` says why this host cannot boot them, if it cannot.
+    pub fn new(
+        vmm_binary: PathBuf,
+        image_dir: &Path,
+        state_dir: PathBuf,
+        ready_timeout: Duration,
+        host_reason: Option<String>,
+    ) -> Self {
+        MicrovmBackend {
+            vmm_binary,
+            kernel: image_dir.join("vmlinux"),
+            initramfs: image_dir.join("initramfs.cpio"),
+            state_dir,
+            ready_timeout,
+            host_reason,
+        }
+    }
+
+    /// Why this host cannot run microVM sandboxes, if it cannot.
+    pub fn unavailable_reason(&self) -> Option<String> {
+        if let Some(reason) = &self.host_reason {
+            return Some(reason.clone());
+        }
+        for (what, path) in [
+            ("the VMM", &self.vmm_binary),
+            ("the kernel", &self.kernel),
+            ("the initramfs", &self.initramfs),
+        ] {
+            if !path.is_file() {
+                return Some(format!("{what} is missing at {}", path.display()));
+            }
+        }
+        None
+    }
+
+    async fn create_instance(&self, spec: InstanceSpec) -> Result<MicrovmInstance, BackendError> {
+        if let Some(reason) = self.unavailable_reason() {
+            return Err(BackendError::Unavailable {
+                backend: BackendKind::Microvm,
+                reason,
+            });
+        }
+        let dir = self.state_dir.join("sandboxes").join(&spec.id);
+        std::fs::create_dir_all(&dir)
+            .map_err(|e| BackendError::setup(format!("create {}", dir.display()), e))?;
+        let uds = dir.join("vsock.sock");
+        let ready_path = PathBuf::from(format!("{}_{DEFAULT_READY_PORT}", uds.display()));
+        let ready = UnixListener::bind(&ready_path)
+            .map_err(|e| BackendError::setup(format!("bind {}", ready_path.display()), e))?;
+
+        let mut config = VmConfig::new(self.kernel.clone());
+        config.initramfs = Some(self.initramfs.clone());
+        config.cmdline = format!(
+            "quiet crucible.port={DEFAULT_AGENT_PORT} crucible.ready_port={DEFAULT_READY_PORT} \
+             crucible.boot_marker=1"
+        );
+        config.mem_mib = u32::try_from(spec.memory_mib).unwrap_or(u32::MAX);
+        config.vcpus = u8::try_from(spec.vcpus).unwrap_or(u8::MAX);
+        config.vsock = Some(VsockConfig {
+            guest_cid: GUEST_CID,
+            uds_path: uds.clone(),
+        });
+        let console = dir.join("console.log");
+        config.console = ConsoleOutput::File(console.clone());
+        let config_path = dir.join("vm.json");
+        let json = serde_json::to_vec_pretty(&config)
+            .map_err(|e| BackendError::setup("serialize the VM config", io::Error::other(e)))?;
+        std::fs::write(&config_path, json)
+            .map_err(|e| BackendError::setup(format!("write {}", config_path.display()), e))?;
+
+        let mut child = Command::new(&self.vmm_binary)
+            .arg("--config")
+            .arg(&config_path)
+            .env_clear()
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .map_err(|e| BackendError::setup(format!("start {}", self.vmm_binary.display()), e))?;
+        let hello = tokio::select! {
+            hello = super::namespace::accept_hello(&ready) => hello,
+            status = child.wait() => Err(format!(
+                "crucible-vmm exited during boot ({}); console: {}",
+                status.map(|s| s.to_string()).unwrap_or_else(|e| e.to_string()),
+                console.display()
+            )),
+            () = tokio::time::sleep(self.ready_timeout) => Err(format!(
+                "no hello within {:?}; console: {}", self.ready_timeout, console.display()
+            )),
+        };
+        let hello = match hello {
+            Ok(hello) => hello,
+            Err(reason) => {
+                let _ = child.kill().await;
+                let _ = std::fs::remove_dir_all(&dir);
+                return Err(BackendError::NotReady(reason));
+            }
+        };
+        drop(ready);
+        let (exited_tx, exited_rx) = watch::channel(None);
+        let (kill_tx, kill_rx) = oneshot::channel();
+        tokio::spawn(supervise(child, kill_rx, exited_tx));
+        Ok(MicrovmInstance {
+            hello,
+            uds,
+            dir,
+            exited: exited_rx,
+            kill: Mutex::new(Some(kill_tx)),
+        })
+    }
+}
+
+async fn supervise(
+    mut child: Child,
+    kill: oneshot::Receiver<()>,
+    exited: watch::Sender<Option<String>>,
+) {
+    let reason = tokio::select! {
+        status = child.wait() => match status {
+            Ok(s) => format!("the VM exited ({s})"),
+            Err(e) => format!("waiting for crucible-vmm failed: {e}"),
+        },
+        _ = kill => {
+            let _ = child.kill().await;
+            "deleted".to_string()
+        }
+    };
+    let _ = exited.send(Some(reason));
+}
+
+/// Opens a connection to guest `port` through the VMM's hybrid vsock socket.
+pub async fn vsock_connect(uds: &Path, port: u32) -> io::Result<UnixStream> {
+    let mut stream = UnixStream::connect(uds).await?;
+    stream
+        .write_all(format!("CONNECT {port}\n").as_bytes())
+        .await?;
+    // The answer is one short line; read it byte by byte so nothing after it is consumed.
+    let mut line = Vec::with_capacity(16);
+    loop {
+        let byte = stream.read_u8().await.map_err(|e| {
+            io::Error::new(
+                io::ErrorKind::ConnectionRefused,
+                format!("vsock CONNECT {port} refused (nothing listening in the guest?): {e}"),
+            )
+        })?;
+        if byte == b'\n' {
+            break;
+        }
+        line.push(byte);
+        if line.len() > 32 {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                "the VMM's vsock answer is not an OK line",
+            ));
+        }
+    }
+    if !line.starts_with(b"OK ") {
+        return Err(io::Error::new(
+            io::ErrorKind::ConnectionRefused,
+            format!(
+                "vsock CONNECT {port} answered {:?}",
+                String::from_utf8_lossy(&line)
+            ),
+        ));
+    }
+    Ok(stream)
+}
+
+/// A running microVM sandbox.
+#[derive(Debug)]
+pub struct MicrovmInstance {
+    hello: Hello,
+    uds: PathBuf,
+    dir: PathBuf,
+    exited: watch::Receiver<Option<String>>,
+    kill: Mutex<Option<oneshot::Sender<()>>>,
+}
+
+impl Instance for MicrovmInstance {
+    fn hello(&self) -> &Hello {
+        &self.hello
+    }
+
+    fn connect(&self) -> BoxFuture<'_, io::Result<UnixStream>> {
+        Box::pin(vsock_connect(&self.uds, DEFAULT_AGENT_PORT))
+    }
+
+    fn exited(&self) -> watch::Receiver<Option<String>> {
+        self.exited.clone()
+    }
+
+    fn destroy(&self) -> BoxFuture<'_, ()> {
+        Box::pin(async move {
+            if let Some(kill) = self.kill.lock().ok().and_then(|mut k| k.take()) {
+                let _ = kill.send(());
+            }
+            let mut exited = self.exited.clone();
+            let _ = exited.wait_for(Option::is_some).await;
+            let _ = std::fs::remove_dir_all(&self.dir);
+        })
+    }
+}
+
+impl Backend for MicrovmBackend {
+    fn kind(&self) -> BackendKind {
+        BackendKind::Microvm
+    }
+
+    fn create(&self, spec: InstanceSpec) -> BoxFuture<'_, Result<Box<dyn Instance>, BackendError>> {
+        Box::pin(async move {
+            let instance = self.create_instance(spec).await?;
+            Ok(Box::new(instance) as Box<dyn Instance>)
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A stand-in for the VMM's host side: answers CONNECT lines as the hybrid vsock does.
+    async fn fake_vmm(listener: UnixListener, answer: &'static [u8]) {
+        let (mut stream, _) = listener.accept().await.expect("accept");
+        let mut line = Vec::new();
+        while !line.ends_with(b"\n") {
+            line.push(stream.read_u8().await.expect("request byte"));
+        }
+        assert_eq!(line, b"CONNECT 1024\n");
+        stream.write_all(answer).await.expect("answer");
+        stream.write_all(b"agent bytes").await.expect("data");
+    }
+
+    #[tokio::test]
+    async fn connect_speaks_the_hybrid_vsock_handshake() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let uds = dir.path().join("v.sock");
+        let server = tokio::spawn(fake_vmm(
+            UnixListener::bind(&uds).expect("bind"),
+            b"OK 52001\n",
+        ));
+        let mut stream = vsock_connect(&uds, 1024).await.expect("connected");
+        let mut data = [0u8; 11];
+        stream
+            .read_exact(&mut data)
+            .await
+            .expect("data after the OK line");
+        assert_eq!(&data, b"agent bytes");
+        server.await.expect("server");
+    }
+
+    #[tokio::test]
+    async fn a_refused_connect_is_an_error_naming_the_port() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let uds = dir.path().join("v.sock");
+        let listener = UnixListener::bind(&uds).expect("bind");
+        let server = tokio::spawn(async move {
+            let (stream, _) = listener.accept().await.expect("accept");
+            drop(stream);
+        });
+        let err = vsock_connect(&uds, 1024).await.expect_err("refused");
+        assert!(err.to_string().contains("CONNECT 1024"), "{err}");
+        server.await.expect("server");
+    }
+
+    #[test]
+    fn unavailable_reason_names_what_is_missing() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let backend = MicrovmBackend::new(
+            dir.path().join("crucible-vmm"),
+            dir.path(),
+            dir.path().join("state"),
+            Duration::from_secs(1),
+            None,
+        );
+        let reason = backend.unavailable_reason().expect("missing pieces");
+        assert!(reason.contains("VMM"), "{reason}");
+        let pvm = MicrovmBackend::new(
+            dir.path().join("x"),
+            dir.path(),
+            dir.path().join("state"),
+            Duration::from_secs(1),
+            Some("kvm_pvm".into()),
+        );
+        assert_eq!(pvm.unavailable_reason().as_deref(), Some("kvm_pvm"));
+    }
+}
