@@ -7,17 +7,17 @@
 use std::io;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
-use std::sync::Mutex;
 use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{UnixListener, UnixStream};
-use tokio::process::{Child, Command};
-use tokio::sync::{oneshot, watch};
+use tokio::process::Command;
+use tokio::sync::watch;
 use vmm::{ConsoleOutput, VmConfig, VsockConfig};
 use wire::agent::{Hello, DEFAULT_AGENT_PORT, DEFAULT_READY_PORT};
 use wire::BackendKind;
 
+use super::process::SandboxProcess;
 use super::{Backend, BackendError, BoxFuture, Instance, InstanceSpec};
 
 /// The guest's vsock CID (each VM has its own vsock device, so every guest can use the same).
@@ -136,35 +136,13 @@ impl MicrovmBackend {
             }
         };
         drop(ready);
-        let (exited_tx, exited_rx) = watch::channel(None);
-        let (kill_tx, kill_rx) = oneshot::channel();
-        tokio::spawn(supervise(child, kill_rx, exited_tx));
         Ok(MicrovmInstance {
             hello,
             uds,
             dir,
-            exited: exited_rx,
-            kill: Mutex::new(Some(kill_tx)),
+            process: SandboxProcess::watch(child, "the VM".into()),
         })
     }
-}
-
-async fn supervise(
-    mut child: Child,
-    kill: oneshot::Receiver<()>,
-    exited: watch::Sender<Option<String>>,
-) {
-    let reason = tokio::select! {
-        status = child.wait() => match status {
-            Ok(s) => format!("the VM exited ({s})"),
-            Err(e) => format!("waiting for crucible-vmm failed: {e}"),
-        },
-        _ = kill => {
-            let _ = child.kill().await;
-            "deleted".to_string()
-        }
-    };
-    let _ = exited.send(Some(reason));
 }
 
 /// Opens a connection to guest `port` through the VMM's hybrid vsock socket.
@@ -211,8 +189,7 @@ pub struct MicrovmInstance {
     hello: Hello,
     uds: PathBuf,
     dir: PathBuf,
-    exited: watch::Receiver<Option<String>>,
-    kill: Mutex<Option<oneshot::Sender<()>>>,
+    process: SandboxProcess,
 }
 
 impl Instance for MicrovmInstance {
@@ -225,16 +202,12 @@ impl Instance for MicrovmInstance {
     }
 
     fn exited(&self) -> watch::Receiver<Option<String>> {
-        self.exited.clone()
+        self.process.exited()
     }
 
     fn destroy(&self) -> BoxFuture<'_, ()> {
         Box::pin(async move {
-            if let Some(kill) = self.kill.lock().ok().and_then(|mut k| k.take()) {
-                let _ = kill.send(());
-            }
-            let mut exited = self.exited.clone();
-            let _ = exited.wait_for(Option::is_some).await;
+            self.process.kill_and_wait().await;
             let _ = std::fs::remove_dir_all(&self.dir);
         })
     }

@@ -4,6 +4,7 @@
 pub mod cgroup;
 pub mod microvm;
 pub mod namespace;
+pub mod process;
 
 use std::collections::BTreeMap;
 use std::future::Future;

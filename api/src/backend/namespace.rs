@@ -6,16 +6,16 @@
 use std::io;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
-use std::sync::Mutex;
 use std::time::Duration;
 
 use tokio::net::{UnixListener, UnixStream};
-use tokio::process::{Child, Command};
-use tokio::sync::{oneshot, watch};
+use tokio::process::Command;
+use tokio::sync::watch;
 use wire::agent::Hello;
 use wire::BackendKind;
 
 use super::cgroup::{CgroupLimits, SandboxCgroups};
+use super::process::SandboxProcess;
 use super::{Backend, BackendError, BoxFuture, ImagePaths, Instance, InstanceSpec};
 
 /// Where the agent's sockets appear inside the sandbox (`namespace::SANDBOX_RUNTIME_DIR`).
@@ -177,14 +177,11 @@ impl NamespaceBackend {
         drop(ready);
         let _ = std::fs::remove_file(&ready_path);
 
-        let (exited_tx, exited_rx) = watch::channel(None);
-        let (kill_tx, kill_rx) = oneshot::channel();
-        tokio::spawn(supervise(child, kill_rx, exited_tx, log_path.clone()));
+        let what = format!("the sandbox's init (log: {})", log_path.display());
         Ok(NamespaceInstance {
             hello,
             socket: runtime_dir.join("agent.sock"),
-            exited: exited_rx,
-            kill: Mutex::new(Some(kill_tx)),
+            process: SandboxProcess::watch(child, what),
             cleanup: tokio::sync::Mutex::new(Some(cleanup)),
             log_path,
         })
@@ -209,26 +206,6 @@ pub(crate) async fn accept_hello(listener: &UnixListener) -> Result<Hello, Strin
     wire::read_message_async(&mut stream)
         .await
         .map_err(|e| format!("reading the agent's hello: {e}"))
-}
-
-/// Waits for the sandbox's supervisor process to exit, or kills it when asked.
-async fn supervise(
-    mut child: Child,
-    kill: oneshot::Receiver<()>,
-    exited: watch::Sender<Option<String>>,
-    log_path: PathBuf,
-) {
-    let reason = tokio::select! {
-        status = child.wait() => match status {
-            Ok(s) => format!("the sandbox's init exited ({s}); see {}", log_path.display()),
-            Err(e) => format!("waiting for the sandbox's init failed: {e}"),
-        },
-        _ = kill => {
-            let _ = child.kill().await;
-            "deleted".to_string()
-        }
-    };
-    let _ = exited.send(Some(reason));
 }
 
 /// What to release when a sandbox goes away.
@@ -258,8 +235,7 @@ impl Cleanup {
 pub struct NamespaceInstance {
     hello: Hello,
     socket: PathBuf,
-    exited: watch::Receiver<Option<String>>,
-    kill: Mutex<Option<oneshot::Sender<()>>>,
+    process: SandboxProcess,
     cleanup: tokio::sync::Mutex<Option<Cleanup>>,
     log_path: PathBuf,
 }
@@ -274,16 +250,12 @@ impl Instance for NamespaceInstance {
     }
 
     fn exited(&self) -> watch::Receiver<Option<String>> {
-        self.exited.clone()
+        self.process.exited()
     }
 
     fn destroy(&self) -> BoxFuture<'_, ()> {
         Box::pin(async move {
-            if let Some(kill) = self.kill.lock().ok().and_then(|mut k| k.take()) {
-                let _ = kill.send(());
-            }
-            let mut exited = self.exited.clone();
-            let _ = exited.wait_for(Option::is_some).await;
+            self.process.kill_and_wait().await;
             if let Some(mut cleanup) = self.cleanup.lock().await.take() {
                 cleanup.run().await;
             }
