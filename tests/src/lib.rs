@@ -110,6 +110,15 @@ impl TestDaemon {
         client::Client::new(client::Endpoint::Unix(self.socket.clone()))
     }
 
+    /// Creates a sandbox with the defaults and returns its id.
+    pub async fn sandbox(&self) -> String {
+        self.client()
+            .create(&wire::CreateSandbox::default())
+            .await
+            .expect("creating a sandbox")
+            .id
+    }
+
     /// The daemon's cgroup parent.
     pub fn cgroup_parent(&self) -> &str {
         &self.state.config.cgroup_parent

@@ -144,12 +144,7 @@ async fn exec_streams_output_exit_code_env_and_cwd() {
 #[tokio::test]
 async fn exec_validation_errors_come_back_before_streaming() {
     let daemon = TestDaemon::start();
-    let c = daemon.client();
-    let id = c
-        .create(&CreateSandbox::default())
-        .await
-        .expect("create")
-        .id;
+    let id = daemon.sandbox().await;
     let cases = [
         (
             format!("/sandboxes/{id}/exec"),
@@ -214,12 +209,7 @@ async fn exec_validation_errors_come_back_before_streaming() {
 #[tokio::test]
 async fn one_shot_exec_is_an_octet_stream_of_frames_with_one_exit_frame() {
     let daemon = TestDaemon::start();
-    let c = daemon.client();
-    let id = c
-        .create(&CreateSandbox::default())
-        .await
-        .expect("create")
-        .id;
+    let id = daemon.sandbox().await;
     let body = r#"{"cmd":["sh","-c","head -c 200000 /dev/zero; echo done >&2"]}"#;
     let request = format!(
         "POST /sandboxes/{id}/exec HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
@@ -276,12 +266,7 @@ fn dechunk(mut body: &[u8]) -> Vec<u8> {
 #[tokio::test]
 async fn hijacked_session_over_a_raw_socket_keeps_shell_state() {
     let daemon = TestDaemon::start();
-    let c = daemon.client();
-    let id = c
-        .create(&CreateSandbox::default())
-        .await
-        .expect("create")
-        .id;
+    let id = daemon.sandbox().await;
     let body = r#"{"cmd":["sh"]}"#;
     let mut stream = UnixStream::connect(&daemon.socket).await.expect("connect");
     let head = format!(
@@ -327,11 +312,7 @@ async fn hijacked_session_over_a_raw_socket_keeps_shell_state() {
 async fn client_session_round_trips_stdin_and_close() {
     let daemon = TestDaemon::start();
     let c = daemon.client();
-    let id = c
-        .create(&CreateSandbox::default())
-        .await
-        .expect("create")
-        .id;
+    let id = daemon.sandbox().await;
     let mut session = c.interactive(&id, &exec(&["cat"])).await.expect("session");
     session.send_stdin(b"ping\n").await.expect("stdin");
     match session.next_event().await {
@@ -354,12 +335,7 @@ async fn client_session_round_trips_stdin_and_close() {
 #[tokio::test]
 async fn docker_style_upgrade_tcp_gets_101_then_the_raw_stream() {
     let daemon = TestDaemon::start();
-    let c = daemon.client();
-    let id = c
-        .create(&CreateSandbox::default())
-        .await
-        .expect("create")
-        .id;
+    let id = daemon.sandbox().await;
     let body = r#"{"cmd":["echo","upgraded"]}"#;
     let mut stream = UnixStream::connect(&daemon.socket).await.expect("connect");
     let head = format!(
@@ -390,11 +366,7 @@ async fn docker_style_upgrade_tcp_gets_101_then_the_raw_stream() {
 async fn exec_over_the_concurrency_cap_is_429() {
     let daemon = TestDaemon::start_with(|c| c.limits.max_execs_per_sandbox = 1);
     let c = daemon.client();
-    let id = c
-        .create(&CreateSandbox::default())
-        .await
-        .expect("create")
-        .id;
+    let id = daemon.sandbox().await;
     let mut first = c
         .interactive(&id, &exec(&["cat"]))
         .await
@@ -420,11 +392,7 @@ async fn healthz_and_metrics() {
     let c = daemon.client();
     let health = c.health().await.expect("healthz");
     assert_eq!(health["status"], "ok");
-    let id = c
-        .create(&CreateSandbox::default())
-        .await
-        .expect("create")
-        .id;
+    let id = daemon.sandbox().await;
     c.exec_collect(&id, &exec(&["echo", "x"]))
         .await
         .expect("exec");

@@ -35,11 +35,7 @@ async fn eventually(what: &str, mut condition: impl FnMut() -> bool) {
 async fn killing_the_sandbox_mid_exec_ends_the_stream_with_a_synthesized_exit_frame() {
     let daemon = TestDaemon::start();
     let c = daemon.client();
-    let id = c
-        .create(&CreateSandbox::default())
-        .await
-        .expect("create")
-        .id;
+    let id = daemon.sandbox().await;
     let mut stream = c
         .exec(
             &id,
@@ -107,11 +103,7 @@ async fn killing_the_sandbox_mid_exec_ends_the_stream_with_a_synthesized_exit_fr
 async fn a_client_that_disconnects_mid_stream_kills_the_command() {
     let daemon = TestDaemon::start();
     let c = daemon.client();
-    let id = c
-        .create(&CreateSandbox::default())
-        .await
-        .expect("create")
-        .id;
+    let id = daemon.sandbox().await;
     let cgroup = memory_cgroup(&daemon, &id);
     let before = pids_in(&cgroup).len();
     let mut stream = c
@@ -145,11 +137,7 @@ async fn ttl_and_idle_timeout_delete_sandboxes() {
         .await
         .expect("create")
         .id;
-    let idle = c
-        .create(&CreateSandbox::default())
-        .await
-        .expect("create")
-        .id;
+    let idle = daemon.sandbox().await;
     let start = Instant::now();
     loop {
         let remaining: Vec<String> = c
@@ -177,15 +165,10 @@ async fn ttl_and_idle_timeout_delete_sandboxes() {
 #[tokio::test]
 async fn shutdown_deletes_every_sandbox_and_leaves_nothing_behind() {
     let daemon = TestDaemon::start();
-    let c = daemon.client();
     let mut cgroups = Vec::new();
     let mut pids = Vec::new();
     for _ in 0..2 {
-        let id = c
-            .create(&CreateSandbox::default())
-            .await
-            .expect("create")
-            .id;
+        let id = daemon.sandbox().await;
         let cgroup = memory_cgroup(&daemon, &id);
         pids.extend(pids_in(&cgroup));
         cgroups.push(cgroup);

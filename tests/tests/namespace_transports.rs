@@ -53,12 +53,7 @@ async fn read_session(ws: &mut Ws) -> (Vec<(FrameType, Vec<u8>)>, Option<CloseCo
 #[tokio::test]
 async fn websocket_session_with_frames_split_and_packed_across_messages() {
     let daemon = TestDaemon::start();
-    let id = daemon
-        .client()
-        .create(&CreateSandbox::default())
-        .await
-        .expect("create")
-        .id;
+    let id = daemon.sandbox().await;
     let mut ws = websocket(&daemon, &id).await.expect("upgrade");
     ws.send(Message::text(r#"{"cmd":["sh"]}"#))
         .await
@@ -98,12 +93,7 @@ async fn websocket_session_with_frames_split_and_packed_across_messages() {
 #[tokio::test]
 async fn websocket_request_as_binary_and_invalid_request_closes_1008() {
     let daemon = TestDaemon::start();
-    let id = daemon
-        .client()
-        .create(&CreateSandbox::default())
-        .await
-        .expect("create")
-        .id;
+    let id = daemon.sandbox().await;
 
     let mut ws = websocket(&daemon, &id).await.expect("upgrade");
     ws.send(Message::binary(br#"{"cmd":["echo","bin"]}"#.to_vec()))
@@ -129,12 +119,7 @@ async fn websocket_request_as_binary_and_invalid_request_closes_1008() {
 #[tokio::test]
 async fn websocket_handshake_errors_are_plain_http() {
     let daemon = TestDaemon::start();
-    let id = daemon
-        .client()
-        .create(&CreateSandbox::default())
-        .await
-        .expect("create")
-        .id;
+    let id = daemon.sandbox().await;
     for (target, status) in [("sb-0123456789abcdef", 404), ("bad-id", 400)] {
         match websocket(&daemon, target).await {
             Err(tungstenite::Error::Http(response)) => {
@@ -170,11 +155,7 @@ fn sample_tree(root: &std::path::Path) {
 async fn files_round_trip_a_directory_tree_byte_for_byte() {
     let daemon = TestDaemon::start();
     let c = daemon.client();
-    let id = c
-        .create(&CreateSandbox::default())
-        .await
-        .expect("create")
-        .id;
+    let id = daemon.sandbox().await;
     let local = tempfile::tempdir().expect("tempdir");
     let tree = local.path().join("tree");
     sample_tree(&tree);
@@ -197,11 +178,7 @@ async fn files_round_trip_a_directory_tree_byte_for_byte() {
 async fn files_refuse_escapes_and_report_missing_files() {
     let daemon = TestDaemon::start();
     let c = daemon.client();
-    let id = c
-        .create(&CreateSandbox::default())
-        .await
-        .expect("create")
-        .id;
+    let id = daemon.sandbox().await;
 
     let mut builder = tar::Builder::new(Vec::new());
     let mut header = tar::Header::new_gnu();
