@@ -20,7 +20,11 @@ async fn commands_cannot_escape_the_namespace_sandbox() {
         c.api_keys = harness::keys(&["daemon-secret-key"]);
     });
     let c = daemon.client().with_api_key("daemon-secret-key");
-    let id = daemon.sandbox().await;
+    let id = c
+        .create(&CreateSandbox::default())
+        .await
+        .expect("create")
+        .id;
     let image = harness::image_dir().join("rootfs");
 
     // Writes land in the overlay, never in the image.
