@@ -3,6 +3,7 @@
 use anyhow::Result;
 use clap::{Parser, Subcommand};
 
+mod bench;
 mod ci;
 mod fixtures;
 mod openapi;
@@ -23,6 +24,11 @@ enum Command {
     GenFixtures(fixtures::Args),
     /// Regenerate `docs/openapi.json` from the API's wire types and route table.
     GenOpenapi,
+    /// Run the benchmark suite against its peers; write docs/benchmarks.md, plots and JSON.
+    Bench(bench::Args),
+    /// The daemon for the footprint benchmark, in its own process (internal).
+    #[command(hide = true)]
+    BenchDaemon(bench::ChildArgs),
 }
 
 fn main() -> Result<()> {
@@ -31,5 +37,7 @@ fn main() -> Result<()> {
         Command::Ci(args) => ci::run(args),
         Command::GenFixtures(args) => fixtures::run(args),
         Command::GenOpenapi => openapi::run(),
+        Command::Bench(args) => bench::run(args),
+        Command::BenchDaemon(args) => bench::run_child(args),
     }
 }
