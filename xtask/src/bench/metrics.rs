@@ -272,6 +272,43 @@ async fn agent_exec_true(socket: &std::path::Path) -> Result<()> {
     Ok(())
 }
 
+/// Runs `cmd` over the agent protocol directly; returns the stdout bytes (exit 0 required).
+async fn agent_stream(socket: &std::path::Path, cmd: &[String]) -> Result<u64> {
+    let mut stream = UnixStream::connect(socket)
+        .await
+        .with_context(|| format!("connecting to {}", socket.display()))?;
+    let request = AgentRequest::Exec {
+        request: ExecRequest::new(cmd.iter().cloned()),
+        interactive: false,
+    };
+    wire::write_message_async(&mut stream, &request)
+        .await
+        .context("sending the exec request to the agent")?;
+    let mut frames = wire::AsyncFrameReader::new(stream, Direction::GuestToHost);
+    let mut got = 0u64;
+    let mut code = None;
+    while let Some(frame) = frames
+        .read_frame()
+        .await
+        .context("reading the agent's frames")?
+    {
+        match frame.frame_type {
+            FrameType::Stdout => got += frame.payload.len() as u64,
+            FrameType::Exit => {
+                let result: wire::ExecResult =
+                    serde_json::from_slice(frame.payload).context("the exit frame")?;
+                code = Some(result.exit_code);
+            }
+            _ => {}
+        }
+    }
+    ensure!(
+        code == Some(0),
+        "{cmd:?} over the agent socket ended with {code:?}"
+    );
+    Ok(got)
+}
+
 /// Stdout throughput to the client, and the interactive echo round trip.
 pub async fn streaming(plan: &Plan, d: &InProcess) -> Result<Vec<Measurement>> {
     let client = d.client();
@@ -280,6 +317,21 @@ pub async fn streaming(plan: &Plan, d: &InProcess) -> Result<Vec<Measurement>> {
     let mut rates = Vec::new();
     for cmd in stdout_commands(plan.stdout_bytes) {
         rates.push(stdout_rates(plan, &client, &id, &cmd).await?);
+    }
+    let dd = &stdout_commands(plan.stdout_bytes)[1];
+    let socket = d.agent_socket(&id);
+    let mut agent_rates = Vec::new();
+    for run in 0..=plan.runs {
+        let started = Instant::now();
+        let got = agent_stream(&socket, dd).await?;
+        let elapsed = started.elapsed().as_secs_f64();
+        ensure!(
+            got == plan.stdout_bytes,
+            "{dd:?} streamed {got} bytes from the agent"
+        );
+        if run > 0 {
+            agent_rates.push(gib_per_s(got, elapsed));
+        }
     }
 
     let mut echo = Runs::default();
@@ -343,6 +395,18 @@ pub async fn streaming(plan: &Plan, d: &InProcess) -> Result<Vec<Measurement>> {
                  a time",
                 cmds[1].join(" ")
             ),
+        ),
+        Measurement::scalar(
+            "stdout_throughput_agent",
+            &format!(
+                "stdout from the agent socket directly ({}, 64 KiB writes)",
+                size(plan.stdout_bytes)
+            ),
+            "ours",
+            Unit::GibPerS,
+            &agent_rates,
+            "the same `dd` over the agent protocol on the sandbox's agent.sock, bypassing the \
+             daemon (frames counted, not copied)",
         ),
         Measurement::latency(
             "echo_rtt",

@@ -368,6 +368,13 @@ fn rows(plan: &Plan) -> Vec<Row> {
         ),
         row(
             "Streaming",
+            "stdout_throughput_agent",
+            &["floor_host_dd", "floor_unix_stream"],
+            Some("floor_host_dd"),
+            true,
+        ),
+        row(
+            "Streaming",
             "echo_rtt",
             &["floor_unix_pingpong"],
             Some("floor_unix_pingpong"),
