@@ -29,6 +29,9 @@ enum Command {
     /// The daemon for the footprint benchmark, in its own process (internal).
     #[command(hide = true)]
     BenchDaemon(bench::ChildArgs),
+    /// The fork+exec floor helper of the benchmarks (internal).
+    #[command(hide = true)]
+    BenchFloor(bench::FloorArgs),
 }
 
 fn main() -> Result<()> {
@@ -39,5 +42,6 @@ fn main() -> Result<()> {
         Command::GenOpenapi => openapi::run(),
         Command::Bench(args) => bench::run(args),
         Command::BenchDaemon(args) => bench::run_child(args),
+        Command::BenchFloor(args) => bench::run_floor(args),
     }
 }

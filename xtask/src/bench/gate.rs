@@ -83,6 +83,21 @@ pub fn failures(verdicts: &[Verdict], tolerance: f64) -> Vec<&Verdict> {
     verdicts.iter().filter(|v| !v.ok(tolerance)).collect()
 }
 
+/// The metrics that fail in both a run and its confirmation run. A failing gate re-measures
+/// once before failing CI: a real regression fails both times, a burst of load on a shared
+/// machine rarely hits the same metric twice.
+pub fn confirmed(first: &[Verdict], second: &[Verdict], tolerance: f64) -> Vec<String> {
+    let again: Vec<&str> = failures(second, tolerance)
+        .iter()
+        .map(|v| v.metric.as_str())
+        .collect();
+    failures(first, tolerance)
+        .iter()
+        .filter(|v| again.contains(&v.metric.as_str()))
+        .map(|v| v.metric.clone())
+        .collect()
+}
+
 /// Reads the baseline.
 pub fn read(path: &Path) -> Result<Baseline> {
     let text = std::fs::read_to_string(path).with_context(|| {
@@ -146,6 +161,15 @@ mod tests {
         let verdicts = compare(&base, &now);
         assert_eq!(verdicts.len(), 1);
         assert!(!verdicts[0].ok(TOLERANCE));
+    }
+
+    #[test]
+    fn only_failures_that_repeat_are_confirmed() {
+        let base = map(&[("a", 1.0), ("b", 1.0), ("c", 1.0)]);
+        let first = compare(&base, &map(&[("a", 3.0), ("b", 3.0), ("c", 1.0)]));
+        let second = compare(&base, &map(&[("a", 5.0), ("b", 1.5), ("c", 3.0)]));
+        assert_eq!(confirmed(&first, &second, TOLERANCE), vec!["a".to_string()]);
+        assert!(confirmed(&second, &compare(&base, &base), TOLERANCE).is_empty());
     }
 
     #[test]

@@ -21,12 +21,14 @@ mod report;
 mod runner;
 mod stats;
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use anyhow::{bail, Context, Result};
 
 pub use daemon::{run_child, ChildArgs};
+pub use peers::{run_floor, FloorArgs};
 
 use crate::util::workspace_root;
 
@@ -35,7 +37,7 @@ use crate::util::workspace_root;
 const ANY_PROFILE_ENV: &str = "CRUCIBLE_BENCH_ANY_PROFILE";
 
 /// The exec delay `--check-slowed` injects (µs).
-const SLOWED_DELAY_US: u64 = 5_000;
+const SLOWED_DELAY_US: u64 = 20_000;
 
 /// The metric the slowed build must fail the gate on.
 const SLOWED_METRIC: &str = "exec_rtt_api";
@@ -195,30 +197,50 @@ pub fn run(args: Args) -> Result<()> {
         eprintln!("==> bench: rewrote {}", baseline_path.display());
     }
     if args.gate {
-        run_gate(&baseline_path, &ratios)?;
+        run_gate(&baseline_path, &ratios, || {
+            eprintln!("==> bench gate: re-measuring once to confirm the failure");
+            let again = runner::run(&plan, &image, backends, results.command.clone())?;
+            Ok(again.gate_ratios())
+        })?;
     }
     Ok(())
 }
 
-fn run_gate(baseline_path: &Path, ratios: &std::collections::BTreeMap<String, f64>) -> Result<()> {
+fn run_gate(
+    baseline_path: &Path,
+    ratios: &BTreeMap<String, f64>,
+    remeasure: impl FnOnce() -> Result<BTreeMap<String, f64>>,
+) -> Result<()> {
     let baseline = gate::read(baseline_path)?;
-    let verdicts = gate::compare(&baseline.ratios, ratios);
+    let show = |verdicts: &[gate::Verdict]| {
+        for v in verdicts {
+            eprintln!("    {}", v.describe(gate::TOLERANCE));
+        }
+    };
     eprintln!("==> bench gate against {}", baseline_path.display());
-    for v in &verdicts {
-        eprintln!("    {}", v.describe(gate::TOLERANCE));
+    let first = gate::compare(&baseline.ratios, ratios);
+    show(&first);
+    if gate::failures(&first, gate::TOLERANCE).is_empty() {
+        eprintln!("    gate passed ({} ratios)", first.len());
+        return Ok(());
     }
-    let failed = gate::failures(&verdicts, gate::TOLERANCE);
+    let second = gate::compare(&baseline.ratios, &remeasure()?);
+    eprintln!(
+        "==> bench gate (confirmation run) against {}",
+        baseline_path.display()
+    );
+    show(&second);
+    let failed = gate::confirmed(&first, &second, gate::TOLERANCE);
     if !failed.is_empty() {
-        let names: Vec<&str> = failed.iter().map(|v| v.metric.as_str()).collect();
         bail!(
-            "benchmark gate failed: {} regressed more than {}× against {} (if this is \
-             deliberate, `cargo xtask bench --update-baseline`)",
-            names.join(", "),
+            "benchmark gate failed: {} regressed more than {}× against {} in two runs (if this \
+             is deliberate, `cargo xtask bench --update-baseline`)",
+            failed.join(", "),
             gate::TOLERANCE,
             baseline_path.display()
         );
     }
-    eprintln!("    gate passed ({} ratios)", verdicts.len());
+    eprintln!("    gate passed: no failure repeated in the confirmation run");
     Ok(())
 }
 

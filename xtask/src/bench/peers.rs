@@ -66,6 +66,50 @@ pub fn fork_exec_once(path: &CString) -> Result<f64> {
     Ok(ms(started.elapsed()))
 }
 
+/// A burst of `n` fork+exec round trips (after `n / 10` unmeasured) in a fresh helper process
+/// (this binary's hidden `bench-floor`), whose small address space keeps fork's page-table
+/// copy what it is for a plain process; milliseconds.
+pub fn fork_exec_burst(n: usize) -> Result<Vec<f64>> {
+    let exe = std::env::current_exe().context("locating this executable")?;
+    let output = Command::new(exe)
+        .args(["bench-floor", "--spawns", &n.to_string()])
+        .stdin(Stdio::null())
+        .output()
+        .context("running the floor helper")?;
+    if !output.status.success() {
+        bail!(
+            "the floor helper failed ({}): {}",
+            output.status,
+            String::from_utf8_lossy(&output.stderr).trim()
+        );
+    }
+    serde_json::from_slice(&output.stdout).context("parsing the floor helper's samples")
+}
+
+/// `bench-floor`: prints the samples of a fork+exec burst as a JSON array.
+#[derive(clap::Args, Debug)]
+pub struct FloorArgs {
+    /// How many measured spawns.
+    #[arg(long)]
+    spawns: usize,
+}
+
+/// Runs the floor helper.
+pub fn run_floor(args: FloorArgs) -> Result<()> {
+    let path = host_true()?;
+    for _ in 0..args.spawns / 10 {
+        fork_exec_once(&path)?;
+    }
+    let samples = (0..args.spawns)
+        .map(|_| fork_exec_once(&path))
+        .collect::<Result<Vec<f64>>>()?;
+    println!(
+        "{}",
+        serde_json::to_string(&samples).context("serializing")?
+    );
+    Ok(())
+}
+
 /// One `posix_spawn("true")` + `waitpid`, in milliseconds.
 pub fn posix_spawn_once(path: &CString) -> Result<f64> {
     let argv = [path.as_ptr() as *mut libc::c_char, std::ptr::null_mut()];
