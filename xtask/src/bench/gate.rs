@@ -19,8 +19,26 @@ pub struct Baseline {
     pub note: String,
     /// The command that wrote it.
     pub command: String,
-    /// Metric key → cost ratio to its floor (2.0 = twice the floor's cost).
+    /// Metric key → cost ratio to its floor (2.0 = twice the floor's cost), as `--quick`
+    /// measures it (what CI runs): the median over several quick runs.
     pub ratios: BTreeMap<String, f64>,
+    /// The same ratios from the full run, for reference (not gated: N and sizes differ).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub full_run_ratios: BTreeMap<String, f64>,
+}
+
+/// Each metric's median over several runs' ratios (metrics missing from a run are taken over
+/// the runs that have them).
+pub fn median_ratios(runs: &[BTreeMap<String, f64>]) -> BTreeMap<String, f64> {
+    let mut all: BTreeMap<String, Vec<f64>> = BTreeMap::new();
+    for run in runs {
+        for (k, v) in run {
+            all.entry(k.clone()).or_default().push(*v);
+        }
+    }
+    all.into_iter()
+        .map(|(k, v)| (k, super::stats::median(&v)))
+        .collect()
 }
 
 /// One metric's verdict.
@@ -173,6 +191,16 @@ mod tests {
     }
 
     #[test]
+    fn baseline_ratios_are_medians_over_runs() {
+        let runs = [
+            map(&[("a", 1.0), ("b", 9.0)]),
+            map(&[("a", 3.0)]),
+            map(&[("a", 2.0), ("b", 7.0)]),
+        ];
+        assert_eq!(median_ratios(&runs), map(&[("a", 2.0), ("b", 7.0)]));
+    }
+
+    #[test]
     fn baselines_round_trip() -> Result<()> {
         let dir = tempfile::tempdir()?;
         let path = dir.path().join("b.json");
@@ -180,6 +208,7 @@ mod tests {
             note: "n".into(),
             command: "c".into(),
             ratios: map(&[("x", 1.25)]),
+            full_run_ratios: BTreeMap::new(),
         };
         write(&path, &baseline)?;
         assert_eq!(read(&path)?, baseline);

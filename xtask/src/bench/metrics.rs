@@ -657,7 +657,7 @@ pub async fn concurrency(plan: &Plan, d: &InProcess) -> Result<Vec<Measurement>>
         }
         let mut m = Measurement::latency(
             &format!("create_concurrent_{n}"),
-            &format!("{n} creates at once: total (p50/p99/max per create)"),
+            &format!("creates, {n} at once: total (p50/p99/max per create)"),
             "ours",
             &each,
             "all POST /sandboxes issued together; total until the last is ready",

@@ -119,52 +119,47 @@ fn histogram(path: &Path, title: &str, m: &Measurement) -> Result<()> {
     Ok(())
 }
 
-/// Bars of throughputs (GiB/s).
+/// Horizontal bars of throughputs (GiB/s), each labelled above its bar.
 fn bars(path: &Path, title: &str, series: &[&Measurement]) -> Result<()> {
     let top = series
         .iter()
         .map(|m| m.value)
         .fold(0.0f64, f64::max)
         .max(0.1)
-        * 1.2;
-    let n = series.len() as f64;
-    let root = SVGBackend::new(path, (900, 480)).into_drawing_area();
+        * 1.25;
+    let n = series.len();
+    let height = 90 + 60 * n as u32;
+    let root = SVGBackend::new(path, (900, height)).into_drawing_area();
     root.fill(&WHITE).map_err(err)?;
     let mut chart = ChartBuilder::on(&root)
         .caption(title, ("sans-serif", 20))
         .margin(12)
-        .x_label_area_size(20)
-        .y_label_area_size(50)
-        .build_cartesian_2d(0f64..n, 0f64..top)
+        .x_label_area_size(35)
+        .y_label_area_size(10)
+        .build_cartesian_2d(0f64..top, 0f64..n as f64)
         .map_err(err)?;
     chart
         .configure_mesh()
-        .disable_x_mesh()
-        .disable_x_axis()
-        .y_desc("GiB/s")
+        .disable_y_mesh()
+        .disable_y_axis()
+        .x_desc("GiB/s")
         .draw()
         .map_err(err)?;
     for (i, m) in series.iter().enumerate() {
-        let x = i as f64;
+        // The first series at the top.
+        let y = (n - 1 - i) as f64;
         let color = COLORS[i % COLORS.len()];
         chart
             .draw_series(std::iter::once(Rectangle::new(
-                [(x + 0.15, 0.0), (x + 0.85, m.value)],
+                [(0.0, y + 0.1), (m.value, y + 0.5)],
                 color.filled(),
             )))
             .map_err(err)?;
         chart
             .draw_series(std::iter::once(Text::new(
-                format!("{:.2} GiB/s", m.value),
-                (x + 0.3, m.value + top * 0.02),
+                format!("{} ({}): {:.3} GiB/s", m.label, m.who, m.value),
+                (top * 0.005, y + 0.9),
                 ("sans-serif", 14),
-            )))
-            .map_err(err)?;
-        chart
-            .draw_series(std::iter::once(Text::new(
-                format!("{} ({})", m.label, m.who),
-                (x + 0.05, top * 0.97 - top * 0.05 * (i % 2) as f64),
-                ("sans-serif", 12),
             )))
             .map_err(err)?;
     }
@@ -239,6 +234,10 @@ pub fn write_all(results: &Results, dir: &Path) -> Result<Vec<(String, String)>>
     }
     let tput: Vec<&Measurement> = pick(&[
         "stdout_throughput",
+        "floor_host_head",
+        "stdout_throughput_dd",
+        "stdout_throughput_agent",
+        "floor_host_dd",
         "upload_tar",
         "download",
         "floor_unix_stream",

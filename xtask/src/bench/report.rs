@@ -170,3 +170,95 @@ pub fn write_json(results: &Results, path: &Path) -> Result<()> {
     text.push('\n');
     std::fs::write(path, text).with_context(|| format!("writing {}", path.display()))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::super::model::{Goal, Machine, Row, Skipped, Unit};
+    use super::super::stats::Runs;
+    use super::*;
+
+    /// A small synthetic run.
+    pub fn sample() -> Results {
+        let mut ours = Runs::default();
+        ours.push(vec![1.0, 1.2, 0.9, 3.0]);
+        let mut floor = Runs::default();
+        floor.push(vec![0.5, 0.4, 0.6, 0.5]);
+        Results {
+            command: "cargo xtask bench --quick".into(),
+            quick: true,
+            unix_time: 0,
+            elapsed_s: 1.0,
+            machine: Machine {
+                cpu: "Test CPU".into(),
+                cores: 2,
+                kernel: "6.0".into(),
+                memory_mib: 1024,
+                kvm: "none".into(),
+                cgroup: "v1".into(),
+            },
+            measurements: vec![
+                Measurement::latency("exec_rtt_api", "exec", "ours", &ours, "how"),
+                Measurement::latency("floor_fork_exec", "fork", "floor", &floor, "how"),
+                Measurement::scalar(
+                    "stdout_throughput",
+                    "stdout",
+                    "ours",
+                    Unit::GibPerS,
+                    &[2.0],
+                    "",
+                ),
+            ],
+            rows: vec![Row {
+                section: "Exec".into(),
+                metric: "exec_rtt_api".into(),
+                peers: vec!["floor_fork_exec".into()],
+                floor: Some("floor_fork_exec".into()),
+                gated: true,
+            }],
+            goals: vec![Goal {
+                goal: "exec p50 ≤ 1 ms".into(),
+                measured: "1.00 ms".into(),
+                met: Some(true),
+            }],
+            skipped: vec![Skipped {
+                what: "microVM backend".into(),
+                reason: "no KVM".into(),
+            }],
+        }
+    }
+
+    #[test]
+    fn the_markdown_has_the_table_goals_skips_plots_and_gate() {
+        let results = sample();
+        let md = markdown(
+            &results,
+            &[("Exec CDF".into(), "bench/exec-cdf.svg".into())],
+        );
+        assert!(md.contains("Test CPU"), "{md}");
+        assert!(
+            md.contains("| exec | **1.00 ms** | floor: 0.500 ms | 2.00× floor (gated) | 4 × 1 |"),
+            "{md}"
+        );
+        assert!(md.contains("| exec p50 ≤ 1 ms | 1.00 ms | yes |"), "{md}");
+        assert!(md.contains("- **microVM backend**: no KVM"), "{md}");
+        assert!(md.contains("![Exec CDF](bench/exec-cdf.svg)"), "{md}");
+        assert!(md.contains("| `exec_rtt_api` | 2.00× |"), "{md}");
+    }
+
+    #[test]
+    fn plots_and_json_are_written() -> Result<()> {
+        let results = sample();
+        let dir = tempfile::tempdir()?;
+        let plots = super::super::plots::write_all(&results, dir.path())?;
+        assert!(plots.len() >= 2, "{plots:?}");
+        for (_, file) in &plots {
+            let svg = std::fs::read_to_string(dir.path().join(file))?;
+            assert!(svg.starts_with("<svg"), "{file}");
+        }
+        let json = dir.path().join("r.json");
+        write_json(&results, &json)?;
+        let back: Results = serde_json::from_str(&std::fs::read_to_string(&json)?)?;
+        assert_eq!(back.gate_ratios(), results.gate_ratios());
+        Ok(())
+    }
+}
