@@ -327,7 +327,7 @@ fn check_slowed(args: &Args) -> Result<()> {
     let stderr = String::from_utf8_lossy(&output.stderr);
     let gate_lines: Vec<&str> = stderr
         .lines()
-        .filter(|l| l.contains("FAIL") || l.contains("gate"))
+        .filter(|l| l.contains("FAIL") || l.starts_with("==> bench gate") || l.starts_with("Error"))
         .collect();
     for line in &gate_lines {
         eprintln!("    | {line}");
