@@ -3,8 +3,8 @@
 
 use std::convert::Infallible;
 use std::sync::atomic::Ordering;
-use std::sync::Arc;
-use std::time::Instant;
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use futures_util::Stream;
@@ -17,6 +17,23 @@ use crate::relay::{failure_frame, RelayEnd, ResponseRelay};
 use crate::sandbox::ActivityGuard;
 use crate::state::AppState;
 
+/// Test hook, not a tuning knob: `CRUCIBLE_DEBUG_EXEC_DELAY_US=N` makes every exec wait N µs
+/// before it reaches the agent, a deliberately slowed build without rebuilding. `cargo xtask
+/// bench --check-slowed` uses it to show that the benchmark gate catches an exec-path
+/// regression. Read once; unset, empty or unparsable means no delay.
+pub const DEBUG_EXEC_DELAY_ENV: &str = "CRUCIBLE_DEBUG_EXEC_DELAY_US";
+
+fn debug_exec_delay() -> Option<Duration> {
+    static DELAY: OnceLock<Option<Duration>> = OnceLock::new();
+    *DELAY.get_or_init(|| {
+        std::env::var(DEBUG_EXEC_DELAY_ENV)
+            .ok()
+            .and_then(|v| v.trim().parse::<u64>().ok())
+            .filter(|&us| us > 0)
+            .map(Duration::from_micros)
+    })
+}
+
 /// Connects to the sandbox's agent and sends the exec request. The error is the reason to put
 /// in the synthesized exit frame.
 pub async fn open(
@@ -24,6 +41,9 @@ pub async fn open(
     request: &ExecRequest,
     interactive: bool,
 ) -> Result<UnixStream, String> {
+    if let Some(delay) = debug_exec_delay() {
+        tokio::time::sleep(delay).await;
+    }
     let sandbox = guard.sandbox();
     let mut agent = match sandbox.connect_agent().await {
         Ok(agent) => agent,

@@ -24,6 +24,7 @@ mod ws;
 
 pub use auth::ApiKeys;
 pub use config::{Limits, ServeConfig};
+pub use exec::DEBUG_EXEC_DELAY_ENV;
 pub use server::{shutdown_signal, ServeError, Server};
 
 /// Binds and serves until SIGTERM/SIGINT, then deletes every sandbox.

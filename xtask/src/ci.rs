@@ -40,6 +40,16 @@ pub fn run(_args: Args) -> Result<()> {
         "test",
         Command::new(&cargo).args(["test", "--workspace", "--all-features"]),
     )?;
+    // Benchmark-driven CI: the quick suite's ratios to the floor against bench-baseline.json,
+    // then the gate's self-test (a build slowed through the exec-path test hook must fail it).
+    run_step(
+        "bench gate",
+        Command::new(&cargo).args(["xtask", "bench", "--quick", "--gate"]),
+    )?;
+    run_step(
+        "bench gate self-test",
+        Command::new(&cargo).args(["xtask", "bench", "--check-slowed"]),
+    )?;
     check_generated("fixtures", "gen-fixtures", &["fixtures"])?;
     check_generated("docs/openapi.json", "gen-openapi", &["docs/openapi.json"])?;
     ensure_pytest()?;

@@ -3,6 +3,7 @@
 use anyhow::Result;
 use clap::{Parser, Subcommand};
 
+mod bench;
 mod ci;
 mod fixtures;
 mod image;
@@ -28,6 +29,14 @@ enum Command {
     BuildImage(image::BuildArgs),
     /// Boot the built image under QEMU microvm and check the agent's selftests.
     SmokeImage(image::SmokeArgs),
+    /// Run the benchmark suite against its peers; write docs/benchmarks.md, plots and JSON.
+    Bench(bench::Args),
+    /// The daemon for the footprint benchmark, in its own process (internal).
+    #[command(hide = true)]
+    BenchDaemon(bench::ChildArgs),
+    /// The fork+exec floor helper of the benchmarks (internal).
+    #[command(hide = true)]
+    BenchFloor(bench::FloorArgs),
 }
 
 fn main() -> Result<()> {
@@ -38,5 +47,8 @@ fn main() -> Result<()> {
         Command::GenOpenapi => openapi::run(),
         Command::BuildImage(args) => image::build(args),
         Command::SmokeImage(args) => image::smoke(args),
+        Command::Bench(args) => bench::run(args),
+        Command::BenchDaemon(args) => bench::run_child(args),
+        Command::BenchFloor(args) => bench::run_floor(args),
     }
 }
