@@ -493,7 +493,7 @@ fn goals(results: &Results) -> Vec<Goal> {
         .skipped
         .iter()
         .find(|s| s.what.starts_with("microVM"))
-        .map_or_else(|| super::microvm_skip_reason(), |s| s.reason.clone());
+        .map_or_else(super::microvm_skip_reason, |s| s.reason.clone());
     for text in [
         "microVM create → ready ≤ 25 ms p50",
         "microVM create → ready ≥ 5× faster than QEMU microvm on the same kernel",
