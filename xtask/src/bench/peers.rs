@@ -213,7 +213,10 @@ pub fn unix_stream_gibps(bytes: u64) -> Result<f64> {
 pub fn host_command_gibps(rootfs: &Path, cmd: &[String], bytes: u64) -> Result<f64> {
     let (program, args) = cmd.split_first().context("empty command")?;
     let started = Instant::now();
-    let mut child = Command::new(rootfs.join("bin").join(program))
+    // The image's busybox itself (its applet links point at /bin/busybox, an absolute path
+    // that would resolve on the host).
+    let mut child = Command::new(rootfs.join("bin/busybox"))
+        .arg(program)
         .args(args)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
