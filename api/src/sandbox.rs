@@ -165,11 +165,7 @@ impl Sandbox {
 
     /// When it expires: its TTL, or its idle timeout when nothing runs in it.
     pub fn deadline(&self) -> Instant {
-        let ttl_end = self.created + self.settings.ttl;
-        if self.active_execs.load(Ordering::Relaxed) > 0 {
-            return ttl_end;
-        }
-        ttl_end.min(self.status().last_activity + self.settings.idle)
+        self.deadline_locked(&self.status())
     }
 
     /// Admits one exec or file transfer: the sandbox must be running and below its exec cap.

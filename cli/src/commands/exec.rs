@@ -15,15 +15,8 @@ pub struct ExecArgs {
     /// Environment added for this command (repeatable).
     #[arg(long = "env", value_name = "KEY=VALUE", value_parser = super::key_value)]
     pub env: Vec<(String, String)>,
-    /// Working directory (absolute) [default: the agent's].
-    #[arg(long, value_name = "DIR")]
-    pub cwd: Option<String>,
-    /// Kill the command (its whole process group) after this many seconds; exit status 124.
-    #[arg(long, value_name = "SECONDS")]
-    pub timeout: Option<i64>,
-    /// Print the command's resource usage to stderr when it ends.
-    #[arg(long)]
-    pub stats: bool,
+    #[command(flatten)]
+    pub options: CommandOptions,
     /// The sandbox id.
     pub id: String,
     /// The command and its arguments (after `--`).
@@ -40,11 +33,26 @@ pub struct ShellArgs {
     pub shell: String,
 }
 
-impl ExecArgs {
-    pub fn request(&self) -> ExecRequest {
+/// How a command runs: the options `sandbox exec` and `run` share.
+#[derive(clap::Args)]
+pub struct CommandOptions {
+    /// Working directory (absolute) [default: the agent's].
+    #[arg(long, value_name = "DIR")]
+    pub cwd: Option<String>,
+    /// Kill the command (its whole process group) after this many seconds; exit status 124.
+    #[arg(long, value_name = "SECONDS")]
+    pub timeout: Option<i64>,
+    /// Print the command's resource usage to stderr when it ends.
+    #[arg(long)]
+    pub stats: bool,
+}
+
+impl CommandOptions {
+    /// The request to run `cmd` with `env` under these options.
+    pub fn request(&self, cmd: &[String], env: &[(String, String)]) -> ExecRequest {
         ExecRequest {
-            cmd: self.cmd.clone(),
-            env: self.env.iter().cloned().collect(),
+            cmd: cmd.to_vec(),
+            env: env.iter().cloned().collect(),
             cwd: self.cwd.clone().unwrap_or_default(),
             timeout_s: self.timeout.unwrap_or(0),
         }
@@ -140,7 +148,7 @@ fn finish(global: &Global, result: &ExecResult, stats: bool) -> Result<i32> {
 
 pub async fn exec(global: &Global, args: ExecArgs) -> Result<i32> {
     let client = global.client()?;
-    let request = args.request();
+    let request = args.options.request(&args.cmd, &args.env);
     if global.json && !args.interactive {
         let out = client.exec_collect(&args.id, &request).await?;
         output::print_json(&serde_json::json!({
@@ -158,7 +166,7 @@ pub async fn exec(global: &Global, args: ExecArgs) -> Result<i32> {
     if global.json {
         output::print_json(&result)?;
     }
-    finish(global, &result, args.stats)
+    finish(global, &result, args.options.stats)
 }
 
 pub async fn shell(global: &Global, args: ShellArgs) -> Result<i32> {

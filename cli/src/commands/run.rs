@@ -6,7 +6,6 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
 use tokio::sync::oneshot;
-use wire::ExecRequest;
 
 use super::sandbox::CreateArgs;
 use crate::{exit, output, Global};
@@ -18,19 +17,12 @@ pub struct Args {
     /// The image directory for an embedded daemon.
     #[arg(long = "image-dir", env = "CRUCIBLE_IMAGE", default_value_os_t = crate::default_image_dir())]
     pub image_dir: PathBuf,
-    /// Environment added for the command (repeatable; --sandbox-env is not needed for one
-    /// command).
+    /// Environment added for the command only (repeatable; `--env` sets it for the sandbox,
+    /// which for one command comes to the same).
     #[arg(long = "cmd-env", value_name = "KEY=VALUE", value_parser = super::key_value)]
     pub cmd_env: Vec<(String, String)>,
-    /// Working directory (absolute).
-    #[arg(long, value_name = "DIR")]
-    pub cwd: Option<String>,
-    /// Kill the command after this many seconds; exit status 124.
-    #[arg(long, value_name = "SECONDS")]
-    pub timeout: Option<i64>,
-    /// Print the command's resource usage to stderr when it ends.
-    #[arg(long)]
-    pub stats: bool,
+    #[command(flatten)]
+    pub options: super::exec::CommandOptions,
     /// Keep the sandbox (print its id) instead of deleting it.
     #[arg(long)]
     pub keep: bool,
@@ -105,12 +97,7 @@ pub async fn run(global: &Global, args: Args) -> Result<i32> {
 
 async fn run_in_sandbox(global: &Global, client: &client::Client, args: &Args) -> Result<i32> {
     let sandbox = client.create(&args.sandbox.request()).await?;
-    let request = ExecRequest {
-        cmd: args.cmd.clone(),
-        env: args.cmd_env.iter().cloned().collect(),
-        cwd: args.cwd.clone().unwrap_or_default(),
-        timeout_s: args.timeout.unwrap_or(0),
-    };
+    let request = args.options.request(&args.cmd, &args.cmd_env);
     let result = tokio::select! {
         result = super::exec::stream(client, &sandbox.id, &request) => Some(result),
         _ = tokio::signal::ctrl_c() => None,
@@ -125,7 +112,7 @@ async fn run_in_sandbox(global: &Global, client: &client::Client, args: &Args) -
         return Ok(130);
     };
     let result = result?;
-    if args.stats {
+    if args.options.stats {
         eprint!("{}", output::stats_table(&result));
     }
     if global.json {
