@@ -143,18 +143,22 @@ impl SandboxCgroups {
         None
     }
 
-    /// Removes the groups. Their processes must be dead; the kernel may need a moment to
-    /// release them after the last one exits, so an in-use group is retried briefly.
+    /// Removes the groups. Their processes must be dying: the daemon has killed the sandbox's
+    /// supervisor, but the kernel tears the PID namespace down after that, and on a loaded
+    /// host that can take seconds. So an in-use group is retried with a growing pause, for up
+    /// to about 15 s in all.
     pub async fn remove(&self) -> io::Result<()> {
         for dir in &self.dirs {
-            let mut attempts = 0;
+            let mut pause = Duration::from_millis(2);
+            let mut waited = Duration::ZERO;
             loop {
                 match fs::remove_dir(dir) {
                     Ok(()) => break,
                     Err(e) if e.kind() == io::ErrorKind::NotFound => break,
-                    Err(e) if attempts < 200 && e.raw_os_error() == Some(16) => {
-                        attempts += 1;
-                        tokio::time::sleep(Duration::from_millis(5)).await;
+                    Err(e) if waited < Duration::from_secs(15) && e.raw_os_error() == Some(16) => {
+                        tokio::time::sleep(pause).await;
+                        waited += pause;
+                        pause = (pause * 2).min(Duration::from_millis(250));
                     }
                     Err(e) => {
                         return Err(io::Error::new(
