@@ -15,14 +15,13 @@ use std::fs::File;
 use std::io::{self, Read, Write};
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::os::unix::net::UnixStream;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use wire::{
     Decoder, Direction, ExecRequest, ExecResult, FrameType, Usage, HEADER_SIZE, MAX_PAYLOAD,
 };
 
-use crate::reaper::{ExitInfo, ExitSlot, Reaper};
+use crate::reaper::{Child, ExitInfo};
 use crate::spawn::{self, ChildStdio, SpawnContext};
 use crate::sys;
 
@@ -112,7 +111,6 @@ pub fn run(
     }
     let oom_before = ctx.oom_kills();
 
-    let slot = ExitSlot::new()?;
     let (out_r, out_w) = sys::pipe()?;
     let (err_r, err_w) = sys::pipe()?;
     let stdin_pipe = if interactive {
@@ -129,12 +127,12 @@ pub fn run(
         stderr: err_w.as_fd(),
     };
     let started = Instant::now();
-    let pid = match spawn::spawn(req, stdio, &ctx.spawn_context(), &slot) {
-        Ok(pid) => pid,
+    let mut child = match spawn::spawn(req, stdio, &ctx.spawn_context()) {
+        Ok(child) => child,
         Err(e) => return write_exit(&mut conn, &ExecResult::failed(e.to_string())),
     };
     drop((out_w, err_w));
-    slot.open_io(pid);
+    child.open_io();
     let stdin_w = stdin_pipe.map(|(r, w)| {
         drop(r);
         w
@@ -142,8 +140,7 @@ pub fn run(
 
     let mut session = Session {
         conn,
-        pid,
-        slot,
+        child,
         streams: [
             Stream::new(FrameType::Stdout, out_r),
             Stream::new(FrameType::Stderr, err_r),
@@ -162,17 +159,14 @@ pub fn run(
     let exit = match outcome {
         Ok(exit) => exit,
         Err(e) => {
-            // The host is gone or spoke nonsense: kill the whole group and wait for the
-            // reaper, so the pid is accounted for.
-            Reaper::global().signal_group(pid, libc::SIGKILL);
+            // The host is gone or spoke nonsense: kill the whole group and reap the command.
+            session.child.signal_group(libc::SIGKILL);
+            let info = session.child.wait()?;
             if let ExecError::Protocol(msg) = &e {
-                let mut result = ExecResult::failed(format!("invalid stdin frame stream: {msg}"));
-                let info = session.slot.wait();
+                let mut result = ExecResult::default();
                 fill_result(&mut result, &info, started, false, None, ctx);
                 result.error = format!("killed: invalid stdin frame stream: {msg}");
                 let _ = session.finish_with(&result);
-            } else {
-                session.slot.wait();
             }
             return Err(e);
         }
@@ -459,8 +453,7 @@ impl StdinPump {
 #[derive(Debug)]
 struct Session {
     conn: UnixStream,
-    pid: libc::pid_t,
-    slot: Arc<ExitSlot>,
+    child: Child,
     streams: [Stream; 2],
     stdin: Option<StdinPump>,
     /// Encoded frames not yet written to the host.
@@ -501,7 +494,7 @@ impl Session {
                 fds[CONN].events |= libc::POLLIN;
             }
             if self.exit.is_none() {
-                fds[EXIT].fd = self.slot.event_fd().as_raw_fd();
+                fds[EXIT].fd = self.child.exit_fd().as_raw_fd();
                 fds[EXIT].events = libc::POLLIN;
             }
             if self.pending_empty() {
@@ -559,14 +552,14 @@ impl Session {
             if let (Some(d), false, None) = (self.deadline, self.timed_out, self.exit) {
                 if Instant::now() >= d {
                     self.timed_out = true;
-                    Reaper::global().signal_group(self.pid, libc::SIGKILL);
+                    self.child.signal_group(libc::SIGKILL);
                 }
             }
         }
     }
 
     fn on_exit(&mut self) -> io::Result<()> {
-        let Some(exit) = self.slot.get() else {
+        let Some(exit) = self.child.try_reap()? else {
             return Ok(());
         };
         self.exit = Some(exit);

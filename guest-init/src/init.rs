@@ -330,6 +330,9 @@ fn boot_and_serve() {
         // Before any thread exists, so setting the environment is sound.
         std::env::set_var("PATH", DEFAULT_PATH);
     }
+    if let Err(e) = crate::reaper::start_orphan_reaper() {
+        log::error(format_args!("cannot start the orphan reaper: {e}"));
+    }
     // CRUCIBLE_CMDLINE stands in for /proc/cmdline, to exercise VM mode as PID 1 of a
     // namespace (see docs/agent-protocol.md).
     let cmdline = std::env::var("CRUCIBLE_CMDLINE")

@@ -7,8 +7,8 @@
 //!   [`reaper`] also reaps orphans.
 //!
 //! Modules: [`server`] accepts connections and dispatches requests; [`exec`] streams one
-//! command; [`spawn`] forks and execs it; [`reaper`] is the single place that waits for
-//! children; [`files`] extracts tar archives and sends files.
+//! command; [`spawn`] forks and execs it; [`reaper`] reaps it (each exec its own command,
+//! through a pidfd) and reaps orphans; [`files`] extracts tar archives and sends files.
 
 pub mod cmdline;
 pub mod exec;

@@ -5,7 +5,7 @@ use std::process::ExitCode;
 use guest_init::exec::ExecContext;
 use guest_init::log::{self, Level};
 use guest_init::server::{self, Address, Agent, Listener, ShutdownAction};
-use guest_init::{init, selftest, sys};
+use guest_init::{init, reaper, selftest, sys};
 
 const HELP: &str = "\
 guest-init: crucible's guest agent
@@ -145,6 +145,8 @@ fn parse_args() -> Result<Option<Args>, String> {
 }
 
 fn main() -> ExitCode {
+    // First, before any thread or child exists (see the reaper module).
+    reaper::block_sigchld();
     let args = match parse_args() {
         Ok(Some(a)) => a,
         Ok(None) => return ExitCode::SUCCESS,
@@ -183,6 +185,10 @@ fn host_main(args: Args) -> ExitCode {
         if let Err(e) = sys::set_child_subreaper() {
             log::info(format_args!("cannot become a subreaper: {e}"));
         }
+    }
+    if let Err(e) = reaper::start_orphan_reaper() {
+        eprintln!("guest-init: cannot start the orphan reaper: {e}");
+        return ExitCode::FAILURE;
     }
     let exec = match ExecContext::new() {
         Ok(mut c) => {

@@ -1,32 +1,37 @@
-//! The one place that waits for children.
+//! Waiting for children: each command is reaped by the exec that started it, orphans by one
+//! thread.
 //!
-//! A dedicated thread blocks in `waitid(P_ALL, WEXITED | WNOWAIT)`; when a child has exited it
-//! reads `/proc/<pid>/io` (still there: the zombie is not reaped yet), reaps it with `wait4` for
-//! its rusage, and hands the status to the exec that registered the pid. Orphans (re-parented to
-//! us as PID 1 or as a subreaper) are reaped and ignored. No polling: when there are no children
-//! at all the thread sleeps on a condition variable until the next spawn.
+//! Commands are cloned with a pidfd. The exec's poll loop watches it, and when it turns
+//! readable the exec reaps its own child with `waitid(P_PIDFD)` (after one `pread` of
+//! `/proc/<pid>/io`, still there while the child is a zombie). So the exit reaches the exit
+//! frame with no hop through another thread.
 //!
-//! Registration happens under the same lock as the fork ([`Reaper::spawn_with`]), so a child
-//! that exits before its exec has registered it cannot be mistaken for an orphan.
+//! Orphans (re-parented to us as PID 1 or as a subreaper) are reaped by the orphan reaper
+//! thread, which sleeps in `sigwaitinfo` for SIGCHLD (blocked in every thread: [`block_sigchld`]
+//! runs first in `main`). It looks at each exited child with `WNOWAIT` first and leaves the
+//! live commands' pids (a registry, updated under the same lock as the fork, so that a command
+//! that exits at once is never taken for an orphan) to their execs.
 
 use std::collections::HashMap;
+use std::fs::File;
 use std::io;
-use std::os::fd::{AsFd, OwnedFd};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Condvar, Mutex, MutexGuard};
 use std::time::Instant;
 
 use crate::sys;
 
-/// How a child ended, as collected by the reaper.
+/// How a child ended.
 #[derive(Debug, Clone, Copy)]
 pub struct ExitInfo {
-    /// The raw wait status.
+    /// The raw wait status (as `wait4` reports it: `WIFEXITED` etc. apply).
     pub status: libc::c_int,
     /// Its rusage (includes its reaped descendants).
     pub usage: RawUsage,
     /// `read_bytes`/`write_bytes` from `/proc/<pid>/io`, when readable.
     pub io: Option<(u64, u64)>,
-    /// When the reaper collected it.
+    /// When it was reaped.
     pub at: Instant,
 }
 
@@ -45,206 +50,280 @@ pub struct RawUsage {
     pub nivcsw: u64,
 }
 
-/// Where the reaper leaves one child's exit: a slot plus an eventfd to wake the exec's poll.
-#[derive(Debug)]
-pub struct ExitSlot {
-    info: Mutex<Option<ExitInfo>>,
-    event: OwnedFd,
-    /// `/proc/<pid>/io`, opened while the child runs, so that reading it at exit (on the path
-    /// to the exit frame) is one `pread` instead of a procfs path lookup.
-    io_file: Mutex<Option<std::fs::File>>,
+/// The pids of commands whose execs will reap them, each with the token of its [`Child`] (a
+/// reaped pid can be reused by the next spawn before the old `Child` has left the registry).
+#[derive(Debug, Default)]
+struct Registry {
+    live: Mutex<HashMap<libc::pid_t, u64>>,
+    next_token: AtomicU64,
+    /// Signalled when a command has been reaped and left the registry.
+    reaped: Condvar,
 }
 
-impl ExitSlot {
-    /// An empty slot.
-    pub fn new() -> io::Result<Arc<ExitSlot>> {
-        Ok(Arc::new(ExitSlot {
-            info: Mutex::new(None),
-            event: sys::eventfd()?,
-            io_file: Mutex::new(None),
-        }))
+static REGISTRY: std::sync::LazyLock<Registry> = std::sync::LazyLock::new(Registry::default);
+
+fn lock_live() -> MutexGuard<'static, HashMap<libc::pid_t, u64>> {
+    // A panic while holding the lock cannot leave the set inconsistent (plain inserts and
+    // removals), so a poisoned lock is still usable.
+    REGISTRY.live.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Runs `clone` (which returns the new child's pid and pidfd) with the registry locked, and
+/// registers the pid before the orphan reaper can see its exit.
+pub fn register_spawn<F>(clone: F) -> io::Result<Child>
+where
+    F: FnOnce() -> io::Result<(libc::pid_t, OwnedFd)>,
+{
+    let mut live = lock_live();
+    let (pid, pidfd) = clone()?;
+    let token = REGISTRY.next_token.fetch_add(1, Ordering::Relaxed);
+    live.insert(pid, token);
+    Ok(Child {
+        pid,
+        pidfd,
+        token,
+        io_file: None,
+        exit: None,
+    })
+}
+
+fn deregister(pid: libc::pid_t, token: u64) {
+    let mut live = lock_live();
+    if live.get(&pid) == Some(&token) {
+        live.remove(&pid);
+    }
+    drop(live);
+    REGISTRY.reaped.notify_all();
+}
+
+/// A command this agent started. It is reaped by [`Child::try_reap`] or [`Child::wait`];
+/// dropping it unreaped kills its process group and reaps it, so no zombie is left behind.
+/// It leaves the registry when dropped, after the exit frame has gone out: the orphan reaper
+/// may be waiting for that, but nothing on the way to the exit frame waits for it.
+#[derive(Debug)]
+pub struct Child {
+    pid: libc::pid_t,
+    pidfd: OwnedFd,
+    /// Its entry in the registry.
+    token: u64,
+    /// `/proc/<pid>/io`, opened while the child runs, so that reading it at exit (on the path
+    /// to the exit frame) is one `pread` instead of a procfs path lookup.
+    io_file: Option<File>,
+    exit: Option<ExitInfo>,
+}
+
+impl Child {
+    /// The child's pid, which is also its process group and session id.
+    pub fn pid(&self) -> libc::pid_t {
+        self.pid
     }
 
-    /// The descriptor that becomes readable once the exit is in.
-    pub fn event_fd(&self) -> std::os::fd::BorrowedFd<'_> {
-        self.event.as_fd()
-    }
-
-    /// The exit, if the child has been reaped.
-    pub fn get(&self) -> Option<ExitInfo> {
-        *lock(&self.info)
-    }
-
-    /// Blocks until the child has been reaped.
-    pub fn wait(&self) -> ExitInfo {
-        loop {
-            if let Some(info) = self.get() {
-                return info;
-            }
-            // Errors here mean a broken eventfd; fall back to re-checking, which still ends
-            // because the reaper fills the slot.
-            let _ = sys::wait_readable(self.event.as_fd(), 1000);
-        }
+    /// Becomes readable once the child has exited.
+    pub fn exit_fd(&self) -> BorrowedFd<'_> {
+        self.pidfd.as_fd()
     }
 
     /// Opens `/proc/<pid>/io` ahead of the exit (best effort).
-    pub fn open_io(&self, pid: libc::pid_t) {
-        if let Ok(f) = std::fs::File::open(format!("/proc/{pid}/io")) {
-            *lock(&self.io_file) = Some(f);
+    pub fn open_io(&mut self) {
+        self.io_file = File::open(format!("/proc/{}/io", self.pid)).ok();
+    }
+
+    /// Sends `signal` to the child's process group, unless the child has been reaped (then
+    /// its number may be reused). While it is unreaped its pid, and so its group id, stays
+    /// ours. Returns whether it did.
+    pub fn signal_group(&self, signal: libc::c_int) -> bool {
+        self.exit.is_none() && sys::kill_group(self.pid, signal).is_ok()
+    }
+
+    /// Reaps the child if it has exited; `None` while it runs.
+    pub fn try_reap(&mut self) -> io::Result<Option<ExitInfo>> {
+        if let Some(exit) = self.exit {
+            return Ok(Some(exit));
         }
-    }
-
-    fn fill(&self, info: ExitInfo) {
-        *lock(&self.info) = Some(info);
-        sys::eventfd_signal(self.event.as_fd());
-    }
-}
-
-#[derive(Debug, Default)]
-struct State {
-    /// Bumped on every spawn; wakes the reaper when it had no children.
-    generation: u64,
-    /// Children whose exit someone waits for.
-    watched: HashMap<libc::pid_t, Arc<ExitSlot>>,
-}
-
-/// The process-wide reaper.
-#[derive(Debug, Default)]
-pub struct Reaper {
-    state: Mutex<State>,
-    spawned: Condvar,
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    // A panic while holding these locks cannot leave the data inconsistent (plain inserts and
-    // removals), so a poisoned lock is still usable.
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
-
-static REAPER: OnceLock<&'static Reaper> = OnceLock::new();
-
-impl Reaper {
-    /// The process's reaper, started on first use.
-    pub fn global() -> &'static Reaper {
-        REAPER.get_or_init(|| {
-            let reaper: &'static Reaper = Box::leak(Box::default());
-            let started = std::thread::Builder::new()
-                .name("reaper".into())
-                .stack_size(64 * 1024)
-                .spawn(move || reaper.run());
-            if let Err(e) = started {
-                crate::log::error(format_args!("cannot start the reaper thread: {e}"));
+        let io = self.io_file.take().and_then(|f| read_io_file(&f));
+        match waitid_pidfd(self.pidfd.as_fd(), libc::WNOHANG)? {
+            Some((status, usage)) => {
+                let exit = ExitInfo {
+                    status,
+                    usage,
+                    io,
+                    at: Instant::now(),
+                };
+                self.exit = Some(exit);
+                Ok(Some(exit))
             }
-            reaper
-        })
-    }
-
-    /// Runs `fork` (which returns the new child's pid) with the registry locked, and registers
-    /// the pid with `slot` before the reaper can see its exit.
-    pub fn spawn_with<F>(&self, slot: &Arc<ExitSlot>, fork: F) -> io::Result<libc::pid_t>
-    where
-        F: FnOnce() -> io::Result<libc::pid_t>,
-    {
-        let mut state = lock(&self.state);
-        let pid = fork()?;
-        state.watched.insert(pid, Arc::clone(slot));
-        state.generation += 1;
-        drop(state);
-        self.spawned.notify_one();
-        Ok(pid)
-    }
-
-    /// Sends `signal` to the process group led by `pid`, unless `pid` has already been reaped
-    /// (then its number may be reused, and the group is gone anyway). Returns whether it did.
-    pub fn signal_group(&self, pid: libc::pid_t, signal: libc::c_int) -> bool {
-        let state = lock(&self.state);
-        if !state.watched.contains_key(&pid) {
-            return false;
+            None => {
+                // Still running (a spurious wake-up): keep the file for the real exit.
+                if io.is_some() {
+                    self.open_io();
+                }
+                Ok(None)
+            }
         }
-        sys::kill_group(pid, signal).is_ok()
     }
 
-    fn run(&self) {
+    /// Blocks until the child has exited, and reaps it.
+    pub fn wait(&mut self) -> io::Result<ExitInfo> {
         loop {
-            let generation = lock(&self.state).generation;
-            match wait_any_nowait() {
-                Ok(pid) => self.reap(pid),
-                Err(e) if e.raw_os_error() == Some(libc::ECHILD) => {
-                    let mut state = lock(&self.state);
-                    while state.generation == generation {
-                        state = self.spawned.wait(state).unwrap_or_else(|p| p.into_inner());
-                    }
-                }
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(e) => {
-                    crate::log::error(format_args!("waitid failed: {e}"));
-                    // Should never happen; avoid spinning if it does.
-                    std::thread::sleep(std::time::Duration::from_millis(100));
-                }
+            if let Some(exit) = self.try_reap()? {
+                return Ok(exit);
             }
-        }
-    }
-
-    fn reap(&self, pid: libc::pid_t) {
-        let mut state = lock(&self.state);
-        let slot = state.watched.remove(&pid);
-        let io = match &slot {
-            Some(slot) => match lock(&slot.io_file).take() {
-                Some(file) => read_io_file(&file),
-                None => std::fs::File::open(format!("/proc/{pid}/io"))
-                    .ok()
-                    .and_then(|f| read_io_file(&f)),
-            },
-            None => None,
-        };
-        match wait4(pid) {
-            Ok((status, usage)) => {
-                let at = Instant::now();
-                drop(state);
-                if let Some(slot) = slot {
-                    slot.fill(ExitInfo {
-                        status,
-                        usage,
-                        io,
-                        at,
-                    });
-                }
-            }
-            Err(e) => {
-                crate::log::error(format_args!("wait4({pid}) failed: {e}"));
-                if let Some(slot) = slot {
-                    state.watched.insert(pid, slot);
-                }
-            }
+            sys::wait_readable(self.pidfd.as_fd(), -1)?;
         }
     }
 }
 
-/// Blocks until some child has exited and returns its pid, leaving it a zombie.
-fn wait_any_nowait() -> io::Result<libc::pid_t> {
-    // SAFETY: siginfo_t is plain old data; all-zeroes is a valid value.
-    let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
-    // SAFETY: waitid writes into the live siginfo_t we pass; P_ALL ignores the id.
-    sys::cvt(unsafe { libc::waitid(libc::P_ALL, 0, &mut info, libc::WEXITED | libc::WNOWAIT) })?;
-    // SAFETY: after a successful waitid with WEXITED, si_pid is the field that was set.
-    Ok(unsafe { info.si_pid() })
+impl Drop for Child {
+    fn drop(&mut self) {
+        if self.exit.is_none() {
+            self.signal_group(libc::SIGKILL);
+            if let Err(e) = self.wait() {
+                crate::log::error(format_args!("cannot reap command {}: {e}", self.pid));
+            }
+        }
+        deregister(self.pid, self.token);
+    }
 }
 
-/// Reaps `pid`, returning its wait status and rusage.
-fn wait4(pid: libc::pid_t) -> io::Result<(libc::c_int, RawUsage)> {
-    let mut status: libc::c_int = 0;
-    // SAFETY: rusage is plain old data; all-zeroes is a valid value.
-    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+/// Blocks SIGCHLD in the calling thread, and so in every thread it starts later. `main` calls
+/// it before anything else, so that the orphan reaper's `sigwaitinfo` receives every SIGCHLD.
+pub fn block_sigchld() {
+    let set = sigchld_set();
+    // SAFETY: pthread_sigmask reads the live set we pass and writes no old set.
+    unsafe { libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut()) };
+}
+
+fn sigchld_set() -> libc::sigset_t {
+    // SAFETY: sigset_t is plain old data; sigemptyset initializes it before sigaddset uses it.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, libc::SIGCHLD);
+        set
+    }
+}
+
+/// Starts the thread that reaps orphans. Call once, after [`block_sigchld`].
+pub fn start_orphan_reaper() -> io::Result<()> {
+    std::thread::Builder::new()
+        .name("reaper".into())
+        .stack_size(64 * 1024)
+        .spawn(reap_orphans_forever)?;
+    Ok(())
+}
+
+fn reap_orphans_forever() {
+    let set = sigchld_set();
     loop {
-        // SAFETY: wait4 writes into the live int and rusage we pass.
-        let r = unsafe { libc::wait4(pid, &mut status, libc::WNOHANG, &mut ru) };
-        match sys::cvt(r) {
-            Ok(0) => return Err(io::Error::from(io::ErrorKind::WouldBlock)),
-            Ok(_) => break,
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(e),
+        reap_ready_orphans();
+        // SAFETY: sigwaitinfo reads the live set we pass; a null info pointer is allowed.
+        let r = unsafe { libc::sigwaitinfo(&set, std::ptr::null_mut()) };
+        if r == -1 && io::Error::last_os_error().kind() != io::ErrorKind::Interrupted {
+            crate::log::error(format_args!(
+                "sigwaitinfo failed: {}",
+                io::Error::last_os_error()
+            ));
+            // Should never happen; avoid spinning if it does.
+            std::thread::sleep(std::time::Duration::from_millis(100));
         }
     }
+}
+
+/// How long the orphan reaper leaves an exited command to its exec before looking again.
+const COMMAND_REAP_GRACE: std::time::Duration = std::time::Duration::from_millis(2);
+
+/// Reaps every orphan that has exited. Signals coalesce, so one SIGCHLD may stand for many.
+fn reap_ready_orphans() {
+    loop {
+        // SAFETY: siginfo_t is plain old data; all-zeroes is a valid value.
+        let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
+        // SAFETY: waitid writes into the live siginfo_t we pass. WNOWAIT: only look.
+        let r = unsafe {
+            libc::waitid(
+                libc::P_ALL,
+                0,
+                &mut info,
+                libc::WEXITED | libc::WNOHANG | libc::WNOWAIT,
+            )
+        };
+        // SAFETY: after a successful waitid, si_pid is set (0 when nothing was ready).
+        let pid = unsafe { info.si_pid() };
+        if r == -1 || pid == 0 {
+            return;
+        }
+        let live = lock_live();
+        if live.contains_key(&pid) {
+            // A command: its exec reaps it at once (it watches the pidfd), and waitid would
+            // keep showing it ahead of any orphan behind it. Look again once the exec has let
+            // go of it, or after a moment (the exec reaps before it sends the exit frame, but
+            // lets go only after, which a slow host can delay).
+            drop(
+                REGISTRY
+                    .reaped
+                    .wait_timeout_while(live, COMMAND_REAP_GRACE, |live| live.contains_key(&pid))
+                    .unwrap_or_else(|p| p.into_inner()),
+            );
+            continue;
+        }
+        // An orphan. Reaped with the registry locked: no spawn (which could reuse the pid for
+        // a command) can happen in between.
+        // SAFETY: as above.
+        let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
+        // SAFETY: waitid writes into the live siginfo_t we pass.
+        unsafe {
+            libc::waitid(
+                libc::P_PID,
+                pid as libc::id_t,
+                &mut info,
+                libc::WEXITED | libc::WNOHANG,
+            )
+        };
+        drop(live);
+    }
+}
+
+/// `waitid(P_PIDFD, …, WEXITED | __WALL | extra, &rusage)`: the raw system call, because the C
+/// library's waitid has no rusage argument. Returns the wait status and usage, or `None` when
+/// `WNOHANG` was given and the child is still running.
+fn waitid_pidfd(
+    pidfd: BorrowedFd<'_>,
+    extra: libc::c_int,
+) -> io::Result<Option<(libc::c_int, RawUsage)>> {
+    // SAFETY: siginfo_t and rusage are plain old data; all-zeroes is a valid value of each.
+    let (mut info, mut ru): (libc::siginfo_t, libc::rusage) =
+        unsafe { (std::mem::zeroed(), std::mem::zeroed()) };
+    loop {
+        // SAFETY: the kernel writes into the live siginfo_t and rusage we pass; the other
+        // arguments are plain integers.
+        let r = unsafe {
+            libc::syscall(
+                libc::SYS_waitid,
+                libc::P_PIDFD,
+                pidfd.as_raw_fd(),
+                &mut info as *mut libc::siginfo_t,
+                libc::WEXITED | libc::__WALL | extra,
+                &mut ru as *mut libc::rusage,
+            )
+        };
+        if r == 0 {
+            break;
+        }
+        let e = io::Error::last_os_error();
+        if e.kind() != io::ErrorKind::Interrupted {
+            return Err(e);
+        }
+    }
+    // SAFETY: after a successful waitid, si_pid and si_status are set (si_pid 0: not exited).
+    let (pid, code) = unsafe { (info.si_pid(), info.si_status()) };
+    if pid == 0 {
+        return Ok(None);
+    }
+    // Back to the wait4-style status word the rest of the agent decodes.
+    let status = match info.si_code {
+        libc::CLD_EXITED => (code & 0xff) << 8,
+        libc::CLD_DUMPED => (code & 0x7f) | 0x80,
+        _ => code & 0x7f,
+    };
     let ms = |tv: libc::timeval| {
         u64::try_from(tv.tv_sec).unwrap_or(0) * 1000 + u64::try_from(tv.tv_usec).unwrap_or(0) / 1000
     };
@@ -255,12 +334,12 @@ fn wait4(pid: libc::pid_t) -> io::Result<(libc::c_int, RawUsage)> {
         majflt: u64::try_from(ru.ru_majflt).unwrap_or(0),
         nivcsw: u64::try_from(ru.ru_nivcsw).unwrap_or(0),
     };
-    Ok((status, usage))
+    Ok(Some((status, usage)))
 }
 
 /// `(read_bytes, write_bytes)` from an open `/proc/<pid>/io` of a (zombie) process: one
 /// `pread` (the file is about 150 bytes).
-fn read_io_file(file: &std::fs::File) -> Option<(u64, u64)> {
+fn read_io_file(file: &File) -> Option<(u64, u64)> {
     use std::os::unix::fs::FileExt;
     let mut buf = [0u8; 512];
     let len = loop {

@@ -1,25 +1,26 @@
 //! clone(CLONE_VM | CLONE_VFORK) + exec of one command, by hand.
 //!
-//! std's `Command` waits for its own children when exec fails, which races with (and would be
-//! broken by) our single reaper, so the agent forks itself. Everything the child needs (argv,
-//! envp, the resolved program path, the cwd) is prepared before the fork; after it the child
+//! std's `Command` reaps its own children when exec fails, while ours are reaped through their
+//! pidfd (see `reaper`), so the agent forks itself. Everything the child needs (argv, envp, the
+//! candidate program paths, the cwd) is prepared before the fork; after it the child
 //! only makes async-signal-safe system calls (it shares our memory until it execs, like
 //! posix_spawn's child): `setsid`, cgroup and OOM-score writes, `dup2`,
-//! signal resets, `chdir`, `execve`. A failure is left for the parent as `stage << 32 | errno`
-//! in shared memory; the parent, suspended until the child execs or exits, reads it on waking.
+//! signal resets, `chdir`, `execve`. Like `execvp`, the child tries each `PATH` candidate in
+//! turn (one failed `execve` per miss costs no more than the `stat` a search in the parent
+//! would). A failure is left for the parent as `stage << 48 | candidate << 32 | errno` in
+//! shared memory; the parent, suspended until the child execs or exits, reads it on waking.
 
 use std::ffi::{CString, OsStr, OsString};
 use std::io;
-use std::os::fd::{AsRawFd, BorrowedFd, RawFd};
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::ffi::{OsStrExt, OsStringExt};
-use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::OnceLock;
 
 use wire::ExecRequest;
 
-use crate::reaper::{ExitSlot, Reaper};
+use crate::reaper::{self, Child};
 
 /// Used when neither the agent nor the request has a `PATH`.
 pub const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
@@ -86,14 +87,16 @@ const STAGE_EXEC: u8 = 3;
 
 /// Everything the child touches after fork: raw pointers into buffers the parent keeps alive.
 struct ChildPlan {
-    program: *const libc::c_char,
+    /// NULL-terminated: the paths to try, in order.
+    programs: *const *const libc::c_char,
     argv: *const *const libc::c_char,
     envp: *const *const libc::c_char,
     cwd: Option<*const libc::c_char>,
     stdio: [RawFd; 3],
     cgroup_procs: Option<RawFd>,
     reset_oom_score: bool,
-    /// Written by the child on failure: `stage << 32 | errno`; 0 means the exec happened.
+    /// Written by the child on failure: `stage << 48 | candidate << 32 | errno`; 0 means the
+    /// exec happened.
     report: AtomicU64,
 }
 
@@ -114,24 +117,28 @@ extern "C" fn child_entry(plan: *mut libc::c_void) -> libc::c_int {
     child_after_fork(plan)
 }
 
-/// Starts `req` with `stdio`, registering the child with the reaper under `slot`. Returns the
-/// pid, which is also the child's process group and session id. On error no output was
-/// produced (a child that failed to exec has already exited).
+/// Starts `req` with `stdio`. The child's pid is also its process group and session id; the
+/// caller reaps it (see [`crate::reaper`]). On error no output was produced, and a child that
+/// failed to exec has been reaped.
 pub fn spawn(
     req: &ExecRequest,
     stdio: ChildStdio<'_>,
     ctx: &SpawnContext<'_>,
-    slot: &Arc<ExitSlot>,
-) -> Result<libc::pid_t, SpawnError> {
+) -> Result<Child, SpawnError> {
     let base = BaseEnv::get();
     let search_path = match req.env.get("PATH") {
         Some(p) => OsStr::new(p.as_str()),
         None => base.path.as_os_str(),
     };
     let cwd = (!req.cwd.is_empty()).then(|| PathBuf::from(&req.cwd));
-    let program = resolve_program(&req.cmd[0], search_path, cwd.as_deref())?;
-
-    let program_c = CString::new(program.as_os_str().as_bytes()).map_err(|_| SpawnError::Nul)?;
+    let candidates = program_candidates(&req.cmd[0], search_path);
+    let candidates_c = candidates
+        .iter()
+        .map(|p| CString::new(p.as_os_str().as_bytes()))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|_| SpawnError::Nul)?;
+    let mut programs: Vec<*const libc::c_char> = candidates_c.iter().map(|p| p.as_ptr()).collect();
+    programs.push(std::ptr::null());
     let args_c = req
         .cmd
         .iter()
@@ -161,7 +168,7 @@ pub fn spawn(
     envp.push(std::ptr::null());
 
     let plan = ChildPlan {
-        program: program_c.as_ptr(),
+        programs: programs.as_ptr(),
         argv: argv.as_ptr(),
         envp: envp.as_ptr(),
         cwd: cwd_c.as_ref().map(|c| c.as_ptr()),
@@ -178,52 +185,60 @@ pub fn spawn(
     // The child runs on its own small stack in our address space (CLONE_VM | CLONE_VFORK, as
     // posix_spawn does): no page tables are copied, and this thread is suspended until the
     // child has exec'd or exited, so everything above stays alive and unchanged meanwhile.
-    let pid = CHILD_STACKS.with(|stack| {
+    let mut child = CHILD_STACKS.with(|stack| {
         let mut stack = stack.borrow_mut();
         if stack.len() < CHILD_STACK {
             stack.resize(CHILD_STACK, 0);
         }
-        Reaper::global().spawn_with(slot, || {
+        reaper::register_spawn(|| {
             // The stack grows down: pass its (16-byte aligned) top.
             let top = stack.as_mut_ptr_range().end as usize & !0xf;
-            // SAFETY: `child_entry` only makes async-signal-safe system calls using `plan`, which
-            // outlives the call (CLONE_VFORK suspends us until the child execs or exits), and runs
-            // on `stack`, which nothing else uses meanwhile. SIGCHLD makes it an ordinary child.
+            let mut pidfd: libc::c_int = -1;
+            // SAFETY: `child_entry` only makes async-signal-safe system calls using `plan`,
+            // which outlives the call (CLONE_VFORK suspends us until the child execs or exits),
+            // and runs on `stack`, which nothing else uses meanwhile. CLONE_PIDFD writes the
+            // pidfd into the live int passed as the parent-tid argument.
             let pid = unsafe {
                 libc::clone(
                     child_entry,
                     top as *mut libc::c_void,
-                    libc::CLONE_VM | libc::CLONE_VFORK | libc::SIGCHLD,
+                    libc::CLONE_VM | libc::CLONE_VFORK | libc::CLONE_PIDFD | libc::SIGCHLD,
                     (&plan as *const ChildPlan).cast_mut().cast(),
+                    &mut pidfd as *mut libc::c_int,
                 )
             };
             if pid == -1 {
-                Err(io::Error::last_os_error())
-            } else {
-                Ok(pid)
+                return Err(io::Error::last_os_error());
             }
+            // SAFETY: clone succeeded with CLONE_PIDFD, so `pidfd` is a new descriptor that
+            // nothing else owns.
+            Ok((pid, unsafe { OwnedFd::from_raw_fd(pidfd) }))
         })
     })?;
 
     let report = plan.report.load(Ordering::Acquire);
     if report == 0 {
-        drop((argv, envp, args_c, added_c, cwd_c, program_c));
-        return Ok(pid);
+        drop((argv, envp, args_c, added_c, cwd_c, programs, candidates_c));
+        return Ok(child);
     }
+    // The child has _exit'ed (or is about to): reap it before reporting why.
+    let _ = child.wait();
     let errno = (report & 0xffff_ffff) as i32;
     let source = io::Error::from_raw_os_error(errno);
-    Err(match (report >> 32) as u8 {
+    let program = candidates
+        .get(((report >> 32) & 0xffff) as usize)
+        .map_or_else(|| req.cmd[0].clone(), |p| p.display().to_string());
+    let searched = !req.cmd[0].contains('/');
+    Err(match (report >> 48) as u8 {
         STAGE_CHDIR => SpawnError::BadCwd {
             cwd: req.cwd.clone(),
             source,
         },
         STAGE_EXEC => match errno {
-            libc::ENOENT => SpawnError::NotFound(program.display().to_string()),
-            libc::EACCES => SpawnError::PermissionDenied(program.display().to_string()),
-            _ => SpawnError::Exec {
-                program: program.display().to_string(),
-                source,
-            },
+            libc::ENOENT if searched => SpawnError::NotFound(req.cmd[0].clone()),
+            libc::ENOENT => SpawnError::NotFound(program),
+            libc::EACCES => SpawnError::PermissionDenied(program),
+            _ => SpawnError::Exec { program, source },
         },
         _ => SpawnError::Io(source),
     })
@@ -261,48 +276,24 @@ impl BaseEnv {
     }
 }
 
-/// Finds `name` the way `execvp` would: as given when it contains a slash, else the first
-/// executable regular file named `name` in a `PATH` directory.
-fn resolve_program(name: &str, path: &OsStr, cwd: Option<&Path>) -> Result<PathBuf, SpawnError> {
+/// Where the child looks for `name`, in order, the way `execvp` does: as given when it
+/// contains a slash, else `name` in each `PATH` directory (an empty entry means the current
+/// directory, which is the command's `cwd` by the time it execs).
+fn program_candidates(name: &str, path: &OsStr) -> Vec<PathBuf> {
     if name.contains('/') {
-        return Ok(PathBuf::from(name));
+        return vec![PathBuf::from(name)];
     }
-    let mut denied = None;
-    for dir in path.as_bytes().split(|&b| b == b':') {
-        let dir = if dir.is_empty() {
-            Path::new(".")
-        } else {
-            Path::new(OsStr::from_bytes(dir))
-        };
-        let mut candidate = dir.join(name);
-        if candidate.is_relative() {
-            if let Some(cwd) = cwd {
-                candidate = cwd.join(candidate);
-            }
-        }
-        let Ok(meta) = std::fs::metadata(&candidate) else {
-            continue;
-        };
-        if !meta.is_file() {
-            continue;
-        }
-        if meta.permissions().mode() & 0o111 != 0 && is_executable(&candidate) {
-            return Ok(candidate);
-        }
-        denied.get_or_insert(candidate);
-    }
-    match denied {
-        Some(p) => Err(SpawnError::PermissionDenied(p.display().to_string())),
-        None => Err(SpawnError::NotFound(name.to_string())),
-    }
-}
-
-fn is_executable(path: &Path) -> bool {
-    let Ok(c) = CString::new(path.as_os_str().as_bytes().to_vec()) else {
-        return false;
-    };
-    // SAFETY: `c` is a live NUL-terminated string.
-    unsafe { libc::access(c.as_ptr(), libc::X_OK) == 0 }
+    path.as_bytes()
+        .split(|&b| b == b':')
+        .map(|dir| {
+            let dir = if dir.is_empty() {
+                Path::new(".")
+            } else {
+                Path::new(OsStr::from_bytes(dir))
+            };
+            dir.join(name)
+        })
+        .collect()
 }
 
 /// The child's side of the fork. Only async-signal-safe calls; never returns.
@@ -350,17 +341,48 @@ fn child_after_fork(plan: &ChildPlan) -> ! {
             fail(&plan.report, STAGE_CHDIR);
         }
     }
-    // SAFETY: program, argv and envp point at NUL-terminated strings and NULL-terminated
-    // pointer arrays that the parent keeps alive until this exec has happened.
-    unsafe { libc::execve(plan.program, plan.argv, plan.envp) };
-    fail(&plan.report, STAGE_EXEC)
+    // The first candidate refused with EACCES, reported if no later one runs (as execvp does).
+    let mut denied: Option<(u64, libc::c_int)> = None;
+    let mut last = (0u64, libc::ENOENT);
+    let mut index = 0u64;
+    loop {
+        // SAFETY: `programs` is a NULL-terminated array of pointers the parent keeps alive,
+        // and `index` never passes its terminator.
+        let program = unsafe { *plan.programs.add(index as usize) };
+        if program.is_null() {
+            break;
+        }
+        // SAFETY: program, argv and envp point at NUL-terminated strings and NULL-terminated
+        // pointer arrays that the parent keeps alive until this exec has happened.
+        unsafe { libc::execve(program, plan.argv, plan.envp) };
+        let errno = errno();
+        match errno {
+            libc::ENOENT | libc::ENOTDIR | libc::ESTALE | libc::ENODEV | libc::ETIMEDOUT => {}
+            libc::EACCES => {
+                denied.get_or_insert((index, errno));
+            }
+            _ => fail_with(&plan.report, STAGE_EXEC, index, errno),
+        }
+        last = (index, errno);
+        index += 1;
+    }
+    let (index, errno) = denied.unwrap_or(last);
+    fail_with(&plan.report, STAGE_EXEC, index, errno)
+}
+
+fn errno() -> libc::c_int {
+    io::Error::last_os_error().raw_os_error().unwrap_or(0)
 }
 
 /// Reports `stage` and errno to the parent (shared memory) and exits the child.
 fn fail(report: &AtomicU64, stage: u8) -> ! {
-    let errno = io::Error::last_os_error().raw_os_error().unwrap_or(0);
+    fail_with(report, stage, 0, errno())
+}
+
+/// Reports `stage`, the candidate it concerns and `errno` to the parent, and exits the child.
+fn fail_with(report: &AtomicU64, stage: u8, candidate: u64, errno: libc::c_int) -> ! {
     report.store(
-        (u64::from(stage) << 32) | u64::from(errno as u32),
+        (u64::from(stage) << 48) | ((candidate & 0xffff) << 32) | u64::from(errno as u32),
         Ordering::Release,
     );
     // SAFETY: _exit ends the child without running destructors or atexit handlers, which a
@@ -373,17 +395,18 @@ mod tests {
     use super::*;
 
     #[test]
-    fn resolves_on_path_and_reports_missing_programs() {
-        let found = resolve_program("sh", OsStr::new("/nonexistent:/bin:/usr/bin"), None)
-            .expect("sh is on PATH");
-        assert!(found.ends_with("sh"));
-        assert!(matches!(
-            resolve_program("no-such-cmd-xyz", OsStr::new("/bin:/usr/bin"), None),
-            Err(SpawnError::NotFound(_))
-        ));
+    fn candidates_follow_path_like_execvp() {
         assert_eq!(
-            resolve_program("./x", OsStr::new("/bin"), None).expect("as given"),
-            PathBuf::from("./x")
+            program_candidates("sh", OsStr::new("/nonexistent::/bin")),
+            [
+                PathBuf::from("/nonexistent/sh"),
+                PathBuf::from("./sh"),
+                PathBuf::from("/bin/sh")
+            ]
+        );
+        assert_eq!(
+            program_candidates("./x", OsStr::new("/bin")),
+            [PathBuf::from("./x")]
         );
     }
 }

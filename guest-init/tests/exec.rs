@@ -103,6 +103,19 @@ fn spawn_errors_say_why_and_send_no_output() {
             "cwd",
         ),
         (ExecRequest::new(Vec::<String>::new()), "invalid request"),
+        (
+            // Found on PATH but not executable: reported as such, naming the file.
+            ExecRequest {
+                env: [(
+                    "PATH".to_string(),
+                    format!("/nonexistent:{}:/bin", agent.dir.path().display()),
+                )]
+                .into_iter()
+                .collect(),
+                ..ExecRequest::new(["not-executable.sh"])
+            },
+            "permission denied",
+        ),
     ];
     for (req, why) in cases {
         let out = agent.exec(req.clone());
