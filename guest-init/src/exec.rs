@@ -1,10 +1,11 @@
 //! The exec engine: one command on one connection.
 //!
 //! One thread per exec runs a poll(2) loop over the connection, the command's stdout and stderr
-//! pipes, its stdin pipe (interactive only) and the reaper's exit event. Output is read only when
-//! everything read before has been written to the connection, so a host that stops reading stops
-//! the agent reading the pipes, and then the command blocks on a full pipe: memory stays bounded
-//! (two 64 KiB frames) whatever the command writes. Stdin frames are read from the host only when
+//! pipes, its stdin pipe (interactive only) and the command's pidfd, which turns readable at its
+//! exit (the exec then reaps it). Output is read only when everything read before has been
+//! written to the connection, so a host that stops reading stops the agent reading the pipes,
+//! and then the command blocks on a full pipe: memory stays bounded (four 64 KiB frames per
+//! stream) whatever the command writes. Stdin frames are read from the host only when
 //! the previous one has reached the command, for the same reason.
 //!
 //! The stream ends with exactly one exit frame: after the command has exited, the agent forwards
@@ -183,7 +184,7 @@ pub fn run(
     session.finish_with(&result)
 }
 
-/// Turns the reaper's record into the exit frame's fields.
+/// Turns the reaped exit into the exit frame's fields.
 fn fill_result(
     result: &mut ExecResult,
     info: &ExitInfo,
@@ -239,8 +240,20 @@ fn write_exit(conn: &mut UnixStream, result: &ExecResult) -> Result<(), ExecErro
     Ok(())
 }
 
-/// Room for one frame from each output stream.
-const OUT_BUF: usize = 2 * (HEADER_SIZE + MAX_PAYLOAD);
+/// Frames one read of an output pipe may fill: a command that writes fast is forwarded in
+/// rounds of up to 256 KiB (one `readv`, one `send`), not one 64 KiB frame per poll round.
+const FRAMES_PER_READ: usize = 4;
+
+/// One frame's room in the output buffer: header, then payload.
+const FRAME_SLOT: usize = HEADER_SIZE + MAX_PAYLOAD;
+
+/// Room for one read's frames from each output stream.
+const OUT_BUF: usize = 2 * FRAMES_PER_READ * FRAME_SLOT;
+
+/// The pipe size (`F_SETPIPE_SZ`) given to a stream once it has filled a read: the command can
+/// run ahead of the host by this much instead of by the default 64 KiB. Best effort (the
+/// system's `pipe-max-size` may refuse it); short commands never pay for the `fcntl`.
+const BUSY_PIPE_SIZE: libc::c_int = 1024 * 1024;
 
 thread_local! {
     /// Connection threads are reused: so is their output buffer (no allocation, no zeroing,
@@ -295,6 +308,8 @@ struct Stream {
     pipe: Option<File>,
     /// After the exit: how many more bytes to forward before closing.
     drain: Option<usize>,
+    /// Whether the pipe has been enlarged (see [`BUSY_PIPE_SIZE`]).
+    enlarged: bool,
 }
 
 impl Stream {
@@ -305,37 +320,64 @@ impl Stream {
             kind,
             pipe: Some(File::from(fd)),
             drain: None,
+            enlarged: false,
         }
     }
 
-    /// Reads once (at most one frame's worth) and appends a frame to `out`, which has room
-    /// for it (it holds at most one frame per stream).
+    /// Reads once (up to [`FRAMES_PER_READ`] frames' worth, with one `readv` straight into the
+    /// frames' payload slots) and appends the frames to `out`, which has room for them.
     fn read_into(&mut self, out: &mut OutBuf) -> io::Result<()> {
         let Some(pipe) = self.pipe.as_mut() else {
             return Ok(());
         };
-        let want = self.drain.unwrap_or(MAX_PAYLOAD).min(MAX_PAYLOAD);
+        let want = self
+            .drain
+            .unwrap_or(usize::MAX)
+            .min(FRAMES_PER_READ * MAX_PAYLOAD);
         if want == 0 {
             self.pipe = None;
             return Ok(());
         }
         let start = out.len;
-        let Some(room) = out
-            .buf
-            .get_mut(start + HEADER_SIZE..start + HEADER_SIZE + want)
-        else {
-            return Ok(()); // Cannot happen: callers read only into an empty buffer.
+        let Some(room) = out.buf.get_mut(start..start + FRAMES_PER_READ * FRAME_SLOT) else {
+            return Ok(()); // Cannot happen: callers read only when the buffer has room.
         };
-        match pipe.read(room) {
+        // Payload slots, each after room for its header, covering `want` bytes.
+        let mut left = want;
+        let mut chunks = room.chunks_mut(FRAME_SLOT);
+        let mut slots: [io::IoSliceMut<'_>; FRAMES_PER_READ] = std::array::from_fn(|_| {
+            let len = left.min(MAX_PAYLOAD);
+            left -= len;
+            let slot: &mut [u8] = chunks.next().unwrap_or_default();
+            match slot.get_mut(HEADER_SIZE..HEADER_SIZE + len) {
+                Some(payload) => io::IoSliceMut::new(payload),
+                None => io::IoSliceMut::new(&mut []),
+            }
+        });
+        match pipe.read_vectored(&mut slots) {
             Ok(0) => self.pipe = None,
             Ok(n) => {
-                out.buf[start..start + HEADER_SIZE]
-                    .copy_from_slice(&wire::encode_header(self.kind, n));
-                out.len = start + HEADER_SIZE + n;
+                drop(slots);
+                let mut framed = 0;
+                let mut at = start;
+                while framed < n {
+                    let len = (n - framed).min(MAX_PAYLOAD);
+                    out.buf[at..at + HEADER_SIZE]
+                        .copy_from_slice(&wire::encode_header(self.kind, len));
+                    at += HEADER_SIZE + len;
+                    framed += len;
+                }
+                out.len = at;
                 if let Some(d) = self.drain.as_mut() {
                     *d -= n.min(*d);
                     if *d == 0 {
                         self.pipe = None;
+                    }
+                } else if n >= MAX_PAYLOAD && !self.enlarged {
+                    // A full default pipe: this command writes fast.
+                    self.enlarged = true;
+                    if let Some(p) = &self.pipe {
+                        let _ = sys::set_pipe_size(p.as_fd(), BUSY_PIPE_SIZE);
                     }
                 }
             }

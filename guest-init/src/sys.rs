@@ -81,6 +81,13 @@ pub fn recv_nowait(fd: BorrowedFd<'_>, buf: &mut [u8]) -> io::Result<usize> {
     Ok(n.unsigned_abs())
 }
 
+/// Sets a pipe's capacity (`F_SETPIPE_SZ`); the kernel rounds it up to a power of two pages.
+pub fn set_pipe_size(fd: BorrowedFd<'_>, bytes: libc::c_int) -> io::Result<()> {
+    // SAFETY: F_SETPIPE_SZ takes an integer argument, no pointer.
+    cvt(unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_SETPIPE_SZ, bytes) })?;
+    Ok(())
+}
+
 /// Bytes waiting to be read on a pipe or socket.
 pub fn bytes_available(fd: BorrowedFd<'_>) -> io::Result<usize> {
     let mut n: libc::c_int = 0;
