@@ -357,7 +357,6 @@ impl Stream {
         match pipe.read_vectored(&mut slots) {
             Ok(0) => self.pipe = None,
             Ok(n) => {
-                drop(slots);
                 let mut framed = 0;
                 let mut at = start;
                 while framed < n {
