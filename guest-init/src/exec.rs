@@ -47,8 +47,9 @@ pub struct ExecContext {
     pub devnull: OwnedFd,
     /// `cgroup.procs` of the commands cgroup.
     pub cgroup_procs: Option<OwnedFd>,
-    /// `memory.events` of the commands cgroup.
-    pub cgroup_memory_events: Option<std::path::PathBuf>,
+    /// `memory.events` of the commands cgroup, kept open: each exec reads it twice, one
+    /// `pread` each.
+    pub cgroup_memory_events: Option<File>,
     /// Whether children must reset `oom_score_adj`.
     pub reset_oom_score: bool,
     /// The machine's memory, for the OOM heuristic.
@@ -80,7 +81,14 @@ impl ExecContext {
     }
 
     fn oom_kills(&self) -> Option<u64> {
-        let text = std::fs::read_to_string(self.cgroup_memory_events.as_ref()?).ok()?;
+        use std::os::unix::fs::FileExt;
+        let mut buf = [0u8; 512];
+        let len = self
+            .cgroup_memory_events
+            .as_ref()?
+            .read_at(&mut buf, 0)
+            .ok()?;
+        let text = std::str::from_utf8(&buf[..len]).ok()?;
         text.lines()
             .find_map(|l| l.strip_prefix("oom_kill "))
             .and_then(|v| v.trim().parse().ok())

@@ -369,7 +369,9 @@ fn boot_and_serve() {
     exec_ctx.reset_oom_score = true;
     if let Some((procs, events)) = cfg.cgroups.then(|| commands_cgroup(&cfg)).flatten() {
         exec_ctx.cgroup_procs = Some(procs);
-        exec_ctx.cgroup_memory_events = Some(events);
+        exec_ctx.cgroup_memory_events = fs::File::open(&events)
+            .map_err(|e| log::info(format_args!("cannot open {}: {e}", events.display())))
+            .ok();
     }
 
     let listener = match Listener::bind(&Address::Vsock(libc::VMADDR_CID_ANY, cfg.port)) {
