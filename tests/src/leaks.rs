@@ -63,7 +63,7 @@ pub fn memory_cgroup(parent: &str, id: &str) -> PathBuf {
     Path::new("/sys/fs/cgroup/memory").join(parent).join(id)
 }
 
-/// Live (not zombie) processes whose command line mentions `needle` (a state directory: every
+/// Live (not zombie) processes whose command line mentions `needle` (`<state>/sandboxes`: every
 /// sandbox supervisor is started with its runtime directory under it).
 pub fn processes_mentioning(needle: &Path) -> Vec<i32> {
     let needle = needle.as_os_str().as_encoded_bytes();
@@ -152,7 +152,7 @@ pub struct Footprint {
     pub cgroups: Vec<PathBuf>,
     /// Processes in them.
     pub processes: Vec<i32>,
-    /// Live processes started for the daemon's state directory (supervisors and agents).
+    /// Live processes started with a runtime directory of the daemon's (supervisors, agents).
     pub sandbox_processes: Vec<i32>,
     /// Mounts under the state directory.
     pub mounts: Vec<String>,
@@ -168,7 +168,7 @@ impl Footprint {
         Footprint {
             cgroups,
             processes,
-            sandbox_processes: processes_mentioning(state_dir),
+            sandbox_processes: processes_mentioning(&state_dir.join("sandboxes")),
             mounts: mounts_under(state_dir),
             state_files: state_files(state_dir),
         }
