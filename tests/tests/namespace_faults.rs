@@ -599,3 +599,106 @@ async fn a_client_that_stops_reading_1_gib_keeps_memory_bounded_and_then_gets_ev
         "the daemon buffered while streaming: RSS {daemon_rss_before} -> {daemon_peak} KiB"
     );
 }
+
+/// Starts a fork bomb in sandbox `id` through `c`, and waits until it reaches the pids limit.
+async fn fork_bomb(
+    c: &client::Client,
+    parent: &str,
+    id: &str,
+    script: &'static str,
+) -> tokio::task::JoinHandle<client::ExecOutput> {
+    let bomb = {
+        let (c, id) = (c.clone(), id.to_string());
+        tokio::spawn(async move {
+            c.exec_collect(
+                &id,
+                &ExecRequest {
+                    timeout_s: 5,
+                    ..ExecRequest::new(["sh", "-c", script])
+                },
+            )
+            .await
+            .expect("exec")
+        })
+    };
+    let pids_cgroup = std::path::Path::new("/sys/fs/cgroup/pids")
+        .join(parent)
+        .join(id);
+    eventually("the bomb to reach the pids limit", || {
+        cgroup_value(&pids_cgroup, "pids.events", Some("max ")) > 0
+    })
+    .await;
+    bomb
+}
+
+/// While a bomb holds every pid the agent still answers: a command it cannot start is reported
+/// in its exit frame (never a hang or a lost sandbox).
+async fn answers_during_a_bomb(c: &client::Client, id: &str) {
+    for _ in 0..3 {
+        let out = tokio::time::timeout(Duration::from_secs(30), sh(c, id, "echo during"))
+            .await
+            .expect("the agent answers during the bomb");
+        eprintln!(
+            "during a fork bomb: stdout {:?}, error {:?}",
+            String::from_utf8_lossy(&out.stdout),
+            out.result.error
+        );
+        assert!(
+            out.stdout == b"during\n" || out.result.error.contains("Resource temporarily"),
+            "{out:?}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_fork_bomb_hits_the_pids_limit_while_the_agent_answers_and_dies_at_its_timeout() {
+    let daemon = TestDaemon::start();
+    let (state_dir, parent) = (
+        daemon.state.config.state_dir.clone(),
+        daemon.cgroup_parent().to_string(),
+    );
+    let c = daemon.client();
+    let id = daemon.sandbox().await;
+    // The command itself waits, so its timeout applies: it kills the whole process group.
+    let bomb = fork_bomb(&c, &parent, &id, "b() { b | b & }; b; sleep 1000").await;
+    answers_during_a_bomb(&c, &id).await;
+    let bomb = tokio::time::timeout(Duration::from_secs(60), bomb)
+        .await
+        .expect("the bomb ends at its timeout")
+        .expect("task");
+    assert!(bomb.result.timed_out, "{:?}", bomb.result);
+    let cgroup = memory_cgroup(&parent, &id);
+    eventually("only the agent and its supervisor to be left", || {
+        pids_in(&cgroup).len() == 2
+    })
+    .await;
+    let out = sh(&c, &id, "echo after").await;
+    assert_eq!(out.stdout, b"after\n");
+    c.delete(&id).await.expect("delete");
+    assert_sandbox_released(&state_dir, &parent, &id).await;
+}
+
+#[tokio::test]
+async fn a_fork_bomb_left_running_in_the_background_is_contained_until_deletion() {
+    let daemon = TestDaemon::start();
+    let (state_dir, parent) = (
+        daemon.state.config.state_dir.clone(),
+        daemon.cgroup_parent().to_string(),
+    );
+    let c = daemon.client();
+    let id = daemon.sandbox().await;
+    // The command returns at once; background processes outlive a command that exits normally
+    // (docs/agent-protocol.md), so the bomb goes on in the sandbox.
+    let bomb = fork_bomb(&c, &parent, &id, "b() { b | b & }; b").await;
+    let bomb = tokio::time::timeout(Duration::from_secs(60), bomb)
+        .await
+        .expect("the command returns")
+        .expect("task");
+    assert_eq!(bomb.result.exit_code, 0, "{:?}", bomb.result);
+    answers_during_a_bomb(&c, &id).await;
+    let neighbour = daemon.sandbox().await;
+    assert_eq!(sh(&c, &neighbour, "echo fine").await.stdout, b"fine\n");
+    // Deleting the sandbox ends its PID namespace, bomb and all.
+    c.delete(&id).await.expect("delete");
+    assert_sandbox_released(&state_dir, &parent, &id).await;
+}
