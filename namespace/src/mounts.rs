@@ -83,7 +83,7 @@ pub(crate) fn build_root(spec: &SandboxSpec) -> Result<(), SysError> {
     mkdir(&upper)?;
     mkdir(&work)?;
     // `/tmp` and `/dev/shm` live on the same tmpfs as the overlay's upper layer, so that one
-    // size bounds every byte a command can write: each is a tmpfs of its own would multiply it.
+    // size bounds every byte a command can write (a tmpfs each would multiply it).
     let scratch_tmp = scratch.join("tmp");
     let scratch_shm = scratch.join("shm");
     for dir in [&scratch_tmp, &scratch_shm] {
