@@ -702,3 +702,118 @@ async fn a_fork_bomb_left_running_in_the_background_is_contained_until_deletion(
     c.delete(&id).await.expect("delete");
     assert_sandbox_released(&state_dir, &parent, &id).await;
 }
+
+/// A download target that SIGKILLs a process once `after` bytes have arrived.
+struct KillingWriter {
+    received: Vec<u8>,
+    after: usize,
+    victim: Option<i32>,
+}
+
+impl tokio::io::AsyncWrite for KillingWriter {
+    fn poll_write(
+        mut self: std::pin::Pin<&mut Self>,
+        _: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        self.received.extend_from_slice(buf);
+        if self.received.len() >= self.after {
+            if let Some(pid) = self.victim.take() {
+                let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
+            }
+        }
+        std::task::Poll::Ready(Ok(buf.len()))
+    }
+
+    fn poll_flush(
+        self: std::pin::Pin<&mut Self>,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::task::Poll::Ready(Ok(()))
+    }
+
+    fn poll_shutdown(
+        self: std::pin::Pin<&mut Self>,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::task::Poll::Ready(Ok(()))
+    }
+}
+
+#[tokio::test]
+async fn killing_the_agent_mid_transfer_fails_the_transfer_and_never_truncates_it_silently() {
+    let daemon = DaemonProcess::start().await;
+    let (state_dir, parent) = (
+        daemon.home().state_dir(),
+        daemon.home().cgroup_parent.clone(),
+    );
+    let c = daemon.client();
+
+    // Download: the agent dies after the first MiB of 64 has reached the client.
+    let id = c
+        .create(&CreateSandbox::default())
+        .await
+        .expect("create")
+        .id;
+    let out = sh(&c, &id, "head -c 67108864 /dev/zero > /tmp/big").await;
+    assert_eq!(out.result.exit_code, 0, "{}", text(&out));
+    let mut target = KillingWriter {
+        received: Vec::new(),
+        after: 1 << 20,
+        victim: Some(agent_pid(&parent, &id).expect("the agent's host pid")),
+    };
+    let download = tokio::time::timeout(
+        Duration::from_secs(60),
+        c.get_file(&id, "/tmp/big", &mut target),
+    )
+    .await
+    .expect("the download ends");
+    assert!(
+        download.is_err(),
+        "a download cut at {} of 67108864 bytes reported success: {download:?}",
+        target.received.len()
+    );
+    assert!(target.received.len() < 64 << 20);
+    eprintln!(
+        "download cut after {} bytes: {download:?}",
+        target.received.len()
+    );
+    assert_sandbox_released(&state_dir, &parent, &id).await;
+
+    // Upload: the agent dies while the tar is still arriving.
+    let id = c
+        .create(&CreateSandbox::default())
+        .await
+        .expect("create")
+        .id;
+    let agent = agent_pid(&parent, &id).expect("the agent's host pid");
+    let (mut writer, reader) = tokio::io::duplex(64 * 1024);
+    let feeder = tokio::spawn(async move {
+        use tokio::io::AsyncWriteExt;
+        let mut header = tar::Header::new_gnu();
+        header.set_path("big.bin").expect("path");
+        header.set_size(64 << 20);
+        header.set_mode(0o644);
+        header.set_cksum();
+        writer.write_all(header.as_bytes()).await?;
+        let chunk = vec![7u8; 1 << 20];
+        for sent in 0..64 {
+            if sent == 1 {
+                let _ = kill(Pid::from_raw(agent), Signal::SIGKILL);
+            }
+            writer.write_all(&chunk).await?;
+        }
+        writer.write_all(&[0u8; 1024]).await?;
+        writer.shutdown().await
+    });
+    let upload = tokio::time::timeout(Duration::from_secs(60), c.put_tar(&id, "/tmp", reader))
+        .await
+        .expect("the upload ends");
+    match upload {
+        Err(client::ClientError::Api { status: 502, .. }) => {}
+        other => panic!("an upload cut by the agent's death is a 502, got {other:?}"),
+    }
+    feeder.abort();
+    assert_sandbox_released(&state_dir, &parent, &id).await;
+    assert_eq!(c.get(&id).await.expect("get").state, SandboxState::Dead);
+}
