@@ -390,6 +390,9 @@ async fn the_agent_survives_every_signal_sent_from_inside_the_sandbox() {
         Some(agent),
         "the same agent"
     );
+    c.delete(&id).await.expect("delete");
+    let state_dir = daemon.state.config.state_dir.clone();
+    assert_sandbox_released(&state_dir, daemon.cgroup_parent(), &id).await;
 }
 
 fn cgroup_value(cgroup: &std::path::Path, file: &str, key: Option<&str>) -> u64 {
@@ -527,6 +530,7 @@ async fn a_client_that_stops_reading_1_gib_keeps_memory_bounded_and_then_gets_ev
     let parent = daemon.home().cgroup_parent.clone();
     let pid = daemon.pid();
     let c = daemon.client();
+    let fds_before = open_fds(pid);
     let id = c
         .create(&CreateSandbox::default())
         .await
@@ -598,6 +602,12 @@ async fn a_client_that_stops_reading_1_gib_keeps_memory_bounded_and_then_gets_ev
         daemon_peak <= daemon_rss_before + 16 * 1024,
         "the daemon buffered while streaming: RSS {daemon_rss_before} -> {daemon_peak} KiB"
     );
+    c.delete(&id).await.expect("delete");
+    assert_sandbox_released(&daemon.home().state_dir(), &parent, &id).await;
+    eventually("the daemon's fds to return to their level", || {
+        open_fds(pid) <= fds_before
+    })
+    .await;
 }
 
 /// Starts a fork bomb in sandbox `id` through `c`, and waits until it reaches the pids limit.
@@ -748,6 +758,7 @@ async fn killing_the_agent_mid_transfer_fails_the_transfer_and_never_truncates_i
         daemon.home().cgroup_parent.clone(),
     );
     let c = daemon.client();
+    let fds_before = open_fds(daemon.pid());
 
     // Download: the agent dies after the first MiB of 64 has reached the client.
     let id = c
@@ -816,4 +827,12 @@ async fn killing_the_agent_mid_transfer_fails_the_transfer_and_never_truncates_i
     feeder.abort();
     assert_sandbox_released(&state_dir, &parent, &id).await;
     assert_eq!(c.get(&id).await.expect("get").state, SandboxState::Dead);
+    for sandbox in c.list().await.expect("list") {
+        c.delete(&sandbox.id).await.expect("delete");
+    }
+    let pid = daemon.pid();
+    eventually("the daemon's fds to return to their level", || {
+        open_fds(pid) <= fds_before
+    })
+    .await;
 }

@@ -1,7 +1,8 @@
 //! Soak: many execs across many sandboxes through one daemon process, with random
 //! cancellations and file transfers. Every completed exec gets exactly one exit frame and its
 //! exact output (hash-checked), every transfer comes back byte for byte, cancelled commands
-//! are killed, and the daemon's memory and fds end where they started after a warm-up.
+//! are killed, the daemon's memory and fds end where they started after a warm-up, and once
+//! the sandboxes are deleted nothing of them is left on the host.
 //!
 //! Short form by default (1,000 execs across 20 sandboxes, part of `cargo test`); the long form
 //! is `cargo xtask soak --execs 10000`. Knobs: `CRUCIBLE_SOAK_EXECS`, `CRUCIBLE_SOAK_SANDBOXES`,
@@ -13,7 +14,9 @@ use std::time::{Duration, Instant};
 
 use client::{Client, ExecEvent};
 use futures_util::StreamExt;
-use harness::leaks::{eventually_within, memory_cgroup, open_fds, pids_in, rss_kib};
+use harness::leaks::{
+    assert_nothing_held, eventually_within, memory_cgroup, open_fds, pids_in, rss_kib,
+};
 use harness::process::DaemonProcess;
 use sha2::{Digest, Sha256};
 use wire::{CreateSandbox, ExecRequest};
@@ -323,6 +326,7 @@ async fn soak_execs_cancellations_and_transfers_lose_nothing_and_leak_nothing() 
     for id in ids.iter() {
         c.delete(id).await.expect("delete");
     }
+    assert_nothing_held(&daemon.home().state_dir(), &parent).await;
     let duration = started.elapsed();
     let t = &totals;
     let completed = t.execs_completed.load(Ordering::Relaxed);
