@@ -136,3 +136,48 @@ async fn a_stopped_daemon_ends_running_execs_deletes_its_sandboxes_and_the_next_
 
     restart_finds_a_clean_slate(&home, &ids).await;
 }
+
+#[tokio::test]
+async fn leftovers_still_running_when_a_daemon_starts_are_killed_and_removed() {
+    // What a daemon that died without taking its sandboxes along would leave: a sandbox cgroup
+    // in every controller with a live process in it, a runtime directory with a socket, a log.
+    let home = DaemonHome::new();
+    let id = "sb-00000000deadbeef";
+    let mut survivor = std::process::Command::new("sleep")
+        .arg("1000")
+        .spawn()
+        .expect("spawn");
+    for controller in ["memory", "pids", "cpu"] {
+        let dir = std::path::Path::new("/sys/fs/cgroup")
+            .join(controller)
+            .join(&home.cgroup_parent)
+            .join(id);
+        std::fs::create_dir_all(&dir).expect("cgroup");
+        std::fs::write(dir.join("cgroup.procs"), survivor.id().to_string()).expect("join");
+    }
+    let runtime_dir = home.state_dir().join("sandboxes").join(id);
+    std::fs::create_dir_all(&runtime_dir).expect("runtime dir");
+    let _socket =
+        std::os::unix::net::UnixListener::bind(runtime_dir.join("agent.sock")).expect("socket");
+    std::fs::create_dir_all(home.state_dir().join("logs")).expect("logs");
+    std::fs::write(home.state_dir().join("logs").join(format!("{id}.log")), "").expect("log");
+    assert!(!Footprint::of(&home.state_dir(), &home.cgroup_parent).is_empty());
+
+    let daemon = DaemonProcess::start_in(&home, &[]).await;
+    // Cleaned before the daemon listened, so before its first answer.
+    let left = Footprint::of(&home.state_dir(), &home.cgroup_parent);
+    assert!(left.is_empty(), "{left:?}");
+    let status = survivor.wait().expect("wait");
+    assert_eq!(
+        std::os::unix::process::ExitStatusExt::signal(&status),
+        Some(9),
+        "the leftover process was SIGKILLed: {status:?}"
+    );
+    match daemon.client().get(id).await {
+        Err(client::ClientError::Api { status: 404, .. }) => {}
+        other => panic!("a leftover sandbox is unknown to the new daemon, got {other:?}"),
+    }
+    drop(daemon);
+    assert_nothing_held(&home.state_dir(), &home.cgroup_parent).await;
+    assert!(parent_cgroups(&home.cgroup_parent).is_empty());
+}
