@@ -1,13 +1,12 @@
 //! Faults and resource hygiene on the namespace backend: dying sandboxes and agents, vanishing
-//! and stalled clients, full disks, expiry, shutdown, and no leaks after many execs. Each fault
-//! test asserts what the client sees and that nothing is left on the host afterwards
-//! (processes, cgroups, mounts, state files and sockets, daemon fds). docs/reliability.md
-//! tabulates them.
+//! and stalled clients, fork bombs, full disks, expiry, shutdown, and no leaks after many
+//! execs. Each fault test asserts what the client sees and that nothing is left on the host
+//! afterwards (processes, cgroups, mounts, state files and sockets, daemon fds).
+//! docs/reliability.md tabulates them.
 //!
 //! Covered elsewhere, not repeated here: a command that runs out of memory reports
-//! `oom_killed: true` and `SIGKILL`, and a command spawning past the pids limit fails, with the
-//! agent answering afterwards in both cases (`namespace_isolation.rs`); restarting the daemon
-//! with sandboxes running (`namespace_restart.rs`).
+//! `oom_killed: true` and `SIGKILL`, and the agent answers afterwards (`namespace_isolation.rs`);
+//! restarting the daemon with sandboxes running (`namespace_restart.rs`).
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
