@@ -609,6 +609,74 @@ async fn a_client_that_stops_reading_1_gib_keeps_memory_bounded_and_then_gets_ev
     .await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_interactive_session_keeps_memory_bounded_and_then_gets_every_byte() {
+    let daemon = DaemonProcess::start().await;
+    let parent = daemon.home().cgroup_parent.clone();
+    let pid = daemon.pid();
+    let c = daemon.client();
+    let id = c
+        .create(&CreateSandbox::default())
+        .await
+        .expect("create")
+        .id;
+    sh(&c, &id, "true").await;
+    let agent = agent_pid(&parent, &id).expect("the agent's host pid") as u32;
+    let (daemon_rss_before, agent_rss_before) = (rss_kib(pid), rss_kib(agent));
+    const LEN: u64 = 256 << 20;
+    let script = format!("yes '{LINE}' | head -c {LEN}");
+    // The hijacked transport: the daemon copies frames between two sockets itself.
+    let mut session = c
+        .interactive(&id, &ExecRequest::new(["sh", "-c", &script]))
+        .await
+        .expect("session");
+    session.close_stdin().await.expect("close stdin");
+    let mut hasher = Sha256::new();
+    let mut received = 0u64;
+    match session.next_event().await {
+        Some(Ok(ExecEvent::Stdout(b))) => {
+            hasher.update(&b);
+            received += b.len() as u64;
+        }
+        other => panic!("expected output first, got {other:?}"),
+    }
+    let (mut daemon_peak, mut agent_peak) = (0, 0);
+    for _ in 0..30 {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        daemon_peak = daemon_peak.max(rss_kib(pid));
+        agent_peak = agent_peak.max(rss_kib(agent));
+    }
+    assert_eq!(c.get(&id).await.expect("get").active_execs, 1, "stalled");
+    eprintln!(
+        "stalled session: daemon RSS {daemon_rss_before} -> {daemon_peak} KiB, \
+         agent RSS {agent_rss_before} -> {agent_peak} KiB"
+    );
+    assert!(
+        daemon_peak <= daemon_rss_before + 16 * 1024,
+        "the daemon buffered: RSS {daemon_rss_before} -> {daemon_peak} KiB"
+    );
+    assert!(
+        agent_peak <= agent_rss_before + 8 * 1024,
+        "the agent buffered: RSS {agent_rss_before} -> {agent_peak} KiB"
+    );
+    let result = loop {
+        match session.next_event().await {
+            Some(Ok(ExecEvent::Stdout(b))) => {
+                hasher.update(&b);
+                received += b.len() as u64;
+            }
+            Some(Ok(ExecEvent::Exit(result))) => break result,
+            other => panic!("unexpected {other:?} after {received} bytes"),
+        }
+    };
+    assert_eq!(result.exit_code, 0, "{result:?}");
+    assert_eq!(received, LEN);
+    assert_eq!(hex::encode(hasher.finalize()), expected_sha256(LEN));
+    drop(session);
+    c.delete(&id).await.expect("delete");
+    assert_sandbox_released(&daemon.home().state_dir(), &parent, &id).await;
+}
+
 /// Starts a fork bomb in sandbox `id` through `c`, and waits until it reaches the pids limit.
 async fn fork_bomb(
     c: &client::Client,
