@@ -30,7 +30,9 @@ pub struct Limits {
     pub idle_timeout_s: u64,
     /// Most processes in one sandbox (pids cgroup).
     pub max_pids: u64,
-    /// Size of a namespace sandbox's writable layer (tmpfs) and of its `/tmp`.
+    /// Size of a namespace sandbox's writable layer: one tmpfs holding every write to `/`,
+    /// `/tmp` and `/dev/shm`, capped at three quarters of the sandbox's memory limit (its pages
+    /// are charged to it), so that a full disk is `ENOSPC`, not an OOM kill.
     pub scratch_mib: u64,
     /// How long to wait for a new sandbox's agent to say hello.
     pub ready_timeout_s: u64,

@@ -66,6 +66,15 @@ impl ApiError {
         Self::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", message)
     }
 
+    /// 503: the daemon is stopping and creates no more sandboxes.
+    pub fn shutting_down() -> Self {
+        Self::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "shutting_down",
+            "the daemon is shutting down",
+        )
+    }
+
     /// 502: the sandbox's agent failed or could not be reached.
     pub fn agent(message: impl Into<String>) -> Self {
         Self::new(StatusCode::BAD_GATEWAY, "agent_error", message)

@@ -136,7 +136,15 @@ async fn create_sandbox(
     } else {
         parse_json(&body, "sandbox request")?
     };
-    let info = state.create_sandbox(request).await?;
+    let creation = {
+        let state = state.clone();
+        async move { state.create_sandbox(request).await }
+    };
+    let info = state
+        .registry
+        .spawn_creation(creation)
+        .await
+        .map_err(|e| ApiError::internal(format!("creating the sandbox failed: {e}")))??;
     Ok((StatusCode::CREATED, Json(info)).into_response())
 }
 

@@ -2,12 +2,13 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::io;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use tokio::net::UnixStream;
-use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{watch, Notify, OwnedSemaphorePermit, Semaphore};
+use tokio::task::JoinHandle;
 use wire::{BackendKind, SandboxInfo, SandboxState, SandboxTimings};
 
 use crate::backend::Instance;
@@ -280,6 +281,46 @@ impl Sandbox {
     }
 }
 
+/// Counts tasks under way, so that shutdown can wait for them.
+#[derive(Debug)]
+struct Tracker(watch::Sender<usize>);
+
+impl Default for Tracker {
+    fn default() -> Self {
+        Tracker(watch::Sender::new(0))
+    }
+}
+
+/// Held by a tracked task; counts it done when dropped, even if the task was cancelled.
+struct Tracked(watch::Sender<usize>);
+
+impl Drop for Tracked {
+    fn drop(&mut self) {
+        self.0.send_modify(|n| *n = n.saturating_sub(1));
+    }
+}
+
+impl Tracker {
+    fn spawn<F>(&self, task: F) -> JoinHandle<F::Output>
+    where
+        F: std::future::Future + Send + 'static,
+        F::Output: Send + 'static,
+    {
+        self.0.send_modify(|n| *n += 1);
+        let tracked = Tracked(self.0.clone());
+        tokio::spawn(async move {
+            let _tracked = tracked;
+            task.await
+        })
+    }
+
+    /// Waits until no tracked task runs.
+    async fn wait(&self) {
+        let mut count = self.0.subscribe();
+        let _ = count.wait_for(|n| *n == 0).await;
+    }
+}
+
 /// Every sandbox of the daemon.
 #[derive(Debug, Default)]
 pub struct Registry {
@@ -287,6 +328,12 @@ pub struct Registry {
     pub died: std::sync::atomic::AtomicU64,
     sandboxes: RwLock<HashMap<String, Arc<Sandbox>>>,
     reserved: Mutex<usize>,
+    /// Creations under way; shutdown waits for them.
+    creating: Tracker,
+    /// Destructions under way; shutdown waits for them.
+    destroying: Tracker,
+    /// Set when shutdown begins: no sandbox may be created after it.
+    shutting_down: AtomicBool,
 }
 
 /// A reserved place under the sandbox cap, released on drop unless the sandbox was added.
@@ -317,6 +364,9 @@ impl Registry {
 
     /// Reserves room for one more sandbox, or fails when `max` exist or are being created.
     pub fn reserve(&self, max: usize) -> Result<Reservation<'_>, ApiError> {
+        if self.shutting_down.load(Ordering::SeqCst) {
+            return Err(ApiError::shutting_down());
+        }
         let mut reserved = self.reserved.lock().unwrap_or_else(|p| p.into_inner());
         if self.map().len() + *reserved >= max {
             return Err(ApiError::too_many(format!(
@@ -376,15 +426,45 @@ impl Registry {
         if sandbox.state() != SandboxState::Dead {
             sandbox.set_state(SandboxState::Stopping, None);
         }
-        sandbox.instance.destroy().await;
+        self.destroy(sandbox).await;
         true
     }
 
-    /// Destroys every sandbox (daemon shutdown).
+    /// Destroys `sandbox` in a task of its own and waits for it. Done in the caller's task,
+    /// a destruction could be cut short halfway — by a client that goes away mid-DELETE, or
+    /// by the runtime ending at shutdown while an expiry was under way — leaving its cgroups
+    /// and runtime directory behind with nothing left to remove them. Shutdown waits for every
+    /// destruction under way ([`Registry::remove_all`]).
+    async fn destroy(&self, sandbox: Arc<Sandbox>) {
+        let task = self
+            .destroying
+            .spawn(async move { sandbox.instance.destroy().await });
+        if let Err(e) = task.await {
+            tracing::warn!("destroying a sandbox failed: {e}");
+        }
+    }
+
+    /// Runs a sandbox creation in a task of its own, for the same reason as destructions (a
+    /// client hanging up mid-create would otherwise leave the half-made sandbox's cgroups and
+    /// runtime directory behind); shutdown waits for it. The sandbox may then be created for a
+    /// client that is gone: it is listed, like any other, until deleted or expired.
+    pub fn spawn_creation<F>(&self, creation: F) -> JoinHandle<F::Output>
+    where
+        F: std::future::Future + Send + 'static,
+        F::Output: Send + 'static,
+    {
+        self.creating.spawn(creation)
+    }
+
+    /// Destroys every sandbox (daemon shutdown): refuses new ones, lets creations under way
+    /// finish, removes everything, and waits for destructions already under way too.
     pub async fn remove_all(&self) {
+        self.shutting_down.store(true, Ordering::SeqCst);
+        self.creating.wait().await;
         let ids: Vec<String> = self.map().keys().cloned().collect();
         let removals = ids.iter().map(|id| self.remove(id));
         futures_util::future::join_all(removals).await;
+        self.destroying.wait().await;
     }
 }
 
@@ -415,7 +495,7 @@ async fn watch_lifecycle(registry: Arc<Registry>, sandbox: Arc<Sandbox>) {
                 sandbox.set_state(SandboxState::Dead, Some(reason));
                 // Release its processes, cgroups and files now; the entry stays until DELETE
                 // or its TTL so clients can see why it died.
-                sandbox.instance.destroy().await;
+                registry.destroy(sandbox.clone()).await;
             }
         }
     }

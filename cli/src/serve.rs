@@ -44,6 +44,10 @@ pub struct Args {
     /// Seconds without activity after which a sandbox is deleted.
     #[arg(long, default_value_t = api::Limits::default().idle_timeout_s)]
     idle_timeout: u64,
+    /// MiB a namespace sandbox can write (to `/`, `/tmp` and `/dev/shm` together; held in
+    /// memory, so at most 3/4 of its memory limit). Writes past it fail with ENOSPC.
+    #[arg(long, default_value_t = api::Limits::default().scratch_mib)]
+    disk_mib: u64,
 }
 
 pub fn parse_backend(text: &str) -> Result<BackendKind, String> {
@@ -81,6 +85,7 @@ pub async fn run(args: Args) -> Result<()> {
     config.limits.max_sandboxes = args.max_sandboxes;
     config.limits.max_execs_per_sandbox = args.max_execs;
     config.limits.idle_timeout_s = args.idle_timeout;
+    config.limits.scratch_mib = args.disk_mib;
     let server = api::Server::bind(config).await?;
     let state = server.state();
     if let Some(path) = &state.config.unix_socket {

@@ -30,11 +30,12 @@ MODES:
 
     `sandbox` first makes the process PID 1 of a namespace sandbox (the daemon's namespace
     backend runs it this way): new PID, mount, UTS, IPC, network and cgroup namespaces, the
-    image directory --rootfs read-only under a tmpfs overlay of --scratch-mib MiB as `/`, the
-    host directory --runtime-dir at /run/crucible, the cgroups whose cgroup.procs files are
-    given with --cgroup joined, every capability dropped and no_new_privs set; the sandbox
-    dies with the process that started it. Then it serves as with --listen (paths are inside
-    the sandbox). --memory-bytes is the sandbox's memory limit, for the OOM verdict.
+    image directory --rootfs read-only under a tmpfs overlay of --scratch-mib MiB as `/` (/tmp
+    and /dev/shm share it), the host directory --runtime-dir at /run/crucible, the cgroups
+    whose cgroup.procs files are given with --cgroup joined, every capability dropped and
+    no_new_privs set; the sandbox dies with the process that started it. Then it serves as
+    with --listen (paths are inside the sandbox). --memory-bytes is the sandbox's memory limit,
+    for the OOM verdict.
 
     --selftest runs the boot self-test through the exec engine and exits (1 if any test fails;
     `pid1` fails unless run as PID 1).

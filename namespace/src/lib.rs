@@ -7,7 +7,8 @@
 //! - a root made of the image directory, read-only, under a size-limited tmpfs overlay, entered
 //!   with `pivot_root` (the host's tree is unmounted, not merely hidden);
 //! - a minimal `/dev` (null, zero, full, random, urandom, tty, a private devpts), private `/proc`,
-//!   `/tmp`, `/dev/shm`, and the sandbox's runtime directory at `/run/crucible`;
+//!   `/tmp`, `/dev/shm` (both on the overlay's tmpfs, under its one size limit), and the
+//!   sandbox's runtime directory at `/run/crucible`;
 //! - membership in the cgroups the daemon prepared (memory and pids limits);
 //! - no capabilities (bounding set emptied, then effective/permitted/inheritable cleared) and
 //!   `no_new_privs`, so nothing inside can regain privileges through setuid binaries;
@@ -36,7 +37,8 @@ pub struct SandboxSpec {
     pub runtime_dir: PathBuf,
     /// The sandbox's hostname.
     pub hostname: String,
-    /// Size of the tmpfs that holds every write to `/` (and of `/tmp`).
+    /// Size of the one tmpfs that holds every write: to `/` (the overlay's upper layer), `/tmp`
+    /// and `/dev/shm`. Its pages are memory, charged to the sandbox's memory cgroup.
     pub scratch_mib: u64,
     /// Kill the sandbox when the process that started it (the daemon) dies, so a crashed
     /// daemon leaves no sandbox running.

@@ -1,7 +1,7 @@
 //! Builds the sandbox's root and pivots into it.
 
 use std::fs;
-use std::os::unix::fs::symlink;
+use std::os::unix::fs::{symlink, PermissionsExt};
 use std::path::Path;
 
 use crate::sys::{check, cstring, SysError};
@@ -82,6 +82,15 @@ pub(crate) fn build_root(spec: &SandboxSpec) -> Result<(), SysError> {
     let work = scratch.join("work");
     mkdir(&upper)?;
     mkdir(&work)?;
+    // `/tmp` and `/dev/shm` live on the same tmpfs as the overlay's upper layer, so that one
+    // size bounds every byte a command can write (a tmpfs each would multiply it).
+    let scratch_tmp = scratch.join("tmp");
+    let scratch_shm = scratch.join("shm");
+    for dir in [&scratch_tmp, &scratch_shm] {
+        mkdir(dir)?;
+        fs::set_permissions(dir, fs::Permissions::from_mode(0o1777))
+            .map_err(|e| SysError::io(format!("chmod 1777 {}", dir.display()), e))?;
+    }
     let options = format!(
         "lowerdir={},upperdir={},workdir={}",
         overlay_safe(&spec.rootfs)?,
@@ -103,15 +112,8 @@ pub(crate) fn build_root(spec: &SandboxSpec) -> Result<(), SysError> {
     let runtime = spec.runtime_dir.to_string_lossy();
     mount(&runtime, &inside_runtime, None, libc::MS_BIND, None)?;
 
-    build_dev(&root.join("dev"))?;
-    let tmp = format!("size={}m,mode=1777", spec.scratch_mib);
-    mount(
-        "tmpfs",
-        &root.join("tmp"),
-        Some("tmpfs"),
-        nosuid_nodev,
-        Some(&tmp),
-    )?;
+    build_dev(&root.join("dev"), &scratch_shm)?;
+    bind_with_flags(&scratch_tmp, &root.join("tmp"), nosuid_nodev)?;
 
     pivot_into(&root)?;
     mount(
@@ -123,7 +125,20 @@ pub(crate) fn build_root(spec: &SandboxSpec) -> Result<(), SysError> {
     )
 }
 
-fn build_dev(dev: &Path) -> Result<(), SysError> {
+/// Binds `source` on `target`, then applies `flags` to the new mount (a bind ignores them).
+fn bind_with_flags(source: &Path, target: &Path, flags: libc::c_ulong) -> Result<(), SysError> {
+    let source = source.to_string_lossy();
+    mount(&source, target, None, libc::MS_BIND, None)?;
+    mount(
+        "none",
+        target,
+        None,
+        libc::MS_REMOUNT | libc::MS_BIND | flags,
+        None,
+    )
+}
+
+fn build_dev(dev: &Path, shm_source: &Path) -> Result<(), SysError> {
     let flags = libc::MS_NOSUID | libc::MS_NOEXEC;
     mount(
         "tmpfs",
@@ -149,13 +164,7 @@ fn build_dev(dev: &Path) -> Result<(), SysError> {
     )?;
     let shm = dev.join("shm");
     mkdir(&shm)?;
-    mount(
-        "tmpfs",
-        &shm,
-        Some("tmpfs"),
-        flags | libc::MS_NODEV,
-        Some("mode=1777"),
-    )?;
+    bind_with_flags(shm_source, &shm, flags | libc::MS_NODEV)?;
     for (link, target) in [
         ("ptmx", "pts/ptmx"),
         ("fd", "/proc/self/fd"),

@@ -11,6 +11,9 @@ use api::state::AppState;
 use api::{ApiKeys, ServeConfig, Server};
 use tokio::sync::oneshot;
 
+pub mod leaks;
+pub mod process;
+
 /// The image the tests run: `$CRUCIBLE_IMAGE`, else `target/crucible/image` in the workspace.
 /// Fails (never skips) when it has not been built, saying how to build it.
 pub fn image_dir() -> PathBuf {
@@ -35,7 +38,7 @@ pub fn require_root() {
     assert_eq!(uid, 0, "namespace sandboxes (and so these tests) need root");
 }
 
-static NEXT: AtomicUsize = AtomicUsize::new(0);
+pub(crate) static NEXT: AtomicUsize = AtomicUsize::new(0);
 
 /// A daemon running on its own runtime thread.
 #[derive(Debug)]

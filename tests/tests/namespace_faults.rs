@@ -1,35 +1,26 @@
-//! Faults and resource hygiene on the namespace backend: dying sandboxes, vanishing clients,
-//! expiry, shutdown, and no leaks after many execs.
+//! Faults and resource hygiene on the namespace backend: dying sandboxes and agents, vanishing
+//! and stalled clients, fork bombs, full disks, expiry, shutdown, and no leaks after many
+//! execs. Each fault test asserts what the client sees and that nothing is left on the host
+//! afterwards (processes, cgroups, mounts, state files and sockets, daemon fds).
+//! docs/reliability.md tabulates them.
+//!
+//! Covered elsewhere, not repeated here: a command that runs out of memory reports
+//! `oom_killed: true` and `SIGKILL`, and the agent answers afterwards (`namespace_isolation.rs`);
+//! restarting the daemon with sandboxes running (`namespace_restart.rs`).
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use client::ExecEvent;
+use harness::leaks::{
+    agent_pid, assert_sandbox_released, eventually, memory_cgroup, open_fds, pids_in, rss_kib,
+};
+use harness::process::DaemonProcess;
 use harness::TestDaemon;
+use nix::sys::signal::{kill, Signal};
+use nix::unistd::Pid;
+use sha2::{Digest, Sha256};
 use wire::{CreateSandbox, ExecRequest, SandboxState};
-
-fn memory_cgroup(daemon: &TestDaemon, id: &str) -> PathBuf {
-    PathBuf::from("/sys/fs/cgroup/memory")
-        .join(daemon.cgroup_parent())
-        .join(id)
-}
-
-fn pids_in(cgroup: &std::path::Path) -> Vec<i32> {
-    std::fs::read_to_string(cgroup.join("cgroup.procs"))
-        .unwrap_or_default()
-        .split_whitespace()
-        .filter_map(|p| p.parse().ok())
-        .collect()
-}
-
-/// Waits (bounded) for `condition`, polling: only tests poll, never the product.
-async fn eventually(what: &str, mut condition: impl FnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !condition() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
 
 #[tokio::test]
 async fn killing_the_sandbox_mid_exec_ends_the_stream_with_a_synthesized_exit_frame() {
@@ -47,12 +38,9 @@ async fn killing_the_sandbox_mid_exec_ends_the_stream_with_a_synthesized_exit_fr
         Some(Ok(ExecEvent::Stdout(b))) => assert_eq!(&b[..], b"started\n"),
         other => panic!("expected output first, got {other:?}"),
     }
-    let cgroup = memory_cgroup(&daemon, &id);
+    let cgroup = memory_cgroup(daemon.cgroup_parent(), &id);
     for pid in pids_in(&cgroup) {
-        let _ = nix::sys::signal::kill(
-            nix::unistd::Pid::from_raw(pid),
-            nix::sys::signal::Signal::SIGKILL,
-        );
+        let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
     }
     match stream.next_event().await {
         Some(Ok(ExecEvent::Exit(result))) => {
@@ -104,7 +92,7 @@ async fn a_client_that_disconnects_mid_stream_kills_the_command() {
     let daemon = TestDaemon::start();
     let c = daemon.client();
     let id = daemon.sandbox().await;
-    let cgroup = memory_cgroup(&daemon, &id);
+    let cgroup = memory_cgroup(daemon.cgroup_parent(), &id);
     let before = pids_in(&cgroup).len();
     let mut stream = c
         .exec(
@@ -159,7 +147,7 @@ async fn ttl_and_idle_timeout_delete_sandboxes() {
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    assert!(!memory_cgroup(&daemon, &short).exists());
+    assert!(!memory_cgroup(daemon.cgroup_parent(), &short).exists());
 }
 
 #[tokio::test]
@@ -169,7 +157,7 @@ async fn shutdown_deletes_every_sandbox_and_leaves_nothing_behind() {
     let mut pids = Vec::new();
     for _ in 0..2 {
         let id = daemon.sandbox().await;
-        let cgroup = memory_cgroup(&daemon, &id);
+        let cgroup = memory_cgroup(daemon.cgroup_parent(), &id);
         pids.extend(pids_in(&cgroup));
         cgroups.push(cgroup);
     }
@@ -196,71 +184,10 @@ async fn shutdown_deletes_every_sandbox_and_leaves_nothing_behind() {
     assert!(!socket.exists(), "the socket was removed");
 }
 
-fn open_fds(pid: u32) -> usize {
-    std::fs::read_dir(format!("/proc/{pid}/fd"))
-        .map(|d| d.count())
-        .unwrap_or(0)
-}
-
-fn rss_kib(pid: u32) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find_map(|l| l.strip_prefix("VmRSS:"))
-                .and_then(|v| v.split_whitespace().next().and_then(|n| n.parse().ok()))
-        })
-        .unwrap_or(0)
-}
-
-/// The daemon in its own process, so that its fds and memory are measured alone.
-struct DaemonProcess {
-    child: std::process::Child,
-    socket: PathBuf,
-    _dir: tempfile::TempDir,
-}
-
-impl DaemonProcess {
-    async fn start() -> Self {
-        harness::require_root();
-        let dir = tempfile::tempdir().expect("tempdir");
-        let socket = dir.path().join("d.sock");
-        let child = std::process::Command::new(env!("CARGO_BIN_EXE_crucible-test-daemon"))
-            .arg(&socket)
-            .arg(dir.path().join("state"))
-            .arg(format!("crucible-test-proc-{}", std::process::id()))
-            .env("CRUCIBLE_LOG", "warn")
-            .spawn()
-            .expect("start the daemon");
-        let daemon = DaemonProcess {
-            child,
-            socket,
-            _dir: dir,
-        };
-        let path = daemon.socket.clone();
-        eventually("the daemon's socket", || path.exists()).await;
-        daemon
-    }
-
-    fn client(&self) -> client::Client {
-        client::Client::new(client::Endpoint::Unix(self.socket.clone()))
-    }
-}
-
-impl Drop for DaemonProcess {
-    fn drop(&mut self) {
-        let _ = nix::sys::signal::kill(
-            nix::unistd::Pid::from_raw(self.child.id() as i32),
-            nix::sys::signal::Signal::SIGTERM,
-        );
-        let _ = self.child.wait();
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fds_and_memory_return_to_their_level_after_1000_sequential_and_100_concurrent_execs() {
     let daemon = DaemonProcess::start().await;
-    let pid = daemon.child.id();
+    let pid = daemon.pid();
     let c = daemon.client();
     let id = c
         .create(&CreateSandbox::default())
@@ -310,4 +237,761 @@ async fn fds_and_memory_return_to_their_level_after_1000_sequential_and_100_conc
     );
     let info = c.get(&id).await.expect("get");
     assert_eq!(info.active_execs, 0);
+}
+
+async fn sh(c: &client::Client, id: &str, script: &str) -> client::ExecOutput {
+    c.exec_collect(
+        id,
+        &ExecRequest {
+            timeout_s: 120,
+            ..ExecRequest::new(["sh", "-c", script])
+        },
+    )
+    .await
+    .expect("exec")
+}
+
+fn text(out: &client::ExecOutput) -> String {
+    let mut text = String::from_utf8_lossy(&out.stdout).into_owned();
+    text.push_str(&String::from_utf8_lossy(&out.stderr));
+    text
+}
+
+fn parent_pid(pid: i32) -> Option<i32> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let (_, rest) = stat.rsplit_once(')')?;
+    rest.split_whitespace().nth(1)?.parse().ok()
+}
+
+/// Which process of a namespace sandbox the host kills.
+#[derive(Debug, Clone, Copy)]
+enum Victim {
+    /// The agent: PID 1 of the sandbox's PID namespace.
+    Agent,
+    /// The supervisor outside the namespace, the daemon's child (the VMM's place).
+    Supervisor,
+}
+
+/// Kills `victim` with SIGKILL while a command streams, and checks what the client sees, that
+/// the sandbox is reported dead, that a new one works, and that nothing is left of the dead one.
+async fn kill_mid_exec(victim: Victim) {
+    let daemon = DaemonProcess::start().await;
+    let (state_dir, parent) = (
+        daemon.home().state_dir(),
+        daemon.home().cgroup_parent.clone(),
+    );
+    let c = daemon.client();
+    let fds_before = open_fds(daemon.pid());
+    let id = c
+        .create(&CreateSandbox::default())
+        .await
+        .expect("create")
+        .id;
+    let mut stream = c
+        .exec(
+            &id,
+            &ExecRequest::new(["sh", "-c", "echo started; sleep 1000"]),
+        )
+        .await
+        .expect("exec");
+    match stream.next_event().await {
+        Some(Ok(ExecEvent::Stdout(b))) => assert_eq!(&b[..], b"started\n"),
+        other => panic!("expected output first, got {other:?}"),
+    }
+    let agent = agent_pid(&parent, &id).expect("the agent's host pid");
+    let target = match victim {
+        Victim::Agent => agent,
+        Victim::Supervisor => parent_pid(agent).expect("the supervisor's pid"),
+    };
+    kill(Pid::from_raw(target), Signal::SIGKILL).expect("kill");
+
+    match stream.next_event().await {
+        Some(Ok(ExecEvent::Exit(result))) => {
+            assert_eq!(result.exit_code, -1, "{result:?}");
+            assert!(result.error.contains(&id), "{}", result.error);
+        }
+        other => panic!("expected a synthesized exit frame, got {other:?}"),
+    }
+    assert!(
+        stream.next_event().await.is_none(),
+        "nothing after the exit frame"
+    );
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let info = loop {
+        let info = c.get(&id).await.expect("still listed");
+        if info.state == SandboxState::Dead || Instant::now() > deadline {
+            break info;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert_eq!(info.state, SandboxState::Dead, "{info:?}");
+    assert!(info.error.contains("exited"), "{}", info.error);
+    match c.exec_collect(&id, &ExecRequest::new(["true"])).await {
+        Err(client::ClientError::Api { status: 409, .. }) => {}
+        other => panic!("a dead sandbox refuses execs with 409, got {other:?}"),
+    }
+    // Dead means released at once; the entry stays (for its error) until deleted.
+    assert_sandbox_released(&state_dir, &parent, &id).await;
+
+    let fresh = c
+        .create(&CreateSandbox::default())
+        .await
+        .expect("create")
+        .id;
+    let out = sh(&c, &fresh, "echo ok").await;
+    assert_eq!(out.stdout, b"ok\n");
+    c.delete(&id).await.expect("deleting the dead one");
+    c.delete(&fresh).await.expect("delete");
+    assert_sandbox_released(&state_dir, &parent, &fresh).await;
+    let pid = daemon.pid();
+    eventually("the daemon's fds to return to their level", || {
+        open_fds(pid) <= fds_before
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn killing_the_agent_from_the_host_mid_exec_ends_the_stream_with_a_synthesized_exit_frame() {
+    kill_mid_exec(Victim::Agent).await;
+}
+
+#[tokio::test]
+async fn killing_the_supervisor_mid_exec_ends_the_stream_with_a_synthesized_exit_frame() {
+    kill_mid_exec(Victim::Supervisor).await;
+}
+
+#[tokio::test]
+async fn the_agent_survives_every_signal_sent_from_inside_the_sandbox() {
+    let daemon = TestDaemon::start();
+    let c = daemon.client();
+    let id = daemon.sandbox().await;
+    let agent = agent_pid(daemon.cgroup_parent(), &id).expect("the agent's host pid");
+    // PID 1 of a PID namespace gets only the signals it handles from inside; SIGKILL and
+    // SIGSTOP never. `kill -1` reaches every process but PID 1 and the sender.
+    let out = sh(
+        &c,
+        &id,
+        "sleep 1000 & s=$!; \
+         for sig in KILL STOP TERM INT HUP QUIT SEGV ABRT USR1 USR2 PIPE ALRM; do kill -$sig 1; done; \
+         kill -KILL -1; wait $s; echo sleep=$?; echo survived",
+    )
+    .await;
+    assert!(
+        String::from_utf8_lossy(&out.stdout).ends_with("sleep=137\nsurvived\n"),
+        "{}",
+        text(&out)
+    );
+    let out = sh(&c, &id, "echo agent answers").await;
+    assert_eq!(out.stdout, b"agent answers\n");
+    assert_eq!(c.get(&id).await.expect("get").state, SandboxState::Running);
+    assert_eq!(
+        agent_pid(daemon.cgroup_parent(), &id),
+        Some(agent),
+        "the same agent"
+    );
+    c.delete(&id).await.expect("delete");
+    let state_dir = daemon.state.config.state_dir.clone();
+    assert_sandbox_released(&state_dir, daemon.cgroup_parent(), &id).await;
+}
+
+fn cgroup_value(cgroup: &std::path::Path, file: &str, key: Option<&str>) -> u64 {
+    let text = std::fs::read_to_string(cgroup.join(file)).unwrap_or_default();
+    let value = match key {
+        None => text.trim(),
+        Some(key) => text
+            .lines()
+            .find_map(|l| l.strip_prefix(key).map(str::trim))
+            .unwrap_or_default(),
+    };
+    value.parse().unwrap_or_else(|_| panic!("{file}: {text:?}"))
+}
+
+#[tokio::test]
+async fn a_full_disk_is_enospc_for_the_writer_and_the_sandbox_carries_on() {
+    let daemon = TestDaemon::start();
+    let (state_dir, parent) = (
+        daemon.state.config.state_dir.clone(),
+        daemon.cgroup_parent().to_string(),
+    );
+    let c = daemon.client();
+    // 128 MiB of memory: the writable layer is capped at 96 MiB (its pages are memory).
+    let id = c
+        .create(&CreateSandbox {
+            memory_mib: Some(128),
+            ..Default::default()
+        })
+        .await
+        .expect("create")
+        .id;
+    let neighbour = daemon.sandbox().await;
+    let cgroup = memory_cgroup(&parent, &id);
+
+    let out = sh(&c, &id, "dd if=/dev/zero of=/big bs=1M 2>&1; echo dd=$?").await;
+    let seen = text(&out);
+    assert!(seen.contains("No space left on device"), "{seen}");
+    assert!(seen.ends_with("dd=1\n"), "{seen}");
+    assert!(!out.result.oom_killed, "{:?}", out.result);
+    // `/tmp` and `/dev/shm` share the same budget: a second tmpfs would double it.
+    for path in ["/tmp/more", "/dev/shm/more", "/more"] {
+        let out = sh(&c, &id, &format!("dd if=/dev/zero of={path} bs=1M count=1")).await;
+        assert_ne!(out.result.exit_code, 0, "{path}: {}", text(&out));
+        assert!(
+            text(&out).contains("No space left on device"),
+            "{path}: {}",
+            text(&out)
+        );
+    }
+    let out = sh(&c, &id, "df -m / | tail -1").await;
+    let size_mib: u64 = text(&out)
+        .split_whitespace()
+        .nth(1)
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("df: {}", text(&out)));
+    assert!((90..=96).contains(&size_mib), "{}", text(&out));
+
+    // The sandbox carries on: the agent answers, uploads fail cleanly, and nothing was killed.
+    let out = sh(&c, &id, "echo agent answers").await;
+    assert_eq!(out.stdout, b"agent answers\n");
+    let payload: Vec<u8> = (0..4 << 20).map(|i: u32| (i % 251) as u8).collect();
+    let mut tar = tar::Builder::new(Vec::new());
+    let mut header = tar::Header::new_gnu();
+    header.set_size(payload.len() as u64);
+    header.set_mode(0o644);
+    tar.append_data(&mut header, "payload.bin", &payload[..])
+        .expect("tar");
+    let archive = tar.into_inner().expect("tar");
+    let full = tokio::time::timeout(
+        Duration::from_secs(60),
+        c.put_tar(&id, "/", std::io::Cursor::new(archive.clone())),
+    )
+    .await
+    .expect("an upload to a full disk answers");
+    match full {
+        Err(client::ClientError::Api { message, .. })
+            if message.contains("No space left on device") => {}
+        other => panic!("an upload to a full disk fails with ENOSPC, got {other:?}"),
+    }
+    assert_eq!(
+        cgroup_value(&cgroup, "memory.oom_control", Some("oom_kill ")),
+        0,
+        "nothing was OOM-killed"
+    );
+    let limit = cgroup_value(&cgroup, "memory.limit_in_bytes", None);
+    assert!(cgroup_value(&cgroup, "memory.max_usage_in_bytes", None) <= limit);
+    let out = sh(&c, &neighbour, "echo unaffected").await;
+    assert_eq!(out.stdout, b"unaffected\n");
+
+    // Freeing space makes room again: files in and out, byte for byte.
+    let out = sh(
+        &c,
+        &id,
+        "rm /big /tmp/more /dev/shm/more /more 2>/dev/null; true",
+    )
+    .await;
+    assert_eq!(out.result.exit_code, 0);
+    let put = c
+        .put_tar(&id, "/", std::io::Cursor::new(archive))
+        .await
+        .expect("upload");
+    assert!(put.refused.is_none(), "{put:?}");
+    let mut back = Vec::new();
+    c.get_file(&id, "/payload.bin", &mut back)
+        .await
+        .expect("download");
+    assert!(back == payload, "the file came back changed");
+
+    c.delete(&id).await.expect("delete");
+    assert_sandbox_released(&state_dir, &parent, &id).await;
+}
+
+/// One line of the 1 GiB stream; `yes` repeats it.
+const LINE: &str = "crucible fault injection: a stalled reader must lose nothing 0123456789";
+const GIB: u64 = 1 << 30;
+
+/// The SHA-256 of the first `len` bytes of `LINE\n` repeated.
+fn expected_sha256(len: u64) -> String {
+    let line = format!("{LINE}\n");
+    // Whole lines, so that each block continues where the previous one ended.
+    let block = line.repeat((1 << 20) / line.len());
+    let mut hasher = Sha256::new();
+    let mut left = len;
+    while left > 0 {
+        let take = (block.len() as u64).min(left) as usize;
+        hasher.update(&block.as_bytes()[..take]);
+        left -= take as u64;
+    }
+    hex::encode(hasher.finalize())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_stops_reading_1_gib_keeps_memory_bounded_and_then_gets_every_byte() {
+    let daemon = DaemonProcess::start().await;
+    let parent = daemon.home().cgroup_parent.clone();
+    let pid = daemon.pid();
+    let c = daemon.client();
+    let fds_before = open_fds(pid);
+    let id = c
+        .create(&CreateSandbox::default())
+        .await
+        .expect("create")
+        .id;
+    sh(&c, &id, "true").await;
+    let agent = agent_pid(&parent, &id).expect("the agent's host pid") as u32;
+    let (daemon_rss_before, agent_rss_before) = (rss_kib(pid), rss_kib(agent));
+
+    let script = format!("yes '{LINE}' | head -c {GIB}");
+    let mut stream = c
+        .exec(
+            &id,
+            &ExecRequest {
+                timeout_s: 600,
+                ..ExecRequest::new(["sh", "-c", &script])
+            },
+        )
+        .await
+        .expect("exec");
+    let mut hasher = Sha256::new();
+    let mut received = 0u64;
+    match stream.next_event().await {
+        Some(Ok(ExecEvent::Stdout(b))) => {
+            hasher.update(&b);
+            received += b.len() as u64;
+        }
+        other => panic!("expected output first, got {other:?}"),
+    }
+    // Stop reading: the command must block once the buffers between it and us are full,
+    // instead of the daemon or the agent queueing the rest in memory.
+    let (mut daemon_peak, mut agent_peak) = (0, 0);
+    for _ in 0..40 {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        daemon_peak = daemon_peak.max(rss_kib(pid));
+        agent_peak = agent_peak.max(rss_kib(agent));
+    }
+    let info = c.get(&id).await.expect("get");
+    assert_eq!(info.active_execs, 1, "the command is stalled, not finished");
+    eprintln!(
+        "stalled: daemon RSS {daemon_rss_before} -> {daemon_peak} KiB, \
+         agent RSS {agent_rss_before} -> {agent_peak} KiB"
+    );
+    assert!(
+        daemon_peak <= daemon_rss_before + 16 * 1024,
+        "the daemon buffered: RSS {daemon_rss_before} -> {daemon_peak} KiB"
+    );
+    assert!(
+        agent_peak <= agent_rss_before + 8 * 1024,
+        "the agent buffered: RSS {agent_rss_before} -> {agent_peak} KiB"
+    );
+
+    // Resume: every byte arrives, in order.
+    let result = loop {
+        match stream.next_event().await {
+            Some(Ok(ExecEvent::Stdout(b))) => {
+                hasher.update(&b);
+                received += b.len() as u64;
+                daemon_peak = daemon_peak.max(rss_kib(pid));
+            }
+            Some(Ok(ExecEvent::Exit(result))) => break result,
+            other => panic!("unexpected {other:?} after {received} bytes"),
+        }
+    };
+    assert_eq!(result.exit_code, 0, "{result:?}");
+    assert_eq!(received, GIB);
+    assert_eq!(hex::encode(hasher.finalize()), expected_sha256(GIB));
+    assert!(
+        daemon_peak <= daemon_rss_before + 16 * 1024,
+        "the daemon buffered while streaming: RSS {daemon_rss_before} -> {daemon_peak} KiB"
+    );
+    c.delete(&id).await.expect("delete");
+    assert_sandbox_released(&daemon.home().state_dir(), &parent, &id).await;
+    eventually("the daemon's fds to return to their level", || {
+        open_fds(pid) <= fds_before
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_interactive_session_keeps_memory_bounded_and_then_gets_every_byte() {
+    let daemon = DaemonProcess::start().await;
+    let parent = daemon.home().cgroup_parent.clone();
+    let pid = daemon.pid();
+    let c = daemon.client();
+    let id = c
+        .create(&CreateSandbox::default())
+        .await
+        .expect("create")
+        .id;
+    sh(&c, &id, "true").await;
+    let agent = agent_pid(&parent, &id).expect("the agent's host pid") as u32;
+    let (daemon_rss_before, agent_rss_before) = (rss_kib(pid), rss_kib(agent));
+    const LEN: u64 = 256 << 20;
+    let script = format!("yes '{LINE}' | head -c {LEN}");
+    // The hijacked transport: the daemon copies frames between two sockets itself.
+    let mut session = c
+        .interactive(&id, &ExecRequest::new(["sh", "-c", &script]))
+        .await
+        .expect("session");
+    session.close_stdin().await.expect("close stdin");
+    let mut hasher = Sha256::new();
+    let mut received = 0u64;
+    match session.next_event().await {
+        Some(Ok(ExecEvent::Stdout(b))) => {
+            hasher.update(&b);
+            received += b.len() as u64;
+        }
+        other => panic!("expected output first, got {other:?}"),
+    }
+    let (mut daemon_peak, mut agent_peak) = (0, 0);
+    for _ in 0..30 {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        daemon_peak = daemon_peak.max(rss_kib(pid));
+        agent_peak = agent_peak.max(rss_kib(agent));
+    }
+    assert_eq!(c.get(&id).await.expect("get").active_execs, 1, "stalled");
+    eprintln!(
+        "stalled session: daemon RSS {daemon_rss_before} -> {daemon_peak} KiB, \
+         agent RSS {agent_rss_before} -> {agent_peak} KiB"
+    );
+    assert!(
+        daemon_peak <= daemon_rss_before + 16 * 1024,
+        "the daemon buffered: RSS {daemon_rss_before} -> {daemon_peak} KiB"
+    );
+    assert!(
+        agent_peak <= agent_rss_before + 8 * 1024,
+        "the agent buffered: RSS {agent_rss_before} -> {agent_peak} KiB"
+    );
+    let result = loop {
+        match session.next_event().await {
+            Some(Ok(ExecEvent::Stdout(b))) => {
+                hasher.update(&b);
+                received += b.len() as u64;
+            }
+            Some(Ok(ExecEvent::Exit(result))) => break result,
+            other => panic!("unexpected {other:?} after {received} bytes"),
+        }
+    };
+    assert_eq!(result.exit_code, 0, "{result:?}");
+    assert_eq!(received, LEN);
+    assert_eq!(hex::encode(hasher.finalize()), expected_sha256(LEN));
+    drop(session);
+    c.delete(&id).await.expect("delete");
+    assert_sandbox_released(&daemon.home().state_dir(), &parent, &id).await;
+}
+
+/// Starts a fork bomb in sandbox `id` through `c`, and waits until it reaches the pids limit.
+async fn fork_bomb(
+    c: &client::Client,
+    parent: &str,
+    id: &str,
+    script: &'static str,
+) -> tokio::task::JoinHandle<client::ExecOutput> {
+    let bomb = {
+        let (c, id) = (c.clone(), id.to_string());
+        tokio::spawn(async move {
+            c.exec_collect(
+                &id,
+                &ExecRequest {
+                    timeout_s: 5,
+                    ..ExecRequest::new(["sh", "-c", script])
+                },
+            )
+            .await
+            .expect("exec")
+        })
+    };
+    let pids_cgroup = std::path::Path::new("/sys/fs/cgroup/pids")
+        .join(parent)
+        .join(id);
+    eventually("the bomb to reach the pids limit", || {
+        cgroup_value(&pids_cgroup, "pids.events", Some("max ")) > 0
+    })
+    .await;
+    bomb
+}
+
+/// While a bomb holds every pid the agent still answers: a command it cannot start is reported
+/// in its exit frame (never a hang or a lost sandbox). Slowly, maybe: the agent shares the
+/// sandbox's CPU quota with a thousand bomb processes.
+async fn answers_during_a_bomb(c: &client::Client, id: &str) {
+    for _ in 0..3 {
+        let asked = Instant::now();
+        let out = tokio::time::timeout(Duration::from_secs(120), sh(c, id, "echo during"))
+            .await
+            .expect("the agent answers during the bomb");
+        eprintln!(
+            "during a fork bomb, in {:?}: stdout {:?}, error {:?}",
+            asked.elapsed(),
+            String::from_utf8_lossy(&out.stdout),
+            out.result.error
+        );
+        assert!(
+            out.stdout == b"during\n" || out.result.error.contains("Resource temporarily"),
+            "{out:?}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_fork_bomb_hits_the_pids_limit_while_the_agent_answers_and_dies_at_its_timeout() {
+    let daemon = TestDaemon::start();
+    let (state_dir, parent) = (
+        daemon.state.config.state_dir.clone(),
+        daemon.cgroup_parent().to_string(),
+    );
+    let c = daemon.client();
+    let id = daemon.sandbox().await;
+    // The command itself waits, so its timeout applies: it kills the whole process group.
+    let bomb = fork_bomb(&c, &parent, &id, "b() { b | b & }; b; sleep 1000").await;
+    answers_during_a_bomb(&c, &id).await;
+    let bomb = tokio::time::timeout(Duration::from_secs(60), bomb)
+        .await
+        .expect("the bomb ends at its timeout")
+        .expect("task");
+    assert!(bomb.result.timed_out, "{:?}", bomb.result);
+    let cgroup = memory_cgroup(&parent, &id);
+    eventually("only the agent and its supervisor to be left", || {
+        pids_in(&cgroup).len() == 2
+    })
+    .await;
+    let out = sh(&c, &id, "echo after").await;
+    assert_eq!(out.stdout, b"after\n");
+    c.delete(&id).await.expect("delete");
+    assert_sandbox_released(&state_dir, &parent, &id).await;
+}
+
+#[tokio::test]
+async fn a_fork_bomb_left_running_in_the_background_is_contained_until_deletion() {
+    let daemon = TestDaemon::start();
+    let (state_dir, parent) = (
+        daemon.state.config.state_dir.clone(),
+        daemon.cgroup_parent().to_string(),
+    );
+    let c = daemon.client();
+    let id = daemon.sandbox().await;
+    // The command returns at once; background processes outlive a command that exits normally
+    // (docs/agent-protocol.md), so the bomb goes on in the sandbox.
+    let bomb = fork_bomb(&c, &parent, &id, "b() { b | b & }; b").await;
+    let bomb = tokio::time::timeout(Duration::from_secs(60), bomb)
+        .await
+        .expect("the command returns")
+        .expect("task");
+    assert_eq!(bomb.result.exit_code, 0, "{:?}", bomb.result);
+    answers_during_a_bomb(&c, &id).await;
+    let neighbour = daemon.sandbox().await;
+    assert_eq!(sh(&c, &neighbour, "echo fine").await.stdout, b"fine\n");
+    // Deleting the sandbox ends its PID namespace, bomb and all.
+    c.delete(&id).await.expect("delete");
+    assert_sandbox_released(&state_dir, &parent, &id).await;
+}
+
+/// A download target that SIGKILLs a process once `after` bytes have arrived.
+struct KillingWriter {
+    received: Vec<u8>,
+    after: usize,
+    victim: Option<i32>,
+}
+
+impl tokio::io::AsyncWrite for KillingWriter {
+    fn poll_write(
+        mut self: std::pin::Pin<&mut Self>,
+        _: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        self.received.extend_from_slice(buf);
+        if self.received.len() >= self.after {
+            if let Some(pid) = self.victim.take() {
+                let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
+            }
+        }
+        std::task::Poll::Ready(Ok(buf.len()))
+    }
+
+    fn poll_flush(
+        self: std::pin::Pin<&mut Self>,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::task::Poll::Ready(Ok(()))
+    }
+
+    fn poll_shutdown(
+        self: std::pin::Pin<&mut Self>,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::task::Poll::Ready(Ok(()))
+    }
+}
+
+#[tokio::test]
+async fn killing_the_agent_mid_transfer_fails_the_transfer_and_never_truncates_it_silently() {
+    let daemon = DaemonProcess::start().await;
+    let (state_dir, parent) = (
+        daemon.home().state_dir(),
+        daemon.home().cgroup_parent.clone(),
+    );
+    let c = daemon.client();
+    let fds_before = open_fds(daemon.pid());
+
+    // Download: the agent dies after the first MiB of 64 has reached the client.
+    let id = c
+        .create(&CreateSandbox::default())
+        .await
+        .expect("create")
+        .id;
+    let out = sh(&c, &id, "head -c 67108864 /dev/zero > /tmp/big").await;
+    assert_eq!(out.result.exit_code, 0, "{}", text(&out));
+    let mut target = KillingWriter {
+        received: Vec::new(),
+        after: 1 << 20,
+        victim: Some(agent_pid(&parent, &id).expect("the agent's host pid")),
+    };
+    let download = tokio::time::timeout(
+        Duration::from_secs(60),
+        c.get_file(&id, "/tmp/big", &mut target),
+    )
+    .await
+    .expect("the download ends");
+    assert!(
+        download.is_err(),
+        "a download cut at {} of 67108864 bytes reported success: {download:?}",
+        target.received.len()
+    );
+    assert!(target.received.len() < 64 << 20);
+    eprintln!(
+        "download cut after {} bytes: {download:?}",
+        target.received.len()
+    );
+    assert_sandbox_released(&state_dir, &parent, &id).await;
+
+    // Upload: the agent dies while the tar is still arriving.
+    let id = c
+        .create(&CreateSandbox::default())
+        .await
+        .expect("create")
+        .id;
+    let agent = agent_pid(&parent, &id).expect("the agent's host pid");
+    let (mut writer, reader) = tokio::io::duplex(64 * 1024);
+    let feeder = tokio::spawn(async move {
+        use tokio::io::AsyncWriteExt;
+        let mut header = tar::Header::new_gnu();
+        header.set_path("big.bin").expect("path");
+        header.set_size(64 << 20);
+        header.set_mode(0o644);
+        header.set_cksum();
+        writer.write_all(header.as_bytes()).await?;
+        let chunk = vec![7u8; 1 << 20];
+        for sent in 0..64 {
+            if sent == 1 {
+                let _ = kill(Pid::from_raw(agent), Signal::SIGKILL);
+            }
+            writer.write_all(&chunk).await?;
+        }
+        writer.write_all(&[0u8; 1024]).await?;
+        writer.shutdown().await
+    });
+    let upload = tokio::time::timeout(Duration::from_secs(60), c.put_tar(&id, "/tmp", reader))
+        .await
+        .expect("the upload ends");
+    match upload {
+        Err(client::ClientError::Api { status: 502, .. }) => {}
+        other => panic!("an upload cut by the agent's death is a 502, got {other:?}"),
+    }
+    feeder.abort();
+    assert_sandbox_released(&state_dir, &parent, &id).await;
+    assert_eq!(c.get(&id).await.expect("get").state, SandboxState::Dead);
+    for sandbox in c.list().await.expect("list") {
+        c.delete(&sandbox.id).await.expect("delete");
+    }
+    let pid = daemon.pid();
+    eventually("the daemon's fds to return to their level", || {
+        open_fds(pid) <= fds_before
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn shutdown_waits_for_deletions_in_flight_and_leaves_no_cgroup_behind() {
+    let daemon = TestDaemon::start();
+    let parent = daemon.cgroup_parent().to_string();
+    let c = daemon.client();
+    let id = daemon.sandbox().await;
+    // A host process planted in the sandbox's memory cgroup keeps the group busy, so its
+    // removal takes as long as that process lives: the deletion is still in flight when the
+    // daemon is told to stop.
+    let mut planted = std::process::Command::new("sleep")
+        .arg("1000")
+        .spawn()
+        .expect("spawn");
+    let cgroup = memory_cgroup(&parent, &id);
+    std::fs::write(cgroup.join("cgroup.procs"), planted.id().to_string()).expect("plant");
+    let deletion = tokio::spawn({
+        let (c, id) = (c.clone(), id.clone());
+        async move { c.delete(&id).await }
+    });
+    eventually("the sandbox to leave the registry", || {
+        daemon.state.registry.list().is_empty()
+    })
+    .await;
+    let release = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_secs(1));
+        let _ = planted.kill();
+        let _ = planted.wait();
+    });
+    daemon.stop();
+    release.join().expect("thread");
+    let _ = deletion.await;
+    assert!(
+        !cgroup.exists(),
+        "the daemon stopped with the deletion of {id} unfinished: {} left behind",
+        cgroup.display()
+    );
+    assert!(harness::leaks::parent_cgroups(&parent).is_empty());
+}
+
+#[tokio::test]
+async fn clients_that_go_away_mid_create_leave_nothing_behind() {
+    use tokio::io::AsyncWriteExt;
+    let daemon = TestDaemon::start();
+    let (state_dir, parent) = (
+        daemon.state.config.state_dir.clone(),
+        daemon.cgroup_parent().to_string(),
+    );
+    // Each client sends a create request and hangs up while the sandbox is starting, after a
+    // little longer each time so that some hang up before the agent is ready and some after.
+    for delay_ms in [0, 5, 10, 20, 40, 80, 160] {
+        let mut stream = tokio::net::UnixStream::connect(&daemon.socket)
+            .await
+            .expect("connect");
+        stream
+            .write_all(
+                b"POST /sandboxes HTTP/1.1\r\nHost: crucible\r\nContent-Type: application/json\r\n\
+                  Content-Length: 2\r\n\r\n{}",
+            )
+            .await
+            .expect("write");
+        tokio::time::sleep(Duration::from_millis(delay_ms)).await;
+        drop(stream);
+    }
+    // Whatever got created is listed (and deletable); nothing else may exist.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let c = daemon.client();
+    let listed = c.list().await.expect("list");
+    let metrics = c.metrics().await.expect("metrics");
+    let count = |name: &str| {
+        metrics
+            .lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse::<u64>().ok())
+            .unwrap_or(0)
+    };
+    eprintln!(
+        "clients that went away mid-create: {} sandboxes created and listed, {} failed",
+        count("crucible_sandboxes_created_total"),
+        count("crucible_sandbox_create_failures_total")
+    );
+    assert_eq!(
+        listed.len() as u64,
+        count("crucible_sandboxes_created_total")
+    );
+    for sandbox in &listed {
+        c.delete(&sandbox.id).await.expect("delete");
+    }
+    harness::leaks::assert_nothing_held(&state_dir, &parent).await;
 }

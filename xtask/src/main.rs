@@ -8,6 +8,7 @@ mod ci;
 mod fixtures;
 mod image;
 mod openapi;
+mod soak;
 mod util;
 
 #[derive(Parser)]
@@ -29,6 +30,9 @@ enum Command {
     BuildImage(image::BuildArgs),
     /// Boot the built image under QEMU microvm and check the agent's selftests.
     SmokeImage(image::SmokeArgs),
+    /// The soak test's long form: 10,000 execs across 20 sandboxes with random cancellations
+    /// and file transfers, nothing lost, memory steady (the short form runs in `cargo test`).
+    Soak(soak::Args),
     /// Run the benchmark suite against its peers; write docs/benchmarks.md, plots and JSON.
     Bench(bench::Args),
     /// The daemon for the footprint benchmark, in its own process (internal).
@@ -47,6 +51,7 @@ fn main() -> Result<()> {
         Command::GenOpenapi => openapi::run(),
         Command::BuildImage(args) => image::build(args),
         Command::SmokeImage(args) => image::smoke(args),
+        Command::Soak(args) => soak::run(args),
         Command::Bench(args) => bench::run(args),
         Command::BenchDaemon(args) => bench::run_child(args),
         Command::BenchFloor(args) => bench::run_floor(args),

@@ -130,7 +130,7 @@ impl NamespaceBackend {
             .arg("--hostname")
             .arg(&spec.id)
             .arg("--scratch-mib")
-            .arg(self.scratch_mib.to_string())
+            .arg(disk_mib(self.scratch_mib, spec.memory_mib).to_string())
             .arg("--memory-bytes")
             .arg((spec.memory_mib * 1024 * 1024).to_string());
         for procs in cleanup.cgroups.iter().flat_map(|c| c.procs_files()) {
@@ -186,6 +186,15 @@ impl NamespaceBackend {
             log_path,
         })
     }
+}
+
+/// The size of a sandbox's writable layer: the configured size, but at most three quarters of
+/// its memory limit. The layer is a tmpfs, whose pages are charged to the sandbox's memory
+/// cgroup and cannot be swapped out; were it as large as the limit, filling it would end in an
+/// OOM kill (of whichever command is largest, possibly one that never wrote) instead of
+/// `ENOSPC` for the writer, with memory to spare for the commands.
+pub fn disk_mib(configured_mib: u64, memory_mib: u64) -> u64 {
+    configured_mib.min(memory_mib.saturating_mul(3) / 4).max(1)
 }
 
 fn create_private_dir(path: &Path) -> Result<(), BackendError> {
@@ -274,5 +283,18 @@ impl Backend for NamespaceBackend {
             let instance = self.create_instance(spec).await?;
             Ok(Box::new(instance) as Box<dyn Instance>)
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::disk_mib;
+
+    #[test]
+    fn the_writable_layer_leaves_a_quarter_of_memory_to_the_commands() {
+        assert_eq!(disk_mib(1024, 512), 384);
+        assert_eq!(disk_mib(100, 512), 100);
+        assert_eq!(disk_mib(1024, 16), 12);
+        assert_eq!(disk_mib(1024, 1), 1, "never a zero-sized (unlimited) tmpfs");
     }
 }
