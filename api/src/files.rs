@@ -37,6 +37,9 @@ fn agent_error(body: ErrorBody) -> ApiError {
         "not_found" => (StatusCode::NOT_FOUND, "not_found"),
         "is_a_directory" => (StatusCode::BAD_REQUEST, "is_a_directory"),
         "permission_denied" => (StatusCode::FORBIDDEN, "permission_denied"),
+        // The sandbox's disk (or inode table) is full: a limit the request ran into, as a
+        // too-large upload does, not a daemon failure.
+        "no_space" => (StatusCode::PAYLOAD_TOO_LARGE, "no_space"),
         _ => (StatusCode::INTERNAL_SERVER_ERROR, "io_error"),
     };
     ApiError::new(status, code, body.message)
@@ -68,7 +71,19 @@ pub async fn put(
 ) -> Result<FilesPutResult, ApiError> {
     let mut agent = request(&guard, &AgentRequest::PutFiles { path }).await?;
     let mut body = body.into_data_stream();
-    while let Some(chunk) = body.next().await {
+    let idle = state.config.header_timeout;
+    loop {
+        let chunk = match tokio::time::timeout(idle, body.next()).await {
+            Ok(Some(chunk)) => chunk,
+            Ok(None) => break,
+            Err(_) => {
+                return Err(ApiError::new(
+                    StatusCode::REQUEST_TIMEOUT,
+                    "request_timeout",
+                    format!("the upload stalled: no data for {idle:?}"),
+                ))
+            }
+        };
         let chunk =
             chunk.map_err(|e| ApiError::invalid(format!("reading the upload failed: {e}")))?;
         state
