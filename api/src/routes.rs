@@ -138,11 +138,18 @@ async fn method_not_allowed(request: Request) -> ApiError {
     )
 }
 
-/// Parses a JSON body into `T`, answering 400 with the parser's reason.
+/// Parses a JSON object into `T`, answering 400 with the parser's reason. Only an object will
+/// do: serde would otherwise take an array as the struct's fields in order (`[null, null]`).
 pub fn parse_json<T: serde::de::DeserializeOwned>(body: &[u8], what: &str) -> Result<T, ApiError> {
-    if body.iter().all(u8::is_ascii_whitespace) {
+    let Some(&first) = body.iter().find(|b| !b.is_ascii_whitespace()) else {
         return Err(ApiError::invalid(format!(
             "the request body must be a JSON {what}, got nothing"
+        )));
+    };
+    if first != b'{' {
+        return Err(ApiError::invalid(format!(
+            "the request body must be a JSON object (a {what}), got {:?}…",
+            String::from_utf8_lossy(&body[..body.len().min(16)])
         )));
     }
     serde_json::from_slice(body)

@@ -89,12 +89,8 @@ async fn first_request(
             Message::Close(_) => return Err(None),
             Message::Ping(_) | Message::Pong(_) => continue,
         };
-        let request: ExecRequest = serde_json::from_slice(&bytes).map_err(|e| {
-            Some((
-                close::POLICY,
-                format!("the first message is not a valid ExecRequest: {e}"),
-            ))
-        })?;
+        let request: ExecRequest = crate::routes::parse_json(&bytes, "ExecRequest")
+            .map_err(|e| Some((close::POLICY, format!("the first message: {}", e.message))))?;
         request
             .validate()
             .map_err(|e| Some((close::POLICY, e.to_string())))?;

@@ -446,6 +446,54 @@ async fn invalid_utf8_and_nul_bytes_are_400_naming_the_field() {
     assert_healthy(&daemon, &id).await;
 }
 
+/// Found by schemathesis: serde takes a JSON array as a struct's fields in order, so
+/// `[null, null]` created a sandbox; and an empty upload "extracted" nothing with a 200.
+#[tokio::test]
+async fn json_bodies_must_be_objects_and_uploads_must_not_be_empty() {
+    let daemon = daemon();
+    let id = daemon.sandbox().await;
+    let exec = format!("/sandboxes/{id}/exec");
+    for body in [
+        &b"[null, null]"[..],
+        b"[[\"echo\"]]",
+        b"null",
+        b"\"{}\"",
+        b"7",
+    ] {
+        for target in ["/sandboxes", exec.as_str(), &format!("{exec}?stdin=1")] {
+            let reply = exchange(&daemon, &post(target, body)).await;
+            reply.expect(400, "invalid_request");
+            assert!(
+                reply.message().contains("JSON object"),
+                "{}",
+                reply.message()
+            );
+        }
+        let mut ws = RawWs::connect(&daemon, &id).await;
+        ws.send(0x1, body).await;
+        let (code, reason) = ws.close_code().await;
+        assert_eq!(code, 1008, "{reason}");
+        assert!(reason.contains("JSON object"), "{reason}");
+    }
+    assert_eq!(
+        daemon.state.registry.list().len(),
+        1,
+        "no sandbox was created"
+    );
+    let reply = upload(&daemon, &id, "/tmp/empty", b"").await;
+    reply.expect(400, "invalid_request");
+    assert!(reply.message().contains("empty"), "{}", reply.message());
+    // A real empty archive is fine.
+    let reply = upload(&daemon, &id, "/tmp/empty", &archive(|_| {})).await;
+    assert_eq!(
+        reply.status,
+        200,
+        "{}",
+        String::from_utf8_lossy(&reply.body)
+    );
+    assert_healthy(&daemon, &id).await;
+}
+
 // ---- tar bombs and path escapes ----
 
 /// Appends an entry written header-first, so that names the tar crate's builder would refuse
