@@ -81,6 +81,30 @@ fn parse_hijack(head: &[u8]) -> Result<Option<HijackHead>, ApiError> {
     let Some(target) = request.path else {
         return Ok(None);
     };
+    let has = |name: &str| {
+        request
+            .headers
+            .iter()
+            .any(|h| h.name.eq_ignore_ascii_case(name))
+    };
+    let mut lengths = request
+        .headers
+        .iter()
+        .filter(|h| h.name.eq_ignore_ascii_case("content-length"))
+        .map(|h| h.value.trim_ascii());
+    if let Some(first) = lengths.next() {
+        if lengths.any(|other| other != first) {
+            return Err(ApiError::invalid(
+                "the request has Content-Length headers that disagree",
+            ));
+        }
+    }
+    if has("content-length") && has("transfer-encoding") {
+        // RFC 9112 §6.1: the framing is ambiguous (the request-smuggling shape); refuse it.
+        return Err(ApiError::invalid(
+            "the request has both Content-Length and Transfer-Encoding: send one",
+        ));
+    }
     // httparse lets bytes through that hyper's URI parser refuses (non-ASCII, say).
     if let Err(e) = target.parse::<axum::http::Uri>() {
         return Err(ApiError::invalid(format!(
@@ -189,6 +213,9 @@ where
         .timer(TokioTimer::new())
         .header_read_timeout(header_timeout)
         .max_buf_size(MAX_HEAD.max(8192))
+        // Room past our limit, so that `routes::limit_head` answers with the envelope rather
+        // than hyper with a bare 431.
+        .max_headers(MAX_HEADERS * 4)
         .serve_connection(TokioIo::new(stream), service)
         .with_upgrades()
         .await;
@@ -197,7 +224,18 @@ where
     }
 }
 
-async fn respond_error<S: AsyncWrite + Unpin>(state: &AppState, stream: &mut S, error: &ApiError) {
+/// How long, and how much, a refused client's unread bytes are drained after the answer.
+const LINGER: Duration = Duration::from_secs(2);
+const LINGER_BYTES: usize = 1024 * 1024;
+
+/// Answers `error` and closes the connection. A client still sending (the rest of an oversized
+/// head, say) would otherwise get a reset instead of the answer: its unread bytes are drained
+/// for a moment first (nginx's lingering close).
+async fn respond_error<S: AsyncRead + AsyncWrite + Unpin>(
+    state: &AppState,
+    stream: &mut S,
+    error: &ApiError,
+) {
     state.metrics.observe_error(error.status.as_u16());
     let body = serde_json::to_vec(&error.body()).unwrap_or_default();
     let head = format!(
@@ -209,6 +247,17 @@ async fn respond_error<S: AsyncWrite + Unpin>(state: &AppState, stream: &mut S, 
     let _ = stream.write_all(head.as_bytes()).await;
     let _ = stream.write_all(&body).await;
     let _ = stream.shutdown().await;
+    let drain = async {
+        let mut sink = vec![0u8; 64 * 1024];
+        let mut drained = 0;
+        while drained < LINGER_BYTES {
+            match stream.read(&mut sink).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => drained += n,
+            }
+        }
+    };
+    let _ = tokio::time::timeout(LINGER, drain).await;
 }
 
 /// The hijacked interactive exec.

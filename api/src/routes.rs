@@ -172,11 +172,21 @@ async fn read_body(body: Body, timeout: Duration) -> Result<Bytes, ApiError> {
     }
     match tokio::time::timeout(timeout, axum::body::to_bytes(body, JSON_BODY_LIMIT)).await {
         Ok(Ok(bytes)) => Ok(bytes),
-        Ok(Err(e)) => Err(ApiError::new(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            "payload_too_large",
-            format!("the request body could not be read (limit {JSON_BODY_LIMIT} bytes): {e}"),
-        )),
+        Ok(Err(e)) => {
+            let e = e.into_inner();
+            if e.is::<http_body_util::LengthLimitError>() {
+                Err(ApiError::new(
+                    StatusCode::PAYLOAD_TOO_LARGE,
+                    "payload_too_large",
+                    format!("the request body is over the {JSON_BODY_LIMIT} byte limit"),
+                ))
+            } else {
+                // Malformed chunked framing, or a client that went away mid-body.
+                Err(ApiError::invalid(format!(
+                    "the request body could not be read: {e}"
+                )))
+            }
+        }
         Err(_) => Err(ApiError::new(
             StatusCode::REQUEST_TIMEOUT,
             "request_timeout",
