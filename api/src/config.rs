@@ -2,6 +2,7 @@
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::time::Duration;
 
 use wire::BackendKind;
 
@@ -78,6 +79,12 @@ pub struct ServeConfig {
     pub default_backend: Option<BackendKind>,
     /// Limits and defaults.
     pub limits: Limits,
+    /// How long a client may take to send a request head (and an interactive exec's
+    /// ExecRequest body) before it is answered 408 and disconnected.
+    pub header_timeout: Duration,
+    /// How long a WebSocket exec client may take, after the upgrade, to send its ExecRequest
+    /// before the socket is closed with 1008.
+    pub first_message_timeout: Duration,
 }
 
 /// Whether the process runs as root (state under `/run`), else under `$XDG_RUNTIME_DIR`.
@@ -136,6 +143,8 @@ impl ServeConfig {
             cgroup_parent: "crucible".into(),
             default_backend: None,
             limits: Limits::default(),
+            header_timeout: crate::hijack::HEADER_TIMEOUT,
+            first_message_timeout: crate::ws::FIRST_MESSAGE_TIMEOUT,
         }
     }
 }

@@ -37,6 +37,9 @@ fn agent_error(body: ErrorBody) -> ApiError {
         "not_found" => (StatusCode::NOT_FOUND, "not_found"),
         "is_a_directory" => (StatusCode::BAD_REQUEST, "is_a_directory"),
         "permission_denied" => (StatusCode::FORBIDDEN, "permission_denied"),
+        // The sandbox's disk (or inode table) is full: a limit the request ran into, as a
+        // too-large upload does, not a daemon failure.
+        "no_space" => (StatusCode::PAYLOAD_TOO_LARGE, "no_space"),
         _ => (StatusCode::INTERNAL_SERVER_ERROR, "io_error"),
     };
     ApiError::new(status, code, body.message)
@@ -66,9 +69,42 @@ pub async fn put(
     path: String,
     body: Body,
 ) -> Result<FilesPutResult, ApiError> {
-    let mut agent = request(&guard, &AgentRequest::PutFiles { path }).await?;
     let mut body = body.into_data_stream();
-    while let Some(chunk) = body.next().await {
+    let idle = state.config.header_timeout;
+    let stalled = || {
+        ApiError::new(
+            StatusCode::REQUEST_TIMEOUT,
+            "request_timeout",
+            format!("the upload stalled: no data for {idle:?}"),
+        )
+    };
+    // Even an archive of nothing is 1 KiB of end-of-archive blocks: an empty body is a mistake
+    // (a forgotten body, a client that sent none), answered before the agent is bothered.
+    let first = loop {
+        match tokio::time::timeout(idle, body.next()).await {
+            Err(_) => return Err(stalled()),
+            Ok(None) => {
+                return Err(ApiError::invalid(
+                    "the request body is empty: send a tar archive (even an empty archive is \
+                     1024 bytes of end-of-archive blocks)",
+                ))
+            }
+            Ok(Some(Ok(chunk))) if chunk.is_empty() => {}
+            Ok(Some(chunk)) => break chunk,
+        }
+    };
+    let mut agent = request(&guard, &AgentRequest::PutFiles { path }).await?;
+    let mut first = Some(first);
+    loop {
+        let next = match first.take() {
+            Some(chunk) => Ok(Some(chunk)),
+            None => tokio::time::timeout(idle, body.next()).await,
+        };
+        let chunk = match next {
+            Ok(Some(chunk)) => chunk,
+            Ok(None) => break,
+            Err(_) => return Err(stalled()),
+        };
         let chunk =
             chunk.map_err(|e| ApiError::invalid(format!("reading the upload failed: {e}")))?;
         state

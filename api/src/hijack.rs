@@ -19,12 +19,12 @@ use crate::rewind::Rewind;
 use crate::routes::{self, wants_stdin};
 use crate::state::AppState;
 
-/// How long a client may take to send a request head.
+/// How long a client may take to send a request head, by default (`ServeConfig::header_timeout`).
 pub const HEADER_TIMEOUT: Duration = Duration::from_secs(30);
 /// Largest request head accepted.
 pub const MAX_HEAD: usize = 64 * 1024;
 /// Most headers accepted.
-const MAX_HEADERS: usize = 64;
+pub const MAX_HEADERS: usize = 64;
 
 /// Which listener a connection came from (TCP requires API keys).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -35,11 +35,18 @@ pub enum Transport {
     Tcp,
 }
 
-fn head_end(buf: &[u8]) -> Option<usize> {
-    buf.windows(4).position(|w| w == b"\r\n\r\n").map(|p| p + 4)
+/// The end of the request head in `buf`, searching from `from` (a byte offset already known
+/// not to start the terminator), so that a head dribbled a byte at a time costs linear time.
+fn head_end(buf: &[u8], from: usize) -> Option<usize> {
+    let from = from.min(buf.len());
+    buf[from..]
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .map(|p| from + p + 4)
 }
 
 /// A parsed hijack request head.
+#[derive(Debug)]
 struct HijackHead {
     id: String,
     authorization: Option<Vec<u8>>,
@@ -47,21 +54,66 @@ struct HijackHead {
     chunked: bool,
 }
 
-/// Returns the hijack request in `head`, if that is what it is.
+/// 431: the request head is over the limits.
+pub fn too_large_head() -> ApiError {
+    ApiError::new(
+        StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+        "headers_too_large",
+        format!("the request head exceeds {MAX_HEAD} bytes or {MAX_HEADERS} headers"),
+    )
+}
+
+/// Returns the hijack request in `head`, if that is what it is. A head that does not parse is
+/// answered here, with the JSON envelope (hyper would answer a bare 400).
 fn parse_hijack(head: &[u8]) -> Result<Option<HijackHead>, ApiError> {
     let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
     let mut request = httparse::Request::new(&mut headers);
     match request.parse(head) {
         Ok(httparse::Status::Complete(_)) => {}
-        // Not ours to judge: hyper answers malformed requests itself.
-        _ => return Ok(None),
-    }
-    if request.method != Some("POST") {
-        return Ok(None);
+        Ok(httparse::Status::Partial) => return Ok(None),
+        Err(httparse::Error::TooManyHeaders) => return Err(too_large_head()),
+        Err(e) => {
+            return Err(ApiError::invalid(format!(
+                "the request head is not valid HTTP/1.1: {e}"
+            )))
+        }
     }
     let Some(target) = request.path else {
         return Ok(None);
     };
+    let has = |name: &str| {
+        request
+            .headers
+            .iter()
+            .any(|h| h.name.eq_ignore_ascii_case(name))
+    };
+    let mut lengths = request
+        .headers
+        .iter()
+        .filter(|h| h.name.eq_ignore_ascii_case("content-length"))
+        .map(|h| h.value.trim_ascii());
+    if let Some(first) = lengths.next() {
+        if lengths.any(|other| other != first) {
+            return Err(ApiError::invalid(
+                "the request has Content-Length headers that disagree",
+            ));
+        }
+    }
+    if has("content-length") && has("transfer-encoding") {
+        // RFC 9112 §6.1: the framing is ambiguous (the request-smuggling shape); refuse it.
+        return Err(ApiError::invalid(
+            "the request has both Content-Length and Transfer-Encoding: send one",
+        ));
+    }
+    // httparse lets bytes through that hyper's URI parser refuses (non-ASCII, say).
+    if let Err(e) = target.parse::<axum::http::Uri>() {
+        return Err(ApiError::invalid(format!(
+            "the request target {target:?} is not a valid URI: {e}"
+        )));
+    }
+    if request.method != Some("POST") {
+        return Ok(None);
+    }
     let (path, query) = target.split_once('?').unwrap_or((target, ""));
     let Some(id) = path
         .strip_prefix("/sandboxes/")
@@ -111,18 +163,18 @@ where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
     let mut buf = Vec::with_capacity(4096);
-    let deadline = tokio::time::Instant::now() + HEADER_TIMEOUT;
+    let header_timeout = state.config.header_timeout;
+    let deadline = tokio::time::Instant::now() + header_timeout;
+    let mut searched = 0;
     let head_len = loop {
-        if let Some(end) = head_end(&buf) {
+        let end = head_end(&buf, searched);
+        searched = buf.len().saturating_sub(3);
+        if let Some(end) = end.filter(|&end| end <= MAX_HEAD) {
             break end;
         }
-        if buf.len() > MAX_HEAD {
-            let error = ApiError::new(
-                StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
-                "headers_too_large",
-                format!("the request head exceeds {MAX_HEAD} bytes"),
-            );
-            return respond_error(&state, &mut stream, &error).await;
+        // A head that ended past the limit in the same read counts as too large too.
+        if end.is_some() || buf.len() > MAX_HEAD {
+            return respond_error(&state, &mut stream, &too_large_head()).await;
         }
         let mut chunk = [0u8; 4096];
         match tokio::time::timeout_at(deadline, stream.read(&mut chunk)).await {
@@ -130,7 +182,7 @@ where
                 let error = ApiError::new(
                     StatusCode::REQUEST_TIMEOUT,
                     "request_timeout",
-                    format!("no complete request head within {HEADER_TIMEOUT:?}"),
+                    format!("no complete request head within {header_timeout:?}"),
                 );
                 return respond_error(&state, &mut stream, &error).await;
             }
@@ -150,6 +202,7 @@ async fn serve_http<S>(state: Arc<AppState>, stream: S, transport: Transport)
 where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
+    let header_timeout = state.config.header_timeout;
     let app = routes::app(state);
     let service =
         hyper::service::service_fn(move |mut request: hyper::Request<hyper::body::Incoming>| {
@@ -158,8 +211,11 @@ where
         });
     let result = hyper::server::conn::http1::Builder::new()
         .timer(TokioTimer::new())
-        .header_read_timeout(HEADER_TIMEOUT)
+        .header_read_timeout(header_timeout)
         .max_buf_size(MAX_HEAD.max(8192))
+        // Room past our limit, so that `routes::limit_head` answers with the envelope rather
+        // than hyper with a bare 431.
+        .max_headers(MAX_HEADERS * 4)
         .serve_connection(TokioIo::new(stream), service)
         .with_upgrades()
         .await;
@@ -168,7 +224,18 @@ where
     }
 }
 
-async fn respond_error<S: AsyncWrite + Unpin>(state: &AppState, stream: &mut S, error: &ApiError) {
+/// How long, and how much, a refused client's unread bytes are drained after the answer.
+const LINGER: Duration = Duration::from_secs(2);
+const LINGER_BYTES: usize = 1024 * 1024;
+
+/// Answers `error` and closes the connection. A client still sending (the rest of an oversized
+/// head, say) would otherwise get a reset instead of the answer: its unread bytes are drained
+/// for a moment first (nginx's lingering close).
+async fn respond_error<S: AsyncRead + AsyncWrite + Unpin>(
+    state: &AppState,
+    stream: &mut S,
+    error: &ApiError,
+) {
     state.metrics.observe_error(error.status.as_u16());
     let body = serde_json::to_vec(&error.body()).unwrap_or_default();
     let head = format!(
@@ -180,6 +247,17 @@ async fn respond_error<S: AsyncWrite + Unpin>(state: &AppState, stream: &mut S, 
     let _ = stream.write_all(head.as_bytes()).await;
     let _ = stream.write_all(&body).await;
     let _ = stream.shutdown().await;
+    let drain = async {
+        let mut sink = vec![0u8; 64 * 1024];
+        let mut drained = 0;
+        while drained < LINGER_BYTES {
+            match stream.read(&mut sink).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => drained += n,
+            }
+        }
+    };
+    let _ = tokio::time::timeout(LINGER, drain).await;
 }
 
 /// The hijacked interactive exec.
@@ -213,7 +291,7 @@ where
             return respond_error(&state, &mut stream, &error).await;
         }
     };
-    let deadline = tokio::time::Instant::now() + HEADER_TIMEOUT;
+    let deadline = tokio::time::Instant::now() + state.config.header_timeout;
     while rest.len() < length {
         let mut chunk = vec![0u8; (length - rest.len()).min(64 * 1024)];
         match tokio::time::timeout_at(deadline, stream.read(&mut chunk)).await {
@@ -269,5 +347,27 @@ mod tests {
             assert!(parse_hijack(other).expect("valid").is_none());
         }
         assert!(parse_hijack(b"POST /sandboxes/x/exec?stdin=maybe HTTP/1.1\r\n\r\n").is_err());
+        let malformed = parse_hijack(b"GET /\x00 HTTP/1.1\r\n\r\n").expect_err("malformed");
+        assert_eq!(malformed.status, StatusCode::BAD_REQUEST);
+        let many: String = (0..=MAX_HEADERS).map(|i| format!("X-{i}: y\r\n")).collect();
+        let many = format!("GET / HTTP/1.1\r\n{many}\r\n");
+        let too_many = parse_hijack(many.as_bytes()).expect_err("too many headers");
+        assert_eq!(too_many.status, StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE);
+    }
+
+    #[test]
+    fn head_end_resumes_where_the_last_search_stopped() {
+        let head = b"GET / HTTP/1.1\r\nHost: x\r\n\r\nbody";
+        let end = head.len() - 4;
+        assert_eq!(head_end(head, 0), Some(end));
+        // Each byte arriving alone: searching from len - 3 still finds a split terminator.
+        let mut searched = 0;
+        let mut found = None;
+        for n in 1..=head.len() {
+            found = found.or(head_end(&head[..n], searched));
+            searched = n.saturating_sub(3);
+        }
+        assert_eq!(found, Some(end));
+        assert_eq!(head_end(b"GET / HTTP/1.1\r\n", 0), None);
     }
 }

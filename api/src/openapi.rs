@@ -54,6 +54,75 @@ fn path_query(description: &str) -> Value {
     })
 }
 
+/// Sets a property's keywords in a schema of `schemas` (a no-op if the property is missing).
+fn set(schemas: &mut Map<String, Value>, schema: &str, property: &str, keywords: Value) {
+    let target = schemas
+        .get_mut(schema)
+        .and_then(|s| s.get_mut("properties"))
+        .and_then(|p| p.get_mut(property))
+        .and_then(Value::as_object_mut);
+    if let (Some(target), Value::Object(keywords)) = (target, keywords) {
+        target.extend(keywords);
+    }
+}
+
+/// The validation rules the daemon applies that the derived schemas cannot know: the default
+/// limits (a daemon may be configured otherwise), the one image, no NUL in what becomes a C
+/// string. Rules OpenAPI 3.0 cannot state (`cmd[0]` non-empty, env names without `=` or NUL)
+/// are in the descriptions.
+fn constrain(schemas: &mut Map<String, Value>) {
+    let limits = crate::config::Limits::default();
+    let no_nul = "^[^\\u0000]*$";
+    set(
+        schemas,
+        "CreateSandbox",
+        "memory_mib",
+        json!({ "minimum": 16, "maximum": limits.max_memory_mib }),
+    );
+    set(
+        schemas,
+        "CreateSandbox",
+        "vcpus",
+        json!({ "minimum": 1, "maximum": limits.max_vcpus }),
+    );
+    set(
+        schemas,
+        "CreateSandbox",
+        "ttl_s",
+        json!({ "minimum": 1, "maximum": limits.max_ttl_s }),
+    );
+    set(
+        schemas,
+        "CreateSandbox",
+        "image",
+        json!({ "enum": ["default", null] }),
+    );
+    set(
+        schemas,
+        "CreateSandbox",
+        "env",
+        json!({ "additionalProperties": { "type": "string", "pattern": no_nul } }),
+    );
+    set(
+        schemas,
+        "ExecRequest",
+        "cmd",
+        json!({ "items": { "type": "string", "pattern": no_nul } }),
+    );
+    set(
+        schemas,
+        "ExecRequest",
+        "env",
+        json!({ "additionalProperties": { "type": "string", "pattern": no_nul } }),
+    );
+    set(
+        schemas,
+        "ExecRequest",
+        "cwd",
+        json!({ "pattern": "^(/[^\\u0000]*)?$" }),
+    );
+}
+
 /// The whole document.
 pub fn document() -> Value {
     let mut generator = SchemaSettings::openapi3().into_generator();
@@ -64,7 +133,8 @@ pub fn document() -> Value {
     generator.subschema_for::<ExecResult>();
     generator.subschema_for::<FilesPutResult>();
     generator.subschema_for::<ErrorBody>();
-    let schemas = generator.take_definitions(true);
+    let mut schemas = generator.take_definitions(true);
+    constrain(&mut schemas);
 
     let sandbox_errors = [
         ("400", "The id is malformed."),
@@ -140,8 +210,8 @@ pub fn document() -> Value {
                         and carries frames both ways. Failures after the 200 end the stream \
                         with a synthesized exit frame (exit_code -1 and error).",
                     "parameters": [{ "name": "stdin", "in": "query", "required": false,
-                        "description": "1 for an interactive (hijacked) session.",
-                        "schema": { "type": "string", "enum": ["0", "1", "true", "false"] } }],
+                        "description": "1 (or true) for an interactive (hijacked) session; 0, false or empty for a one-shot exec.",
+                        "schema": { "type": "string", "enum": ["0", "1", "true", "false", ""] } }],
                     "requestBody": { "required": true, "content": {
                         "application/json": { "schema": schema_ref("ExecRequest") } } },
                     "responses": with(errors(&[

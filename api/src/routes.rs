@@ -2,9 +2,12 @@
 
 use std::sync::Arc;
 
-use axum::body::{Body, Bytes};
+use std::time::Duration;
+
+use axum::body::{Body, Bytes, HttpBody};
 use axum::extract::ws::WebSocketUpgrade;
-use axum::extract::{FromRequestParts, Path, Query, Request, State};
+use axum::extract::{FromRequestParts, Request, State};
+use axum::http::request::Parts;
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
@@ -20,6 +23,42 @@ use crate::{exec, files, ws};
 
 /// Largest JSON body accepted (an ExecRequest is at most 1 MiB of strings).
 pub const JSON_BODY_LIMIT: usize = 2 * 1024 * 1024;
+/// Largest WebSocket message (and frame) accepted.
+pub const WS_MESSAGE_LIMIT: usize = 8 * 1024 * 1024;
+
+/// `axum::extract::Path`, rejecting with the JSON error envelope (a path segment that is not
+/// UTF-8, say) instead of axum's plain-text answer.
+struct Path<T>(T);
+
+impl<S: Send + Sync, T: serde::de::DeserializeOwned + Send> FromRequestParts<S> for Path<T> {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, ApiError> {
+        axum::extract::Path::<T>::from_request_parts(parts, state)
+            .await
+            .map(|axum::extract::Path(value)| Path(value))
+            .map_err(|e| ApiError::invalid(format!("the request path {:?}: {e}", parts.uri.path())))
+    }
+}
+
+/// `axum::extract::Query`, rejecting with the JSON error envelope.
+struct Query<T>(T);
+
+impl<S: Send + Sync, T: serde::de::DeserializeOwned> FromRequestParts<S> for Query<T> {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, ApiError> {
+        axum::extract::Query::<T>::try_from_uri(&parts.uri)
+            .map(|axum::extract::Query(value)| Query(value))
+            .map_err(|e| {
+                ApiError::invalid(format!(
+                    "the query string {:?}: {}",
+                    parts.uri.query().unwrap_or_default(),
+                    e.body_text()
+                ))
+            })
+    }
+}
 
 /// The router of every endpoint.
 pub fn app(state: Arc<AppState>) -> Router {
@@ -34,7 +73,25 @@ pub fn app(state: Arc<AppState>) -> Router {
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(middleware::from_fn_with_state(state.clone(), authenticate))
+        .layer(middleware::from_fn_with_state(state.clone(), limit_head))
         .with_state(state)
+}
+
+/// Holds every request to the head limits. The first request on a connection was already
+/// held to them while it was read (`hijack`); later ones on a kept-alive connection are read
+/// by hyper, which checks a head's size only while it is still incomplete.
+async fn limit_head(State(state): State<Arc<AppState>>, request: Request, next: Next) -> Response {
+    let headers = request.headers();
+    let size = request.uri().to_string().len()
+        + headers
+            .iter()
+            .map(|(name, value)| name.as_str().len() + value.len() + 4)
+            .sum::<usize>();
+    if size > crate::hijack::MAX_HEAD || headers.len() > crate::hijack::MAX_HEADERS {
+        state.metrics.observe_error(431);
+        return crate::hijack::too_large_head().into_response();
+    }
+    next.run(request).await
 }
 
 /// Rejects requests without a valid key (when keys are configured) and counts errors.
@@ -81,27 +138,61 @@ async fn method_not_allowed(request: Request) -> ApiError {
     )
 }
 
-/// Parses a JSON body into `T`, answering 400 with the parser's reason.
+/// Parses a JSON object into `T`, answering 400 with the parser's reason. Only an object will
+/// do: serde would otherwise take an array as the struct's fields in order (`[null, null]`).
 pub fn parse_json<T: serde::de::DeserializeOwned>(body: &[u8], what: &str) -> Result<T, ApiError> {
-    if body.iter().all(u8::is_ascii_whitespace) {
+    let Some(&first) = body.iter().find(|b| !b.is_ascii_whitespace()) else {
         return Err(ApiError::invalid(format!(
             "the request body must be a JSON {what}, got nothing"
+        )));
+    };
+    if first != b'{' {
+        return Err(ApiError::invalid(format!(
+            "the request body must be a JSON object (a {what}), got {:?}…",
+            String::from_utf8_lossy(&body[..body.len().min(16)])
         )));
     }
     serde_json::from_slice(body)
         .map_err(|e| ApiError::invalid(format!("the request body is not a valid {what}: {e}")))
 }
 
-async fn read_body(body: Body) -> Result<Bytes, ApiError> {
-    axum::body::to_bytes(body, JSON_BODY_LIMIT)
-        .await
-        .map_err(|e| {
-            ApiError::new(
-                StatusCode::PAYLOAD_TOO_LARGE,
-                "payload_too_large",
-                format!("the request body could not be read (limit {JSON_BODY_LIMIT} bytes): {e}"),
-            )
-        })
+/// Reads a JSON body whole: at most `JSON_BODY_LIMIT` bytes (a larger declared
+/// Content-Length is refused before any of it is read), all of it within `timeout`.
+async fn read_body(body: Body, timeout: Duration) -> Result<Bytes, ApiError> {
+    let declared = body.size_hint().lower();
+    if declared > JSON_BODY_LIMIT as u64 {
+        return Err(ApiError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "payload_too_large",
+            format!(
+                "the request body declares {declared} bytes, more than the {JSON_BODY_LIMIT} \
+                 byte limit"
+            ),
+        ));
+    }
+    match tokio::time::timeout(timeout, axum::body::to_bytes(body, JSON_BODY_LIMIT)).await {
+        Ok(Ok(bytes)) => Ok(bytes),
+        Ok(Err(e)) => {
+            let e = e.into_inner();
+            if e.is::<http_body_util::LengthLimitError>() {
+                Err(ApiError::new(
+                    StatusCode::PAYLOAD_TOO_LARGE,
+                    "payload_too_large",
+                    format!("the request body is over the {JSON_BODY_LIMIT} byte limit"),
+                ))
+            } else {
+                // Malformed chunked framing, or a client that went away mid-body.
+                Err(ApiError::invalid(format!(
+                    "the request body could not be read: {e}"
+                )))
+            }
+        }
+        Err(_) => Err(ApiError::new(
+            StatusCode::REQUEST_TIMEOUT,
+            "request_timeout",
+            format!("the request body did not arrive within {timeout:?}"),
+        )),
+    }
 }
 
 async fn healthz(State(state): State<Arc<AppState>>) -> Json<serde_json::Value> {
@@ -130,7 +221,7 @@ async fn create_sandbox(
     State(state): State<Arc<AppState>>,
     body: Body,
 ) -> Result<Response, ApiError> {
-    let body = read_body(body).await?;
+    let body = read_body(body, state.config.header_timeout).await?;
     let request: CreateSandbox = if body.iter().all(u8::is_ascii_whitespace) {
         CreateSandbox::default()
     } else {
@@ -207,7 +298,7 @@ async fn exec_post(
     let sandbox = state.registry.get(&id)?;
     let upgrade = interactive && asks_tcp_upgrade(request.headers());
     let on_upgrade = upgrade.then(|| hyper::upgrade::on(&mut request));
-    let body = read_body(request.into_body()).await?;
+    let body = read_body(request.into_body(), state.config.header_timeout).await?;
     let exec_request: ExecRequest = parse_json(&body, "ExecRequest")?;
     exec_request
         .validate()
@@ -273,7 +364,8 @@ async fn exec_websocket(
             }
         })?;
     Ok(upgrade
-        .max_message_size(8 * 1024 * 1024)
+        .max_message_size(WS_MESSAGE_LIMIT)
+        .max_frame_size(WS_MESSAGE_LIMIT)
         .on_upgrade(move |socket| ws::session(state, sandbox, socket))
         .into_response())
 }

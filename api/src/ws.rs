@@ -15,13 +15,17 @@ use crate::relay::{failure_frame, RelayEnd, ResponseRelay};
 use crate::sandbox::Sandbox;
 use crate::state::AppState;
 
-/// How long a client has to send its ExecRequest after the upgrade.
+/// How long a client has to send its ExecRequest after the upgrade, by default
+/// (`ServeConfig::first_message_timeout`).
 pub const FIRST_MESSAGE_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// Close codes used by the session.
 mod close {
     pub const NORMAL: u16 = 1000;
+    pub const PROTOCOL: u16 = 1002;
+    pub const INVALID_PAYLOAD: u16 = 1007;
     pub const POLICY: u16 = 1008;
+    pub const TOO_BIG: u16 = 1009;
     pub const INTERNAL: u16 = 1011;
     pub const TRY_AGAIN_LATER: u16 = 1013;
 }
@@ -42,18 +46,41 @@ async fn close_with(mut socket: WebSocket, code: u16, reason: &str) {
     let _ = socket.send(close_frame(code, reason)).await;
 }
 
-/// Reads the first message: the ExecRequest, as text or binary.
-async fn first_request(socket: &mut WebSocket) -> Result<ExecRequest, Option<String>> {
-    let deadline = tokio::time::Instant::now() + FIRST_MESSAGE_TIMEOUT;
+/// The close code and reason for a receive error that the client caused (RFC 6455 §7.4.1):
+/// 1002 for a protocol violation (bad opcode, unmasked or fragmented control frame, …), 1007
+/// for a text message that is not UTF-8, 1009 for a message over the size limit. `None` when
+/// the connection itself is gone, and there is nobody to tell.
+fn receive_error(error: axum::Error) -> Option<(u16, String)> {
+    use tungstenite::error::ProtocolError;
+    let inner = error.into_inner();
+    let error = inner.downcast_ref::<tungstenite::Error>()?;
+    let code = match error {
+        tungstenite::Error::Protocol(ProtocolError::ResetWithoutClosingHandshake) => return None,
+        tungstenite::Error::Protocol(_) => close::PROTOCOL,
+        tungstenite::Error::Utf8(_) => close::INVALID_PAYLOAD,
+        tungstenite::Error::Capacity(_) => close::TOO_BIG,
+        _ => return None,
+    };
+    Some((code, error.to_string()))
+}
+
+/// Reads the first message: the ExecRequest, as text or binary. The error is the close frame
+/// to answer with, if any.
+async fn first_request(
+    socket: &mut WebSocket,
+    timeout: Duration,
+) -> Result<ExecRequest, Option<(u16, String)>> {
+    let deadline = tokio::time::Instant::now() + timeout;
     loop {
         let message = match tokio::time::timeout_at(deadline, socket.recv()).await {
             Err(_) => {
-                return Err(Some(format!(
-                    "no ExecRequest within {} seconds",
-                    FIRST_MESSAGE_TIMEOUT.as_secs()
+                return Err(Some((
+                    close::POLICY,
+                    format!("no ExecRequest within {timeout:?}"),
                 )))
             }
-            Ok(None) | Ok(Some(Err(_))) => return Err(None),
+            Ok(None) => return Err(None),
+            Ok(Some(Err(e))) => return Err(receive_error(e)),
             Ok(Some(Ok(message))) => message,
         };
         let bytes = match message {
@@ -62,18 +89,20 @@ async fn first_request(socket: &mut WebSocket) -> Result<ExecRequest, Option<Str
             Message::Close(_) => return Err(None),
             Message::Ping(_) | Message::Pong(_) => continue,
         };
-        let request: ExecRequest = serde_json::from_slice(&bytes)
-            .map_err(|e| Some(format!("the first message is not a valid ExecRequest: {e}")))?;
-        request.validate().map_err(|e| Some(e.to_string()))?;
+        let request: ExecRequest = crate::routes::parse_json(&bytes, "ExecRequest")
+            .map_err(|e| Some((close::POLICY, format!("the first message: {}", e.message))))?;
+        request
+            .validate()
+            .map_err(|e| Some((close::POLICY, e.to_string())))?;
         return Ok(request);
     }
 }
 
 /// Runs one WebSocket exec session.
 pub async fn session(state: Arc<AppState>, sandbox: Arc<Sandbox>, mut socket: WebSocket) {
-    let request = match first_request(&mut socket).await {
+    let request = match first_request(&mut socket, state.config.first_message_timeout).await {
         Ok(request) => request,
-        Err(Some(reason)) => return close_with(socket, close::POLICY, &reason).await,
+        Err(Some((code, reason))) => return close_with(socket, code, &reason).await,
         Err(None) => return,
     };
     let guard = match sandbox.begin(true) {
@@ -96,7 +125,11 @@ pub async fn session(state: Arc<AppState>, sandbox: Arc<Sandbox>, mut socket: We
     let (mut sink, mut stream) = socket.split();
 
     let input = async {
-        while let Some(Ok(message)) = stream.next().await {
+        while let Some(message) = stream.next().await {
+            let message = match message {
+                Ok(message) => message,
+                Err(e) => return receive_error(e),
+            };
             match message {
                 Message::Binary(bytes) => {
                     if agent_write.write_all(&bytes).await.is_err() {
@@ -105,7 +138,10 @@ pub async fn session(state: Arc<AppState>, sandbox: Arc<Sandbox>, mut socket: We
                     }
                 }
                 Message::Text(_) => {
-                    return Some("only binary messages may follow the ExecRequest");
+                    return Some((
+                        close::POLICY,
+                        "only binary messages may follow the ExecRequest".to_string(),
+                    ));
                 }
                 Message::Close(_) => return None,
                 Message::Ping(_) | Message::Pong(_) => {}
@@ -135,7 +171,7 @@ pub async fn session(state: Arc<AppState>, sandbox: Arc<Sandbox>, mut socket: We
         }
     };
     let closing = tokio::select! {
-        violation = input => violation.map(|reason| (close::POLICY, reason.to_string())),
+        violation = input => violation,
         done = output => done,
     };
     if let Some((code, reason)) = closing {

@@ -35,6 +35,9 @@ pub enum FilesError {
     /// The path is a directory where a file was wanted.
     #[error("{0} is a directory")]
     IsADirectory(String),
+    /// The upload is not a readable tar archive (garbage, truncated, a size it does not have).
+    #[error("the archive is malformed or truncated: {0}")]
+    BadArchive(String),
     /// A filesystem operation failed.
     #[error("{what}: {source}")]
     Io {
@@ -59,9 +62,15 @@ impl FilesError {
             FilesError::Invalid(_) => "invalid_request",
             FilesError::NotFound(_) => "not_found",
             FilesError::IsADirectory(_) => "is_a_directory",
+            FilesError::BadArchive(_) => "invalid_request",
             FilesError::Io { source, .. } => match source.kind() {
                 io::ErrorKind::PermissionDenied => "permission_denied",
                 io::ErrorKind::NotFound => "not_found",
+                // The sandbox's disk or inode table is full: the upload ran into a limit.
+                io::ErrorKind::StorageFull | io::ErrorKind::QuotaExceeded => "no_space",
+                // A name the filesystem cannot hold (too long, too deep): the archive's fault.
+                io::ErrorKind::InvalidFilename => "invalid_request",
+                _ if source.raw_os_error() == Some(libc::ELOOP) => "invalid_request",
                 _ => "io_error",
             },
         };
@@ -97,9 +106,11 @@ pub fn put_files<R: Read>(input: R, dest: &str) -> Result<FilesPutResult, FilesE
     let mut archive = tar::Archive::new(input);
     let entries = archive
         .entries()
-        .map_err(|e| FilesError::io("reading the archive", e))?;
+        .map_err(|e| FilesError::BadArchive(e.to_string()))?;
     for entry in entries {
-        let mut entry = entry.map_err(|e| FilesError::io("reading the archive", e))?;
+        let mut entry = entry.map_err(|e| {
+            FilesError::BadArchive(format!("after {} entries: {e}", result.written.len()))
+        })?;
         let name = String::from_utf8_lossy(&entry.path_bytes()).into_owned();
         match extract(&root, &mut entry, &mut result) {
             Ok(()) => {}
@@ -254,8 +265,16 @@ fn extract<R: Read>(
                 .custom_flags(libc::O_NOFOLLOW)
                 .open(&target)
                 .map_err(|e| FilesError::io(format!("creating {}", target.display()), e))?;
+            let declared = entry.size();
             let n = io::copy(entry, &mut file)
                 .map_err(|e| FilesError::io(format!("writing {}", target.display()), e))?;
+            if n < declared && kind != tar::EntryType::GNUSparse {
+                return Err(FilesError::BadArchive(format!(
+                    "entry {} declares {declared} bytes but the archive ended after {n}",
+                    rel.display()
+                ))
+                .into());
+            }
             file.flush()
                 .map_err(|e| FilesError::io(format!("writing {}", target.display()), e))?;
             // create_new applied the umask; set the archive's mode exactly.

@@ -373,3 +373,28 @@ fn get_file_errors_have_stable_codes() {
         );
     }
 }
+
+#[test]
+fn put_files_reports_malformed_and_truncated_archives_as_invalid() {
+    let agent = Agent::start();
+    let tmp = TempDir::new("malformed");
+    let mut header = Header::new_gnu();
+    header.set_path("short").expect("path");
+    header.set_size(1 << 20);
+    header.set_mode(0o644);
+    header.set_cksum();
+    let mut truncated = header.as_bytes().to_vec();
+    truncated.extend_from_slice(&[b'z'; 100]);
+    for (what, body) in [
+        ("garbage", vec![b'x'; 2048]),
+        ("a declared size the archive lacks", truncated),
+    ] {
+        match put(&agent, &tmp.path().join("dest"), &body) {
+            AgentReply::Error(e) => {
+                assert_eq!(e.code, "invalid_request", "{what}: {}", e.message);
+                assert!(e.message.contains("archive"), "{what}: {}", e.message);
+            }
+            other => panic!("{what}: expected invalid_request, got {other:?}"),
+        }
+    }
+}

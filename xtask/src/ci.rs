@@ -59,6 +59,11 @@ pub fn run(_args: Args) -> Result<()> {
             .args(["-m", "pytest", "-q"])
             .current_dir(workspace_root().join("sdks/python")),
     )?;
+    // Hostile input: schemathesis against a live daemon, short form (docs/reliability.md).
+    run_step(
+        "hostile (schemathesis)",
+        Command::new(&cargo).args(["xtask", "hostile"]),
+    )?;
     eprintln!("==> ci: all checks passed");
     Ok(())
 }

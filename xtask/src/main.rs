@@ -6,6 +6,7 @@ use clap::{Parser, Subcommand};
 mod bench;
 mod ci;
 mod fixtures;
+mod hostile;
 mod image;
 mod openapi;
 mod soak;
@@ -26,6 +27,8 @@ enum Command {
     GenFixtures(fixtures::Args),
     /// Regenerate `docs/openapi.json` from the API's wire types and route table.
     GenOpenapi,
+    /// schemathesis against a live daemon: no 5xx, conforming responses, no hangs.
+    Hostile(hostile::Args),
     /// Build the guest image (vmlinux, initramfs.cpio, optional rootfs.ext4, manifest.json).
     BuildImage(image::BuildArgs),
     /// Boot the built image under QEMU microvm and check the agent's selftests.
@@ -49,6 +52,7 @@ fn main() -> Result<()> {
         Command::Ci(args) => ci::run(args),
         Command::GenFixtures(args) => fixtures::run(args),
         Command::GenOpenapi => openapi::run(),
+        Command::Hostile(args) => hostile::run(args),
         Command::BuildImage(args) => image::build(args),
         Command::SmokeImage(args) => image::smoke(args),
         Command::Soak(args) => soak::run(args),
