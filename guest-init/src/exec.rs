@@ -136,12 +136,11 @@ pub fn run(
         stderr: err_w.as_fd(),
     };
     let started = Instant::now();
-    let mut child = match spawn::spawn(req, stdio, &ctx.spawn_context()) {
+    let child = match spawn::spawn(req, stdio, &ctx.spawn_context()) {
         Ok(child) => child,
         Err(e) => return write_exit(&mut conn, &ExecResult::failed(e.to_string())),
     };
     drop((out_w, err_w));
-    child.open_io();
     let stdin_w = stdin_pipe.map(|(r, w)| {
         drop(r);
         w
@@ -217,15 +216,14 @@ fn fill_result(
     }
     result.timed_out = timed_out;
     let peak = info.usage.maxrss_kib.saturating_mul(1024);
-    let (io_read, io_write) = info.io.unwrap_or((0, 0));
     result.usage = Some(Usage {
         cpu_user_ms: info.usage.user_ms,
         cpu_sys_ms: info.usage.sys_ms,
         peak_memory_bytes: peak,
         page_faults_major: info.usage.majflt,
         context_switches_involuntary: info.usage.nivcsw,
-        io_read_bytes: io_read,
-        io_write_bytes: io_write,
+        io_read_bytes: info.usage.read_bytes,
+        io_write_bytes: info.usage.write_bytes,
     });
     let sigkill = killed_by == Some(libc::SIGKILL) && !timed_out;
     result.oom_killed = sigkill
@@ -690,9 +688,9 @@ mod tests {
             status: libc::SIGKILL, // WIFSIGNALED with WTERMSIG = SIGKILL
             usage: RawUsage {
                 maxrss_kib,
+                read_bytes: 4096,
                 ..RawUsage::default()
             },
-            io: Some((4096, 0)),
             at: Instant::now(),
         }
     }
@@ -738,7 +736,6 @@ mod tests {
         let info = ExitInfo {
             status: 3 << 8,
             usage: RawUsage::default(),
-            io: None,
             at: Instant::now(),
         };
         fill_result(&mut r, &info, Instant::now(), false, None, &ctx(0));

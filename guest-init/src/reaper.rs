@@ -2,9 +2,9 @@
 //! thread.
 //!
 //! Commands are cloned with a pidfd. The exec's poll loop watches it, and when it turns
-//! readable the exec reaps its own child with `waitid(P_PIDFD)` (after one `pread` of
-//! `/proc/<pid>/io`, still there while the child is a zombie). So the exit reaches the exit
-//! frame with no hop through another thread.
+//! readable the exec reaps its own child with `waitid(P_PIDFD)`, whose rusage carries
+//! everything the exit frame reports. So the exit reaches the exit frame with no hop through
+//! another thread and no procfs read.
 //!
 //! Orphans (re-parented to us as PID 1 or as a subreaper) are reaped by the orphan reaper
 //! thread, which sleeps in `sigwaitinfo` for SIGCHLD (blocked in every thread: [`block_sigchld`]
@@ -13,7 +13,6 @@
 //! that exits at once is never taken for an orphan) to their execs.
 
 use std::collections::HashMap;
-use std::fs::File;
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -29,8 +28,6 @@ pub struct ExitInfo {
     pub status: libc::c_int,
     /// Its rusage (includes its reaped descendants).
     pub usage: RawUsage,
-    /// `read_bytes`/`write_bytes` from `/proc/<pid>/io`, when readable.
-    pub io: Option<(u64, u64)>,
     /// When it was reaped.
     pub at: Instant,
 }
@@ -48,6 +45,11 @@ pub struct RawUsage {
     pub majflt: u64,
     /// Involuntary context switches.
     pub nivcsw: u64,
+    /// Bytes read from storage: `ru_inblock` (the kernel's `read_bytes` I/O accounting, in
+    /// 512-byte units).
+    pub read_bytes: u64,
+    /// Bytes written to storage: `ru_oublock` (`write_bytes` less cancelled writes).
+    pub write_bytes: u64,
 }
 
 /// The pids of commands whose execs will reap them, each with the token of its [`Child`] (a
@@ -82,7 +84,6 @@ where
         pid,
         pidfd,
         token,
-        io_file: None,
         exit: None,
     })
 }
@@ -106,9 +107,6 @@ pub struct Child {
     pidfd: OwnedFd,
     /// Its entry in the registry.
     token: u64,
-    /// `/proc/<pid>/io`, opened while the child runs, so that reading it at exit (on the path
-    /// to the exit frame) is one `pread` instead of a procfs path lookup.
-    io_file: Option<File>,
     exit: Option<ExitInfo>,
 }
 
@@ -123,11 +121,6 @@ impl Child {
         self.pidfd.as_fd()
     }
 
-    /// Opens `/proc/<pid>/io` ahead of the exit (best effort).
-    pub fn open_io(&mut self) {
-        self.io_file = File::open(format!("/proc/{}/io", self.pid)).ok();
-    }
-
     /// Sends `signal` to the child's process group, unless the child has been reaped (then
     /// its number may be reused). While it is unreaped its pid, and so its group id, stays
     /// ours. Returns whether it did.
@@ -140,26 +133,14 @@ impl Child {
         if let Some(exit) = self.exit {
             return Ok(Some(exit));
         }
-        let io = self.io_file.take().and_then(|f| read_io_file(&f));
-        match waitid_pidfd(self.pidfd.as_fd(), libc::WNOHANG)? {
-            Some((status, usage)) => {
-                let exit = ExitInfo {
-                    status,
-                    usage,
-                    io,
-                    at: Instant::now(),
-                };
-                self.exit = Some(exit);
-                Ok(Some(exit))
-            }
-            None => {
-                // Still running (a spurious wake-up): keep the file for the real exit.
-                if io.is_some() {
-                    self.open_io();
-                }
-                Ok(None)
-            }
-        }
+        let exit =
+            waitid_pidfd(self.pidfd.as_fd(), libc::WNOHANG)?.map(|(status, usage)| ExitInfo {
+                status,
+                usage,
+                at: Instant::now(),
+            });
+        self.exit = exit;
+        Ok(exit)
     }
 
     /// Blocks until the child has exited, and reaps it.
@@ -333,49 +314,8 @@ fn waitid_pidfd(
         maxrss_kib: u64::try_from(ru.ru_maxrss).unwrap_or(0),
         majflt: u64::try_from(ru.ru_majflt).unwrap_or(0),
         nivcsw: u64::try_from(ru.ru_nivcsw).unwrap_or(0),
+        read_bytes: u64::try_from(ru.ru_inblock).unwrap_or(0) * 512,
+        write_bytes: u64::try_from(ru.ru_oublock).unwrap_or(0) * 512,
     };
     Ok(Some((status, usage)))
-}
-
-/// `(read_bytes, write_bytes)` from an open `/proc/<pid>/io` of a (zombie) process: one
-/// `pread` (the file is about 150 bytes).
-fn read_io_file(file: &File) -> Option<(u64, u64)> {
-    use std::os::unix::fs::FileExt;
-    let mut buf = [0u8; 512];
-    let len = loop {
-        match file.read_at(&mut buf, 0) {
-            Ok(n) => break n,
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(_) => return None,
-        }
-    };
-    parse_proc_io(std::str::from_utf8(&buf[..len]).ok()?)
-}
-
-fn parse_proc_io(text: &str) -> Option<(u64, u64)> {
-    let mut read = None;
-    let mut write = None;
-    for line in text.lines() {
-        let (key, value) = line.split_once(':')?;
-        let value = value.trim().parse::<u64>().ok();
-        match key {
-            "read_bytes" => read = value,
-            "write_bytes" => write = value,
-            _ => {}
-        }
-    }
-    Some((read?, write?))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn proc_io_parses_storage_counters() {
-        let text = "rchar: 10\nwchar: 20\nsyscr: 1\nsyscw: 2\nread_bytes: 4096\n\
-                    write_bytes: 8192\ncancelled_write_bytes: 0\n";
-        assert_eq!(parse_proc_io(text), Some((4096, 8192)));
-        assert_eq!(parse_proc_io("rchar: 1\n"), None);
-    }
 }

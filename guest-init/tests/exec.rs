@@ -441,3 +441,22 @@ fn as_pid1_of_a_namespace_it_reaps_orphans() {
     let out = agent.exec(req);
     assert!(out.result.timed_out);
 }
+
+#[test]
+fn storage_writes_are_counted_including_reaped_descendants() {
+    // Block I/O accounting needs a disk-backed filesystem (tmpfs counts no storage writes).
+    let agent = Agent::start();
+    let file = agent.dir.path().join("written");
+    let out = agent.exec(sh(&format!(
+        "dd if=/dev/zero of={} bs=1M count=4 conv=fsync status=none",
+        file.display()
+    )));
+    assert_eq!(out.result.exit_code, 0, "{}", out.result.error);
+    let usage = out.result.usage.expect("usage collected");
+    // `dd` is the shell's child: its writes reach us through the rusage of reaped descendants.
+    assert!(
+        usage.io_write_bytes >= 4 << 20,
+        "io_write_bytes {} after writing 4 MiB",
+        usage.io_write_bytes
+    );
+}
