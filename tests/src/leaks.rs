@@ -224,3 +224,37 @@ pub async fn assert_nothing_held(state_dir: &Path, parent: &str) {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
+
+/// Creates a sandbox and runs `echo ok` in it: the daemon still works after a fault. Returns
+/// the new sandbox's id.
+pub async fn assert_a_new_sandbox_works(c: &client::Client) -> String {
+    let fresh = c
+        .create(&wire::CreateSandbox::default())
+        .await
+        .expect("a new sandbox can be created")
+        .id;
+    let out = c
+        .exec_collect(&fresh, &wire::ExecRequest::new(["echo", "ok"]))
+        .await
+        .expect("exec in the new sandbox");
+    assert_eq!(out.stdout, b"ok\n", "exec in the new sandbox");
+    fresh
+}
+
+/// Peak RSS (KiB) of the daemon and the agent while a client stalled, against their levels
+/// before: neither may have buffered the command's output.
+pub fn assert_stall_buffered_nothing(daemon_kib: (u64, u64), agent_kib: (u64, u64), what: &str) {
+    let ((daemon_before, daemon_peak), (agent_before, agent_peak)) = (daemon_kib, agent_kib);
+    eprintln!(
+        "{what}: daemon RSS {daemon_before} -> {daemon_peak} KiB, \
+         agent RSS {agent_before} -> {agent_peak} KiB"
+    );
+    assert!(
+        daemon_peak <= daemon_before + 16 * 1024,
+        "{what}: the daemon buffered: RSS {daemon_before} -> {daemon_peak} KiB"
+    );
+    assert!(
+        agent_peak <= agent_before + 8 * 1024,
+        "{what}: the agent buffered: RSS {agent_before} -> {agent_peak} KiB"
+    );
+}

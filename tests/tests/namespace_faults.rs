@@ -13,7 +13,8 @@ use std::time::{Duration, Instant};
 
 use client::ExecEvent;
 use harness::leaks::{
-    agent_pid, assert_sandbox_released, eventually, memory_cgroup, open_fds, pids_in, rss_kib,
+    agent_pid, assert_a_new_sandbox_works, assert_sandbox_released, assert_stall_buffered_nothing,
+    eventually, memory_cgroup, open_fds, pids_in, rss_kib,
 };
 use harness::process::DaemonProcess;
 use harness::TestDaemon;
@@ -74,16 +75,7 @@ async fn killing_the_sandbox_mid_exec_ends_the_stream_with_a_synthesized_exit_fr
     })
     .await;
 
-    let fresh = c
-        .create(&CreateSandbox::default())
-        .await
-        .expect("a new sandbox works")
-        .id;
-    let out = c
-        .exec_collect(&fresh, &ExecRequest::new(["echo", "ok"]))
-        .await
-        .expect("exec");
-    assert_eq!(out.stdout, b"ok\n");
+    assert_a_new_sandbox_works(&c).await;
     c.delete(&id).await.expect("deleting the dead one");
 }
 
@@ -333,13 +325,7 @@ async fn kill_mid_exec(victim: Victim) {
     // Dead means released at once; the entry stays (for its error) until deleted.
     assert_sandbox_released(&state_dir, &parent, &id).await;
 
-    let fresh = c
-        .create(&CreateSandbox::default())
-        .await
-        .expect("create")
-        .id;
-    let out = sh(&c, &fresh, "echo ok").await;
-    assert_eq!(out.stdout, b"ok\n");
+    let fresh = assert_a_new_sandbox_works(&c).await;
     c.delete(&id).await.expect("deleting the dead one");
     c.delete(&fresh).await.expect("delete");
     assert_sandbox_released(&state_dir, &parent, &fresh).await;
@@ -569,17 +555,10 @@ async fn a_client_that_stops_reading_1_gib_keeps_memory_bounded_and_then_gets_ev
     }
     let info = c.get(&id).await.expect("get");
     assert_eq!(info.active_execs, 1, "the command is stalled, not finished");
-    eprintln!(
-        "stalled: daemon RSS {daemon_rss_before} -> {daemon_peak} KiB, \
-         agent RSS {agent_rss_before} -> {agent_peak} KiB"
-    );
-    assert!(
-        daemon_peak <= daemon_rss_before + 16 * 1024,
-        "the daemon buffered: RSS {daemon_rss_before} -> {daemon_peak} KiB"
-    );
-    assert!(
-        agent_peak <= agent_rss_before + 8 * 1024,
-        "the agent buffered: RSS {agent_rss_before} -> {agent_peak} KiB"
+    assert_stall_buffered_nothing(
+        (daemon_rss_before, daemon_peak),
+        (agent_rss_before, agent_peak),
+        "stalled",
     );
 
     // Resume: every byte arrives, in order.
@@ -647,17 +626,10 @@ async fn a_stalled_interactive_session_keeps_memory_bounded_and_then_gets_every_
         agent_peak = agent_peak.max(rss_kib(agent));
     }
     assert_eq!(c.get(&id).await.expect("get").active_execs, 1, "stalled");
-    eprintln!(
-        "stalled session: daemon RSS {daemon_rss_before} -> {daemon_peak} KiB, \
-         agent RSS {agent_rss_before} -> {agent_peak} KiB"
-    );
-    assert!(
-        daemon_peak <= daemon_rss_before + 16 * 1024,
-        "the daemon buffered: RSS {daemon_rss_before} -> {daemon_peak} KiB"
-    );
-    assert!(
-        agent_peak <= agent_rss_before + 8 * 1024,
-        "the agent buffered: RSS {agent_rss_before} -> {agent_peak} KiB"
+    assert_stall_buffered_nothing(
+        (daemon_rss_before, daemon_peak),
+        (agent_rss_before, agent_peak),
+        "stalled session",
     );
     let result = loop {
         match session.next_event().await {

@@ -7,7 +7,8 @@ use std::time::Duration;
 
 use client::ExecEvent;
 use harness::leaks::{
-    agent_pid, assert_nothing_held, eventually, parent_cgroups, sandbox_cgroups, Footprint,
+    agent_pid, assert_a_new_sandbox_works, assert_nothing_held, eventually, parent_cgroups,
+    sandbox_cgroups, Footprint,
 };
 use harness::process::{DaemonHome, DaemonProcess};
 use nix::sys::signal::Signal;
@@ -56,16 +57,7 @@ async fn restart_finds_a_clean_slate(home: &DaemonHome, old_ids: &[String]) {
         }
     }
     assert!(c.list().await.expect("list").is_empty());
-    let fresh = c
-        .create(&CreateSandbox::default())
-        .await
-        .expect("create")
-        .id;
-    let out = c
-        .exec_collect(&fresh, &ExecRequest::new(["echo", "ok"]))
-        .await
-        .expect("exec");
-    assert_eq!(out.stdout, b"ok\n");
+    assert_a_new_sandbox_works(&c).await;
 
     let mut daemon = daemon;
     assert!(daemon.stop_with(Signal::SIGTERM).success());
