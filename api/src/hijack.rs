@@ -35,20 +35,32 @@ pub enum Transport {
     Tcp,
 }
 
-fn head_end(buf: &[u8]) -> Option<usize> {
-    buf.windows(4).position(|w| w == b"\r\n\r\n").map(|p| p + 4)
+/// Where the request head in `buf` ends (just past its empty line), if it is complete. Line
+/// ends may be CRLF or a bare LF, as httparse and hyper accept both: looking for CRLFCRLF only
+/// left a bare-LF request waiting for the header timeout. Public for the fuzz target.
+pub fn head_end(buf: &[u8]) -> Option<usize> {
+    buf.windows(2).enumerate().find_map(|(i, w)| match w {
+        b"\n\n" => Some(i + 2),
+        b"\n\r" if buf.get(i + 2) == Some(&b'\n') => Some(i + 3),
+        _ => None,
+    })
 }
 
 /// A parsed hijack request head.
-struct HijackHead {
-    id: String,
-    authorization: Option<Vec<u8>>,
-    content_length: Option<usize>,
-    chunked: bool,
+#[derive(Debug)]
+pub struct HijackHead {
+    /// The sandbox id from the path.
+    pub id: String,
+    /// The `Authorization` header's value.
+    pub authorization: Option<Vec<u8>>,
+    /// The `Content-Length` header's value.
+    pub content_length: Option<usize>,
+    /// Whether `Transfer-Encoding` names `chunked`.
+    pub chunked: bool,
 }
 
-/// Returns the hijack request in `head`, if that is what it is.
-fn parse_hijack(head: &[u8]) -> Result<Option<HijackHead>, ApiError> {
+/// Returns the hijack request in `head`, if that is what it is. Public for the fuzz target.
+pub fn parse_hijack(head: &[u8]) -> Result<Option<HijackHead>, ApiError> {
     let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
     let mut request = httparse::Request::new(&mut headers);
     match request.parse(head) {
@@ -269,5 +281,20 @@ mod tests {
             assert!(parse_hijack(other).expect("valid").is_none());
         }
         assert!(parse_hijack(b"POST /sandboxes/x/exec?stdin=maybe HTTP/1.1\r\n\r\n").is_err());
+    }
+
+    #[test]
+    fn head_ends_at_the_first_empty_line_with_crlf_or_bare_lf() {
+        assert_eq!(head_end(b"GET / HTTP/1.1\r\nHost: x\r\n\r\nbody"), Some(27));
+        // Found by the http_exec_request fuzz target: httparse accepts bare LF line ends, but
+        // the head was only complete at a CRLFCRLF, so such a request hung until the timeout.
+        assert_eq!(head_end(b"GET / HTTP/1.1\nHost: x\n\nbody"), Some(24));
+        assert_eq!(head_end(b"GET / HTTP/1.1\r\nHost: x\n\r\n"), Some(26));
+        assert_eq!(head_end(b"GET / HTTP/1.1\r\nHost: x\r\n"), None);
+        let head = b"POST /sandboxes/sb-1/exec?stdin=1 HTTP/1.1\nContent-Length: 2\n\n{}";
+        let end = head_end(head).expect("complete head");
+        let parsed = parse_hijack(&head[..end]).expect("valid").expect("a hijack");
+        assert_eq!(parsed.content_length, Some(2));
+        assert_eq!(&head[end..], b"{}");
     }
 }
