@@ -1,0 +1,200 @@
+//! Virtqueues entirely under the guest's control: descriptor table, avail ring and used ring
+//! addresses, queue size and every byte of guest memory come from the input, and the
+//! virtio-block device (on a small scratch image) processes whatever chains that describes —
+//! loops, out-of-memory addresses, indirect tables, overlapping rings and all.
+//!
+//! Input layout: `[flags][size][desc:4][avail:4][used:4][guest memory…]`; guest memory is a
+//! 64 KiB region at 0 plus a 4 KiB region at 0x20000 (the gap between is unmapped). Checked:
+//! - activation succeeds exactly for a queue the transport would accept (`Queue::is_valid`);
+//! - the device writes guest memory only where the guest allowed it: inside a device-writable
+//!   descriptor (direct or in an indirect table) or inside the used ring;
+//! - the image never changes size, and a read-only image never changes at all;
+//! - processing the same queue again without new buffers completes nothing new.
+
+#![no_main]
+
+use std::fs::{self, File};
+use std::io::Write;
+use std::path::PathBuf;
+use std::sync::OnceLock;
+
+use crucible_devices::virtio::block::Block;
+use crucible_devices::virtio::test_utils::interrupt;
+use crucible_devices::virtio::{GuestMemory, VirtioDevice};
+use libfuzzer_sys::fuzz_target;
+use virtio_queue::{Queue, QueueT};
+use vm_memory::{Bytes, GuestAddress};
+
+const LOW: (u64, usize) = (0, 0x1_0000);
+const HIGH: (u64, usize) = (0x2_0000, 0x1000);
+const IMAGE_SECTORS: usize = 16;
+const DESC_F_WRITE: u16 = 2;
+const DESC_F_INDIRECT: u16 = 4;
+
+fn image_path() -> &'static PathBuf {
+    static PATH: OnceLock<PathBuf> = OnceLock::new();
+    PATH.get_or_init(|| {
+        std::env::temp_dir().join(format!("crucible-fuzz-blk-{}.img", std::process::id()))
+    })
+}
+
+/// The image content: each sector filled with its number, so misplaced reads show.
+fn image_content() -> Vec<u8> {
+    (0..IMAGE_SECTORS * 512).map(|i| (i / 512) as u8).collect()
+}
+
+fn snapshot(mem: &GuestMemory) -> Vec<(u64, Vec<u8>)> {
+    [LOW, HIGH]
+        .iter()
+        .map(|&(base, len)| {
+            let mut bytes = vec![0u8; len];
+            mem.read_slice(&mut bytes, GuestAddress(base))
+                .expect("mapped region");
+            (base, bytes)
+        })
+        .collect()
+}
+
+fn read_bytes(memory: &[(u64, Vec<u8>)], addr: u64, len: usize) -> Option<Vec<u8>> {
+    memory.iter().find_map(|(base, bytes)| {
+        let off = usize::try_from(addr.checked_sub(*base)?).ok()?;
+        bytes.get(off..off.checked_add(len)?).map(<[u8]>::to_vec)
+    })
+}
+
+/// Every device-writable range the descriptor table (and the indirect tables it points to)
+/// describes, read from `memory`.
+fn writable_ranges(memory: &[(u64, Vec<u8>)], table: u64, size: u16) -> Vec<(u64, u64)> {
+    let mut ranges = Vec::new();
+    let mut tables = vec![(table, u32::from(size), true)];
+    while let Some((table, entries, direct)) = tables.pop() {
+        for i in 0..u64::from(entries) {
+            // Tables are contiguous: past the end of guest memory, the rest is too.
+            let Some(d) = read_bytes(memory, table.saturating_add(16 * i), 16) else {
+                break;
+            };
+            let addr = u64::from_le_bytes(d[0..8].try_into().expect("8 bytes"));
+            let len = u32::from_le_bytes(d[8..12].try_into().expect("4 bytes"));
+            let flags = u16::from_le_bytes(d[12..14].try_into().expect("2 bytes"));
+            if flags & DESC_F_INDIRECT != 0 && direct {
+                // The queue refuses indirect tables of more than u16::MAX entries.
+                tables.push((addr, (len / 16).min(u32::from(u16::MAX)), false));
+            } else if flags & DESC_F_WRITE != 0 {
+                ranges.push((addr, addr.saturating_add(u64::from(len))));
+            }
+        }
+    }
+    ranges
+}
+
+fuzz_target!(|data: &[u8]| {
+    let [flags, size_byte, rest @ ..] = data else {
+        return;
+    };
+    let Some((addrs, memory)) = rest.split_first_chunk::<12>() else {
+        return;
+    };
+    let word = |i: usize| u32::from_le_bytes(addrs[4 * i..4 * i + 4].try_into().expect("4 bytes"));
+    // Mostly addresses in and around guest memory, sometimes anything at all.
+    let mask = if flags & 0x80 != 0 {
+        u32::MAX
+    } else {
+        0x3_ffff
+    };
+    let (desc, avail, used) = (word(0) & mask, word(1) & mask, word(2) & mask);
+    let size = if size_byte & 0x80 != 0 {
+        u16::from(size_byte & 0x7f) // Possibly not a power of two: must be ignored.
+    } else {
+        1 << (size_byte % 9)
+    };
+    let read_only = flags & 1 != 0;
+
+    let mem =
+        GuestMemory::from_ranges(&[(GuestAddress(LOW.0), LOW.1), (GuestAddress(HIGH.0), HIGH.1)])
+            .expect("guest memory");
+    let n = memory.len().min(LOW.1);
+    mem.write_slice(&memory[..n], GuestAddress(0))
+        .expect("in range");
+
+    let image = image_content();
+    File::create(image_path())
+        .and_then(|mut f| f.write_all(&image))
+        .expect("scratch image");
+    let mut block = Block::new(image_path(), read_only).expect("block device");
+
+    let mut queue = Queue::new(256).expect("queue");
+    queue.set_size(size);
+    queue.set_desc_table_address(Some(desc), Some(0));
+    queue.set_avail_ring_address(Some(avail), Some(0));
+    queue.set_used_ring_address(Some(used), Some(0));
+    queue.set_ready(true);
+    // The queue ignores a bad size or a misaligned address (as the transport's registers
+    // would): what counts is what it holds now.
+    let (size, desc, avail, used) = (
+        queue.size(),
+        queue.desc_table(),
+        queue.avail_ring(),
+        queue.used_ring(),
+    );
+    let valid = queue.is_valid(&mem);
+    let activated = block
+        .activate(mem.clone(), interrupt(), vec![queue])
+        .is_ok();
+    assert_eq!(
+        activated, valid,
+        "activation disagrees with the queue's validity"
+    );
+    if !activated {
+        return;
+    }
+
+    let before = snapshot(&mem);
+    block.process_queue(0);
+    let after = snapshot(&mem);
+
+    // Where the device was allowed to write: writable buffers (as described before or after
+    // processing, since a writable buffer may overlap the table itself) and the used ring.
+    let mut allowed = writable_ranges(&before, desc, size);
+    allowed.extend(writable_ranges(&after, desc, size));
+    allowed.push((used, used + 6 + 8 * u64::from(size)));
+    for ((base, old), (_, new)) in before.iter().zip(&after) {
+        for (i, (a, b)) in old.iter().zip(new).enumerate() {
+            if a != b {
+                let addr = base + i as u64;
+                assert!(
+                    allowed
+                        .iter()
+                        .any(|&(start, end)| (start..end).contains(&addr)),
+                    "the device wrote guest memory at {addr:#x}, which no writable descriptor or \
+                     the used ring covers"
+                );
+            }
+        }
+    }
+
+    let on_disk = fs::read(image_path()).expect("image");
+    assert_eq!(on_disk.len(), image.len(), "the image changed size");
+    if read_only {
+        assert!(on_disk == image, "a read-only image was written");
+    }
+
+    // Nothing new was made available: a second pass completes nothing, unless the first pass
+    // itself rewrote the avail ring (a writable buffer overlapping it).
+    let avail_ring = (avail, avail + 4 + 2 * u64::from(size));
+    let avail_untouched =
+        read_bytes(
+            &before,
+            avail_ring.0,
+            (avail_ring.1 - avail_ring.0) as usize,
+        ) == read_bytes(&after, avail_ring.0, (avail_ring.1 - avail_ring.0) as usize);
+    let used_idx_before = read_bytes(&after, used + 2, 2);
+    block.process_queue(0);
+    if avail_untouched {
+        let again = snapshot(&mem);
+        assert_eq!(
+            read_bytes(&again, used + 2, 2),
+            used_idx_before,
+            "a second pass completed buffers nobody made available"
+        );
+    }
+});
