@@ -16,7 +16,7 @@
 
 #![no_main]
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::io::Write;
 use std::num::Wrapping;
 use std::os::unix::net::{UnixListener, UnixStream};
@@ -40,6 +40,12 @@ const DESC_BUDGET: usize = 240;
 /// Chains per queue the script may post: `MockSplitQueue` lays the used ring out right after
 /// the first half of the avail ring, so avail entries from size/2 on would overwrite it.
 const CHAIN_BUDGET: usize = 127;
+
+/// `CRUCIBLE_FUZZ_TRACE=1` prints every step and packet (for triaging a crash input).
+fn trace() -> bool {
+    static TRACE: OnceLock<bool> = OnceLock::new();
+    *TRACE.get_or_init(|| std::env::var_os("CRUCIBLE_FUZZ_TRACE").is_some())
+}
 
 fn socket_path() -> &'static PathBuf {
     static PATH: OnceLock<PathBuf> = OnceLock::new();
@@ -101,6 +107,8 @@ struct Harness<'a> {
     /// address, data room).
     rx_chains: HashMap<u32, (GuestAddress, u32, GuestAddress, u32)>,
     credit: HashMap<Key, Credit>,
+    /// Host-initiated connections whose REQUEST the guest got but has not answered yet.
+    awaiting_guest: HashSet<Key>,
     clients: Vec<UnixStream>,
     service: UnixListener,
     written_by_host: u64,
@@ -160,19 +168,23 @@ impl Harness<'_> {
             assert_eq!(buf_alloc, TX_BUF_SIZE);
             assert!(len == 0 || op_code == op::RW, "payload on op {op_code}");
             let key = (src_port, dst_port);
+            if trace() {
+                eprintln!(
+                    "device -> guest: op {op_code} {key:?} len {len} (credit {:?})",
+                    self.credit.get(&key)
+                );
+            }
             match op_code {
                 op::REQUEST => {
-                    self.credit.insert(
-                        key,
-                        Credit {
-                            buf_alloc: 0,
-                            fwd_cnt: Wrapping(0),
-                            sent: Wrapping(0),
-                        },
-                    );
+                    // Host-initiated: the guest's next packet on it (its RESPONSE) tells the
+                    // credit. (A guest may also have answered before this REQUEST reached it,
+                    // guessing the port: then what the device already sent is unknown.)
+                    self.credit.remove(&key);
+                    self.awaiting_guest.insert(key);
                 }
                 op::RST => {
                     self.credit.remove(&key);
+                    self.awaiting_guest.remove(&key);
                 }
                 op::RW => {
                     self.received_by_guest += u64::from(len);
@@ -259,17 +271,24 @@ impl Harness<'_> {
 
         // Mirror what the muxer learns from this packet about the connection's credit.
         let key = (host_port, guest_port);
+        if trace() {
+            eprintln!(
+                "guest -> device: op {op_code} {key:?} cids {src_cid}->{dst_cid} type {kind} \
+                 len {len} (honest {honest_len}) buf_alloc {buf_alloc} fwd_cnt {fwd_cnt}"
+            );
+        }
         let addressed = src_cid == CID && dst_cid == HOST_CID && kind == TYPE_STREAM;
         if !honest_len {
             // The device may drop it as malformed, or take it: we cannot tell which.
             self.credit.remove(&key);
         } else if addressed {
+            let awaited = self.awaiting_guest.remove(&key);
             if op_code == op::RST {
                 self.credit.remove(&key);
             } else if let Some(c) = self.credit.get_mut(&key) {
                 c.buf_alloc = buf_alloc;
                 c.fwd_cnt = Wrapping(fwd_cnt);
-            } else if op_code == op::REQUEST {
+            } else if op_code == op::REQUEST || awaited {
                 self.credit.insert(
                     key,
                     Credit {
@@ -403,6 +422,7 @@ fuzz_target!(|data: &[u8]| {
         rx_posted: 0,
         rx_chains: HashMap::new(),
         credit: HashMap::new(),
+        awaiting_guest: HashSet::new(),
         clients: Vec::new(),
         service,
         written_by_host: 0,
