@@ -2,6 +2,7 @@
 //! and runs each for a fixed time, installing cargo-fuzz and the nightly toolchain when they
 //! are missing.
 //!
+//! The instrumented build goes to `~/.cache/crucible/fuzz-target` (the image cache's root).
 //! Each target runs on a scratch corpus in `target/fuzz/corpus/<target>` (kept between runs,
 //! never committed) seeded from the committed `fuzz/corpus/<target>`: libFuzzer adds new inputs
 //! to the first corpus directory it is given, so the committed seeds stay as they are. The full
@@ -15,6 +16,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
+use crucible_image::cache::Cache;
 
 use crate::util::{describe, run_step, workspace_root};
 
@@ -76,9 +78,15 @@ pub fn run(args: Args) -> Result<()> {
     ensure_cargo_fuzz()?;
 
     let root = workspace_root();
+    // Outside the checkout, beside the kernel cache, so that fresh CI clones only rebuild
+    // crucible's own crates, not every instrumented dependency.
+    let build_dir = Cache::default_location().root().join("fuzz-target");
+    eprintln!("==> fuzz: building in {}", build_dir.display());
     run_step(
         "fuzz build",
-        Command::new("cargo").args(["+nightly", "fuzz", "build"]),
+        Command::new("cargo")
+            .args(["+nightly", "fuzz", "build", "--target-dir"])
+            .arg(&build_dir),
     )?;
     if args.build_only {
         return Ok(());
@@ -87,7 +95,7 @@ pub fn run(args: Args) -> Result<()> {
     let scratch = root.join("target/fuzz");
     let mut results = Vec::new();
     for target in &targets {
-        let stats = run_target(&root, &scratch, target, args.seconds)?;
+        let stats = run_target(&root, &build_dir, &scratch, target, args.seconds)?;
         results.push((*target, stats));
     }
 
@@ -111,7 +119,13 @@ pub fn run(args: Args) -> Result<()> {
 }
 
 /// Runs one target for `seconds`; fails with the crash artifact if it crashes.
-fn run_target(root: &Path, scratch: &Path, target: &str, seconds: u32) -> Result<Stats> {
+fn run_target(
+    root: &Path,
+    build_dir: &Path,
+    scratch: &Path,
+    target: &str,
+    seconds: u32,
+) -> Result<Stats> {
     let corpus = scratch.join("corpus").join(target);
     let logs = scratch.join("logs");
     fs::create_dir_all(&corpus).with_context(|| format!("creating {}", corpus.display()))?;
@@ -123,7 +137,9 @@ fn run_target(root: &Path, scratch: &Path, target: &str, seconds: u32) -> Result
     let seeds = root.join("fuzz/corpus").join(target);
     let mut cmd = Command::new("cargo");
     cmd.current_dir(root)
-        .args(["+nightly", "fuzz", "run", target])
+        .args(["+nightly", "fuzz", "run", "--target-dir"])
+        .arg(build_dir)
+        .arg(target)
         .arg(&corpus)
         .arg(&seeds)
         .arg("--")

@@ -26,7 +26,8 @@ enum Command {
     ///
     /// Builds the targets in fuzz/ with nightly and AddressSanitizer, then runs each for
     /// --seconds on a scratch corpus (target/fuzz/corpus/<target>, seeded from the committed
-    /// fuzz/corpus/<target>), logging to target/fuzz/logs/<target>.log. Installs cargo-fuzz
+    /// fuzz/corpus/<target>), logging to target/fuzz/logs/<target>.log; the build goes to
+    /// ~/.cache/crucible/fuzz-target, so fresh clones reuse it. Installs cargo-fuzz
     /// (`cargo install cargo-fuzz --locked`) and the nightly toolchain (rustup) when missing.
     /// Reports executions and execs/s per target; fails with the crash artifact's path if a
     /// target crashes.
