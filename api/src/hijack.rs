@@ -293,7 +293,9 @@ mod tests {
         assert_eq!(head_end(b"GET / HTTP/1.1\r\nHost: x\r\n"), None);
         let head = b"POST /sandboxes/sb-1/exec?stdin=1 HTTP/1.1\nContent-Length: 2\n\n{}";
         let end = head_end(head).expect("complete head");
-        let parsed = parse_hijack(&head[..end]).expect("valid").expect("a hijack");
+        let parsed = parse_hijack(&head[..end])
+            .expect("valid")
+            .expect("a hijack");
         assert_eq!(parsed.content_length, Some(2));
         assert_eq!(&head[end..], b"{}");
     }
