@@ -35,23 +35,34 @@ pub enum Transport {
     Tcp,
 }
 
-/// The end of the request head in `buf`, searching from `from` (a byte offset already known
-/// not to start the terminator), so that a head dribbled a byte at a time costs linear time.
-fn head_end(buf: &[u8], from: usize) -> Option<usize> {
+/// Where the request head in `buf` ends (just past its empty line), if it is complete,
+/// searching from `from` (a byte offset known not to start the terminator, so that a head
+/// dribbled a byte at a time costs linear time). Line ends may be CRLF or a bare LF, as httparse
+/// and hyper accept both: looking for CRLFCRLF only left a bare-LF request waiting for the
+/// header timeout. Public for the fuzz target.
+pub fn head_end(buf: &[u8], from: usize) -> Option<usize> {
     let from = from.min(buf.len());
     buf[from..]
-        .windows(4)
-        .position(|w| w == b"\r\n\r\n")
-        .map(|p| from + p + 4)
+        .windows(2)
+        .enumerate()
+        .find_map(|(i, w)| match w {
+            b"\n\n" => Some(from + i + 2),
+            b"\n\r" if buf.get(from + i + 2) == Some(&b'\n') => Some(from + i + 3),
+            _ => None,
+        })
 }
 
 /// A parsed hijack request head.
 #[derive(Debug)]
-struct HijackHead {
-    id: String,
-    authorization: Option<Vec<u8>>,
-    content_length: Option<usize>,
-    chunked: bool,
+pub struct HijackHead {
+    /// The sandbox id from the path.
+    pub id: String,
+    /// The `Authorization` header's value.
+    pub authorization: Option<Vec<u8>>,
+    /// The `Content-Length` header's value.
+    pub content_length: Option<usize>,
+    /// Whether `Transfer-Encoding` names `chunked`.
+    pub chunked: bool,
 }
 
 /// 431: the request head is over the limits.
@@ -64,8 +75,9 @@ pub fn too_large_head() -> ApiError {
 }
 
 /// Returns the hijack request in `head`, if that is what it is. A head that does not parse is
-/// answered here, with the JSON envelope (hyper would answer a bare 400).
-fn parse_hijack(head: &[u8]) -> Result<Option<HijackHead>, ApiError> {
+/// answered here, with the JSON envelope (hyper would answer a bare 400). Public for the fuzz
+/// target.
+pub fn parse_hijack(head: &[u8]) -> Result<Option<HijackHead>, ApiError> {
     let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
     let mut request = httparse::Request::new(&mut headers);
     match request.parse(head) {
@@ -369,5 +381,25 @@ mod tests {
         }
         assert_eq!(found, Some(end));
         assert_eq!(head_end(b"GET / HTTP/1.1\r\n", 0), None);
+    }
+
+    #[test]
+    fn head_ends_at_the_first_empty_line_with_crlf_or_bare_lf() {
+        assert_eq!(
+            head_end(b"GET / HTTP/1.1\r\nHost: x\r\n\r\nbody", 0),
+            Some(27)
+        );
+        // Found by the http_exec_request fuzz target: httparse accepts bare LF line ends, but
+        // the head was only complete at a CRLFCRLF, so such a request hung until the timeout.
+        assert_eq!(head_end(b"GET / HTTP/1.1\nHost: x\n\nbody", 0), Some(24));
+        assert_eq!(head_end(b"GET / HTTP/1.1\r\nHost: x\n\r\n", 0), Some(26));
+        assert_eq!(head_end(b"GET / HTTP/1.1\r\nHost: x\r\n", 0), None);
+        let head = b"POST /sandboxes/sb-1/exec?stdin=1 HTTP/1.1\nContent-Length: 2\n\n{}";
+        let end = head_end(head, 0).expect("complete head");
+        let parsed = parse_hijack(&head[..end])
+            .expect("valid")
+            .expect("a hijack");
+        assert_eq!(parsed.content_length, Some(2));
+        assert_eq!(&head[end..], b"{}");
     }
 }

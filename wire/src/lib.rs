@@ -33,6 +33,7 @@ pub use sandbox::{
 };
 pub use types::{
     ErrorBody, ExecRequest, ExecResult, FilesPutResult, RefusedEntry, Usage, ValidationError,
+    MAX_ARGS, MAX_ENV, MAX_REQUEST_BYTES, MAX_TIMEOUT_S,
 };
 
 #[cfg(feature = "tokio")]

@@ -6,8 +6,10 @@ use std::io::{self, Read, Write};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
-/// Largest control message accepted: far above any real request, far below a memory problem.
-pub const MAX_MESSAGE_SIZE: usize = 4 * 1024 * 1024;
+/// Largest control message accepted: far below a memory problem, and above the largest valid
+/// exec request, whose 1 MiB of strings (`MAX_REQUEST_BYTES`) can take 6 MiB as JSON when every
+/// character is a control character escaped as `\u00XX`.
+pub const MAX_MESSAGE_SIZE: usize = 8 * 1024 * 1024;
 
 /// Why a control message could not be read or written.
 #[derive(Debug, thiserror::Error)]
@@ -92,6 +94,25 @@ mod tests {
         assert!(matches!(r, Err(MessageError::Closed)));
         let r: Result<ExecRequest, _> = read_message(&mut &[0u8, 0, 0, 9, b'{'][..]);
         assert!(matches!(r, Err(MessageError::Io(_))));
+    }
+
+    #[test]
+    fn every_valid_exec_request_fits_one_agent_message() {
+        use crate::agent::AgentRequest;
+        use crate::types::MAX_REQUEST_BYTES;
+        // The worst case for JSON: every character a control character, escaped as `\u00XX`.
+        // Such a request passes the daemon's checks (the WebSocket first message may be 8 MiB)
+        // but was refused when sent to the agent at the old 4 MiB limit; found while writing
+        // the http_exec_request fuzz target's invariant.
+        let arg = "\u{1}".repeat(MAX_REQUEST_BYTES - 16);
+        let request = ExecRequest::new(["x".to_string(), arg]);
+        request.validate().expect("within the request limits");
+        let message = encode_message(&AgentRequest::Exec {
+            request,
+            interactive: false,
+        })
+        .expect("a validated request must reach the agent");
+        assert!(message.len() > 6 * (MAX_REQUEST_BYTES - 16));
     }
 
     #[test]

@@ -40,6 +40,11 @@ pub fn run(_args: Args) -> Result<()> {
         "test",
         Command::new(&cargo).args(["test", "--workspace", "--all-features"]),
     )?;
+    // A few seconds per fuzz target: proves they build and that the seed corpora still pass.
+    run_step(
+        "fuzz (short)",
+        Command::new(&cargo).args(["xtask", "fuzz", "--seconds", "5"]),
+    )?;
     // Benchmark-driven CI: the quick suite's ratios to the floor against bench-baseline.json,
     // then the gate's self-test (a build slowed through the exec-path test hook must fail it).
     run_step(

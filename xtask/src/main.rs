@@ -6,6 +6,7 @@ use clap::{Parser, Subcommand};
 mod bench;
 mod ci;
 mod fixtures;
+mod fuzz;
 mod hostile;
 mod image;
 mod openapi;
@@ -23,6 +24,19 @@ struct Cli {
 enum Command {
     /// Everything CI checks: fmt, clippy, tests, generated files up to date.
     Ci(ci::Args),
+    /// Build the cargo-fuzz targets (nightly) and run each for --seconds.
+    ///
+    /// Builds the targets in fuzz/ with nightly and AddressSanitizer, then runs each for
+    /// --seconds on a scratch corpus (target/fuzz/corpus/<target>, seeded from the committed
+    /// fuzz/corpus/<target>), logging to target/fuzz/logs/<target>.log; the build goes to
+    /// ~/.cache/crucible/fuzz-target, so fresh clones reuse it. Installs cargo-fuzz
+    /// (`cargo install cargo-fuzz --locked`) and the nightly toolchain (rustup) when missing.
+    /// Reports executions and execs/s per target; fails with the crash artifact's path if a
+    /// target crashes.
+    ///
+    /// Targets: frame_decoder, agent_request, http_exec_request, tar_extract, virtqueue_chain,
+    /// vsock_packet.
+    Fuzz(fuzz::Args),
     /// Regenerate the conformance fixtures (`fixtures/*.bin` + `manifest.json`) from the codec.
     GenFixtures(fixtures::Args),
     /// Regenerate `docs/openapi.json` from the API's wire types and route table.
@@ -50,6 +64,7 @@ fn main() -> Result<()> {
     let cli = Cli::parse();
     match cli.command {
         Command::Ci(args) => ci::run(args),
+        Command::Fuzz(args) => fuzz::run(args),
         Command::GenFixtures(args) => fixtures::run(args),
         Command::GenOpenapi => openapi::run(),
         Command::Hostile(args) => hostile::run(args),

@@ -6,8 +6,8 @@ pub mod block;
 pub mod console;
 pub mod mmio;
 pub mod subscriber;
-#[cfg(test)]
-pub(crate) mod test_utils;
+#[cfg(any(test, feature = "test-utils"))]
+pub mod test_utils;
 pub mod vsock;
 
 use std::io;

@@ -1,7 +1,8 @@
 //! Virtqueues in plain guest memory, driven from the driver's side (Firecracker-style), so
-//! device logic is tested without KVM.
+//! device logic is tested without KVM. Public behind the `test-utils` feature for the fuzz
+//! targets; test setup, so failures panic.
 
-#![allow(clippy::unwrap_used)]
+#![allow(clippy::unwrap_used, missing_debug_implementations)]
 
 use std::sync::Arc;
 
@@ -33,7 +34,12 @@ pub fn queue_addr(i: usize) -> GuestAddress {
 pub const BUF_BASE: u64 = 0x10_0000;
 
 /// A driver-side queue: adds chains and reads the used ring.
+///
+/// Post at most `size / 2` chains: `MockSplitQueue` (virtio-queue 0.18) places the used ring
+/// `size` bytes after the avail ring's entries rather than `2 * size`, so avail entries from
+/// `size / 2` on overwrite the used ring (a limitation of the mock, not of the devices).
 pub struct TestQueue<'a> {
+    /// The queue's rings in guest memory.
     pub mock: MockSplitQueue<'a, GuestMemory>,
     mem: &'a GuestMemory,
     next_desc: u16,
@@ -50,6 +56,7 @@ pub enum Buf<'b> {
 }
 
 impl<'a> TestQueue<'a> {
+    /// Queue `i` (at [`queue_addr`]) with `size` descriptors.
     pub fn new(mem: &'a GuestMemory, i: usize, size: u16) -> Self {
         TestQueue {
             mock: MockSplitQueue::create(mem, queue_addr(i), size),
@@ -60,6 +67,7 @@ impl<'a> TestQueue<'a> {
         }
     }
 
+    /// The device-side queue, as the transport would hand it over.
     pub fn queue(&self) -> Queue {
         self.mock.create_queue().unwrap()
     }
@@ -111,6 +119,7 @@ impl<'a> TestQueue<'a> {
         Some((e.id(), e.len()))
     }
 
+    /// `len` bytes of guest memory at `addr`.
     pub fn read(&self, addr: GuestAddress, len: usize) -> Vec<u8> {
         let mut v = vec![0u8; len];
         self.mem.read_slice(&mut v, addr).unwrap();

@@ -1,0 +1,126 @@
+//! The daemon's path from raw HTTP bytes to a validated `ExecRequest`, both ways in:
+//! - the hijack front (`api::hijack`): the connection's first request head, delimited by
+//!   `head_end`, is pre-parsed with `parse_hijack`; an interactive exec takes its body by `Content-Length`, then
+//!   `routes::parse_json` and `ExecRequest::validate` decide;
+//! - the one-shot `POST /sandboxes/{id}/exec` body: `routes::parse_json` + `validate` on the
+//!   whole input.
+//!
+//! Checked:
+//! - a recognised hijack really is `POST /sandboxes/{id}/exec?stdin=1|true` without `Upgrade`,
+//!   and its `Content-Length` is the header's value; refusals are 400s;
+//! - a parsed `ExecRequest` round-trips through JSON;
+//! - a validated `ExecRequest` can be handed to `execve` (no NUL, proper names, absolute cwd,
+//!   bounded sizes) and fits in one agent message, which the agent parses back unchanged: what
+//!   the daemon accepts, the agent can run.
+
+#![no_main]
+
+use std::ffi::CString;
+
+use api::hijack::{head_end, parse_hijack};
+use api::routes::{parse_json, JSON_BODY_LIMIT};
+use http::StatusCode;
+use libfuzzer_sys::fuzz_target;
+use wire::agent::AgentRequest;
+use wire::{encode_message, read_message, ExecRequest};
+
+/// What the daemon does with an exec body; checks what it accepts.
+fn exec_body(body: &[u8]) {
+    let Ok(request) = parse_json::<ExecRequest>(body, "ExecRequest") else {
+        return;
+    };
+    let json = serde_json::to_vec(&request).expect("a parsed request serializes");
+    let back: ExecRequest = serde_json::from_slice(&json).expect("re-serialized request parses");
+    assert_eq!(back, request, "ExecRequest did not round-trip");
+    if request.validate().is_err() {
+        return;
+    }
+    assert!(!request.cmd.is_empty() && !request.cmd[0].is_empty());
+    for arg in &request.cmd {
+        assert!(
+            CString::new(arg.as_bytes()).is_ok(),
+            "NUL in a validated argument"
+        );
+    }
+    for (name, value) in &request.env {
+        assert!(!name.is_empty() && !name.contains('='));
+        assert!(CString::new(format!("{name}={value}")).is_ok());
+    }
+    assert!(request.cwd.is_empty() || request.cwd.starts_with('/'));
+    assert!(CString::new(request.cwd.as_bytes()).is_ok());
+    assert!((0..=wire::MAX_TIMEOUT_S).contains(&request.timeout_s));
+
+    let to_agent = AgentRequest::Exec {
+        request: request.clone(),
+        interactive: true,
+    };
+    let message = encode_message(&to_agent).expect("a validated request fits one agent message");
+    let received: AgentRequest = read_message(&mut &message[..]).expect("the agent parses it");
+    assert_eq!(received, to_agent, "the agent would run something else");
+}
+
+fuzz_target!(|data: &[u8]| {
+    // The one-shot POST: the whole input is the body.
+    exec_body(data);
+
+    // The hijack front: the input is the connection's first bytes.
+    let Some(end) = head_end(data, 0) else {
+        return;
+    };
+    let (head, rest) = data.split_at(end);
+    let parsed = match parse_hijack(head) {
+        Ok(parsed) => parsed,
+        Err(error) => {
+            assert_eq!(error.status, StatusCode::BAD_REQUEST, "{error}");
+            return;
+        }
+    };
+    let Some(hijack) = parsed else {
+        return;
+    };
+    let text = String::from_utf8_lossy(head);
+    // httparse, like RFC 9112, skips empty lines before the request line.
+    let mut lines = text.lines().skip_while(|line| line.is_empty());
+    let request_line = lines.next().unwrap_or("");
+    assert!(
+        request_line.starts_with("POST "),
+        "hijacked a non-POST: {request_line:?}"
+    );
+    let target = request_line.split(' ').nth(1).unwrap_or("");
+    let (path, query) = target.split_once('?').unwrap_or((target, ""));
+    assert_eq!(
+        path,
+        format!("/sandboxes/{}/exec", hijack.id),
+        "wrong sandbox id"
+    );
+    assert!(
+        query
+            .split('&')
+            .find_map(|pair| pair.strip_prefix("stdin="))
+            .is_some_and(|v| v == "1" || v == "true"),
+        "hijacked without stdin=1: {target:?}"
+    );
+    // The head ends at the first empty line, as httparse (which accepts bare LF line ends)
+    // sees it.
+    let headers: Vec<(String, String)> = lines
+        .take_while(|line| !line.is_empty())
+        .filter_map(|line| line.split_once(':'))
+        .map(|(name, value)| (name.to_ascii_lowercase(), value.trim().to_string()))
+        .collect();
+    assert!(
+        headers.iter().all(|(name, _)| name != "upgrade"),
+        "hijacked an Upgrade request"
+    );
+    if let Some(length) = hijack.content_length {
+        let declared = headers
+            .iter()
+            .find(|(name, _)| name == "content-length")
+            .map(|(_, value)| value.as_str());
+        assert_eq!(declared.and_then(|v| v.parse().ok()), Some(length));
+    }
+    if let (Some(length), false) = (hijack.content_length, hijack.chunked) {
+        if length <= JSON_BODY_LIMIT && rest.len() >= length {
+            exec_body(&rest[..length]);
+        }
+    }
+});
