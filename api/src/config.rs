@@ -75,6 +75,9 @@ pub struct ServeConfig {
     pub vmm_binary: PathBuf,
     /// The cgroup (under each controller's root) that holds this daemon's sandbox groups.
     pub cgroup_parent: String,
+    /// The host uid (and gid) of the first namespace sandbox's root: sandbox `k` (a slot
+    /// reused once its sandbox is gone) maps its ids 0–65535 to `uid_base + k * 65536 …`.
+    pub uid_base: u32,
     /// The backend for requests that do not name one; `None` picks the best the host offers.
     pub default_backend: Option<BackendKind>,
     /// Limits and defaults.
@@ -86,6 +89,11 @@ pub struct ServeConfig {
     /// before the socket is closed with 1008.
     pub first_message_timeout: Duration,
 }
+
+/// The default `uid_base`: above the ranges `/etc/subuid` hands out (100000 up) and directory
+/// services use, outside systemd's container range (524288–1879048191), and low enough that
+/// the default 256 sandboxes stay below 2^31 (some tools misread larger ids as negative).
+pub const DEFAULT_UID_BASE: u32 = 2_000_000_000;
 
 /// Whether the process runs as root (state under `/run`), else under `$XDG_RUNTIME_DIR`.
 fn is_root() -> bool {
@@ -141,6 +149,7 @@ impl ServeConfig {
             image_dir,
             vmm_binary: default_vmm_binary(),
             cgroup_parent: "crucible".into(),
+            uid_base: DEFAULT_UID_BASE,
             default_backend: None,
             limits: Limits::default(),
             header_timeout: crate::hijack::HEADER_TIMEOUT,

@@ -25,6 +25,23 @@ pub enum ServeError {
     /// Neither a socket nor a TCP address was given.
     #[error("nothing to listen on: give a Unix socket path or a TCP address")]
     NoListener,
+    /// The sandboxes' host id ranges do not fit below the last valid id, or start at 0.
+    #[error(
+        "--uid-base {base} with --max-sandboxes {sandboxes} needs host ids up to {last}, past \
+         the last valid id {}; lower either",
+        u32::MAX - 1
+    )]
+    IdRangeOverflow {
+        /// The configured base.
+        base: u32,
+        /// The configured sandbox count.
+        sandboxes: usize,
+        /// The last id the ranges would need.
+        last: u64,
+    },
+    /// Sandbox root would be host root.
+    #[error("--uid-base must not be 0: a sandbox's root is never the host's")]
+    UidBaseZero,
     /// Another daemon owns the socket.
     #[error("another daemon is already listening on {0}")]
     SocketInUse(PathBuf),
@@ -55,6 +72,7 @@ pub struct Server {
 impl Server {
     /// Validates the configuration, cleans up after a previous daemon, and binds the listeners.
     pub async fn bind(config: ServeConfig) -> Result<Self, ServeError> {
+        crate::backend::namespace::IdRanges::check(config.uid_base, config.limits.max_sandboxes)?;
         if let Some(addr) = config.tcp {
             if config.api_keys.is_empty() {
                 return Err(ServeError::TcpWithoutKeys(addr));

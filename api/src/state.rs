@@ -47,6 +47,7 @@ impl AppState {
             config.limits.max_pids,
             config.limits.scratch_mib,
             Duration::from_secs(config.limits.ready_timeout_s),
+            crate::backend::namespace::IdRanges::new(config.uid_base, config.limits.max_sandboxes),
         );
         let host = host::inspect();
         let microvm = MicrovmBackend::new(

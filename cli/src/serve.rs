@@ -32,6 +32,11 @@ pub struct Args {
     /// host need different ones.
     #[arg(long, default_value = "crucible")]
     cgroup_parent: String,
+    /// Host uid/gid of the first namespace sandbox's root. Each live sandbox gets 65,536 host
+    /// ids of its own from here (its uids and gids 0-65535), never host root; the ranges of
+    /// --max-sandboxes sandboxes must fit below 2^32.
+    #[arg(long, value_name = "UID", default_value_t = api::config::DEFAULT_UID_BASE)]
+    uid_base: u32,
     /// Backend for sandboxes that do not ask for one [default: the best this host offers].
     #[arg(long, value_parser = parse_backend)]
     backend: Option<BackendKind>,
@@ -82,6 +87,7 @@ pub async fn run(args: Args) -> Result<()> {
     config.api_keys = api_keys(args.keys_file.as_ref())?;
     config.default_backend = args.backend;
     config.cgroup_parent = args.cgroup_parent;
+    config.uid_base = args.uid_base;
     config.limits.max_sandboxes = args.max_sandboxes;
     config.limits.max_execs_per_sandbox = args.max_execs;
     config.limits.idle_timeout_s = args.idle_timeout;

@@ -33,6 +33,16 @@ impl Level {
             _ => None,
         }
     }
+
+    /// The name [`Level::parse`] takes back.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Level::Quiet => "quiet",
+            Level::Error => "error",
+            Level::Info => "info",
+            Level::Debug => "debug",
+        }
+    }
 }
 
 static LEVEL: AtomicU8 = AtomicU8::new(Level::Info as u8);

@@ -14,8 +14,9 @@ USAGE:
     guest-init                                   (as PID 1 of a crucible microVM)
     guest-init --listen unix:PATH [--ready unix:PATH] [--log LEVEL]
     guest-init --selftest
-    guest-init sandbox --rootfs DIR --runtime-dir DIR --hostname NAME [--scratch-mib N]
-               [--memory-bytes N] [--cgroup FILE]... --listen unix:PATH [--ready unix:PATH]
+    guest-init sandbox --rootfs DIR --runtime-dir DIR --agent-socket PATH --ready-socket PATH
+               --hostname NAME --id-map HOST_BASE:COUNT [--scratch-mib N] [--cgroup FILE]...
+               [--no-die-with-parent] [--memory-bytes N] [--log LEVEL]
 
 MODES:
     With no --listen and running as PID 1, it is the VM's init: it mounts /proc, /sys, /dev,
@@ -23,19 +24,24 @@ MODES:
     selftest, boot_marker, hostname), listens on vsock, sends its hello to the host (CID 2) and
     prints `crucible-agent: ready ...` on the console. It never exits: shutdown syncs and resets.
 
-    With --listen it is a plain process serving the same protocol on ADDR (unix:PATH, or
-    vsock:PORT). If --ready is given it connects there once it is listening and sends its hello
-    (one length-prefixed JSON message), so the caller needs no polling. It reaps orphaned
+    With --listen it is a plain process serving the same protocol on ADDR (unix:PATH,
+    vsock:PORT, or fd:N for an inherited listening socket). If --ready is given it connects
+    there once it is listening (or writes to fd:N, an inherited connected socket) and sends its
+    hello (one length-prefixed JSON message), so the caller needs no polling. It reaps orphaned
     descendants (as a subreaper, or as PID 1 of a PID namespace). `shutdown` exits with 0.
 
-    `sandbox` first makes the process PID 1 of a namespace sandbox (the daemon's namespace
-    backend runs it this way): new PID, mount, UTS, IPC, network and cgroup namespaces, the
-    image directory --rootfs read-only under a tmpfs overlay of --scratch-mib MiB as `/` (/tmp
-    and /dev/shm share it), the host directory --runtime-dir at /run/crucible, the cgroups
-    whose cgroup.procs files are given with --cgroup joined, every capability dropped and
-    no_new_privs set; the sandbox dies with the process that started it. Then it serves as
-    with --listen (paths are inside the sandbox). --memory-bytes is the sandbox's memory limit,
-    for the OOM verdict.
+    `sandbox` (run as host root; the daemon's namespace backend runs it this way) makes a
+    namespace sandbox and starts this agent again as its PID 1: a user namespace whose ids
+    0-65535 are the host ids of --id-map (never host root), new PID, mount, UTS, IPC, network
+    and cgroup namespaces, the image directory --rootfs idmapped and read-only under a tmpfs
+    overlay of --scratch-mib MiB as `/` (/tmp and /dev/shm share it), /proc with runc's masked
+    and read-only paths, the cgroups whose cgroup.procs files are given with --cgroup joined,
+    Docker's capabilities scoped to the user namespace and an allowlist seccomp filter. The
+    agent listens on the host path --agent-socket and says hello on --ready-socket, both opened
+    before entering (the sandbox never sees them). This process stays outside as the
+    supervisor: it exits with PID 1's status, and PID 1 dies with it; it dies with the process
+    that started it unless --no-die-with-parent. --memory-bytes is the sandbox's memory limit,
+    for the OOM verdict. (`sandbox-pid1` is the inside half, started only by `sandbox`.)
 
     --selftest runs the boot self-test through the exec engine and exits (1 if any test fails;
     `pid1` fails unless run as PID 1).
@@ -60,8 +66,20 @@ struct Args {
     ready: Option<Address>,
     log: Option<Level>,
     selftest: bool,
-    sandbox: Option<namespace::SandboxSpec>,
+    mode: Mode,
     memory_bytes: Option<u64>,
+}
+
+/// Which half of a namespace sandbox this process is, if any.
+#[derive(Debug, Default)]
+enum Mode {
+    /// Not a namespace sandbox.
+    #[default]
+    Plain,
+    /// `sandbox`: make the sandbox, then supervise its PID 1 from outside.
+    Sandbox(namespace::SandboxSpec),
+    /// `sandbox-pid1`: the sandbox's PID 1, started by the `sandbox` half.
+    SandboxPid1,
 }
 
 fn number(flag: &str, text: &str) -> Result<u64, String> {
@@ -72,16 +90,13 @@ fn number(flag: &str, text: &str) -> Result<u64, String> {
 fn parse_args() -> Result<Option<Args>, String> {
     let mut args = Args::default();
     let mut it = std::env::args().skip(1).peekable();
-    if it.peek().map(String::as_str) == Some("sandbox") {
+    match it.peek().map(String::as_str) {
+        Some("sandbox") => args.mode = Mode::Sandbox(namespace::SandboxSpec::default()),
+        Some("sandbox-pid1") => args.mode = Mode::SandboxPid1,
+        _ => {}
+    }
+    if !matches!(args.mode, Mode::Plain) {
         it.next();
-        args.sandbox = Some(namespace::SandboxSpec {
-            rootfs: Default::default(),
-            runtime_dir: Default::default(),
-            hostname: String::new(),
-            scratch_mib: 1024,
-            die_with_parent: true,
-            cgroup_procs: Vec::new(),
-        });
     }
     while let Some(arg) = it.next() {
         let (flag, inline) = match arg.split_once('=') {
@@ -118,29 +133,31 @@ fn parse_args() -> Result<Option<Args>, String> {
             }
             "--selftest" => args.selftest = true,
             "--memory-bytes" => args.memory_bytes = Some(number(&flag, &value(&flag)?)?),
-            "--rootfs" | "--runtime-dir" | "--hostname" | "--scratch-mib" | "--cgroup" => {
-                let v = value(&flag)?;
-                let Some(spec) = args.sandbox.as_mut() else {
+            other if namespace::SandboxSpec::is_flag(other) => {
+                let Mode::Sandbox(spec) = &mut args.mode else {
                     return Err(format!("{flag} is only valid after `sandbox` (see --help)"));
                 };
-                match flag.as_str() {
-                    "--rootfs" => spec.rootfs = v.into(),
-                    "--runtime-dir" => spec.runtime_dir = v.into(),
-                    "--hostname" => spec.hostname = v,
-                    "--scratch-mib" => spec.scratch_mib = number(&flag, &v)?,
-                    _ => spec.cgroup_procs.push(v.into()),
-                }
+                spec.parse_flag(other, || inline.clone().or_else(|| it.next()))
+                    .map_err(|e| e.to_string())?;
             }
             other => return Err(format!("unknown argument {other:?} (see --help)")),
         }
     }
-    if let Some(spec) = &args.sandbox {
-        if spec.rootfs.as_os_str().is_empty() || spec.runtime_dir.as_os_str().is_empty() {
-            return Err("sandbox needs --rootfs and --runtime-dir".into());
+    match &args.mode {
+        Mode::Sandbox(spec) => {
+            spec.validate().map_err(|e| e.to_string())?;
+            if args.listen.is_some() || args.ready.is_some() {
+                return Err(
+                    "sandbox takes --agent-socket and --ready-socket, not --listen or \
+                            --ready"
+                        .into(),
+                );
+            }
         }
-        if args.listen.is_none() {
-            return Err("sandbox needs --listen".into());
+        Mode::SandboxPid1 if args.listen.is_none() => {
+            return Err("sandbox-pid1 needs --listen".into())
         }
+        _ => {}
     }
     Ok(Some(args))
 }
@@ -159,12 +176,20 @@ fn main() -> ExitCode {
     if let Some(level) = args.log {
         log::set_level(level);
     }
-    if let Some(spec) = &args.sandbox {
-        // Still single-threaded here, as entering requires.
-        if let Err(e) = namespace::enter(spec) {
-            eprintln!("guest-init: entering the sandbox failed: {}", chain(&e));
+    match &args.mode {
+        Mode::Sandbox(spec) => {
+            // Still single-threaded here, as entering requires. Returns only on failure.
+            let Err(e) = namespace::enter(spec, &pid1_argv(&args));
+            eprintln!("guest-init: making the sandbox failed: {}", chain(&e));
             return ExitCode::FAILURE;
         }
+        Mode::SandboxPid1 => {
+            if let Err(e) = namespace::harden_pid1() {
+                eprintln!("guest-init: {}", chain(&e));
+                return ExitCode::FAILURE;
+            }
+        }
+        Mode::Plain => {}
     }
     if args.listen.is_none() && !args.selftest {
         if sys::getpid() == 1 {
@@ -193,7 +218,7 @@ fn host_main(args: Args) -> ExitCode {
     }
     let exec = match ExecContext::new() {
         Ok(mut c) => {
-            if args.sandbox.is_some() {
+            if matches!(args.mode, Mode::SandboxPid1) {
                 // The agent's OOM score is -1000 (set on entering); commands go back to 0.
                 c.reset_oom_score = true;
             }
@@ -240,6 +265,29 @@ fn host_main(args: Args) -> ExitCode {
     let e = server::serve(listener, agent);
     eprintln!("guest-init: {}", chain(&e));
     ExitCode::FAILURE
+}
+
+/// The command line of the sandbox's PID 1: this binary in `sandbox-pid1` mode, serving on the
+/// descriptors the `sandbox` half hands it.
+fn pid1_argv(args: &Args) -> Vec<std::ffi::CString> {
+    let mut argv = vec![
+        "init".to_string(),
+        "sandbox-pid1".into(),
+        "--listen".into(),
+        Address::Fd(namespace::PID1_LISTEN_FD).to_string(),
+        "--ready".into(),
+        Address::Fd(namespace::PID1_READY_FD).to_string(),
+    ];
+    if let Some(bytes) = args.memory_bytes {
+        argv.extend(["--memory-bytes".into(), bytes.to_string()]);
+    }
+    if let Some(level) = args.log {
+        argv.extend(["--log".into(), level.as_str().into()]);
+    }
+    // None of these contains a NUL.
+    argv.into_iter()
+        .filter_map(|a| std::ffi::CString::new(a).ok())
+        .collect()
 }
 
 fn chain(e: &dyn std::error::Error) -> String {

@@ -3,7 +3,7 @@
 
 use std::io::{self, Read, Write};
 use std::mem::size_of;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -53,13 +53,19 @@ pub enum Address {
     Unix(PathBuf),
     /// A vsock (cid, port); the cid is ignored for listening.
     Vsock(u32, u32),
+    /// An inherited descriptor: a listening socket (`--listen`) or a connected one (`--ready`),
+    /// as a namespace sandbox's PID 1 receives them.
+    Fd(RawFd),
 }
 
 impl Address {
-    /// Parses `unix:PATH` or `vsock:PORT` / `vsock:CID:PORT`.
+    /// Parses `unix:PATH`, `vsock:PORT` / `vsock:CID:PORT` or `fd:N` (N above 2).
     pub fn parse(s: &str) -> Option<Address> {
         if let Some(path) = s.strip_prefix("unix:") {
             return (!path.is_empty()).then(|| Address::Unix(PathBuf::from(path)));
+        }
+        if let Some(fd) = s.strip_prefix("fd:") {
+            return fd.parse().ok().filter(|fd| *fd > 2).map(Address::Fd);
         }
         let rest = s.strip_prefix("vsock:")?;
         match rest.split_once(':') {
@@ -74,6 +80,7 @@ impl std::fmt::Display for Address {
         match self {
             Address::Unix(p) => write!(f, "unix:{}", p.display()),
             Address::Vsock(cid, port) => write!(f, "vsock:{cid}:{port}"),
+            Address::Fd(fd) => write!(f, "fd:{fd}"),
         }
     }
 }
@@ -105,6 +112,10 @@ impl Listener {
                 Ok(Listener::Unix(UnixListener::bind(path).map_err(err)?))
             }
             Address::Vsock(_, port) => Ok(Listener::Vsock(vsock_listen(*port).map_err(err)?)),
+            Address::Fd(fd) => {
+                let fd = adopt(*fd).map_err(err)?;
+                Ok(Listener::Unix(UnixListener::from(fd)))
+            }
         }
     }
 
@@ -129,6 +140,16 @@ impl Listener {
             }
         }
     }
+}
+
+/// Takes ownership of an inherited descriptor, marking it close-on-exec so that no command
+/// inherits it. Refuses a descriptor that is not open (nothing else may own it: it was
+/// handed over to this process for this purpose).
+fn adopt(fd: RawFd) -> io::Result<OwnedFd> {
+    // SAFETY: fcntl(F_SETFD) takes integers; it fails with EBADF on a closed descriptor.
+    sys::cvt(unsafe { libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC) })?;
+    // SAFETY: the descriptor is open and was given to this process to own (`--listen fd:N`).
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
 }
 
 fn vsock_socket() -> io::Result<OwnedFd> {
@@ -215,6 +236,7 @@ pub fn send_hello(addr: &Address, hello: &Hello) -> Result<(), ServerError> {
         Address::Vsock(cid, port) => {
             vsock_connect(*cid, *port, Duration::from_secs(5)).map_err(err)?
         }
+        Address::Fd(fd) => UnixStream::from(adopt(*fd).map_err(err)?),
     };
     stream
         .set_write_timeout(Some(Duration::from_secs(5)))
@@ -428,5 +450,8 @@ mod tests {
         assert_eq!(Address::parse("vsock:3:5"), Some(Address::Vsock(3, 5)));
         assert_eq!(Address::parse("unix:"), None);
         assert_eq!(Address::parse("tcp:1"), None);
+        assert_eq!(Address::parse("fd:3"), Some(Address::Fd(3)));
+        assert_eq!(Address::parse("fd:2"), None, "never stdio");
+        assert_eq!(Address::parse("fd:x"), None);
     }
 }

@@ -1,52 +1,44 @@
-//! Turns the calling process into PID 1 of a fresh namespace sandbox.
+//! Turns the calling process into the supervisor of a fresh namespace sandbox whose PID 1 is the
+//! guest agent.
 //!
-//! The daemon's namespace backend starts the guest agent with `guest-init sandbox …`; the agent
-//! calls [`enter`] before anything else and then serves requests exactly as it does in a VM. The
-//! sandbox is:
-//! - new PID, mount, UTS, IPC, network and cgroup namespaces (the network has only `lo`);
-//! - a root made of the image directory, read-only, under a size-limited tmpfs overlay, entered
-//!   with `pivot_root` (the host's tree is unmounted, not merely hidden);
-//! - a minimal `/dev` (null, zero, full, random, urandom, tty, a private devpts), private `/proc`,
-//!   `/tmp`, `/dev/shm` (both on the overlay's tmpfs, under its one size limit), and the
-//!   sandbox's runtime directory at `/run/crucible`;
-//! - membership in the cgroups the daemon prepared (memory and pids limits);
-//! - no capabilities (bounding set emptied, then effective/permitted/inheritable cleared) and
-//!   `no_new_privs`, so nothing inside can regain privileges through setuid binaries;
-//! - a seccomp filter that makes escape-only system calls (`mount`, `unshare`, `setns`,
-//!   `ptrace`, `kexec_load`, module loading, `bpf`, …) fail with EPERM.
+//! The daemon's namespace backend starts the agent as `guest-init sandbox …` (as host root);
+//! the agent calls [`enter`] first thing. The sandbox is:
+//! - a new **user namespace** whose uids and gids 0–65535 are an unprivileged host range of its
+//!   own ([`IdMap`]): root inside is never root outside, and no two sandboxes share a host uid;
+//! - new PID, mount, UTS, IPC, network (only `lo`) and cgroup namespaces, all owned by that user
+//!   namespace;
+//! - a root made of the image, mounted read-only and **idmapped** into the sandbox's range (so
+//!   the image's root-owned files are root's inside), under an overlay whose upper layer is a
+//!   size-limited tmpfs, entered with `pivot_root` (the host's tree is unmounted, not hidden);
+//!   every byte the sandbox can write lands in that tmpfs: memory, charged to its cgroup;
+//! - `/proc` with runc's masked and read-only paths, a minimal `/dev`, no `/sys`;
+//! - membership in the cgroups the daemon prepared;
+//! - a Docker-like set of capabilities scoped to the user namespace ([`privileges::KEPT`]), and
+//!   an allowlist seccomp filter modelled on Docker's default profile ([`seccomp`]).
+//!
+//! The agent's sockets are opened on the host side before entering (the sandbox never sees
+//! their host paths) and handed to PID 1 as descriptors [`PID1_LISTEN_FD`] and
+//! [`PID1_READY_FD`]. PID 1 is a fresh `execve` of the agent inside the sandbox, so that its
+//! memory belongs to the sandbox's user namespace and it can make itself undumpable
+//! ([`harden_pid1`]): commands, root or not, cannot ptrace it or read its memory.
 
+mod idmap;
 mod mounts;
-mod privileges;
-mod seccomp;
+pub mod privileges;
+pub mod seccomp;
+mod spec;
 mod sys;
 
-use std::path::PathBuf;
+use std::ffi::CString;
 
+pub use idmap::{IdMap, SANDBOX_IDS};
+pub use spec::{SandboxSpec, SpecError};
 pub use sys::SysError;
 
-/// Where the sandbox's runtime directory appears inside the sandbox.
-pub const SANDBOX_RUNTIME_DIR: &str = "/run/crucible";
-
-/// What the sandbox is made of. All paths are host paths.
-#[derive(Debug, Clone)]
-pub struct SandboxSpec {
-    /// The image's root directory: becomes the read-only lower layer of `/`.
-    pub rootfs: PathBuf,
-    /// A host directory private to this sandbox: mounted at [`SANDBOX_RUNTIME_DIR`] inside (the
-    /// agent's socket lives there), and holding the overlay's scratch mount.
-    pub runtime_dir: PathBuf,
-    /// The sandbox's hostname.
-    pub hostname: String,
-    /// Size of the one tmpfs that holds every write: to `/` (the overlay's upper layer), `/tmp`
-    /// and `/dev/shm`. Its pages are memory, charged to the sandbox's memory cgroup.
-    pub scratch_mib: u64,
-    /// Kill the sandbox when the process that started it (the daemon) dies, so a crashed
-    /// daemon leaves no sandbox running.
-    pub die_with_parent: bool,
-    /// cgroup membership files (`cgroup.procs`) to join before unsharing, so every process in
-    /// the sandbox is accounted and limited.
-    pub cgroup_procs: Vec<PathBuf>,
-}
+/// In the sandbox's PID 1: the listening agent socket (bound on the host before entering).
+pub const PID1_LISTEN_FD: i32 = 3;
+/// In the sandbox's PID 1: the connection to the daemon's ready socket, for the hello.
+pub const PID1_READY_FD: i32 = 4;
 
 /// Why the sandbox could not be entered.
 #[derive(Debug, thiserror::Error)]
@@ -58,38 +50,38 @@ pub enum EnterError {
     #[error("joining cgroup {path}")]
     Cgroup {
         /// The `cgroup.procs` file.
-        path: PathBuf,
+        path: std::path::PathBuf,
         /// The underlying failure.
         #[source]
         source: std::io::Error,
     },
     /// A spec value is unusable.
-    #[error("invalid sandbox spec: {0}")]
-    Spec(String),
+    #[error(transparent)]
+    Spec(#[from] SpecError),
+    /// The process that started the sandbox died before it was made.
+    #[error("the process that started the sandbox is gone")]
+    Orphaned,
 }
 
-/// Enters the sandbox. Must be called while the process is single-threaded (it forks).
+/// Makes the sandbox and starts `pid1_argv` (the agent, executed again from the same binary)
+/// as its PID 1. Must be called while the process is single-threaded (it clones).
 ///
-/// Returns only in the new PID 1, with `/` pivoted into the sandbox and every privilege
-/// dropped. The original process stays outside as a tiny supervisor: it waits for PID 1 and
-/// exits with its status, and if it is killed, PID 1 (and so the whole sandbox) is killed too.
-pub fn enter(spec: &SandboxSpec) -> Result<(), EnterError> {
-    if spec.hostname.is_empty() || spec.hostname.len() > 64 {
-        return Err(EnterError::Spec(format!(
-            "hostname {:?} must be 1 to 64 bytes",
-            spec.hostname
-        )));
-    }
+/// Returns only on failure. On success the calling process becomes the sandbox's supervisor
+/// outside it: it waits for PID 1 and exits with its status, and when it is killed PID 1 (and
+/// with it the whole sandbox) is killed too.
+pub fn enter(
+    spec: &SandboxSpec,
+    pid1_argv: &[CString],
+) -> Result<std::convert::Infallible, EnterError> {
+    spec.validate()?;
     if spec.die_with_parent {
         sys::die_with_parent()?;
         // The daemon may have died before the line above took effect.
         if sys::parent_pid() == 1 {
-            return Err(EnterError::Spec(
-                "the process that started the sandbox is gone".into(),
-            ));
+            return Err(EnterError::Orphaned);
         }
     }
-    // Inherited through the fork below, and done before /proc is replaced.
+    // Inherited through the clone below.
     privileges::protect_from_oom_killer()?;
     let pid = std::process::id().to_string();
     for path in &spec.cgroup_procs {
@@ -98,16 +90,85 @@ pub fn enter(spec: &SandboxSpec) -> Result<(), EnterError> {
             source,
         })?;
     }
-    sys::unshare_namespaces()?;
-    match sys::fork()? {
-        sys::Forked::Parent(child) => sys::supervise(child),
-        sys::Forked::Child => {}
+    // Opened with the host's view and privileges; PID 1 receives them as descriptors.
+    let host_side = sys::HostSide::open(spec)?;
+    let (parent_end, child_end) = sys::socketpair()?;
+    match sys::clone_into_namespaces()? {
+        sys::Forked::Parent(child) => {
+            drop(child_end);
+            drop(host_side);
+            if let Err(e) = idmap::prepare_child(child, spec, &parent_end) {
+                sys::kill(child);
+                return Err(e);
+            }
+            // Kept open for as long as the supervisor lives: the child checks it to know that
+            // its parent-death signal is armed while the parent is alive.
+            let _alive = parent_end;
+            sys::supervise(child)
+        }
+        sys::Forked::Child => {
+            drop(parent_end);
+            let e = inside(spec, &host_side, &child_end, pid1_argv);
+            eprintln!("guest-init: making the sandbox failed: {}", chain(&e));
+            sys::exit_now(125)
+        }
     }
-    sys::die_with_parent()?;
-    mounts::build_root(spec)?;
-    sys::set_hostname(&spec.hostname)?;
-    sys::bring_up_loopback()?;
-    privileges::drop_all()?;
-    seccomp::install()?;
-    Ok(())
+}
+
+/// The child's side: runs in the new namespaces, returns only with the reason it failed.
+fn inside(
+    spec: &SandboxSpec,
+    host_side: &sys::HostSide,
+    from_parent: &sys::Socket,
+    pid1_argv: &[CString],
+) -> EnterError {
+    let step = || -> Result<std::convert::Infallible, EnterError> {
+        // Until the parent has written our id maps we are nobody; it then sends the image's
+        // idmapped mount. A closed socket means it died.
+        let image = idmap::await_parent(from_parent)?;
+        // Still host uid 0 for permission checks (only the user namespace's capabilities): the
+        // one moment we may traverse the daemon's root-only state directory.
+        let stage = mounts::open_stage(&spec.runtime_dir)?;
+        sys::become_root_inside()?;
+        // Opened with the credentials it is executed with: a descriptor opened by host root
+        // before the clone is refused by execveat (EACCES) once we are the sandbox's root.
+        let agent = sys::open_file(std::path::Path::new("/proc/self/exe"), libc::O_PATH)?;
+        // Changing credentials cleared the parent-death signal.
+        sys::die_with_parent()?;
+        if !from_parent.peer_alive() {
+            return Err(EnterError::Orphaned);
+        }
+        mounts::build_root(spec, &stage, image)?;
+        sys::set_hostname(&spec.hostname)?;
+        sys::bring_up_loopback()?;
+        privileges::limit_bounding_set()?;
+        // Installed while we still hold CAP_SYS_ADMIN in our namespace, so without
+        // no_new_privs: setuid tools of the image keep working, within the bounding set.
+        seccomp::install()?;
+        privileges::keep_only_kept()?;
+        host_side.hand_to_pid1()?;
+        Err(sys::exec_pid1(&agent, pid1_argv).into())
+    };
+    match step() {
+        Ok(never) => match never {},
+        Err(e) => e,
+    }
+}
+
+/// Called by PID 1 after the `execve` into the sandbox: nothing inside may ptrace it, read its
+/// memory or its descriptors, root or not (it holds the sockets to the daemon). Its memory now
+/// belongs to the sandbox's user namespace, where no process has `CAP_SYS_PTRACE`.
+pub fn harden_pid1() -> Result<(), SysError> {
+    sys::set_undumpable()
+}
+
+fn chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        s.push_str(": ");
+        s.push_str(&c.to_string());
+        cur = c.source();
+    }
+    s
 }

@@ -1,13 +1,38 @@
-//! Drops every privilege of the sandbox's PID 1 (and so of everything it runs).
+//! The sandbox's capabilities: Docker's default set minus what has no use in a sandbox without
+//! a network device (`NET_RAW`, `MKNOD`, `AUDIT_WRITE`), all scoped to the sandbox's user
+//! namespace. They act only on what that namespace owns — its own files in the overlay and
+//! tmpfs, its own processes — never on host objects, whose owners are not mapped in it.
+//!
+//! They are what lets root inside behave as users expect (`chown`, writing any file of the
+//! image through the overlay, `su`/`setpriv` and package managers that drop to another user),
+//! and every process's capabilities are bounded by them for good: the bounding set holds only
+//! these, so a setuid binary of the image cannot gain more.
 
 use crate::sys::{check, SysError};
 
 /// `_LINUX_CAPABILITY_VERSION_3`: two 32-bit words per set.
 const CAPABILITY_VERSION_3: u32 = 0x2008_0522;
 
-/// SECBIT_NOROOT | SECBIT_NOROOT_LOCKED | SECBIT_NO_SETUID_FIXUP | SECBIT_NO_SETUID_FIXUP_LOCKED:
-/// uid 0 gains no capabilities at execve, for good.
-const SECURE_BITS: libc::c_ulong = 0x0f;
+/// The capabilities root keeps inside the sandbox (within its user namespace), by name and
+/// number.
+pub const KEPT: &[(&str, u32)] = &[
+    ("CAP_CHOWN", 0),
+    ("CAP_DAC_OVERRIDE", 1),
+    ("CAP_FOWNER", 3),
+    ("CAP_FSETID", 4),
+    ("CAP_KILL", 5),
+    ("CAP_SETGID", 6),
+    ("CAP_SETUID", 7),
+    ("CAP_SETPCAP", 8),
+    ("CAP_NET_BIND_SERVICE", 10),
+    ("CAP_SYS_CHROOT", 18),
+    ("CAP_SETFCAP", 31),
+];
+
+/// The kept set as a capability mask (`CapBnd` in `/proc/PID/status`).
+pub fn kept_mask() -> u64 {
+    KEPT.iter().fold(0, |mask, (_, cap)| mask | (1u64 << cap))
+}
 
 #[repr(C)]
 struct CapHeader {
@@ -29,13 +54,6 @@ fn prctl(option: libc::c_int, arg: libc::c_ulong, what: &str) -> Result<(), SysE
     check(ret, || format!("prctl({what})"))
 }
 
-fn last_capability() -> libc::c_ulong {
-    std::fs::read_to_string("/proc/sys/kernel/cap_last_cap")
-        .ok()
-        .and_then(|s| s.trim().parse().ok())
-        .unwrap_or(63)
-}
-
 /// Lowers the OOM score of the caller so that the kernel kills commands, not the agent. Commands
 /// reset their own score to 0 (raising needs no privilege). Best effort: a daemon without
 /// CAP_SYS_RESOURCE (some container hosts) cannot lower it, and the sandbox still works.
@@ -52,12 +70,21 @@ pub(crate) fn protect_from_oom_killer() -> Result<(), SysError> {
     }
 }
 
-pub(crate) fn drop_all() -> Result<(), SysError> {
-    prctl(libc::PR_SET_SECUREBITS, SECURE_BITS, "PR_SET_SECUREBITS")?;
-    for cap in 0..=last_capability() {
+/// Drops every capability outside [`KEPT`] from the bounding set, for good (for this process
+/// and everything it starts), and clears the ambient set.
+pub(crate) fn limit_bounding_set() -> Result<(), SysError> {
+    let kept = kept_mask();
+    // Capabilities the running kernel does not know yet are refused with EINVAL: stop there.
+    for cap in 0..64u64 {
+        if kept & (1 << cap) != 0 {
+            continue;
+        }
         // SAFETY: PR_CAPBSET_DROP takes an integer capability number.
-        let ret = unsafe { libc::prctl(libc::PR_CAPBSET_DROP, cap, 0, 0, 0) };
-        if ret < 0 && std::io::Error::last_os_error().raw_os_error() != Some(libc::EINVAL) {
+        let ret = unsafe { libc::prctl(libc::PR_CAPBSET_DROP, cap as libc::c_ulong, 0, 0, 0) };
+        if ret < 0 {
+            if std::io::Error::last_os_error().raw_os_error() == Some(libc::EINVAL) {
+                break;
+            }
             return Err(SysError::last(format!("prctl(PR_CAPBSET_DROP, {cap})")));
         }
     }
@@ -65,15 +92,55 @@ pub(crate) fn drop_all() -> Result<(), SysError> {
         libc::PR_CAP_AMBIENT,
         libc::PR_CAP_AMBIENT_CLEAR_ALL as libc::c_ulong,
         "PR_CAP_AMBIENT_CLEAR_ALL",
-    )?;
+    )
+}
+
+/// Sets the effective and permitted sets to [`KEPT`] and clears the inheritable set. (PID 1 is
+/// started with `execve` as root right after this, which grants root the bounding set anew;
+/// this closes the window in between.)
+pub(crate) fn keep_only_kept() -> Result<(), SysError> {
     let mut header = CapHeader {
         version: CAPABILITY_VERSION_3,
         pid: 0,
     };
-    let data = [CapData::default(); 2];
+    let mask = kept_mask();
+    let word = |i: usize| (mask >> (32 * i)) as u32;
+    let data = [0, 1].map(|i| CapData {
+        effective: word(i),
+        permitted: word(i),
+        inheritable: 0,
+    });
     // SAFETY: `header` and `data` are valid v3 capability structures for the duration of the
     // call; capset only reads `data`.
     let ret = unsafe { libc::syscall(libc::SYS_capset, &mut header, data.as_ptr()) };
-    check(ret as libc::c_int, || "capset(no capabilities)".into())?;
-    prctl(libc::PR_SET_NO_NEW_PRIVS, 1, "PR_SET_NO_NEW_PRIVS")
+    check(ret as libc::c_int, || {
+        "capset(the kept capabilities)".into()
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_kept_set_has_no_administrative_capability() {
+        let mask = kept_mask();
+        for (name, cap) in [
+            ("CAP_SYS_ADMIN", 21),
+            ("CAP_SYS_PTRACE", 19),
+            ("CAP_SYS_MODULE", 16),
+            ("CAP_NET_ADMIN", 12),
+            ("CAP_NET_RAW", 13),
+            ("CAP_SYS_RAWIO", 17),
+            ("CAP_DAC_READ_SEARCH", 2),
+            ("CAP_SYS_TIME", 25),
+            ("CAP_SYS_BOOT", 22),
+            ("CAP_MKNOD", 27),
+            ("CAP_BPF", 39),
+            ("CAP_PERFMON", 38),
+        ] {
+            assert_eq!(mask & (1 << cap), 0, "{name} is kept");
+        }
+        assert_eq!(mask, 0x0000_0000_8004_05fb);
+    }
 }

@@ -2,7 +2,13 @@
 
 use std::ffi::{CString, NulError};
 use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::unix::ffi::OsStringExt;
+use std::os::unix::fs::FileTypeExt;
+use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::Path;
+
+use crate::SandboxSpec;
 
 /// A failed system call, with the step and the input it was given.
 #[derive(Debug, thiserror::Error)]
@@ -50,34 +56,303 @@ pub(crate) fn cstring(path: &Path) -> Result<CString, SysError> {
     })
 }
 
-pub(crate) fn unshare_namespaces() -> Result<(), SysError> {
-    let flags = libc::CLONE_NEWNS
-        | libc::CLONE_NEWUTS
-        | libc::CLONE_NEWIPC
-        | libc::CLONE_NEWNET
-        | libc::CLONE_NEWPID
-        | libc::CLONE_NEWCGROUP;
-    // SAFETY: unshare takes plain flags and touches no memory of ours.
-    let ret = unsafe { libc::unshare(flags) };
-    check(ret, || {
-        "unshare(pid, mount, uts, ipc, net, cgroup namespaces)".into()
-    })
-}
+/// The namespaces a sandbox gets: all of them but time, the user namespace owning the rest.
+const NAMESPACES: libc::c_int = libc::CLONE_NEWUSER
+    | libc::CLONE_NEWNS
+    | libc::CLONE_NEWUTS
+    | libc::CLONE_NEWIPC
+    | libc::CLONE_NEWNET
+    | libc::CLONE_NEWPID
+    | libc::CLONE_NEWCGROUP;
 
 pub(crate) enum Forked {
     Parent(libc::pid_t),
     Child,
 }
 
-pub(crate) fn fork() -> Result<Forked, SysError> {
-    // SAFETY: the caller guarantees the process is single-threaded (documented on `enter`), so
-    // the child may run arbitrary code.
-    let pid = unsafe { libc::fork() };
+/// Forks into new namespaces: the child is PID 1 of the new PID namespace and, until its id
+/// maps are written, nobody in its new user namespace (with all capabilities there).
+pub(crate) fn clone_into_namespaces() -> Result<Forked, SysError> {
+    let flags = NAMESPACES | libc::SIGCHLD;
+    // SAFETY: with a null stack, clone behaves as fork. The caller guarantees the process is
+    // single-threaded (documented on `enter`), so the child may run arbitrary code; libc's
+    // cached thread id is stale in the child, which therefore makes only plain system calls
+    // until it executes PID 1.
+    let pid = unsafe {
+        libc::syscall(
+            libc::SYS_clone,
+            flags as libc::c_ulong,
+            0usize,
+            0usize,
+            0usize,
+            0usize,
+        )
+    };
     match pid {
-        -1 => Err(SysError::last("fork into the new PID namespace")),
+        -1 => Err(SysError::last(
+            "clone into new user, mount, PID, UTS, IPC, network and cgroup namespaces",
+        )),
         0 => Ok(Forked::Child),
-        child => Ok(Forked::Parent(child)),
+        child => Ok(Forked::Parent(child as libc::pid_t)),
     }
+}
+
+/// Makes the caller uid and gid 0 of its user namespace (the host range's base), with no
+/// supplementary groups. Raw system calls: libc's wrappers synchronise threads.
+pub(crate) fn become_root_inside() -> Result<(), SysError> {
+    // SAFETY: setgroups with a zero count reads no memory.
+    let ret =
+        unsafe { libc::syscall(libc::SYS_setgroups, 0usize, std::ptr::null::<libc::gid_t>()) };
+    check(ret as libc::c_int, || {
+        "setgroups([]) inside the sandbox".into()
+    })?;
+    // SAFETY: setresgid takes three integers.
+    let ret = unsafe { libc::syscall(libc::SYS_setresgid, 0u32, 0u32, 0u32) };
+    check(ret as libc::c_int, || {
+        "setresgid(0) inside the sandbox".into()
+    })?;
+    // SAFETY: setresuid takes three integers.
+    let ret = unsafe { libc::syscall(libc::SYS_setresuid, 0u32, 0u32, 0u32) };
+    check(ret as libc::c_int, || {
+        "setresuid(0) inside the sandbox".into()
+    })
+}
+
+/// Ends the calling process at once, without unwinding or running exit handlers (the child of
+/// a clone shares them with nobody, but they are its parent's).
+pub(crate) fn exit_now(code: libc::c_int) -> ! {
+    // SAFETY: _exit takes an integer and never returns.
+    unsafe { libc::_exit(code) }
+}
+
+/// SIGKILLs `pid` (best effort: it may be gone already).
+pub(crate) fn kill(pid: libc::pid_t) {
+    // SAFETY: kill takes two integers.
+    unsafe { libc::kill(pid, libc::SIGKILL) };
+}
+
+/// Wraps a system call's descriptor result.
+pub(crate) fn owned_fd(
+    ret: libc::c_long,
+    step: impl FnOnce() -> String,
+) -> Result<OwnedFd, SysError> {
+    if ret < 0 {
+        return Err(SysError::last(step()));
+    }
+    // SAFETY: the call returned a new descriptor that nothing else owns.
+    Ok(unsafe { OwnedFd::from_raw_fd(ret as RawFd) })
+}
+
+/// Opens `path` with `flags` (plus `O_CLOEXEC`).
+pub(crate) fn open_file(path: &Path, flags: libc::c_int) -> Result<OwnedFd, SysError> {
+    let c = cstring(path)?;
+    // SAFETY: open reads the NUL-terminated path.
+    let fd = unsafe { libc::open(c.as_ptr(), flags | libc::O_CLOEXEC) };
+    owned_fd(fd.into(), || format!("open {}", path.display()))
+}
+
+/// One end of the socket pair between the supervisor and the sandbox's first process.
+#[derive(Debug)]
+pub(crate) struct Socket(UnixStream);
+
+pub(crate) fn socketpair() -> Result<(Socket, Socket), SysError> {
+    let (a, b) = UnixStream::pair().map_err(|e| SysError::io("socketpair for the sandbox", e))?;
+    Ok((Socket(a), Socket(b)))
+}
+
+impl Socket {
+    /// Sends one byte with `fd` attached.
+    pub(crate) fn send_fd(&self, fd: &OwnedFd) -> io::Result<()> {
+        let raw = fd.as_raw_fd();
+        let mut byte = [1u8];
+        let mut iov = libc::iovec {
+            iov_base: byte.as_mut_ptr().cast(),
+            iov_len: 1,
+        };
+        // u64 elements: the control buffer must be aligned for cmsghdr.
+        let mut control = [0u64; 4];
+        // SAFETY: CMSG_SPACE is a pure computation.
+        let space = unsafe { libc::CMSG_SPACE(size_of::<RawFd>() as u32) } as usize;
+        // SAFETY: msghdr is plain old data; all-zeroes is valid before the fields are set.
+        let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+        msg.msg_iov = &mut iov;
+        msg.msg_iovlen = 1;
+        msg.msg_control = control.as_mut_ptr().cast();
+        msg.msg_controllen = space as _;
+        // SAFETY: msg_control points at `control`, large enough for one cmsghdr carrying one
+        // descriptor (space <= 32 bytes), so CMSG_FIRSTHDR is non-null and its data in bounds.
+        unsafe {
+            let cmsg = libc::CMSG_FIRSTHDR(&msg);
+            (*cmsg).cmsg_level = libc::SOL_SOCKET;
+            (*cmsg).cmsg_type = libc::SCM_RIGHTS;
+            (*cmsg).cmsg_len = libc::CMSG_LEN(size_of::<RawFd>() as u32) as _;
+            std::ptr::write_unaligned(libc::CMSG_DATA(cmsg).cast::<RawFd>(), raw);
+        }
+        // SAFETY: `msg` and everything it points at live for the call.
+        let sent = unsafe { libc::sendmsg(self.0.as_raw_fd(), &msg, libc::MSG_NOSIGNAL) };
+        if sent < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(())
+    }
+
+    /// Receives what [`Socket::send_fd`] sent; `None` if the peer closed without sending.
+    pub(crate) fn recv_fd(&self) -> io::Result<Option<OwnedFd>> {
+        let mut byte = [0u8];
+        let mut iov = libc::iovec {
+            iov_base: byte.as_mut_ptr().cast(),
+            iov_len: 1,
+        };
+        let mut control = [0u64; 4];
+        // SAFETY: msghdr is plain old data; all-zeroes is valid before the fields are set.
+        let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+        msg.msg_iov = &mut iov;
+        msg.msg_iovlen = 1;
+        msg.msg_control = control.as_mut_ptr().cast();
+        msg.msg_controllen = size_of_val(&control) as _;
+        let got = loop {
+            // SAFETY: `msg` and the buffers it points at live for the call.
+            let got =
+                unsafe { libc::recvmsg(self.0.as_raw_fd(), &mut msg, libc::MSG_CMSG_CLOEXEC) };
+            if got >= 0 {
+                break got;
+            }
+            let e = io::Error::last_os_error();
+            if e.kind() != io::ErrorKind::Interrupted {
+                return Err(e);
+            }
+        };
+        if got == 0 {
+            return Ok(None);
+        }
+        // SAFETY: recvmsg filled `msg`; CMSG_FIRSTHDR checks msg_controllen before returning
+        // a header inside `control`.
+        let cmsg = unsafe { libc::CMSG_FIRSTHDR(&msg) };
+        // SAFETY: a non-null header points into `control`, written by the kernel.
+        if cmsg.is_null() || unsafe { (*cmsg).cmsg_type } != libc::SCM_RIGHTS {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                "the message carried no descriptor",
+            ));
+        }
+        // SAFETY: an SCM_RIGHTS header's data holds at least one descriptor, now ours.
+        let fd = unsafe { std::ptr::read_unaligned(libc::CMSG_DATA(cmsg).cast::<RawFd>()) };
+        // SAFETY: the kernel installed `fd` in our table for us alone.
+        Ok(Some(unsafe { OwnedFd::from_raw_fd(fd) }))
+    }
+
+    /// Whether the other end is still open (its process alive).
+    pub(crate) fn peer_alive(&self) -> bool {
+        let mut fds = [libc::pollfd {
+            fd: self.0.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        }];
+        // SAFETY: `fds` is a valid array of one pollfd for the call; zero timeout.
+        let ret = unsafe { libc::poll(fds.as_mut_ptr(), 1, 0) };
+        ret == 0 || fds[0].revents & (libc::POLLHUP | libc::POLLERR) == 0
+    }
+}
+
+/// What the sandbox's PID 1 needs from the host, opened with the host's view before entering:
+/// its listening socket and its connection to the daemon.
+#[derive(Debug)]
+pub(crate) struct HostSide {
+    listener: UnixListener,
+    ready: UnixStream,
+}
+
+impl HostSide {
+    pub(crate) fn open(spec: &SandboxSpec) -> Result<Self, SysError> {
+        let socket = &spec.agent_socket;
+        // A stale socket file (a previous sandbox of the same id) is replaced.
+        if std::fs::symlink_metadata(socket).is_ok_and(|m| m.file_type().is_socket()) {
+            let _ = std::fs::remove_file(socket);
+        }
+        let listener = UnixListener::bind(socket)
+            .map_err(|e| SysError::io(format!("listen on {}", socket.display()), e))?;
+        let ready = UnixStream::connect(&spec.ready_socket)
+            .map_err(|e| SysError::io(format!("connect to {}", spec.ready_socket.display()), e))?;
+        Ok(HostSide { listener, ready })
+    }
+
+    /// Puts the listener and the ready connection at PID 1's descriptors 3 and 4 and marks
+    /// every other descriptor above 2 close-on-exec, so that nothing else crosses `execve`.
+    pub(crate) fn hand_to_pid1(&self) -> Result<(), SysError> {
+        for (fd, target) in [
+            (self.listener.as_raw_fd(), crate::PID1_LISTEN_FD),
+            (self.ready.as_raw_fd(), crate::PID1_READY_FD),
+        ] {
+            // Above every descriptor PID 1 will get, so the second dup2 cannot clobber the
+            // first's source.
+            // SAFETY: fcntl(F_DUPFD_CLOEXEC) takes integers and returns a new descriptor.
+            let high = unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 16) };
+            check(high, || format!("duplicate descriptor {fd}"))?;
+            // SAFETY: dup2 takes integers; the copy at `target` is not close-on-exec.
+            let ret = unsafe { libc::dup2(high, target) };
+            check(ret, || format!("dup2 to descriptor {target}"))?;
+        }
+        const CLOSE_RANGE_CLOEXEC: libc::c_uint = 1 << 2;
+        let first = crate::PID1_READY_FD as libc::c_uint + 1;
+        // SAFETY: close_range takes integers; with CLOSE_RANGE_CLOEXEC it only sets flags.
+        let ret = unsafe {
+            libc::syscall(
+                libc::SYS_close_range,
+                first,
+                libc::c_uint::MAX,
+                CLOSE_RANGE_CLOEXEC,
+            )
+        };
+        check(ret as libc::c_int, || {
+            "mark descriptors close-on-exec".into()
+        })
+    }
+}
+
+/// Executes the agent binary as the sandbox's PID 1, with the current environment.
+pub(crate) fn exec_pid1(agent: &OwnedFd, argv: &[CString]) -> SysError {
+    let env: Vec<CString> = std::env::vars_os()
+        .filter_map(|(k, v)| {
+            let mut pair = k.into_vec();
+            pair.push(b'=');
+            pair.extend(v.into_vec());
+            CString::new(pair).ok()
+        })
+        .collect();
+    let pointers = |list: &[CString]| -> Vec<*const libc::c_char> {
+        list.iter()
+            .map(|s| s.as_ptr())
+            .chain(std::iter::once(std::ptr::null()))
+            .collect()
+    };
+    let argv_p = pointers(argv);
+    let env_p = pointers(&env);
+    // SAFETY: argv and envp are null-terminated arrays of NUL-terminated strings that outlive
+    // the call; with AT_EMPTY_PATH the empty path names `agent` itself. It returns only on
+    // failure.
+    unsafe {
+        libc::syscall(
+            libc::SYS_execveat,
+            agent.as_raw_fd(),
+            c"".as_ptr(),
+            argv_p.as_ptr(),
+            env_p.as_ptr(),
+            libc::AT_EMPTY_PATH,
+        )
+    };
+    SysError::last("execute the agent as the sandbox's PID 1")
+}
+
+/// Makes the caller undumpable (no ptrace, no `/proc/PID/mem`, no core dumps of its memory)
+/// and names it `init` (an `execveat` of a descriptor names a process after the descriptor
+/// on older kernels).
+pub(crate) fn set_undumpable() -> Result<(), SysError> {
+    // SAFETY: PR_SET_DUMPABLE takes an integer.
+    let ret = unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 0 as libc::c_ulong) };
+    check(ret, || "prctl(PR_SET_DUMPABLE, 0)".into())?;
+    // SAFETY: PR_SET_NAME reads a NUL-terminated string of at most 16 bytes.
+    let ret = unsafe { libc::prctl(libc::PR_SET_NAME, c"init".as_ptr()) };
+    check(ret, || "prctl(PR_SET_NAME, init)".into())
 }
 
 /// The outer process: waits for the sandbox's PID 1 and exits with its status.

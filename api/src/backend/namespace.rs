@@ -1,12 +1,18 @@
-//! The namespace backend: the agent as PID 1 of new PID/mount/UTS/IPC/net/cgroup namespaces,
-//! rooted in the image under a tmpfs overlay, limited by cgroups, with no capabilities. The
-//! agent does the entering itself (`guest-init sandbox …`, see the `namespace` crate); this side
-//! prepares the directories and cgroups, starts it, and waits for its hello on a Unix socket.
+//! The namespace backend: the agent as PID 1 of a new user namespace (its own host id range)
+//! and new PID/mount/UTS/IPC/net/cgroup namespaces, rooted in the idmapped image under a tmpfs
+//! overlay, limited by cgroups, seccomp and a small set of namespaced capabilities. The agent
+//! does the entering itself (`guest-init sandbox …`, see the `namespace` crate); this side
+//! gives each sandbox its id range, prepares the directories and cgroups, starts it, and waits
+//! for its hello on a Unix socket.
 
+use std::collections::BTreeSet;
 use std::io;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
+
+use namespace::{IdMap, SandboxSpec};
 
 use tokio::net::{UnixListener, UnixStream};
 use tokio::process::Command;
@@ -17,9 +23,6 @@ use wire::BackendKind;
 use super::cgroup::{CgroupLimits, SandboxCgroups};
 use super::process::SandboxProcess;
 use super::{Backend, BackendError, BoxFuture, ImagePaths, Instance, InstanceSpec};
-
-/// Where the agent's sockets appear inside the sandbox (`namespace::SANDBOX_RUNTIME_DIR`).
-const INSIDE_RUNTIME_DIR: &str = "/run/crucible";
 
 /// The PATH commands see unless the sandbox's env overrides it.
 const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
@@ -34,6 +37,88 @@ pub struct NamespaceBackend {
     max_pids: u64,
     scratch_mib: u64,
     ready_timeout: Duration,
+    id_ranges: IdRanges,
+}
+
+/// The host id ranges of namespace sandboxes: one of 65,536 ids per live sandbox, never
+/// shared. Sandboxes sharing host ids would share what the kernel accounts per user (pipe
+/// buffers, message queues, signal queues) and the owner of anything one of them ever leaves
+/// on a host filesystem; distinct ranges cost nothing, since the image is idmapped into each.
+#[derive(Debug, Clone)]
+pub struct IdRanges {
+    base: u32,
+    free: Arc<Mutex<BTreeSet<u32>>>,
+}
+
+/// A sandbox's id range, returned to the pool when dropped (after its processes are gone).
+#[derive(Debug)]
+struct IdRange {
+    slot: u32,
+    map: IdMap,
+    free: Arc<Mutex<BTreeSet<u32>>>,
+}
+
+impl Drop for IdRange {
+    fn drop(&mut self) {
+        self.free
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(self.slot);
+    }
+}
+
+impl IdRanges {
+    /// Checks that `slots` ranges from `base` fit below the last valid host id.
+    pub fn check(base: u32, slots: usize) -> Result<(), crate::server::ServeError> {
+        if base == 0 {
+            return Err(crate::server::ServeError::UidBaseZero);
+        }
+        let last = u64::from(base) + slots as u64 * u64::from(namespace::SANDBOX_IDS);
+        if last > u64::from(u32::MAX) {
+            return Err(crate::server::ServeError::IdRangeOverflow {
+                base,
+                sandboxes: slots,
+                last: last - 1,
+            });
+        }
+        Ok(())
+    }
+
+    /// `slots` ranges from `base` (checked by [`IdRanges::check`] at startup).
+    pub fn new(base: u32, slots: usize) -> Self {
+        let slots = u32::try_from(slots).unwrap_or(u32::MAX);
+        IdRanges {
+            base,
+            free: Arc::new(Mutex::new((0..slots).collect())),
+        }
+    }
+
+    /// The lowest free range.
+    fn take(&self) -> Result<IdRange, BackendError> {
+        let slot = self
+            .free
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .pop_first();
+        let no_range = |reason: String| {
+            BackendError::setup(
+                "allocating the sandbox's host id range",
+                io::Error::other(reason),
+            )
+        };
+        let slot = slot.ok_or_else(|| no_range("every range is in use".into()))?;
+        let host_base = u64::from(self.base) + u64::from(slot) * u64::from(namespace::SANDBOX_IDS);
+        // Returned to the pool even if the map below is refused.
+        let mut range = IdRange {
+            slot,
+            map: IdMap::default(),
+            free: self.free.clone(),
+        };
+        range.map = u32::try_from(host_base)
+            .map_err(|_| no_range(format!("host id {host_base} is out of range")))
+            .and_then(|b| IdMap::new(b, namespace::SANDBOX_IDS).map_err(no_range))?;
+        Ok(range)
+    }
 }
 
 impl NamespaceBackend {
@@ -45,6 +130,7 @@ impl NamespaceBackend {
         max_pids: u64,
         scratch_mib: u64,
         ready_timeout: Duration,
+        id_ranges: IdRanges,
     ) -> Self {
         NamespaceBackend {
             image,
@@ -54,6 +140,7 @@ impl NamespaceBackend {
             max_pids,
             scratch_mib,
             ready_timeout,
+            id_ranges,
         }
     }
 
@@ -83,6 +170,7 @@ impl NamespaceBackend {
     }
 
     async fn create_instance(&self, spec: InstanceSpec) -> Result<NamespaceInstance, BackendError> {
+        let memory_mib = spec.memory_mib;
         if let Some(reason) = self.unavailable_reason() {
             return Err(BackendError::Unavailable {
                 backend: BackendKind::Namespace,
@@ -106,10 +194,21 @@ impl NamespaceBackend {
             },
         )
         .map_err(|e| BackendError::setup("creating the sandbox's cgroups", e))?;
+        let ids = self.id_ranges.take();
         let mut cleanup = Cleanup {
             runtime_dir: Some(runtime_dir.clone()),
             cgroups: Some(cgroups),
+            ids: None,
         };
+        let ids = match ids {
+            Ok(ids) => ids,
+            Err(e) => {
+                cleanup.run().await;
+                return Err(e);
+            }
+        };
+        let id_map = ids.map;
+        cleanup.ids = Some(ids);
 
         let ready_path = runtime_dir.join("ready.sock");
         let ready = UnixListener::bind(&ready_path)
@@ -120,33 +219,36 @@ impl NamespaceBackend {
             .try_clone()
             .map_err(|e| BackendError::setup("duplicate the log file", e))?;
 
+        let agent_socket = runtime_dir.join("agent.sock");
+        let (hostname, env) = (spec.id.clone(), spec.env);
+        let spec = SandboxSpec {
+            rootfs: self.image.rootfs.clone(),
+            runtime_dir: runtime_dir.clone(),
+            agent_socket: agent_socket.clone(),
+            ready_socket: ready_path.clone(),
+            hostname: spec.id.clone(),
+            scratch_mib: disk_mib(self.scratch_mib, spec.memory_mib),
+            id_map,
+            die_with_parent: true,
+            cgroup_procs: cleanup
+                .cgroups
+                .iter()
+                .flat_map(|c| c.procs_files())
+                .collect(),
+        }
+        .to_args();
         let mut command = Command::new(self.image.agent());
         command
             .arg("sandbox")
-            .arg("--rootfs")
-            .arg(&self.image.rootfs)
-            .arg("--runtime-dir")
-            .arg(&runtime_dir)
-            .arg("--hostname")
-            .arg(&spec.id)
-            .arg("--scratch-mib")
-            .arg(disk_mib(self.scratch_mib, spec.memory_mib).to_string())
+            .args(spec)
             .arg("--memory-bytes")
-            .arg((spec.memory_mib * 1024 * 1024).to_string());
-        for procs in cleanup.cgroups.iter().flat_map(|c| c.procs_files()) {
-            command.arg("--cgroup").arg(procs);
-        }
-        command
-            .arg("--listen")
-            .arg(format!("unix:{INSIDE_RUNTIME_DIR}/agent.sock"))
-            .arg("--ready")
-            .arg(format!("unix:{INSIDE_RUNTIME_DIR}/ready.sock"))
+            .arg((memory_mib * 1024 * 1024).to_string())
             // The daemon's environment (API keys among it) must not reach the sandbox.
             .env_clear()
             .env("PATH", DEFAULT_PATH)
             .env("HOME", "/root")
-            .env("HOSTNAME", &spec.id)
-            .envs(&spec.env)
+            .env("HOSTNAME", &hostname)
+            .envs(&env)
             .stdin(Stdio::null())
             .stdout(Stdio::from(log))
             .stderr(Stdio::from(log_err))
@@ -180,7 +282,7 @@ impl NamespaceBackend {
         let what = format!("the sandbox's init (log: {})", log_path.display());
         Ok(NamespaceInstance {
             hello,
-            socket: runtime_dir.join("agent.sock"),
+            socket: agent_socket,
             process: SandboxProcess::watch(child, what),
             cleanup: tokio::sync::Mutex::new(Some(cleanup)),
             log_path,
@@ -222,6 +324,8 @@ pub(crate) async fn accept_hello(listener: &UnixListener) -> Result<Hello, Strin
 struct Cleanup {
     runtime_dir: Option<PathBuf>,
     cgroups: Option<SandboxCgroups>,
+    /// Released last, once no process of the sandbox can be left.
+    ids: Option<IdRange>,
 }
 
 impl Cleanup {
@@ -236,6 +340,7 @@ impl Cleanup {
                 tracing::warn!("remove {}: {e}", dir.display());
             }
         }
+        self.ids.take();
     }
 }
 
