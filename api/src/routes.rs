@@ -17,7 +17,9 @@ use hyper_util::rt::TokioIo;
 use serde::Deserialize;
 use wire::{CreateSandbox, ExecRequest, SandboxList};
 
+use crate::auth::Caller;
 use crate::error::ApiError;
+use crate::hijack::Transport;
 use crate::state::AppState;
 use crate::{exec, files, ws};
 
@@ -60,6 +62,20 @@ impl<S: Send + Sync, T: serde::de::DeserializeOwned> FromRequestParts<S> for Que
     }
 }
 
+/// Who sent the request, as `authenticate` found it. Without it (a route outside the
+/// middleware, which there is none) the request is refused rather than trusted.
+impl<S: Send + Sync> FromRequestParts<S> for Caller {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, ApiError> {
+        parts
+            .extensions
+            .get::<Caller>()
+            .cloned()
+            .ok_or_else(ApiError::unauthorized)
+    }
+}
+
 /// The router of every endpoint.
 pub fn app(state: Arc<AppState>) -> Router {
     Router::new()
@@ -94,21 +110,32 @@ async fn limit_head(State(state): State<Arc<AppState>>, request: Request, next: 
     next.run(request).await
 }
 
-/// Rejects requests without a valid key (when keys are configured) and counts errors.
+/// Finds who sent the request (`ApiKeys::identify`) and hands it to the handlers as a
+/// [`Caller`]; rejects requests it does not admit. Counts errors.
 async fn authenticate(
     State(state): State<Arc<AppState>>,
-    request: Request,
+    mut request: Request,
     next: Next,
 ) -> Response {
-    let keys = &state.config.api_keys;
-    if !keys.is_empty() && request.uri().path() != "/healthz" {
+    if request.uri().path() != "/healthz" {
+        // The listener tags each request; one without a tag is held to TCP's rules.
+        let transport = request
+            .extensions()
+            .get::<Transport>()
+            .copied()
+            .unwrap_or(Transport::Tcp);
         let presented = request
             .headers()
             .get(header::AUTHORIZATION)
             .map(|v| v.as_bytes());
-        if !keys.allows(presented) {
-            state.metrics.observe_error(401);
-            return ApiError::unauthorized().into_response();
+        match state.config.api_keys.identify(transport, presented) {
+            Some(caller) => {
+                request.extensions_mut().insert(caller);
+            }
+            None => {
+                state.metrics.observe_error(401);
+                return ApiError::unauthorized().into_response();
+            }
         }
     }
     let response = next.run(request).await;
