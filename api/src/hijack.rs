@@ -276,7 +276,8 @@ async fn respond_error<S: AsyncRead + AsyncWrite + Unpin>(
 }
 
 /// The hijacked interactive exec. It never reaches axum, so it identifies its caller itself,
-/// by the same rules as `routes::authenticate`.
+/// by the same rules as `routes::authenticate`, and looks the sandbox up for that caller: one
+/// that is not the caller's is the same 404 as a missing one.
 async fn hijack<S>(
     state: Arc<AppState>,
     mut stream: S,
@@ -286,13 +287,14 @@ async fn hijack<S>(
 ) where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
-    let caller = state
+    let caller = match state
         .config
         .api_keys
-        .identify(transport, head.authorization.as_deref());
-    if caller.is_none() {
-        return respond_error(&state, &mut stream, &ApiError::unauthorized()).await;
-    }
+        .identify(transport, head.authorization.as_deref())
+    {
+        Some(caller) => caller,
+        None => return respond_error(&state, &mut stream, &ApiError::unauthorized()).await,
+    };
     let length = match (head.content_length, head.chunked) {
         (Some(n), false) if n <= routes::JSON_BODY_LIMIT => n,
         (Some(n), false) => {
@@ -333,7 +335,7 @@ async fn hijack<S>(
     }
     let early_input = Bytes::from(rest.split_off(length));
     let admitted = (|| {
-        let sandbox = state.registry.get(&head.id)?;
+        let sandbox = state.registry.get(&head.id, &caller)?;
         let request: ExecRequest = routes::parse_json(&rest, "ExecRequest")?;
         request
             .validate()

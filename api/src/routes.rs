@@ -246,6 +246,7 @@ async fn openapi() -> impl IntoResponse {
 
 async fn create_sandbox(
     State(state): State<Arc<AppState>>,
+    caller: Caller,
     body: Body,
 ) -> Result<Response, ApiError> {
     let body = read_body(body, state.config.header_timeout).await?;
@@ -256,7 +257,7 @@ async fn create_sandbox(
     };
     let creation = {
         let state = state.clone();
-        async move { state.create_sandbox(request).await }
+        async move { state.create_sandbox(request, caller.owner()).await }
     };
     let info = state
         .registry
@@ -266,24 +267,31 @@ async fn create_sandbox(
     Ok((StatusCode::CREATED, Json(info)).into_response())
 }
 
-async fn list_sandboxes(State(state): State<Arc<AppState>>) -> Json<SandboxList> {
+async fn list_sandboxes(State(state): State<Arc<AppState>>, caller: Caller) -> Json<SandboxList> {
     Json(SandboxList {
-        sandboxes: state.registry.list().iter().map(|s| s.info()).collect(),
+        sandboxes: state
+            .registry
+            .list_for(&caller)
+            .iter()
+            .map(|s| s.info())
+            .collect(),
     })
 }
 
 async fn get_sandbox(
     State(state): State<Arc<AppState>>,
+    caller: Caller,
     Path(id): Path<String>,
 ) -> Result<Json<wire::SandboxInfo>, ApiError> {
-    Ok(Json(state.registry.get(&id)?.info()))
+    Ok(Json(state.registry.get(&id, &caller)?.info()))
 }
 
 async fn delete_sandbox(
     State(state): State<Arc<AppState>>,
+    caller: Caller,
     Path(id): Path<String>,
 ) -> Result<StatusCode, ApiError> {
-    state.registry.get(&id)?;
+    state.registry.get(&id, &caller)?;
     if state.registry.remove(&id).await {
         Ok(StatusCode::NO_CONTENT)
     } else {
@@ -317,12 +325,13 @@ fn asks_tcp_upgrade(headers: &HeaderMap) -> bool {
 
 async fn exec_post(
     State(state): State<Arc<AppState>>,
+    caller: Caller,
     Path(id): Path<String>,
     Query(query): Query<ExecQuery>,
     mut request: Request,
 ) -> Result<Response, ApiError> {
     let interactive = wants_stdin(query.stdin.as_deref())?;
-    let sandbox = state.registry.get(&id)?;
+    let sandbox = state.registry.get(&id, &caller)?;
     let upgrade = interactive && asks_tcp_upgrade(request.headers());
     let on_upgrade = upgrade.then(|| hyper::upgrade::on(&mut request));
     let body = read_body(request.into_body(), state.config.header_timeout).await?;
@@ -366,10 +375,11 @@ async fn exec_post(
 
 async fn exec_websocket(
     State(state): State<Arc<AppState>>,
+    caller: Caller,
     Path(id): Path<String>,
     request: Request,
 ) -> Result<Response, ApiError> {
-    let sandbox = state.registry.get(&id)?;
+    let sandbox = state.registry.get(&id, &caller)?;
     let (mut parts, _body) = request.into_parts();
     let upgrade = WebSocketUpgrade::from_request_parts(&mut parts, &state)
         .await
@@ -404,11 +414,12 @@ struct FilesQuery {
 
 async fn files_put(
     State(state): State<Arc<AppState>>,
+    caller: Caller,
     Path(id): Path<String>,
     Query(query): Query<FilesQuery>,
     body: Body,
 ) -> Result<Json<wire::FilesPutResult>, ApiError> {
-    let sandbox = state.registry.get(&id)?;
+    let sandbox = state.registry.get(&id, &caller)?;
     let path = files::validate_path(query.path.as_deref(), "directory")?;
     let guard = sandbox.begin(false)?;
     Ok(Json(files::put(state, guard, path, body).await?))
@@ -416,10 +427,11 @@ async fn files_put(
 
 async fn files_get(
     State(state): State<Arc<AppState>>,
+    caller: Caller,
     Path(id): Path<String>,
     Query(query): Query<FilesQuery>,
 ) -> Result<Response, ApiError> {
-    let sandbox = state.registry.get(&id)?;
+    let sandbox = state.registry.get(&id, &caller)?;
     let path = files::validate_path(query.path.as_deref(), "file")?;
     let guard = sandbox.begin(false)?;
     files::get(state, guard, path).await

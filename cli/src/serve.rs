@@ -26,8 +26,8 @@ pub struct Args {
     state_dir: PathBuf,
     /// A file of API keys, one `name:key` per line (`#` comments; mode 0600, owned by root or
     /// the daemon's user). Keys also come from CRUCIBLE_API_KEYS (`name:key` entries separated
-    /// by commas or whitespace; a bare key is named `key<N>` by its place). TCP requests must
-    /// send `Authorization: Bearer <key>`.
+    /// by commas or whitespace; a bare key is named `key<N>` by its place). A sandbox belongs to
+    /// the key that created it. TCP requests must send `Authorization: Bearer <key>`.
     #[arg(long, visible_alias = "keys-file", value_name = "FILE")]
     api_keys_file: Option<PathBuf>,
     /// The name of the admin key, which sees and may act on every sandbox (like the Unix
