@@ -65,7 +65,8 @@ pub struct ServeConfig {
     pub unix_socket: Option<PathBuf>,
     /// A TCP address to listen on; requires API keys.
     pub tcp: Option<SocketAddr>,
-    /// Accepted API keys; when any is set, every request must carry one.
+    /// Accepted API keys, each named; a sandbox belongs to the key that created it. With any
+    /// set, a TCP request must carry one; a Unix-socket request without one sees everything.
     pub api_keys: ApiKeys,
     /// Where sandbox runtime directories live (`/run/crucible` for root).
     pub state_dir: PathBuf,

@@ -203,7 +203,10 @@ where
         }
     };
     match parse_hijack(&buf[..head_len]) {
-        Ok(Some(head)) => hijack(state, stream, head, buf.split_off(head_len)).await,
+        Ok(Some(head)) => {
+            let rest = buf.split_off(head_len);
+            hijack(state, stream, head, rest, transport).await
+        }
         Ok(None) => serve_http(state, Rewind::new(Bytes::from(buf), stream), transport).await,
         Err(error) => respond_error(&state, &mut stream, &error).await,
     }
@@ -272,15 +275,26 @@ async fn respond_error<S: AsyncRead + AsyncWrite + Unpin>(
     let _ = tokio::time::timeout(LINGER, drain).await;
 }
 
-/// The hijacked interactive exec.
-async fn hijack<S>(state: Arc<AppState>, mut stream: S, head: HijackHead, mut rest: Vec<u8>)
-where
+/// The hijacked interactive exec. It never reaches axum, so it identifies its caller itself,
+/// by the same rules as `routes::authenticate`, and looks the sandbox up for that caller: one
+/// that is not the caller's is the same 404 as a missing one.
+async fn hijack<S>(
+    state: Arc<AppState>,
+    mut stream: S,
+    head: HijackHead,
+    mut rest: Vec<u8>,
+    transport: Transport,
+) where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
-    let keys = &state.config.api_keys;
-    if !keys.is_empty() && !keys.allows(head.authorization.as_deref()) {
-        return respond_error(&state, &mut stream, &ApiError::unauthorized()).await;
-    }
+    let caller = match state
+        .config
+        .api_keys
+        .identify(transport, head.authorization.as_deref())
+    {
+        Some(caller) => caller,
+        None => return respond_error(&state, &mut stream, &ApiError::unauthorized()).await,
+    };
     let length = match (head.content_length, head.chunked) {
         (Some(n), false) if n <= routes::JSON_BODY_LIMIT => n,
         (Some(n), false) => {
@@ -321,7 +335,7 @@ where
     }
     let early_input = Bytes::from(rest.split_off(length));
     let admitted = (|| {
-        let sandbox = state.registry.get(&head.id)?;
+        let sandbox = state.registry.get(&head.id, &caller)?;
         let request: ExecRequest = routes::parse_json(&rest, "ExecRequest")?;
         request
             .validate()

@@ -22,7 +22,7 @@ pub mod server;
 pub mod state;
 mod ws;
 
-pub use auth::ApiKeys;
+pub use auth::{ApiKeys, Caller, KeysError, Owner};
 pub use config::{Limits, ServeConfig};
 pub use exec::DEBUG_EXEC_DELAY_ENV;
 pub use server::{shutdown_signal, ServeError, Server};

@@ -138,7 +138,7 @@ pub fn document() -> Value {
 
     let sandbox_errors = [
         ("400", "The id is malformed."),
-        ("404", "No sandbox has this id."),
+        ("404", "No sandbox with this id, as far as the caller can see: another key's sandbox is answered exactly like a missing one."),
     ];
     json!({
         "openapi": "3.0.3",
@@ -181,9 +181,9 @@ pub fn document() -> Value {
                     ]), json!({ "201": json_response("The sandbox, running.", "SandboxInfo") }))
                 },
                 "get": {
-                    "summary": "List sandboxes.",
+                    "summary": "List the caller's sandboxes (all of them for the admin key and the Unix socket).",
                     "responses": with(errors(&[]),
-                        json!({ "200": json_response("Every sandbox.", "SandboxList") }))
+                        json!({ "200": json_response("The sandboxes the caller may see.", "SandboxList") }))
                 }
             },
             "/sandboxes/{id}": {
@@ -216,7 +216,7 @@ pub fn document() -> Value {
                         "application/json": { "schema": schema_ref("ExecRequest") } } },
                     "responses": with(errors(&[
                         ("400", "Bad JSON, a request that fails validation, or a malformed id."),
-                        ("404", "No sandbox has this id."),
+                        ("404", "No sandbox with this id, as far as the caller can see: another key's sandbox is answered exactly like a missing one."),
                         ("409", "The sandbox is not running."),
                         ("413", "The request body is too large."),
                         ("429", "The sandbox runs its maximum number of commands."),
@@ -248,7 +248,7 @@ pub fn document() -> Value {
                     "responses": with(errors(&[
                         ("400", "Bad path, or an entry was refused (it would escape the destination, or is a device)."),
                         ("403", "Permission denied in the sandbox."),
-                        ("404", "No sandbox has this id."),
+                        ("404", "No sandbox with this id, as far as the caller can see: another key's sandbox is answered exactly like a missing one."),
                         ("409", "The sandbox is not running."),
                         ("502", "The sandbox's agent failed."),
                     ]), json!({ "200": json_response("What was written.", "FilesPutResult") }))
@@ -259,7 +259,7 @@ pub fn document() -> Value {
                     "responses": with(errors(&[
                         ("400", "Bad path, or the path is a directory."),
                         ("403", "Permission denied in the sandbox."),
-                        ("404", "No such sandbox or file."),
+                        ("404", "No such sandbox (or it is another key's), or no such file."),
                         ("409", "The sandbox is not running."),
                         ("502", "The sandbox's agent failed."),
                     ]), json!({ "200": { "description": "The file's bytes.", "content": {

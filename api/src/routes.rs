@@ -17,7 +17,9 @@ use hyper_util::rt::TokioIo;
 use serde::Deserialize;
 use wire::{CreateSandbox, ExecRequest, SandboxList};
 
+use crate::auth::Caller;
 use crate::error::ApiError;
+use crate::hijack::Transport;
 use crate::state::AppState;
 use crate::{exec, files, ws};
 
@@ -60,6 +62,20 @@ impl<S: Send + Sync, T: serde::de::DeserializeOwned> FromRequestParts<S> for Que
     }
 }
 
+/// Who sent the request, as `authenticate` found it. Without it (a route outside the
+/// middleware, which there is none) the request is refused rather than trusted.
+impl<S: Send + Sync> FromRequestParts<S> for Caller {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, ApiError> {
+        parts
+            .extensions
+            .get::<Caller>()
+            .cloned()
+            .ok_or_else(ApiError::unauthorized)
+    }
+}
+
 /// The router of every endpoint.
 pub fn app(state: Arc<AppState>) -> Router {
     Router::new()
@@ -94,21 +110,32 @@ async fn limit_head(State(state): State<Arc<AppState>>, request: Request, next: 
     next.run(request).await
 }
 
-/// Rejects requests without a valid key (when keys are configured) and counts errors.
+/// Finds who sent the request (`ApiKeys::identify`) and hands it to the handlers as a
+/// [`Caller`]; rejects requests it does not admit. Counts errors.
 async fn authenticate(
     State(state): State<Arc<AppState>>,
-    request: Request,
+    mut request: Request,
     next: Next,
 ) -> Response {
-    let keys = &state.config.api_keys;
-    if !keys.is_empty() && request.uri().path() != "/healthz" {
+    if request.uri().path() != "/healthz" {
+        // The listener tags each request; one without a tag is held to TCP's rules.
+        let transport = request
+            .extensions()
+            .get::<Transport>()
+            .copied()
+            .unwrap_or(Transport::Tcp);
         let presented = request
             .headers()
             .get(header::AUTHORIZATION)
             .map(|v| v.as_bytes());
-        if !keys.allows(presented) {
-            state.metrics.observe_error(401);
-            return ApiError::unauthorized().into_response();
+        match state.config.api_keys.identify(transport, presented) {
+            Some(caller) => {
+                request.extensions_mut().insert(caller);
+            }
+            None => {
+                state.metrics.observe_error(401);
+                return ApiError::unauthorized().into_response();
+            }
         }
     }
     let response = next.run(request).await;
@@ -219,6 +246,7 @@ async fn openapi() -> impl IntoResponse {
 
 async fn create_sandbox(
     State(state): State<Arc<AppState>>,
+    caller: Caller,
     body: Body,
 ) -> Result<Response, ApiError> {
     let body = read_body(body, state.config.header_timeout).await?;
@@ -229,7 +257,7 @@ async fn create_sandbox(
     };
     let creation = {
         let state = state.clone();
-        async move { state.create_sandbox(request).await }
+        async move { state.create_sandbox(request, caller.owner()).await }
     };
     let info = state
         .registry
@@ -239,24 +267,31 @@ async fn create_sandbox(
     Ok((StatusCode::CREATED, Json(info)).into_response())
 }
 
-async fn list_sandboxes(State(state): State<Arc<AppState>>) -> Json<SandboxList> {
+async fn list_sandboxes(State(state): State<Arc<AppState>>, caller: Caller) -> Json<SandboxList> {
     Json(SandboxList {
-        sandboxes: state.registry.list().iter().map(|s| s.info()).collect(),
+        sandboxes: state
+            .registry
+            .list_for(&caller)
+            .iter()
+            .map(|s| s.info())
+            .collect(),
     })
 }
 
 async fn get_sandbox(
     State(state): State<Arc<AppState>>,
+    caller: Caller,
     Path(id): Path<String>,
 ) -> Result<Json<wire::SandboxInfo>, ApiError> {
-    Ok(Json(state.registry.get(&id)?.info()))
+    Ok(Json(state.registry.get(&id, &caller)?.info()))
 }
 
 async fn delete_sandbox(
     State(state): State<Arc<AppState>>,
+    caller: Caller,
     Path(id): Path<String>,
 ) -> Result<StatusCode, ApiError> {
-    state.registry.get(&id)?;
+    state.registry.get(&id, &caller)?;
     if state.registry.remove(&id).await {
         Ok(StatusCode::NO_CONTENT)
     } else {
@@ -290,12 +325,13 @@ fn asks_tcp_upgrade(headers: &HeaderMap) -> bool {
 
 async fn exec_post(
     State(state): State<Arc<AppState>>,
+    caller: Caller,
     Path(id): Path<String>,
     Query(query): Query<ExecQuery>,
     mut request: Request,
 ) -> Result<Response, ApiError> {
     let interactive = wants_stdin(query.stdin.as_deref())?;
-    let sandbox = state.registry.get(&id)?;
+    let sandbox = state.registry.get(&id, &caller)?;
     let upgrade = interactive && asks_tcp_upgrade(request.headers());
     let on_upgrade = upgrade.then(|| hyper::upgrade::on(&mut request));
     let body = read_body(request.into_body(), state.config.header_timeout).await?;
@@ -339,10 +375,11 @@ async fn exec_post(
 
 async fn exec_websocket(
     State(state): State<Arc<AppState>>,
+    caller: Caller,
     Path(id): Path<String>,
     request: Request,
 ) -> Result<Response, ApiError> {
-    let sandbox = state.registry.get(&id)?;
+    let sandbox = state.registry.get(&id, &caller)?;
     let (mut parts, _body) = request.into_parts();
     let upgrade = WebSocketUpgrade::from_request_parts(&mut parts, &state)
         .await
@@ -377,11 +414,12 @@ struct FilesQuery {
 
 async fn files_put(
     State(state): State<Arc<AppState>>,
+    caller: Caller,
     Path(id): Path<String>,
     Query(query): Query<FilesQuery>,
     body: Body,
 ) -> Result<Json<wire::FilesPutResult>, ApiError> {
-    let sandbox = state.registry.get(&id)?;
+    let sandbox = state.registry.get(&id, &caller)?;
     let path = files::validate_path(query.path.as_deref(), "directory")?;
     let guard = sandbox.begin(false)?;
     Ok(Json(files::put(state, guard, path, body).await?))
@@ -389,10 +427,11 @@ async fn files_put(
 
 async fn files_get(
     State(state): State<Arc<AppState>>,
+    caller: Caller,
     Path(id): Path<String>,
     Query(query): Query<FilesQuery>,
 ) -> Result<Response, ApiError> {
-    let sandbox = state.registry.get(&id)?;
+    let sandbox = state.registry.get(&id, &caller)?;
     let path = files::validate_path(query.path.as_deref(), "file")?;
     let guard = sandbox.begin(false)?;
     files::get(state, guard, path).await

@@ -11,6 +11,7 @@ use tokio::sync::{watch, Notify, OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinHandle;
 use wire::{BackendKind, SandboxInfo, SandboxState, SandboxTimings};
 
+use crate::auth::{Caller, Owner};
 use crate::backend::Instance;
 use crate::error::ApiError;
 
@@ -60,6 +61,9 @@ pub struct SandboxSettings {
     pub env: BTreeMap<String, String>,
     /// Most concurrent execs.
     pub max_execs: usize,
+    /// The key that created it (or the Unix socket); only it, the admin key and the Unix
+    /// socket can see or use it.
+    pub owner: Owner,
 }
 
 #[derive(Debug)]
@@ -157,6 +161,11 @@ impl Sandbox {
     /// The backend running it.
     pub fn backend(&self) -> BackendKind {
         self.settings.backend
+    }
+
+    /// Who it belongs to.
+    pub fn owner(&self) -> &Owner {
+        &self.settings.owner
     }
 
     fn touch(&self) {
@@ -261,6 +270,7 @@ impl Sandbox {
             timings: self.timings.clone(),
             active_execs: self.active_execs.load(Ordering::Relaxed),
             error: status.error.clone(),
+            owner: Some(self.settings.owner.to_string()),
         }
     }
 
@@ -377,8 +387,11 @@ impl Registry {
         Ok(Reservation { registry: self })
     }
 
-    /// Looks a sandbox up; a malformed id is a 400, an unknown one a 404.
-    pub fn get(&self, id: &str) -> Result<Arc<Sandbox>, ApiError> {
+    /// Looks a sandbox up for `caller`; a malformed id is a 400, an unknown one a 404. A
+    /// sandbox `caller` may not use is unknown to it: the same 404, built by the same code
+    /// after the same map lookup, so that neither the answer nor its timing tells "exists but
+    /// not yours" from "does not exist".
+    pub fn get(&self, id: &str, caller: &Caller) -> Result<Arc<Sandbox>, ApiError> {
         if !is_valid_id(id) {
             return Err(ApiError::invalid(format!(
                 "{id:?} is not a sandbox id (expected sb- and 16 hex digits)"
@@ -386,6 +399,7 @@ impl Registry {
         }
         self.map()
             .get(id)
+            .filter(|sandbox| caller.may_use(&sandbox.settings.owner))
             .cloned()
             .ok_or_else(|| ApiError::no_sandbox(id))
     }
@@ -395,6 +409,18 @@ impl Registry {
         let mut all: Vec<_> = self.map().values().cloned().collect();
         all.sort_by_key(|s| s.created);
         all
+    }
+
+    /// The sandboxes `caller` may see, oldest first.
+    pub fn list_for(&self, caller: &Caller) -> Vec<Arc<Sandbox>> {
+        let mut visible: Vec<_> = self
+            .map()
+            .values()
+            .filter(|sandbox| caller.may_use(&sandbox.settings.owner))
+            .cloned()
+            .collect();
+        visible.sort_by_key(|s| s.created);
+        visible
     }
 
     /// Counts by state, for metrics.

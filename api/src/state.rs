@@ -6,6 +6,7 @@ use std::time::{Duration, Instant};
 
 use wire::{BackendKind, CreateSandbox, SandboxInfo};
 
+use crate::auth::Owner;
 use crate::backend::microvm::MicrovmBackend;
 use crate::backend::namespace::NamespaceBackend;
 use crate::backend::{Backend, BackendError, ImagePaths, InstanceSpec};
@@ -107,8 +108,12 @@ impl AppState {
         }
     }
 
-    /// Validates a create request, starts the sandbox and waits for its agent.
-    pub async fn create_sandbox(&self, request: CreateSandbox) -> Result<SandboxInfo, ApiError> {
+    /// Validates a create request, starts the sandbox for `owner` and waits for its agent.
+    pub async fn create_sandbox(
+        &self,
+        request: CreateSandbox,
+        owner: Owner,
+    ) -> Result<SandboxInfo, ApiError> {
         let started = Instant::now();
         let limits = &self.config.limits;
         let memory_mib = request.memory_mib.unwrap_or(limits.default_memory_mib);
@@ -186,6 +191,7 @@ impl AppState {
             labels: request.labels,
             env: spec_env,
             max_execs: limits.max_execs_per_sandbox,
+            owner,
         };
         let sandbox = Arc::new(Sandbox::new(id, settings, instance, started.elapsed()));
         let info = sandbox.info();

@@ -79,6 +79,9 @@ pub fn sandbox_details(s: &SandboxInfo) -> String {
         s.active_execs,
         s.timings.create_to_ready_ms
     );
+    if let Some(owner) = &s.owner {
+        out.push_str(&format!("owner:    {owner}\n"));
+    }
     for (k, v) in &s.labels {
         out.push_str(&format!("label:    {k}={v}\n"));
     }

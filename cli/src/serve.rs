@@ -1,7 +1,7 @@
 //! `crucible serve`.
 
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
 use wire::BackendKind;
@@ -24,10 +24,16 @@ pub struct Args {
     /// Where sandbox state lives.
     #[arg(long, default_value_os_t = api::config::default_state_dir())]
     state_dir: PathBuf,
-    /// A file of API keys, one per line. Keys also come from CRUCIBLE_API_KEYS
-    /// (comma-separated). With any key set, every request must send `Authorization: Bearer <key>`.
-    #[arg(long, value_name = "FILE")]
-    keys_file: Option<PathBuf>,
+    /// A file of API keys, one `name:key` per line (`#` comments; mode 0600, owned by root or
+    /// the daemon's user). Keys also come from CRUCIBLE_API_KEYS (`name:key` entries separated
+    /// by commas or whitespace; a bare key is named `key<N>` by its place). A sandbox belongs to
+    /// the key that created it. TCP requests must send `Authorization: Bearer <key>`.
+    #[arg(long, visible_alias = "keys-file", value_name = "FILE")]
+    api_keys_file: Option<PathBuf>,
+    /// The name of the admin key, which sees and may act on every sandbox (like the Unix
+    /// socket).
+    #[arg(long, env = "CRUCIBLE_ADMIN_KEY_NAME", value_name = "NAME")]
+    admin_key_name: Option<String>,
     /// The cgroup (under each controller) holding this daemon's sandboxes; daemons sharing a
     /// host need different ones.
     #[arg(long, default_value = "crucible")]
@@ -65,18 +71,20 @@ pub fn parse_backend(text: &str) -> Result<BackendKind, String> {
     }
 }
 
-fn api_keys(keys_file: Option<&PathBuf>) -> Result<api::ApiKeys> {
-    let mut keys = Vec::new();
+/// The keys of CRUCIBLE_API_KEYS, then of the keys file (a bare key's derived name counts
+/// entries across both), with the admin marked. Errors name entries, never keys.
+fn api_keys(keys_file: Option<&Path>, admin: Option<&str>) -> Result<api::ApiKeys> {
+    let mut keys = api::ApiKeys::default();
     if let Ok(env) = std::env::var("CRUCIBLE_API_KEYS") {
-        keys.push(env);
+        keys = keys.add_list(&env, "CRUCIBLE_API_KEYS")?;
     }
     if let Some(path) = keys_file {
-        keys.push(
-            std::fs::read_to_string(path)
-                .with_context(|| format!("reading API keys from {}", path.display()))?,
-        );
+        keys = keys.add_file(path)?;
     }
-    Ok(api::ApiKeys::parse(&keys.join("\n")))
+    if let Some(name) = admin {
+        keys = keys.with_admin(name)?;
+    }
+    Ok(keys)
 }
 
 pub async fn run(args: Args) -> Result<()> {
@@ -84,7 +92,11 @@ pub async fn run(args: Args) -> Result<()> {
     config.unix_socket = (!args.no_socket).then_some(args.socket);
     config.tcp = args.listen;
     config.state_dir = args.state_dir;
-    config.api_keys = api_keys(args.keys_file.as_ref())?;
+    config.api_keys = api_keys(
+        args.api_keys_file.as_deref(),
+        args.admin_key_name.as_deref(),
+    )
+    .context("API keys")?;
     config.default_backend = args.backend;
     config.cgroup_parent = args.cgroup_parent;
     config.uid_base = args.uid_base;
@@ -99,6 +111,19 @@ pub async fn run(args: Args) -> Result<()> {
     }
     if let Some(addr) = server.tcp_addr() {
         eprintln!("crucible: listening on http://{addr}");
+    }
+    if !state.config.api_keys.is_empty() {
+        // Names only: keys never reach a log.
+        let names: Vec<String> = state
+            .config
+            .api_keys
+            .names()
+            .map(|name| match args.admin_key_name.as_deref() {
+                Some(admin) if admin == name => format!("{name} (admin)"),
+                _ => name.to_string(),
+            })
+            .collect();
+        eprintln!("crucible: API keys: {}", names.join(", "));
     }
     let backend = state.default_backend();
     match state.unavailable_reason(backend) {

@@ -261,3 +261,94 @@ fn create_request_flags_reach_the_daemon() {
     let out = run(crucible(&daemon).args(["sandbox", "rm", id]));
     assert!(out.status.success());
 }
+
+/// Runs `crucible serve` expecting it to refuse to start; a daemon that starts anyway is
+/// stopped after 10 s and fails the test.
+fn serve_refusal(configure: impl FnOnce(&mut Command)) -> String {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut command = Command::new(env!("CARGO_BIN_EXE_crucible"));
+    command
+        .arg("serve")
+        .arg("--socket")
+        .arg(dir.path().join("crucible.sock"))
+        .arg("--state-dir")
+        .arg(dir.path().join("state"))
+        .env_remove("CRUCIBLE_API_KEYS")
+        .env_remove("CRUCIBLE_ADMIN_KEY_NAME")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped());
+    configure(&mut command);
+    let mut child = command.spawn().expect("crucible serve runs");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while child.try_wait().expect("wait").is_none() {
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("crucible serve started instead of refusing its keys");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let out = child.wait_with_output().expect("output");
+    let stderr = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(125), "{stderr}");
+    assert_eq!(stderr.lines().count(), 1, "one line: {stderr}");
+    assert!(
+        stderr.starts_with("crucible: error: API keys: "),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("s3cr3t"), "a key in the error: {stderr}");
+    stderr
+}
+
+fn keys_file(dir: &std::path::Path, text: &str, mode: u32) -> std::path::PathBuf {
+    use std::os::unix::fs::PermissionsExt;
+    let path = dir.join(format!("keys-{mode:o}"));
+    std::fs::write(&path, text).expect("write");
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode)).expect("chmod");
+    path
+}
+
+#[test]
+fn serve_refuses_bad_api_keys_naming_the_entry_never_the_key() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let stderr = serve_refusal(|c| {
+        c.env("CRUCIBLE_API_KEYS", "ci:s3cr3t-1,b@d:s3cr3t-2");
+    });
+    assert!(
+        stderr.contains("CRUCIBLE_API_KEYS entry 2: the key name"),
+        "{stderr}"
+    );
+
+    let open = keys_file(dir.path(), "ci:s3cr3t\n", 0o644);
+    let stderr = serve_refusal(|c| {
+        c.arg("--api-keys-file").arg(&open);
+    });
+    assert!(
+        stderr.contains("mode 0644") && stderr.contains("chmod 600"),
+        "{stderr}"
+    );
+    // The flag's former name still works.
+    let stderr = serve_refusal(|c| {
+        c.arg("--keys-file").arg(&open);
+    });
+    assert!(stderr.contains("mode 0644"), "{stderr}");
+
+    let duplicated = keys_file(dir.path(), "# keys\nci:s3cr3t-1\nci:s3cr3t-2\n", 0o600);
+    let stderr = serve_refusal(|c| {
+        c.arg("--api-keys-file").arg(&duplicated);
+    });
+    assert!(
+        stderr.contains("line 3: the key name \"ci\" is already used by")
+            && stderr.contains("line 2"),
+        "{stderr}"
+    );
+
+    let stderr = serve_refusal(|c| {
+        c.env("CRUCIBLE_API_KEYS", "ci:s3cr3t-1")
+            .args(["--admin-key-name", "ops"]);
+    });
+    assert!(
+        stderr.contains("the admin key name \"ops\" names no configured API key"),
+        "{stderr}"
+    );
+}

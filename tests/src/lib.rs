@@ -148,7 +148,7 @@ impl Drop for TestDaemon {
     }
 }
 
-/// API keys from a list.
+/// API keys from a list of entries (`name:key`, or bare keys named `key1`, `key2`, …).
 pub fn keys(list: &[&str]) -> ApiKeys {
-    ApiKeys::new(list.iter().map(|k| k.to_string()))
+    ApiKeys::parse(&list.join(",")).expect("valid API keys")
 }

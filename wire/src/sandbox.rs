@@ -107,12 +107,18 @@ pub struct SandboxInfo {
     /// Why the sandbox is dead, when it is.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub error: String,
+    /// The name of the API key that created it (never the key itself), or `"unix"` when it was
+    /// created over the Unix socket without a key. Only that key, the admin key and the Unix
+    /// socket see the sandbox. Absent from daemons older than ownership.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub owner: Option<String>,
 }
 
 /// The body of `GET /sandboxes`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct SandboxList {
-    /// Every sandbox, oldest first.
+    /// Every sandbox the caller may see (its own; all of them for the admin key and the Unix
+    /// socket), oldest first.
     pub sandboxes: Vec<SandboxInfo>,
 }
