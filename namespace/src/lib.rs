@@ -22,6 +22,7 @@
 //! memory belongs to the sandbox's user namespace and it can make itself undumpable
 //! ([`harden_pid1`]): commands, root or not, cannot ptrace it or read its memory.
 
+mod bpf;
 mod idmap;
 mod mounts;
 pub mod privileges;

@@ -114,16 +114,28 @@ async fn a_ci_job_installs_builds_as_another_user_tests_and_hands_back_its_artif
         String::from_utf8(files.get(name).cloned().unwrap_or_default()).expect("utf-8")
     };
     assert_eq!(text("out/built-by").trim(), "1001");
-    assert!(text("out/words.counts").contains("sandbox 3\n"), "{files:?}");
+    assert!(
+        text("out/words.counts").contains("sandbox 3\n"),
+        "{files:?}"
+    );
     let sums = text("out/SHA256SUMS");
     let expected = hex::encode(Sha256::digest(words.as_bytes()));
-    assert!(sums.contains(&format!("{expected}  src/words.txt")), "{sums}");
+    assert!(
+        sums.contains(&format!("{expected}  src/words.txt")),
+        "{sums}"
+    );
 
     // Root's edits live in the sandbox only: the image on the host is untouched.
     let image = harness::image_dir().join("rootfs");
     for path in ["etc/myapp", "opt/tool", "home/ci", "work"] {
-        assert!(!Path::new(&image).join(path).exists(), "{path} reached the image");
+        assert!(
+            !Path::new(&image).join(path).exists(),
+            "{path} reached the image"
+        );
     }
     let passwd = std::fs::read_to_string(image.join("etc/passwd")).unwrap_or_default();
-    assert!(!passwd.contains("ci:x:1001"), "the image's /etc/passwd was written");
+    assert!(
+        !passwd.contains("ci:x:1001"),
+        "the image's /etc/passwd was written"
+    );
 }

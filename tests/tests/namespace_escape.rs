@@ -90,7 +90,10 @@ impl Sandbox {
 
 fn assert_verdicts(verdicts: &BTreeMap<String, String>, expected: &[(&str, &[&str])]) {
     for (attempt, allowed) in expected {
-        let got = verdicts.get(*attempt).map(String::as_str).unwrap_or("missing");
+        let got = verdicts
+            .get(*attempt)
+            .map(String::as_str)
+            .unwrap_or("missing");
         assert!(
             allowed.contains(&got),
             "{attempt}: got {got}, expected one of {allowed:?} (all: {verdicts:?})"
@@ -138,17 +141,28 @@ async fn host_sysctls_cannot_be_written_and_proc_is_masked() {
 
     // runc's masked paths read as nothing; its read-only paths are read-only mounts.
     let (masked, _, _) = sb
-        .sh("for f in /proc/kcore /proc/keys /proc/timer_list /proc/sched_debug; do \
+        .sh(
+            "for f in /proc/kcore /proc/keys /proc/timer_list /proc/sched_debug; do \
              test -e $f && wc -c < $f; done; \
-             for d in /proc/acpi /proc/scsi; do test -d $d && ls -A $d | wc -l; done")
+             for d in /proc/acpi /proc/scsi; do test -d $d && ls -A $d | wc -l; done",
+        )
         .await;
     for line in masked.lines() {
         assert_eq!(line.trim(), "0", "a masked path has content: {masked:?}");
     }
     let (mounts, _, _) = sb.sh("cat /proc/self/mountinfo").await;
-    for path in ["/proc/sys", "/proc/sysrq-trigger", "/proc/irq", "/proc/bus", "/proc/fs"] {
+    for path in [
+        "/proc/sys",
+        "/proc/sysrq-trigger",
+        "/proc/irq",
+        "/proc/bus",
+        "/proc/fs",
+    ] {
         if let Some(line) = mounts.lines().find(|l| mount_point(l) == Some(path)) {
-            assert!(mount_options(line).contains("ro"), "{path} is not read-only: {line}");
+            assert!(
+                mount_options(line).contains("ro"),
+                "{path} is not read-only: {line}"
+            );
         }
     }
     assert!(
@@ -238,13 +252,19 @@ async fn sandbox_root_is_an_unprivileged_host_user_of_a_range_of_its_own() {
 
     // Root inside still is root for everything the sandbox owns.
     let (out, err, code) = a
-        .sh("echo 'builder:x:1000:1000::/home/builder:/bin/sh' >> /etc/passwd && \
+        .sh(
+            "echo 'builder:x:1000:1000::/home/builder:/bin/sh' >> /etc/passwd && \
              echo 'builder:x:1000:' >> /etc/group && mkdir -p /home/builder && \
              chown 1000:1000 /home/builder && su -s /bin/sh builder -c 'id -u; touch ~/f' && \
-             stat -c %u /home/builder/f")
+             stat -c %u /home/builder/f",
+        )
         .await;
     assert_eq!(code, 0, "{out}{err}");
-    assert_eq!(out.split_whitespace().collect::<Vec<_>>(), ["1000", "1000"], "{err}");
+    assert_eq!(
+        out.split_whitespace().collect::<Vec<_>>(),
+        ["1000", "1000"],
+        "{err}"
+    );
 }
 
 #[tokio::test]
@@ -276,9 +296,11 @@ async fn nothing_a_sandbox_writes_reaches_the_host_disk() {
     let before = disk_used();
     // Fill everything writable until ENOSPC: 256 MiB in all, wherever it is written.
     let (out, err, _) = sb
-        .sh("for d in / /tmp /dev/shm /root /etc /var /home /run /usr; do \
+        .sh(
+            "for d in / /tmp /dev/shm /root /etc /var /home /run /usr; do \
                mkdir -p $d 2>/dev/null; dd if=/dev/zero of=$d/fill bs=1M count=300 2>/dev/null; \
-             done; df -k / | tail -1")
+             done; df -k / | tail -1",
+        )
         .await;
     let after = disk_used();
     let grew = after.saturating_sub(before);
@@ -293,7 +315,10 @@ async fn nothing_a_sandbox_writes_reaches_the_host_disk() {
         .next()
         .and_then(|n| n.parse().ok())
         .unwrap_or(0);
-    assert!(kib >= 200 * 1024, "the fill wrote only {kib} KiB: {written}");
+    assert!(
+        kib >= 200 * 1024,
+        "the fill wrote only {kib} KiB: {written}"
+    );
     sb.assert_alive().await;
 }
 
@@ -310,17 +335,28 @@ async fn mountinfo_names_no_host_path() {
     let host_paths = [
         state_dir.display().to_string(),
         image_dir.display().to_string(),
-        std::env::temp_dir().join("crucible-test-").display().to_string(),
+        std::env::temp_dir()
+            .join("crucible-test-")
+            .display()
+            .to_string(),
         env!("CARGO_MANIFEST_DIR").to_string(),
     ];
     for path in &host_paths {
-        assert!(!mounts.contains(path.as_str()), "mountinfo names {path}: {mounts}");
+        assert!(
+            !mounts.contains(path.as_str()),
+            "mountinfo names {path}: {mounts}"
+        );
     }
     for line in mounts.lines().filter(|l| l.contains("lowerdir=")) {
         for option in line.split(',') {
             if let Some((key, value)) = option.split_once('=') {
-                if ["lowerdir", "upperdir", "workdir"].contains(&key.rsplit(' ').next().unwrap_or(key)) {
-                    assert!(!value.contains('/'), "an overlay layer names a path: {line}");
+                if ["lowerdir", "upperdir", "workdir"]
+                    .contains(&key.rsplit(' ').next().unwrap_or(key))
+                {
+                    assert!(
+                        !value.contains('/'),
+                        "an overlay layer names a path: {line}"
+                    );
                 }
             }
         }
@@ -364,7 +400,10 @@ async fn the_agent_cannot_be_traced_read_or_killed_from_inside() {
         sb.sh(&format!("kill -{signal} 1")).await;
     }
     let (status, _, _) = sb.sh("grep -E '^(State|Uid)' /proc/1/status").await;
-    assert!(status.contains("S (sleeping)") || status.contains("R (running)"), "{status}");
+    assert!(
+        status.contains("S (sleeping)") || status.contains("R (running)"),
+        "{status}"
+    );
     sb.assert_alive().await;
 }
 
