@@ -158,7 +158,8 @@ pub fn run(args: Args) -> Result<()> {
         .map(|(title, file)| (title, format!("bench/{file}")))
         .collect();
     let md_path = out.join("benchmarks.md");
-    std::fs::write(&md_path, report::markdown(&results, &plots))
+    let notes = std::fs::read_to_string(plot_dir.join("notes.md")).ok();
+    std::fs::write(&md_path, report::markdown(&results, &plots, notes.as_deref()))
         .with_context(|| format!("writing {}", md_path.display()))?;
     let json_path = plot_dir.join("bench-results.json");
     report::write_json(&results, &json_path)?;

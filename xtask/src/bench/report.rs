@@ -80,8 +80,10 @@ pub fn table(results: &Results) -> String {
     out
 }
 
-/// Writes `benchmarks.md` into `dir`, embedding the plots under `plots` (relative paths).
-pub fn markdown(results: &Results, plots: &[(String, String)]) -> String {
+/// Writes `benchmarks.md` into `dir`, embedding the plots under `plots` (relative paths) and,
+/// last, `notes`: hand-written measurements kept across runs (`bench/notes.md`), such as
+/// before/after comparisons of a change that no single run can make.
+pub fn markdown(results: &Results, plots: &[(String, String)], notes: Option<&str>) -> String {
     let m = &results.machine;
     let mut out = String::new();
     let _ = writeln!(out, "# crucible benchmarks\n");
@@ -161,6 +163,11 @@ pub fn markdown(results: &Results, plots: &[(String, String)]) -> String {
             let _ = writeln!(out, "| `{k}` | {v:.2}× |");
         }
     }
+    if let Some(notes) = notes {
+        out.push_str("\n## Notes\n\nHand-written, kept across runs in `bench/notes.md`.\n\n");
+        out.push_str(notes.trim_end());
+        out.push('\n');
+    }
     out
 }
 
@@ -233,6 +240,7 @@ mod tests {
         let md = markdown(
             &results,
             &[("Exec CDF".into(), "bench/exec-cdf.svg".into())],
+            Some("### Before and after\n\nfigures\n"),
         );
         assert!(md.contains("Test CPU"), "{md}");
         assert!(
@@ -243,6 +251,7 @@ mod tests {
         assert!(md.contains("- **microVM backend**: no KVM"), "{md}");
         assert!(md.contains("![Exec CDF](bench/exec-cdf.svg)"), "{md}");
         assert!(md.contains("| `exec_rtt_api` | 2.00× |"), "{md}");
+        assert!(md.ends_with("## Notes\n\nHand-written, kept across runs in `bench/notes.md`.\n\n### Before and after\n\nfigures\n"), "{md}");
     }
 
     #[test]
