@@ -159,8 +159,11 @@ pub fn run(args: Args) -> Result<()> {
         .collect();
     let md_path = out.join("benchmarks.md");
     let notes = std::fs::read_to_string(plot_dir.join("notes.md")).ok();
-    std::fs::write(&md_path, report::markdown(&results, &plots, notes.as_deref()))
-        .with_context(|| format!("writing {}", md_path.display()))?;
+    std::fs::write(
+        &md_path,
+        report::markdown(&results, &plots, notes.as_deref()),
+    )
+    .with_context(|| format!("writing {}", md_path.display()))?;
     let json_path = plot_dir.join("bench-results.json");
     report::write_json(&results, &json_path)?;
     eprintln!("\n{}", report::table(&results));
