@@ -10,8 +10,6 @@ use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use crate::hijack::Transport;
-
 /// The owner name of sandboxes created over the Unix socket without a key. No key may take it,
 /// so that no key can be mistaken for the socket's root user in a listing.
 pub const UNIX_OWNER: &str = "unix";
@@ -134,6 +132,16 @@ impl fmt::Display for Owner {
             Owner::Key(name) => f.write_str(name),
         }
     }
+}
+
+/// Which listener a connection came from: TCP always requires an API key; the Unix socket,
+/// which only root can open, does not.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Transport {
+    /// The Unix socket.
+    Unix,
+    /// TCP.
+    Tcp,
 }
 
 /// Who sent a request.

@@ -8,6 +8,19 @@ use wire::BackendKind;
 
 use crate::auth::ApiKeys;
 
+/// How long a client may take to send a request head, by default.
+pub const DEFAULT_HEADER_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long a WebSocket exec client has to send its ExecRequest after the upgrade, by default.
+pub const DEFAULT_FIRST_MESSAGE_TIMEOUT: Duration = Duration::from_secs(30);
+/// Largest request head accepted.
+pub const MAX_HEAD: usize = 64 * 1024;
+/// Most headers accepted.
+pub const MAX_HEADERS: usize = 64;
+/// Largest JSON body accepted (an ExecRequest is at most 1 MiB of strings).
+pub const JSON_BODY_LIMIT: usize = 2 * 1024 * 1024;
+/// Largest WebSocket message (and frame) accepted.
+pub const WS_MESSAGE_LIMIT: usize = 8 * 1024 * 1024;
+
 /// Limits and defaults applied to every sandbox.
 #[derive(Debug, Clone)]
 pub struct Limits {
@@ -89,6 +102,11 @@ pub struct ServeConfig {
     /// How long a WebSocket exec client may take, after the upgrade, to send its ExecRequest
     /// before the socket is closed with 1008.
     pub first_message_timeout: Duration,
+    /// Most client connections open at once; past it a new connection is answered `503
+    /// too_many_connections` and closed. `None`: sized to the file-descriptor limit, which the
+    /// daemon raises to its hard limit at start (each connection can hold two descriptors,
+    /// its own and its agent's).
+    pub max_connections: Option<usize>,
 }
 
 /// The default `uid_base`: above the ranges `/etc/subuid` hands out (100000 up) and directory
@@ -153,8 +171,9 @@ impl ServeConfig {
             uid_base: DEFAULT_UID_BASE,
             default_backend: None,
             limits: Limits::default(),
-            header_timeout: crate::hijack::HEADER_TIMEOUT,
-            first_message_timeout: crate::ws::FIRST_MESSAGE_TIMEOUT,
+            header_timeout: DEFAULT_HEADER_TIMEOUT,
+            first_message_timeout: DEFAULT_FIRST_MESSAGE_TIMEOUT,
+            max_connections: None,
         }
     }
 }

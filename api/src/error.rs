@@ -1,10 +1,17 @@
 //! The one error type of the HTTP layer: a status, a stable code and a message, always sent as
-//! the JSON envelope `{"code": …, "message": …}`.
+//! the JSON envelope `{"code": …, "message": …}`. The domain's errors become it here, at the
+//! edge, and nowhere else.
 
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use wire::ErrorBody;
+
+use crate::config::{MAX_HEAD, MAX_HEADERS};
+use crate::exec::AdmitError;
+use crate::json::InvalidJson;
+use crate::sandbox::SandboxError;
+use crate::state::CreateError;
 
 /// An API failure as the client sees it.
 #[derive(Debug, Clone, thiserror::Error)]
@@ -33,12 +40,21 @@ impl ApiError {
         Self::new(StatusCode::BAD_REQUEST, "invalid_request", message)
     }
 
-    /// 404: no sandbox with this id.
-    pub fn no_sandbox(id: &str) -> Self {
+    /// 431: the request head is over the limits.
+    pub fn head_too_large() -> Self {
         Self::new(
-            StatusCode::NOT_FOUND,
-            "not_found",
-            format!("no sandbox with id {id:?}"),
+            StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+            "headers_too_large",
+            format!("the request head exceeds {MAX_HEAD} bytes or {MAX_HEADERS} headers"),
+        )
+    }
+
+    /// 503: the daemon holds as many connections as it may.
+    pub fn too_many_connections(limit: usize) -> Self {
+        Self::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "too_many_connections",
+            format!("the daemon holds {limit} connections, its limit; retry later"),
         )
     }
 
@@ -66,15 +82,6 @@ impl ApiError {
         Self::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", message)
     }
 
-    /// 503: the daemon is stopping and creates no more sandboxes.
-    pub fn shutting_down() -> Self {
-        Self::new(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "shutting_down",
-            "the daemon is shutting down",
-        )
-    }
-
     /// 502: the sandbox's agent failed or could not be reached.
     pub fn agent(message: impl Into<String>) -> Self {
         Self::new(StatusCode::BAD_GATEWAY, "agent_error", message)
@@ -84,6 +91,68 @@ impl ApiError {
     pub fn body(&self) -> ErrorBody {
         ErrorBody::new(self.code, self.message.clone())
     }
+}
+
+impl From<InvalidJson> for ApiError {
+    fn from(e: InvalidJson) -> Self {
+        ApiError::invalid(e.to_string())
+    }
+}
+
+impl From<SandboxError> for ApiError {
+    fn from(e: SandboxError) -> Self {
+        let message = e.to_string();
+        match e {
+            SandboxError::InvalidId(_) => ApiError::invalid(message),
+            SandboxError::NotFound(_) => Self::new(StatusCode::NOT_FOUND, "not_found", message),
+            SandboxError::Dead { .. } | SandboxError::NotRunning { .. } => {
+                ApiError::conflict(message)
+            }
+            SandboxError::ExecLimit { .. } | SandboxError::AtCapacity(_) => {
+                ApiError::too_many(message)
+            }
+            SandboxError::ShuttingDown => {
+                Self::new(StatusCode::SERVICE_UNAVAILABLE, "shutting_down", message)
+            }
+        }
+    }
+}
+
+impl From<AdmitError> for ApiError {
+    fn from(e: AdmitError) -> Self {
+        match e {
+            AdmitError::Invalid(message) => ApiError::invalid(message),
+            AdmitError::Sandbox(e) => e.into(),
+        }
+    }
+}
+
+impl From<CreateError> for ApiError {
+    fn from(e: CreateError) -> Self {
+        match e {
+            CreateError::Invalid(message) => ApiError::invalid(message),
+            CreateError::Sandbox(e) => e.into(),
+            CreateError::Unavailable(e) => Self::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "backend_unavailable",
+                e.to_string(),
+            ),
+            CreateError::Failed { .. } => ApiError::internal(chain(&e)),
+        }
+    }
+}
+
+/// An error and its sources, `: `-separated (the envelope's message has no other place for
+/// them).
+fn chain(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(e) = source {
+        text.push_str(": ");
+        text.push_str(&e.to_string());
+        source = e.source();
+    }
+    text
 }
 
 impl IntoResponse for ApiError {

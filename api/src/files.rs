@@ -13,6 +13,7 @@ use tokio_util::io::ReaderStream;
 use wire::agent::{AgentReply, AgentRequest};
 use wire::{ErrorBody, FilesPutResult};
 
+use crate::agent::AgentError;
 use crate::error::ApiError;
 use crate::sandbox::ActivityGuard;
 use crate::state::AppState;
@@ -49,17 +50,11 @@ async fn request(
     guard: &ActivityGuard,
     message: &AgentRequest,
 ) -> Result<tokio::net::UnixStream, ApiError> {
-    let sandbox = guard.sandbox();
-    let mut agent = sandbox.connect_agent().await.map_err(|e| {
-        ApiError::agent(format!(
-            "cannot reach the agent of sandbox {}: {e}",
-            sandbox.id
-        ))
-    })?;
-    wire::write_message_async(&mut agent, message)
+    guard
+        .sandbox()
+        .send_to_agent(message)
         .await
-        .map_err(|e| ApiError::agent(format!("sending the request to the agent failed: {e}")))?;
-    Ok(agent)
+        .map_err(|e| ApiError::agent(format!("sandbox {}: {e}", guard.sandbox().id)))
 }
 
 /// `POST /sandboxes/{id}/files?path=DIR`: streams the tar body to the agent.
@@ -120,7 +115,7 @@ pub async fn put(
     let _ = agent.shutdown().await;
     let reply: AgentReply = wire::read_message_async(&mut agent)
         .await
-        .map_err(|e| ApiError::agent(format!("reading the agent's reply failed: {e}")))?;
+        .map_err(|e| ApiError::agent(AgentError::Reply(e).to_string()))?;
     match reply {
         AgentReply::Files(result) => match &result.refused {
             Some(refused) => Err(ApiError::new(
@@ -149,7 +144,7 @@ pub async fn get(
     let mut agent = request(&guard, &AgentRequest::GetFile { path }).await?;
     let reply: AgentReply = wire::read_message_async(&mut agent)
         .await
-        .map_err(|e| ApiError::agent(format!("reading the agent's reply failed: {e}")))?;
+        .map_err(|e| ApiError::agent(AgentError::Reply(e).to_string()))?;
     let size = match reply {
         AgentReply::File { size } => size,
         AgentReply::Error(body) => return Err(agent_error(body)),

@@ -4,17 +4,20 @@
 
 #![forbid(unsafe_code)]
 
+pub mod agent;
 pub mod auth;
 pub mod backend;
+pub mod body;
 pub mod config;
 pub mod error;
-mod exec;
+pub mod exec;
 mod files;
-pub mod hijack;
+pub mod front_door;
 pub mod host;
+pub mod json;
 pub mod metrics;
 pub mod openapi;
-pub mod relay;
+mod raw_stream;
 mod rewind;
 pub mod routes;
 pub mod sandbox;
@@ -22,7 +25,7 @@ pub mod server;
 pub mod state;
 mod ws;
 
-pub use auth::{ApiKeys, Caller, KeysError, Owner};
+pub use auth::{ApiKeys, Caller, KeysError, Owner, Transport};
 pub use config::{Limits, ServeConfig};
 pub use exec::DEBUG_EXEC_DELAY_ENV;
 pub use server::{shutdown_signal, ServeError, Server};

@@ -27,6 +27,10 @@ pub struct Metrics {
     pub execs_lost: AtomicU64,
     /// Frame bytes relayed from agents to clients.
     pub bytes_streamed: AtomicU64,
+    /// Stdin frame bytes relayed from interactive clients to agents.
+    pub bytes_stdin: AtomicU64,
+    /// Connections refused at the connection cap.
+    pub connections_refused: AtomicU64,
     /// Bytes uploaded into sandboxes.
     pub bytes_uploaded: AtomicU64,
     /// Bytes downloaded from sandboxes.
@@ -110,6 +114,18 @@ impl Metrics {
             "crucible_stream_bytes_total",
             "Frame bytes relayed to clients.",
             &self.bytes_streamed,
+        );
+        counter(
+            &mut out,
+            "crucible_stdin_bytes_total",
+            "Stdin frame bytes relayed from interactive clients to agents.",
+            &self.bytes_stdin,
+        );
+        counter(
+            &mut out,
+            "crucible_connections_refused_total",
+            "Connections answered 503 at the --max-connections cap.",
+            &self.connections_refused,
         );
         counter(
             &mut out,

@@ -1,10 +1,9 @@
-//! The HTTP API as an axum `Router`, separate from the listeners so tests can drive it.
+//! The HTTP API as an axum `Router`, separate from the listeners so tests can drive it. Built
+//! once per daemon (`Server::bind`), cloned per connection.
 
 use std::sync::Arc;
 
-use std::time::Duration;
-
-use axum::body::{Body, Bytes, HttpBody};
+use axum::body::Body;
 use axum::extract::ws::WebSocketUpgrade;
 use axum::extract::{FromRequestParts, Request, State};
 use axum::http::request::Parts;
@@ -15,18 +14,16 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 use hyper_util::rt::TokioIo;
 use serde::Deserialize;
-use wire::{CreateSandbox, ExecRequest, SandboxList};
+use wire::{CreateSandbox, SandboxList};
 
-use crate::auth::Caller;
+use crate::auth::{Caller, Transport};
+use crate::body;
+use crate::config::{MAX_HEAD, MAX_HEADERS, WS_MESSAGE_LIMIT};
 use crate::error::ApiError;
-use crate::hijack::Transport;
+use crate::json::parse_json;
+use crate::raw_stream::{RawReader, RawWriter};
 use crate::state::AppState;
 use crate::{exec, files, ws};
-
-/// Largest JSON body accepted (an ExecRequest is at most 1 MiB of strings).
-pub const JSON_BODY_LIMIT: usize = 2 * 1024 * 1024;
-/// Largest WebSocket message (and frame) accepted.
-pub const WS_MESSAGE_LIMIT: usize = 8 * 1024 * 1024;
 
 /// `axum::extract::Path`, rejecting with the JSON error envelope (a path segment that is not
 /// UTF-8, say) instead of axum's plain-text answer.
@@ -94,7 +91,7 @@ pub fn app(state: Arc<AppState>) -> Router {
 }
 
 /// Holds every request to the head limits. The first request on a connection was already
-/// held to them while it was read (`hijack`); later ones on a kept-alive connection are read
+/// held to them while it was read (`front_door`); later ones on a kept-alive connection are read
 /// by hyper, which checks a head's size only while it is still incomplete.
 async fn limit_head(State(state): State<Arc<AppState>>, request: Request, next: Next) -> Response {
     let headers = request.headers();
@@ -103,9 +100,9 @@ async fn limit_head(State(state): State<Arc<AppState>>, request: Request, next: 
             .iter()
             .map(|(name, value)| name.as_str().len() + value.len() + 4)
             .sum::<usize>();
-    if size > crate::hijack::MAX_HEAD || headers.len() > crate::hijack::MAX_HEADERS {
+    if size > MAX_HEAD || headers.len() > MAX_HEADERS {
         state.metrics.observe_error(431);
-        return crate::hijack::too_large_head().into_response();
+        return ApiError::head_too_large().into_response();
     }
     next.run(request).await
 }
@@ -165,63 +162,6 @@ async fn method_not_allowed(request: Request) -> ApiError {
     )
 }
 
-/// Parses a JSON object into `T`, answering 400 with the parser's reason. Only an object will
-/// do: serde would otherwise take an array as the struct's fields in order (`[null, null]`).
-pub fn parse_json<T: serde::de::DeserializeOwned>(body: &[u8], what: &str) -> Result<T, ApiError> {
-    let Some(&first) = body.iter().find(|b| !b.is_ascii_whitespace()) else {
-        return Err(ApiError::invalid(format!(
-            "the request body must be a JSON {what}, got nothing"
-        )));
-    };
-    if first != b'{' {
-        return Err(ApiError::invalid(format!(
-            "the request body must be a JSON object (a {what}), got {:?}…",
-            String::from_utf8_lossy(&body[..body.len().min(16)])
-        )));
-    }
-    serde_json::from_slice(body)
-        .map_err(|e| ApiError::invalid(format!("the request body is not a valid {what}: {e}")))
-}
-
-/// Reads a JSON body whole: at most `JSON_BODY_LIMIT` bytes (a larger declared
-/// Content-Length is refused before any of it is read), all of it within `timeout`.
-async fn read_body(body: Body, timeout: Duration) -> Result<Bytes, ApiError> {
-    let declared = body.size_hint().lower();
-    if declared > JSON_BODY_LIMIT as u64 {
-        return Err(ApiError::new(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            "payload_too_large",
-            format!(
-                "the request body declares {declared} bytes, more than the {JSON_BODY_LIMIT} \
-                 byte limit"
-            ),
-        ));
-    }
-    match tokio::time::timeout(timeout, axum::body::to_bytes(body, JSON_BODY_LIMIT)).await {
-        Ok(Ok(bytes)) => Ok(bytes),
-        Ok(Err(e)) => {
-            let e = e.into_inner();
-            if e.is::<http_body_util::LengthLimitError>() {
-                Err(ApiError::new(
-                    StatusCode::PAYLOAD_TOO_LARGE,
-                    "payload_too_large",
-                    format!("the request body is over the {JSON_BODY_LIMIT} byte limit"),
-                ))
-            } else {
-                // Malformed chunked framing, or a client that went away mid-body.
-                Err(ApiError::invalid(format!(
-                    "the request body could not be read: {e}"
-                )))
-            }
-        }
-        Err(_) => Err(ApiError::new(
-            StatusCode::REQUEST_TIMEOUT,
-            "request_timeout",
-            format!("the request body did not arrive within {timeout:?}"),
-        )),
-    }
-}
-
 async fn healthz(State(state): State<Arc<AppState>>) -> Json<serde_json::Value> {
     Json(serde_json::json!({
         "status": "ok",
@@ -249,7 +189,7 @@ async fn create_sandbox(
     caller: Caller,
     body: Body,
 ) -> Result<Response, ApiError> {
-    let body = read_body(body, state.config.header_timeout).await?;
+    let body = body::read(body, state.config.header_timeout).await?;
     let request: CreateSandbox = if body.iter().all(u8::is_ascii_whitespace) {
         CreateSandbox::default()
     } else {
@@ -295,24 +235,13 @@ async fn delete_sandbox(
     if state.registry.remove(&id).await {
         Ok(StatusCode::NO_CONTENT)
     } else {
-        Err(ApiError::no_sandbox(&id))
+        Err(crate::sandbox::SandboxError::NotFound(id).into())
     }
 }
 
 #[derive(Debug, Deserialize)]
 struct ExecQuery {
     stdin: Option<String>,
-}
-
-/// Whether `?stdin=` asks for an interactive session.
-pub fn wants_stdin(value: Option<&str>) -> Result<bool, ApiError> {
-    match value {
-        None | Some("0") | Some("false") | Some("") => Ok(false),
-        Some("1") | Some("true") => Ok(true),
-        Some(other) => Err(ApiError::invalid(format!(
-            "stdin: expected 1 or 0, got {other:?}"
-        ))),
-    }
 }
 
 /// Whether the client asked for Docker's `Connection: Upgrade` + `Upgrade: tcp` hijack.
@@ -330,27 +259,24 @@ async fn exec_post(
     Query(query): Query<ExecQuery>,
     mut request: Request,
 ) -> Result<Response, ApiError> {
-    let interactive = wants_stdin(query.stdin.as_deref())?;
+    let interactive = exec::wants_stdin(query.stdin.as_deref())?;
     let sandbox = state.registry.get(&id, &caller)?;
     let upgrade = interactive && asks_tcp_upgrade(request.headers());
     let on_upgrade = upgrade.then(|| hyper::upgrade::on(&mut request));
-    let body = read_body(request.into_body(), state.config.header_timeout).await?;
-    let exec_request: ExecRequest = parse_json(&body, "ExecRequest")?;
-    exec_request
-        .validate()
-        .map_err(|e| ApiError::invalid(e.to_string()))?;
     if interactive && on_upgrade.is_none() {
         return Err(ApiError::invalid(
             "an interactive exec (?stdin=1) must be the first request on its connection, or \
              send `Connection: Upgrade` and `Upgrade: tcp`",
         ));
     }
-    let guard = sandbox.begin(true)?;
+    let body = body::read(request.into_body(), state.config.header_timeout).await?;
+    let session = exec::admit(&state, &sandbox, &body, interactive).await?;
     if let Some(on_upgrade) = on_upgrade {
         tokio::spawn(async move {
             match on_upgrade.await {
                 Ok(upgraded) => {
-                    exec::interactive(state, guard, exec_request, TokioIo::new(upgraded)).await
+                    let (reader, writer) = tokio::io::split(TokioIo::new(upgraded));
+                    exec::pump(session, RawReader::new(reader), RawWriter(writer)).await;
                 }
                 Err(e) => tracing::debug!("exec upgrade failed: {e}"),
             }
@@ -365,10 +291,15 @@ async fn exec_post(
         )
             .into_response());
     }
-    let stream = exec::one_shot(state, guard, exec_request);
+    // Pulled by hyper: a slow client slows the agent (backpressure), and a client that goes
+    // away drops the session (which kills the command).
+    let output = futures_util::stream::unfold(session, |mut session| async move {
+        let frames = session.next_output().await?;
+        Some((Ok::<_, std::convert::Infallible>(frames), session))
+    });
     Ok((
         [(header::CONTENT_TYPE, "application/octet-stream")],
-        Body::from_stream(stream),
+        Body::from_stream(output),
     )
         .into_response())
 }

@@ -1,7 +1,6 @@
 //! Sandboxes and their registry: lifecycle state, exec admission, TTL and idle expiry.
 
 use std::collections::{BTreeMap, HashMap};
-use std::io;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -11,9 +10,51 @@ use tokio::sync::{watch, Notify, OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinHandle;
 use wire::{BackendKind, SandboxInfo, SandboxState, SandboxTimings};
 
+use crate::agent::{AgentError, AgentLoss};
 use crate::auth::{Caller, Owner};
 use crate::backend::Instance;
-use crate::error::ApiError;
+
+/// Why a sandbox (or the registry) refused a request. The HTTP edge maps each to a status
+/// (`error.rs`), the WebSocket to a close code (`ws.rs`).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SandboxError {
+    /// Not the shape of a sandbox id.
+    #[error("{0:?} is not a sandbox id (expected sb- and 16 hex digits)")]
+    InvalidId(String),
+    /// No such sandbox, or not the caller's (the two are indistinguishable on purpose).
+    #[error("no sandbox with id {0:?}")]
+    NotFound(String),
+    /// It died; the reason is the backend's.
+    #[error("sandbox {id} is dead: {reason}")]
+    Dead {
+        /// The sandbox.
+        id: String,
+        /// Why it died.
+        reason: String,
+    },
+    /// It is being created or deleted.
+    #[error("sandbox {id} is {state}")]
+    NotRunning {
+        /// The sandbox.
+        id: String,
+        /// Its state, as the API names it.
+        state: String,
+    },
+    /// It already runs as many commands as it may.
+    #[error("sandbox {id} already runs {limit} commands, its limit")]
+    ExecLimit {
+        /// The sandbox.
+        id: String,
+        /// The limit.
+        limit: usize,
+    },
+    /// The daemon runs as many sandboxes as it may.
+    #[error("the daemon already runs {0} sandboxes, its limit")]
+    AtCapacity(usize),
+    /// The daemon is stopping.
+    #[error("the daemon is shutting down")]
+    ShuttingDown,
+}
 
 /// Unix milliseconds now.
 pub fn unix_ms() -> u64 {
@@ -179,33 +220,31 @@ impl Sandbox {
     }
 
     /// Admits one exec or file transfer: the sandbox must be running and below its exec cap.
-    pub fn begin(self: &Arc<Self>, counts_as_exec: bool) -> Result<ActivityGuard, ApiError> {
+    pub fn begin(self: &Arc<Self>, counts_as_exec: bool) -> Result<ActivityGuard, SandboxError> {
         match self.state() {
             SandboxState::Running => {}
             SandboxState::Dead => {
-                return Err(ApiError::conflict(format!(
-                    "sandbox {} is dead: {}",
-                    self.id,
-                    self.status().error
-                )))
+                return Err(SandboxError::Dead {
+                    id: self.id.clone(),
+                    reason: self.status().error.clone(),
+                })
             }
             state => {
-                return Err(ApiError::conflict(format!(
-                    "sandbox {} is {}",
-                    self.id,
-                    serde_json::to_value(state)
+                return Err(SandboxError::NotRunning {
+                    id: self.id.clone(),
+                    state: serde_json::to_value(state)
                         .ok()
                         .and_then(|v| v.as_str().map(String::from))
-                        .unwrap_or_default()
-                )))
+                        .unwrap_or_default(),
+                })
             }
         }
         let permit = if counts_as_exec {
             Some(self.exec_slots.clone().try_acquire_owned().map_err(|_| {
-                ApiError::too_many(format!(
-                    "sandbox {} already runs {} commands, its limit",
-                    self.id, self.settings.max_execs
-                ))
+                SandboxError::ExecLimit {
+                    id: self.id.clone(),
+                    limit: self.settings.max_execs,
+                }
             })?)
         } else {
             None
@@ -218,26 +257,30 @@ impl Sandbox {
         })
     }
 
-    /// `request` with the sandbox's environment under its own (the request's values win),
-    /// so both backends apply it the same way.
-    pub fn with_sandbox_env(&self, request: &wire::ExecRequest) -> wire::ExecRequest {
-        let mut merged = request.clone();
+    /// Puts the sandbox's environment under `request`'s own (the request's values win), so
+    /// both backends apply it the same way; in place, on the request on its way to the agent.
+    pub fn merge_env_into(&self, request: &mut wire::ExecRequest) {
         for (name, value) in &self.settings.env {
-            merged
-                .env
-                .entry(name.clone())
-                .or_insert_with(|| value.clone());
+            if !request.env.contains_key(name) {
+                request.env.insert(name.clone(), value.clone());
+            }
         }
-        merged
     }
 
-    /// A new connection to its agent.
-    pub async fn connect_agent(&self) -> io::Result<UnixStream> {
-        self.instance.connect().await
+    /// A new connection to its agent, with `message` sent on it.
+    pub async fn send_to_agent(
+        &self,
+        message: &wire::agent::AgentRequest,
+    ) -> Result<UnixStream, AgentError> {
+        let mut agent = self.instance.connect().await.map_err(AgentError::Connect)?;
+        wire::write_message_async(&mut agent, message)
+            .await
+            .map_err(AgentError::Send)?;
+        Ok(agent)
     }
 
-    /// The error to report when the agent was lost mid-request: if the sandbox died, say so.
-    pub async fn lost_reason(&self, detail: String) -> String {
+    /// What to report when the agent was lost mid-request: if the sandbox died, that it did.
+    pub async fn loss(&self, error: AgentError) -> AgentLoss {
         let mut exited = self.instance.exited();
         // The connection usually breaks a moment before the death is noticed.
         let died =
@@ -245,9 +288,10 @@ impl Sandbox {
                 .await
                 .ok()
                 .and_then(|r| r.ok().and_then(|reason| reason.clone()));
-        match died {
-            Some(reason) => format!("sandbox {} died during the request: {reason}", self.id),
-            None => format!("lost the agent of sandbox {}: {detail}", self.id),
+        AgentLoss {
+            sandbox: self.id.clone(),
+            died,
+            error,
         }
     }
 
@@ -373,15 +417,13 @@ impl Registry {
     }
 
     /// Reserves room for one more sandbox, or fails when `max` exist or are being created.
-    pub fn reserve(&self, max: usize) -> Result<Reservation<'_>, ApiError> {
+    pub fn reserve(&self, max: usize) -> Result<Reservation<'_>, SandboxError> {
         if self.shutting_down.load(Ordering::SeqCst) {
-            return Err(ApiError::shutting_down());
+            return Err(SandboxError::ShuttingDown);
         }
         let mut reserved = self.reserved.lock().unwrap_or_else(|p| p.into_inner());
         if self.map().len() + *reserved >= max {
-            return Err(ApiError::too_many(format!(
-                "the daemon already runs {max} sandboxes, its limit"
-            )));
+            return Err(SandboxError::AtCapacity(max));
         }
         *reserved += 1;
         Ok(Reservation { registry: self })
@@ -391,17 +433,15 @@ impl Registry {
     /// sandbox `caller` may not use is unknown to it: the same 404, built by the same code
     /// after the same map lookup, so that neither the answer nor its timing tells "exists but
     /// not yours" from "does not exist".
-    pub fn get(&self, id: &str, caller: &Caller) -> Result<Arc<Sandbox>, ApiError> {
+    pub fn get(&self, id: &str, caller: &Caller) -> Result<Arc<Sandbox>, SandboxError> {
         if !is_valid_id(id) {
-            return Err(ApiError::invalid(format!(
-                "{id:?} is not a sandbox id (expected sb- and 16 hex digits)"
-            )));
+            return Err(SandboxError::InvalidId(id.to_string()));
         }
         self.map()
             .get(id)
             .filter(|sandbox| caller.may_use(&sandbox.settings.owner))
             .cloned()
-            .ok_or_else(|| ApiError::no_sandbox(id))
+            .ok_or_else(|| SandboxError::NotFound(id.to_string()))
     }
 
     /// Every sandbox, oldest first.

@@ -5,13 +5,20 @@ use std::io;
 use std::net::SocketAddr;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::Duration;
 
+use axum::Router;
 use tokio::net::{TcpListener, UnixListener};
+use tokio::sync::{oneshot, OwnedSemaphorePermit, Semaphore};
 
-use crate::backend::cgroup;
+use crate::auth::Transport;
+use crate::backend::{cgroup, Backends};
 use crate::config::ServeConfig;
-use crate::hijack::{serve_connection, Transport};
+use crate::error::ApiError;
+use crate::front_door::serve_connection;
 use crate::state::AppState;
 
 const CGROUP_ROOT: &str = "/sys/fs/cgroup";
@@ -45,6 +52,9 @@ pub enum ServeError {
     /// Another daemon owns the socket.
     #[error("another daemon is already listening on {0}")]
     SocketInUse(PathBuf),
+    /// `--max-connections 0` would refuse every client.
+    #[error("--max-connections must be at least 1")]
+    NoConnections,
     /// A filesystem or socket operation failed.
     #[error("{step}")]
     Io {
@@ -65,13 +75,47 @@ fn io_error(step: impl Into<String>) -> impl FnOnce(io::Error) -> ServeError {
 #[derive(Debug)]
 pub struct Server {
     state: Arc<AppState>,
+    router: Router,
+    connections: Arc<Semaphore>,
+    max_connections: usize,
     unix: Option<(UnixListener, PathBuf)>,
     tcp: Option<TcpListener>,
+}
+
+/// Raises the soft limit on open files to the hard one and returns it: every connection holds
+/// a descriptor or two, every sandbox a few.
+fn raise_fd_limit() -> u64 {
+    use nix::sys::resource::{getrlimit, setrlimit, Resource};
+    let Ok((soft, hard)) = getrlimit(Resource::RLIMIT_NOFILE) else {
+        return 1024;
+    };
+    if soft < hard && setrlimit(Resource::RLIMIT_NOFILE, hard, hard).is_ok() {
+        tracing::info!("raised the open-file limit from {soft} to {hard}");
+        return hard;
+    }
+    soft
+}
+
+/// The default connection cap for `fd_limit` descriptors: half of what is left after a
+/// reserve for sandboxes and the daemon itself (a connection can hold two: its own and its
+/// agent's).
+fn default_max_connections(fd_limit: u64) -> usize {
+    let usable = fd_limit.saturating_sub(256) / 2;
+    usize::try_from(usable).unwrap_or(usize::MAX).max(16)
 }
 
 impl Server {
     /// Validates the configuration, cleans up after a previous daemon, and binds the listeners.
     pub async fn bind(config: ServeConfig) -> Result<Self, ServeError> {
+        let backends = AppState::default_backends(&config);
+        Self::bind_with(config, backends).await
+    }
+
+    /// [`Server::bind`] with the given backends (tests inject the host-process backend).
+    pub async fn bind_with(config: ServeConfig, backends: Backends) -> Result<Self, ServeError> {
+        if config.max_connections == Some(0) {
+            return Err(ServeError::NoConnections);
+        }
         crate::backend::namespace::IdRanges::check(config.uid_base, config.limits.max_sandboxes)?;
         if let Some(addr) = config.tcp {
             if config.api_keys.is_empty() {
@@ -95,11 +139,24 @@ impl Server {
             None => None,
         };
         clean_stale_sandboxes(&config.state_dir, &config.cgroup_parent).await;
+        let fd_limit = raise_fd_limit();
+        let max_connections = config
+            .max_connections
+            .unwrap_or_else(|| default_max_connections(fd_limit));
+        let state = Arc::new(AppState::with_backends(config, backends));
         Ok(Server {
-            state: Arc::new(AppState::new(config)),
+            router: crate::routes::app(state.clone()),
+            connections: Arc::new(Semaphore::new(max_connections)),
+            max_connections,
+            state,
             unix,
             tcp,
         })
+    }
+
+    /// How many connections it holds at most.
+    pub fn max_connections(&self) -> usize {
+        self.max_connections
     }
 
     /// The shared state (tests use it to inspect the daemon).
@@ -122,10 +179,11 @@ impl Server {
             };
             loop {
                 match listener.accept().await {
-                    Ok((stream, _)) => {
-                        tokio::spawn(serve_connection(state.clone(), stream, Transport::Unix));
-                    }
-                    Err(e) => tracing::warn!("accept on the Unix socket failed: {e}"),
+                    Ok((stream, _)) => match self.admit_connection() {
+                        Some(permit) => self.spawn(stream, Transport::Unix, permit),
+                        None => self.refuse(|answer| stream.try_write(answer)),
+                    },
+                    Err(e) => accept_failed("the Unix socket", e).await,
                 }
             }
         };
@@ -135,11 +193,14 @@ impl Server {
             };
             loop {
                 match listener.accept().await {
-                    Ok((stream, _)) => {
-                        let _ = stream.set_nodelay(true);
-                        tokio::spawn(serve_connection(state.clone(), stream, Transport::Tcp));
-                    }
-                    Err(e) => tracing::warn!("accept on TCP failed: {e}"),
+                    Ok((stream, _)) => match self.admit_connection() {
+                        Some(permit) => {
+                            let _ = stream.set_nodelay(true);
+                            self.spawn(stream, Transport::Tcp, permit)
+                        }
+                        None => self.refuse(|answer| stream.try_write(answer)),
+                    },
+                    Err(e) => accept_failed("TCP", e).await,
                 }
             }
         };
@@ -154,6 +215,151 @@ impl Server {
         if let Some(path) = unix_path {
             let _ = std::fs::remove_file(path);
         }
+    }
+
+    /// A place under the connection cap, held until the connection ends.
+    fn admit_connection(&self) -> Option<OwnedSemaphorePermit> {
+        self.connections.clone().try_acquire_owned().ok()
+    }
+
+    fn spawn<S>(&self, stream: S, transport: Transport, permit: OwnedSemaphorePermit)
+    where
+        S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+    {
+        let connection =
+            serve_connection(self.state.clone(), self.router.clone(), stream, transport);
+        tokio::spawn(async move {
+            connection.await;
+            drop(permit);
+        });
+    }
+
+    /// Answers a connection past the cap with `503 too_many_connections` and closes it. The
+    /// answer is written only if the socket takes it at once: a refused client gets no task,
+    /// no buffer and no time, or a flood of them would hold what the cap protects.
+    fn refuse(&self, try_write: impl FnOnce(&[u8]) -> io::Result<usize>) {
+        self.state
+            .metrics
+            .connections_refused
+            .fetch_add(1, Ordering::Relaxed);
+        self.state.metrics.observe_error(503);
+        let error = ApiError::too_many_connections(self.max_connections);
+        let body = serde_json::to_vec(&error.body()).unwrap_or_default();
+        let mut answer = format!(
+            "HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n\
+             Content-Length: {}\r\nConnection: close\r\n\r\n",
+            body.len()
+        )
+        .into_bytes();
+        answer.extend_from_slice(&body);
+        let _ = try_write(&answer);
+    }
+}
+
+/// Logs a failed accept and pauses briefly: the usual cause, no descriptor left, does not go
+/// away by retrying at once.
+async fn accept_failed(listener: &str, error: io::Error) {
+    tracing::warn!("accept on {listener} failed: {error}");
+    tokio::time::sleep(Duration::from_millis(10)).await;
+}
+
+/// A daemon on a runtime of its own, on a thread of its own: how the end-to-end tests and the
+/// benchmark run one in their process, as it runs in production.
+#[derive(Debug)]
+pub struct BackgroundDaemon {
+    /// Its Unix socket, when it listens on one.
+    pub socket: Option<PathBuf>,
+    /// Its TCP address, when it listens on TCP.
+    pub tcp: Option<SocketAddr>,
+    /// Its state, for inspection.
+    pub state: Arc<AppState>,
+    shutdown: Option<oneshot::Sender<()>>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl BackgroundDaemon {
+    /// Binds and starts a daemon with `backends` (the configured ones when `None`) on a
+    /// two-worker runtime.
+    pub fn start(config: ServeConfig, backends: Option<Backends>) -> Result<Self, ServeError> {
+        let (shutdown_tx, shutdown_rx) = oneshot::channel::<()>();
+        let (started_tx, started_rx) = std::sync::mpsc::channel();
+        let thread = std::thread::Builder::new()
+            .name("crucible-daemon".into())
+            .spawn(move || {
+                let runtime = match tokio::runtime::Builder::new_multi_thread()
+                    .worker_threads(2)
+                    .thread_name("crucible-daemon")
+                    .enable_all()
+                    .build()
+                {
+                    Ok(runtime) => runtime,
+                    Err(e) => {
+                        let _ = started_tx.send(Err(io_error("start the daemon's runtime")(e)));
+                        return;
+                    }
+                };
+                runtime.block_on(async move {
+                    let bound = match backends {
+                        Some(backends) => Server::bind_with(config, backends).await,
+                        None => Server::bind(config).await,
+                    };
+                    let server = match bound {
+                        Ok(server) => server,
+                        Err(e) => {
+                            let _ = started_tx.send(Err(e));
+                            return;
+                        }
+                    };
+                    let socket = server.unix.as_ref().map(|(_, path)| path.clone());
+                    let _ = started_tx.send(Ok((socket, server.tcp_addr(), server.state())));
+                    server
+                        .run(async {
+                            let _ = shutdown_rx.await;
+                        })
+                        .await;
+                });
+            })
+            .map_err(io_error("spawn the daemon's thread"))?;
+        let (socket, tcp, state) = match started_rx.recv() {
+            Ok(Ok(started)) => started,
+            Ok(Err(e)) => {
+                let _ = thread.join();
+                return Err(e);
+            }
+            Err(_) => {
+                let _ = thread.join();
+                return Err(io_error("start the daemon")(io::Error::other(
+                    "its thread ended before it started",
+                )));
+            }
+        };
+        Ok(BackgroundDaemon {
+            socket,
+            tcp,
+            state,
+            shutdown: Some(shutdown_tx),
+            thread: Some(thread),
+        })
+    }
+
+    /// Stops it (deleting every sandbox) and waits until it has.
+    pub fn stop(mut self) {
+        self.stop_now();
+    }
+
+    fn stop_now(&mut self) {
+        if let Some(tx) = self.shutdown.take() {
+            let _ = tx.send(());
+        }
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+impl Drop for BackgroundDaemon {
+    fn drop(&mut self) {
+        self.stop_now();
     }
 }
 

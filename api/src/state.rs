@@ -1,4 +1,5 @@
-//! The daemon's shared state and the sandbox creation path.
+//! The daemon's shared state (the composition root: configuration, backends, registry,
+//! metrics) and the sandbox creation path.
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -8,13 +9,35 @@ use wire::{BackendKind, CreateSandbox, SandboxInfo};
 
 use crate::auth::Owner;
 use crate::backend::microvm::MicrovmBackend;
-use crate::backend::namespace::NamespaceBackend;
-use crate::backend::{Backend, BackendError, ImagePaths, InstanceSpec};
+use crate::backend::namespace::{IdRanges, NamespaceBackend};
+use crate::backend::{Backend, BackendError, Backends, ImagePaths, InstanceSpec};
 use crate::config::ServeConfig;
-use crate::error::ApiError;
 use crate::host;
 use crate::metrics::Metrics;
-use crate::sandbox::{new_id, Registry, Sandbox, SandboxSettings};
+use crate::sandbox::{new_id, Registry, Sandbox, SandboxError, SandboxSettings};
+
+/// Why a sandbox was not created.
+#[derive(Debug, thiserror::Error)]
+pub enum CreateError {
+    /// The request asks for something invalid; the message names the field.
+    #[error("{0}")]
+    Invalid(String),
+    /// The registry refused (at capacity, shutting down).
+    #[error(transparent)]
+    Sandbox(#[from] SandboxError),
+    /// The backend cannot run on this host.
+    #[error(transparent)]
+    Unavailable(BackendError),
+    /// The backend failed to make it.
+    #[error("creating sandbox {id}: {source}")]
+    Failed {
+        /// The id it would have had.
+        id: String,
+        /// What failed.
+        #[source]
+        source: BackendError,
+    },
+}
 
 /// Everything the handlers share.
 pub struct AppState {
@@ -24,14 +47,15 @@ pub struct AppState {
     pub registry: Arc<Registry>,
     /// Counters.
     pub metrics: Metrics,
-    namespace: NamespaceBackend,
-    microvm: MicrovmBackend,
+    backends: Backends,
     host: host::HostReport,
 }
 
 impl std::fmt::Debug for AppState {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("AppState").finish_non_exhaustive()
+        f.debug_struct("AppState")
+            .field("backends", &self.backends)
+            .finish_non_exhaustive()
     }
 }
 
@@ -39,33 +63,44 @@ impl std::fmt::Debug for AppState {
 pub const DEFAULT_IMAGE: &str = "default";
 
 impl AppState {
-    /// State for `config`.
+    /// State for `config`, with the backends it describes: microVMs where the host can boot
+    /// them, else namespaces.
     pub fn new(config: ServeConfig) -> Self {
+        let backends = Self::default_backends(&config);
+        Self::with_backends(config, backends)
+    }
+
+    /// State for `config` with the given backends (tests inject the host-process backend).
+    pub fn with_backends(config: ServeConfig, backends: Backends) -> Self {
+        AppState {
+            config,
+            registry: Arc::new(Registry::default()),
+            metrics: Metrics::default(),
+            backends,
+            host: host::inspect(),
+        }
+    }
+
+    /// The microVM and namespace backends `config` describes, in that order of preference.
+    pub fn default_backends(config: &ServeConfig) -> Backends {
+        let ready_timeout = Duration::from_secs(config.limits.ready_timeout_s);
         let namespace = NamespaceBackend::new(
             ImagePaths::in_dir(&config.image_dir),
             config.state_dir.clone(),
             config.cgroup_parent.clone(),
             config.limits.max_pids,
             config.limits.scratch_mib,
-            Duration::from_secs(config.limits.ready_timeout_s),
-            crate::backend::namespace::IdRanges::new(config.uid_base, config.limits.max_sandboxes),
+            ready_timeout,
+            IdRanges::new(config.uid_base, config.limits.max_sandboxes),
         );
-        let host = host::inspect();
         let microvm = MicrovmBackend::new(
             config.vmm_binary.clone(),
             &config.image_dir,
             config.state_dir.clone(),
-            Duration::from_secs(config.limits.ready_timeout_s),
-            host::kvm_unavailable_reason(&host),
+            ready_timeout,
+            host::kvm_unavailable_reason(&host::inspect()),
         );
-        AppState {
-            config,
-            registry: Arc::new(Registry::default()),
-            metrics: Metrics::default(),
-            namespace,
-            microvm,
-            host,
-        }
+        Backends::new(vec![Arc::new(microvm), Arc::new(namespace)])
     }
 
     /// The host inspection made at startup.
@@ -75,36 +110,32 @@ impl AppState {
 
     /// Why `kind` cannot run here, or `None` when it can.
     pub fn unavailable_reason(&self, kind: BackendKind) -> Option<String> {
-        match kind {
-            BackendKind::Namespace => self.namespace.unavailable_reason(),
-            BackendKind::Microvm => self.microvm.unavailable_reason(),
-        }
+        self.backends.unavailable_reason(kind)
     }
 
-    /// The backend used when a request names none: the configured one, else a microVM where
-    /// the host can boot one, else namespaces.
+    /// The backend used when a request names none: the configured one, else the most
+    /// preferred one the host can run.
     pub fn default_backend(&self) -> BackendKind {
-        if let Some(kind) = self.config.default_backend {
-            return kind;
-        }
-        if self.unavailable_reason(BackendKind::Microvm).is_none() {
-            BackendKind::Microvm
-        } else {
-            BackendKind::Namespace
-        }
+        self.config
+            .default_backend
+            .or_else(|| self.backends.preferred())
+            .unwrap_or(BackendKind::Namespace)
     }
 
-    fn backend(&self, kind: BackendKind) -> Result<&dyn Backend, ApiError> {
-        if let Some(reason) = self.unavailable_reason(kind) {
-            return Err(ApiError::new(
-                axum::http::StatusCode::SERVICE_UNAVAILABLE,
-                "backend_unavailable",
-                format!("the {kind} backend is not available on this host: {reason}"),
-            ));
-        }
-        match kind {
-            BackendKind::Namespace => Ok(&self.namespace),
-            BackendKind::Microvm => Ok(&self.microvm),
+    fn backend(&self, kind: BackendKind) -> Result<&dyn Backend, CreateError> {
+        let unavailable = |reason| {
+            CreateError::Unavailable(BackendError::Unavailable {
+                backend: kind,
+                reason,
+            })
+        };
+        let backend = self
+            .backends
+            .get(kind)
+            .ok_or_else(|| unavailable(format!("this daemon does not offer the {kind} backend")))?;
+        match backend.unavailable_reason() {
+            Some(reason) => Err(unavailable(reason)),
+            None => Ok(backend.as_ref()),
         }
     }
 
@@ -113,39 +144,39 @@ impl AppState {
         &self,
         request: CreateSandbox,
         owner: Owner,
-    ) -> Result<SandboxInfo, ApiError> {
+    ) -> Result<SandboxInfo, CreateError> {
         let started = Instant::now();
         let limits = &self.config.limits;
         let memory_mib = request.memory_mib.unwrap_or(limits.default_memory_mib);
         if !(16..=limits.max_memory_mib).contains(&memory_mib) {
-            return Err(ApiError::invalid(format!(
+            return Err(CreateError::Invalid(format!(
                 "memory_mib: must be between 16 and {}, got {memory_mib}",
                 limits.max_memory_mib
             )));
         }
         let vcpus = request.vcpus.unwrap_or(limits.default_vcpus);
         if !(1..=limits.max_vcpus).contains(&vcpus) {
-            return Err(ApiError::invalid(format!(
+            return Err(CreateError::Invalid(format!(
                 "vcpus: must be between 1 and {}, got {vcpus}",
                 limits.max_vcpus
             )));
         }
         let ttl_s = request.ttl_s.unwrap_or(limits.default_ttl_s);
         if !(1..=limits.max_ttl_s).contains(&ttl_s) {
-            return Err(ApiError::invalid(format!(
+            return Err(CreateError::Invalid(format!(
                 "ttl_s: must be between 1 and {}, got {ttl_s}",
                 limits.max_ttl_s
             )));
         }
         let image = request.image.unwrap_or_else(|| DEFAULT_IMAGE.to_string());
         if image != DEFAULT_IMAGE {
-            return Err(ApiError::invalid(format!(
+            return Err(CreateError::Invalid(format!(
                 "image: unknown image {image:?} (available: {DEFAULT_IMAGE:?})"
             )));
         }
         for (name, value) in &request.env {
             if name.is_empty() || name.contains(['=', '\0']) || value.contains('\0') {
-                return Err(ApiError::invalid(format!(
+                return Err(CreateError::Invalid(format!(
                     "env.{}: names must be non-empty without '=' or NUL, values without NUL",
                     name.escape_debug()
                 )));
@@ -168,17 +199,11 @@ impl AppState {
                 .sandboxes_failed
                 .fetch_add(1, Ordering::Relaxed);
             match e {
-                BackendError::Unavailable { .. } => ApiError::new(
-                    axum::http::StatusCode::SERVICE_UNAVAILABLE,
-                    "backend_unavailable",
-                    e.to_string(),
-                ),
-                BackendError::Setup { step, source } => {
-                    ApiError::internal(format!("creating sandbox {id}: {step}: {source}"))
-                }
-                BackendError::NotReady(reason) => {
-                    ApiError::internal(format!("creating sandbox {id}: {reason}"))
-                }
+                BackendError::Unavailable { .. } => CreateError::Unavailable(e),
+                e => CreateError::Failed {
+                    id: id.clone(),
+                    source: e,
+                },
             }
         })?;
         let settings = SandboxSettings {

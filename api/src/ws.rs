@@ -6,18 +6,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::extract::ws::{CloseFrame, Message, Utf8Bytes, WebSocket};
+use bytes::Bytes;
+use futures_util::stream::{SplitSink, SplitStream};
 use futures_util::{SinkExt, StreamExt};
-use tokio::io::AsyncWriteExt;
-use wire::ExecRequest;
 
-use crate::exec;
-use crate::relay::{failure_frame, RelayEnd, ResponseRelay};
-use crate::sandbox::Sandbox;
+use crate::exec::{self, AdmitError, ClientInput, ClientReader, ClientWriter, Ending};
+use crate::sandbox::{Sandbox, SandboxError};
 use crate::state::AppState;
-
-/// How long a client has to send its ExecRequest after the upgrade, by default
-/// (`ServeConfig::first_message_timeout`).
-pub const FIRST_MESSAGE_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// Close codes used by the session.
 mod close {
@@ -26,8 +21,22 @@ mod close {
     pub const INVALID_PAYLOAD: u16 = 1007;
     pub const POLICY: u16 = 1008;
     pub const TOO_BIG: u16 = 1009;
+    pub const GOING_AWAY: u16 = 1001;
     pub const INTERNAL: u16 = 1011;
     pub const TRY_AGAIN_LATER: u16 = 1013;
+}
+
+/// The close code for an exec the sandbox would not admit: a limit is "try again later", a
+/// daemon going away "going away", a sandbox that cannot run it an internal condition.
+fn close_code(error: &SandboxError) -> u16 {
+    match error {
+        SandboxError::ExecLimit { .. } | SandboxError::AtCapacity(_) => close::TRY_AGAIN_LATER,
+        SandboxError::ShuttingDown => close::GOING_AWAY,
+        SandboxError::InvalidId(_) => close::POLICY,
+        SandboxError::NotFound(_) | SandboxError::Dead { .. } | SandboxError::NotRunning { .. } => {
+            close::INTERNAL
+        }
+    }
 }
 
 /// A close frame; the reason is cut to the 123 bytes a close frame can carry.
@@ -64,12 +73,12 @@ fn receive_error(error: axum::Error) -> Option<(u16, String)> {
     Some((code, error.to_string()))
 }
 
-/// Reads the first message: the ExecRequest, as text or binary. The error is the close frame
-/// to answer with, if any.
+/// Reads the first message: the ExecRequest's bytes, as text or binary. The error is the
+/// close frame to answer with, if any.
 async fn first_request(
     socket: &mut WebSocket,
     timeout: Duration,
-) -> Result<ExecRequest, Option<(u16, String)>> {
+) -> Result<Bytes, Option<(u16, String)>> {
     let deadline = tokio::time::Instant::now() + timeout;
     loop {
         let message = match tokio::time::timeout_at(deadline, socket.recv()).await {
@@ -83,18 +92,12 @@ async fn first_request(
             Ok(Some(Err(e))) => return Err(receive_error(e)),
             Ok(Some(Ok(message))) => message,
         };
-        let bytes = match message {
-            Message::Text(text) => text.as_bytes().to_vec(),
-            Message::Binary(bytes) => bytes.to_vec(),
-            Message::Close(_) => return Err(None),
+        return match message {
+            Message::Text(text) => Ok(Bytes::from(text)),
+            Message::Binary(bytes) => Ok(bytes),
+            Message::Close(_) => Err(None),
             Message::Ping(_) | Message::Pong(_) => continue,
         };
-        let request: ExecRequest = crate::routes::parse_json(&bytes, "ExecRequest")
-            .map_err(|e| Some((close::POLICY, format!("the first message: {}", e.message))))?;
-        request
-            .validate()
-            .map_err(|e| Some((close::POLICY, e.to_string())))?;
-        return Ok(request);
     }
 }
 
@@ -105,76 +108,70 @@ pub async fn session(state: Arc<AppState>, sandbox: Arc<Sandbox>, mut socket: We
         Err(Some((code, reason))) => return close_with(socket, code, &reason).await,
         Err(None) => return,
     };
-    let guard = match sandbox.begin(true) {
-        Ok(guard) => guard,
-        Err(e) if e.status == axum::http::StatusCode::TOO_MANY_REQUESTS => {
-            return close_with(socket, close::TRY_AGAIN_LATER, &e.message).await
+    let session = match exec::admit(&state, &sandbox, &request, true).await {
+        Ok(session) => session,
+        Err(AdmitError::Invalid(reason)) => {
+            return close_with(socket, close::POLICY, &reason).await
         }
-        Err(e) => return close_with(socket, close::INTERNAL, &e.message).await,
+        Err(AdmitError::Sandbox(e)) => {
+            return close_with(socket, close_code(&e), &e.to_string()).await
+        }
     };
-    state
-        .metrics
-        .execs_started
-        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let agent = match exec::open(&guard, &request, true).await {
-        Ok(agent) => agent,
-        Err(reason) => return close_with(socket, close::INTERNAL, &reason).await,
-    };
-    let (agent_read, mut agent_write) = agent.into_split();
-    let mut relay = ResponseRelay::new(agent_read);
-    let (mut sink, mut stream) = socket.split();
+    let (sink, stream) = socket.split();
+    exec::pump(session, WsReader(stream), WsWriter(sink)).await;
+}
 
-    let input = async {
-        while let Some(message) = stream.next().await {
-            let message = match message {
-                Ok(message) => message,
-                Err(e) => return receive_error(e),
-            };
-            match message {
-                Message::Binary(bytes) => {
-                    if agent_write.write_all(&bytes).await.is_err() {
-                        // The agent is gone; the output side reports why.
-                        std::future::pending::<()>().await;
+/// The WebSocket's reading side: binary messages carry the stdin frame stream.
+struct WsReader(SplitStream<WebSocket>);
+
+impl ClientReader for WsReader {
+    async fn recv(&mut self) -> ClientInput {
+        loop {
+            let message = match self.0.next().await {
+                None => return ClientInput::Closed,
+                Some(Err(e)) => {
+                    return match receive_error(e) {
+                        Some((code, reason)) => ClientInput::Violation(code, reason),
+                        None => ClientInput::Closed,
                     }
                 }
+                Some(Ok(message)) => message,
+            };
+            match message {
+                Message::Binary(bytes) => return ClientInput::Data(bytes),
                 Message::Text(_) => {
-                    return Some((
+                    return ClientInput::Violation(
                         close::POLICY,
                         "only binary messages may follow the ExecRequest".to_string(),
-                    ));
+                    )
                 }
-                Message::Close(_) => return None,
+                Message::Close(_) => return ClientInput::Closed,
                 Message::Ping(_) | Message::Pong(_) => {}
             }
         }
-        None
-    };
-    let output = async {
-        while let Some(chunk) = relay.next_chunk().await {
-            let (bytes, lost) = match chunk {
-                Ok(frames) => (frames, None),
-                Err(detail) => {
-                    let reason = guard.sandbox().lost_reason(detail).await;
-                    (failure_frame(reason.clone()), Some(reason))
-                }
-            };
-            if sink.send(Message::Binary(bytes)).await.is_err() {
-                return None;
-            }
-            if let Some(reason) = lost {
-                return Some((close::INTERNAL, reason));
-            }
+    }
+}
+
+/// The WebSocket's writing side: each chunk of whole frames is one binary message.
+struct WsWriter(SplitSink<WebSocket, Message>);
+
+impl ClientWriter for WsWriter {
+    async fn send(&mut self, frames: Bytes) -> std::io::Result<()> {
+        self.0
+            .send(Message::Binary(frames))
+            .await
+            .map_err(std::io::Error::other)
+    }
+
+    async fn finish(&mut self, ending: &Ending) {
+        let closing = match ending {
+            Ending::Exited => Some((close::NORMAL, "")),
+            Ending::Lost(reason) => Some((close::INTERNAL, reason.as_str())),
+            Ending::ClientViolation(code, reason) => Some((*code, reason.as_str())),
+            Ending::ClientGone => None,
+        };
+        if let Some((code, reason)) = closing {
+            let _ = self.0.send(close_frame(code, reason)).await;
         }
-        match relay.end() {
-            Some(RelayEnd::Exited) => Some((close::NORMAL, String::new())),
-            _ => None,
-        }
-    };
-    let closing = tokio::select! {
-        violation = input => violation,
-        done = output => done,
-    };
-    if let Some((code, reason)) = closing {
-        let _ = sink.send(close_frame(code, &reason)).await;
     }
 }

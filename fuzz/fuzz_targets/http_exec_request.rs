@@ -1,8 +1,8 @@
 //! The daemon's path from raw HTTP bytes to a validated `ExecRequest`, both ways in:
-//! - the hijack front (`api::hijack`): the connection's first request head, delimited by
+//! - the connection front door (`api::front_door`): the connection's first request head, delimited by
 //!   `head_end`, is pre-parsed with `parse_hijack`; an interactive exec takes its body by `Content-Length`, then
-//!   `routes::parse_json` and `ExecRequest::validate` decide;
-//! - the one-shot `POST /sandboxes/{id}/exec` body: `routes::parse_json` + `validate` on the
+//!   `body::parse_json` and `ExecRequest::validate` decide;
+//! - the one-shot `POST /sandboxes/{id}/exec` body: `body::parse_json` + `validate` on the
 //!   whole input.
 //!
 //! Checked:
@@ -17,8 +17,9 @@
 
 use std::ffi::CString;
 
-use api::hijack::{head_end, parse_hijack};
-use api::routes::{parse_json, JSON_BODY_LIMIT};
+use api::body::parse_json;
+use api::config::JSON_BODY_LIMIT;
+use api::front_door::{head_end, parse_hijack};
 use http::StatusCode;
 use libfuzzer_sys::fuzz_target;
 use wire::agent::AgentRequest;

@@ -5,11 +5,10 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::thread::JoinHandle;
 
+use api::server::BackgroundDaemon;
 use api::state::AppState;
-use api::{ApiKeys, ServeConfig, Server};
-use tokio::sync::oneshot;
+use api::{ApiKeys, ServeConfig};
 
 pub mod leaks;
 pub mod process;
@@ -40,7 +39,9 @@ pub fn require_root() {
 
 pub(crate) static NEXT: AtomicUsize = AtomicUsize::new(0);
 
-/// A daemon running on its own runtime thread.
+/// A daemon running on its own runtime thread (`api::server::BackgroundDaemon`, the starter the
+/// benchmark uses too), with a private socket, state directory and cgroup parent. Dropping it
+/// stops the daemon, deleting every sandbox.
 #[derive(Debug)]
 pub struct TestDaemon {
     /// The daemon's Unix socket.
@@ -49,8 +50,7 @@ pub struct TestDaemon {
     pub tcp: Option<SocketAddr>,
     /// The daemon's state, for inspection.
     pub state: Arc<AppState>,
-    shutdown: Option<oneshot::Sender<()>>,
-    thread: Option<JoinHandle<()>>,
+    daemon: BackgroundDaemon,
     _dir: tempfile::TempDir,
 }
 
@@ -76,34 +76,12 @@ impl TestDaemon {
             NEXT.fetch_add(1, Ordering::Relaxed)
         );
         configure(&mut config);
-        let socket = config.unix_socket.clone().expect("socket");
-        let (tx, rx) = oneshot::channel::<()>();
-        let (started_tx, started_rx) = std::sync::mpsc::channel();
-        // The daemon gets its own runtime on its own thread, as in production, so tests on
-        // any runtime can drive it.
-        let thread = std::thread::spawn(move || {
-            let runtime = tokio::runtime::Builder::new_multi_thread()
-                .worker_threads(2)
-                .enable_all()
-                .build()
-                .expect("runtime");
-            runtime.block_on(async move {
-                let server = Server::bind(config).await.expect("the daemon starts");
-                let _ = started_tx.send((server.state(), server.tcp_addr()));
-                server
-                    .run(async {
-                        let _ = rx.await;
-                    })
-                    .await;
-            });
-        });
-        let (state, tcp) = started_rx.recv().expect("the daemon started");
+        let daemon = BackgroundDaemon::start(config, None).expect("the daemon starts");
         TestDaemon {
-            socket,
-            tcp,
-            state,
-            shutdown: Some(tx),
-            thread: Some(thread),
+            socket: daemon.socket.clone().expect("a Unix socket"),
+            tcp: daemon.tcp,
+            state: daemon.state.clone(),
+            daemon,
             _dir: dir,
         }
     }
@@ -128,23 +106,8 @@ impl TestDaemon {
     }
 
     /// Stops the daemon (deleting every sandbox) and waits for it.
-    pub fn stop(mut self) {
-        self.shutdown_now();
-    }
-
-    fn shutdown_now(&mut self) {
-        if let Some(tx) = self.shutdown.take() {
-            let _ = tx.send(());
-        }
-        if let Some(thread) = self.thread.take() {
-            let _ = thread.join();
-        }
-    }
-}
-
-impl Drop for TestDaemon {
-    fn drop(&mut self) {
-        self.shutdown_now();
+    pub fn stop(self) {
+        self.daemon.stop();
     }
 }
 

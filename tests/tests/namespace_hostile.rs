@@ -187,9 +187,9 @@ async fn oversized_request_heads_are_431_with_the_envelope() {
         .await
         .expect(431, "headers_too_large");
     // A head just past the limit that arrives whole, terminator included.
-    let just_over = "b".repeat(api::hijack::MAX_HEAD - 20);
+    let just_over = "b".repeat(api::config::MAX_HEAD - 20);
     let request = format!("GET /sandboxes HTTP/1.1\r\nHost: x\r\nX-Big: {just_over}\r\n\r\n");
-    assert!(request.len() > api::hijack::MAX_HEAD);
+    assert!(request.len() > api::config::MAX_HEAD);
     exchange(&daemon, request.as_bytes())
         .await
         .expect(431, "headers_too_large");

@@ -14,6 +14,9 @@ pub enum BackendKind {
     Microvm,
     /// Linux namespaces + cgroups + no capabilities, for hosts whose KVM cannot boot the image.
     Namespace,
+    /// The agent as a plain host process, with no isolation at all: for testing the daemon
+    /// without root and for development. A daemon offers it only when configured to.
+    Process,
 }
 
 impl fmt::Display for BackendKind {
@@ -21,6 +24,7 @@ impl fmt::Display for BackendKind {
         f.write_str(match self {
             BackendKind::Microvm => "microvm",
             BackendKind::Namespace => "namespace",
+            BackendKind::Process => "process",
         })
     }
 }

@@ -17,7 +17,7 @@ use vmm::{ConsoleOutput, VmConfig, VsockConfig};
 use wire::agent::{Hello, DEFAULT_AGENT_PORT, DEFAULT_READY_PORT};
 use wire::BackendKind;
 
-use super::process::SandboxProcess;
+use super::supervised::{spawn_and_await_hello, SandboxProcess};
 use super::{Backend, BackendError, BoxFuture, Instance, InstanceSpec};
 
 /// The guest's vsock CID (each VM has its own vsock device, so every guest can use the same).
@@ -55,7 +55,7 @@ impl MicrovmBackend {
     }
 
     /// Why this host cannot run microVM sandboxes, if it cannot.
-    pub fn unavailable_reason(&self) -> Option<String> {
+    fn why_unavailable(&self) -> Option<String> {
         if let Some(reason) = &self.host_reason {
             return Some(reason.clone());
         }
@@ -72,7 +72,7 @@ impl MicrovmBackend {
     }
 
     async fn create_instance(&self, spec: InstanceSpec) -> Result<MicrovmInstance, BackendError> {
-        if let Some(reason) = self.unavailable_reason() {
+        if let Some(reason) = self.why_unavailable() {
             return Err(BackendError::Unavailable {
                 backend: BackendKind::Microvm,
                 reason,
@@ -106,33 +106,23 @@ impl MicrovmBackend {
         std::fs::write(&config_path, json)
             .map_err(|e| BackendError::setup(format!("write {}", config_path.display()), e))?;
 
-        let mut child = Command::new(&self.vmm_binary)
+        let mut command = Command::new(&self.vmm_binary);
+        command
             .arg("--config")
             .arg(&config_path)
             .env_clear()
             .stdin(Stdio::null())
             .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .kill_on_drop(true)
-            .spawn()
-            .map_err(|e| BackendError::setup(format!("start {}", self.vmm_binary.display()), e))?;
-        let hello = tokio::select! {
-            hello = super::namespace::accept_hello(&ready) => hello,
-            status = child.wait() => Err(format!(
-                "crucible-vmm exited during boot ({}); console: {}",
-                status.map(|s| s.to_string()).unwrap_or_else(|e| e.to_string()),
-                console.display()
-            )),
-            () = tokio::time::sleep(self.ready_timeout) => Err(format!(
-                "no hello within {:?}; console: {}", self.ready_timeout, console.display()
-            )),
-        };
-        let hello = match hello {
-            Ok(hello) => hello,
-            Err(reason) => {
-                let _ = child.kill().await;
+            .stderr(Stdio::null());
+        let what = self.vmm_binary.display().to_string();
+        let see = format!("the console {}", console.display());
+        let spawned =
+            spawn_and_await_hello(&mut command, &ready, self.ready_timeout, &what, &see).await;
+        let (child, hello) = match spawned {
+            Ok(spawned) => spawned,
+            Err(e) => {
                 let _ = std::fs::remove_dir_all(&dir);
-                return Err(BackendError::NotReady(reason));
+                return Err(e);
             }
         };
         drop(ready);
@@ -218,6 +208,10 @@ impl Backend for MicrovmBackend {
         BackendKind::Microvm
     }
 
+    fn unavailable_reason(&self) -> Option<String> {
+        self.why_unavailable()
+    }
+
     fn create(&self, spec: InstanceSpec) -> BoxFuture<'_, Result<Box<dyn Instance>, BackendError>> {
         Box::pin(async move {
             let instance = self.create_instance(spec).await?;
@@ -284,7 +278,7 @@ mod tests {
             Duration::from_secs(1),
             None,
         );
-        let reason = backend.unavailable_reason().expect("missing pieces");
+        let reason = backend.why_unavailable().expect("missing pieces");
         assert!(reason.contains("VMM"), "{reason}");
         let pvm = MicrovmBackend::new(
             dir.path().join("x"),

@@ -1,16 +1,20 @@
-//! Where sandboxes run. Everything above this module is shared by both backends: each gives a
-//! stream connection to the sandbox's agent, which speaks the same protocol either way.
+//! Where sandboxes run. Everything above this module is shared by every backend: each gives a
+//! stream connection to the sandbox's agent, which speaks the same protocol either way. The
+//! daemon holds its backends by kind ([`Backends`]), injected at startup, so that tests can
+//! run the whole daemon on the host-process backend without root.
 
 pub mod cgroup;
+pub mod host_process;
 pub mod microvm;
 pub mod namespace;
-pub mod process;
+pub mod supervised;
 
 use std::collections::BTreeMap;
 use std::future::Future;
 use std::io;
 use std::path::PathBuf;
 use std::pin::Pin;
+use std::sync::Arc;
 
 use tokio::net::UnixStream;
 use tokio::sync::watch;
@@ -71,8 +75,65 @@ impl BackendError {
 pub trait Backend: Send + Sync + 'static {
     /// Which backend this is.
     fn kind(&self) -> BackendKind;
+    /// Why this host cannot run it, or `None` when it can.
+    fn unavailable_reason(&self) -> Option<String>;
     /// Creates a sandbox and waits for its agent's hello.
     fn create(&self, spec: InstanceSpec) -> BoxFuture<'_, Result<Box<dyn Instance>, BackendError>>;
+}
+
+/// The backends a daemon offers, in order of preference for requests that name none.
+#[derive(Clone, Default)]
+pub struct Backends {
+    list: Vec<Arc<dyn Backend>>,
+}
+
+impl std::fmt::Debug for Backends {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_list()
+            .entries(self.list.iter().map(|b| b.kind()))
+            .finish()
+    }
+}
+
+impl Backends {
+    /// `list`, most preferred first (one of each kind; a later duplicate is ignored).
+    pub fn new(list: Vec<Arc<dyn Backend>>) -> Self {
+        let mut unique: Vec<Arc<dyn Backend>> = Vec::new();
+        for backend in list {
+            if !unique.iter().any(|b| b.kind() == backend.kind()) {
+                unique.push(backend);
+            }
+        }
+        Backends { list: unique }
+    }
+
+    /// The backend of `kind`, if the daemon offers it.
+    pub fn get(&self, kind: BackendKind) -> Option<&Arc<dyn Backend>> {
+        self.list.iter().find(|b| b.kind() == kind)
+    }
+
+    /// Why `kind` cannot run, or `None` when it can.
+    pub fn unavailable_reason(&self, kind: BackendKind) -> Option<String> {
+        match self.get(kind) {
+            Some(backend) => backend.unavailable_reason(),
+            None => Some(format!("this daemon does not offer the {kind} backend")),
+        }
+    }
+
+    /// The most preferred backend that can run here, else the most preferred one (whose
+    /// creations then say why they fail).
+    pub fn preferred(&self) -> Option<BackendKind> {
+        self.list
+            .iter()
+            .find(|b| b.unavailable_reason().is_none())
+            .or_else(|| self.list.first())
+            .map(|b| b.kind())
+    }
+
+    /// The kinds offered, most preferred first.
+    pub fn kinds(&self) -> impl Iterator<Item = BackendKind> + '_ {
+        self.list.iter().map(|b| b.kind())
+    }
 }
 
 /// One running sandbox.

@@ -21,7 +21,7 @@ use wire::agent::Hello;
 use wire::BackendKind;
 
 use super::cgroup::{CgroupLimits, SandboxCgroups};
-use super::process::SandboxProcess;
+use super::supervised::{spawn_and_await_hello, SandboxProcess};
 use super::{Backend, BackendError, BoxFuture, ImagePaths, Instance, InstanceSpec};
 
 /// The PATH commands see unless the sandbox's env overrides it.
@@ -145,7 +145,7 @@ impl NamespaceBackend {
     }
 
     /// Why this host cannot run namespace sandboxes, if it cannot.
-    pub fn unavailable_reason(&self) -> Option<String> {
+    fn why_unavailable(&self) -> Option<String> {
         if !self.image.agent().is_file() {
             return Some(format!(
                 "no agent at {} (build the image: cargo xtask build-image)",
@@ -171,7 +171,7 @@ impl NamespaceBackend {
 
     async fn create_instance(&self, spec: InstanceSpec) -> Result<NamespaceInstance, BackendError> {
         let memory_mib = spec.memory_mib;
-        if let Some(reason) = self.unavailable_reason() {
+        if let Some(reason) = self.why_unavailable() {
             return Err(BackendError::Unavailable {
                 backend: BackendKind::Namespace,
                 reason,
@@ -251,29 +251,16 @@ impl NamespaceBackend {
             .envs(&env)
             .stdin(Stdio::null())
             .stdout(Stdio::from(log))
-            .stderr(Stdio::from(log_err))
-            .kill_on_drop(true);
-        let mut child = command.spawn().map_err(|e| {
-            BackendError::setup(format!("start {}", self.image.agent().display()), e)
-        })?;
-
-        let hello = tokio::select! {
-            hello = accept_hello(&ready) => hello,
-            status = child.wait() => Err(format!(
-                "the sandbox exited during setup ({}); see {}",
-                status.map(|s| s.to_string()).unwrap_or_else(|e| e.to_string()),
-                log_path.display()
-            )),
-            () = tokio::time::sleep(self.ready_timeout) => Err(format!(
-                "no hello within {:?}; see {}", self.ready_timeout, log_path.display()
-            )),
-        };
-        let hello = match hello {
-            Ok(hello) => hello,
-            Err(reason) => {
-                let _ = child.kill().await;
+            .stderr(Stdio::from(log_err));
+        let see = log_path.display().to_string();
+        let what = format!("the sandbox's init {}", self.image.agent().display());
+        let spawned =
+            spawn_and_await_hello(&mut command, &ready, self.ready_timeout, &what, &see).await;
+        let (child, hello) = match spawned {
+            Ok(spawned) => spawned,
+            Err(e) => {
                 cleanup.run().await;
-                return Err(BackendError::NotReady(reason));
+                return Err(e);
             }
         };
         drop(ready);
@@ -306,17 +293,6 @@ fn create_private_dir(path: &Path) -> Result<(), BackendError> {
         .mode(0o700)
         .create(path)
         .map_err(|e| BackendError::setup(format!("create {}", path.display()), e))
-}
-
-/// Accepts the agent's connection on `listener` and reads its hello.
-pub(crate) async fn accept_hello(listener: &UnixListener) -> Result<Hello, String> {
-    let (mut stream, _) = listener
-        .accept()
-        .await
-        .map_err(|e| format!("accepting the agent's hello: {e}"))?;
-    wire::read_message_async(&mut stream)
-        .await
-        .map_err(|e| format!("reading the agent's hello: {e}"))
 }
 
 /// What to release when a sandbox goes away.
@@ -381,6 +357,10 @@ impl Instance for NamespaceInstance {
 impl Backend for NamespaceBackend {
     fn kind(&self) -> BackendKind {
         BackendKind::Namespace
+    }
+
+    fn unavailable_reason(&self) -> Option<String> {
+        self.why_unavailable()
     }
 
     fn create(&self, spec: InstanceSpec) -> BoxFuture<'_, Result<Box<dyn Instance>, BackendError>> {

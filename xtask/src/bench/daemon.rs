@@ -5,12 +5,11 @@
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
-use api::{ServeConfig, Server};
-use tokio::sync::oneshot;
+use api::server::BackgroundDaemon;
+use api::ServeConfig;
 
 static NEXT: AtomicUsize = AtomicUsize::new(0);
 
@@ -29,7 +28,8 @@ pub fn config(image: &Path, dir: &Path) -> ServeConfig {
     config
 }
 
-/// A daemon on its own runtime thread in this process.
+/// A daemon on its own runtime thread in this process (`api::server::BackgroundDaemon`, the
+/// starter the end-to-end tests use too).
 #[derive(Debug)]
 pub struct InProcess {
     /// Its socket.
@@ -38,8 +38,7 @@ pub struct InProcess {
     pub state_dir: PathBuf,
     /// Its cgroup parent.
     pub cgroup_parent: String,
-    shutdown: Option<oneshot::Sender<()>>,
-    thread: Option<JoinHandle<()>>,
+    daemon: BackgroundDaemon,
     _dir: tempfile::TempDir,
 }
 
@@ -54,51 +53,12 @@ impl InProcess {
         let socket = config.unix_socket.clone().context("no socket configured")?;
         let state_dir = config.state_dir.clone();
         let cgroup_parent = config.cgroup_parent.clone();
-        let (tx, rx) = oneshot::channel::<()>();
-        let (started_tx, started_rx) = std::sync::mpsc::channel::<Result<(), String>>();
-        let thread = std::thread::Builder::new()
-            .name("crucible-daemon".into())
-            .spawn(move || {
-                let runtime = match tokio::runtime::Builder::new_multi_thread()
-                    .worker_threads(2)
-                    .thread_name("crucible-daemon")
-                    .enable_all()
-                    .build()
-                {
-                    Ok(r) => r,
-                    Err(e) => {
-                        let _ = started_tx.send(Err(format!("runtime: {e}")));
-                        return;
-                    }
-                };
-                runtime.block_on(async move {
-                    let server = match Server::bind(config).await {
-                        Ok(s) => s,
-                        Err(e) => {
-                            let _ = started_tx.send(Err(e.to_string()));
-                            return;
-                        }
-                    };
-                    let _ = started_tx.send(Ok(()));
-                    server
-                        .run(async {
-                            let _ = rx.await;
-                        })
-                        .await;
-                });
-            })
-            .context("spawning the daemon thread")?;
-        match started_rx.recv() {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => bail!("the daemon did not start: {e}"),
-            Err(_) => bail!("the daemon thread died while starting"),
-        }
+        let daemon = BackgroundDaemon::start(config, None).context("the daemon did not start")?;
         Ok(InProcess {
             socket,
             state_dir,
             cgroup_parent,
-            shutdown: Some(tx),
-            thread: Some(thread),
+            daemon,
             _dir: dir,
         })
     }
@@ -114,23 +74,8 @@ impl InProcess {
     }
 
     /// Stops the daemon, deleting every sandbox.
-    pub fn stop(mut self) {
-        self.shutdown_now();
-    }
-
-    fn shutdown_now(&mut self) {
-        if let Some(tx) = self.shutdown.take() {
-            let _ = tx.send(());
-        }
-        if let Some(thread) = self.thread.take() {
-            let _ = thread.join();
-        }
-    }
-}
-
-impl Drop for InProcess {
-    fn drop(&mut self) {
-        self.shutdown_now();
+    pub fn stop(self) {
+        self.daemon.stop();
     }
 }
 

@@ -6,6 +6,8 @@ use bytes::Bytes;
 use tokio::io::{AsyncRead, AsyncReadExt};
 use wire::{encode_exit_payload, encode_frames, Decoder, Direction, ExecResult, FrameType};
 
+use crate::agent::AgentError;
+
 /// The bytes of an exit frame reporting a failure (`exit_code: -1` + `error`).
 pub fn failure_frame(error: impl Into<String>) -> Bytes {
     let payload = encode_exit_payload(&ExecResult::failed(error));
@@ -49,7 +51,7 @@ impl<R: AsyncRead + Unpin> ResponseRelay<R> {
     /// The next chunk for the client: `Ok` with one or more whole frames, or `Err` with why the
     /// agent was lost, after which the caller sends [`failure_frame`]. `None` once the exit
     /// frame was forwarded or the loss reported.
-    pub async fn next_chunk(&mut self) -> Option<Result<Bytes, String>> {
+    pub async fn next_chunk(&mut self) -> Option<Result<Bytes, AgentError>> {
         if self.end.is_some() {
             return None;
         }
@@ -81,9 +83,9 @@ impl<R: AsyncRead + Unpin> ResponseRelay<R> {
         }
     }
 
-    fn lose(&mut self, error: String) -> Result<Bytes, String> {
+    fn lose(&mut self, error: String) -> Result<Bytes, AgentError> {
         self.end = Some(RelayEnd::Lost(error.clone()));
-        Err(error)
+        Err(AgentError::Stream(error))
     }
 }
 

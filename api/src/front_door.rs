@@ -1,39 +1,28 @@
-//! Connection front: reads each new connection's first request head. A hijacked interactive
-//! exec (`POST /sandboxes/{id}/exec?stdin=1` without an `Upgrade` header) is answered here with
-//! a bare `HTTP/1.1 200 OK` header block, after which the connection is a raw frame stream —
-//! something hyper cannot do after a 200. Everything else goes to hyper, bytes replayed.
+//! The connection front door: every accepted connection starts here. It reads the first
+//! request head (bounded in size and time), and answers a malformed one itself, with the JSON
+//! envelope (hyper would send a bare 400). A hijacked interactive exec (`POST
+//! /sandboxes/{id}/exec?stdin=1` without an `Upgrade` header) is served here: a bare
+//! `HTTP/1.1 200 OK` header block, after which the connection is a raw frame stream —
+//! something hyper cannot do after a 200. Everything else goes to hyper and the router, the
+//! head's bytes replayed.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use axum::http::StatusCode;
+use axum::Router;
 use bytes::Bytes;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tower::ServiceExt;
-use wire::ExecRequest;
 
+use crate::auth::Transport;
+use crate::config::{JSON_BODY_LIMIT, MAX_HEAD, MAX_HEADERS};
 use crate::error::ApiError;
 use crate::exec;
+use crate::raw_stream::{RawReader, RawWriter};
 use crate::rewind::Rewind;
-use crate::routes::{self, wants_stdin};
 use crate::state::AppState;
-
-/// How long a client may take to send a request head, by default (`ServeConfig::header_timeout`).
-pub const HEADER_TIMEOUT: Duration = Duration::from_secs(30);
-/// Largest request head accepted.
-pub const MAX_HEAD: usize = 64 * 1024;
-/// Most headers accepted.
-pub const MAX_HEADERS: usize = 64;
-
-/// Which listener a connection came from (TCP requires API keys).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Transport {
-    /// The Unix socket.
-    Unix,
-    /// TCP.
-    Tcp,
-}
 
 /// Where the request head in `buf` ends (just past its empty line), if it is complete,
 /// searching from `from` (a byte offset known not to start the terminator, so that a head
@@ -65,15 +54,6 @@ pub struct HijackHead {
     pub chunked: bool,
 }
 
-/// 431: the request head is over the limits.
-pub fn too_large_head() -> ApiError {
-    ApiError::new(
-        StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
-        "headers_too_large",
-        format!("the request head exceeds {MAX_HEAD} bytes or {MAX_HEADERS} headers"),
-    )
-}
-
 /// Returns the hijack request in `head`, if that is what it is. A head that does not parse is
 /// answered here, with the JSON envelope (hyper would answer a bare 400). Public for the fuzz
 /// target.
@@ -83,7 +63,7 @@ pub fn parse_hijack(head: &[u8]) -> Result<Option<HijackHead>, ApiError> {
     match request.parse(head) {
         Ok(httparse::Status::Complete(_)) => {}
         Ok(httparse::Status::Partial) => return Ok(None),
-        Err(httparse::Error::TooManyHeaders) => return Err(too_large_head()),
+        Err(httparse::Error::TooManyHeaders) => return Err(ApiError::head_too_large()),
         Err(e) => {
             return Err(ApiError::invalid(format!(
                 "the request head is not valid HTTP/1.1: {e}"
@@ -136,7 +116,7 @@ pub fn parse_hijack(head: &[u8]) -> Result<Option<HijackHead>, ApiError> {
     let stdin = query
         .split('&')
         .find_map(|pair| pair.strip_prefix("stdin="));
-    if !wants_stdin(stdin)? {
+    if !exec::wants_stdin(stdin)? {
         return Ok(None);
     }
     let header = |name: &str| {
@@ -169,9 +149,13 @@ pub fn parse_hijack(head: &[u8]) -> Result<Option<HijackHead>, ApiError> {
     }))
 }
 
-/// Serves one accepted connection.
-pub async fn serve_connection<S>(state: Arc<AppState>, mut stream: S, transport: Transport)
-where
+/// Serves one accepted connection; `router` is the daemon's, built once.
+pub async fn serve_connection<S>(
+    state: Arc<AppState>,
+    router: Router,
+    mut stream: S,
+    transport: Transport,
+) where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
     let mut buf = Vec::with_capacity(4096);
@@ -186,7 +170,7 @@ where
         }
         // A head that ended past the limit in the same read counts as too large too.
         if end.is_some() || buf.len() > MAX_HEAD {
-            return respond_error(&state, &mut stream, &too_large_head()).await;
+            return respond_error(&state, &mut stream, &ApiError::head_too_large()).await;
         }
         let mut chunk = [0u8; 4096];
         match tokio::time::timeout_at(deadline, stream.read(&mut chunk)).await {
@@ -207,18 +191,20 @@ where
             let rest = buf.split_off(head_len);
             hijack(state, stream, head, rest, transport).await
         }
-        Ok(None) => serve_http(state, Rewind::new(Bytes::from(buf), stream), transport).await,
+        Ok(None) => {
+            let header_timeout = state.config.header_timeout;
+            let stream = Rewind::new(Bytes::from(buf), stream);
+            serve_http(router, header_timeout, stream, transport).await
+        }
         Err(error) => respond_error(&state, &mut stream, &error).await,
     }
 }
 
 /// Hands the connection to hyper (with upgrades, for WebSocket and `Upgrade: tcp`).
-async fn serve_http<S>(state: Arc<AppState>, stream: S, transport: Transport)
+async fn serve_http<S>(app: Router, header_timeout: Duration, stream: S, transport: Transport)
 where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
-    let header_timeout = state.config.header_timeout;
-    let app = routes::app(state);
     let service =
         hyper::service::service_fn(move |mut request: hyper::Request<hyper::body::Incoming>| {
             request.extensions_mut().insert(transport);
@@ -296,15 +282,12 @@ async fn hijack<S>(
         None => return respond_error(&state, &mut stream, &ApiError::unauthorized()).await,
     };
     let length = match (head.content_length, head.chunked) {
-        (Some(n), false) if n <= routes::JSON_BODY_LIMIT => n,
+        (Some(n), false) if n <= JSON_BODY_LIMIT => n,
         (Some(n), false) => {
             let error = ApiError::new(
                 StatusCode::PAYLOAD_TOO_LARGE,
                 "payload_too_large",
-                format!(
-                    "an ExecRequest of {n} bytes exceeds the {} byte limit",
-                    routes::JSON_BODY_LIMIT
-                ),
+                format!("an ExecRequest of {n} bytes exceeds the {JSON_BODY_LIMIT} byte limit"),
             );
             return respond_error(&state, &mut stream, &error).await;
         }
@@ -334,23 +317,20 @@ async fn hijack<S>(
         }
     }
     let early_input = Bytes::from(rest.split_off(length));
-    let admitted = (|| {
-        let sandbox = state.registry.get(&head.id, &caller)?;
-        let request: ExecRequest = routes::parse_json(&rest, "ExecRequest")?;
-        request
-            .validate()
-            .map_err(|e| ApiError::invalid(e.to_string()))?;
-        Ok::<_, ApiError>((sandbox.begin(true)?, request))
-    })();
-    let (guard, request) = match admitted {
-        Ok(admitted) => admitted,
-        Err(error) => return respond_error(&state, &mut stream, &error).await,
+    let sandbox = match state.registry.get(&head.id, &caller) {
+        Ok(sandbox) => sandbox,
+        Err(e) => return respond_error(&state, &mut stream, &e.into()).await,
+    };
+    let session = match exec::admit(&state, &sandbox, &rest, true).await {
+        Ok(session) => session,
+        Err(e) => return respond_error(&state, &mut stream, &e.into()).await,
     };
     let head = b"HTTP/1.1 200 OK\r\nContent-Type: application/octet-stream\r\n\r\n";
     if stream.write_all(head).await.is_err() {
         return;
     }
-    exec::interactive(state, guard, request, Rewind::new(early_input, stream)).await;
+    let (reader, writer) = tokio::io::split(Rewind::new(early_input, stream));
+    exec::pump(session, RawReader::new(reader), RawWriter(writer)).await;
 }
 
 #[cfg(test)]

@@ -1,0 +1,83 @@
+//! The one exec path. Every transport — the one-shot `POST …/exec`, the hijacked `?stdin=1`
+//! stream, the WebSocket — looks the sandbox up for its caller, then calls [`admit`] with the
+//! request's bytes, which parses and validates the ExecRequest once, reserves the exec slot and
+//! opens the agent connection; what comes back is a [`Session`], the one pump that moves the
+//! frames and records every metric. The transports only adapt bytes: the one-shot response
+//! pulls [`Session::next_output`]; the interactive ones hand a reader and a writer to
+//! [`pump`].
+
+mod relay;
+mod session;
+
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+pub use relay::{failure_frame, RelayEnd, ResponseRelay};
+pub use session::{pump, ClientInput, ClientReader, ClientWriter, Ending, Session};
+use wire::ExecRequest;
+
+use crate::json::parse_json;
+use crate::sandbox::{Sandbox, SandboxError};
+use crate::state::AppState;
+
+/// Test hook, not a tuning knob: `CRUCIBLE_DEBUG_EXEC_DELAY_US=N` makes every exec wait N µs
+/// before it reaches the agent, a deliberately slowed build without rebuilding. `cargo xtask
+/// bench --check-slowed` uses it to show that the benchmark gate catches an exec-path
+/// regression. Read once; unset, empty or unparsable means no delay.
+pub const DEBUG_EXEC_DELAY_ENV: &str = "CRUCIBLE_DEBUG_EXEC_DELAY_US";
+
+fn debug_exec_delay() -> Option<Duration> {
+    static DELAY: OnceLock<Option<Duration>> = OnceLock::new();
+    *DELAY.get_or_init(|| {
+        std::env::var(DEBUG_EXEC_DELAY_ENV)
+            .ok()
+            .and_then(|v| v.trim().parse::<u64>().ok())
+            .filter(|&us| us > 0)
+            .map(Duration::from_micros)
+    })
+}
+
+/// Why an exec was not admitted. Before any output: the transport answers with an error
+/// (HTTP status, WebSocket close code), never with a frame stream.
+#[derive(Debug, thiserror::Error)]
+pub enum AdmitError {
+    /// The ExecRequest is not valid JSON, or fails validation; the message names the field.
+    #[error("{0}")]
+    Invalid(String),
+    /// The sandbox cannot take it (dead, busy, at its exec limit).
+    #[error(transparent)]
+    Sandbox(#[from] SandboxError),
+}
+
+/// Whether `?stdin=` asks for an interactive session.
+pub fn wants_stdin(value: Option<&str>) -> Result<bool, AdmitError> {
+    match value {
+        None | Some("0") | Some("false") | Some("") => Ok(false),
+        Some("1") | Some("true") => Ok(true),
+        Some(other) => Err(AdmitError::Invalid(format!(
+            "stdin: expected 1 or 0, got {other:?}"
+        ))),
+    }
+}
+
+/// Admits one exec into `sandbox`: parses and validates the ExecRequest in `body` once,
+/// reserves an exec slot, merges the sandbox's environment into the request on its way, and
+/// opens the agent connection. An agent that cannot be reached is not an admission error: the
+/// session then yields the synthesized exit frame that says why, as a stream lost later would.
+pub async fn admit(
+    state: &Arc<AppState>,
+    sandbox: &Arc<Sandbox>,
+    body: &[u8],
+    interactive: bool,
+) -> Result<Session, AdmitError> {
+    let request: ExecRequest =
+        parse_json(body, "ExecRequest").map_err(|e| AdmitError::Invalid(e.to_string()))?;
+    request
+        .validate()
+        .map_err(|e| AdmitError::Invalid(e.to_string()))?;
+    let guard = sandbox.begin(true)?;
+    if let Some(delay) = debug_exec_delay() {
+        tokio::time::sleep(delay).await;
+    }
+    Ok(Session::open(state.clone(), guard, request, interactive).await)
+}

@@ -1,0 +1,55 @@
+//! A raw byte stream as an interactive exec's client: the hijacked connection, or Docker's
+//! `Upgrade: tcp` one. The stdin frame stream is passed through as it comes.
+
+use bytes::{Bytes, BytesMut};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+
+use crate::exec::{ClientInput, ClientReader, ClientWriter, Ending};
+
+/// Read in chunks of up to this much.
+const CHUNK: usize = 64 * 1024;
+
+/// The reading side.
+#[derive(Debug)]
+pub struct RawReader<R> {
+    reader: R,
+    buf: BytesMut,
+}
+
+impl<R> RawReader<R> {
+    /// Reads from `reader`.
+    pub fn new(reader: R) -> Self {
+        RawReader {
+            reader,
+            buf: BytesMut::new(),
+        }
+    }
+}
+
+impl<R: AsyncRead + Unpin + Send> ClientReader for RawReader<R> {
+    async fn recv(&mut self) -> ClientInput {
+        // Reuses the buffer once the previous chunk was written and dropped.
+        self.buf.reserve(CHUNK);
+        match self.reader.read_buf(&mut self.buf).await {
+            Ok(0) | Err(_) => ClientInput::Closed,
+            Ok(_) => ClientInput::Data(self.buf.split().freeze()),
+        }
+    }
+}
+
+/// The writing side.
+#[derive(Debug)]
+pub struct RawWriter<W>(pub W);
+
+impl<W: AsyncWrite + Unpin + Send> ClientWriter for RawWriter<W> {
+    async fn send(&mut self, frames: Bytes) -> std::io::Result<()> {
+        self.0.write_all(&frames).await
+    }
+
+    async fn finish(&mut self, ending: &Ending) {
+        if matches!(ending, Ending::Exited | Ending::Lost(_)) {
+            let _ = self.0.flush().await;
+            let _ = self.0.shutdown().await;
+        }
+    }
+}
