@@ -49,6 +49,11 @@ pub struct Args {
     /// Most sandboxes at once.
     #[arg(long, default_value_t = api::Limits::default().max_sandboxes)]
     max_sandboxes: usize,
+    /// Most client connections open at once; past it a new connection is answered 503
+    /// too_many_connections and closed [default: sized to the open-file limit, which the
+    /// daemon raises to its hard limit].
+    #[arg(long, value_name = "N")]
+    max_connections: Option<usize>,
     /// Most concurrent execs per sandbox.
     #[arg(long, default_value_t = api::Limits::default().max_execs_per_sandbox)]
     max_execs: usize,
@@ -102,6 +107,7 @@ pub async fn run(args: Args) -> Result<()> {
     config.uid_base = args.uid_base;
     config.limits.max_sandboxes = args.max_sandboxes;
     config.limits.max_execs_per_sandbox = args.max_execs;
+    config.max_connections = args.max_connections;
     config.limits.idle_timeout_s = args.idle_timeout;
     config.limits.scratch_mib = args.disk_mib;
     let server = api::Server::bind(config).await?;
@@ -112,6 +118,10 @@ pub async fn run(args: Args) -> Result<()> {
     if let Some(addr) = server.tcp_addr() {
         eprintln!("crucible: listening on http://{addr}");
     }
+    eprintln!(
+        "crucible: at most {} connections at once",
+        server.max_connections()
+    );
     if !state.config.api_keys.is_empty() {
         // Names only: keys never reach a log.
         let names: Vec<String> = state

@@ -58,11 +58,12 @@ pub fn run(_args: Args) -> Result<()> {
     check_generated("fixtures", "gen-fixtures", &["fixtures"])?;
     check_generated("docs/openapi.json", "gen-openapi", &["docs/openapi.json"])?;
     ensure_pytest()?;
+    // Exactly the README's command, from the repository root.
     run_step(
         "python sdk",
         Command::new("python3")
-            .args(["-m", "pytest", "-q"])
-            .current_dir(workspace_root().join("sdks/python")),
+            .args(["-m", "pytest", "-q", "sdks/python"])
+            .current_dir(workspace_root()),
     )?;
     // Hostile input: schemathesis against a live daemon, short form (docs/reliability.md).
     run_step(
