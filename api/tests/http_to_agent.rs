@@ -115,10 +115,10 @@ fn decode(stream: &[u8]) -> (Vec<u8>, Vec<u8>, ExecResult) {
     let (mut out, mut err, mut result) = (Vec::new(), Vec::new(), None);
     while let Some(frame) = decoder.next_frame().expect("a valid frame stream") {
         match frame.frame_type {
-            FrameType::Stdout => out.extend_from_slice(&frame.payload),
-            FrameType::Stderr => err.extend_from_slice(&frame.payload),
+            FrameType::Stdout => out.extend_from_slice(frame.payload),
+            FrameType::Stderr => err.extend_from_slice(frame.payload),
             FrameType::Exit => {
-                result = Some(serde_json::from_slice(&frame.payload).expect("exit JSON"))
+                result = Some(serde_json::from_slice(frame.payload).expect("exit JSON"))
             }
             other => panic!("unexpected {other} frame"),
         }
