@@ -37,11 +37,7 @@ pub fn run(args: &Args, json: bool) -> Result<()> {
         return Ok(());
     }
     // The same probe and words as `crucible-vmm --host-info`.
-    println!(
-        "KVM:               {}: {}",
-        report.kvm.name(),
-        report.kvm.describe()
-    );
+    println!("KVM:               {}", report.kvm.describe());
     println!(
         "cgroups:           {}",
         match report.cgroup_version {

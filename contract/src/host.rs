@@ -70,20 +70,22 @@ impl HostKind {
         (!self.boots_stock_kernel()).then(|| self.describe())
     }
 
-    /// A plain statement of what will happen on this host.
+    /// A plain statement of what will happen on this host, naming the module (it is also the
+    /// daemon's reason for not offering microVMs).
     pub fn describe(self) -> &'static str {
         match self {
-            HostKind::KvmIntel | HostKind::KvmAmd => "hardware KVM: guests boot natively",
+            HostKind::KvmIntel => "kvm_intel (hardware virtualization): guests boot natively",
+            HostKind::KvmAmd => "kvm_amd (hardware virtualization): guests boot natively",
             HostKind::KvmPvm => {
                 "kvm_pvm (no hardware virtualization): a stock kernel falls into KVM's \
                  instruction emulator and dies on XRSTOR/POPCNT; only tiny test guests or a \
                  PVM-enabled guest kernel run; use the namespace backend for sandboxes"
             }
             HostKind::Unknown => {
-                "/dev/kvm exists but its module is none of kvm_intel, kvm_amd, kvm_pvm: \
-                 crucible cannot vouch that a stock kernel boots here, so sandboxes use the \
-                 namespace backend and crucible-vmm stops a guest that does not finish booting \
-                 within 10 s"
+                "an unknown KVM module (/dev/kvm exists, but none of kvm_intel, kvm_amd, \
+                 kvm_pvm is loaded): crucible cannot vouch that a stock kernel boots here, so \
+                 sandboxes use the namespace backend and crucible-vmm stops a guest that does \
+                 not finish booting within 10 s"
             }
             HostKind::None => "no /dev/kvm: microVMs cannot run here; use the namespace backend",
         }
