@@ -1,7 +1,7 @@
 //! [`VmConfig`]: the one description of a microVM. The daemon builds it and writes it as JSON
 //! for `crucible-vmm --config`; the VMM's own flags build the same value. Both sides call
 //! [`VmConfig::validate`], so a value the daemon accepts is one the VMM accepts. Also here: the
-//! VMM's process exit codes ([`VmmExitCode`]), which the daemon reads when a VM dies.
+//! VMM's process exit codes ([`VmmExitCode`]), the interface of the binary to whatever runs it.
 
 use std::ops::RangeInclusive;
 use std::path::PathBuf;
@@ -158,8 +158,9 @@ impl VmConfig {
     }
 }
 
-/// `crucible-vmm`'s process exit codes (`docs/vmm.md`, "Exit codes"): the VMM exits with them,
-/// the daemon explains a VM that died with them.
+/// `crucible-vmm`'s process exit codes (`docs/vmm.md`, "Exit codes"): the VMM exits with them;
+/// whatever runs it (the daemon, tests, scripts) can map a status back with
+/// [`VmmExitCode::from_code`] and name it with [`VmmExitCode::meaning`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum VmmExitCode {
     /// The guest reset or powered off, or SIGTERM stopped the VM.

@@ -47,7 +47,7 @@ use crate::bus::Bus;
 use crate::layout::*;
 use crate::vcpu::Shared;
 
-// The process exit codes, as numbers for `std::process::exit`; the daemon reads them back
+// The process exit codes, as numbers for `std::process::exit`; a caller maps them back
 // through the same `contract::vm::VmmExitCode`.
 /// Exit code: the guest reset or powered off, or SIGTERM stopped the VM.
 pub const EXIT_OK: i32 = VmmExitCode::Ok.code();
