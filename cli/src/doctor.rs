@@ -3,7 +3,6 @@
 use std::path::PathBuf;
 
 use anyhow::Result;
-use api::host::KvmKind;
 use wire::BackendKind;
 
 #[derive(clap::Args)]
@@ -37,12 +36,8 @@ pub fn run(args: &Args, json: bool) -> Result<()> {
         println!("{}", serde_json::to_string_pretty(&value)?);
         return Ok(());
     }
-    let kvm = match report.kvm {
-        KvmKind::Hardware => "hardware (kvm_intel / kvm_amd)",
-        KvmKind::Pvm => "PVM (kvm_pvm: nested, pagetable-based)",
-        KvmKind::None => "none",
-    };
-    println!("KVM:               {kvm}");
+    // The same probe and words as `crucible-vmm --host-info`.
+    println!("KVM:               {}", report.kvm.describe());
     println!(
         "cgroups:           {}",
         match report.cgroup_version {

@@ -12,14 +12,13 @@ use vmm_sys_util::eventfd::EventFd;
 
 use crate::bus::BusDevice;
 
+/// The value the guest agent writes (`contract::boot_marker`).
+const BOOT_MARKER_VALUE: u8 = contract::boot_marker::VALUE;
+
 /// The i8042 command port.
 pub const I8042_COMMAND_PORT: u64 = 0x64;
 /// The i8042 command that pulses the CPU reset line.
 pub const I8042_CMD_RESET: u8 = 0xfe;
-/// The boot marker's I/O port (see `guest-init`).
-pub const BOOT_MARKER_PORT: u16 = 0x03f0;
-/// The value written to the boot marker port.
-pub const BOOT_MARKER_VALUE: u8 = 123;
 
 /// The i8042 controller, reduced to its reset line: a write of 0xFE to port 0x64 signals
 /// `reset_evt` (`reboot=k`). Its window starts at port 0x60; reads return 0.

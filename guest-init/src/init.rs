@@ -13,17 +13,14 @@ use std::os::fd::{FromRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 
-use crate::cmdline::BootConfig;
+use contract::boot_marker;
+use contract::cmdline::BootConfig;
+use contract::DEFAULT_PATH;
+
 use crate::exec::{self, ExecContext};
 use crate::log;
 use crate::server::{self, Address, Agent, Listener, ShutdownAction};
-use crate::spawn::DEFAULT_PATH;
 use crate::{selftest, sys};
-
-/// The I/O port the boot marker is written to, and the value (`crucible.boot_marker=1`).
-pub const BOOT_MARKER_PORT: u16 = 0x03f0;
-/// The boot marker's value, 0x7b.
-pub const BOOT_MARKER_VALUE: u8 = 123;
 
 /// Why a boot step failed. Most are logged and survived; see [`vm_main`].
 #[derive(Debug, thiserror::Error)]
@@ -255,11 +252,11 @@ fn commands_cgroup(cfg: &BootConfig) -> Option<(OwnedFd, PathBuf)> {
     Some((procs.into(), group.join("memory.events")))
 }
 
-/// Writes the boot marker: `outb(123, 0x3f0)`, trapped by the VMM.
+/// Writes the boot marker (`contract::boot_marker`: `outb(123, 0x3f0)`), trapped by the VMM.
 #[cfg(target_arch = "x86_64")]
-fn boot_marker() {
+fn write_boot_marker() {
     // SAFETY: ioperm changes only this process's I/O permission bitmap for one port.
-    if unsafe { libc::ioperm(libc::c_ulong::from(BOOT_MARKER_PORT), 1, 1) } != 0 {
+    if unsafe { libc::ioperm(libc::c_ulong::from(boot_marker::PORT), 1, 1) } != 0 {
         log::error(format_args!(
             "boot marker: ioperm failed: {}",
             io::Error::last_os_error()
@@ -269,13 +266,13 @@ fn boot_marker() {
     // SAFETY: a single port write that touches no memory; the port was granted above and the
     // VMM traps it (on real hardware 0x3f0 is the legacy floppy controller, harmless to poke).
     unsafe {
-        std::arch::asm!("out dx, al", in("dx") BOOT_MARKER_PORT, in("al") BOOT_MARKER_VALUE,
+        std::arch::asm!("out dx, al", in("dx") boot_marker::PORT, in("al") boot_marker::VALUE,
             options(nomem, nostack, preserves_flags));
     }
 }
 
 #[cfg(not(target_arch = "x86_64"))]
-fn boot_marker() {
+fn write_boot_marker() {
     log::error(format_args!(
         "boot marker: not supported on this architecture"
     ));
@@ -410,7 +407,7 @@ fn boot_and_serve() {
             }
         });
     if cfg.boot_marker {
-        boot_marker();
+        write_boot_marker();
     }
     print_ready_line(uptime_ms);
 

@@ -10,7 +10,6 @@
 //! command; [`spawn`] forks and execs it; [`reaper`] reaps it (each exec its own command,
 //! through a pidfd) and reaps orphans; [`files`] extracts tar archives and sends files.
 
-pub mod cmdline;
 pub mod exec;
 pub mod files;
 pub mod init;

@@ -8,48 +8,15 @@ use std::io::Write;
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Mutex, OnceLock};
 
-/// How much the agent logs (`crucible.log=` / `--log`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-#[repr(u8)]
-pub enum Level {
-    /// Only the console contract lines.
-    Quiet = 0,
-    /// Errors.
-    Error = 1,
-    /// Errors and lifecycle events (default).
-    Info = 2,
-    /// Every request.
-    Debug = 3,
-}
+/// How much the agent logs (`crucible.log=` / `--log`): the contract's type, as the host
+/// writes it on the kernel command line.
+pub use contract::cmdline::LogLevel;
 
-impl Level {
-    /// Parses `quiet`, `error`, `info` or `debug`.
-    pub fn parse(s: &str) -> Option<Level> {
-        match s {
-            "quiet" | "off" | "0" => Some(Level::Quiet),
-            "error" | "1" => Some(Level::Error),
-            "info" | "2" => Some(Level::Info),
-            "debug" | "3" => Some(Level::Debug),
-            _ => None,
-        }
-    }
-
-    /// The name [`Level::parse`] takes back.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Level::Quiet => "quiet",
-            Level::Error => "error",
-            Level::Info => "info",
-            Level::Debug => "debug",
-        }
-    }
-}
-
-static LEVEL: AtomicU8 = AtomicU8::new(Level::Info as u8);
+static LEVEL: AtomicU8 = AtomicU8::new(LogLevel::Info as u8);
 static SINK: OnceLock<Mutex<Box<dyn Write + Send>>> = OnceLock::new();
 
 /// Sets the log level.
-pub fn set_level(level: Level) {
+pub fn set_level(level: LogLevel) {
     LEVEL.store(level as u8, Ordering::Relaxed);
 }
 
@@ -58,7 +25,7 @@ pub fn set_sink(sink: Box<dyn Write + Send>) {
     let _ = SINK.set(Mutex::new(sink));
 }
 
-fn enabled(level: Level) -> bool {
+fn enabled(level: LogLevel) -> bool {
     LEVEL.load(Ordering::Relaxed) >= level as u8
 }
 
@@ -82,21 +49,21 @@ pub fn console(line: fmt::Arguments<'_>) {
 
 /// An error.
 pub fn error(msg: fmt::Arguments<'_>) {
-    if enabled(Level::Error) {
+    if enabled(LogLevel::Error) {
         emit(format_args!("crucible-agent: error: {msg}"));
     }
 }
 
 /// A lifecycle event.
 pub fn info(msg: fmt::Arguments<'_>) {
-    if enabled(Level::Info) {
+    if enabled(LogLevel::Info) {
         emit(format_args!("crucible-agent: {msg}"));
     }
 }
 
 /// Per-request detail.
 pub fn debug(msg: fmt::Arguments<'_>) {
-    if enabled(Level::Debug) {
+    if enabled(LogLevel::Debug) {
         emit(format_args!("crucible-agent: debug: {msg}"));
     }
 }

@@ -3,7 +3,7 @@
 use std::process::ExitCode;
 
 use guest_init::exec::ExecContext;
-use guest_init::log::{self, Level};
+use guest_init::log::{self, LogLevel};
 use guest_init::server::{self, Address, Agent, Listener, ShutdownAction};
 use guest_init::{init, reaper, selftest, sys};
 
@@ -64,7 +64,7 @@ OPTIONS:
 struct Args {
     listen: Option<Address>,
     ready: Option<Address>,
-    log: Option<Level>,
+    log: Option<LogLevel>,
     selftest: bool,
     mode: Mode,
     memory_bytes: Option<u64>,
@@ -129,7 +129,7 @@ fn parse_args() -> Result<Option<Args>, String> {
             }
             "--log" => {
                 let v = value("--log")?;
-                args.log = Some(Level::parse(&v).ok_or(format!("bad --log level {v:?}"))?);
+                args.log = Some(LogLevel::parse(&v).ok_or(format!("bad --log level {v:?}"))?);
             }
             "--selftest" => args.selftest = true,
             "--memory-bytes" => args.memory_bytes = Some(number(&flag, &value(&flag)?)?),

@@ -18,12 +18,10 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::OnceLock;
 
+use contract::DEFAULT_PATH;
 use wire::ExecRequest;
 
 use crate::reaper::{self, Child};
-
-/// Used when neither the agent nor the request has a `PATH`.
-pub const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 
 /// Why a command could not be started. The messages are what the host sees in `error`.
 #[derive(Debug, thiserror::Error)]

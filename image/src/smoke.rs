@@ -15,6 +15,7 @@ use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
+use contract::cmdline::{BootConfig, CmdlineError};
 use thiserror::Error;
 
 use crate::deps::{self, DepsError};
@@ -41,10 +42,15 @@ pub const MACHINE: &str = "microvm,x-option-roms=off,isa-serial=on,rtc=off,pit=o
 /// `loglevel=7` to see the whole kernel log.
 pub const BASE_APPEND: &str = "console=ttyS0 reboot=t panic=-1 quiet";
 
+/// The guest's name for the first virtio-blk device, where the smoke root is attached.
+const ROOTFS_DEVICE: &str = "/dev/vda";
+
 #[derive(Debug, Error)]
 pub enum SmokeError {
     #[error(transparent)]
     Deps(#[from] DepsError),
+    #[error("the agent's boot settings")]
+    Cmdline(#[from] CmdlineError),
     #[error("{} does not exist (run `cargo xtask build-image` first)", path.display())]
     Missing { path: PathBuf },
     #[error("could not start `{command}`")]
@@ -210,11 +216,13 @@ pub fn problems(run: &BootRun, facts: &ConsoleFacts, timeout: Duration) -> Vec<S
 }
 
 /// The QEMU command line for a smoke boot.
-pub fn qemu_command(qemu: &Path, opts: &SmokeOptions) -> Command {
-    let mut append = format!("{BASE_APPEND} crucible.selftest=1");
-    if opts.rootfs.is_some() {
-        append.push_str(" crucible.root=/dev/vda");
-    }
+pub fn qemu_command(qemu: &Path, opts: &SmokeOptions) -> Result<Command, SmokeError> {
+    let boot = BootConfig {
+        selftest: true,
+        root: opts.rootfs.as_ref().map(|_| ROOTFS_DEVICE.to_string()),
+        ..BootConfig::default()
+    };
+    let mut append = format!("{BASE_APPEND} {}", boot.to_cmdline()?);
     for extra in &opts.extra_append {
         append.push(' ');
         append.push_str(extra);
@@ -242,7 +250,7 @@ pub fn qemu_command(qemu: &Path, opts: &SmokeOptions) -> Command {
             .arg(drive)
             .args(["-device", "virtio-blk-device,drive=rootfs"]);
     }
-    cmd
+    Ok(cmd)
 }
 
 /// Boots once and collects the console. Installs QEMU with apt when it is missing.
@@ -271,7 +279,7 @@ pub fn boot(
             deps::which(QEMU).unwrap_or_else(|| PathBuf::from(QEMU))
         }
     };
-    let mut cmd = qemu_command(&qemu, opts);
+    let mut cmd = qemu_command(&qemu, opts)?;
     let command = describe(&cmd);
     let started = Instant::now();
     let mut child = cmd
@@ -474,7 +482,7 @@ reboot: Restarting system
     #[test]
     fn qemu_command_uses_microvm_without_acpi_and_selftest_flag() {
         let opts = SmokeOptions::new("/img/vmlinux".into(), "/img/initramfs.cpio".into());
-        let cmd = describe(&qemu_command(Path::new("qemu-system-x86_64"), &opts));
+        let cmd = describe(&qemu_command(Path::new("qemu-system-x86_64"), &opts).unwrap());
         assert!(cmd.contains("acpi=off"), "{cmd}");
         assert!(cmd.contains("-no-reboot"), "{cmd}");
         assert!(cmd.contains("-kernel /img/vmlinux"), "{cmd}");
@@ -486,7 +494,7 @@ reboot: Restarting system
     fn qemu_command_attaches_rootfs_read_only_and_boots_into_it() {
         let mut opts = SmokeOptions::new("/img/vmlinux".into(), "/img/initramfs.cpio".into());
         opts.rootfs = Some("/img/rootfs.ext4".into());
-        let cmd = describe(&qemu_command(Path::new("qemu-system-x86_64"), &opts));
+        let cmd = describe(&qemu_command(Path::new("qemu-system-x86_64"), &opts).unwrap());
         assert!(cmd.contains("readonly=on,file=/img/rootfs.ext4"), "{cmd}");
         assert!(cmd.contains("virtio-blk-device,drive=rootfs"), "{cmd}");
         assert!(cmd.contains("crucible.root=/dev/vda"), "{cmd}");

@@ -7,7 +7,6 @@ pub mod boot;
 pub mod bus;
 pub mod config;
 pub mod cpu;
-pub mod host;
 pub mod layout;
 pub mod mptable;
 pub mod seccomp;
@@ -39,7 +38,8 @@ use vmm_sys_util::eventfd::EventFd;
 use vmm_sys_util::timerfd::TimerFd;
 
 pub use config::{BlockConfig, ConsoleOutput, VmConfig, VsockConfig};
-pub use host::HostKind;
+pub use contract::host::HostKind;
+pub use contract::vm::VmmExitCode;
 pub use vcpu::VmExit;
 
 use crate::boot::BootEntry;
@@ -47,21 +47,24 @@ use crate::bus::Bus;
 use crate::layout::*;
 use crate::vcpu::Shared;
 
+// The process exit codes, as numbers for `std::process::exit`; a caller maps them back
+// through the same `contract::vm::VmmExitCode`.
 /// Exit code: the guest reset or powered off, or SIGTERM stopped the VM.
-pub const EXIT_OK: i32 = 0;
+pub const EXIT_OK: i32 = VmmExitCode::Ok.code();
 /// Exit code: an unexpected VMM failure.
-pub const EXIT_INTERNAL: i32 = 1;
+pub const EXIT_INTERNAL: i32 = VmmExitCode::Internal.code();
 /// Exit code: bad flags/configuration, or an unreadable kernel, initramfs or disk image.
-pub const EXIT_CONFIG: i32 = 2;
+pub const EXIT_CONFIG: i32 = VmmExitCode::Config.code();
 /// Exit code: KVM is missing, failed, or cannot run this guest on this host.
-pub const EXIT_KVM: i32 = 3;
+pub const EXIT_KVM: i32 = VmmExitCode::Kvm.code();
 /// Exit code: the guest crashed (triple fault, a failed test-guest check).
-pub const EXIT_GUEST_CRASH: i32 = 4;
+pub const EXIT_GUEST_CRASH: i32 = VmmExitCode::GuestCrash.code();
 
 /// At most this many vsock connections at once.
 pub const VSOCK_MAX_CONNECTIONS: usize = 1024;
-/// On a PVM host, a guest that has neither finished booting nor exited by then is stopped
-/// (unless the configuration says otherwise).
+/// On a host that cannot vouch for a stock kernel (kvm_pvm, an unknown KVM module: see
+/// [`HostKind::boots_stock_kernel`]), a guest that has neither finished booting nor exited by
+/// then is stopped (unless the configuration says otherwise).
 pub const PVM_BOOT_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Why a VM could not be built.
@@ -268,7 +271,7 @@ impl Vmm {
     /// Builds the VM: KVM, memory, irqchip, kernel, devices, vCPUs. `start` is the process start
     /// (the zero of the timings).
     pub fn new(cfg: &VmConfig, start: Instant) -> Result<Self, VmmError> {
-        cfg.validate()?;
+        cfg.validate().map_err(config::ConfigError::Invalid)?;
         let host = HostKind::detect();
         let kvm = Kvm::new().map_err(kvm_err("open /dev/kvm"))?;
         let vm = kvm.create_vm().map_err(kvm_err("create VM"))?;
@@ -314,7 +317,7 @@ impl Vmm {
             boot_timeout: match (cfg.boot_timeout_ms, host) {
                 (Some(0), _) => None,
                 (Some(ms), _) => Some(Duration::from_millis(ms)),
-                (None, HostKind::KvmPvm) => Some(PVM_BOOT_TIMEOUT),
+                (None, h) if !h.boots_stock_kernel() => Some(PVM_BOOT_TIMEOUT),
                 (None, _) => None,
             },
             next_mmio: VIRTIO_MMIO_BASE,
@@ -388,7 +391,7 @@ impl Vmm {
         self.pio
             .insert(
                 Arc::new(Mutex::new(marker)),
-                u64::from(devices::legacy::BOOT_MARKER_PORT),
+                u64::from(contract::boot_marker::PORT),
                 1,
             )
             .map_err(dev_err("boot marker"))?;
@@ -591,7 +594,7 @@ impl MutEventSubscriber for ExitHandler {
                 let _ = w.wait();
                 if self.boot_marker_us.load(Ordering::SeqCst) == 0 {
                     let why = match self.host {
-                        HostKind::KvmPvm => format!("; host is {}", self.host.describe()),
+                        h if !h.boots_stock_kernel() => format!("; host is {}", h.describe()),
                         _ => String::new(),
                     };
                     self.shared.report(VmExit::Kvm(format!(

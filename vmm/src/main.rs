@@ -5,7 +5,7 @@ use std::time::Instant;
 
 use clap::Parser;
 use crucible_vmm::{
-    seccomp, BlockConfig, ConsoleOutput, HostKind, VmConfig, Vmm, VsockConfig, EXIT_CONFIG,
+    config, seccomp, BlockConfig, ConsoleOutput, HostKind, VmConfig, Vmm, VsockConfig, EXIT_CONFIG,
     EXIT_KVM,
 };
 
@@ -17,7 +17,7 @@ struct Args {
     #[arg(long, conflicts_with_all = ["kernel"])]
     config: Option<PathBuf>,
     /// The uncompressed vmlinux ELF.
-    #[arg(long, required_unless_present = "config")]
+    #[arg(long, required_unless_present_any = ["config", "host_info"])]
     kernel: Option<PathBuf>,
     /// An initramfs.
     #[arg(long)]
@@ -72,7 +72,7 @@ struct Args {
 
 fn config_from(args: &Args) -> Result<VmConfig, String> {
     if let Some(p) = &args.config {
-        return VmConfig::from_file(p).map_err(|e| error_chain(&e));
+        return config::from_file(p).map_err(|e| error_chain(&e));
     }
     let kernel = args
         .kernel
@@ -147,7 +147,7 @@ fn main() {
         }
     };
     let host = HostKind::detect();
-    if host == HostKind::None {
+    if !host.has_kvm() {
         eprintln!("crucible-vmm: {}", host.describe());
         std::process::exit(EXIT_KVM);
     }

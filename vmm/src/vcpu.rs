@@ -9,7 +9,7 @@ use kvm_ioctls::{VcpuExit, VcpuFd};
 use vmm_sys_util::eventfd::EventFd;
 
 use crate::bus::Bus;
-use crate::host::HostKind;
+use crate::HostKind;
 
 /// How the VM ended.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -28,7 +28,7 @@ impl VmExit {
     /// The process exit code (see `docs/vmm.md`).
     pub fn code(&self) -> i32 {
         match self {
-            VmExit::GuestStop | VmExit::Signal => 0,
+            VmExit::GuestStop | VmExit::Signal => crate::EXIT_OK,
             VmExit::Kvm(_) => crate::EXIT_KVM,
             VmExit::GuestCrash(_) => crate::EXIT_GUEST_CRASH,
         }
@@ -121,7 +121,7 @@ pub fn run(
 
 fn pvm_hint(host: HostKind) -> String {
     match host {
-        HostKind::KvmPvm => format!(" — host is {}", host.describe()),
+        h if !h.boots_stock_kernel() => format!(" — host is {}", h.describe()),
         _ => String::new(),
     }
 }

@@ -15,8 +15,10 @@ use std::path::PathBuf;
 use std::process::Command;
 use std::time::Duration;
 
+use contract::cmdline::BootConfig;
+use contract::vsock::{host_port_path, DEFAULT_AGENT_PORT, DEFAULT_READY_PORT};
 use crucible_vmm::HostKind;
-use wire::agent::{AgentReply, AgentRequest, Hello, DEFAULT_AGENT_PORT, DEFAULT_READY_PORT};
+use wire::agent::{AgentReply, AgentRequest, Hello};
 use wire::{Direction, ExecRequest, ExecResult, FrameReader, FrameType};
 
 fn skip_reason() -> Option<(PathBuf, PathBuf)> {
@@ -58,8 +60,14 @@ fn e2e_linux_guest_boots_answers_over_vsock_uses_the_disk_and_powers_off() {
     image[..5].copy_from_slice(b"DISK0");
     std::fs::write(&disk, &image).unwrap();
     let uds = dir.path().join("v.sock");
-    let ready = UnixListener::bind(format!("{}_{DEFAULT_READY_PORT}", uds.display())).unwrap();
+    let ready = UnixListener::bind(host_port_path(&uds, DEFAULT_READY_PORT)).unwrap();
 
+    let boot_args = BootConfig {
+        boot_marker: true,
+        ..BootConfig::default()
+    }
+    .to_cmdline()
+    .unwrap();
     let mut vmm = Command::new(env!("CARGO_BIN_EXE_crucible-vmm"))
         .arg("--kernel")
         .arg(&kernel)
@@ -71,7 +79,9 @@ fn e2e_linux_guest_boots_answers_over_vsock_uses_the_disk_and_powers_off() {
         .arg(&uds)
         .arg("--console")
         .arg(dir.path().join("console.log"))
-        .args(["--cmdline", "crucible.boot_marker=1", "--timings"])
+        .arg("--cmdline")
+        .arg(boot_args)
+        .arg("--timings")
         .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap();

@@ -216,6 +216,20 @@ fn vmm_exits_with_the_config_code_for_a_missing_kernel_or_bad_flags() {
 }
 
 #[test]
+fn host_info_needs_no_kernel_and_prints_the_shared_probe() {
+    let out = Command::new(env!("CARGO_BIN_EXE_crucible-vmm"))
+        .arg("--host-info")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(crucible_vmm::EXIT_OK));
+    let host = crucible_vmm::HostKind::detect();
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        format!("{}: {}\n", host.name(), host.describe())
+    );
+}
+
+#[test]
 fn vmm_exits_with_the_config_code_for_a_non_elf_kernel() {
     require_kvm!();
     let dir = tempfile::tempdir().unwrap();

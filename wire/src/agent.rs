@@ -12,6 +12,9 @@
 //!   exactly that many raw bytes, or `error`.
 //! - `ping`: [`AgentReply::Pong`] with the agent's [`Hello`]. `shutdown`: `shutting_down`, then
 //!   the agent syncs and ends the VM.
+//!
+//! Where the agent listens (its vsock ports, set on the kernel command line) is agreed at boot,
+//! not on a connection: see `contract::vsock` and `contract::cmdline`.
 
 use serde::{Deserialize, Serialize};
 
@@ -19,12 +22,6 @@ use crate::types::{ErrorBody, ExecRequest, FilesPutResult};
 
 /// Version of this host↔agent protocol, sent in the hello.
 pub const PROTOCOL_VERSION: u32 = 1;
-
-/// The vsock port the agent serves requests on (kernel command line `crucible.port=`).
-pub const DEFAULT_AGENT_PORT: u32 = 1024;
-
-/// The host vsock port the agent connects to when ready (`crucible.ready_port=`).
-pub const DEFAULT_READY_PORT: u32 = 1025;
 
 /// One request, the first message on a connection.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

@@ -9,12 +9,14 @@ use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::Duration;
 
+use contract::cmdline::BootConfig;
+use contract::vm::{ConsoleOutput, VmConfig, VsockConfig};
+use contract::vsock::{host_port_path, DEFAULT_AGENT_PORT, DEFAULT_READY_PORT};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{UnixListener, UnixStream};
 use tokio::process::Command;
 use tokio::sync::watch;
-use vmm::{ConsoleOutput, VmConfig, VsockConfig};
-use wire::agent::{Hello, DEFAULT_AGENT_PORT, DEFAULT_READY_PORT};
+use wire::agent::Hello;
 use wire::BackendKind;
 
 use super::supervised::{spawn_and_await_hello, SandboxProcess};
@@ -82,24 +84,13 @@ impl MicrovmBackend {
         std::fs::create_dir_all(&dir)
             .map_err(|e| BackendError::setup(format!("create {}", dir.display()), e))?;
         let uds = dir.join("vsock.sock");
-        let ready_path = PathBuf::from(format!("{}_{DEFAULT_READY_PORT}", uds.display()));
+        let ready_path = host_port_path(&uds, DEFAULT_READY_PORT);
         let ready = UnixListener::bind(&ready_path)
             .map_err(|e| BackendError::setup(format!("bind {}", ready_path.display()), e))?;
 
-        let mut config = VmConfig::new(self.kernel.clone());
-        config.initramfs = Some(self.initramfs.clone());
-        config.cmdline = format!(
-            "quiet crucible.port={DEFAULT_AGENT_PORT} crucible.ready_port={DEFAULT_READY_PORT} \
-             crucible.boot_marker=1"
-        );
-        config.mem_mib = u32::try_from(spec.memory_mib).unwrap_or(u32::MAX);
-        config.vcpus = u8::try_from(spec.vcpus).unwrap_or(u8::MAX);
-        config.vsock = Some(VsockConfig {
-            guest_cid: GUEST_CID,
-            uds_path: uds.clone(),
-        });
         let console = dir.join("console.log");
-        config.console = ConsoleOutput::File(console.clone());
+        let config = vm_config(&self.kernel, &self.initramfs, &spec, &uds, &console)
+            .map_err(|e| BackendError::setup("build the VM config", e))?;
         let config_path = dir.join("vm.json");
         let json = serde_json::to_vec_pretty(&config)
             .map_err(|e| BackendError::setup("serialize the VM config", io::Error::other(e)))?;
@@ -133,6 +124,39 @@ impl MicrovmBackend {
             process: SandboxProcess::watch(child, "the VM".into()),
         })
     }
+}
+
+/// The VM for one sandbox: the image's kernel and initramfs, the agent on the default vsock
+/// ports (the guest's defaults too, so the command line does not repeat them), the boot marker,
+/// the sandbox id as hostname (as in a namespace sandbox), the console into `console`. Validated here with the VMM's own rules, so a bad size is refused
+/// before a VMM is started.
+fn vm_config(
+    kernel: &Path,
+    initramfs: &Path,
+    spec: &InstanceSpec,
+    uds: &Path,
+    console: &Path,
+) -> io::Result<VmConfig> {
+    let invalid =
+        |e: &dyn std::fmt::Display| io::Error::new(io::ErrorKind::InvalidInput, e.to_string());
+    let mut config = VmConfig::new(kernel.to_owned());
+    config.initramfs = Some(initramfs.to_owned());
+    config.cmdline = BootConfig {
+        boot_marker: true,
+        hostname: spec.id.clone(),
+        ..BootConfig::default()
+    }
+    .to_cmdline()
+    .map_err(|e| invalid(&e))?;
+    config.mem_mib = u32::try_from(spec.memory_mib).unwrap_or(u32::MAX);
+    config.vcpus = u8::try_from(spec.vcpus).unwrap_or(u8::MAX);
+    config.vsock = Some(VsockConfig {
+        guest_cid: GUEST_CID,
+        uds_path: uds.to_owned(),
+    });
+    config.console = ConsoleOutput::File(console.to_owned());
+    config.validate().map_err(|e| invalid(&e))?;
+    Ok(config)
 }
 
 /// Opens a connection to guest `port` through the VMM's hybrid vsock socket.
@@ -266,6 +290,55 @@ mod tests {
         let err = vsock_connect(&uds, 1024).await.expect_err("refused");
         assert!(err.to_string().contains("CONNECT 1024"), "{err}");
         server.await.expect("server");
+    }
+
+    fn spec(memory_mib: u64) -> InstanceSpec {
+        InstanceSpec {
+            id: "sb-0123456789abcdef".into(),
+            memory_mib,
+            vcpus: 2,
+            env: Default::default(),
+        }
+    }
+
+    #[test]
+    fn vm_config_speaks_the_guest_contract() {
+        let (uds, console) = (
+            Path::new("/run/sb/vsock.sock"),
+            Path::new("/run/sb/console.log"),
+        );
+        let config = vm_config(
+            Path::new("/img/vmlinux"),
+            Path::new("/img/initramfs.cpio"),
+            &spec(512),
+            uds,
+            console,
+        )
+        .expect("valid");
+        assert_eq!((config.mem_mib, config.vcpus), (512, 2));
+        // What guest-init will read from /proc/cmdline.
+        let boot = BootConfig::parse(&config.cmdline);
+        assert!(boot.boot_marker);
+        assert_eq!(boot.hostname, "sb-0123456789abcdef");
+        assert_eq!(
+            (boot.port, boot.ready_port),
+            (DEFAULT_AGENT_PORT, DEFAULT_READY_PORT)
+        );
+        assert_eq!(config.console, ConsoleOutput::File(console.to_owned()));
+    }
+
+    #[test]
+    fn vm_config_refuses_what_the_vmm_would_refuse() {
+        let err = vm_config(
+            Path::new("/k"),
+            Path::new("/i"),
+            &spec(1 << 20),
+            Path::new("/v"),
+            Path::new("/c"),
+        )
+        .expect_err("too much memory");
+        assert_eq!(err.kind(), io::ErrorKind::InvalidInput);
+        assert!(err.to_string().contains("mem_mib"), "{err}");
     }
 
     #[test]

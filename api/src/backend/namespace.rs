@@ -24,8 +24,8 @@ use super::cgroup::{CgroupLimits, SandboxCgroups};
 use super::supervised::{spawn_and_await_hello, SandboxProcess};
 use super::{Backend, BackendError, BoxFuture, ImagePaths, Instance, InstanceSpec};
 
-/// The PATH commands see unless the sandbox's env overrides it.
-const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+// The PATH commands see unless the sandbox's env overrides it: the agent's own default too.
+use contract::DEFAULT_PATH;
 
 /// Creates namespace sandboxes.
 #[derive(Debug)]

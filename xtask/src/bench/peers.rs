@@ -11,6 +11,7 @@ use std::process::{Command, Stdio};
 use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
+use contract::host::HostKind;
 
 use super::stats::{ms, Runs};
 
@@ -386,15 +387,16 @@ pub fn qemu_microvm_unavailable(image: &Path) -> Option<String> {
     .into_iter()
     .find(|p| Path::new(p).exists());
     let accel = match report.kvm {
-        api::host::KvmKind::Hardware => "-accel kvm",
-        api::host::KvmKind::Pvm => "-accel kvm (kvm_pvm)",
-        api::host::KvmKind::None => "-accel tcg",
+        HostKind::KvmIntel | HostKind::KvmAmd => "-accel kvm",
+        HostKind::KvmPvm => "-accel kvm (kvm_pvm)",
+        HostKind::Unknown => "-accel kvm (unknown KVM module)",
+        HostKind::None => "-accel tcg",
     };
     eprintln!(
         "    QEMU microvm peer: {} with {accel}",
         qemu.unwrap_or("(qemu-system-x86 not installed)")
     );
-    if report.kvm != api::host::KvmKind::Hardware {
+    if !report.kvm.boots_stock_kernel() {
         return Some(format!(
             "{} (QEMU booting the same kernel hits the same limit)",
             api::host::kvm_unavailable_reason(&report).unwrap_or_default()

@@ -5,6 +5,7 @@ use std::path::Path;
 use std::time::Instant;
 
 use anyhow::{Context, Result};
+use contract::host::HostKind;
 
 use super::daemon::{self, InProcess};
 use super::metrics::{self, Plan};
@@ -35,9 +36,10 @@ pub fn machine() -> Machine {
     let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
     let host = api::host::inspect();
     let kvm = match host.kvm {
-        api::host::KvmKind::Hardware => "hardware (kvm_intel/kvm_amd)",
-        api::host::KvmKind::Pvm => "kvm_pvm (nested, pagetable-based)",
-        api::host::KvmKind::None => "none",
+        HostKind::KvmIntel | HostKind::KvmAmd => "hardware (kvm_intel/kvm_amd)",
+        HostKind::KvmPvm => "kvm_pvm (nested, pagetable-based)",
+        HostKind::Unknown => "unknown KVM module",
+        HostKind::None => "none",
     };
     Machine {
         cpu,

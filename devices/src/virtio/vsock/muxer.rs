@@ -429,14 +429,14 @@ impl Muxer {
         }
     }
 
-    /// A guest connection to host port `key.local`: connect `<uds_path>_<port>`.
+    /// A guest connection to host port `key.local`: connect `<uds_path>_<port>`
+    /// (`contract::vsock::host_port_path`, where the daemon listens).
     fn guest_connect<B: BitmapSlice>(&mut self, key: Key, pkt: &VsockPacket<'_, B>) {
         if self.connection_count() >= self.max_conns {
             self.rst_unknown(key);
             return;
         }
-        let mut path = self.uds_path.clone().into_os_string();
-        path.push(format!("_{}", key.local));
+        let path = contract::vsock::host_port_path(&self.uds_path, key.local);
         let stream = match UnixStream::connect(&path) {
             Ok(s) if s.set_nonblocking(true).is_ok() => s,
             _ => {

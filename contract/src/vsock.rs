@@ -1,0 +1,36 @@
+//! vsock: the ports the agent and the host meet on, and how guest-initiated connections are
+//! named on the host side of crucible's hybrid vsock device (Firecracker's design).
+
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
+
+/// The vsock port the agent serves requests on (kernel command line `crucible.port=`).
+pub const DEFAULT_AGENT_PORT: u32 = 1024;
+
+/// The host vsock port the agent connects to when ready (`crucible.ready_port=`).
+pub const DEFAULT_READY_PORT: u32 = 1025;
+
+/// Where a guest connection to host port `port` arrives: the Unix socket `<uds_path>_<port>`,
+/// next to the device's own socket `uds_path`. The VMM connects there; the daemon listens
+/// there (for the agent's hello on [`DEFAULT_READY_PORT`]) before the VM starts.
+pub fn host_port_path(uds_path: &Path, port: u32) -> PathBuf {
+    let mut path = OsString::from(uds_path.as_os_str());
+    path.push(format!("_{port}"));
+    PathBuf::from(path)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn guest_connections_go_to_the_device_socket_with_a_port_suffix() {
+        assert_eq!(
+            host_port_path(
+                Path::new("/run/crucible/sb-1/vsock.sock"),
+                DEFAULT_READY_PORT
+            ),
+            Path::new("/run/crucible/sb-1/vsock.sock_1025")
+        );
+    }
+}
