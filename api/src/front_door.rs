@@ -1,10 +1,15 @@
 //! The connection front door: every accepted connection starts here. It reads the first
-//! request head (bounded in size and time), and answers a malformed one itself, with the JSON
-//! envelope (hyper would send a bare 400). A hijacked interactive exec (`POST
-//! /sandboxes/{id}/exec?stdin=1` without an `Upgrade` header) is served here: a bare
-//! `HTTP/1.1 200 OK` header block, after which the connection is a raw frame stream —
-//! something hyper cannot do after a 200. Everything else goes to hyper and the router, the
-//! head's bytes replayed.
+//! request head (bounded in size and time) and parses it once, answering a malformed one
+//! itself, with the JSON envelope (hyper would send a bare 400). An exec — the hot path — is
+//! served right here from that parse:
+//! - the hijacked interactive exec (`POST /sandboxes/{id}/exec?stdin=1` without an `Upgrade`
+//!   header): a bare `HTTP/1.1 200 OK` header block, after which the connection is a raw frame
+//!   stream — something hyper cannot do after a 200;
+//! - the one-shot exec with a `Content-Length` body: its chunked frame stream, the response
+//!   head written with the first frames (for `true`, the whole response is one write).
+//!
+//! Everything else (and anything after that first request on a kept-alive connection) goes to
+//! hyper and the router, the unread bytes replayed: hyper parses those heads, once.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -41,11 +46,16 @@ pub fn head_end(buf: &[u8], from: usize) -> Option<usize> {
         })
 }
 
-/// A parsed hijack request head.
+/// A first request the front door serves itself: an exec.
 #[derive(Debug)]
-pub struct HijackHead {
+pub struct ExecHead {
     /// The sandbox id from the path.
     pub id: String,
+    /// `?stdin=1`: the hijacked interactive transport; else a one-shot exec.
+    pub interactive: bool,
+    /// Whether the connection stays open after a one-shot exec's response (HTTP/1.1 without
+    /// `Connection: close`).
+    pub keep_alive: bool,
     /// The `Authorization` header's value.
     pub authorization: Option<Vec<u8>>,
     /// The `Content-Length` header's value.
@@ -54,10 +64,11 @@ pub struct HijackHead {
     pub chunked: bool,
 }
 
-/// Returns the hijack request in `head`, if that is what it is. A head that does not parse is
-/// answered here, with the JSON envelope (hyper would answer a bare 400). Public for the fuzz
-/// target.
-pub fn parse_hijack(head: &[u8]) -> Result<Option<HijackHead>, ApiError> {
+/// Returns the exec in `head` if it is one the front door serves itself (a hijack, or a
+/// one-shot with a `Content-Length` body over HTTP/1.1, without `Expect` or `Upgrade`); `None`
+/// for everything hyper serves. A head that does not parse is answered here, with the JSON
+/// envelope (hyper would answer a bare 400). Public for the fuzz target.
+pub fn parse_first_head(head: &[u8]) -> Result<Option<ExecHead>, ApiError> {
     let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
     let mut request = httparse::Request::new(&mut headers);
     match request.parse(head) {
@@ -116,9 +127,7 @@ pub fn parse_hijack(head: &[u8]) -> Result<Option<HijackHead>, ApiError> {
     let stdin = query
         .split('&')
         .find_map(|pair| pair.strip_prefix("stdin="));
-    if !exec::wants_stdin(stdin)? {
-        return Ok(None);
-    }
+    let interactive = exec::wants_stdin(stdin)?;
     let header = |name: &str| {
         request
             .headers
@@ -130,6 +139,19 @@ pub fn parse_hijack(head: &[u8]) -> Result<Option<HijackHead>, ApiError> {
         // Docker's `Upgrade: tcp` variant: hyper answers it with a 101.
         return Ok(None);
     }
+    let http11 = request.version == Some(1);
+    if !interactive
+        && (!http11 || has("expect") || !has("content-length") || has("transfer-encoding"))
+    {
+        // Rarer shapes of a one-shot exec (HTTP/1.0, `Expect: 100-continue`, a chunked body):
+        // hyper knows them all.
+        return Ok(None);
+    }
+    let keep_alive = http11
+        && !header("connection").is_some_and(|v| {
+            v.split(|b| *b == b',')
+                .any(|token| token.trim_ascii().eq_ignore_ascii_case(b"close"))
+        });
     let content_length = match header("content-length") {
         None => None,
         Some(v) => Some(
@@ -141,8 +163,10 @@ pub fn parse_hijack(head: &[u8]) -> Result<Option<HijackHead>, ApiError> {
     };
     let chunked = header("transfer-encoding")
         .is_some_and(|v| v.to_ascii_lowercase().windows(7).any(|w| w == b"chunked"));
-    Ok(Some(HijackHead {
+    Ok(Some(ExecHead {
         id: id.to_string(),
+        interactive,
+        keep_alive,
         authorization: header("authorization").map(<[u8]>::to_vec),
         content_length,
         chunked,
@@ -186,10 +210,10 @@ pub async fn serve_connection<S>(
             Ok(Ok(n)) => buf.extend_from_slice(&chunk[..n]),
         }
     };
-    match parse_hijack(&buf[..head_len]) {
+    match parse_first_head(&buf[..head_len]) {
         Ok(Some(head)) => {
             let rest = buf.split_off(head_len);
-            hijack(state, stream, head, rest, transport).await
+            serve_exec(state, router, stream, head, rest, transport).await
         }
         Ok(None) => {
             let header_timeout = state.config.header_timeout;
@@ -261,13 +285,14 @@ async fn respond_error<S: AsyncRead + AsyncWrite + Unpin>(
     let _ = tokio::time::timeout(LINGER, drain).await;
 }
 
-/// The hijacked interactive exec. It never reaches axum, so it identifies its caller itself,
-/// by the same rules as `routes::authenticate`, and looks the sandbox up for that caller: one
-/// that is not the caller's is the same 404 as a missing one.
-async fn hijack<S>(
+/// An exec served from the first head. It never reaches axum, so it identifies its caller
+/// itself, by the same rules as `routes::authenticate`, and looks the sandbox up for that
+/// caller: one that is not the caller's is the same 404 as a missing one.
+async fn serve_exec<S>(
     state: Arc<AppState>,
+    router: Router,
     mut stream: S,
-    head: HijackHead,
+    head: ExecHead,
     mut rest: Vec<u8>,
     transport: Transport,
 ) where
@@ -316,21 +341,98 @@ async fn hijack<S>(
             }
         }
     }
-    let early_input = Bytes::from(rest.split_off(length));
+    // Bytes past the body: a hijack's first stdin frames, or a kept-alive client's next request.
+    let after_body = Bytes::from(rest.split_off(length));
     let sandbox = match state.registry.get(&head.id, &caller) {
         Ok(sandbox) => sandbox,
         Err(e) => return respond_error(&state, &mut stream, &e.into()).await,
     };
-    let session = match exec::admit(&state, &sandbox, &rest, true).await {
+    let session = match exec::admit(&state, &sandbox, &rest, head.interactive).await {
         Ok(session) => session,
         Err(e) => return respond_error(&state, &mut stream, &e.into()).await,
     };
-    let head = b"HTTP/1.1 200 OK\r\nContent-Type: application/octet-stream\r\n\r\n";
-    if stream.write_all(head).await.is_err() {
+    if head.interactive {
+        let head = b"HTTP/1.1 200 OK\r\nContent-Type: application/octet-stream\r\n\r\n";
+        if stream.write_all(head).await.is_err() {
+            return;
+        }
+        let (reader, writer) = tokio::io::split(Rewind::new(after_body, stream));
+        exec::pump(session, RawReader::new(reader), RawWriter(writer)).await;
         return;
     }
-    let (reader, writer) = tokio::io::split(Rewind::new(early_input, stream));
-    exec::pump(session, RawReader::new(reader), RawWriter(writer)).await;
+    if write_one_shot(session, &mut stream).await.is_err() {
+        // The client went away: dropping the session killed the command.
+        return;
+    }
+    if head.keep_alive {
+        let header_timeout = state.config.header_timeout;
+        serve_http(
+            router,
+            header_timeout,
+            Rewind::new(after_body, stream),
+            transport,
+        )
+        .await;
+    } else {
+        let _ = stream.shutdown().await;
+    }
+}
+
+/// Writes a one-shot exec's response: the head, then the frames as HTTP chunks as they come,
+/// the head going out with the first frames and the last chunk with the terminator, so that a
+/// short command's whole response is one write.
+async fn write_one_shot<S: AsyncWrite + Unpin>(
+    mut session: exec::Session,
+    stream: &mut S,
+) -> std::io::Result<()> {
+    const HEAD: &[u8] = b"HTTP/1.1 200 OK\r\ncontent-type: application/octet-stream\r\n\
+                          transfer-encoding: chunked\r\n\r\n";
+    let mut head: &[u8] = HEAD;
+    while let Some(frames) = session.next_output().await {
+        let size = format!("{:x}\r\n", frames.len());
+        let last = session.ending().is_some();
+        let tail: &[u8] = if last { b"\r\n0\r\n\r\n" } else { b"\r\n" };
+        let parts = [head, size.as_bytes(), &frames, tail];
+        write_all_vectored(stream, &parts).await?;
+        head = b"";
+        if last {
+            return stream.flush().await;
+        }
+    }
+    // The output ended without an exit frame passing through here (it cannot: the session
+    // always ends with one); close the body regardless.
+    write_all_vectored(stream, &[head, b"0\r\n\r\n"]).await?;
+    stream.flush().await
+}
+
+/// Writes every byte of `parts`, gathered (one `writev` when the socket takes it all).
+async fn write_all_vectored<S: AsyncWrite + Unpin>(
+    stream: &mut S,
+    parts: &[&[u8]],
+) -> std::io::Result<()> {
+    let total: usize = parts.iter().map(|p| p.len()).sum();
+    let mut written = 0;
+    while written < total {
+        let mut skip = written;
+        let slices: Vec<std::io::IoSlice<'_>> = parts
+            .iter()
+            .filter_map(|part| {
+                if skip >= part.len() {
+                    skip -= part.len();
+                    return None;
+                }
+                let slice = std::io::IoSlice::new(&part[skip..]);
+                skip = 0;
+                Some(slice)
+            })
+            .collect();
+        let n = stream.write_vectored(&slices).await?;
+        if n == 0 {
+            return Err(std::io::ErrorKind::WriteZero.into());
+        }
+        written += n;
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -338,26 +440,36 @@ mod tests {
     use super::*;
 
     #[test]
-    fn recognises_only_first_request_hijacks() {
+    fn recognises_the_execs_it_serves_itself() {
         let hijack = b"POST /sandboxes/sb-0123456789abcdef/exec?stdin=1 HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n\r\n";
-        let head = parse_hijack(hijack).expect("valid").expect("a hijack");
+        let head = parse_first_head(hijack).expect("valid").expect("a hijack");
         assert_eq!(head.id, "sb-0123456789abcdef");
         assert_eq!(head.content_length, Some(5));
+        assert!(head.interactive && head.keep_alive);
+        let one_shot = b"POST /sandboxes/sb-0123456789abcdef/exec HTTP/1.1\r\nContent-Length: 2\r\nConnection: keep-alive, close\r\n\r\n";
+        let head = parse_first_head(one_shot)
+            .expect("valid")
+            .expect("a one-shot");
+        assert!(!head.interactive && !head.keep_alive);
         for other in [
+            // A one-shot exec hyper serves: no length, HTTP/1.0, Expect, a chunked body.
             &b"POST /sandboxes/sb-0123456789abcdef/exec HTTP/1.1\r\nHost: x\r\n\r\n"[..],
             b"POST /sandboxes/sb-0123456789abcdef/exec?stdin=0 HTTP/1.1\r\n\r\n",
+            b"POST /sandboxes/sb-0123456789abcdef/exec HTTP/1.0\r\nContent-Length: 2\r\n\r\n",
+            b"POST /sandboxes/sb-0123456789abcdef/exec HTTP/1.1\r\nContent-Length: 2\r\nExpect: 100-continue\r\n\r\n",
+            b"POST /sandboxes/sb-0123456789abcdef/exec HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n",
             b"GET /sandboxes/sb-0123456789abcdef/exec?stdin=1 HTTP/1.1\r\n\r\n",
             b"POST /sandboxes/sb-0123456789abcdef/exec?stdin=1 HTTP/1.1\r\nUpgrade: tcp\r\nConnection: Upgrade\r\n\r\n",
             b"POST /sandboxes HTTP/1.1\r\n\r\n",
         ] {
-            assert!(parse_hijack(other).expect("valid").is_none());
+            assert!(parse_first_head(other).expect("valid").is_none());
         }
-        assert!(parse_hijack(b"POST /sandboxes/x/exec?stdin=maybe HTTP/1.1\r\n\r\n").is_err());
-        let malformed = parse_hijack(b"GET /\x00 HTTP/1.1\r\n\r\n").expect_err("malformed");
+        assert!(parse_first_head(b"POST /sandboxes/x/exec?stdin=maybe HTTP/1.1\r\n\r\n").is_err());
+        let malformed = parse_first_head(b"GET /\x00 HTTP/1.1\r\n\r\n").expect_err("malformed");
         assert_eq!(malformed.status, StatusCode::BAD_REQUEST);
         let many: String = (0..=MAX_HEADERS).map(|i| format!("X-{i}: y\r\n")).collect();
         let many = format!("GET / HTTP/1.1\r\n{many}\r\n");
-        let too_many = parse_hijack(many.as_bytes()).expect_err("too many headers");
+        let too_many = parse_first_head(many.as_bytes()).expect_err("too many headers");
         assert_eq!(too_many.status, StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE);
     }
 
@@ -390,7 +502,7 @@ mod tests {
         assert_eq!(head_end(b"GET / HTTP/1.1\r\nHost: x\r\n", 0), None);
         let head = b"POST /sandboxes/sb-1/exec?stdin=1 HTTP/1.1\nContent-Length: 2\n\n{}";
         let end = head_end(head, 0).expect("complete head");
-        let parsed = parse_hijack(&head[..end])
+        let parsed = parse_first_head(&head[..end])
             .expect("valid")
             .expect("a hijack");
         assert_eq!(parsed.content_length, Some(2));

@@ -171,44 +171,33 @@ impl Server {
 
     /// Serves until `shutdown` resolves, then deletes every sandbox and the socket.
     pub async fn run(self, shutdown: impl Future<Output = ()>) {
-        let state = self.state.clone();
-        let unix_path = self.unix.as_ref().map(|(_, p)| p.clone());
-        let accept_unix = async {
-            let Some((listener, _)) = &self.unix else {
-                return std::future::pending().await;
-            };
-            loop {
-                match listener.accept().await {
-                    Ok((stream, _)) => match self.admit_connection() {
-                        Some(permit) => self.spawn(stream, Transport::Unix, permit),
-                        None => self.refuse(|answer| stream.try_write(answer)),
-                    },
-                    Err(e) => accept_failed("the Unix socket", e).await,
-                }
-            }
-        };
-        let accept_tcp = async {
-            let Some(listener) = &self.tcp else {
-                return std::future::pending().await;
-            };
-            loop {
-                match listener.accept().await {
-                    Ok((stream, _)) => match self.admit_connection() {
-                        Some(permit) => {
-                            let _ = stream.set_nodelay(true);
-                            self.spawn(stream, Transport::Tcp, permit)
-                        }
-                        None => self.refuse(|answer| stream.try_write(answer)),
-                    },
-                    Err(e) => accept_failed("TCP", e).await,
-                }
-            }
-        };
-        tokio::select! {
-            () = accept_unix => {}
-            () = accept_tcp => {}
-            () = shutdown => {}
+        let Server {
+            state,
+            router,
+            connections,
+            max_connections,
+            unix,
+            tcp,
+        } = self;
+        let unix_path = unix.as_ref().map(|(_, p)| p.clone());
+        let front = Arc::new(Front {
+            state: state.clone(),
+            router,
+            connections,
+            max_connections,
+        });
+        // The accept loops run as tasks on the runtime's workers, not on the thread that waits
+        // for `shutdown`: a connection's task is then spawned on the worker that accepted it
+        // and polled there at once, without waking another thread.
+        let mut accepting = tokio::task::JoinSet::new();
+        if let Some((listener, _)) = unix {
+            accepting.spawn(accept_unix(front.clone(), listener));
         }
+        if let Some(listener) = tcp {
+            accepting.spawn(accept_tcp(front, listener));
+        }
+        shutdown.await;
+        accepting.abort_all();
         tracing::info!("shutting down: deleting every sandbox");
         state.registry.remove_all().await;
         cgroup::remove_parent(Path::new(CGROUP_ROOT), &state.config.cgroup_parent);
@@ -216,9 +205,46 @@ impl Server {
             let _ = std::fs::remove_file(path);
         }
     }
+}
 
+/// What the accept loops share: where connections go, and the cap on them.
+struct Front {
+    state: Arc<AppState>,
+    router: Router,
+    connections: Arc<Semaphore>,
+    max_connections: usize,
+}
+
+async fn accept_unix(front: Arc<Front>, listener: UnixListener) {
+    loop {
+        match listener.accept().await {
+            Ok((stream, _)) => match front.admit() {
+                Some(permit) => front.spawn(stream, Transport::Unix, permit),
+                None => front.refuse(|answer| stream.try_write(answer)),
+            },
+            Err(e) => accept_failed("the Unix socket", e).await,
+        }
+    }
+}
+
+async fn accept_tcp(front: Arc<Front>, listener: TcpListener) {
+    loop {
+        match listener.accept().await {
+            Ok((stream, _)) => match front.admit() {
+                Some(permit) => {
+                    let _ = stream.set_nodelay(true);
+                    front.spawn(stream, Transport::Tcp, permit)
+                }
+                None => front.refuse(|answer| stream.try_write(answer)),
+            },
+            Err(e) => accept_failed("TCP", e).await,
+        }
+    }
+}
+
+impl Front {
     /// A place under the connection cap, held until the connection ends.
-    fn admit_connection(&self) -> Option<OwnedSemaphorePermit> {
+    fn admit(&self) -> Option<OwnedSemaphorePermit> {
         self.connections.clone().try_acquire_owned().ok()
     }
 

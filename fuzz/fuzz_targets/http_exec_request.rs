@@ -1,6 +1,6 @@
 //! The daemon's path from raw HTTP bytes to a validated `ExecRequest`, both ways in:
 //! - the connection front door (`api::front_door`): the connection's first request head, delimited by
-//!   `head_end`, is pre-parsed with `parse_hijack`; an interactive exec takes its body by `Content-Length`, then
+//!   `head_end`, is parsed once with `parse_first_head`; an exec it serves itself takes its body by `Content-Length`, then
 //!   `body::parse_json` and `ExecRequest::validate` decide;
 //! - the one-shot `POST /sandboxes/{id}/exec` body: `body::parse_json` + `validate` on the
 //!   whole input.
@@ -19,7 +19,7 @@ use std::ffi::CString;
 
 use api::body::parse_json;
 use api::config::JSON_BODY_LIMIT;
-use api::front_door::{head_end, parse_hijack};
+use api::front_door::{head_end, parse_first_head};
 use http::StatusCode;
 use libfuzzer_sys::fuzz_target;
 use wire::agent::AgentRequest;
@@ -69,7 +69,7 @@ fuzz_target!(|data: &[u8]| {
         return;
     };
     let (head, rest) = data.split_at(end);
-    let parsed = match parse_hijack(head) {
+    let parsed = match parse_first_head(head) {
         Ok(parsed) => parsed,
         Err(error) => {
             assert_eq!(error.status, StatusCode::BAD_REQUEST, "{error}");
@@ -94,12 +94,13 @@ fuzz_target!(|data: &[u8]| {
         format!("/sandboxes/{}/exec", hijack.id),
         "wrong sandbox id"
     );
-    assert!(
-        query
-            .split('&')
-            .find_map(|pair| pair.strip_prefix("stdin="))
-            .is_some_and(|v| v == "1" || v == "true"),
-        "hijacked without stdin=1: {target:?}"
+    let stdin = query
+        .split('&')
+        .find_map(|pair| pair.strip_prefix("stdin="));
+    assert_eq!(
+        hijack.interactive,
+        stdin.is_some_and(|v| v == "1" || v == "true"),
+        "interactive or not against the query: {target:?}"
     );
     // The head ends at the first empty line, as httparse (which accepts bare LF line ends)
     // sees it.
@@ -112,6 +113,14 @@ fuzz_target!(|data: &[u8]| {
         headers.iter().all(|(name, _)| name != "upgrade"),
         "hijacked an Upgrade request"
     );
+    if !hijack.interactive {
+        // A one-shot the front door serves needs a length it can read the body by.
+        assert!(hijack.content_length.is_some(), "a one-shot without Content-Length");
+        assert!(
+            headers.iter().all(|(name, _)| name != "expect" && name != "transfer-encoding"),
+            "served a one-shot that hyper must: {headers:?}"
+        );
+    }
     if let Some(length) = hijack.content_length {
         let declared = headers
             .iter()

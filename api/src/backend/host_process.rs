@@ -122,7 +122,7 @@ impl Instance for HostProcessInstance {
     }
 
     fn connect(&self) -> BoxFuture<'_, io::Result<UnixStream>> {
-        Box::pin(UnixStream::connect(&self.socket))
+        Box::pin(super::connect_unix(&self.socket))
     }
 
     fn exited(&self) -> watch::Receiver<Option<String>> {

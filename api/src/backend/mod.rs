@@ -148,6 +148,20 @@ pub trait Instance: Send + Sync {
     fn destroy(&self) -> BoxFuture<'_, ()>;
 }
 
+/// Connects to a Unix socket (an agent's) without a trip through the event loop when, as
+/// almost always, the connection completes at once; tokio's connect, which waits for
+/// writability first, takes over only when the listener's backlog is full.
+pub async fn connect_unix(path: &std::path::Path) -> io::Result<UnixStream> {
+    use socket2::{Domain, SockAddr, Socket, Type};
+    let socket = Socket::new(Domain::UNIX, Type::STREAM, None)?;
+    socket.set_nonblocking(true)?;
+    match socket.connect(&SockAddr::unix(path)?) {
+        Ok(()) => UnixStream::from_std(std::os::unix::net::UnixStream::from(socket)),
+        Err(e) if e.kind() == io::ErrorKind::WouldBlock => UnixStream::connect(path).await,
+        Err(e) => Err(e),
+    }
+}
+
 /// Where a backend finds the image.
 #[derive(Debug, Clone)]
 pub struct ImagePaths {
