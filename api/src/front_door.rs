@@ -380,29 +380,48 @@ async fn serve_exec<S>(
 
 /// Writes a one-shot exec's response: the head, then the frames as HTTP chunks as they come,
 /// the head going out with the first frames and the last chunk with the terminator, so that a
-/// short command's whole response is one write.
-async fn write_one_shot<S: AsyncWrite + Unpin>(
+/// short command's whole response is one write. Meanwhile the connection is watched: a client
+/// that hangs up (while the command is silent, say) ends the session, which kills the
+/// command. Returns what the client sent meanwhile (a kept-alive client's next request).
+async fn write_one_shot<S: AsyncRead + AsyncWrite + Unpin>(
     mut session: exec::Session,
     stream: &mut S,
-) -> std::io::Result<()> {
+) -> std::io::Result<Vec<u8>> {
     const HEAD: &[u8] = b"HTTP/1.1 200 OK\r\ncontent-type: application/octet-stream\r\n\
                           transfer-encoding: chunked\r\n\r\n";
     let mut head: &[u8] = HEAD;
-    while let Some(frames) = session.next_output().await {
+    let mut early = Vec::new();
+    let mut peek = [0u8; 4096];
+    loop {
+        let output = tokio::select! {
+            output = session.next_output() => output,
+            read = stream.read(&mut peek) => match read {
+                Ok(0) | Err(_) => return Err(std::io::ErrorKind::ConnectionAborted.into()),
+                Ok(n) if early.len() + n <= crate::config::MAX_HEAD => {
+                    early.extend_from_slice(&peek[..n]);
+                    continue;
+                }
+                // More than a request head ahead of its answer: not a client we keep.
+                Ok(_) => return Err(std::io::ErrorKind::InvalidData.into()),
+            },
+        };
+        let Some(frames) = output else {
+            // The session always ends with an exit frame, sent with the terminator below;
+            // close the body regardless.
+            write_all_vectored(stream, &[head, b"0\r\n\r\n"]).await?;
+            stream.flush().await?;
+            return Ok(early);
+        };
         let size = format!("{:x}\r\n", frames.len());
         let last = session.ending().is_some();
         let tail: &[u8] = if last { b"\r\n0\r\n\r\n" } else { b"\r\n" };
-        let parts = [head, size.as_bytes(), &frames, tail];
-        write_all_vectored(stream, &parts).await?;
+        write_all_vectored(stream, &[head, size.as_bytes(), &frames, tail]).await?;
         head = b"";
         if last {
-            return stream.flush().await;
+            stream.flush().await?;
+            return Ok(early);
         }
     }
-    // The output ended without an exit frame passing through here (it cannot: the session
-    // always ends with one); close the body regardless.
-    write_all_vectored(stream, &[head, b"0\r\n\r\n"]).await?;
-    stream.flush().await
 }
 
 /// Writes every byte of `parts`, gathered (one `writev` when the socket takes it all).

@@ -299,3 +299,32 @@ async fn connections_past_the_cap_get_503_and_the_cap_frees_when_they_close() {
     drop(idle.pop());
     assert!(daemon.metric("crucible_connections_refused_total").await >= 1.0);
 }
+
+#[tokio::test]
+async fn a_kept_alive_connection_serves_more_requests_after_a_one_shot_exec() {
+    let daemon = Daemon::start(|_| {});
+    let id = daemon.sandbox().await;
+    let mut stream = UnixStream::connect(daemon.socket()).await.expect("connect");
+    let body = r#"{"cmd":["echo","first"]}"#;
+    // The exec and the next request pipelined: both arrive before the first is answered.
+    let requests = format!(
+        "POST /sandboxes/{id}/exec HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\n\r\n{body}\
+         GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+        body.len()
+    );
+    stream.write_all(requests.as_bytes()).await.expect("write");
+    let mut reply = Vec::new();
+    tokio::time::timeout(Duration::from_secs(10), stream.read_to_end(&mut reply))
+        .await
+        .expect("both answered")
+        .expect("read");
+    let text = String::from_utf8_lossy(&reply);
+    assert!(text.starts_with("HTTP/1.1 200 OK\r\n"), "{text}");
+    assert!(text.contains("first\n"), "{text}");
+    let second = text
+        .find("\r\n0\r\n\r\n")
+        .map(|i| &text[i + 7..])
+        .expect("a chunked end");
+    assert!(second.starts_with("HTTP/1.1 200 OK"), "{second}");
+    assert!(second.contains("\"status\":\"ok\""), "{second}");
+}
