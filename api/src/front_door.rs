@@ -378,9 +378,12 @@ async fn serve_exec<S>(
     }
 }
 
+/// How long a one-shot exec's response head waits for the first frames to go out with them.
+const HEAD_GRACE: Duration = Duration::from_millis(1);
+
 /// Writes a one-shot exec's response: the head, then the frames as HTTP chunks as they come,
-/// the head going out with the first frames and the last chunk with the terminator, so that a
-/// short command's whole response is one write. Meanwhile the connection is watched: a client
+/// the head going out with the first frames (if they come within [`HEAD_GRACE`]) and the last
+/// chunk with the terminator, so that a short command's whole response is one write. Meanwhile the connection is watched: a client
 /// that hangs up (while the command is silent, say) ends the session, which kills the
 /// command. Returns what the client sent meanwhile (a kept-alive client's next request).
 async fn write_one_shot<S: AsyncRead + AsyncWrite + Unpin>(
@@ -392,9 +395,17 @@ async fn write_one_shot<S: AsyncRead + AsyncWrite + Unpin>(
     let mut head: &[u8] = HEAD;
     let mut early = Vec::new();
     let mut peek = [0u8; 4096];
+    let head_deadline = tokio::time::Instant::now() + HEAD_GRACE;
     loop {
         let output = tokio::select! {
             output = session.next_output() => output,
+            () = tokio::time::sleep_until(head_deadline), if !head.is_empty() => {
+                // A command silent for now: its client gets the head, as hyper would send it.
+                stream.write_all(head).await?;
+                stream.flush().await?;
+                head = b"";
+                continue;
+            }
             read = stream.read(&mut peek) => match read {
                 Ok(0) | Err(_) => return Err(std::io::ErrorKind::ConnectionAborted.into()),
                 Ok(n) if early.len() + n <= crate::config::MAX_HEAD => {

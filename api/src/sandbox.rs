@@ -10,7 +10,7 @@ use tokio::sync::{watch, Notify, OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinHandle;
 use wire::{BackendKind, SandboxInfo, SandboxState, SandboxTimings};
 
-use crate::agent::{AgentError, AgentLoss};
+use crate::agent::AgentError;
 use crate::auth::{Caller, Owner};
 use crate::backend::Instance;
 
@@ -279,20 +279,14 @@ impl Sandbox {
         Ok(agent)
     }
 
-    /// What to report when the agent was lost mid-request: if the sandbox died, that it did.
-    pub async fn loss(&self, error: AgentError) -> AgentLoss {
+    /// Why it died, if it did (or does within a moment: when its agent is lost, the
+    /// connection usually breaks a moment before the death is noticed).
+    pub async fn death(&self) -> Option<String> {
         let mut exited = self.instance.exited();
-        // The connection usually breaks a moment before the death is noticed.
-        let died =
-            tokio::time::timeout(Duration::from_millis(200), exited.wait_for(Option::is_some))
-                .await
-                .ok()
-                .and_then(|r| r.ok().and_then(|reason| reason.clone()));
-        AgentLoss {
-            sandbox: self.id.clone(),
-            died,
-            error,
-        }
+        tokio::time::timeout(Duration::from_millis(200), exited.wait_for(Option::is_some))
+            .await
+            .ok()
+            .and_then(|r| r.ok().and_then(|reason| reason.clone()))
     }
 
     /// The API's view of it.

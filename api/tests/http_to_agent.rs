@@ -328,3 +328,21 @@ async fn a_kept_alive_connection_serves_more_requests_after_a_one_shot_exec() {
     assert!(second.starts_with("HTTP/1.1 200 OK"), "{second}");
     assert!(second.contains("\"status\":\"ok\""), "{second}");
 }
+
+#[tokio::test]
+async fn a_silent_command_still_gets_its_response_head_at_once() {
+    let daemon = Daemon::start(|_| {});
+    let id = daemon.sandbox().await;
+    // Found by the soak test: the head waited for the first frames, and a client waiting
+    // for the head of `sleep` (to stream its output later) waited for ever.
+    let stream = tokio::time::timeout(
+        Duration::from_secs(5),
+        daemon
+            .client()
+            .exec(&id, &ExecRequest::new(["sleep", "30"])),
+    )
+    .await
+    .expect("the head arrives while the command is silent")
+    .expect("exec");
+    drop(stream);
+}

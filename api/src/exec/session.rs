@@ -15,7 +15,7 @@ use wire::agent::AgentRequest;
 use wire::ExecRequest;
 
 use super::relay::{failure_frame, RelayEnd, ResponseRelay};
-use crate::agent::AgentError;
+use crate::agent::{AgentError, AgentLoss};
 use crate::sandbox::ActivityGuard;
 use crate::state::AppState;
 
@@ -35,8 +35,9 @@ pub struct Session {
 #[derive(Debug)]
 enum Output {
     Relay(Box<ResponseRelay<OwnedReadHalf>>),
-    /// The agent could not be reached: the next output is the exit frame saying why.
-    Unreachable(AgentError),
+    /// The agent could not be reached, or was lost: the next output is the exit frame saying
+    /// why.
+    Lost(AgentError),
     /// The exit frame (the agent's or ours) was sent.
     Done(RelayEnd),
 }
@@ -78,7 +79,7 @@ impl Session {
                     Some(write),
                 )
             }
-            Err(e) => (Output::Unreachable(e), None),
+            Err(e) => (Output::Lost(e), None),
         };
         Session {
             state,
@@ -90,11 +91,11 @@ impl Session {
     }
 
     /// The next bytes for the client: whole frames, or the synthesized exit frame when the
-    /// agent is lost; `None` once the exit frame was sent.
+    /// agent is lost; `None` once the exit frame was sent. Cancel-safe: a transport may drop it
+    /// to watch its client meanwhile, and the next call goes on where this one stopped.
     pub async fn next_output(&mut self) -> Option<Bytes> {
-        let lost = match &mut self.output {
-            Output::Done(_) => return None,
-            Output::Relay(relay) => match relay.next_chunk().await {
+        if let Output::Relay(relay) = &mut self.output {
+            match relay.next_chunk().await {
                 Some(Ok(frames)) => {
                     self.state
                         .metrics
@@ -106,25 +107,34 @@ impl Session {
                     }
                     return Some(frames);
                 }
-                Some(Err(error)) => error,
+                // Kept until its exit frame is built, below: that part awaits.
+                Some(Err(error)) => self.output = Output::Lost(error),
                 // The relay has ended (after its exit frame or its loss, both handled here).
                 None => {
                     self.output = Output::Done(RelayEnd::Exited);
                     return None;
                 }
-            },
-            Output::Unreachable(_) => {
-                match std::mem::replace(&mut self.output, Output::Done(RelayEnd::Exited)) {
-                    Output::Unreachable(error) => error,
-                    _ => return None,
-                }
             }
+        }
+        if !matches!(self.output, Output::Lost(_)) {
+            return None;
+        }
+        let died = self.guard.sandbox().death().await;
+        let Output::Lost(error) =
+            std::mem::replace(&mut self.output, Output::Done(RelayEnd::Exited))
+        else {
+            return None;
+        };
+        let loss = AgentLoss {
+            sandbox: self.guard.sandbox().id.clone(),
+            died,
+            error,
         };
         self.state
             .metrics
             .execs_lost
             .fetch_add(1, Ordering::Relaxed);
-        let reason = self.guard.sandbox().loss(lost).await.to_string();
+        let reason = loss.to_string();
         let frame = failure_frame(reason.clone());
         self.state
             .metrics
