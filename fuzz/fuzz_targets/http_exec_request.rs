@@ -1,8 +1,8 @@
 //! The daemon's path from raw HTTP bytes to a validated `ExecRequest`, both ways in:
 //! - the connection front door (`api::front_door`): the connection's first request head, delimited by
 //!   `head_end`, is parsed once with `parse_first_head`; an exec it serves itself takes its body by `Content-Length`, then
-//!   `body::parse_json` and `ExecRequest::validate` decide;
-//! - the one-shot `POST /sandboxes/{id}/exec` body: `body::parse_json` + `validate` on the
+//!   `json::parse_json` and `ExecRequest::validate` decide;
+//! - the one-shot `POST /sandboxes/{id}/exec` body: `json::parse_json` + `validate` on the
 //!   whole input.
 //!
 //! Checked:
@@ -17,7 +17,7 @@
 
 use std::ffi::CString;
 
-use api::body::parse_json;
+use api::json::parse_json;
 use api::config::JSON_BODY_LIMIT;
 use api::front_door::{head_end, parse_first_head};
 use http::StatusCode;
