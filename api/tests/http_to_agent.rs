@@ -296,7 +296,13 @@ async fn connections_past_the_cap_get_503_and_the_cap_frees_when_they_close() {
         }
     };
     assert_eq!(health["status"], "ok");
-    drop(idle.pop());
+    // Every place freed (once the daemon has seen them close), the refusal was counted.
+    drop(idle);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    while daemon.client().metrics().await.is_err() {
+        assert!(tokio::time::Instant::now() < deadline, "places never freed");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     assert!(daemon.metric("crucible_connections_refused_total").await >= 1.0);
 }
 

@@ -3,11 +3,12 @@
 use std::collections::VecDeque;
 
 use bytes::Bytes;
-use http_body_util::BodyExt;
-use hyper::body::Incoming;
+use tokio::io::AsyncReadExt;
 use wire::{Decoder, Direction, ExecResult, FrameType};
 
+use crate::chunked::Dechunker;
 use crate::error::ClientError;
+use crate::raw;
 
 /// One piece of a command's output.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -50,16 +51,24 @@ pub(crate) fn event_from(frame_type: FrameType, payload: &[u8]) -> Result<ExecEv
 /// The events of a running one-shot exec.
 #[derive(Debug)]
 pub struct ExecStream {
-    body: Incoming,
+    body: raw::Reader,
+    /// The response's chunked coding, when it has one (the daemon always sends one).
+    dechunker: Option<Dechunker>,
+    read_buf: Vec<u8>,
+    data: Vec<u8>,
     decoder: Decoder,
     queue: VecDeque<ExecEvent>,
     finished: bool,
 }
 
 impl ExecStream {
-    pub(crate) fn new(body: Incoming) -> Self {
+    pub(crate) fn new(response: raw::Response) -> Self {
+        let chunked = response.chunked;
         ExecStream {
-            body,
+            body: response.into_body(),
+            dechunker: chunked.then(Dechunker::default),
+            read_buf: vec![0u8; 64 * 1024],
+            data: Vec::new(),
             decoder: Decoder::new(Direction::GuestToHost),
             queue: VecDeque::new(),
             finished: false,
@@ -76,45 +85,70 @@ impl ExecStream {
             if self.finished {
                 return None;
             }
-            match self.body.frame().await {
-                None => {
-                    self.finished = true;
-                    if let Err(e) = self.decoder.finish() {
+            // A chunked body can end before the connection does: never wait past it.
+            let body_done = self.dechunker.as_ref().is_some_and(Dechunker::is_done);
+            let n = if body_done {
+                0
+            } else {
+                match self.body.read(&mut self.read_buf).await {
+                    Ok(n) => n,
+                    Err(e) => {
+                        self.finished = true;
+                        return Some(Err(ClientError::Http(format!(
+                            "the exec stream broke off: {e}"
+                        ))));
+                    }
+                }
+            };
+            if n == 0 {
+                self.finished = true;
+                if self.dechunker.as_ref().is_some_and(|d| !d.is_done()) {
+                    return Some(Err(ClientError::Http(
+                        "the exec stream broke off mid-body".into(),
+                    )));
+                }
+                if let Err(e) = self.decoder.finish() {
+                    return Some(Err(ClientError::Protocol(format!(
+                        "invalid exec stream: {e}"
+                    ))));
+                }
+                continue;
+            }
+            let bytes = &self.read_buf[..n];
+            match &mut self.dechunker {
+                Some(dechunker) => {
+                    self.data.clear();
+                    if let Err(e) = dechunker.decode(bytes, &mut self.data) {
+                        self.finished = true;
+                        return Some(Err(ClientError::Protocol(format!(
+                            "invalid chunked exec response: {e}"
+                        ))));
+                    }
+                    self.decoder.push(&self.data);
+                }
+                None => self.decoder.push(bytes),
+            }
+            loop {
+                match self.decoder.next_frame() {
+                    Ok(Some(f)) => match event_from(f.frame_type, f.payload) {
+                        Ok(event) => self.queue.push_back(event),
+                        Err(e) => {
+                            self.finished = true;
+                            return Some(Err(e));
+                        }
+                    },
+                    Ok(None) => break,
+                    Err(e) => {
+                        self.finished = true;
                         return Some(Err(ClientError::Protocol(format!(
                             "invalid exec stream: {e}"
                         ))));
                     }
                 }
-                Some(Err(e)) => {
-                    self.finished = true;
-                    return Some(Err(ClientError::Http(format!(
-                        "the exec stream broke off: {e}"
-                    ))));
-                }
-                Some(Ok(frame)) => {
-                    let Ok(data) = frame.into_data() else {
-                        continue;
-                    };
-                    self.decoder.push(&data);
-                    loop {
-                        match self.decoder.next_frame() {
-                            Ok(Some(f)) => match event_from(f.frame_type, f.payload) {
-                                Ok(event) => self.queue.push_back(event),
-                                Err(e) => {
-                                    self.finished = true;
-                                    return Some(Err(e));
-                                }
-                            },
-                            Ok(None) => break,
-                            Err(e) => {
-                                self.finished = true;
-                                return Some(Err(ClientError::Protocol(format!(
-                                    "invalid exec stream: {e}"
-                                ))));
-                            }
-                        }
-                    }
-                }
+            }
+            if self.decoder.saw_exit() {
+                // Nothing may follow the exit frame; the rest of the body is the terminator.
+                self.finished = true;
             }
         }
     }

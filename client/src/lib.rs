@@ -12,9 +12,11 @@
 
 #![forbid(unsafe_code)]
 
+mod chunked;
 mod connection;
 mod error;
 mod exec;
+mod raw;
 mod session;
 
 use std::path::Path;
@@ -151,11 +153,10 @@ impl Client {
 
     /// `POST /sandboxes/{id}/exec`: runs a command and streams its output as events.
     pub async fn exec(&self, id: &str, request: &ExecRequest) -> Result<ExecStream, ClientError> {
-        let path = format!("/sandboxes/{}/exec", path_segment(id));
-        let response = self
-            .send(self.json_body(Method::POST, &path, request)?)
-            .await?;
-        Ok(ExecStream::new(response.into_body()))
+        let target = format!("/sandboxes/{}/exec", path_segment(id));
+        let body = serde_json::to_vec(request).map_err(|e| ClientError::Protocol(e.to_string()))?;
+        let response = raw::post(&self.endpoint, self.api_key.as_deref(), &target, &body).await?;
+        Ok(ExecStream::new(response))
     }
 
     /// Runs a command and collects all its output.
