@@ -67,9 +67,12 @@ impl ExecStream {
         ExecStream {
             body: response.into_body(),
             dechunker: chunked.then(Dechunker::default),
-            read_buf: vec![0u8; 64 * 1024],
+            read_buf: vec![0u8; 2 * (wire::HEADER_SIZE + wire::MAX_PAYLOAD)],
             data: Vec::new(),
-            decoder: Decoder::new(Direction::GuestToHost),
+            decoder: Decoder::with_capacity(
+                Direction::GuestToHost,
+                2 * (wire::HEADER_SIZE + wire::MAX_PAYLOAD),
+            ),
             queue: VecDeque::new(),
             finished: false,
         }

@@ -199,29 +199,26 @@ pub async fn exec(plan: &Plan, d: &InProcess) -> Result<Vec<Measurement>> {
     for _ in 0..50 {
         exec_true(&client, &id).await?;
     }
-    let mut api = Runs::default();
-    for _ in 0..plan.runs {
-        let mut s = Vec::with_capacity(plan.execs);
-        for _ in 0..plan.execs {
-            let started = Instant::now();
-            exec_true(&client, &id).await?;
-            s.push(ms(started.elapsed()));
-        }
-        api.push(s);
-    }
     let socket = d.agent_socket(&id);
     for _ in 0..50 {
         agent_exec_true(&socket).await?;
     }
-    let mut agent = Runs::default();
+    // Interleaved, so that both see the same machine: the daemon's overhead is their
+    // difference, and a block of one then a block of the other would measure drift too.
+    let (mut api, mut agent) = (Runs::default(), Runs::default());
     for _ in 0..plan.runs {
-        let mut s = Vec::with_capacity(plan.execs);
+        let mut a = Vec::with_capacity(plan.execs);
+        let mut b = Vec::with_capacity(plan.execs);
         for _ in 0..plan.execs {
             let started = Instant::now();
+            exec_true(&client, &id).await?;
+            a.push(ms(started.elapsed()));
+            let started = Instant::now();
             agent_exec_true(&socket).await?;
-            s.push(ms(started.elapsed()));
+            b.push(ms(started.elapsed()));
         }
-        agent.push(s);
+        api.push(a);
+        agent.push(b);
     }
     client.delete(&id).await.context("delete")?;
     Ok(vec![
@@ -230,7 +227,8 @@ pub async fn exec(plan: &Plan, d: &InProcess) -> Result<Vec<Measurement>> {
             "exec round trip of `true`, HTTP API",
             "ours",
             &api,
-            "warm sandbox; a new connection per exec (as the client does); until the exit frame",
+            "warm sandbox; a new connection per exec (as the client does); until the exit frame; \
+             interleaved with the agent-direct exec below",
         ),
         Measurement::latency(
             "exec_rtt_agent",
