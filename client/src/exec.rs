@@ -67,12 +67,9 @@ impl ExecStream {
         ExecStream {
             body: response.into_body(),
             dechunker: chunked.then(Dechunker::default),
-            read_buf: vec![0u8; 2 * (wire::HEADER_SIZE + wire::MAX_PAYLOAD)],
+            read_buf: vec![0u8; 64 * 1024],
             data: Vec::new(),
-            decoder: Decoder::with_capacity(
-                Direction::GuestToHost,
-                2 * (wire::HEADER_SIZE + wire::MAX_PAYLOAD),
-            ),
+            decoder: Decoder::new(Direction::GuestToHost),
             queue: VecDeque::new(),
             finished: false,
         }
