@@ -18,6 +18,10 @@ use crate::error::ApiError;
 use crate::sandbox::ActivityGuard;
 use crate::state::AppState;
 
+/// How long the rest of an upload the agent stopped taking is read and dropped, so that the
+/// client gets the answer (`refused_entry`, `agent_error`) rather than a broken pipe.
+const UPLOAD_LINGER: std::time::Duration = std::time::Duration::from_secs(2);
+
 /// Checks a guest path from `?path=`.
 pub fn validate_path(path: Option<&str>, what: &str) -> Result<String, ApiError> {
     let path = path.ok_or_else(|| {
@@ -107,8 +111,13 @@ pub async fn put(
             .bytes_uploaded
             .fetch_add(chunk.len() as u64, Ordering::Relaxed);
         if let Err(e) = agent.write_all(&chunk).await {
-            // The agent may have stopped reading because it refused an entry: its reply says.
+            // The agent may have stopped reading because it refused an entry (its reply says),
+            // or died. Either way the client is still sending: the rest of its body is read
+            // and dropped for a moment, so that it gets the answer rather than a broken pipe
+            // mid-send (nginx's lingering close).
             tracing::debug!("upload to agent stopped early: {e}");
+            let drain = async { while let Some(Ok(_)) = body.next().await {} };
+            let _ = tokio::time::timeout(UPLOAD_LINGER, drain).await;
             break;
         }
     }
