@@ -22,6 +22,10 @@ use crate::state::AppState;
 /// client gets the answer (`refused_entry`, `agent_error`) rather than a broken pipe.
 const UPLOAD_LINGER: std::time::Duration = std::time::Duration::from_secs(2);
 
+/// Bytes per read from the agent during a download: each chunk is one wakeup of each hop
+/// (agent socket → daemon → client), so bigger chunks keep the three moving together.
+const DOWNLOAD_CHUNK: usize = 256 * 1024;
+
 /// Checks a guest path from `?path=`.
 pub fn validate_path(path: Option<&str>, what: &str) -> Result<String, ApiError> {
     let path = path.ok_or_else(|| {
@@ -164,7 +168,7 @@ pub async fn get(
         .bytes_downloaded
         .fetch_add(size, Ordering::Relaxed);
     // The guard rides along with the body so the sandbox counts as busy until it is sent.
-    let stream = ReaderStream::with_capacity(agent.take(size), 64 * 1024).map(move |chunk| {
+    let stream = ReaderStream::with_capacity(agent.take(size), DOWNLOAD_CHUNK).map(move |chunk| {
         let _busy = &guard;
         chunk
     });

@@ -23,6 +23,26 @@ pub fn pipe() -> io::Result<(OwnedFd, OwnedFd)> {
     Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
 }
 
+/// Moves up to `count` bytes from `file` (at its offset, which advances) to `out` inside the
+/// kernel: the bytes never enter the agent's memory. `Ok(0)` at the end of the file.
+pub fn sendfile(out: BorrowedFd<'_>, file: BorrowedFd<'_>, count: usize) -> io::Result<usize> {
+    // SAFETY: a null offset pointer means "use and advance the file's offset"; both descriptors
+    // are borrowed and open for the call.
+    let n = unsafe {
+        libc::sendfile(
+            out.as_raw_fd(),
+            file.as_raw_fd(),
+            std::ptr::null_mut(),
+            count,
+        )
+    };
+    if n < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(n as usize)
+    }
+}
+
 /// A non-blocking, close-on-exec eventfd.
 pub fn eventfd() -> io::Result<OwnedFd> {
     // SAFETY: eventfd takes no pointers.

@@ -11,6 +11,7 @@ use tokio::net::UnixStream;
 use wire::agent::AgentRequest;
 use wire::{BackendKind, CreateSandbox, Direction, ExecRequest, FrameType};
 
+use super::blocking;
 use super::daemon::{self, ChildDaemon, InProcess};
 use super::model::{Measurement, Unit};
 use super::peers::gib_per_s;
@@ -220,8 +221,18 @@ pub async fn exec(plan: &Plan, d: &InProcess) -> Result<Vec<Measurement>> {
         api.push(a);
         agent.push(b);
     }
+    let overhead = daemon_overhead(plan, d.socket.clone(), id.clone(), socket.clone()).await?;
     client.delete(&id).await.context("delete")?;
     Ok(vec![
+        Measurement::latency(
+            "daemon_overhead",
+            "the daemon's share of an exec round trip (API minus agent socket, paired)",
+            "ours",
+            &overhead,
+            "`true` through POST …/exec and over the agent socket by two equally simple blocking \
+             clients on one plain thread (no async runtime), alternating; each sample is one \
+             pair's difference",
+        ),
         Measurement::latency(
             "exec_rtt_api",
             "exec round trip of `true`, HTTP API",
@@ -238,6 +249,35 @@ pub async fn exec(plan: &Plan, d: &InProcess) -> Result<Vec<Measurement>> {
             "the agent protocol on the sandbox's agent.sock, bypassing the daemon",
         ),
     ])
+}
+
+/// What the daemon adds to an exec, as runs of paired differences (ms).
+async fn daemon_overhead(
+    plan: &Plan,
+    daemon: std::path::PathBuf,
+    id: String,
+    agent: std::path::PathBuf,
+) -> Result<Runs> {
+    let (runs, execs) = (plan.runs, plan.execs);
+    tokio::task::spawn_blocking(move || {
+        for _ in 0..50 {
+            blocking::api_exec_true(&daemon, &id)?;
+            blocking::agent_exec_true(&agent)?;
+        }
+        let mut overhead = Runs::default();
+        for _ in 0..runs {
+            let mut diffs = Vec::with_capacity(execs);
+            for _ in 0..execs {
+                let api = blocking::api_exec_true(&daemon, &id)?;
+                let direct = blocking::agent_exec_true(&agent)?;
+                diffs.push(ms(api) - ms(direct));
+            }
+            overhead.push(diffs);
+        }
+        Ok(overhead)
+    })
+    .await
+    .context("the blocking exec thread")?
 }
 
 /// One exec of `true` over the agent protocol directly.
@@ -270,43 +310,6 @@ async fn agent_exec_true(socket: &std::path::Path) -> Result<()> {
     Ok(())
 }
 
-/// Runs `cmd` over the agent protocol directly; returns the stdout bytes (exit 0 required).
-async fn agent_stream(socket: &std::path::Path, cmd: &[String]) -> Result<u64> {
-    let mut stream = UnixStream::connect(socket)
-        .await
-        .with_context(|| format!("connecting to {}", socket.display()))?;
-    let request = AgentRequest::Exec {
-        request: ExecRequest::new(cmd.iter().cloned()),
-        interactive: false,
-    };
-    wire::write_message_async(&mut stream, &request)
-        .await
-        .context("sending the exec request to the agent")?;
-    let mut frames = wire::AsyncFrameReader::new(stream, Direction::GuestToHost);
-    let mut got = 0u64;
-    let mut code = None;
-    while let Some(frame) = frames
-        .read_frame()
-        .await
-        .context("reading the agent's frames")?
-    {
-        match frame.frame_type {
-            FrameType::Stdout => got += frame.payload.len() as u64,
-            FrameType::Exit => {
-                let result: wire::ExecResult =
-                    serde_json::from_slice(frame.payload).context("the exit frame")?;
-                code = Some(result.exit_code);
-            }
-            _ => {}
-        }
-    }
-    ensure!(
-        code == Some(0),
-        "{cmd:?} over the agent socket ended with {code:?}"
-    );
-    Ok(got)
-}
-
 /// Stdout throughput to the client, and the interactive echo round trip.
 pub async fn streaming(plan: &Plan, d: &InProcess) -> Result<Vec<Measurement>> {
     let client = d.client();
@@ -321,7 +324,12 @@ pub async fn streaming(plan: &Plan, d: &InProcess) -> Result<Vec<Measurement>> {
     let mut agent_rates = Vec::new();
     for run in 0..=plan.runs {
         let started = Instant::now();
-        let got = agent_stream(&socket, dd).await?;
+        let got = {
+            let (socket, dd) = (socket.clone(), dd.clone());
+            tokio::task::spawn_blocking(move || blocking::agent_stream(&socket, &dd))
+                .await
+                .context("the blocking stream thread")??
+        };
         let elapsed = started.elapsed().as_secs_f64();
         ensure!(
             got == plan.stdout_bytes,
@@ -404,7 +412,7 @@ pub async fn streaming(plan: &Plan, d: &InProcess) -> Result<Vec<Measurement>> {
             Unit::GibPerS,
             &agent_rates,
             "the same `dd` over the agent protocol on the sandbox's agent.sock, bypassing the \
-             daemon (frames counted, not copied)",
+             daemon, read by a blocking client on a plain thread (frames counted, not copied)",
         ),
         Measurement::latency(
             "echo_rtt",

@@ -11,6 +11,7 @@
 //! - `report`, `plots`: the markdown, the JSON, the SVGs
 //! - `gate`: the baseline comparison
 
+mod blocking;
 mod daemon;
 mod gate;
 mod metrics;

@@ -378,6 +378,7 @@ fn rows(plan: &Plan) -> Vec<Row> {
             fork,
             true,
         ),
+        row("Exec", "daemon_overhead", &[], None, false),
         row(
             "Streaming",
             "stdout_throughput",
@@ -512,5 +513,71 @@ fn goals(results: &Results) -> Vec<Goal> {
         "host_mem_per_sandbox",
         |v| v <= 3.0,
     ));
+    goals.push(goal(
+        results,
+        "the daemon adds ≤ 50 µs p50 over the agent socket (paired, blocking clients)",
+        "daemon_overhead",
+        |v| v <= 0.050,
+    ));
+    let gap = results
+        .get("exec_rtt_agent")
+        .zip(results.get("floor_posix_spawn"))
+        .map(|(agent, spawn)| agent.value - spawn.value);
+    goals.push(Goal {
+        goal: "agent-socket exec of `true` within 0.1 ms of posix_spawn, p50".into(),
+        measured: gap.map_or("not measured".into(), |g| format!("{:+.3} ms", g)),
+        met: gap.map(|g| g <= 0.1),
+    });
+    for (text, ours, peer, at_least) in [
+        (
+            "stdout through the API ≥ 0.9× the host pipe (64 KiB writes)",
+            "stdout_throughput_dd",
+            "floor_host_dd",
+            0.9,
+        ),
+        (
+            "stdout from the agent socket ≥ 0.95× the host pipe (64 KiB writes)",
+            "stdout_throughput_agent",
+            "floor_host_dd",
+            0.95,
+        ),
+        (
+            "upload ≥ 0.4× the Unix-socket stream",
+            "upload_tar",
+            "floor_unix_stream",
+            0.4,
+        ),
+        (
+            "download ≥ 0.4× the Unix-socket stream",
+            "download",
+            "floor_unix_stream",
+            0.4,
+        ),
+    ] {
+        goals.push(speed_goal(results, text, ours, peer, at_least));
+    }
+    let echo = results
+        .get("echo_rtt")
+        .zip(results.get("floor_unix_pingpong"))
+        .and_then(|(a, b)| cost_ratio(a, b));
+    goals.push(Goal {
+        goal: "interactive echo ≤ 2× the Unix-socket ping-pong".into(),
+        measured: echo.map_or("not measured".into(), |r| format!("{r:.2}× the ping-pong")),
+        met: echo.map(|r| r <= 2.0),
+    });
     goals
+}
+
+/// A throughput goal as a fraction of a peer's speed (the inverse of the cost ratio).
+fn speed_goal(results: &Results, text: &str, ours: &str, peer: &str, at_least: f64) -> Goal {
+    let speed = results
+        .get(ours)
+        .zip(results.get(peer))
+        .and_then(|(a, b)| cost_ratio(a, b))
+        .map(|cost| 1.0 / cost);
+    Goal {
+        goal: text.into(),
+        measured: speed.map_or("not measured".into(), |s| format!("{s:.2}× its speed")),
+        met: speed.map(|s| s >= at_least),
+    }
 }
