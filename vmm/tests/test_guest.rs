@@ -162,6 +162,55 @@ fn test_guest_boots_via_64bit_boot_protocol_probes_devices_and_resets_cleanly() 
     not(crucible_kvm),
     ignore = "needs a /dev/kvm this user can open; CRUCIBLE_REQUIRE_KVM=1 runs it anyway"
 )]
+fn metrics_file_lists_each_virtio_device_and_a_well_behaved_guest_has_no_violations() {
+    assert_kvm_usable();
+    let dir = tempfile::tempdir().unwrap();
+    let k = write_kernel(dir.path(), "guest64.elf", GUEST64, false);
+    let file = dir.path().join("metrics.json");
+    let r = run_vmm(dir.path(), &k, true, &["--metrics", file.to_str().unwrap()]);
+    assert_eq!(r.out.status.code(), Some(0));
+    assert!(
+        r.stderr
+            .contains("crucible-vmm: metrics: 0 driver protocol violations, 0 failed activations"),
+        "{}",
+        r.stderr
+    );
+    let m: serde_json::Value = serde_json::from_slice(&std::fs::read(&file).unwrap()).unwrap();
+    assert_eq!(m["violations"], 0, "{m}");
+    let devices = m["devices"].as_array().unwrap();
+    let named: Vec<(&str, u64)> = devices
+        .iter()
+        .map(|d| (d["device"].as_str().unwrap(), d["irq"].as_u64().unwrap()))
+        .collect();
+    assert_eq!(
+        named,
+        [
+            ("virtio-console@0xd0000000", 5),
+            ("virtio-block@0xd0001000", 6),
+            ("virtio-vsock@0xd0002000", 7)
+        ]
+    );
+    assert_eq!(devices[0]["invalid_status_transitions"], 0);
+}
+
+#[test]
+fn vmm_exits_with_the_config_code_when_the_metrics_file_cannot_be_created() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_crucible-vmm"))
+        .args(["--kernel", "/k", "--metrics"])
+        .arg(dir.path().join("no/such/dir/metrics.json"))
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(crucible_vmm::EXIT_CONFIG), "{err}");
+    assert!(err.contains("cannot create the metrics file"), "{err}");
+}
+
+#[test]
+#[cfg_attr(
+    not(crucible_kvm),
+    ignore = "needs a /dev/kvm this user can open; CRUCIBLE_REQUIRE_KVM=1 runs it anyway"
+)]
 fn test_guest_boots_via_pvh_when_the_note_is_present() {
     assert_kvm_usable();
     let dir = tempfile::tempdir().unwrap();
