@@ -11,6 +11,21 @@ use std::path::Path;
 
 use serde::Serialize;
 
+/// Where the probe looks for the loaded KVM modules.
+pub const SYS_MODULE: &str = "/sys/module";
+/// The KVM device.
+pub const DEV_KVM: &str = "/dev/kvm";
+
+/// Whether this process can open `dev_kvm` for reading and writing, as creating a VM needs:
+/// the node can exist (so [`HostKind::has_kvm`]) yet be closed to this user. The error says why.
+pub fn dev_kvm_access(dev_kvm: &Path) -> std::io::Result<()> {
+    std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(dev_kvm)
+        .map(drop)
+}
+
 /// The host's KVM implementation. Serialized as [`HostKind::name`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
@@ -32,7 +47,7 @@ pub enum HostKind {
 impl HostKind {
     /// Detects the host kind from `/sys/module` and `/dev/kvm`.
     pub fn detect() -> Self {
-        Self::detect_in(Path::new("/sys/module"), Path::new("/dev/kvm"))
+        Self::detect_in(Path::new(SYS_MODULE), Path::new(DEV_KVM))
     }
 
     /// Detection against other roots (for tests). A hardware module wins over `kvm_pvm`: only
@@ -168,6 +183,18 @@ mod tests {
         let why = h.unavailable_reason().unwrap();
         assert!(why.contains("cannot vouch"), "{why}");
         assert!(why.contains("namespace backend"), "{why}");
+    }
+
+    #[test]
+    fn dev_kvm_access_needs_the_node_to_open_read_write() {
+        let d = tempfile::tempdir().unwrap();
+        let kvm = d.path().join("kvm");
+        let missing = dev_kvm_access(&kvm).unwrap_err();
+        assert_eq!(missing.kind(), std::io::ErrorKind::NotFound);
+        std::fs::write(&kvm, "").unwrap();
+        dev_kvm_access(&kvm).unwrap();
+        // A directory exists but does not open for writing (as a node closed to this user).
+        assert!(dev_kvm_access(d.path()).is_err());
     }
 
     #[test]

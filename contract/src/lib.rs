@@ -13,16 +13,19 @@
 //! - [`boot_marker`]: the port write that tells the VMM the guest has booted;
 //! - [`vsock`]: the agent's default ports and the hybrid-vsock socket naming;
 //! - [`host`]: what kind of KVM this host has and whether a stock kernel boots on it;
+//! - [`kvm_tests`]: which KVM-dependent tests this host runs (for the test crates' build
+//!   scripts: ignored where the host cannot run them, mandatory with `CRUCIBLE_REQUIRE_KVM=1`);
 //! - [`DEFAULT_PATH`]: the `PATH` commands get when nobody gave one.
 //!
 //! The guest agent is a small static binary, so this crate depends on `serde` and `thiserror`
-//! only and does no I/O beyond the host probe's `stat`s.
+//! only and does no I/O beyond the host probe's `stat`s and its opening of `/dev/kvm`.
 
 #![forbid(unsafe_code)]
 
 pub mod boot_marker;
 pub mod cmdline;
 pub mod host;
+pub mod kvm_tests;
 pub mod vm;
 pub mod vsock;
 

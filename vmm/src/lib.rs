@@ -8,6 +8,7 @@ pub mod bus;
 pub mod config;
 pub mod cpu;
 pub mod layout;
+pub mod metrics;
 pub mod mptable;
 pub mod seccomp;
 pub mod vcpu;
@@ -25,7 +26,7 @@ use devices::virtio::console::Console;
 use devices::virtio::mmio::{MmioTransport, MMIO_WINDOW_SIZE};
 use devices::virtio::subscriber::DeviceSubscriber;
 use devices::virtio::vsock::Vsock;
-use devices::virtio::{Interrupt, VirtioDevice};
+use devices::virtio::{ids, Interrupt, VirtioDevice};
 use event_manager::{EventManager, EventOps, EventSet, Events, MutEventSubscriber, SubscriberOps};
 use kvm_bindings::{kvm_pit_config, kvm_userspace_memory_region, KVM_PIT_SPEAKER_DUMMY};
 use kvm_ioctls::{IoEventAddress, Kvm, VcpuFd, VmFd};
@@ -40,6 +41,7 @@ use vmm_sys_util::timerfd::TimerFd;
 pub use config::{BlockConfig, ConsoleOutput, VmConfig, VsockConfig};
 pub use contract::host::HostKind;
 pub use contract::vm::VmmExitCode;
+pub use metrics::VmMetrics;
 pub use vcpu::VmExit;
 
 use crate::boot::BootEntry;
@@ -162,6 +164,7 @@ pub struct Vmm {
     mmio: Bus,
     cmdline: Cmdline,
     devices: Vec<Arc<Mutex<dyn VirtioDevice>>>,
+    metrics: VmMetrics,
     reset_evt: EventFd,
     boot_marker_us: Arc<AtomicU64>,
     kvm_ready_us: u64,
@@ -231,7 +234,7 @@ pub fn attach_virtio_device(
         .register_irqfd(&irqfd, irq)
         .map_err(kvm_err("register irqfd"))?;
     let interrupt = Arc::new(Interrupt::new(irqfd));
-    {
+    let label = {
         let dev = device.lock().unwrap_or_else(|p| p.into_inner());
         for (i, evt) in dev.queue_events().iter().enumerate() {
             let addr = IoEventAddress::Mmio(base + devices::virtio::mmio::reg::QUEUE_NOTIFY);
@@ -239,8 +242,14 @@ pub fn attach_virtio_device(
                 .register_ioevent(evt, &addr, i as u32)
                 .map_err(kvm_err("register ioeventfd"))?;
         }
-    }
-    let transport = MmioTransport::new(device.clone(), vmm.mem.clone(), interrupt);
+        format!("virtio-{}@{base:#x}", ids::name(dev.device_type()))
+    };
+    let transport = MmioTransport::new(label, device.clone(), vmm.mem.clone(), interrupt);
+    vmm.metrics.devices.push(metrics::DeviceMetrics {
+        attached_as: name.to_string(),
+        irq,
+        counters: transport.metrics().clone(),
+    });
     vmm.mmio
         .insert(Arc::new(Mutex::new(transport)), base, MMIO_WINDOW_SIZE)
         .map_err(dev_err(name))?;
@@ -311,6 +320,7 @@ impl Vmm {
             mmio: Bus::default(),
             cmdline,
             devices: Vec::new(),
+            metrics: VmMetrics::default(),
             reset_evt,
             boot_marker_us,
             kvm_ready_us: 0,
@@ -420,6 +430,11 @@ impl Vmm {
     /// The host kind detected.
     pub fn host(&self) -> HostKind {
         self.host
+    }
+
+    /// The devices' metrics: live counters, to read once [`Vmm::run`] has returned.
+    pub fn metrics(&self) -> VmMetrics {
+        self.metrics.clone()
     }
 
     /// Runs the VM until it ends; returns how, with the timings. `before_run` is called once

@@ -1,6 +1,7 @@
 //! `crucible-vmm`: run one microVM until the guest ends. See `docs/vmm.md`.
 
-use std::path::PathBuf;
+use std::io::Write;
+use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use clap::Parser;
@@ -56,6 +57,10 @@ struct Args {
     /// Print boot timings as JSON on stderr when the VM ends.
     #[arg(long)]
     timings: bool,
+    /// Write the device metrics (driver protocol violations per virtio device) to FILE as JSON
+    /// when the VM ends. The file is created before the VM starts.
+    #[arg(long, value_name = "FILE")]
+    metrics: Option<PathBuf>,
     /// Run without the seccomp filter.
     #[arg(long)]
     no_seccomp: bool,
@@ -146,6 +151,21 @@ fn main() {
             std::process::exit(EXIT_CONFIG);
         }
     };
+    // Opened now: a bad path is a configuration error before anything runs, and neither the
+    // seccomp filter nor a dropped uid can stop the write at the end.
+    let metrics_file = match args
+        .metrics
+        .as_deref()
+        .map(std::fs::File::create)
+        .transpose()
+    {
+        Ok(f) => f,
+        Err(e) => {
+            let path = args.metrics.as_deref().unwrap_or(Path::new("")).display();
+            eprintln!("crucible-vmm: cannot create the metrics file {path}: {e}");
+            std::process::exit(EXIT_CONFIG);
+        }
+    };
     let host = HostKind::detect();
     if !host.has_kvm() {
         eprintln!("crucible-vmm: {}", host.describe());
@@ -166,6 +186,7 @@ fn main() {
         std::process::exit(EXIT_CONFIG);
     }
     let no_seccomp = args.no_seccomp;
+    let metrics = vmm.metrics();
     let (exit, timings) = vmm.run(|| {
         if no_seccomp {
             Ok(())
@@ -175,6 +196,17 @@ fn main() {
     });
     if args.timings {
         eprintln!("{}", serde_json::to_string(&timings).unwrap_or_default());
+    }
+    eprintln!("crucible-vmm: {}", metrics.summary_line());
+    if let Some(mut f) = metrics_file {
+        // The VM's exit code stays the answer; a lost metrics file is reported, not fatal.
+        let written = serde_json::to_writer(&mut f, &metrics.to_json())
+            .map_err(std::io::Error::from)
+            .and_then(|()| f.write_all(b"\n"));
+        if let Err(e) = written {
+            let path = args.metrics.as_deref().unwrap_or(Path::new("")).display();
+            eprintln!("crucible-vmm: cannot write the metrics file {path}: {e}");
+        }
     }
     match &exit {
         crucible_vmm::VmExit::GuestCrash(m) => eprintln!("crucible-vmm: guest crashed: {m}"),

@@ -3,8 +3,10 @@
 //! `tests/guest/*.bin`) and wrapped in an ELF by the test: without a PVH note they enter through
 //! the 64-bit Linux boot protocol, with one through PVH.
 //!
-//! These run wherever `/dev/kvm` works, including kvm_pvm hosts (the guests only do port I/O,
-//! MMIO and a reset). Where there is no usable `/dev/kvm` they are skipped with the reason.
+//! These run wherever `/dev/kvm` opens, including kvm_pvm hosts (the guests only do port I/O,
+//! MMIO and a reset). Where it does not, `vmm/build.rs` leaves `crucible_kvm` unset and they are
+//! compiled `#[ignore]`d with the reason; `CRUCIBLE_REQUIRE_KVM=1` makes them run, and fail,
+//! anyway.
 
 #![allow(clippy::unwrap_used)]
 
@@ -67,25 +69,13 @@ fn build_elf(code: &[u8], pvh: bool) -> Vec<u8> {
     e
 }
 
-/// Why KVM tests cannot run here, if they cannot.
-fn kvm_unusable() -> Option<String> {
-    match std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open("/dev/kvm")
-    {
-        Ok(_) => None,
-        Err(e) => Some(format!("/dev/kvm is not usable: {e}")),
+/// Fails the test, saying why, where `/dev/kvm` does not open: the test only runs here because
+/// `CRUCIBLE_REQUIRE_KVM=1` (or the host changed since the build).
+fn assert_kvm_usable() {
+    let dev_kvm = Path::new(contract::host::DEV_KVM);
+    if let Err(e) = contract::host::dev_kvm_access(dev_kvm) {
+        panic!("this test needs a usable /dev/kvm: {e}");
     }
-}
-
-macro_rules! require_kvm {
-    () => {
-        if let Some(why) = kvm_unusable() {
-            eprintln!("SKIPPED: {why}");
-            return;
-        }
-    };
 }
 
 struct Run {
@@ -137,8 +127,12 @@ fn timings(stderr: &str) -> serde_json::Value {
 }
 
 #[test]
+#[cfg_attr(
+    not(crucible_kvm),
+    ignore = "needs a /dev/kvm this user can open; CRUCIBLE_REQUIRE_KVM=1 runs it anyway"
+)]
 fn test_guest_boots_via_64bit_boot_protocol_probes_devices_and_resets_cleanly() {
-    require_kvm!();
+    assert_kvm_usable();
     let dir = tempfile::tempdir().unwrap();
     let k = write_kernel(dir.path(), "guest64.elf", GUEST64, false);
     let r = run_vmm(dir.path(), &k, true, &[]);
@@ -164,8 +158,61 @@ fn test_guest_boots_via_64bit_boot_protocol_probes_devices_and_resets_cleanly() 
 }
 
 #[test]
+#[cfg_attr(
+    not(crucible_kvm),
+    ignore = "needs a /dev/kvm this user can open; CRUCIBLE_REQUIRE_KVM=1 runs it anyway"
+)]
+fn metrics_file_lists_each_virtio_device_and_a_well_behaved_guest_has_no_violations() {
+    assert_kvm_usable();
+    let dir = tempfile::tempdir().unwrap();
+    let k = write_kernel(dir.path(), "guest64.elf", GUEST64, false);
+    let file = dir.path().join("metrics.json");
+    let r = run_vmm(dir.path(), &k, true, &["--metrics", file.to_str().unwrap()]);
+    assert_eq!(r.out.status.code(), Some(0));
+    assert!(
+        r.stderr
+            .contains("crucible-vmm: metrics: 0 driver protocol violations, 0 failed activations"),
+        "{}",
+        r.stderr
+    );
+    let m: serde_json::Value = serde_json::from_slice(&std::fs::read(&file).unwrap()).unwrap();
+    assert_eq!(m["violations"], 0, "{m}");
+    let devices = m["devices"].as_array().unwrap();
+    let named: Vec<(&str, u64)> = devices
+        .iter()
+        .map(|d| (d["device"].as_str().unwrap(), d["irq"].as_u64().unwrap()))
+        .collect();
+    assert_eq!(
+        named,
+        [
+            ("virtio-console@0xd0000000", 5),
+            ("virtio-block@0xd0001000", 6),
+            ("virtio-vsock@0xd0002000", 7)
+        ]
+    );
+    assert_eq!(devices[0]["invalid_status_transitions"], 0);
+}
+
+#[test]
+fn vmm_exits_with_the_config_code_when_the_metrics_file_cannot_be_created() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_crucible-vmm"))
+        .args(["--kernel", "/k", "--metrics"])
+        .arg(dir.path().join("no/such/dir/metrics.json"))
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(crucible_vmm::EXIT_CONFIG), "{err}");
+    assert!(err.contains("cannot create the metrics file"), "{err}");
+}
+
+#[test]
+#[cfg_attr(
+    not(crucible_kvm),
+    ignore = "needs a /dev/kvm this user can open; CRUCIBLE_REQUIRE_KVM=1 runs it anyway"
+)]
 fn test_guest_boots_via_pvh_when_the_note_is_present() {
-    require_kvm!();
+    assert_kvm_usable();
     let dir = tempfile::tempdir().unwrap();
     let k = write_kernel(dir.path(), "guest32.elf", GUEST32, true);
     let r = run_vmm(dir.path(), &k, true, &[]);
@@ -183,8 +230,12 @@ fn test_guest_boots_via_pvh_when_the_note_is_present() {
 }
 
 #[test]
+#[cfg_attr(
+    not(crucible_kvm),
+    ignore = "needs a /dev/kvm this user can open; CRUCIBLE_REQUIRE_KVM=1 runs it anyway"
+)]
 fn test_guest_failing_a_check_makes_the_vmm_exit_with_the_guest_crash_code() {
-    require_kvm!();
+    assert_kvm_usable();
     let dir = tempfile::tempdir().unwrap();
     let k = write_kernel(dir.path(), "guest64.elf", GUEST64, false);
     // Without the disk, window 1 is vsock: the guest's block check fails.
@@ -195,24 +246,31 @@ fn test_guest_failing_a_check_makes_the_vmm_exit_with_the_guest_crash_code() {
 }
 
 #[test]
-fn vmm_exits_with_the_config_code_for_a_missing_kernel_or_bad_flags() {
+#[cfg_attr(
+    not(crucible_kvm),
+    ignore = "needs a /dev/kvm this user can open; CRUCIBLE_REQUIRE_KVM=1 runs it anyway"
+)]
+fn vmm_exits_with_the_config_code_for_a_missing_kernel() {
+    assert_kvm_usable();
     let dir = tempfile::tempdir().unwrap();
     let out = Command::new(env!("CARGO_BIN_EXE_crucible-vmm"))
         .arg("--kernel")
         .arg(dir.path().join("nope"))
         .output()
         .unwrap();
-    let code = out.status.code();
     let err = String::from_utf8_lossy(&out.stderr);
-    if kvm_unusable().is_none() {
-        assert_eq!(code, Some(crucible_vmm::EXIT_CONFIG), "{err}");
-        assert!(err.contains("cannot open the kernel"), "{err}");
-    }
+    assert_eq!(out.status.code(), Some(crucible_vmm::EXIT_CONFIG), "{err}");
+    assert!(err.contains("cannot open the kernel"), "{err}");
+}
+
+#[test]
+fn vmm_exits_with_the_config_code_for_bad_flags() {
     let out = Command::new(env!("CARGO_BIN_EXE_crucible-vmm"))
         .args(["--kernel", "/k", "--vcpus", "nope"])
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(crucible_vmm::EXIT_CONFIG));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--vcpus"));
 }
 
 #[test]
@@ -230,8 +288,12 @@ fn host_info_needs_no_kernel_and_prints_the_shared_probe() {
 }
 
 #[test]
+#[cfg_attr(
+    not(crucible_kvm),
+    ignore = "needs a /dev/kvm this user can open; CRUCIBLE_REQUIRE_KVM=1 runs it anyway"
+)]
 fn vmm_exits_with_the_config_code_for_a_non_elf_kernel() {
-    require_kvm!();
+    assert_kvm_usable();
     let dir = tempfile::tempdir().unwrap();
     let k = dir.path().join("junk");
     std::fs::write(&k, b"not an elf").unwrap();
@@ -244,8 +306,12 @@ fn vmm_exits_with_the_config_code_for_a_non_elf_kernel() {
 const SPIN: &[u8] = &[0xeb, 0xfe];
 
 #[test]
+#[cfg_attr(
+    not(crucible_kvm),
+    ignore = "needs a /dev/kvm this user can open; CRUCIBLE_REQUIRE_KVM=1 runs it anyway"
+)]
 fn guest_that_never_finishes_booting_is_stopped_by_the_boot_timeout() {
-    require_kvm!();
+    assert_kvm_usable();
     let dir = tempfile::tempdir().unwrap();
     let k = write_kernel(dir.path(), "spin.elf", SPIN, false);
     let t0 = std::time::Instant::now();
@@ -260,9 +326,13 @@ fn guest_that_never_finishes_booting_is_stopped_by_the_boot_timeout() {
 }
 
 #[test]
+#[cfg_attr(
+    not(crucible_kvm),
+    ignore = "needs a /dev/kvm this user can open; CRUCIBLE_REQUIRE_KVM=1 runs it anyway"
+)]
 fn sigterm_stops_a_running_vm_cleanly_with_vsock_traffic_under_seccomp() {
     use std::io::{Read, Write};
-    require_kvm!();
+    assert_kvm_usable();
     let dir = tempfile::tempdir().unwrap();
     let k = write_kernel(dir.path(), "spin.elf", SPIN, false);
     let img = dir.path().join("disk.img");
@@ -311,21 +381,34 @@ fn sigterm_stops_a_running_vm_cleanly_with_vsock_traffic_under_seccomp() {
     assert!(matches!(c.read(&mut b), Ok(0) | Err(_)));
 }
 
-/// With `CRUCIBLE_TEST_GUEST_OUT=<dir>`, writes `guest64.elf` and `guest-pvh.elf` there for
-/// manual runs (`crucible-vmm --kernel <dir>/guest64.elf --serial --timings`).
+/// Not a check but a tool, so it is ignored: writes `guest64.elf` and `guest-pvh.elf` for manual
+/// runs (`crucible-vmm --kernel <dir>/guest64.elf --serial --timings`) into
+/// `$CRUCIBLE_TEST_GUEST_OUT`, else `target/tmp/test-guests`, and prints where:
+/// `cargo test -p crucible-vmm --test test_guest -- --ignored write_test_guest_elfs`.
 #[test]
-fn write_test_guest_elfs_when_asked() {
-    if let Some(dir) = std::env::var_os("CRUCIBLE_TEST_GUEST_OUT") {
-        let dir = PathBuf::from(dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        write_kernel(&dir, "guest64.elf", GUEST64, false);
-        write_kernel(&dir, "guest-pvh.elf", GUEST32, true);
+#[ignore = "a tool, not a check: writes the test guests for manual runs (run with --ignored)"]
+fn write_test_guest_elfs() {
+    let dir = std::env::var_os("CRUCIBLE_TEST_GUEST_OUT")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_TARGET_TMPDIR")).join("test-guests"));
+    std::fs::create_dir_all(&dir).unwrap();
+    for (name, code, pvh) in [
+        ("guest64.elf", GUEST64, false),
+        ("guest-pvh.elf", GUEST32, true),
+    ] {
+        let elf = write_kernel(&dir, name, code, pvh);
+        assert_eq!(std::fs::read(&elf).unwrap(), build_elf(code, pvh));
+        eprintln!("wrote {}", elf.display());
     }
 }
 
 #[test]
+#[cfg_attr(
+    not(crucible_kvm),
+    ignore = "needs a /dev/kvm this user can open; CRUCIBLE_REQUIRE_KVM=1 runs it anyway"
+)]
 fn test_guest_runs_with_two_vcpus_and_after_dropping_privileges() {
-    require_kvm!();
+    assert_kvm_usable();
     let dir = tempfile::tempdir().unwrap();
     let k = write_kernel(dir.path(), "guest64.elf", GUEST64, false);
     // SAFETY: geteuid has no preconditions.
@@ -343,8 +426,12 @@ fn test_guest_runs_with_two_vcpus_and_after_dropping_privileges() {
 }
 
 #[test]
+#[cfg_attr(
+    not(crucible_kvm),
+    ignore = "needs a /dev/kvm this user can open; CRUCIBLE_REQUIRE_KVM=1 runs it anyway"
+)]
 fn each_attached_device_adds_its_virtio_mmio_window_and_irq_to_the_cmdline() {
-    require_kvm!();
+    assert_kvm_usable();
     let dir = tempfile::tempdir().unwrap();
     let k = write_kernel(dir.path(), "guest64.elf", GUEST64, false);
     let img = dir.path().join("disk.img");

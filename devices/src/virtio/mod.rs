@@ -4,10 +4,12 @@
 
 pub mod block;
 pub mod console;
+pub mod device_status;
 pub mod mmio;
 pub mod subscriber;
 #[cfg(any(test, feature = "test-utils"))]
 pub mod test_utils;
+pub mod transport_metrics;
 pub mod vsock;
 
 use std::io;
@@ -32,6 +34,16 @@ pub mod ids {
     pub const CONSOLE: u32 = 3;
     /// virtio-vsock.
     pub const VSOCK: u32 = 19;
+
+    /// The device's name in logs and metrics (`block`), or `unknown` for an id not above.
+    pub fn name(id: u32) -> &'static str {
+        match id {
+            BLOCK => "block",
+            CONSOLE => "console",
+            VSOCK => "vsock",
+            _ => "unknown",
+        }
+    }
 }
 
 /// Device status bits (virtio spec 2.1).

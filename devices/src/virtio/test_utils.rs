@@ -4,7 +4,7 @@
 
 #![allow(clippy::unwrap_used, missing_debug_implementations)]
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use virtio_bindings::bindings::virtio_ring::VRING_DESC_F_WRITE;
 use virtio_queue::desc::{split::Descriptor, RawDescriptor};
@@ -23,6 +23,27 @@ pub fn default_mem() -> GuestMemory {
 /// A fresh interrupt line.
 pub fn interrupt() -> Arc<Interrupt> {
     Arc::new(Interrupt::new(EventFd::new(libc::EFD_NONBLOCK).unwrap()))
+}
+
+/// A writer that keeps what it was given, shared with the test (console and serial output).
+#[derive(Clone, Default)]
+pub struct Sink(pub Arc<Mutex<Vec<u8>>>);
+
+impl Sink {
+    /// Everything written so far.
+    pub fn contents(&self) -> Vec<u8> {
+        self.0.lock().unwrap().clone()
+    }
+}
+
+impl std::io::Write for Sink {
+    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(b);
+        Ok(b.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
 }
 
 /// Where queue `i` lives (descriptor table, rings): 64 KiB apart from 0x10000.
