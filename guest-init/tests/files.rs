@@ -302,12 +302,11 @@ fn put_files_reports_bad_destinations() {
     );
     expect_error(put(&agent, &file, &tar), "invalid_request");
 
-    if let Some(nobody) = Agent::start_as_nobody() {
-        let locked = tmp.path().join("locked");
-        std::fs::create_dir_all(&locked).expect("locked");
-        std::fs::set_permissions(&locked, std::fs::Permissions::from_mode(0o700)).expect("chmod");
-        expect_error(put(&nobody, &locked.join("sub"), &tar), "permission_denied");
-    }
+    let nobody = Agent::start_as_nobody();
+    let locked = tmp.path().join("locked");
+    std::fs::create_dir_all(&locked).expect("locked");
+    std::fs::set_permissions(&locked, std::fs::Permissions::from_mode(0o700)).expect("chmod");
+    expect_error(put(&nobody, &locked.join("sub"), &tar), "permission_denied");
 }
 
 fn get(agent: &Agent, path: &str) -> Result<Vec<u8>, Box<AgentReply>> {
@@ -363,15 +362,14 @@ fn get_file_errors_have_stable_codes() {
         *get(&agent, "relative").expect_err("relative"),
         "invalid_request",
     );
-    if let Some(nobody) = Agent::start_as_nobody() {
-        let secret = tmp.path().join("secret");
-        std::fs::write(&secret, b"x").expect("secret");
-        std::fs::set_permissions(&secret, std::fs::Permissions::from_mode(0o600)).expect("chmod");
-        expect_error(
-            *get(&nobody, &secret.to_string_lossy()).expect_err("denied"),
-            "permission_denied",
-        );
-    }
+    let nobody = Agent::start_as_nobody();
+    let secret = tmp.path().join("secret");
+    std::fs::write(&secret, b"x").expect("secret");
+    std::fs::set_permissions(&secret, std::fs::Permissions::from_mode(0o600)).expect("chmod");
+    expect_error(
+        *get(&nobody, &secret.to_string_lossy()).expect_err("denied"),
+        "permission_denied",
+    );
 }
 
 #[test]

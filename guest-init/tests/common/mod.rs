@@ -74,37 +74,32 @@ impl Agent {
         Agent::start_with(|_| {})
     }
 
-    /// Starts the agent as user and group 65534 (when the tests run as root), so that the
-    /// filesystem can refuse it something. `None` when not root.
-    pub fn start_as_nobody() -> Option<Agent> {
-        if !is_root() {
-            return None;
-        }
-        Some(Agent::start_with(|c| {
+    /// Starts the agent as user and group 65534, so that the filesystem can refuse it
+    /// something. Needs root (as the suite runs in CI): fails, never skips, otherwise.
+    pub fn start_as_nobody() -> Agent {
+        require_root("starting the agent as another user");
+        Agent::start_with(|c| {
             use std::os::unix::process::CommandExt;
             c.uid(65534).gid(65534);
-        }))
+        })
     }
 
     /// Starts the agent as PID 1 of a new PID (and mount) namespace, as the namespace backend
-    /// will. `None` unless root with a working `unshare`.
-    pub fn start_in_pid_namespace() -> Option<Agent> {
-        if !is_root() {
-            return None;
-        }
+    /// will. Needs root and a working `unshare`: fails, never skips, otherwise.
+    pub fn start_in_pid_namespace() -> Agent {
+        require_root("a PID namespace");
         let works = Command::new("unshare")
             .args(["-pf", "--mount-proc", "true"])
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .status()
             .is_ok_and(|s| s.success());
-        if !works {
-            return None;
-        }
-        Some(Agent::launch(
-            &["unshare", "-pf", "--mount-proc", "--kill-child"],
-            |_| {},
-        ))
+        assert!(
+            works,
+            "`unshare -pf --mount-proc true` failed: this test needs util-linux's unshare and \
+             PID namespaces"
+        );
+        Agent::launch(&["unshare", "-pf", "--mount-proc", "--kill-child"], |_| {})
     }
 
     /// Starts the agent, letting `setup` adjust the command (uid, env).
@@ -284,6 +279,14 @@ pub fn wait_gone(pid: u32, limit: Duration) -> bool {
         std::thread::sleep(Duration::from_millis(20));
     }
     false
+}
+
+/// Fails the test, saying why, unless it runs as root.
+pub fn require_root(what: &str) {
+    assert!(
+        is_root(),
+        "{what} needs root: run the suite as root (`sudo cargo test`, as CI does)"
+    );
 }
 
 pub fn is_root() -> bool {
