@@ -41,6 +41,11 @@ pub struct BlockConfig {
     pub read_only: bool,
 }
 
+/// Accepted vsock handshake timeouts, in ms (0 would refuse every host connection).
+pub const VSOCK_HANDSHAKE_TIMEOUT_MS: RangeInclusive<u64> = 1..=3_600_000;
+/// The longest vsock stall timeout, in ms (a day; 0 means none).
+pub const MAX_VSOCK_STALL_TIMEOUT_MS: u64 = 86_400_000;
+
 /// The virtio-vsock device.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -48,8 +53,37 @@ pub struct VsockConfig {
     /// The guest's CID (≥ [`MIN_GUEST_CID`]).
     pub guest_cid: u32,
     /// The host-side Unix socket (`CONNECT <port>`); guest connections to port P go to
-    /// [`host_port_path`](crate::vsock::host_port_path)`(uds_path, P)`.
+    /// [`host_port_path`](crate::vsock::host_port_path)`(uds_path, P)`. A stale socket there is
+    /// replaced; anything else there is an error. The VMM removes it when it exits.
     pub uds_path: PathBuf,
+    /// How long each handshake step may take (see
+    /// [`DEFAULT_HANDSHAKE_TIMEOUT_MS`](crate::vsock::DEFAULT_HANDSHAKE_TIMEOUT_MS)).
+    #[serde(default = "default_handshake_timeout_ms")]
+    pub handshake_timeout_ms: u64,
+    /// How long a connection may have work pending without progress before it is reset; 0:
+    /// never (see [`DEFAULT_STALL_TIMEOUT_MS`](crate::vsock::DEFAULT_STALL_TIMEOUT_MS)).
+    #[serde(default = "default_stall_timeout_ms")]
+    pub stall_timeout_ms: u64,
+}
+
+impl VsockConfig {
+    /// Guest `guest_cid`, host socket `uds_path`, default timeouts.
+    pub fn new(guest_cid: u32, uds_path: PathBuf) -> Self {
+        VsockConfig {
+            guest_cid,
+            uds_path,
+            handshake_timeout_ms: default_handshake_timeout_ms(),
+            stall_timeout_ms: default_stall_timeout_ms(),
+        }
+    }
+}
+
+fn default_handshake_timeout_ms() -> u64 {
+    crate::vsock::DEFAULT_HANDSHAKE_TIMEOUT_MS
+}
+
+fn default_stall_timeout_ms() -> u64 {
+    crate::vsock::DEFAULT_STALL_TIMEOUT_MS
 }
 
 /// One microVM.
@@ -115,6 +149,14 @@ pub enum InvalidConfig {
     /// The vsock guest CID is reserved.
     #[error("vsock guest_cid must be {MIN_GUEST_CID} or more (got {0})")]
     GuestCid(u32),
+    /// The vsock handshake timeout is outside [`VSOCK_HANDSHAKE_TIMEOUT_MS`].
+    #[error("vsock handshake_timeout_ms must be between {min} and {max} (got {0})", min = VSOCK_HANDSHAKE_TIMEOUT_MS.start(), max = VSOCK_HANDSHAKE_TIMEOUT_MS.end())]
+    VsockHandshakeTimeout(u64),
+    /// The vsock stall timeout is above [`MAX_VSOCK_STALL_TIMEOUT_MS`].
+    #[error(
+        "vsock stall_timeout_ms must be at most {MAX_VSOCK_STALL_TIMEOUT_MS} (0: never; got {0})"
+    )]
+    VsockStallTimeout(u64),
     /// More than [`MAX_BLOCK_DEVICES`] disks.
     #[error("at most {MAX_BLOCK_DEVICES} block devices (got {0})")]
     TooManyBlockDevices(usize),
@@ -149,6 +191,12 @@ impl VmConfig {
         if let Some(v) = &self.vsock {
             if v.guest_cid < MIN_GUEST_CID {
                 return Err(InvalidConfig::GuestCid(v.guest_cid));
+            }
+            if !VSOCK_HANDSHAKE_TIMEOUT_MS.contains(&v.handshake_timeout_ms) {
+                return Err(InvalidConfig::VsockHandshakeTimeout(v.handshake_timeout_ms));
+            }
+            if v.stall_timeout_ms > MAX_VSOCK_STALL_TIMEOUT_MS {
+                return Err(InvalidConfig::VsockStallTimeout(v.stall_timeout_ms));
             }
         }
         if self.block.len() > MAX_BLOCK_DEVICES {
@@ -231,6 +279,17 @@ mod tests {
         assert_eq!(c.vcpus, 1);
         assert!(c.block[0].read_only);
         assert_eq!(c.console, ConsoleOutput::File("/tmp/c.log".into()));
+        let v = c.vsock.as_ref().unwrap();
+        assert_eq!(
+            (v.handshake_timeout_ms, v.stall_timeout_ms),
+            (2_000, 60_000),
+            "vsock timeouts default when absent"
+        );
+        let set: VsockConfig = serde_json::from_str(
+            r#"{"guest_cid":3,"uds_path":"/v","handshake_timeout_ms":500,"stall_timeout_ms":0}"#,
+        )
+        .unwrap();
+        assert_eq!((set.handshake_timeout_ms, set.stall_timeout_ms), (500, 0));
         let back: VmConfig = serde_json::from_str(&serde_json::to_string(&c).unwrap()).unwrap();
         assert_eq!(back, c);
         c.validate().unwrap();
@@ -263,16 +322,32 @@ mod tests {
         assert_eq!(with(&|c| c.vcpus = 0), Err(InvalidConfig::Vcpus(0)));
         assert_eq!(with(&|c| c.vcpus = 33), Err(InvalidConfig::Vcpus(33)));
         assert_eq!(with(&|c| c.vcpus = 32), Ok(()));
-        let vsock = |cid| {
-            move |c: &mut VmConfig| {
-                c.vsock = Some(VsockConfig {
-                    guest_cid: cid,
-                    uds_path: "/x".into(),
-                })
-            }
-        };
+        let vsock =
+            |cid| move |c: &mut VmConfig| c.vsock = Some(VsockConfig::new(cid, "/x".into()));
         assert_eq!(with(&vsock(2)), Err(InvalidConfig::GuestCid(2)));
         assert_eq!(with(&vsock(3)), Ok(()));
+        let timeouts = |handshake, stall| {
+            move |c: &mut VmConfig| {
+                let mut v = VsockConfig::new(3, "/x".into());
+                v.handshake_timeout_ms = handshake;
+                v.stall_timeout_ms = stall;
+                c.vsock = Some(v);
+            }
+        };
+        assert_eq!(
+            with(&timeouts(0, 0)),
+            Err(InvalidConfig::VsockHandshakeTimeout(0))
+        );
+        assert_eq!(
+            with(&timeouts(3_600_001, 0)),
+            Err(InvalidConfig::VsockHandshakeTimeout(3_600_001))
+        );
+        assert_eq!(with(&timeouts(1, 0)), Ok(()));
+        assert_eq!(with(&timeouts(2000, 86_400_000)), Ok(()));
+        assert_eq!(
+            with(&timeouts(2000, 86_400_001)),
+            Err(InvalidConfig::VsockStallTimeout(86_400_001))
+        );
         let disks = |n| {
             move |c: &mut VmConfig| {
                 c.block = vec![

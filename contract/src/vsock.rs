@@ -10,6 +10,17 @@ pub const DEFAULT_AGENT_PORT: u32 = 1024;
 /// The host vsock port the agent connects to when ready (`crucible.ready_port=`).
 pub const DEFAULT_READY_PORT: u32 = 1025;
 
+/// How long the vsock device waits for each handshake step by default: a host client's
+/// `CONNECT <port>\n` line and the guest's answer to it (together, counted from the client's
+/// connect), and the guest's RST after the device's SHUTDOWN. Past it the host socket is closed
+/// and the guest gets RST.
+pub const DEFAULT_HANDSHAKE_TIMEOUT_MS: u64 = 2_000;
+
+/// How long a vsock connection may have work pending with no progress in either direction
+/// before the device resets it, by default. Long, because a stalled peer is usually
+/// backpressure from a slow reader (which the design keeps end to end), not a dead one.
+pub const DEFAULT_STALL_TIMEOUT_MS: u64 = 60_000;
+
 /// Where a guest connection to host port `port` arrives: the Unix socket `<uds_path>_<port>`,
 /// next to the device's own socket `uds_path`. The VMM connects there; the daemon listens
 /// there (for the agent's hello on [`DEFAULT_READY_PORT`]) before the VM starts.

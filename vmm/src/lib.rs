@@ -25,7 +25,9 @@ use devices::virtio::block::Block;
 use devices::virtio::console::Console;
 use devices::virtio::mmio::{MmioTransport, MMIO_WINDOW_SIZE};
 use devices::virtio::subscriber::DeviceSubscriber;
-use devices::virtio::vsock::Vsock;
+use devices::virtio::vsock::connection::Timeouts;
+use devices::virtio::vsock::socket_file::SocketFile;
+use devices::virtio::vsock::{MuxerConfig, Vsock};
 use devices::virtio::{ids, Interrupt, VirtioDevice};
 use event_manager::{EventManager, EventOps, EventSet, Events, MutEventSubscriber, SubscriberOps};
 use kvm_bindings::{kvm_pit_config, kvm_userspace_memory_region, KVM_PIT_SPEAKER_DUMMY};
@@ -171,6 +173,9 @@ pub struct Vmm {
     boot_timeout: Option<Duration>,
     next_mmio: u64,
     next_irq: u32,
+    /// Socket files the VMM bound: removed when `run` returns or the build fails (the devices
+    /// themselves live on in the vCPU threads until the process exits).
+    socket_files: Vec<SocketFile>,
 }
 
 impl std::fmt::Debug for Vmm {
@@ -262,6 +267,17 @@ pub fn attach_virtio_device(
     Ok(())
 }
 
+/// The vsock backend's limits from the configuration.
+fn vsock_config(v: &VsockConfig) -> MuxerConfig {
+    MuxerConfig {
+        max_conns: VSOCK_MAX_CONNECTIONS,
+        timeouts: Timeouts {
+            handshake: Duration::from_millis(v.handshake_timeout_ms),
+            stall: (v.stall_timeout_ms > 0).then(|| Duration::from_millis(v.stall_timeout_ms)),
+        },
+    }
+}
+
 fn console_writer(out: &ConsoleOutput) -> Result<Box<dyn Write + Send>, VmmError> {
     Ok(match out {
         ConsoleOutput::Off => Box::new(io::sink()),
@@ -332,6 +348,7 @@ impl Vmm {
             },
             next_mmio: VIRTIO_MMIO_BASE,
             next_irq: VIRTIO_IRQ_BASE,
+            socket_files: Vec::new(),
         };
         vmm.attach_legacy_devices(cfg)?;
         if cfg.console != ConsoleOutput::Off {
@@ -344,8 +361,9 @@ impl Vmm {
             attach_virtio_device(&mut vmm, Arc::new(Mutex::new(d)), &what)?;
         }
         if let Some(v) = &cfg.vsock {
-            let d = Vsock::new(u64::from(v.guest_cid), &v.uds_path, VSOCK_MAX_CONNECTIONS)
+            let d = Vsock::with_config(u64::from(v.guest_cid), &v.uds_path, vsock_config(v))
                 .map_err(dev_err("vsock"))?;
+            vmm.socket_files.push(d.muxer().socket_file());
             attach_virtio_device(&mut vmm, Arc::new(Mutex::new(d)), "vsock")?;
         }
         if !cfg.cmdline.is_empty() {
@@ -451,8 +469,12 @@ impl Vmm {
             boot_marker_us,
             kvm_ready_us,
             boot_timeout,
+            socket_files,
             ..
         } = self;
+        // Dropped on every return below: the socket files go with the VM (normal exit, guest
+        // reset or poweroff, SIGTERM, errors).
+        let _socket_files = socket_files;
         let exit_evt = match EventFd::new(libc::EFD_NONBLOCK) {
             Ok(e) => e,
             Err(e) => {

@@ -44,6 +44,14 @@ struct Args {
     /// The vsock Unix socket path.
     #[arg(long, requires = "vsock_cid")]
     vsock_uds: Option<PathBuf>,
+    /// How long a vsock handshake step may take: a host client's CONNECT line plus the guest's
+    /// answer, or the guest's RST after a SHUTDOWN (default 2000).
+    #[arg(long, requires = "vsock_uds")]
+    vsock_handshake_timeout_ms: Option<u64>,
+    /// Reset a vsock connection with work pending and no progress for this long (0 = never;
+    /// default 60000).
+    #[arg(long, requires = "vsock_uds")]
+    vsock_stall_timeout_ms: Option<u64>,
     /// Console: `stdout`, `off`, or a file path.
     #[arg(long, default_value = "stdout")]
     console: String,
@@ -106,10 +114,14 @@ fn config_from(args: &Args) -> Result<VmConfig, String> {
         })
         .collect();
     if let (Some(cid), Some(uds)) = (args.vsock_cid, &args.vsock_uds) {
-        c.vsock = Some(VsockConfig {
-            guest_cid: cid,
-            uds_path: uds.clone(),
-        });
+        let mut v = VsockConfig::new(cid, uds.clone());
+        if let Some(ms) = args.vsock_handshake_timeout_ms {
+            v.handshake_timeout_ms = ms;
+        }
+        if let Some(ms) = args.vsock_stall_timeout_ms {
+            v.stall_timeout_ms = ms;
+        }
+        c.vsock = Some(v);
     }
     c.console = match args.console.as_str() {
         "stdout" => ConsoleOutput::Stdout,

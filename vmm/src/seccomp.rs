@@ -62,6 +62,8 @@ const ALLOWED: &[libc::c_long] = &[
     libc::SYS_exit_group,
     libc::SYS_statx,
     libc::SYS_newfstatat,
+    libc::SYS_unlink,
+    libc::SYS_unlinkat,
     libc::SYS_fstat,
     libc::SYS_poll,
     libc::SYS_ppoll,

@@ -149,6 +149,10 @@ fn test_guest_boots_via_64bit_boot_protocol_probes_devices_and_resets_cleanly() 
         Some(0),
         "clean exit after the i8042 reset"
     );
+    assert!(
+        !dir.path().join("v.sock").exists(),
+        "the vsock socket file goes with the VM"
+    );
     let t = timings(&r.stderr);
     assert_eq!(t["exit"], "guest_stop");
     let ready = t["kvm_ready_us"].as_u64().unwrap();
@@ -332,35 +336,52 @@ fn guest_that_never_finishes_booting_is_stopped_by_the_boot_timeout() {
 )]
 fn sigterm_stops_a_running_vm_cleanly_with_vsock_traffic_under_seccomp() {
     use std::io::{Read, Write};
+    use std::os::unix::net::{UnixListener, UnixStream};
     assert_kvm_usable();
     let dir = tempfile::tempdir().unwrap();
     let k = write_kernel(dir.path(), "spin.elf", SPIN, false);
-    let img = dir.path().join("disk.img");
-    std::fs::write(&img, vec![0u8; 1 << 20]).unwrap();
     let sock = dir.path().join("v.sock");
+    // A stale socket file from a VMM that was killed: replaced, not an error.
+    drop(UnixListener::bind(&sock).unwrap());
     let mut child = Command::new(env!("CARGO_BIN_EXE_crucible-vmm"))
         .arg("--kernel")
         .arg(&k)
         .args(["--mem-mib", "64", "--timings", "--boot-timeout-ms", "0"])
         .args(["--console", "off", "--vsock-cid", "3", "--vsock-uds"])
         .arg(&sock)
+        .args(["--vsock-handshake-timeout-ms", "200"])
         .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap();
-    // The host side accepts and reads the handshake while the guest spins (no driver: no
-    // answer), which exercises the muxer's system calls under the seccomp filter.
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
-    let mut c = loop {
-        match std::os::unix::net::UnixStream::connect(&sock) {
-            Ok(c) => break c,
-            Err(_) if std::time::Instant::now() < deadline => {
-                std::thread::sleep(std::time::Duration::from_millis(20))
+    let connect = || {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        loop {
+            match UnixStream::connect(&sock) {
+                Ok(c) => break c,
+                Err(_) if std::time::Instant::now() < deadline => {
+                    std::thread::sleep(std::time::Duration::from_millis(20))
+                }
+                Err(e) => panic!("vsock socket never appeared: {e}"),
             }
-            Err(e) => panic!("vsock socket never appeared: {e}"),
         }
     };
-    c.write_all(b"CONNECT 1024\n").unwrap();
-    std::thread::sleep(std::time::Duration::from_millis(200));
+    // The guest spins without a driver, so it never answers: under the seccomp filter, the
+    // handshake deadline (the muxer's timer) closes the client's socket rather than leaving it
+    // hanging.
+    let mut unanswered = connect();
+    unanswered.write_all(b"CONNECT 1024\n").unwrap();
+    unanswered
+        .set_read_timeout(Some(std::time::Duration::from_secs(10)))
+        .unwrap();
+    let mut b = [0u8; 8];
+    assert!(
+        matches!(unanswered.read(&mut b), Ok(0)),
+        "EOF after the handshake timeout, no OK"
+    );
+    // A handshake still pending when SIGTERM arrives is closed by the exit.
+    let mut pending = connect();
+    pending.write_all(b"CONNECT 1024\n").unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(50));
     // SAFETY: kill(2) on our own child's pid.
     assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGTERM) }, 0);
     let status = child.wait().unwrap();
@@ -374,11 +395,36 @@ fn sigterm_stops_a_running_vm_cleanly_with_vsock_traffic_under_seccomp() {
     eprintln!("{err}");
     assert_eq!(status.code(), Some(0), "{err}");
     assert_eq!(timings(&err)["exit"], "signal");
-    // The VMM is gone: the pending host connection is closed, not left hanging.
-    c.set_read_timeout(Some(std::time::Duration::from_secs(2)))
+    pending
+        .set_read_timeout(Some(std::time::Duration::from_secs(2)))
         .unwrap();
-    let mut b = [0u8; 8];
-    assert!(matches!(c.read(&mut b), Ok(0) | Err(_)));
+    assert!(matches!(pending.read(&mut b), Ok(0) | Err(_)));
+    assert!(!sock.exists(), "the vsock socket file is removed at exit");
+}
+
+#[test]
+#[cfg_attr(
+    not(crucible_kvm),
+    ignore = "needs a /dev/kvm this user can open; CRUCIBLE_REQUIRE_KVM=1 runs it anyway"
+)]
+fn vmm_refuses_to_replace_a_regular_file_at_the_vsock_path() {
+    assert_kvm_usable();
+    let dir = tempfile::tempdir().unwrap();
+    let k = write_kernel(dir.path(), "guest64.elf", GUEST64, false);
+    let sock = dir.path().join("v.sock");
+    std::fs::write(&sock, b"not a socket").unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_crucible-vmm"))
+        .arg("--kernel")
+        .arg(&k)
+        .args(["--mem-mib", "64", "--console", "off", "--vsock-cid", "3"])
+        .arg("--vsock-uds")
+        .arg(&sock)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("exists and is not a socket"), "{err}");
+    assert_eq!(std::fs::read(&sock).unwrap(), b"not a socket");
 }
 
 /// Not a check but a tool, so it is ignored: writes `guest64.elf` and `guest-pvh.elf` for manual
@@ -443,10 +489,7 @@ fn each_attached_device_adds_its_virtio_mmio_window_and_irq_to_the_cmdline() {
         path: img,
         read_only: true,
     }];
-    cfg.vsock = Some(crucible_vmm::VsockConfig {
-        guest_cid: 3,
-        uds_path: dir.path().join("v.sock"),
-    });
+    cfg.vsock = Some(crucible_vmm::VsockConfig::new(3, dir.path().join("v.sock")));
     cfg.cmdline = "crucible.boot_marker=1".into();
     let vmm = crucible_vmm::Vmm::new(&cfg, std::time::Instant::now()).unwrap();
     let line = vmm.cmdline();

@@ -150,10 +150,7 @@ fn vm_config(
     .map_err(|e| invalid(&e))?;
     config.mem_mib = u32::try_from(spec.memory_mib).unwrap_or(u32::MAX);
     config.vcpus = u8::try_from(spec.vcpus).unwrap_or(u8::MAX);
-    config.vsock = Some(VsockConfig {
-        guest_cid: GUEST_CID,
-        uds_path: uds.to_owned(),
-    });
+    config.vsock = Some(VsockConfig::new(GUEST_CID, uds.to_owned()));
     config.console = ConsoleOutput::File(console.to_owned());
     config.validate().map_err(|e| invalid(&e))?;
     Ok(config)

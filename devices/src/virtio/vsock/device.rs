@@ -1,22 +1,23 @@
-//! The virtio side of vsock: the rx, tx and event queues, packets parsed from descriptor chains
-//! (header and data in one descriptor, as Linux ≥ 6.2 sends them, or split), handed to the muxer.
+//! The virtio-vsock device as the transport sees it: three queues, the guest CID in the config
+//! space, and a [`VsockBackend`] behind them. Queue processing itself is in [`super::queues`],
+//! which the transport-independent callers (a vhost-user daemon) use directly.
 
-use std::os::fd::{AsRawFd, RawFd};
+use std::os::fd::RawFd;
 use std::path::Path;
 use std::sync::Arc;
 
-use virtio_queue::{Queue, QueueOwnedT, QueueT};
-use virtio_vsock::packet::VsockPacket;
+use virtio_queue::{Queue, QueueT};
 use vmm_sys_util::eventfd::EventFd;
 
-use super::muxer::{Muxer, MuxerError};
+use super::backend::VsockBackend;
+use super::muxer::{Muxer, MuxerConfig, MuxerError};
+use super::queues::{process_rx, process_tx};
 use crate::virtio::block::read_config_bytes;
 use crate::virtio::{ids, ActivateError, GuestMemory, Interrupt, VirtioDevice, VIRTIO_F_VERSION_1};
 
 /// The queue size we offer.
 pub const QUEUE_SIZE: u16 = 256;
-/// The largest packet payload accepted from, or offered to, the guest.
-pub const MAX_PKT_DATA: u32 = 64 * 1024;
+pub use super::queues::MAX_PKT_DATA;
 
 const RXQ: usize = 0;
 const TXQ: usize = 1;
@@ -27,15 +28,15 @@ struct Active {
     queues: Vec<Queue>,
 }
 
-/// A virtio-vsock device backed by a [`Muxer`].
-pub struct Vsock {
+/// A virtio-vsock device backed by a [`VsockBackend`] (the Unix-socket [`Muxer`] by default).
+pub struct Vsock<B: VsockBackend = Muxer> {
     cid: u64,
-    muxer: Muxer,
+    backend: B,
     queue_evts: [EventFd; 3],
     active: Option<Active>,
 }
 
-impl std::fmt::Debug for Vsock {
+impl<B: VsockBackend> std::fmt::Debug for Vsock<B> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Vsock")
             .field("cid", &self.cid)
@@ -43,85 +44,73 @@ impl std::fmt::Debug for Vsock {
     }
 }
 
-impl Vsock {
+impl Vsock<Muxer> {
     /// A device for guest `cid` whose host side listens on `uds_path`, with at most
-    /// `max_conns` connections at once.
+    /// `max_conns` connections at once and the default timeouts.
     pub fn new(cid: u64, uds_path: &Path, max_conns: usize) -> Result<Self, MuxerError> {
-        let evt = || EventFd::new(libc::EFD_NONBLOCK).map_err(MuxerError::Epoll);
+        Self::with_config(cid, uds_path, MuxerConfig::new(max_conns))
+    }
+
+    /// A device for guest `cid` whose host side listens on `uds_path`.
+    pub fn with_config(cid: u64, uds_path: &Path, config: MuxerConfig) -> Result<Self, MuxerError> {
+        let muxer = Muxer::new(cid, uds_path, config)?;
+        Self::with_backend(cid, muxer).map_err(MuxerError::Epoll)
+    }
+
+    /// The Unix-socket backend.
+    pub fn muxer(&self) -> &Muxer {
+        &self.backend
+    }
+}
+
+impl<B: VsockBackend> Vsock<B> {
+    /// A device for guest `cid` served by `backend`.
+    pub fn with_backend(cid: u64, backend: B) -> std::io::Result<Self> {
+        let evt = || EventFd::new(libc::EFD_NONBLOCK);
         Ok(Vsock {
             cid,
-            muxer: Muxer::new(cid, uds_path, max_conns)?,
+            backend,
             queue_evts: [evt()?, evt()?, evt()?],
             active: None,
         })
     }
 
     /// The backend.
-    pub fn muxer(&self) -> &Muxer {
-        &self.muxer
+    pub fn backend(&self) -> &B {
+        &self.backend
     }
 
-    /// Consumes the guest's tx queue, then fills its rx queue.
+    /// The backend, mutably (tests drive its clock or script it).
+    pub fn backend_mut(&mut self) -> &mut B {
+        &mut self.backend
+    }
+
     fn process_tx(&mut self) {
         let Some(a) = self.active.as_mut() else {
             return;
         };
-        let mut used = false;
-        let q = &mut a.queues[TXQ];
-        while let Some(mut chain) = q.pop_descriptor_chain(&a.mem) {
-            let head = chain.head_index();
-            match VsockPacket::from_tx_virtq_chain(&a.mem, &mut chain, MAX_PKT_DATA) {
-                Ok(pkt) => self.muxer.send_pkt(&pkt),
-                Err(e) => log(format_args!("dropping a malformed tx packet: {e}")),
-            }
-            let _ = q.add_used(&a.mem, head, 0);
-            used = true;
-        }
-        if used && q.needs_notification(&a.mem).unwrap_or(true) {
-            let _ = a.interrupt.signal_used_queue();
+        if process_tx(&a.mem, &mut a.queues[TXQ], &mut self.backend) {
+            signal(&a.interrupt);
         }
     }
 
-    /// Moves what the muxer has for the guest into the rx queue, while it has buffers.
     fn process_rx(&mut self) {
         let Some(a) = self.active.as_mut() else {
             return;
         };
-        let mut used = false;
-        let q = &mut a.queues[RXQ];
-        while self.muxer.has_pending_rx() {
-            let Some(mut chain) = q.pop_descriptor_chain(&a.mem) else {
-                break;
-            };
-            let head = chain.head_index();
-            let len = match VsockPacket::from_rx_virtq_chain(&a.mem, &mut chain, MAX_PKT_DATA) {
-                Ok(mut pkt) => match self.muxer.recv_pkt(&mut pkt) {
-                    Some(len) => len,
-                    None => {
-                        // Nothing after all (a socket that had no data): give the buffer back.
-                        q.go_to_previous_position();
-                        break;
-                    }
-                },
-                Err(e) => {
-                    log(format_args!("dropping a malformed rx buffer: {e}"));
-                    0
-                }
-            };
-            let _ = q.add_used(&a.mem, head, len);
-            used = true;
-        }
-        if used && q.needs_notification(&a.mem).unwrap_or(true) {
-            let _ = a.interrupt.signal_used_queue();
+        if process_rx(&a.mem, &mut a.queues[RXQ], &mut self.backend) {
+            signal(&a.interrupt);
         }
     }
 }
 
-fn log(args: std::fmt::Arguments<'_>) {
-    eprintln!("crucible-vmm: vsock: {args}");
+fn signal(interrupt: &Interrupt) {
+    if let Err(e) = interrupt.signal_used_queue() {
+        eprintln!("crucible-vmm: vsock: cannot interrupt the guest: {e}");
+    }
 }
 
-impl VirtioDevice for Vsock {
+impl<B: VsockBackend> VirtioDevice for Vsock<B> {
     fn device_type(&self) -> u32 {
         ids::VSOCK
     }
@@ -171,7 +160,7 @@ impl VirtioDevice for Vsock {
 
     fn reset(&mut self) {
         self.active = None;
-        self.muxer.reset();
+        self.backend.reset();
     }
 
     fn process_queue(&mut self, index: usize) {
@@ -182,11 +171,11 @@ impl VirtioDevice for Vsock {
     }
 
     fn backend_fd(&self) -> Option<RawFd> {
-        Some(self.muxer.as_raw_fd())
+        self.backend.poll_fd()
     }
 
     fn process_backend(&mut self) {
-        self.muxer.process_events();
+        self.backend.process_events();
         self.process_rx();
     }
 }

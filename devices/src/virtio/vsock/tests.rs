@@ -1,16 +1,18 @@
 //! The vsock device and muxer driven through virtqueues in plain guest memory and real Unix
 //! sockets: handshakes both ways, data both ways, credit, RST, single- and split-descriptor
-//! packets, the connection limit.
+//! packets, the connection limit, and every deadline (handshake, stall) with the muxer's clock
+//! moved forward explicitly rather than slept through.
 
 #![allow(clippy::unwrap_used)]
 
 use std::io::{Read, Write};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::PathBuf;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use vm_memory::GuestAddress;
 
+use super::connection::{ConnState, Timeouts};
 use super::muxer::TX_BUF_SIZE;
 use super::*;
 use crate::virtio::test_utils::{default_mem, interrupt, Buf, TestQueue};
@@ -92,9 +94,13 @@ struct Harness<'a> {
 
 impl<'a> Harness<'a> {
     fn new(mem: &'a GuestMemory, max_conns: usize) -> Self {
+        Self::with_config(mem, MuxerConfig::new(max_conns))
+    }
+
+    fn with_config(mem: &'a GuestMemory, config: MuxerConfig) -> Self {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("v.sock");
-        let mut dev = Vsock::new(CID, &path, max_conns).unwrap();
+        let mut dev = Vsock::with_config(CID, &path, config).unwrap();
         let rx = TestQueue::new(mem, 0, 256);
         let tx = TestQueue::new(mem, 1, 256);
         let ev = TestQueue::new(mem, 2, 256);
@@ -150,6 +156,13 @@ impl<'a> Harness<'a> {
     fn pump(&mut self) {
         std::thread::sleep(Duration::from_millis(5));
         self.dev.process_backend();
+    }
+
+    /// As [`Self::pump`], with the muxer's clock at `now` (deadlines are checked against it).
+    fn pump_at(&mut self, now: Instant) {
+        std::thread::sleep(Duration::from_millis(5));
+        self.dev.backend_mut().process_events_at(now);
+        self.dev.process_queue(0);
     }
 
     /// The next packet the device gave the guest.
@@ -420,4 +433,285 @@ fn vsock_malformed_and_foreign_packets_never_panic() {
     spoofed.src_cid = 99;
     h.send(spoofed, &[], true);
     assert!(h.recv().is_none());
+}
+
+/// Whether the host end has been closed by the device (without waiting: the device is driven
+/// only by this thread, so anything it did is already visible).
+fn is_closed_now(c: &mut UnixStream) -> bool {
+    c.set_nonblocking(true).unwrap();
+    let mut b = [0u8; 1];
+    let closed = match c.read(&mut b) {
+        Ok(0) => true,
+        Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => true,
+        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => false,
+        other => panic!("unexpected read on a host socket: {other:?}"),
+    };
+    c.set_nonblocking(false).unwrap();
+    closed
+}
+
+fn config(handshake: Duration, stall: Option<Duration>) -> MuxerConfig {
+    MuxerConfig {
+        max_conns: 8,
+        timeouts: Timeouts { handshake, stall },
+    }
+}
+
+#[test]
+fn vsock_host_connect_the_guest_never_answers_gets_eof_after_the_default_handshake_timeout() {
+    let mem = default_mem();
+    let mut h = Harness::new(&mem, 8);
+    h.give_rx(3, true);
+    let before_connect = Instant::now();
+    let mut c = UnixStream::connect(&h.path).unwrap();
+    c.write_all(b"CONNECT 1024\n").unwrap();
+    h.pump();
+    let after_accept = Instant::now();
+    let (req, _) = h.expect(op::REQUEST);
+    // The guest never answers. Just before 2 s from the connect, nothing happens.
+    h.pump_at(before_connect + Duration::from_millis(1990));
+    assert!(h.recv().is_none());
+    assert!(!is_closed_now(&mut c));
+    assert_eq!(
+        h.dev.muxer().connection_state(req.src_port, 1024),
+        Some(ConnState::LocalInit)
+    );
+    // Past it: the client sees EOF and the guest is told to forget the half-open connection.
+    h.pump_at(after_accept + Duration::from_millis(2001));
+    let (rst, _) = h.expect(op::RST);
+    assert_eq!((rst.src_port, rst.dst_port), (req.src_port, 1024));
+    assert_closed(&mut c);
+    assert_eq!(h.dev.muxer().connection_count(), 0);
+    // A late RESPONSE finds nothing: RST again, no OK on a closed socket.
+    h.send(Hdr::guest(op::RESPONSE, 1024, req.src_port), &[], true);
+    h.expect(op::RST);
+}
+
+#[test]
+fn vsock_handshake_deadline_fires_from_the_timer_with_no_other_event() {
+    let mem = default_mem();
+    let mut h = Harness::with_config(&mem, config(Duration::from_millis(50), None));
+    h.give_rx(2, true);
+    let mut c = UnixStream::connect(&h.path).unwrap();
+    c.write_all(b"CONNECT 1024\n").unwrap();
+    h.pump();
+    h.expect(op::REQUEST);
+    assert!(h.dev.muxer().next_deadline().is_some());
+    // Nothing else happens: only the muxer's timer can make its fd readable.
+    let mut pfd = libc::pollfd {
+        fd: std::os::fd::AsRawFd::as_raw_fd(h.dev.muxer()),
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: one valid pollfd; the generous timeout only bounds a failing test.
+    let ready = unsafe { libc::poll(&mut pfd, 1, 10_000) };
+    assert_eq!(ready, 1, "the timer fired");
+    h.dev.process_backend();
+    h.expect(op::RST);
+    assert_closed(&mut c);
+    assert_eq!(h.dev.muxer().next_deadline(), None);
+}
+
+#[test]
+fn vsock_silent_or_half_sent_connect_line_is_closed_after_the_handshake_timeout() {
+    let mem = default_mem();
+    let mut h = Harness::new(&mem, 8);
+    h.give_rx(2, true);
+    let mut silent = UnixStream::connect(&h.path).unwrap();
+    let mut partial = UnixStream::connect(&h.path).unwrap();
+    partial.write_all(b"CONNECT 10").unwrap();
+    h.pump();
+    let accepted = Instant::now();
+    assert_eq!(h.dev.muxer().connection_count(), 2);
+    assert!(!is_closed_now(&mut silent));
+    assert!(!is_closed_now(&mut partial));
+    h.pump_at(accepted + Duration::from_millis(2001));
+    assert_closed(&mut silent);
+    assert_closed(&mut partial);
+    assert_eq!(h.dev.muxer().connection_count(), 0);
+    assert!(h.recv().is_none(), "the guest never heard of them");
+}
+
+#[test]
+fn vsock_malformed_connect_lines_are_refused_at_once() {
+    let mem = default_mem();
+    let mut h = Harness::new(&mem, 8);
+    h.give_rx(2, true);
+    let long = "C".repeat(40);
+    for line in [
+        "CONNECT 4294967296",
+        "CONNECT x",
+        "GET / HTTP/1.1\r\n",
+        "CONNECT 12 34\n",
+        long.as_str(),
+    ] {
+        let mut c = UnixStream::connect(&h.path).unwrap();
+        c.write_all(line.as_bytes()).unwrap();
+        // One pass of the event loop at the real time: no deadline can be involved.
+        h.pump();
+        assert!(is_closed_now(&mut c), "{line:?} was not refused at once");
+        assert_eq!(h.dev.muxer().connection_count(), 0, "{line:?}");
+    }
+    assert!(h.recv().is_none());
+}
+
+#[test]
+fn vsock_connection_starved_of_guest_credit_is_reset_after_the_stall_timeout() {
+    let mem = default_mem();
+    let mut h = Harness::new(&mem, 8);
+    h.give_rx(1, true);
+    let mut c = UnixStream::connect(&h.path).unwrap();
+    c.write_all(b"CONNECT 1024\n").unwrap();
+    h.pump();
+    let (req, _) = h.expect(op::REQUEST);
+    let hport = req.src_port;
+    let mut resp = Hdr::guest(op::RESPONSE, 1024, hport);
+    resp.buf_alloc = 8;
+    h.send(resp, &[], true);
+    let mut ok = [0u8; 32];
+    let _ = c.read(&mut ok).unwrap();
+    c.write_all(&[b'x'; 20]).unwrap();
+    h.give_rx(4, true);
+    h.pump();
+    assert_eq!(h.expect(op::RW).1.len(), 8);
+    h.pump();
+    h.expect(op::CREDIT_REQUEST);
+    let stalled = Instant::now();
+    // The guest never grants more credit; a zero-credit update is no progress.
+    let mut upd = Hdr::guest(op::CREDIT_UPDATE, 1024, hport);
+    upd.buf_alloc = 8;
+    h.send(upd, &[], true);
+    h.pump_at(stalled + Duration::from_secs(59));
+    assert!(h.recv().is_none());
+    assert_eq!(h.dev.muxer().connection_count(), 1);
+    h.pump_at(stalled + Duration::from_secs(60));
+    let (rst, _) = h.expect(op::RST);
+    assert_eq!((rst.src_port, rst.dst_port), (hport, 1024));
+    assert_closed(&mut c);
+    assert_eq!(h.dev.muxer().connection_count(), 0);
+}
+
+/// The guest sends `TX_BUF_SIZE` (its whole credit) to a host that reads nothing: more than a
+/// Unix socket buffers, so the rest waits in the device.
+fn fill_until_the_host_socket_is_full(h: &mut Harness<'_>, hport: u32) {
+    let chunk = vec![7u8; 64 * 1024];
+    for _ in 0..TX_BUF_SIZE as usize / chunk.len() {
+        h.send(Hdr::guest(op::RW, 1024, hport), &chunk, true);
+    }
+    while h.recv().is_some() {} // Credit updates.
+    assert!(
+        h.dev.muxer().connection_deadline(hport, 1024).is_some(),
+        "precondition: the host socket took all {TX_BUF_SIZE} bytes; data must be waiting"
+    );
+}
+
+#[test]
+fn vsock_connection_whose_host_stops_reading_is_reset_after_the_stall_timeout() {
+    let mem = default_mem();
+    let mut h = Harness::new(&mem, 8);
+    h.give_rx(8, true);
+    let (mut c, hport) = h.host_connect(1024);
+    let before = Instant::now();
+    fill_until_the_host_socket_is_full(&mut h, hport);
+    h.pump_at(before + Duration::from_secs(59));
+    assert!(h.recv().is_none());
+    let later = Instant::now();
+    h.pump_at(later + Duration::from_secs(60));
+    h.expect(op::RST);
+    assert_eq!(h.dev.muxer().connection_count(), 0);
+    // The host sees what reached its socket, then EOF.
+    c.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+    let mut sink = Vec::new();
+    let _ = c.read_to_end(&mut sink);
+    assert!(!sink.is_empty() && sink.len() < TX_BUF_SIZE as usize);
+}
+
+#[test]
+fn vsock_stall_timeout_none_never_resets_a_stalled_connection() {
+    let mem = default_mem();
+    let mut h = Harness::with_config(&mem, config(Duration::from_secs(2), None));
+    h.give_rx(8, true);
+    let (_c, hport) = h.host_connect(1024);
+    let chunk = vec![7u8; 64 * 1024];
+    for _ in 0..4 {
+        h.send(Hdr::guest(op::RW, 1024, hport), &chunk, true);
+    }
+    h.pump_at(Instant::now() + Duration::from_secs(86_400));
+    while let Some((p, _)) = h.recv() {
+        assert_ne!(p.op, op::RST);
+    }
+    assert_eq!(h.dev.muxer().connection_count(), 1);
+}
+
+#[test]
+fn vsock_idle_connection_is_never_reset() {
+    let mem = default_mem();
+    let mut h = Harness::new(&mem, 8);
+    h.give_rx(4, true);
+    let (mut c, hport) = h.host_connect(1024);
+    assert_eq!(
+        h.dev.muxer().connection_deadline(hport, 1024),
+        None,
+        "nothing pending: no deadline"
+    );
+    h.pump_at(Instant::now() + Duration::from_secs(86_400));
+    assert!(h.recv().is_none());
+    c.write_all(b"still here").unwrap();
+    h.pump();
+    assert_eq!(h.expect(op::RW).1, b"still here");
+}
+
+#[test]
+fn vsock_host_eof_then_guest_silence_is_reset_after_the_handshake_timeout() {
+    let mem = default_mem();
+    let mut h = Harness::new(&mem, 8);
+    h.give_rx(4, true);
+    let (c, hport) = h.host_connect(1024);
+    drop(c);
+    h.pump();
+    let eof_seen = Instant::now();
+    h.expect(op::SHUTDOWN);
+    h.pump_at(eof_seen + Duration::from_millis(2001));
+    let (rst, _) = h.expect(op::RST);
+    assert_eq!(rst.src_port, hport);
+    assert_eq!(h.dev.muxer().connection_count(), 0);
+}
+
+#[test]
+fn vsock_guest_shutdown_delivers_buffered_data_to_a_slow_host_before_rst() {
+    let mem = default_mem();
+    let mut h = Harness::new(&mem, 8);
+    h.give_rx(8, true);
+    let (mut c, hport) = h.host_connect(1024);
+    fill_until_the_host_socket_is_full(&mut h, hport);
+    let mut shut = Hdr::guest(op::SHUTDOWN, 1024, hport);
+    shut.flags = SHUTDOWN_RCV | SHUTDOWN_SEND;
+    h.send(shut, &[], true);
+    assert!(
+        h.recv().is_none(),
+        "no RST while guest data is still on its way"
+    );
+    // The host reads slowly; every byte arrives, then EOF, then the guest gets its RST.
+    c.set_nonblocking(true).unwrap();
+    let mut got = 0;
+    let mut rst = false;
+    let mut buf = vec![0u8; 16 * 1024];
+    for _ in 0..10_000 {
+        match c.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => got += n,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => h.pump(),
+            Err(e) => panic!("host read: {e}"),
+        }
+        while let Some((p, _)) = h.recv() {
+            rst |= p.op == op::RST;
+        }
+    }
+    assert_eq!(got, TX_BUF_SIZE as usize);
+    h.pump();
+    while let Some((p, _)) = h.recv() {
+        rst |= p.op == op::RST;
+    }
+    assert!(rst);
+    assert_eq!(h.dev.muxer().connection_count(), 0);
 }
