@@ -169,9 +169,13 @@ fn vhost_user_block_serves_a_real_linux_virtio_blk_driver_under_qemu() {
     let reports = block_reports(&run.console);
     let expect = [(rw_name, rw_len / 512, "0"), (ro_name, ro_len / 512, "1")];
     for (serial, sectors, ro) in expect {
-        let facts = reports
-            .get(serial)
-            .unwrap_or_else(|| panic!("no block report for {serial}:\n{}", run.console));
+        let facts = reports.get(serial).unwrap_or_else(|| {
+            panic!(
+                "no block report for {serial} (an agent older than crucible.selftest_block? \
+                     rebuild the image with `cargo xtask build-image`):\n{}",
+                run.console
+            )
+        });
         assert_eq!(facts["sectors"], sectors.to_string(), "{serial}");
         assert_eq!(facts["ro"], ro, "{serial}");
     }
