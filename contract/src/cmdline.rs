@@ -24,6 +24,8 @@ pub mod keys {
     pub const LOG: &str = "crucible.log";
     /// Run the boot self-test and end the VM.
     pub const SELFTEST: &str = "crucible.selftest";
+    /// Block devices the self-test also reads and writes, comma-separated.
+    pub const SELFTEST_BLOCK: &str = "crucible.selftest_block";
     /// Write the boot marker when ready.
     pub const BOOT_MARKER: &str = "crucible.boot_marker";
     /// The guest's hostname.
@@ -86,6 +88,9 @@ pub struct BootConfig {
     pub log: Option<LogLevel>,
     /// `crucible.selftest=1`: run the self-test and end the VM.
     pub selftest: bool,
+    /// `crucible.selftest_block=/dev/vda,/dev/vdb`: block devices the self-test also checks
+    /// (the patterns of [`crate::block_selftest`]); a device path may not contain a comma.
+    pub selftest_block: Vec<String>,
     /// `crucible.boot_marker=1`: write the [boot marker](crate::boot_marker) when ready.
     pub boot_marker: bool,
     /// `crucible.hostname=` (default `crucible`).
@@ -109,6 +114,7 @@ impl Default for BootConfig {
             root: None,
             log: None,
             selftest: false,
+            selftest_block: Vec::new(),
             boot_marker: false,
             hostname: DEFAULT_HOSTNAME.to_string(),
             mem_reserve_mib: 16,
@@ -163,6 +169,9 @@ impl BootConfig {
                 keys::ROOT => cfg.root = text(value).or(cfg.root),
                 keys::LOG => cfg.log = LogLevel::parse(value),
                 keys::SELFTEST => cfg.selftest = flag(value),
+                keys::SELFTEST_BLOCK => {
+                    cfg.selftest_block = value.split(',').filter_map(text).collect()
+                }
                 keys::BOOT_MARKER => cfg.boot_marker = flag(value),
                 keys::HOSTNAME => cfg.hostname = text(value).unwrap_or(cfg.hostname),
                 keys::MEM_RESERVE_MIB => {
@@ -214,6 +223,18 @@ impl BootConfig {
         if self.selftest {
             push(keys::SELFTEST, &1);
         }
+        if !self.selftest_block.is_empty() {
+            for device in &self.selftest_block {
+                if device.contains(',') {
+                    return Err(CmdlineError::BadValue {
+                        key: keys::SELFTEST_BLOCK,
+                        value: device.clone(),
+                    });
+                }
+                checked(keys::SELFTEST_BLOCK, device)?;
+            }
+            push(keys::SELFTEST_BLOCK, &self.selftest_block.join(","));
+        }
         if self.boot_marker {
             push(keys::BOOT_MARKER, &1);
         }
@@ -247,6 +268,7 @@ mod tests {
             root: Some("/dev/vda".into()),
             log: Some(LogLevel::Debug),
             selftest: true,
+            selftest_block: vec!["/dev/vda".into(), "/dev/vdb".into()],
             boot_marker: true,
             hostname: "sb-0123abcd".into(),
             mem_reserve_mib: 32,
@@ -299,8 +321,8 @@ mod tests {
         assert_eq!(
             line,
             "crucible.port=5000 crucible.ready_port=5001 crucible.root=/dev/vda \
-             crucible.log=debug crucible.selftest=1 crucible.boot_marker=1 \
-             crucible.hostname=sb-0123abcd crucible.mem_reserve_mib=32 crucible.pids_max=100 \
+             crucible.log=debug crucible.selftest=1 crucible.selftest_block=/dev/vda,/dev/vdb \
+             crucible.boot_marker=1 crucible.hostname=sb-0123abcd crucible.mem_reserve_mib=32 crucible.pids_max=100 \
              crucible.cgroups=0"
         );
     }
@@ -333,7 +355,18 @@ mod tests {
                 ..BootConfig::default()
             };
             assert!(cfg.to_cmdline().is_err(), "{bad:?}");
+            let cfg = BootConfig {
+                selftest_block: vec!["/dev/vda".into(), bad.into()],
+                ..BootConfig::default()
+            };
+            assert!(cfg.to_cmdline().is_err(), "{bad:?}");
         }
+        // The list separator cannot be part of a device.
+        let cfg = BootConfig {
+            selftest_block: vec!["/dev/a,b".into()],
+            ..BootConfig::default()
+        };
+        assert!(cfg.to_cmdline().is_err());
     }
 
     #[test]

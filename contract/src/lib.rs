@@ -11,6 +11,8 @@
 //! - [`cmdline`]: the `crucible.*` kernel command-line settings: one builder (host), one parser
 //!   (guest);
 //! - [`boot_marker`]: the port write that tells the VMM the guest has booted;
+//! - [`block_selftest`]: the data patterns of the block self-test (host writes, guest checks
+//!   and writes back);
 //! - [`vsock`]: the agent's default ports and the hybrid-vsock socket naming;
 //! - [`host`]: what kind of KVM this host has and whether a stock kernel boots on it;
 //! - [`kvm_tests`]: which KVM-dependent tests this host runs (for the test crates' build
@@ -22,6 +24,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod block_selftest;
 pub mod boot_marker;
 pub mod cmdline;
 pub mod host;

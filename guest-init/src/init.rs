@@ -412,7 +412,7 @@ fn boot_and_serve() {
     print_ready_line(uptime_ms);
 
     if cfg.selftest {
-        selftest::run(agent);
+        selftest::run(agent, &cfg.selftest_block);
         let _ = io::stdout().flush();
         return; // vm_main ends the VM.
     }

@@ -238,7 +238,7 @@ fn host_main(args: Args) -> ExitCode {
         ready_uptime_ms: sys::uptime_ms(),
     }));
     if args.selftest {
-        let (_, failed) = selftest::run(agent);
+        let (_, failed) = selftest::run(agent, &[]);
         return if failed == 0 {
             ExitCode::SUCCESS
         } else {

@@ -1,5 +1,8 @@
 //! The boot self-test (`crucible.selftest=1` or `--selftest`): a few commands through the real
-//! connection handler over a socket pair, one console line each.
+//! connection handler over a socket pair, one console line each; then the block devices of
+//! `crucible.selftest_block=` ([`block`]).
+
+mod block;
 
 use std::io;
 use std::os::unix::net::UnixStream;
@@ -153,20 +156,29 @@ pub const TESTS: [&str; 6] = [
     "pid1",
 ];
 
-/// Runs every test, printing one line each and a summary. Returns `(passed, failed)`.
-pub fn run(agent: &'static Agent) -> (u32, u32) {
+/// Runs every test, then the block test of each of `block_devices`, printing one line each
+/// and a summary. Returns `(passed, failed)`.
+pub fn run(agent: &'static Agent, block_devices: &[String]) -> (u32, u32) {
     let (mut passed, mut failed) = (0, 0);
-    for name in TESTS {
-        match check(agent, name) {
-            Ok(()) => {
-                passed += 1;
-                log::console(format_args!("crucible-selftest: {name} ok"));
-            }
-            Err(why) => {
-                failed += 1;
-                log::console(format_args!("crucible-selftest: {name} FAIL {why}"));
-            }
+    let mut report = |name: &str, result: Result<String, String>| match result {
+        Ok(facts) => {
+            passed += 1;
+            let sep = if facts.is_empty() { "" } else { " " };
+            log::console(format_args!("crucible-selftest: {name} ok{sep}{facts}"));
         }
+        Err(why) => {
+            failed += 1;
+            log::console(format_args!("crucible-selftest: {name} FAIL {why}"));
+        }
+    };
+    for name in TESTS {
+        report(name, check(agent, name).map(|()| String::new()));
+    }
+    for device in block_devices {
+        report(
+            &contract::block_selftest::test_name(device),
+            block::check(device),
+        );
     }
     log::console(format_args!(
         "crucible-selftest: done passed={passed} failed={failed}"

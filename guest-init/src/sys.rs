@@ -180,6 +180,16 @@ pub fn reboot() -> io::Error {
     io::Error::last_os_error()
 }
 
+/// Drops the clean cached pages of the file behind `fd` (after an fsync: all of them), so the
+/// next read goes to the device.
+pub fn drop_cached_pages(fd: BorrowedFd<'_>) -> io::Result<()> {
+    // SAFETY: posix_fadvise takes no pointers; offset 0 and length 0 mean the whole file.
+    match unsafe { libc::posix_fadvise(fd.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) } {
+        0 => Ok(()),
+        errno => Err(io::Error::from_raw_os_error(errno)),
+    }
+}
+
 /// Makes this process the reaper of its orphaned descendants (for host-process mode).
 pub fn set_child_subreaper() -> io::Result<()> {
     // SAFETY: PR_SET_CHILD_SUBREAPER takes an integer argument.

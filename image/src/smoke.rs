@@ -75,6 +75,11 @@ pub struct SmokeOptions {
     /// An ext4 root to attach read-only as the first virtio-blk device (`/dev/vda`) and boot
     /// into (`crucible.root=/dev/vda`: the agent mounts it under a tmpfs overlay).
     pub rootfs: Option<PathBuf>,
+    /// vhost-user-blk sockets, each served by a backend that is already listening (e.g.
+    /// `crucible-vmm vhost-user block`): attached as virtio-blk devices after the rootfs, with
+    /// guest memory shared with the backends, and checked by the agent's block self-test
+    /// ([`contract::block_selftest`]).
+    pub vhost_user_blk: Vec<PathBuf>,
 }
 
 impl SmokeOptions {
@@ -86,6 +91,7 @@ impl SmokeOptions {
             memory_mib: 256,
             extra_append: Vec::new(),
             rootfs: None,
+            vhost_user_blk: Vec::new(),
         }
     }
 }
@@ -217,9 +223,13 @@ pub fn problems(run: &BootRun, facts: &ConsoleFacts, timeout: Duration) -> Vec<S
 
 /// The QEMU command line for a smoke boot.
 pub fn qemu_command(qemu: &Path, opts: &SmokeOptions) -> Result<Command, SmokeError> {
+    let first_vhost_disk = usize::from(opts.rootfs.is_some());
     let boot = BootConfig {
         selftest: true,
         root: opts.rootfs.as_ref().map(|_| ROOTFS_DEVICE.to_string()),
+        selftest_block: (0..opts.vhost_user_blk.len())
+            .map(|i| virtio_disk_name(first_vhost_disk + i))
+            .collect(),
         ..BootConfig::default()
     };
     let mut append = format!("{BASE_APPEND} {}", boot.to_cmdline()?);
@@ -228,7 +238,20 @@ pub fn qemu_command(qemu: &Path, opts: &SmokeOptions) -> Result<Command, SmokeEr
         append.push_str(extra);
     }
     let mut cmd = Command::new(qemu);
-    cmd.args(["-M", MACHINE, "-accel", "tcg", "-cpu", "max"])
+    if opts.vhost_user_blk.is_empty() {
+        cmd.args(["-M", MACHINE]);
+    } else {
+        // A vhost-user backend maps guest memory itself: it must be a shareable file.
+        cmd.args(["-M", &format!("{MACHINE},memory-backend=mem")])
+            .args([
+                "-object",
+                &format!(
+                    "memory-backend-memfd,id=mem,size={}M,share=on",
+                    opts.memory_mib
+                ),
+            ]);
+    }
+    cmd.args(["-accel", "tcg", "-cpu", "max"])
         .args(["-m", &opts.memory_mib.to_string()])
         .args([
             "-nodefaults",
@@ -250,7 +273,20 @@ pub fn qemu_command(qemu: &Path, opts: &SmokeOptions) -> Result<Command, SmokeEr
             .arg(drive)
             .args(["-device", "virtio-blk-device,drive=rootfs"]);
     }
+    for (i, socket) in opts.vhost_user_blk.iter().enumerate() {
+        let mut chardev = std::ffi::OsString::from(format!("socket,id=vhostblk{i},path="));
+        chardev.push(socket);
+        cmd.arg("-chardev")
+            .arg(chardev)
+            .args(["-device", &format!("vhost-user-blk,chardev=vhostblk{i}")]);
+    }
     Ok(cmd)
+}
+
+/// The guest's name for its `index`th virtio-blk disk (`/dev/vda`, `/dev/vdb`, …).
+fn virtio_disk_name(index: usize) -> String {
+    let letter = char::from(b'a' + (index % 26) as u8);
+    format!("/dev/vd{letter}")
 }
 
 /// Boots once and collects the console. Installs QEMU with apt when it is missing.
@@ -488,6 +524,33 @@ reboot: Restarting system
         assert!(cmd.contains("-kernel /img/vmlinux"), "{cmd}");
         assert!(cmd.contains("crucible.selftest=1"), "{cmd}");
         assert!(!cmd.contains("crucible.root"), "{cmd}");
+    }
+
+    #[test]
+    fn qemu_command_shares_memory_with_vhost_user_disks_and_selftests_them() {
+        let mut opts = SmokeOptions::new("/img/vmlinux".into(), "/img/initramfs.cpio".into());
+        opts.vhost_user_blk = vec!["/run/a.sock".into(), "/run/b.sock".into()];
+        let cmd = describe(&qemu_command(Path::new("qemu-system-x86_64"), &opts).unwrap());
+        assert!(cmd.contains("acpi=off,memory-backend=mem"), "{cmd}");
+        assert!(
+            cmd.contains("memory-backend-memfd,id=mem,size=256M,share=on"),
+            "{cmd}"
+        );
+        assert!(
+            cmd.contains("socket,id=vhostblk1,path=/run/b.sock"),
+            "{cmd}"
+        );
+        assert!(cmd.contains("vhost-user-blk,chardev=vhostblk0"), "{cmd}");
+        assert!(
+            cmd.contains("crucible.selftest_block=/dev/vda,/dev/vdb"),
+            "{cmd}"
+        );
+        opts.rootfs = Some("/img/rootfs.ext4".into());
+        let cmd = describe(&qemu_command(Path::new("qemu-system-x86_64"), &opts).unwrap());
+        assert!(
+            cmd.contains("crucible.selftest_block=/dev/vdb,/dev/vdc"),
+            "{cmd}"
+        );
     }
 
     #[test]

@@ -1,19 +1,29 @@
-//! `crucible-vmm`: run one microVM until the guest ends. See `docs/vmm.md`.
+//! `crucible-vmm`: run one microVM until the guest ends, or (`crucible-vmm vhost-user block`)
+//! serve our block device to QEMU over vhost-user. See `docs/vmm.md`.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use clap::Parser;
+use clap::{Parser, Subcommand};
 use crucible_vmm::{
     config, seccomp, BlockConfig, ConsoleOutput, HostKind, VmConfig, Vmm, VsockConfig, EXIT_CONFIG,
-    EXIT_KVM,
+    EXIT_INTERNAL, EXIT_KVM, EXIT_OK,
 };
+use devices::vhost_user::block::{self as vhost_user_block, VhostUserBlockError};
 
 /// Run one crucible microVM.
 #[derive(Debug, Parser)]
-#[command(name = "crucible-vmm", version)]
+#[command(
+    name = "crucible-vmm",
+    version,
+    args_conflicts_with_subcommands = true,
+    subcommand_negates_reqs = true
+)]
 struct Args {
+    /// Instead of running a VM, serve one device to another VMM.
+    #[command(subcommand)]
+    mode: Option<Mode>,
     /// A JSON VmConfig (the daemon's way); other flags are then not allowed.
     #[arg(long, conflicts_with_all = ["kernel"])]
     config: Option<PathBuf>,
@@ -83,6 +93,68 @@ struct Args {
     host_info: bool,
 }
 
+#[derive(Debug, Subcommand)]
+enum Mode {
+    /// Serve a device over vhost-user to one frontend (QEMU) until it disconnects; the device
+    /// code is the one our own VM runs, only the transport differs.
+    #[command(subcommand)]
+    VhostUser(VhostUserDevice),
+}
+
+#[derive(Debug, Subcommand)]
+enum VhostUserDevice {
+    /// virtio-block on a raw image (QEMU: `-chardev socket,id=c,path=S
+    /// -device vhost-user-blk-device,chardev=c` with shared guest memory). Prints
+    /// `crucible-vmm: vhost-user block listening on S` on stdout once S accepts connections.
+    Block {
+        /// The Unix socket to listen on; a stale socket there is replaced, any other file is
+        /// an error.
+        #[arg(long, value_name = "S")]
+        socket: PathBuf,
+        /// The raw disk image; suffix `:ro` for read-only.
+        #[arg(long, value_name = "IMG[:ro]")]
+        path: String,
+    },
+}
+
+/// `IMG` or `IMG:ro`, as `--block` and `vhost-user block --path` take it.
+fn block_config(arg: &str) -> BlockConfig {
+    match arg.strip_suffix(":ro") {
+        Some(p) => BlockConfig {
+            path: p.into(),
+            read_only: true,
+        },
+        None => BlockConfig {
+            path: arg.into(),
+            read_only: false,
+        },
+    }
+}
+
+/// Serves `disk` on `socket` until the frontend hangs up; returns the exit code.
+fn serve_vhost_user_block(socket: &Path, disk: &BlockConfig) -> i32 {
+    let listening = || {
+        println!(
+            "crucible-vmm: vhost-user block listening on {}",
+            socket.display()
+        )
+    };
+    match vhost_user_block::serve(socket, &disk.path, disk.read_only, listening) {
+        Ok(()) => EXIT_OK,
+        Err(e) => {
+            eprintln!("crucible-vmm: {}", error_chain(&e));
+            match e {
+                VhostUserBlockError::Disk(_)
+                | VhostUserBlockError::NotASocket { .. }
+                | VhostUserBlockError::Listen { .. } => EXIT_CONFIG,
+                VhostUserBlockError::ExitEvent(_) | VhostUserBlockError::Daemon { .. } => {
+                    EXIT_INTERNAL
+                }
+            }
+        }
+    }
+}
+
 fn config_from(args: &Args) -> Result<VmConfig, String> {
     if let Some(p) = &args.config {
         return config::from_file(p).map_err(|e| error_chain(&e));
@@ -99,20 +171,7 @@ fn config_from(args: &Args) -> Result<VmConfig, String> {
     c.hugepages = args.hugepages;
     c.serial = args.serial;
     c.boot_timeout_ms = args.boot_timeout_ms;
-    c.block = args
-        .block
-        .iter()
-        .map(|b| match b.strip_suffix(":ro") {
-            Some(p) => BlockConfig {
-                path: p.into(),
-                read_only: true,
-            },
-            None => BlockConfig {
-                path: b.into(),
-                read_only: false,
-            },
-        })
-        .collect();
+    c.block = args.block.iter().map(|b| block_config(b)).collect();
     if let (Some(cid), Some(uds)) = (args.vsock_cid, &args.vsock_uds) {
         let mut v = VsockConfig::new(cid, uds.clone());
         if let Some(ms) = args.vsock_handshake_timeout_ms {
@@ -151,6 +210,9 @@ fn main() {
             std::process::exit(if e.use_stderr() { EXIT_CONFIG } else { 0 });
         }
     };
+    if let Some(Mode::VhostUser(VhostUserDevice::Block { socket, path })) = &args.mode {
+        std::process::exit(serve_vhost_user_block(socket, &block_config(path)));
+    }
     if args.host_info {
         let h = HostKind::detect();
         println!("{}: {}", h.name(), h.describe());
