@@ -317,9 +317,12 @@ impl Muxer {
             return;
         }
         let path = contract::vsock::host_port_path(&self.uds_path, key.local);
-        let stream = match UnixStream::connect(&path) {
-            Ok(s) if s.set_nonblocking(true).is_ok() => s,
-            _ => {
+        // Never a blocking connect: the event loop serves every connection and the queues, so
+        // a host listener whose backlog is full (a stalled daemon, or a guest flooding one
+        // port) gets the guest an RST instead of freezing the VM's devices.
+        let stream = match connect_without_blocking(&path) {
+            Ok(s) => s,
+            Err(_) => {
                 self.rst_unknown(key);
                 return;
             }
@@ -629,6 +632,56 @@ impl VsockBackend for Muxer {
     fn reset(&mut self) {
         Muxer::reset(self);
     }
+}
+
+/// Connects a non-blocking Unix stream socket to `path`. A Unix-domain connect completes or
+/// fails at once; with the socket non-blocking, a listener whose backlog is full answers
+/// `EAGAIN` (`WouldBlock`) instead of making the caller wait for room.
+pub(super) fn connect_without_blocking(path: &Path) -> io::Result<UnixStream> {
+    use std::os::fd::{FromRawFd, OwnedFd};
+    use std::os::unix::ffi::OsStrExt;
+
+    // SAFETY: sockaddr_un is plain old data; all-zeroes is a valid value.
+    let mut addr: libc::sockaddr_un = unsafe { std::mem::zeroed() };
+    addr.sun_family = libc::AF_UNIX as libc::sa_family_t;
+    let bytes = path.as_os_str().as_bytes();
+    // One byte stays zero: the path is NUL-terminated.
+    if bytes.is_empty() || bytes.len() >= addr.sun_path.len() || bytes.contains(&0) {
+        return Err(io::Error::new(
+            ErrorKind::InvalidInput,
+            format!("{} cannot be a Unix socket address", path.display()),
+        ));
+    }
+    for (dst, src) in addr.sun_path.iter_mut().zip(bytes) {
+        *dst = *src as libc::c_char;
+    }
+    let len = std::mem::size_of::<libc::sa_family_t>() + bytes.len() + 1;
+    // SAFETY: socket(2) takes no pointers.
+    let fd = unsafe {
+        libc::socket(
+            libc::AF_UNIX,
+            libc::SOCK_STREAM | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
+            0,
+        )
+    };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: socket(2) just returned this descriptor; nothing else owns it.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    // SAFETY: `addr` is a live, initialised sockaddr_un and `len` covers its family and the
+    // NUL-terminated path, within the struct.
+    let rc = unsafe {
+        libc::connect(
+            fd.as_raw_fd(),
+            std::ptr::addr_of!(addr).cast::<libc::sockaddr>(),
+            len as libc::socklen_t,
+        )
+    };
+    if rc < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(UnixStream::from(fd))
 }
 
 /// Makes `fd` non-blocking, so reading the timer when it has not fired cannot block.

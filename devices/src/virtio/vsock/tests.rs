@@ -715,3 +715,36 @@ fn vsock_guest_shutdown_delivers_buffered_data_to_a_slow_host_before_rst() {
     assert!(rst);
     assert_eq!(h.dev.muxer().connection_count(), 0);
 }
+
+#[test]
+fn vsock_guest_connect_to_a_listener_with_a_full_backlog_is_reset_without_blocking() {
+    let mem = default_mem();
+    let mut h = Harness::new(&mem, 8);
+    let port_path = std::path::PathBuf::from(format!("{}_1025", h.path.display()));
+    // A daemon that stopped accepting: its backlog fills, and a blocking connect would wait
+    // (freezing every device of the VM) until it accepts.
+    let _listener = UnixListener::bind(&port_path).unwrap();
+    let mut queued = Vec::new();
+    loop {
+        match super::muxer::connect_without_blocking(&port_path) {
+            Ok(s) => queued.push(s),
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+            Err(e) => panic!("filling the backlog: {e}"),
+        }
+        assert!(queued.len() < 100_000, "the backlog never filled");
+    }
+    // A regression would block below forever: fail loudly instead of hanging the suite.
+    let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
+    std::thread::spawn(move || {
+        if done_rx.recv_timeout(Duration::from_secs(20)).is_err() {
+            eprintln!("the guest connect blocked on a full listener backlog");
+            std::process::abort();
+        }
+    });
+    h.give_rx(2, true);
+    h.send(Hdr::guest(op::REQUEST, 7000, 1025), &[], true);
+    let (rst, _) = h.expect(op::RST);
+    assert_eq!((rst.src_port, rst.dst_port), (1025, 7000));
+    done_tx.send(()).unwrap();
+    assert_eq!(h.dev.muxer().connection_count(), 0);
+}
