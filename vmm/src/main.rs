@@ -1,19 +1,30 @@
-//! `crucible-vmm`: run one microVM until the guest ends. See `docs/vmm.md`.
+//! `crucible-vmm`: run one microVM until the guest ends, or (`crucible-vmm vhost-user vsock`)
+//! serve our vsock device to QEMU over vhost-user. See `docs/vmm.md`.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use clap::Parser;
+use clap::{Parser, Subcommand};
 use crucible_vmm::{
     config, seccomp, BlockConfig, ConsoleOutput, HostKind, VmConfig, Vmm, VsockConfig, EXIT_CONFIG,
-    EXIT_KVM,
+    EXIT_INTERNAL, EXIT_KVM, EXIT_OK, VSOCK_MAX_CONNECTIONS,
 };
+use devices::vhost_user::vsock::{self as vhost_user_vsock, VhostUserVsockError};
+use devices::virtio::vsock::MuxerConfig;
 
 /// Run one crucible microVM.
 #[derive(Debug, Parser)]
-#[command(name = "crucible-vmm", version)]
+#[command(
+    name = "crucible-vmm",
+    version,
+    args_conflicts_with_subcommands = true,
+    subcommand_negates_reqs = true
+)]
 struct Args {
+    /// Instead of running a VM, serve one device to another VMM.
+    #[command(subcommand)]
+    mode: Option<Mode>,
     /// A JSON VmConfig (the daemon's way); other flags are then not allowed.
     #[arg(long, conflicts_with_all = ["kernel"])]
     config: Option<PathBuf>,
@@ -81,6 +92,63 @@ struct Args {
     /// Print the host's KVM kind and what it means, then exit.
     #[arg(long)]
     host_info: bool,
+}
+
+#[derive(Debug, Subcommand)]
+enum Mode {
+    /// Serve a device over vhost-user to one frontend (QEMU) until it disconnects; the device
+    /// code is the one our own VM runs, only the transport differs.
+    #[command(subcommand)]
+    VhostUser(VhostUserDevice),
+}
+
+#[derive(Debug, Subcommand)]
+enum VhostUserDevice {
+    /// virtio-vsock with the hybrid Unix-socket host side, as `--vsock-uds` gives our own VM
+    /// (QEMU: `-chardev socket,id=c,path=S -device vhost-user-vsock-device,chardev=c` with
+    /// shared guest memory). Host clients connect to UDS and write `CONNECT <port>\n`; guest
+    /// connections to host port P go to `UDS_P`. Prints
+    /// `crucible-vmm: vhost-user vsock listening on S` on stdout once S accepts connections.
+    Vsock {
+        /// The vhost-user Unix socket to listen on; a stale socket there is replaced, any other
+        /// file is an error.
+        #[arg(long, value_name = "S")]
+        socket: PathBuf,
+        /// The guest's CID (3 or more, below 2^32 - 1), reported in the device's config space.
+        #[arg(long, value_name = "CID",
+              value_parser = clap::value_parser!(u32).range(3..i64::from(u32::MAX)))]
+        guest_cid: u32,
+        /// The hybrid vsock's host socket; removed when the backend ends.
+        #[arg(long, value_name = "UDS")]
+        uds: PathBuf,
+    },
+}
+
+/// Serves the vsock device on `socket` until the frontend hangs up; returns the exit code.
+fn serve_vhost_user_vsock(socket: &Path, guest_cid: u32, uds: &Path) -> i32 {
+    let listening = || {
+        println!(
+            "crucible-vmm: vhost-user vsock listening on {}",
+            socket.display()
+        );
+        // The caller (a test, a script) waits for this line before starting QEMU.
+        let _ = std::io::stdout().flush();
+    };
+    let config = MuxerConfig::new(VSOCK_MAX_CONNECTIONS);
+    match vhost_user_vsock::serve(socket, u64::from(guest_cid), uds, config, listening) {
+        Ok(()) => EXIT_OK,
+        Err(e) => {
+            eprintln!("crucible-vmm: {}", error_chain(&e));
+            match e {
+                VhostUserVsockError::Muxer(_)
+                | VhostUserVsockError::NotASocket { .. }
+                | VhostUserVsockError::Listen { .. } => EXIT_CONFIG,
+                VhostUserVsockError::ExitEvent(_)
+                | VhostUserVsockError::WatchBackend(_)
+                | VhostUserVsockError::Daemon { .. } => EXIT_INTERNAL,
+            }
+        }
+    }
 }
 
 fn config_from(args: &Args) -> Result<VmConfig, String> {
@@ -151,6 +219,14 @@ fn main() {
             std::process::exit(if e.use_stderr() { EXIT_CONFIG } else { 0 });
         }
     };
+    if let Some(Mode::VhostUser(VhostUserDevice::Vsock {
+        socket,
+        guest_cid,
+        uds,
+    })) = &args.mode
+    {
+        std::process::exit(serve_vhost_user_vsock(socket, *guest_cid, uds));
+    }
     if args.host_info {
         let h = HostKind::detect();
         println!("{}: {}", h.name(), h.describe());
