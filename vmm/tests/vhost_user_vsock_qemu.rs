@@ -6,7 +6,8 @@
 //! frames, then EOF: the guest's shutdown reaches the host socket); a 16 MiB stdout stream
 //! compared byte for byte (guest→host credit flow, and the large writes Linux 6.12 sends as one
 //! descriptor per page); and 16 MiB through an interactive `cat`, host→guest and back at once
-//! (both credit flows together).
+//! (both credit flows together); an upload the way the daemon sends one (`put_files`, then
+//! the host shuts its write half and reads the answer) and the file read back (`get_file`).
 //!
 //! Needs QEMU (`apt-get install qemu-system-x86`) and the image (`cargo xtask build-image`,
 //! which CI runs before the tests): fails, never skips, without them.
@@ -22,7 +23,7 @@ use std::time::{Duration, Instant};
 
 use contract::cmdline::BootConfig;
 use contract::vsock::{host_port_path, DEFAULT_AGENT_PORT, DEFAULT_READY_PORT};
-use wire::agent::{AgentRequest, Hello};
+use wire::agent::{AgentReply, AgentRequest, Hello};
 use wire::{Direction, ExecRequest, ExecResult, FrameReader, FrameType, FrameWriter};
 
 const QEMU: &str = "qemu-system-x86_64";
@@ -42,6 +43,8 @@ const BACKEND_EXIT_TIMEOUT: Duration = Duration::from_secs(5);
 /// The streamed stdout: past every buffer on the path (the device's per-connection credit,
 /// the guest's socket buffer), so it only completes if credit keeps flowing.
 const STREAM_BYTES: usize = 16 * 1024 * 1024;
+/// The uploaded file: more than the device's per-connection buffer.
+const UPLOAD_BYTES: usize = 1024 * 1024 + 3;
 /// The line `yes` repeats for the stream: 63 bytes, so a lost, repeated or reordered 64 KiB
 /// packet shifts the pattern and shows.
 const STREAM_LINE: &str = "0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ";
@@ -331,6 +334,57 @@ fn unpatterned_bytes() -> Vec<u8> {
         .collect()
 }
 
+/// A ustar archive holding one regular file `name` with `content`.
+fn tar_with_one_file(name: &str, content: &[u8]) -> Vec<u8> {
+    let mut header = [0u8; 512];
+    let mut field = |offset: usize, value: &[u8]| {
+        header[offset..offset + value.len()].copy_from_slice(value);
+    };
+    field(0, name.as_bytes());
+    field(100, b"0000644\0");
+    field(108, b"0000000\0");
+    field(116, b"0000000\0");
+    field(124, format!("{:011o}\0", content.len()).as_bytes());
+    field(136, b"00000000000\0");
+    field(148, b"        ");
+    field(156, b"0");
+    field(257, b"ustar\0");
+    field(263, b"00");
+    let checksum: u32 = header.iter().map(|&b| u32::from(b)).sum();
+    header[148..156].copy_from_slice(format!("{checksum:06o}\0 ").as_bytes());
+    let mut archive = header.to_vec();
+    archive.extend_from_slice(content);
+    archive.resize(archive.len().next_multiple_of(512) + 1024, 0);
+    archive
+}
+
+/// Uploads `archive` beneath `dir` as the daemon does: the request, the archive, the write half
+/// shut, then the agent's answer.
+fn put_files(uds: &Path, dir: &str, archive: &[u8]) -> AgentReply {
+    let mut stream = connect_agent(uds);
+    let request = AgentRequest::PutFiles { path: dir.into() };
+    wire::write_message(&mut stream, &request).unwrap();
+    stream.write_all(archive).unwrap();
+    stream.shutdown(std::net::Shutdown::Write).unwrap();
+    wire::read_message(&mut stream).unwrap_or_else(|e| {
+        panic!("no answer to put_files after the host shut its write half: {e}")
+    })
+}
+
+/// A guest file's bytes (`get_file`).
+fn get_file(uds: &Path, path: &str) -> Vec<u8> {
+    let mut stream = connect_agent(uds);
+    let request = AgentRequest::GetFile { path: path.into() };
+    wire::write_message(&mut stream, &request).unwrap();
+    let size = match wire::read_message(&mut stream).unwrap() {
+        AgentReply::File { size } => size,
+        other => panic!("get_file {path}: {other:?}"),
+    };
+    let mut content = vec![0u8; usize::try_from(size).unwrap()];
+    stream.read_exact(&mut content).unwrap();
+    content
+}
+
 /// Where two byte strings first differ (for a readable failure instead of 16 MiB of bytes).
 fn first_difference(a: &[u8], b: &[u8]) -> Option<usize> {
     a.iter()
@@ -392,6 +446,18 @@ fn vhost_user_vsock_serves_a_real_linux_virtio_vsock_driver_under_qemu() {
         None,
         "cat's output differs from its input"
     );
+    let upload = &input[..UPLOAD_BYTES];
+    match put_files(&uds, "/tmp/upload", &tar_with_one_file("blob", upload)) {
+        AgentReply::Files(result) => {
+            assert_eq!(result.written, ["blob"], "{result:?}");
+            assert_eq!(result.bytes, UPLOAD_BYTES as u64, "{result:?}");
+        }
+        other => panic!("put_files answered {other:?}"),
+    }
+    let read_back = get_file(&uds, "/tmp/upload/blob");
+    assert_eq!(read_back.len(), UPLOAD_BYTES);
+    assert_eq!(first_difference(&read_back, upload), None);
+
     eprintln!(
         "hello after {booted:?}; {STREAM_BYTES} bytes out in {streamed_in:?}, \
          echoed in {echoed_in:?} (TCG)"
