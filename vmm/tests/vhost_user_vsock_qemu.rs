@@ -476,3 +476,36 @@ fn vhost_user_vsock_serves_a_real_linux_virtio_vsock_driver_under_qemu() {
         "the backend removes its hybrid socket when it ends"
     );
 }
+
+/// The subcommand's refusals, without QEMU: they are configuration errors (exit 2) that name
+/// the problem, and they leave what they refused alone.
+#[test]
+fn vhost_user_vsock_refuses_bad_arguments_with_exit_2() {
+    let dir = tempfile::tempdir().unwrap();
+    let precious = dir.path().join("precious");
+    std::fs::write(&precious, b"keep me").unwrap();
+    let uds = dir.path().join("vsock.sock");
+    let run = |socket: &Path, cid: &str| {
+        Command::new(env!("CARGO_BIN_EXE_crucible-vmm"))
+            .args(["vhost-user", "vsock", "--socket"])
+            .arg(socket)
+            .args(["--guest-cid", cid, "--uds"])
+            .arg(&uds)
+            .stdin(Stdio::null())
+            .output()
+            .unwrap()
+    };
+
+    let out = run(&precious, "3");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("is not a socket"), "{stderr}");
+    assert_eq!(std::fs::read(&precious).unwrap(), b"keep me");
+    assert!(out.stdout.is_empty(), "no ready line");
+
+    // CIDs 0–2 are the hypervisor's, the loopback's and the host's.
+    let out = run(&dir.path().join("vhost.sock"), "2");
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--guest-cid"));
+    assert!(!uds.exists());
+}
