@@ -1,5 +1,5 @@
-//! `crucible-vmm`: run one microVM until the guest ends, or (`crucible-vmm vhost-user block`)
-//! serve our block device to QEMU over vhost-user. See `docs/vmm.md`.
+//! `crucible-vmm`: run one microVM until the guest ends, or (`crucible-vmm vhost-user block|vsock`)
+//! serve our block or vsock device to QEMU over vhost-user. See `docs/vmm.md`.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -8,9 +8,11 @@ use std::time::Instant;
 use clap::{Parser, Subcommand};
 use crucible_vmm::{
     config, seccomp, BlockConfig, ConsoleOutput, HostKind, VmConfig, Vmm, VsockConfig, EXIT_CONFIG,
-    EXIT_INTERNAL, EXIT_KVM, EXIT_OK,
+    EXIT_INTERNAL, EXIT_KVM, EXIT_OK, VSOCK_MAX_CONNECTIONS,
 };
 use devices::vhost_user::block::{self as vhost_user_block, VhostUserBlockError};
+use devices::vhost_user::vsock::{self as vhost_user_vsock, VhostUserVsockError};
+use devices::virtio::vsock::MuxerConfig;
 
 /// Run one crucible microVM.
 #[derive(Debug, Parser)]
@@ -115,6 +117,24 @@ enum VhostUserDevice {
         #[arg(long, value_name = "IMG[:ro]")]
         path: String,
     },
+    /// virtio-vsock with the hybrid Unix-socket host side, as `--vsock-uds` gives our own VM
+    /// (QEMU: `-chardev socket,id=c,path=S -device vhost-user-vsock-device,chardev=c` with
+    /// shared guest memory). Host clients connect to UDS and write `CONNECT <port>\n`; guest
+    /// connections to host port P go to `UDS_P`. Prints
+    /// `crucible-vmm: vhost-user vsock listening on S` on stdout once S accepts connections.
+    Vsock {
+        /// The vhost-user Unix socket to listen on; a stale socket there is replaced, any other
+        /// file is an error.
+        #[arg(long, value_name = "S")]
+        socket: PathBuf,
+        /// The guest's CID (3 or more, below 2^32 - 1), reported in the device's config space.
+        #[arg(long, value_name = "CID",
+              value_parser = clap::value_parser!(u32).range(3..i64::from(u32::MAX)))]
+        guest_cid: u32,
+        /// The hybrid vsock's host socket; removed when the backend ends.
+        #[arg(long, value_name = "UDS")]
+        uds: PathBuf,
+    },
 }
 
 /// `IMG` or `IMG:ro`, as `--block` and `vhost-user block --path` take it.
@@ -150,6 +170,33 @@ fn serve_vhost_user_block(socket: &Path, disk: &BlockConfig) -> i32 {
                 VhostUserBlockError::ExitEvent(_) | VhostUserBlockError::Daemon { .. } => {
                     EXIT_INTERNAL
                 }
+            }
+        }
+    }
+}
+
+/// Serves the vsock device on `socket` until the frontend hangs up; returns the exit code.
+fn serve_vhost_user_vsock(socket: &Path, guest_cid: u32, uds: &Path) -> i32 {
+    let listening = || {
+        println!(
+            "crucible-vmm: vhost-user vsock listening on {}",
+            socket.display()
+        );
+        // The caller (a test, a script) waits for this line before starting QEMU.
+        let _ = std::io::stdout().flush();
+    };
+    let config = MuxerConfig::new(VSOCK_MAX_CONNECTIONS);
+    match vhost_user_vsock::serve(socket, u64::from(guest_cid), uds, config, listening) {
+        Ok(()) => EXIT_OK,
+        Err(e) => {
+            eprintln!("crucible-vmm: {}", error_chain(&e));
+            match e {
+                VhostUserVsockError::Muxer(_)
+                | VhostUserVsockError::NotASocket { .. }
+                | VhostUserVsockError::Listen { .. } => EXIT_CONFIG,
+                VhostUserVsockError::ExitEvent(_)
+                | VhostUserVsockError::WatchBackend(_)
+                | VhostUserVsockError::Daemon { .. } => EXIT_INTERNAL,
             }
         }
     }
@@ -212,6 +259,14 @@ fn main() {
     };
     if let Some(Mode::VhostUser(VhostUserDevice::Block { socket, path })) = &args.mode {
         std::process::exit(serve_vhost_user_block(socket, &block_config(path)));
+    }
+    if let Some(Mode::VhostUser(VhostUserDevice::Vsock {
+        socket,
+        guest_cid,
+        uds,
+    })) = &args.mode
+    {
+        std::process::exit(serve_vhost_user_vsock(socket, *guest_cid, uds));
     }
     if args.host_info {
         let h = HostKind::detect();

@@ -4,3 +4,4 @@
 //! memory, the queues and their kick/call eventfds, and runs the device's own queue processing.
 
 pub mod block;
+pub mod vsock;

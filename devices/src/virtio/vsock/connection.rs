@@ -7,7 +7,7 @@
 //! ```text
 //!   host CONNECT ──▶ LocalInit ──RESPONSE──▶ Established ◀──RESPONSE sent── PeerInit ◀── guest REQUEST
 //!                        │                     │     │
-//!                        │          host EOF ──┘     └── guest SHUTDOWN
+//!                        │        host close ──┘     └── guest SHUTDOWN
 //!                        │              ▼                    ▼
 //!                        │         LocalClosed          PeerClosed{rcv,send}
 //!                        ▼              ▼                    ▼
@@ -18,6 +18,9 @@
 //! wait at most the handshake timeout for the guest; any other live state is killed when it has
 //! work pending (data or a packet for the guest, guest data for the host socket, host data held
 //! back for lack of guest credit) and nothing moved for the stall timeout.
+//!
+//! A host that shuts only its write half stays `Established` (the guest hears "the host sends
+//! no more" and may still answer); closing the socket entirely is what leads to `LocalClosed`.
 
 use std::collections::VecDeque;
 use std::io::{self, ErrorKind, Read, Write};
@@ -58,8 +61,8 @@ pub enum ConnState {
     PeerInit,
     /// Data flows both ways.
     Established,
-    /// The host socket reached EOF: SHUTDOWN queued or sent, waiting for the guest's RST
-    /// (bounded by the handshake timeout).
+    /// The host closed its socket (not just its write half): SHUTDOWN queued or sent, waiting
+    /// for the guest's RST (bounded by the handshake timeout).
     LocalClosed,
     /// The guest sent SHUTDOWN: it receives no more (`rcv`), sends no more (`send`). With both,
     /// guest data still buffered is written to the host socket, then the connection is reset.
@@ -131,6 +134,9 @@ pub struct Connection {
     peer_fwd_cnt: Wrapping<u32>,
     /// Since when work has been pending with no progress (`None`: nothing pending).
     stalled_since: Option<Instant>,
+    /// The host shut only its write half (`shutdown(SHUT_WR)`): it sends no more but still
+    /// reads, so the guest's data keeps flowing to it.
+    host_done_sending: bool,
 }
 
 impl Connection {
@@ -187,6 +193,7 @@ impl Connection {
             peer_buf_alloc: 0,
             peer_fwd_cnt: Wrapping(0),
             stalled_since: None,
+            host_done_sending: false,
         }
     }
 
@@ -221,7 +228,9 @@ impl Connection {
                 if !self.tx_buf.is_empty() {
                     ev |= EventSet::OUT;
                 }
-                (!ev.is_empty()).then_some(ev)
+                // After a half-close the socket is not read any more, but the host closing it
+                // entirely must still be heard (hang-ups are always reported).
+                (!ev.is_empty() || self.host_done_sending).then_some(ev)
             }
         }
     }
@@ -393,6 +402,8 @@ impl Connection {
                     rcv: true,
                     send: true,
                 } => self.kill(),
+                // Neither side sends any more and the guest's data is out: done.
+                ConnState::PeerClosed { send: true, .. } if self.host_done_sending => self.kill(),
                 ConnState::PeerClosed { send: true, .. } => {
                     let _ = self.stream.shutdown(std::net::Shutdown::Write);
                 }
@@ -415,6 +426,11 @@ impl Connection {
         if self.state == ConnState::LocalInit && ev.intersects(EventSet::HANG_UP | EventSet::ERROR)
         {
             // The client left before the guest answered: tell the guest.
+            self.kill();
+            return;
+        }
+        if self.host_done_sending && ev.intersects(EventSet::HANG_UP | EventSet::ERROR) {
+            // The host closed what it had kept open for the guest's answer: nobody reads.
             self.kill();
             return;
         }
@@ -491,7 +507,13 @@ impl Connection {
             };
             fill_header(pkt, self.guest_cid, self.key, op, fwd);
             if op == op::SHUTDOWN {
-                pkt.set_flags(SHUTDOWN_RCV | SHUTDOWN_SEND);
+                // A host that only shut its write half still receives: saying "receives no
+                // more" too makes Linux reset the connection, and the guest's answer is lost.
+                pkt.set_flags(if self.host_done_sending {
+                    SHUTDOWN_SEND
+                } else {
+                    SHUTDOWN_RCV | SHUTDOWN_SEND
+                });
             }
             self.last_fwd_cnt_sent = fwd;
             filled = true;
@@ -550,12 +572,23 @@ impl Connection {
         }
     }
 
-    /// The host closed its side: SHUTDOWN to the guest, which should answer with RST. A guest
-    /// that already said it sends no more is done both ways: reset at once.
+    /// The host socket reached EOF. If the host closed it entirely: SHUTDOWN to the guest,
+    /// which should answer with RST. If it shut only its write half (as the daemon does after an
+    /// upload, then reads the agent's answer): SHUTDOWN "sends no more" to the guest, and the
+    /// connection carries the guest's data until the guest closes too. A guest that already
+    /// said it sends no more is done both ways: reset once its data is out.
     fn host_eof(&mut self, now: Instant) {
         self.host_read = HostRead::Stopped;
+        let hung_up = peer_hung_up(&self.stream);
         match self.state {
-            ConnState::PeerClosed { send: true, .. } => self.kill(),
+            ConnState::PeerClosed { send: true, .. } if hung_up || self.tx_buf.is_empty() => {
+                self.kill()
+            }
+            ConnState::PeerClosed { send: true, .. } => self.host_done_sending = true,
+            _ if !hung_up => {
+                self.host_done_sending = true;
+                self.pending |= pending::SHUTDOWN;
+            }
             _ => {
                 self.state = ConnState::LocalClosed;
                 self.state_since = now;
@@ -582,6 +615,19 @@ impl Connection {
             None => Some(now),
         };
     }
+}
+
+/// Whether the other end of `stream` closed it entirely rather than shutting only its write
+/// half: a Unix stream socket reports `POLLHUP` only once both directions are shut.
+fn peer_hung_up(stream: &UnixStream) -> bool {
+    let mut pfd = libc::pollfd {
+        fd: stream.as_raw_fd(),
+        events: 0,
+        revents: 0,
+    };
+    // SAFETY: one valid pollfd for an fd `stream` owns, zero timeout; nothing is retained.
+    let ready = unsafe { libc::poll(&mut pfd, 1, 0) };
+    ready > 0 && pfd.revents & (libc::POLLHUP | libc::POLLERR) != 0
 }
 
 enum HostData {
@@ -849,5 +895,63 @@ mod tests {
         with_pkt(op::RST, 0, &[], |p| c.send_pkt(p, t1));
         assert_eq!(c.state(), ConnState::Closed);
         assert!(!c.has_pending_rx());
+    }
+
+    /// The daemon uploads a tar, shuts its write half and reads the agent's answer. Telling
+    /// Linux the host "receives no more" as well made it reset the connection at once, so the
+    /// answer was lost (found by the first Linux driver against the device, over vhost-user).
+    #[test]
+    fn host_half_close_tells_the_guest_only_that_the_host_sends_no_more_and_carries_its_answer() {
+        let t0 = Instant::now();
+        let (mut c, mut theirs) = established(t0);
+        theirs.shutdown(std::net::Shutdown::Write).unwrap();
+        c.notify(EventSet::IN | EventSet::READ_HANG_UP, t0);
+        let mut hdr = [0u8; PKT_HEADER_SIZE];
+        let mut data = vec![0u8; 4096];
+        let mut scratch = vec![0u8; 4096];
+        // SAFETY: both buffers outlive the packet, which is only used inside this test.
+        let mut pkt = unsafe { VsockPacket::new(&mut hdr, Some(&mut data[..])) }.unwrap();
+        assert!(c.recv_pkt(&mut pkt, &mut scratch, t0));
+        assert_eq!(pkt.op(), op::SHUTDOWN);
+        assert_eq!(pkt.flags(), SHUTDOWN_SEND, "the host still receives");
+        assert_eq!(c.state(), ConnState::Established);
+        assert_eq!(c.deadline(&TIMEOUTS), None, "no RST is awaited");
+        assert_eq!(
+            c.poll_interest(),
+            Some(EventSet::empty()),
+            "not read, but a later full close is heard"
+        );
+
+        let t1 = t0 + Duration::from_secs(30);
+        with_pkt(op::RW, 64 * 1024, b"answer", |p| c.send_pkt(p, t1));
+        let mut got = [0u8; 6];
+        theirs.read_exact(&mut got).unwrap();
+        assert_eq!(&got, b"answer");
+        // The guest closes: the connection is done both ways, RST, and the host sees EOF.
+        let mut hdr = [0u8; PKT_HEADER_SIZE];
+        // SAFETY: the header buffer outlives the packet, which is only used inside this test.
+        let mut shut = unsafe { VsockPacket::new(&mut hdr, None) }.unwrap();
+        shut.set_op(op::SHUTDOWN)
+            .set_type(TYPE_STREAM)
+            .set_buf_alloc(64 * 1024)
+            .set_flags(SHUTDOWN_RCV | SHUTDOWN_SEND);
+        c.send_pkt(&shut, t1);
+        assert_eq!(c.state(), ConnState::Killed);
+        assert_eq!(next_rx(&mut c, t1).unwrap().0, op::RST);
+        let mut rest = Vec::new();
+        assert_eq!(theirs.read_to_end(&mut rest).unwrap(), 0);
+    }
+
+    #[test]
+    fn host_full_close_after_a_half_close_resets_the_connection() {
+        let t0 = Instant::now();
+        let (mut c, theirs) = established(t0);
+        theirs.shutdown(std::net::Shutdown::Write).unwrap();
+        c.notify(EventSet::IN | EventSet::READ_HANG_UP, t0);
+        assert_eq!(next_rx(&mut c, t0).unwrap().0, op::SHUTDOWN);
+        drop(theirs);
+        c.notify(EventSet::HANG_UP, t0);
+        assert_eq!(c.state(), ConnState::Killed);
+        assert_eq!(next_rx(&mut c, t0).unwrap().0, op::RST);
     }
 }

@@ -1,11 +1,18 @@
-//! The vsock virtqueues: packets parsed from descriptor chains (header and data in one
-//! descriptor, as Linux ≥ 6.2 sends them, or split) and moved between the guest and a
-//! [`VsockChannel`]. Independent of the transport and the event loop: the caller owns the
+//! The vsock virtqueues: packets parsed from descriptor chains and moved between the guest and
+//! a [`VsockChannel`]. Independent of the transport and the event loop: the caller owns the
 //! queues and signals the guest when told to, so the MMIO device and a vhost-user daemon share
 //! this code.
+//!
+//! Tx chains may be laid out any way (virtio 1.x: the device must not assume a descriptor
+//! arrangement). The common layouts — header and data in one descriptor (Linux ≥ 6.2), or a
+//! header descriptor and one data descriptor — are read in place; any other (Linux 6.12 sends
+//! a large write as a header descriptor plus one descriptor per page of data) is gathered into
+//! a bounce buffer first. Rx buffers are taken in the two layouts Linux posts: one descriptor,
+//! or header plus data.
 
-use virtio_queue::{Queue, QueueOwnedT, QueueT};
+use virtio_queue::{DescriptorChain, Queue, QueueOwnedT, QueueT};
 use virtio_vsock::packet::{VsockPacket, PKT_HEADER_SIZE};
+use vm_memory::{Bytes, GuestAddress};
 
 use super::backend::VsockChannel;
 use crate::virtio::GuestMemory;
@@ -13,15 +20,22 @@ use crate::virtio::GuestMemory;
 /// The largest packet payload accepted from, or offered to, the guest.
 pub const MAX_PKT_DATA: u32 = 64 * 1024;
 
+/// Offset of the header's little-endian `len` field.
+const HDR_LEN_OFFSET: usize = 24;
+
 /// Hands every packet in the guest's tx queue to `backend`; every chain is given back, a
 /// malformed one unread. Returns whether the guest should be notified.
 pub fn process_tx<C: VsockChannel>(mem: &GuestMemory, queue: &mut Queue, backend: &mut C) -> bool {
     let mut used = false;
-    while let Some(mut chain) = queue.pop_descriptor_chain(mem) {
+    while let Some(chain) = queue.pop_descriptor_chain(mem) {
         let head = chain.head_index();
-        match VsockPacket::from_tx_virtq_chain(mem, &mut chain, MAX_PKT_DATA) {
+        match VsockPacket::from_tx_virtq_chain(mem, &mut chain.clone(), MAX_PKT_DATA) {
             Ok(pkt) => backend.send_pkt(&pkt),
-            Err(e) => log(format_args!("dropping a malformed tx packet: {e}")),
+            // Not one of the in-place layouts, or malformed: the general reader decides.
+            Err(_) => match gather_tx(mem, chain) {
+                Ok(mut bytes) => send_gathered(&mut bytes, backend),
+                Err(e) => log(format_args!("dropping a malformed tx packet: {e}")),
+            },
         }
         if let Err(e) = queue.add_used(mem, head, 0) {
             log(format_args!("cannot return a tx chain: {e}"));
@@ -29,6 +43,91 @@ pub fn process_tx<C: VsockChannel>(mem: &GuestMemory, queue: &mut Queue, backend
         used = true;
     }
     used && queue.needs_notification(mem).unwrap_or(true)
+}
+
+/// Why a tx chain holds no packet.
+#[derive(Debug, thiserror::Error)]
+enum GatherError {
+    #[error("a write-only descriptor in a tx chain")]
+    WriteOnly,
+    #[error("the chain ends after {got} of the {want} bytes the packet needs")]
+    Short { got: usize, want: usize },
+    #[error("the header announces {0} bytes of data, more than {MAX_PKT_DATA}")]
+    TooLong(u32),
+    #[error("a descriptor at {addr:#x} outside guest memory")]
+    Memory {
+        addr: u64,
+        #[source]
+        source: vm_memory::GuestMemoryError,
+    },
+}
+
+/// The header and data of a tx chain of any layout, copied out of guest memory: header first,
+/// then exactly the `len` data bytes it announces (at most [`MAX_PKT_DATA`]); bytes past those
+/// are ignored, as the in-place parser ignores them.
+fn gather_tx(
+    mem: &GuestMemory,
+    chain: DescriptorChain<&GuestMemory>,
+) -> Result<Vec<u8>, GatherError> {
+    // The header first; once it is in, `want` grows by the data length it announces.
+    let mut want = PKT_HEADER_SIZE;
+    let mut bytes = vec![0u8; want];
+    let mut got = 0;
+    for desc in chain {
+        if desc.is_write_only() {
+            return Err(GatherError::WriteOnly);
+        }
+        let mut addr = desc.addr();
+        let mut left = desc.len() as usize;
+        while left > 0 && got < want {
+            let n = left.min(want - got);
+            mem.read_slice(&mut bytes[got..got + n], addr)
+                .map_err(|source| GatherError::Memory {
+                    addr: addr.0,
+                    source,
+                })?;
+            got += n;
+            left -= n;
+            addr = GuestAddress(addr.0.wrapping_add(n as u64));
+            if got == PKT_HEADER_SIZE {
+                let len = header_len(&bytes);
+                if len > MAX_PKT_DATA {
+                    return Err(GatherError::TooLong(len));
+                }
+                want += len as usize;
+                bytes.resize(want, 0);
+            }
+        }
+        if got == want {
+            return Ok(bytes);
+        }
+    }
+    Err(GatherError::Short { got, want })
+}
+
+/// The `len` field of a packet header.
+fn header_len(header: &[u8]) -> u32 {
+    let mut field = [0u8; 4];
+    field.copy_from_slice(&header[HDR_LEN_OFFSET..HDR_LEN_OFFSET + 4]);
+    u32::from_le_bytes(field)
+}
+
+/// Hands a gathered packet (`header ‖ data`) to `backend`.
+fn send_gathered<C: VsockChannel>(bytes: &mut [u8], backend: &mut C) {
+    let (header, data) = bytes.split_at_mut(PKT_HEADER_SIZE);
+    let raw_header = header.to_vec();
+    let data = (!data.is_empty()).then_some(data);
+    // SAFETY: the packet's slices point into `bytes`, which this function borrows mutably for
+    // longer than the packet lives (it is dropped before returning), so the memory stays valid
+    // and nothing else touches it meanwhile.
+    let pkt = unsafe { VsockPacket::new(header, data) };
+    match pkt {
+        Ok(mut pkt) => match pkt.set_header_from_raw(&raw_header) {
+            Ok(()) => backend.send_pkt(&pkt),
+            Err(e) => log(format_args!("dropping a gathered tx packet: {e}")),
+        },
+        Err(e) => log(format_args!("dropping a gathered tx packet: {e}")),
+    }
 }
 
 /// Fills the guest's rx buffers with what `backend` has, while it has something and the guest
@@ -210,6 +309,95 @@ mod tests {
         assert_eq!(returned, 5, "malformed chains are given back too");
         // Nothing new: no notification.
         assert!(!process_tx(&mem, &mut q, &mut backend));
+    }
+
+    /// Linux 6.12 sends a large write as a header descriptor plus one descriptor per page of
+    /// data (a non-linear skb); the in-place parser takes only one data descriptor, so such
+    /// packets were dropped and the exec stream lost data after the first 4 KiB (found by the
+    /// first Linux driver against the device, over vhost-user under QEMU).
+    #[test]
+    fn tx_packet_with_data_over_many_descriptors_reaches_the_backend_whole() {
+        let mem = default_mem();
+        let mut tx = TestQueue::new(&mem, 1, 256);
+        let mut q = tx.queue();
+        let mut backend = FakeBackend::default();
+        let data: Vec<u8> = (0..10_000u32).map(|i| (i * 7 % 251) as u8).collect();
+        // Linux's layout: the header alone, then page-sized pieces and a tail.
+        tx.add(&[
+            Buf::R(&header(op::RW, 10, 20, data.len() as u32)),
+            Buf::R(&data[..4096]),
+            Buf::R(&data[4096..8192]),
+            Buf::R(&data[8192..]),
+        ]);
+        // Any layout is legal: a header split across descriptors, data sharing the second one,
+        // and bytes past the announced length (ignored, as the in-place parser ignores them).
+        let mut split = header(op::RW, 11, 21, 5);
+        split.extend_from_slice(b"abcdeTRAILING");
+        tx.add(&[
+            Buf::R(&split[..30]),
+            Buf::R(&split[30..46]),
+            Buf::R(&split[46..]),
+        ]);
+        // Data in zero-length descriptors and one-byte pieces.
+        let short = header(op::RW, 12, 22, 3);
+        tx.add(&[
+            Buf::R(&short),
+            Buf::R(&[]),
+            Buf::R(b"x"),
+            Buf::R(b"y"),
+            Buf::R(b"z"),
+        ]);
+        assert!(process_tx(&mem, &mut q, &mut backend));
+        let seen: Vec<(u32, Vec<u8>)> = backend
+            .sent
+            .iter()
+            .map(|s| (s.src_port, s.data.clone()))
+            .collect();
+        assert_eq!(
+            seen,
+            [(10, data), (11, b"abcde".to_vec()), (12, b"xyz".to_vec())]
+        );
+        assert_eq!(backend.sent[1].op, op::RW);
+        assert_eq!(backend.sent[1].dst_port, 21);
+        for _ in 0..3 {
+            assert_eq!(tx.used().unwrap().1, 0);
+        }
+    }
+
+    #[test]
+    fn tx_chain_of_any_layout_is_still_checked_and_given_back_when_malformed() {
+        let mem = default_mem();
+        let mut tx = TestQueue::new(&mem, 1, 256);
+        let mut q = tx.queue();
+        let mut backend = FakeBackend::default();
+        // The chain ends before the data its header announces.
+        tx.add(&[
+            Buf::R(&header(op::RW, 10, 20, 100)),
+            Buf::R(&[1; 40]),
+            Buf::R(&[2; 40]),
+        ]);
+        // A header split across descriptors, then nothing.
+        tx.add(&[Buf::R(&header(op::RW, 10, 20, 0)[..20]), Buf::R(&[0; 4])]);
+        // A write-only descriptor among the data.
+        tx.add(&[
+            Buf::R(&header(op::RW, 10, 20, 8)),
+            Buf::R(&[1; 4]),
+            Buf::W(4),
+        ]);
+        // More data than a packet may carry, however it is laid out.
+        let huge = vec![0u8; MAX_PKT_DATA as usize / 2];
+        tx.add(&[
+            Buf::R(&header(op::RW, 10, 20, MAX_PKT_DATA + 1)),
+            Buf::R(&huge),
+            Buf::R(&huge),
+            Buf::R(&[0]),
+        ]);
+        assert!(process_tx(&mem, &mut q, &mut backend));
+        assert!(backend.sent.is_empty(), "{:?}", backend.sent);
+        for _ in 0..4 {
+            assert_eq!(tx.used().unwrap().1, 0);
+        }
+        assert!(tx.used().is_none());
     }
 
     #[test]

@@ -661,6 +661,34 @@ fn vsock_idle_connection_is_never_reset() {
     assert_eq!(h.expect(op::RW).1, b"still here");
 }
 
+/// The daemon's upload: the host shuts its write half and waits for the agent's answer. The
+/// guest must be told only that the host sends no more (Linux resets on "receives no more"), and
+/// its answer must still reach the host, long after the handshake timeout.
+#[test]
+fn vsock_host_half_close_still_carries_the_guest_answer() {
+    let mem = default_mem();
+    let mut h = Harness::new(&mem, 8);
+    h.give_rx(4, true);
+    let (mut c, hport) = h.host_connect(1024);
+    c.shutdown(std::net::Shutdown::Write).unwrap();
+    h.pump();
+    let (shut, _) = h.expect(op::SHUTDOWN);
+    assert_eq!(shut.flags, SHUTDOWN_SEND);
+    let later = Instant::now() + Duration::from_secs(10);
+    h.pump_at(later);
+    assert!(h.recv().is_none(), "no RST: the host still reads");
+    h.send(Hdr::guest(op::RW, 1024, hport), b"files: 1", true);
+    let mut shut = Hdr::guest(op::SHUTDOWN, 1024, hport);
+    shut.flags = SHUTDOWN_RCV | SHUTDOWN_SEND;
+    h.send(shut, &[], false);
+    let mut answer = Vec::new();
+    c.read_to_end(&mut answer).unwrap();
+    assert_eq!(answer, b"files: 1");
+    h.expect(op::RST);
+    h.pump();
+    assert_eq!(h.dev.muxer().connection_count(), 0);
+}
+
 #[test]
 fn vsock_host_eof_then_guest_silence_is_reset_after_the_handshake_timeout() {
     let mem = default_mem();
