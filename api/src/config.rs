@@ -85,8 +85,11 @@ pub struct ServeConfig {
     pub state_dir: PathBuf,
     /// The image: `rootfs/` (namespace backend) and `vmlinux` + `initramfs.cpio` (microVM).
     pub image_dir: PathBuf,
-    /// The `crucible-vmm` binary the microVM backend runs.
+    /// The `crucible-vmm` binary the microVM backend runs (the VMM, and under QEMU its
+    /// vhost-user vsock device).
     pub vmm_binary: PathBuf,
+    /// What runs microVM guests: `crucible-vmm` (hardware KVM) or QEMU TCG.
+    pub hypervisor: wire::Hypervisor,
     /// The cgroup (under each controller's root) that holds this daemon's sandbox groups.
     pub cgroup_parent: String,
     /// The host uid (and gid) of the first namespace sandbox's root: sandbox `k` (a slot
@@ -167,6 +170,7 @@ impl ServeConfig {
             state_dir: default_state_dir(),
             image_dir,
             vmm_binary: default_vmm_binary(),
+            hypervisor: wire::Hypervisor::CrucibleVmm,
             cgroup_parent: "crucible".into(),
             uid_base: DEFAULT_UID_BASE,
             default_backend: None,

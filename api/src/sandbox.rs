@@ -299,6 +299,7 @@ impl Sandbox {
             id: self.id.clone(),
             state: status.state,
             backend: self.settings.backend,
+            hypervisor: self.instance.hypervisor(),
             image: self.settings.image.clone(),
             memory_mib: self.settings.memory_mib,
             vcpus: self.settings.vcpus,

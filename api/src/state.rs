@@ -97,8 +97,9 @@ impl AppState {
             config.vmm_binary.clone(),
             &config.image_dir,
             config.state_dir.clone(),
-            ready_timeout,
+            microvm_ready_timeout(config),
             host::kvm_unavailable_reason(&host::inspect()),
+            config.hypervisor,
         );
         Backends::new(vec![Arc::new(microvm), Arc::new(namespace)])
     }
@@ -225,5 +226,16 @@ impl AppState {
             .sandboxes_created
             .fetch_add(1, Ordering::Relaxed);
         Ok(info)
+    }
+}
+
+/// How long a microVM's agent may take to say hello: the configured readiness timeout, but
+/// at least a minute under QEMU TCG, whose emulated boot takes seconds on an idle machine and
+/// much longer on a loaded one.
+fn microvm_ready_timeout(config: &ServeConfig) -> Duration {
+    let configured = Duration::from_secs(config.limits.ready_timeout_s);
+    match config.hypervisor {
+        wire::Hypervisor::QemuTcg => configured.max(Duration::from_secs(60)),
+        wire::Hypervisor::CrucibleVmm => configured,
     }
 }

@@ -10,12 +10,17 @@ pub struct Args {
     /// The image directory to check.
     #[arg(long, env = "CRUCIBLE_IMAGE", default_value_os_t = crate::default_image_dir())]
     image: PathBuf,
+    /// The hypervisor to check microVM support for, as `crucible serve --hypervisor` takes it.
+    #[arg(long, value_parser = crate::serve::parse_hypervisor, default_value = "crucible-vmm")]
+    hypervisor: wire::Hypervisor,
 }
 
 pub fn run(args: &Args, json: bool) -> Result<()> {
     let image = &args.image;
     // The daemon's own view, so doctor and `serve` can never disagree.
-    let state = api::state::AppState::new(api::ServeConfig::new(image.clone()));
+    let mut config = api::ServeConfig::new(image.clone());
+    config.hypervisor = args.hypervisor;
+    let state = api::state::AppState::new(config);
     let report = state.host().clone();
     let agent = image.join("rootfs/init");
     let kernel = image.join("vmlinux");
@@ -28,7 +33,11 @@ pub fn run(args: &Args, json: bool) -> Result<()> {
             "host": report,
             "image": {"dir": image, "agent": agent.is_file(), "kernel": kernel.is_file()},
             "backends": {
-                "microvm": {"available": microvm.is_none(), "reason": microvm},
+                "microvm": {
+                    "available": microvm.is_none(),
+                    "reason": microvm,
+                    "hypervisor": args.hypervisor,
+                },
                 "namespace": {"available": namespace.is_none(), "reason": namespace},
             },
             "default_backend": if usable { chosen.to_string() } else { "none".to_string() },
@@ -68,10 +77,11 @@ pub fn run(args: &Args, json: bool) -> Result<()> {
             "missing"
         }
     );
-    for (name, reason) in [("microvm", &microvm), ("namespace", &namespace)] {
+    let microvm_name = format!("microvm ({})", args.hypervisor);
+    for (name, reason) in [(microvm_name.as_str(), &microvm), ("namespace", &namespace)] {
         match reason {
-            None => println!("{name:<9} backend: available"),
-            Some(reason) => println!("{name:<9} backend: unavailable: {reason}"),
+            None => println!("{name} backend: available"),
+            Some(reason) => println!("{name} backend: unavailable: {reason}"),
         }
     }
     if usable {

@@ -46,6 +46,13 @@ pub struct Args {
     /// Backend for sandboxes that do not ask for one [default: the best this host offers].
     #[arg(long, value_parser = parse_backend)]
     backend: Option<BackendKind>,
+    /// What runs microVM guests: `crucible-vmm` (crucible's VMM; needs hardware KVM) or
+    /// `qemu-tcg` (QEMU's microvm machine under TCG with crucible's vsock device over
+    /// vhost-user: a VM boundary on hosts without hardware virtualization, at emulation speed:
+    /// a boot takes seconds and commands run several times slower). With `qemu-tcg` on such a
+    /// host, `microvm` becomes the default backend unless --backend says otherwise
+    #[arg(long, value_parser = parse_hypervisor, default_value = "crucible-vmm")]
+    hypervisor: wire::Hypervisor,
     /// Most sandboxes at once.
     #[arg(long, default_value_t = api::Limits::default().max_sandboxes)]
     max_sandboxes: usize,
@@ -72,6 +79,16 @@ pub fn parse_backend(text: &str) -> Result<BackendKind, String> {
         "namespace" => Ok(BackendKind::Namespace),
         other => Err(format!(
             "unknown backend {other:?}: expected microvm or namespace"
+        )),
+    }
+}
+
+pub fn parse_hypervisor(text: &str) -> Result<wire::Hypervisor, String> {
+    match text {
+        "crucible-vmm" => Ok(wire::Hypervisor::CrucibleVmm),
+        "qemu-tcg" => Ok(wire::Hypervisor::QemuTcg),
+        other => Err(format!(
+            "unknown hypervisor {other:?}: expected crucible-vmm or qemu-tcg"
         )),
     }
 }
@@ -103,6 +120,7 @@ pub async fn run(args: Args) -> Result<()> {
     )
     .context("API keys")?;
     config.default_backend = args.backend;
+    config.hypervisor = args.hypervisor;
     config.cgroup_parent = args.cgroup_parent;
     config.uid_base = args.uid_base;
     config.limits.max_sandboxes = args.max_sandboxes;
@@ -137,6 +155,10 @@ pub async fn run(args: Args) -> Result<()> {
     }
     let backend = state.default_backend();
     match state.unavailable_reason(backend) {
+        None if backend == BackendKind::Microvm => eprintln!(
+            "crucible: default backend: {backend} ({})",
+            state.config.hypervisor
+        ),
         None => eprintln!("crucible: default backend: {backend}"),
         Some(reason) => {
             eprintln!("crucible: warning: default backend {backend} is unavailable: {reason}")

@@ -94,7 +94,8 @@ impl HostKind {
             HostKind::KvmPvm => {
                 "kvm_pvm (no hardware virtualization): a stock kernel falls into KVM's \
                  instruction emulator and dies on XRSTOR/POPCNT; only tiny test guests or a \
-                 PVM-enabled guest kernel run; use the namespace backend for sandboxes"
+                 PVM-enabled guest kernel run; use the namespace backend, or `crucible serve \
+                 --hypervisor qemu-tcg` for microVMs under QEMU TCG"
             }
             HostKind::Unknown => {
                 "an unknown KVM module (/dev/kvm exists, but none of kvm_intel, kvm_amd, \

@@ -29,6 +29,7 @@ pub mod boot_marker;
 pub mod cmdline;
 pub mod host;
 pub mod kvm_tests;
+pub mod qemu;
 pub mod vm;
 pub mod vsock;
 

@@ -31,16 +31,9 @@ pub const SELFTESTS: &[&str] = &[
     "not_found",
     "pid1",
 ];
-pub const QEMU: &str = "qemu-system-x86_64";
-pub const QEMU_PACKAGE: &str = "qemu-system-x86";
-/// The microvm machine as measured to work here: no ACPI (so `virtio_mmio.device=` reaches the
-/// guest), legacy serial for the console, PIT and PIC for timers and interrupts.
-pub const MACHINE: &str = "microvm,x-option-roms=off,isa-serial=on,rtc=off,pit=on,pic=on,acpi=off";
-/// Kernel command line: serial console, reset by triple fault, reboot at once on panic, and
-/// `quiet`: informational kernel messages printed while the agent writes its lines can land in
-/// the middle of one and garble it, and each serial byte is slow under emulation. Append
-/// `loglevel=7` to see the whole kernel log.
-pub const BASE_APPEND: &str = "console=ttyS0 reboot=t panic=-1 quiet";
+pub use contract::qemu::{BASE_APPEND, MACHINE};
+pub const QEMU: &str = contract::qemu::BINARY;
+pub const QEMU_PACKAGE: &str = contract::qemu::PACKAGE;
 
 /// The guest's name for the first virtio-blk device, where the smoke root is attached.
 const ROOTFS_DEVICE: &str = "/dev/vda";
@@ -242,14 +235,9 @@ pub fn qemu_command(qemu: &Path, opts: &SmokeOptions) -> Result<Command, SmokeEr
         cmd.args(["-M", MACHINE]);
     } else {
         // A vhost-user backend maps guest memory itself: it must be a shareable file.
-        cmd.args(["-M", &format!("{MACHINE},memory-backend=mem")])
-            .args([
-                "-object",
-                &format!(
-                    "memory-backend-memfd,id=mem,size={}M,share=on",
-                    opts.memory_mib
-                ),
-            ]);
+        cmd.args(contract::qemu::shared_memory_machine_args(u64::from(
+            opts.memory_mib,
+        )));
     }
     cmd.args(["-accel", "tcg", "-cpu", "max"])
         .args(["-m", &opts.memory_mib.to_string()])

@@ -29,7 +29,7 @@ pub use frame::{FrameType, UnknownFrameType, HEADER_SIZE, MAX_PAYLOAD};
 pub use io::{FrameReader, FrameWriter, ReadError, READ_BUFFER_SIZE};
 pub use message::{encode_message, read_message, write_message, MessageError, MAX_MESSAGE_SIZE};
 pub use sandbox::{
-    BackendKind, CreateSandbox, SandboxInfo, SandboxList, SandboxState, SandboxTimings,
+    BackendKind, CreateSandbox, Hypervisor, SandboxInfo, SandboxList, SandboxState, SandboxTimings,
 };
 pub use types::{
     ErrorBody, ExecRequest, ExecResult, FilesPutResult, RefusedEntry, Usage, ValidationError,

@@ -29,6 +29,28 @@ impl fmt::Display for BackendKind {
     }
 }
 
+/// What runs a microVM sandbox's guest.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[serde(rename_all = "kebab-case")]
+pub enum Hypervisor {
+    /// crucible's own VMM under hardware KVM: its devices, its MMIO transport, millisecond boots.
+    CrucibleVmm,
+    /// QEMU's `microvm` machine under TCG (instruction translation, no KVM) with crucible's
+    /// devices served over vhost-user: a VM boundary on hosts without hardware virtualization,
+    /// at emulation speed (boots in seconds, commands run many times slower).
+    QemuTcg,
+}
+
+impl fmt::Display for Hypervisor {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Hypervisor::CrucibleVmm => "crucible-vmm",
+            Hypervisor::QemuTcg => "qemu-tcg",
+        })
+    }
+}
+
 /// The body of `POST /sandboxes`; every field is optional and `{}` gives a working sandbox.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
@@ -92,6 +114,9 @@ pub struct SandboxInfo {
     pub state: SandboxState,
     /// Which backend runs it.
     pub backend: BackendKind,
+    /// What runs a `microvm` sandbox's guest; absent for other backends.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hypervisor: Option<Hypervisor>,
     /// The image it runs.
     pub image: String,
     /// Memory limit.

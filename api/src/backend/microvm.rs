@@ -3,6 +3,10 @@
 //! design). The agent's hello arrives on `<uds>_<ready port>`, a socket the daemon listens on
 //! before the VM starts (no polling); each request opens the vsock socket and says
 //! `CONNECT <agent port>\n`, answered `OK <host port>\n` once the guest accepts.
+//!
+//! Two hypervisors run the guest: `crucible-vmm` under hardware KVM, or QEMU's `microvm`
+//! machine under TCG with our vsock device served over vhost-user ([`super::qemu`]). The host
+//! side (the hybrid socket, the hello, CONNECT) is the same for both.
 
 use std::io;
 use std::path::{Path, PathBuf};
@@ -14,12 +18,13 @@ use contract::vm::{ConsoleOutput, VmConfig, VsockConfig};
 use contract::vsock::{host_port_path, DEFAULT_AGENT_PORT, DEFAULT_READY_PORT};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{UnixListener, UnixStream};
-use tokio::process::Command;
+use tokio::process::{Child, Command};
 use tokio::sync::watch;
 use wire::agent::Hello;
-use wire::BackendKind;
+use wire::{BackendKind, Hypervisor};
 
-use super::supervised::{spawn_and_await_hello, SandboxProcess};
+use super::qemu::{self, QemuGuest, QemuTools};
+use super::supervised::{first_exit, spawn_and_await_hello, SandboxProcess};
 use super::{Backend, BackendError, BoxFuture, Instance, InstanceSpec};
 
 /// The guest's vsock CID (each VM has its own vsock device, so every guest can use the same).
@@ -34,18 +39,27 @@ pub struct MicrovmBackend {
     state_dir: PathBuf,
     ready_timeout: Duration,
     host_reason: Option<String>,
+    hypervisor: Hypervisor,
+    /// QEMU and setpriv for `qemu-tcg`, or why they are missing.
+    qemu_tools: Result<QemuTools, String>,
 }
 
 impl MicrovmBackend {
     /// A backend booting `image_dir`'s `vmlinux` + `initramfs.cpio` with `vmm_binary`;
-    /// `host_reason` says why this host cannot boot them, if it cannot.
+    /// `host_reason` says why this host's KVM cannot boot them, if it cannot (it does not
+    /// matter to `qemu-tcg`, which needs no KVM).
     pub fn new(
         vmm_binary: PathBuf,
         image_dir: &Path,
         state_dir: PathBuf,
         ready_timeout: Duration,
         host_reason: Option<String>,
+        hypervisor: Hypervisor,
     ) -> Self {
+        let qemu_tools = match hypervisor {
+            Hypervisor::QemuTcg => QemuTools::find(),
+            Hypervisor::CrucibleVmm => Err("not used by crucible-vmm".into()),
+        };
         MicrovmBackend {
             vmm_binary,
             kernel: image_dir.join("vmlinux"),
@@ -53,13 +67,26 @@ impl MicrovmBackend {
             state_dir,
             ready_timeout,
             host_reason,
+            hypervisor,
+            qemu_tools,
         }
+    }
+
+    /// What runs the guests.
+    pub fn hypervisor(&self) -> Hypervisor {
+        self.hypervisor
     }
 
     /// Why this host cannot run microVM sandboxes, if it cannot.
     fn why_unavailable(&self) -> Option<String> {
-        if let Some(reason) = &self.host_reason {
-            return Some(reason.clone());
+        match (&self.hypervisor, &self.qemu_tools) {
+            (Hypervisor::CrucibleVmm, _) => {
+                if let Some(reason) = &self.host_reason {
+                    return Some(reason.clone());
+                }
+            }
+            (Hypervisor::QemuTcg, Err(reason)) => return Some(format!("qemu-tcg: {reason}")),
+            (Hypervisor::QemuTcg, Ok(_)) => {}
         }
         for (what, path) in [
             ("the VMM", &self.vmm_binary),
@@ -89,7 +116,48 @@ impl MicrovmBackend {
             .map_err(|e| BackendError::setup(format!("bind {}", ready_path.display()), e))?;
 
         let console = dir.join("console.log");
-        let config = vm_config(&self.kernel, &self.initramfs, &spec, &uds, &console)
+        let launched = match (&self.hypervisor, &self.qemu_tools) {
+            (Hypervisor::QemuTcg, Ok(tools)) => {
+                self.launch_qemu(tools, &spec, &dir, &uds, &console, &ready)
+                    .await
+            }
+            _ => self.launch_vmm(&spec, &dir, &uds, &console, &ready).await,
+        };
+        let (vm, device, hello) = match launched {
+            Ok(launched) => launched,
+            Err(e) => {
+                let _ = std::fs::remove_dir_all(&dir);
+                return Err(e);
+            }
+        };
+        drop(ready);
+        let vm = SandboxProcess::watch(vm, "the VM".into());
+        let device = device.map(|d| SandboxProcess::watch(d, "the vsock device".into()));
+        let exited = match &device {
+            Some(device) => first_exit(vm.exited(), device.exited()),
+            None => vm.exited(),
+        };
+        Ok(MicrovmInstance {
+            hello,
+            uds,
+            dir,
+            hypervisor: self.hypervisor,
+            vm,
+            device,
+            exited,
+        })
+    }
+
+    /// `crucible-vmm --config vm.json`: our VMM, its own devices.
+    async fn launch_vmm(
+        &self,
+        spec: &InstanceSpec,
+        dir: &Path,
+        uds: &Path,
+        console: &Path,
+        ready: &UnixListener,
+    ) -> Result<(Child, Option<Child>, Hello), BackendError> {
+        let config = vm_config(&self.kernel, &self.initramfs, spec, uds, console)
             .map_err(|e| BackendError::setup("build the VM config", e))?;
         let config_path = dir.join("vm.json");
         let json = serde_json::to_vec_pretty(&config)
@@ -107,22 +175,71 @@ impl MicrovmBackend {
             .stderr(Stdio::null());
         let what = self.vmm_binary.display().to_string();
         let see = format!("the console {}", console.display());
-        let spawned =
-            spawn_and_await_hello(&mut command, &ready, self.ready_timeout, &what, &see).await;
-        let (child, hello) = match spawned {
-            Ok(spawned) => spawned,
-            Err(e) => {
-                let _ = std::fs::remove_dir_all(&dir);
-                return Err(e);
-            }
-        };
-        drop(ready);
-        Ok(MicrovmInstance {
-            hello,
+        let (vm, hello) =
+            spawn_and_await_hello(&mut command, ready, self.ready_timeout, &what, &see).await?;
+        Ok((vm, None, hello))
+    }
+
+    /// QEMU TCG with our vsock device over vhost-user: the device first (QEMU connects to it
+    /// at start), then QEMU, awaited until the agent's hello as under our VMM.
+    async fn launch_qemu(
+        &self,
+        tools: &QemuTools,
+        spec: &InstanceSpec,
+        dir: &Path,
+        uds: &Path,
+        console: &Path,
+        ready: &UnixListener,
+    ) -> Result<(Child, Option<Child>, Hello), BackendError> {
+        let cmdline = boot_config(spec)
+            .to_cmdline()
+            .map_err(|e| BackendError::setup("build the kernel command line", invalid(&e)))?;
+        let vsock_socket = dir.join("vhost-vsock.sock");
+        let device = qemu::start_vsock_device(
+            tools,
+            &self.vmm_binary,
+            &vsock_socket,
+            GUEST_CID,
             uds,
-            dir,
-            process: SandboxProcess::watch(child, "the VM".into()),
-        })
+            &dir.join("vsock-device.log"),
+        )
+        .await?;
+        let guest = QemuGuest {
+            kernel: &self.kernel,
+            initramfs: &self.initramfs,
+            cmdline: &cmdline,
+            memory_mib: spec.memory_mib,
+            vcpus: spec.vcpus,
+            vsock_socket: &vsock_socket,
+            console,
+        };
+        let qemu_log = dir.join("qemu.log");
+        let mut command = qemu::qemu_command(tools, &guest, &qemu_log)
+            .map_err(|e| BackendError::setup(format!("create {}", qemu_log.display()), e))?;
+        let what = format!("{} (qemu-tcg)", tools.qemu.display());
+        let see = format!(
+            "the console {} and {}",
+            console.display(),
+            qemu_log.display()
+        );
+        let (vm, hello) =
+            spawn_and_await_hello(&mut command, ready, self.ready_timeout, &what, &see).await?;
+        Ok((vm, Some(device), hello))
+    }
+}
+
+fn invalid(e: &dyn std::fmt::Display) -> io::Error {
+    io::Error::new(io::ErrorKind::InvalidInput, e.to_string())
+}
+
+/// What the guest agent reads from `/proc/cmdline`: the boot marker, and the sandbox id as
+/// hostname (as in a namespace sandbox); the agent's vsock ports are the defaults on both
+/// sides, so the command line does not repeat them.
+fn boot_config(spec: &InstanceSpec) -> BootConfig {
+    BootConfig {
+        boot_marker: true,
+        hostname: spec.id.clone(),
+        ..BootConfig::default()
     }
 }
 
@@ -137,17 +254,9 @@ fn vm_config(
     uds: &Path,
     console: &Path,
 ) -> io::Result<VmConfig> {
-    let invalid =
-        |e: &dyn std::fmt::Display| io::Error::new(io::ErrorKind::InvalidInput, e.to_string());
     let mut config = VmConfig::new(kernel.to_owned());
     config.initramfs = Some(initramfs.to_owned());
-    config.cmdline = BootConfig {
-        boot_marker: true,
-        hostname: spec.id.clone(),
-        ..BootConfig::default()
-    }
-    .to_cmdline()
-    .map_err(|e| invalid(&e))?;
+    config.cmdline = boot_config(spec).to_cmdline().map_err(|e| invalid(&e))?;
     config.mem_mib = u32::try_from(spec.memory_mib).unwrap_or(u32::MAX);
     config.vcpus = u8::try_from(spec.vcpus).unwrap_or(u8::MAX);
     config.vsock = Some(VsockConfig::new(GUEST_CID, uds.to_owned()));
@@ -200,7 +309,13 @@ pub struct MicrovmInstance {
     hello: Hello,
     uds: PathBuf,
     dir: PathBuf,
-    process: SandboxProcess,
+    hypervisor: Hypervisor,
+    /// `crucible-vmm`, or QEMU.
+    vm: SandboxProcess,
+    /// Under QEMU: the vhost-user vsock device process.
+    device: Option<SandboxProcess>,
+    /// Why the sandbox ended: the first of its processes to exit.
+    exited: watch::Receiver<Option<String>>,
 }
 
 impl Instance for MicrovmInstance {
@@ -213,12 +328,19 @@ impl Instance for MicrovmInstance {
     }
 
     fn exited(&self) -> watch::Receiver<Option<String>> {
-        self.process.exited()
+        self.exited.clone()
+    }
+
+    fn hypervisor(&self) -> Option<Hypervisor> {
+        Some(self.hypervisor)
     }
 
     fn destroy(&self) -> BoxFuture<'_, ()> {
         Box::pin(async move {
-            self.process.kill_and_wait().await;
+            self.vm.kill_and_wait().await;
+            if let Some(device) = &self.device {
+                device.kill_and_wait().await;
+            }
             let _ = std::fs::remove_dir_all(&self.dir);
         })
     }
@@ -347,6 +469,7 @@ mod tests {
             dir.path().join("state"),
             Duration::from_secs(1),
             None,
+            Hypervisor::CrucibleVmm,
         );
         let reason = backend.why_unavailable().expect("missing pieces");
         assert!(reason.contains("VMM"), "{reason}");
@@ -356,7 +479,23 @@ mod tests {
             dir.path().join("state"),
             Duration::from_secs(1),
             Some("kvm_pvm".into()),
+            Hypervisor::CrucibleVmm,
         );
         assert_eq!(pvm.unavailable_reason().as_deref(), Some("kvm_pvm"));
+        // QEMU TCG needs no KVM: the host's KVM reason does not apply, the missing files do.
+        let tcg = MicrovmBackend::new(
+            dir.path().join("x"),
+            dir.path(),
+            dir.path().join("state"),
+            Duration::from_secs(1),
+            Some("kvm_pvm".into()),
+            Hypervisor::QemuTcg,
+        );
+        let reason = tcg.unavailable_reason().expect("missing pieces");
+        assert!(!reason.contains("kvm_pvm"), "{reason}");
+        assert!(
+            reason.contains("VMM") || reason.contains("qemu-tcg"),
+            "{reason}"
+        );
     }
 }

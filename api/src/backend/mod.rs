@@ -7,6 +7,7 @@ pub mod cgroup;
 pub mod host_process;
 pub mod microvm;
 pub mod namespace;
+pub mod qemu;
 pub mod supervised;
 
 use std::collections::BTreeMap;
@@ -146,6 +147,10 @@ pub trait Instance: Send + Sync {
     fn exited(&self) -> watch::Receiver<Option<String>>;
     /// Kills it and releases everything it held (processes, cgroups, files).
     fn destroy(&self) -> BoxFuture<'_, ()>;
+    /// What runs its guest, for a microVM.
+    fn hypervisor(&self) -> Option<wire::Hypervisor> {
+        None
+    }
 }
 
 /// Connects to a Unix socket (an agent's) without a trip through the event loop when, as

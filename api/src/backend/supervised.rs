@@ -56,6 +56,23 @@ async fn accept_hello(listener: &UnixListener) -> Result<Hello, String> {
         .map_err(|e| format!("reading the agent's hello: {e}"))
 }
 
+/// A receiver that ends with whichever of `a` and `b` ends first: a sandbox made of two
+/// processes is dead when either is.
+pub fn first_exit(
+    mut a: watch::Receiver<Option<String>>,
+    mut b: watch::Receiver<Option<String>>,
+) -> watch::Receiver<Option<String>> {
+    let (tx, rx) = watch::channel(None);
+    tokio::spawn(async move {
+        let reason = tokio::select! {
+            r = a.wait_for(Option::is_some) => r.ok().and_then(|r| r.clone()),
+            r = b.wait_for(Option::is_some) => r.ok().and_then(|r| r.clone()),
+        };
+        let _ = tx.send(Some(reason.unwrap_or_else(|| "its watcher ended".into())));
+    });
+    rx
+}
+
 /// A watched sandbox process.
 #[derive(Debug)]
 pub struct SandboxProcess {

@@ -1,0 +1,279 @@
+//! The `qemu-tcg` hypervisor of the microVM backend: QEMU's `microvm` machine under TCG, for
+//! hosts whose KVM cannot boot the image. The guest's devices are ours: `crucible-vmm
+//! vhost-user vsock` serves the vsock device (the same queue code as under our own VMM) and
+//! QEMU only runs the CPU, memory and the virtio-mmio transport. The host side is the same
+//! hybrid Unix socket as under `crucible-vmm`, so the rest of the backend does not care which
+//! hypervisor runs the guest.
+//!
+//! Both processes are started through `setpriv --pdeathsig KILL`: if the daemon dies without
+//! deleting its sandboxes, its VMs die with it rather than running on, unowned.
+
+use std::ffi::OsString;
+use std::io;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::Duration;
+
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::process::{Child, Command};
+
+use super::BackendError;
+
+/// How long the vsock device process may take to listen.
+const DEVICE_START_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The programs the `qemu-tcg` hypervisor runs.
+#[derive(Debug, Clone)]
+pub struct QemuTools {
+    /// `qemu-system-x86_64`.
+    pub qemu: PathBuf,
+    /// util-linux's `setpriv`, which ties each process's life to the daemon's.
+    pub setpriv: PathBuf,
+}
+
+impl QemuTools {
+    /// The tools found on `PATH`, or why not.
+    pub fn find() -> Result<QemuTools, String> {
+        let qemu = find_on_path(contract::qemu::BINARY).ok_or_else(|| {
+            format!(
+                "{} is not installed (Debian: apt-get install {})",
+                contract::qemu::BINARY,
+                contract::qemu::PACKAGE
+            )
+        })?;
+        let setpriv = find_on_path("setpriv").ok_or_else(|| {
+            "setpriv is not installed (Debian: apt-get install util-linux)".to_string()
+        })?;
+        Ok(QemuTools { qemu, setpriv })
+    }
+
+    /// A command running `program` that the kernel kills when the daemon's thread that
+    /// started it dies.
+    fn command(&self, program: &Path) -> Command {
+        let mut command = Command::new(&self.setpriv);
+        command
+            .args(["--pdeathsig", "KILL", "--"])
+            .arg(program)
+            .env_clear()
+            .stdin(Stdio::null())
+            .kill_on_drop(true);
+        command
+    }
+}
+
+/// The first executable file called `name` in a `PATH` directory.
+pub fn find_on_path(name: &str) -> Option<PathBuf> {
+    let paths = std::env::var_os("PATH")?;
+    std::env::split_paths(&paths)
+        .map(|dir| dir.join(name))
+        .find(|path| {
+            std::fs::metadata(path).is_ok_and(|m| {
+                use std::os::unix::fs::PermissionsExt;
+                m.is_file() && m.permissions().mode() & 0o111 != 0
+            })
+        })
+}
+
+/// One guest's files and sizes.
+#[derive(Debug, Clone)]
+pub struct QemuGuest<'a> {
+    /// The kernel (`vmlinux`).
+    pub kernel: &'a Path,
+    /// The initramfs with the agent as `/init`.
+    pub initramfs: &'a Path,
+    /// Our part of the kernel command line (`contract::cmdline`).
+    pub cmdline: &'a str,
+    /// Guest RAM.
+    pub memory_mib: u64,
+    /// vCPUs (TCG runs one host thread per vCPU).
+    pub vcpus: u32,
+    /// The vhost-user socket of the vsock device.
+    pub vsock_socket: &'a Path,
+    /// Where the serial console goes.
+    pub console: &'a Path,
+}
+
+/// QEMU's arguments for `guest`: the `microvm` machine, TCG, RAM as a shared memfd (the device
+/// process maps it), the vsock device over vhost-user, the console into a file; no network, no
+/// firmware, no other devices (`-nodefaults`), and QEMU exits when the guest reboots or powers
+/// off (`-no-reboot`, `reboot=t`).
+pub fn qemu_args(guest: &QemuGuest<'_>) -> Vec<OsString> {
+    let mut args: Vec<OsString> = contract::qemu::shared_memory_machine_args(guest.memory_mib)
+        .into_iter()
+        .map(OsString::from)
+        .collect();
+    let mut chardev = OsString::from("socket,id=vsock,path=");
+    chardev.push(guest.vsock_socket);
+    let mut serial = OsString::from("file:");
+    serial.push(guest.console);
+    for arg in [
+        "-accel",
+        "tcg",
+        "-cpu",
+        "max",
+        "-m",
+        &guest.memory_mib.to_string(),
+        "-smp",
+        &guest.vcpus.max(1).to_string(),
+        "-nodefaults",
+        "-no-user-config",
+        "-no-reboot",
+        "-display",
+        "none",
+        "-chardev",
+    ] {
+        args.push(arg.into());
+    }
+    args.push(chardev);
+    args.extend(
+        [
+            "-device",
+            "vhost-user-vsock-device,chardev=vsock",
+            "-serial",
+        ]
+        .map(OsString::from),
+    );
+    args.push(serial);
+    args.push("-kernel".into());
+    args.push(guest.kernel.into());
+    args.push("-initrd".into());
+    args.push(guest.initramfs.into());
+    args.push("-append".into());
+    args.push(format!("{} {}", contract::qemu::BASE_APPEND, guest.cmdline).into());
+    args
+}
+
+/// Starts `crucible-vmm vhost-user vsock` for one guest and waits until its socket listens.
+/// Its stderr goes to `log`.
+pub async fn start_vsock_device(
+    tools: &QemuTools,
+    vmm_binary: &Path,
+    socket: &Path,
+    guest_cid: u32,
+    uds: &Path,
+    log: &Path,
+) -> Result<Child, BackendError> {
+    let log_file = std::fs::File::create(log)
+        .map_err(|e| BackendError::setup(format!("create {}", log.display()), e))?;
+    let mut command = tools.command(vmm_binary);
+    command
+        .args(["vhost-user", "vsock", "--socket"])
+        .arg(socket)
+        .args(["--guest-cid", &guest_cid.to_string(), "--uds"])
+        .arg(uds)
+        .stdout(Stdio::piped())
+        .stderr(log_file);
+    let mut child = command
+        .spawn()
+        .map_err(|e| BackendError::setup(format!("start {}", vmm_binary.display()), e))?;
+    let Some(stdout) = child.stdout.take() else {
+        return Err(BackendError::setup(
+            "read the vsock device's ready line",
+            io::Error::other("its stdout was not captured"),
+        ));
+    };
+    let mut lines = BufReader::new(stdout).lines();
+    let ready = tokio::time::timeout(DEVICE_START_TIMEOUT, async {
+        while let Some(line) = lines.next_line().await? {
+            if line.contains("listening on") {
+                return Ok(true);
+            }
+        }
+        Ok::<_, io::Error>(false)
+    })
+    .await;
+    let why = match ready {
+        Ok(Ok(true)) => return Ok(child),
+        Ok(Ok(false)) => "it exited before listening".to_string(),
+        Ok(Err(e)) => format!("reading its output failed: {e}"),
+        Err(_) => format!("it did not listen within {DEVICE_START_TIMEOUT:?}"),
+    };
+    let _ = child.kill().await;
+    Err(BackendError::NotReady(format!(
+        "the vhost-user vsock device ({} vhost-user vsock): {why}; see {}",
+        vmm_binary.display(),
+        log.display()
+    )))
+}
+
+/// The QEMU command for `guest` (to hand to `spawn_and_await_hello`).
+pub fn qemu_command(tools: &QemuTools, guest: &QemuGuest<'_>, log: &Path) -> io::Result<Command> {
+    let log_file = std::fs::File::create(log)?;
+    let mut command = tools.command(&tools.qemu);
+    command
+        .args(qemu_args(guest))
+        .stdout(Stdio::null())
+        .stderr(log_file);
+    Ok(command)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn guest<'a>() -> QemuGuest<'a> {
+        QemuGuest {
+            kernel: Path::new("/img/vmlinux"),
+            initramfs: Path::new("/img/initramfs.cpio"),
+            cmdline: "crucible.boot_marker=1",
+            memory_mib: 512,
+            vcpus: 2,
+            vsock_socket: Path::new("/run/sb/vhost-vsock.sock"),
+            console: Path::new("/run/sb/console.log"),
+        }
+    }
+
+    fn text(args: &[OsString]) -> String {
+        args.iter()
+            .map(|a| a.to_string_lossy().into_owned())
+            .collect::<Vec<_>>()
+            .join(" ")
+    }
+
+    #[test]
+    fn qemu_runs_tcg_microvm_with_shared_memory_our_vsock_and_nothing_else() {
+        let args = text(&qemu_args(&guest()));
+        for expected in [
+            "-M microvm,x-option-roms=off",
+            ",memory-backend=mem",
+            "memory-backend-memfd,id=mem,size=512M,share=on",
+            "-accel tcg",
+            "-m 512",
+            "-smp 2",
+            "-nodefaults",
+            "-no-reboot",
+            "-chardev socket,id=vsock,path=/run/sb/vhost-vsock.sock",
+            "-device vhost-user-vsock-device,chardev=vsock",
+            "-serial file:/run/sb/console.log",
+            "-kernel /img/vmlinux",
+            "-initrd /img/initramfs.cpio",
+        ] {
+            assert!(args.contains(expected), "{expected:?} missing from {args}");
+        }
+        assert!(
+            !args.contains("-netdev") && !args.contains("-enable-kvm"),
+            "{args}"
+        );
+        let append = qemu_args(&guest())
+            .last()
+            .map(|a| a.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        assert!(append.starts_with(contract::qemu::BASE_APPEND), "{append}");
+        assert!(append.ends_with("crucible.boot_marker=1"), "{append}");
+    }
+
+    #[test]
+    fn zero_vcpus_still_boots_one() {
+        let g = QemuGuest {
+            vcpus: 0,
+            ..guest()
+        };
+        assert!(text(&qemu_args(&g)).contains("-smp 1"));
+    }
+
+    #[test]
+    fn find_on_path_needs_an_executable_file() {
+        assert!(find_on_path("sh").is_some());
+        assert!(find_on_path("no-such-program-crucible").is_none());
+    }
+}
