@@ -10,6 +10,7 @@ pub mod cpu;
 pub mod layout;
 pub mod metrics;
 pub mod mptable;
+pub mod privileges;
 pub mod seccomp;
 pub mod vcpu;
 
@@ -17,7 +18,7 @@ use std::fs::OpenOptions;
 use std::io::{self, Write};
 use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicI32, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Barrier, Mutex};
 use std::time::{Duration, Instant};
 
 use devices::legacy::{BootMarker, SerialPort, I8042};
@@ -47,6 +48,7 @@ pub use vcpu::VmExit;
 use crate::boot::BootEntry;
 use crate::bus::Bus;
 use crate::layout::*;
+use crate::seccomp::{ThreadFilters, VmmThread};
 use crate::vcpu::Shared;
 
 // The process exit codes, as numbers for `std::process::exit`; a caller maps them back
@@ -437,9 +439,11 @@ impl Vmm {
         self.metrics.clone()
     }
 
-    /// Runs the VM until it ends; returns how, with the timings. `before_run` is called once
-    /// every thread exists and before the guest starts (the seccomp filter goes on there).
-    pub fn run(self, before_run: impl FnOnce() -> io::Result<()>) -> (VmExit, Timings) {
+    /// Runs the VM until it ends; returns how, with the timings. With `filters`, each thread
+    /// installs its own seccomp filter once its setup is done: every vCPU thread before its
+    /// first `KVM_RUN`, the main thread after starting them and before its event loop. No
+    /// thread runs the guest until every filter is on.
+    pub fn run(self, filters: Option<ThreadFilters>) -> (VmExit, Timings) {
         let Vmm {
             start,
             host,
@@ -502,20 +506,33 @@ impl Vmm {
             host,
             boot_marker_us: boot_marker_us.clone(),
         }));
-        if let Err(e) = before_run() {
-            let exit = VmExit::Kvm(format!("cannot install the seccomp filter: {e}"));
-            return finish(start, host, kvm_ready_us, 0, &boot_marker_us, exit);
-        }
-        let mut threads = Vec::new();
+        let filters = filters.map(Arc::new);
+        // Every vCPU thread and the main thread meet here once their filters are on.
+        let all_filtered = Arc::new(Barrier::new(vcpus.len() + 1));
+        let mut all_started = true;
         for (id, vcpu) in vcpus.into_iter().enumerate() {
             let (pio, mmio, sh) = (pio.clone(), mmio.clone(), shared.clone());
+            let (filters, all_filtered) = (filters.clone(), all_filtered.clone());
             let t = std::thread::Builder::new()
                 .name(format!("vcpu{id}"))
-                .spawn(move || vcpu::run(vcpu, id as u8, pio, mmio, sh, start, host));
-            match t {
-                Ok(t) => threads.push(t),
-                Err(e) => shared.report(VmExit::Kvm(format!("cannot start vCPU {id}: {e}"))),
+                .spawn(move || {
+                    if let Some(Err(e)) = filters.map(|f| f.install(VmmThread::Vcpu)) {
+                        sh.report(VmExit::Kvm(format!("vCPU {id}: {}", error_chain(&e))));
+                    }
+                    all_filtered.wait();
+                    vcpu::run(vcpu, id as u8, pio, mmio, sh, start, host)
+                });
+            if let Err(e) = t {
+                shared.report(VmExit::Kvm(format!("cannot start vCPU {id}: {e}")));
+                all_started = false;
             }
+        }
+        if let Some(Err(e)) = filters.map(|f| f.install(VmmThread::EventLoop)) {
+            shared.report(VmExit::Kvm(error_chain(&e)));
+        }
+        // With a thread missing nobody else would arrive: the VM ends without running.
+        if all_started {
+            all_filtered.wait();
         }
         loop {
             if let Some(exit) = shared
@@ -532,6 +549,18 @@ impl Vmm {
             }
         }
     }
+}
+
+/// `e` and each of its causes, joined by ": ".
+pub fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut cause = e.source();
+    while let Some(c) = cause {
+        s.push_str(": ");
+        s.push_str(&c.to_string());
+        cause = c.source();
+    }
+    s
 }
 
 fn micros(start: Instant) -> u64 {

@@ -6,8 +6,8 @@ use std::time::Instant;
 
 use clap::Parser;
 use crucible_vmm::{
-    config, seccomp, BlockConfig, ConsoleOutput, HostKind, VmConfig, Vmm, VsockConfig, EXIT_CONFIG,
-    EXIT_KVM,
+    config, error_chain, privileges, seccomp::ThreadFilters, BlockConfig, ConsoleOutput, HostKind,
+    VmConfig, Vmm, VsockConfig, EXIT_CONFIG, EXIT_INTERNAL, EXIT_KVM,
 };
 
 /// Run one crucible microVM.
@@ -61,7 +61,7 @@ struct Args {
     /// when the VM ends. The file is created before the VM starts.
     #[arg(long, value_name = "FILE")]
     metrics: Option<PathBuf>,
-    /// Run without the seccomp filter.
+    /// Run without the per-thread seccomp filters (debugging only).
     #[arg(long)]
     no_seccomp: bool,
     /// Drop to this uid once the VM is built.
@@ -119,17 +119,6 @@ fn config_from(args: &Args) -> Result<VmConfig, String> {
     Ok(c)
 }
 
-fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut s = e.to_string();
-    let mut cur = e.source();
-    while let Some(c) = cur {
-        s.push_str(": ");
-        s.push_str(&c.to_string());
-        cur = c.source();
-    }
-    s
-}
-
 fn main() {
     let start = Instant::now();
     let args = match Args::try_parse() {
@@ -181,19 +170,23 @@ fn main() {
     if !host.boots_stock_kernel() {
         eprintln!("crucible-vmm: note: host is {}", host.describe());
     }
-    if let Err(e) = seccomp::drop_privileges(args.uid, args.gid) {
+    if let Err(e) = privileges::drop_privileges(args.uid, args.gid) {
         eprintln!("crucible-vmm: cannot drop privileges: {e}");
         std::process::exit(EXIT_CONFIG);
     }
-    let no_seccomp = args.no_seccomp;
-    let metrics = vmm.metrics();
-    let (exit, timings) = vmm.run(|| {
-        if no_seccomp {
-            Ok(())
-        } else {
-            seccomp::install()
+    let filters = if args.no_seccomp {
+        None
+    } else {
+        match ThreadFilters::compile() {
+            Ok(f) => Some(f),
+            Err(e) => {
+                eprintln!("crucible-vmm: {}", error_chain(&e));
+                std::process::exit(EXIT_INTERNAL);
+            }
         }
-    });
+    };
+    let metrics = vmm.metrics();
+    let (exit, timings) = vmm.run(filters);
     if args.timings {
         eprintln!("{}", serde_json::to_string(&timings).unwrap_or_default());
     }
