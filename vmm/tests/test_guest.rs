@@ -93,13 +93,17 @@ fn run_vmm(dir: &Path, kernel: &Path, block: bool, extra: &[&str]) -> Run {
 }
 
 /// `crucible-vmm` on `kernel` with the console log `console.log`, the disk `disk.img` (unless
-/// `block` is false) and vsock at `v.sock`, all in `dir`; serial output on stdout.
+/// `block` is false) and vsock at `v.sock`, all in `dir`; serial output on stdout; 64 MiB of
+/// guest RAM; timings on stderr unless `extra` sends them elsewhere.
 fn vmm_command(dir: &Path, kernel: &Path, block: bool, extra: &[&str]) -> Command {
     let img = dir.join("disk.img");
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_crucible-vmm"));
+    if !extra.contains(&"--timings") {
+        cmd.arg("--timings");
+    }
     cmd.arg("--kernel")
         .arg(kernel)
-        .args(["--mem-mib", "64", "--serial", "--timings"])
+        .args(["--mem-mib", "64", "--serial"])
         .arg("--console")
         .arg(dir.join("console.log"));
     if block {
@@ -610,5 +614,90 @@ fn every_vmm_thread_installs_exactly_one_seccomp_filter_of_its_own() {
     assert!(
         seen.iter().all(|(_, mode, n)| mode == "0" && n == "0"),
         "{seen:?}"
+    );
+}
+
+#[test]
+#[cfg_attr(
+    not(crucible_kvm),
+    ignore = "needs a /dev/kvm this user can open; CRUCIBLE_REQUIRE_KVM=1 runs it anyway"
+)]
+fn timings_with_a_file_writes_the_json_there_and_not_on_stderr() {
+    assert_kvm_usable();
+    let dir = tempfile::tempdir().unwrap();
+    let k = write_kernel(dir.path(), "guest64.elf", GUEST64, false);
+    let file = dir.path().join("timings.json");
+    let r = run_vmm(dir.path(), &k, true, &["--timings", file.to_str().unwrap()]);
+    assert_eq!(r.out.status.code(), Some(0), "{}", r.stderr);
+    assert!(
+        !r.stderr.lines().any(|l| l.starts_with('{')),
+        "{}",
+        r.stderr
+    );
+    let t: serde_json::Value = serde_json::from_slice(&std::fs::read(&file).unwrap()).unwrap();
+    assert_eq!(t["exit"], "guest_stop", "{t}");
+    assert_eq!(t["host"], crucible_vmm::HostKind::detect().name());
+    let entry = t["kernel_entry_us"].as_u64().unwrap();
+    assert!(t["kvm_ready_us"].as_u64().unwrap() <= entry, "{t}");
+    assert!(entry <= t["boot_complete_us"].as_u64().unwrap(), "{t}");
+    assert!(t["boot_complete_us"].as_u64().unwrap() <= t["exit_us"].as_u64().unwrap());
+
+    let out = Command::new(env!("CARGO_BIN_EXE_crucible-vmm"))
+        .args(["--kernel", "/k", "--timings"])
+        .arg(dir.path().join("no/such/dir/t.json"))
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(crucible_vmm::EXIT_CONFIG), "{err}");
+    assert!(err.contains("cannot create the timings file"), "{err}");
+}
+
+/// The VMM's goal for its own memory beside guest RAM (`docs/vmm.md`, "Overhead").
+const OVERHEAD_GOAL_KIB: u64 = 3 * 1024;
+
+#[test]
+#[cfg_attr(
+    not(crucible_kvm),
+    ignore = "needs a /dev/kvm this user can open; CRUCIBLE_REQUIRE_KVM=1 runs it anyway"
+)]
+fn vmm_private_memory_beside_guest_ram_stays_within_3_mib_with_every_device_in_use() {
+    use std::io::{BufRead, Read, Write};
+    assert_kvm_usable();
+    let dir = tempfile::tempdir().unwrap();
+    let k = write_kernel(dir.path(), "io_guest.elf", IO_GUEST, false);
+    let mut disk = vec![0u8; 1 << 20];
+    disk[..22].copy_from_slice(b"crucible host sector 0");
+    std::fs::write(dir.path().join("disk.img"), &disk).unwrap();
+    let listener = std::os::unix::net::UnixListener::bind(dir.path().join("v.sock_7000")).unwrap();
+    std::thread::spawn(move || {
+        let (mut c, _) = listener.accept().unwrap();
+        let mut ping = [0u8; 19];
+        c.read_exact(&mut ping).unwrap();
+        c.write_all(b"pong from the host").unwrap();
+        let _ = c.read_to_end(&mut Vec::new());
+    });
+    let mut cmd = vmm_command(dir.path(), &k, true, &["--cmdline", "io_guest.stay"]);
+    cmd.stdout(std::process::Stdio::piped());
+    let mut child = cmd.spawn().unwrap();
+    // Measured once the guest has used every device and stays halted with them live.
+    let mut serial = std::io::BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    while !line.contains("test-guest: staying") {
+        line.clear();
+        let n = serial.read_line(&mut line).unwrap();
+        eprint!("{line}");
+        assert!(n > 0, "the VMM ended before the guest finished its I/O");
+    }
+    let measured = crucible_vmm::overhead::measure(child.id(), 64 << 20);
+    // SAFETY: kill(2) on our own child's pid.
+    assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGTERM) }, 0);
+    assert_eq!(child.wait().unwrap().code(), Some(0));
+    let m = measured.unwrap();
+    eprintln!("overhead: {}", serde_json::to_string(&m).unwrap());
+    assert!(m.guest_ram_rss_kib > 0, "the guest touched its RAM: {m:?}");
+    assert!(
+        m.per_vm_kib() <= OVERHEAD_GOAL_KIB,
+        "{} KiB private beside guest RAM (less shared file pages): {m:?}",
+        m.per_vm_kib()
     );
 }

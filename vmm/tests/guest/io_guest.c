@@ -10,7 +10,9 @@
  *
  * Rings are polled (interrupts stay off). Each step prints on the serial port; a failed check
  * prints "test-guest: FAIL <letter>" and triple-faults (ud2 with an empty IDT). At the end it
- * writes the boot-complete marker and resets through the i8042.
+ * writes the boot-complete marker and resets through the i8042 or, with `io_guest.stay` on the
+ * command line, says "test-guest: staying" and halts with its devices live (for measuring the
+ * VMM while it runs).
  *
  * Rebuild (the .bin is what the test loads):
  *   gcc -O2 -Wall -Wextra -m64 -ffreestanding -fno-pic -fno-pie -mno-red-zone -mgeneral-regs-only \
@@ -29,6 +31,7 @@ __asm__(".text\n"
         ".globl _start\n"
         "_start:\n"
         "    mov $0x80000, %rsp\n"
+        "    mov %rsi, %rdi\n" /* the zero page */
         "    call guest_main\n"
         "1:  hlt\n"
         "    jmp 1b\n");
@@ -368,7 +371,21 @@ static void vsock_test(u64 window) {
     puts("test-guest: virtio-vsock connect, send, receive, shutdown ok\n");
 }
 
-void guest_main(void) {
+/* Whether `word` is on the command line the zero page points to. */
+static int cmdline_has(u64 zero_page, const char *word) {
+    const char *line = (const char *)(u64) * (volatile u32 *)(zero_page + 0x228);
+    u32 n = len(word);
+    for (const char *at = line; *at; at++) {
+        u32 i = 0;
+        while (i < n && at[i] == word[i])
+            i++;
+        if (i == n && (at[n] == ' ' || at[n] == 0) && (at == line || at[-1] == ' '))
+            return 1;
+    }
+    return 0;
+}
+
+void guest_main(u64 zero_page) {
     puts("test-guest: I/O guest entered\n");
     /* Map 2 MiB at 0xd0000000 (uncached) for the virtio-mmio windows: PDPT[3] -> PD at
      * 0xc000, as guest64.S does. */
@@ -384,6 +401,11 @@ void guest_main(void) {
     vsock_test(0xd0002000UL);
 
     outb(0x3f0, 123); /* the boot-complete marker */
+    if (cmdline_has(zero_page, "io_guest.stay")) {
+        puts("test-guest: staying\n");
+        for (;;)
+            __asm__ volatile("cli; hlt");
+    }
     puts("test-guest: resetting\n");
     outb(0x64, 0xfe); /* i8042 reset */
 }
