@@ -10,6 +10,8 @@ pub mod cpu;
 pub mod layout;
 pub mod metrics;
 pub mod mptable;
+pub mod overhead;
+pub mod privileges;
 pub mod seccomp;
 pub mod vcpu;
 
@@ -17,7 +19,7 @@ use std::fs::OpenOptions;
 use std::io::{self, Write};
 use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicI32, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Barrier, Mutex};
 use std::time::{Duration, Instant};
 
 use devices::legacy::{BootMarker, SerialPort, I8042};
@@ -49,6 +51,7 @@ pub use vcpu::VmExit;
 use crate::boot::BootEntry;
 use crate::bus::Bus;
 use crate::layout::*;
+use crate::seccomp::{ThreadFilters, VmmThread};
 use crate::vcpu::Shared;
 
 // The process exit codes, as numbers for `std::process::exit`; a caller maps them back
@@ -188,7 +191,8 @@ impl std::fmt::Debug for Vmm {
     }
 }
 
-/// Allocates guest RAM (anonymous, mapped lazily; 2 MiB hugepages if asked).
+/// Allocates guest RAM (anonymous, mapped lazily; 2 MiB hugepages if asked; never in a core
+/// dump).
 pub fn build_memory(mem_bytes: u64, hugepages: bool) -> Result<GuestMemoryMmap, VmmError> {
     let mut regions = Vec::new();
     for (start, len) in ram_ranges(mem_bytes) {
@@ -202,6 +206,15 @@ pub fn build_memory(mem_bytes: u64, hugepages: bool) -> Result<GuestMemoryMmap, 
             .with_hugetlbfs(hugepages)
             .build()
             .map_err(|e| VmmError::Memory(format!("mmap {len} bytes: {e}")))?;
+        // Left out of core dumps: a crashed VMM must not write out the guest's memory. It also
+        // tells guest RAM apart in smaps (`overhead`).
+        // SAFETY: madvise on a mapping the region owns, over exactly its length; DONTDUMP
+        // changes no content.
+        if unsafe { libc::madvise(region.as_ptr().cast(), region.size(), libc::MADV_DONTDUMP) } != 0
+        {
+            let e = io::Error::last_os_error();
+            return Err(VmmError::Memory(format!("madvise DONTDUMP: {e}")));
+        }
         let r = GuestRegionMmap::new(region, GuestAddress(start))
             .ok_or_else(|| VmmError::Memory("region overflows".into()))?;
         regions.push(r);
@@ -455,9 +468,11 @@ impl Vmm {
         self.metrics.clone()
     }
 
-    /// Runs the VM until it ends; returns how, with the timings. `before_run` is called once
-    /// every thread exists and before the guest starts (the seccomp filter goes on there).
-    pub fn run(self, before_run: impl FnOnce() -> io::Result<()>) -> (VmExit, Timings) {
+    /// Runs the VM until it ends; returns how, with the timings. With `filters`, each thread
+    /// installs its own seccomp filter once its setup is done: every vCPU thread before its
+    /// first `KVM_RUN`, the main thread after starting them and before its event loop. No
+    /// thread runs the guest until every filter is on.
+    pub fn run(self, filters: Option<ThreadFilters>) -> (VmExit, Timings) {
         let Vmm {
             start,
             host,
@@ -524,20 +539,40 @@ impl Vmm {
             host,
             boot_marker_us: boot_marker_us.clone(),
         }));
-        if let Err(e) = before_run() {
-            let exit = VmExit::Kvm(format!("cannot install the seccomp filter: {e}"));
-            return finish(start, host, kvm_ready_us, 0, &boot_marker_us, exit);
-        }
-        let mut threads = Vec::new();
+        let filters = filters.map(Arc::new);
+        // Every vCPU thread and the main thread meet here once their filters are on.
+        let all_filtered = Arc::new(Barrier::new(vcpus.len() + 1));
+        let mut all_started = true;
         for (id, vcpu) in vcpus.into_iter().enumerate() {
             let (pio, mmio, sh) = (pio.clone(), mmio.clone(), shared.clone());
+            let (filters, all_filtered) = (filters.clone(), all_filtered.clone());
             let t = std::thread::Builder::new()
                 .name(format!("vcpu{id}"))
-                .spawn(move || vcpu::run(vcpu, id as u8, pio, mmio, sh, start, host));
-            match t {
-                Ok(t) => threads.push(t),
-                Err(e) => shared.report(VmExit::Kvm(format!("cannot start vCPU {id}: {e}"))),
+                .spawn(move || {
+                    if let Some(Err(e)) = filters.map(|f| f.install(VmmThread::Vcpu)) {
+                        sh.report(VmExit::Kvm(format!("vCPU {id}: {}", error_chain(&e))));
+                    }
+                    all_filtered.wait();
+                    vcpu::run(vcpu, id as u8, pio.clone(), mmio.clone(), sh, start, host);
+                    // The devices are torn down by the main thread, never here: a vCPU thread
+                    // that dropped the last reference to a bus would run the devices' drops
+                    // (the vsock socket file's removal: stat and unlink) under the vCPU filter,
+                    // which allows no path calls and would kill the process. The process ends
+                    // right after the VM does, so these references are never missed.
+                    std::mem::forget(pio);
+                    std::mem::forget(mmio);
+                });
+            if let Err(e) = t {
+                shared.report(VmExit::Kvm(format!("cannot start vCPU {id}: {e}")));
+                all_started = false;
             }
+        }
+        if let Some(Err(e)) = filters.map(|f| f.install(VmmThread::EventLoop)) {
+            shared.report(VmExit::Kvm(error_chain(&e)));
+        }
+        // With a thread missing nobody else would arrive: the VM ends without running.
+        if all_started {
+            all_filtered.wait();
         }
         loop {
             if let Some(exit) = shared
@@ -554,6 +589,18 @@ impl Vmm {
             }
         }
     }
+}
+
+/// `e` and each of its causes, joined by ": ".
+pub fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut cause = e.source();
+    while let Some(c) = cause {
+        s.push_str(": ");
+        s.push_str(&c.to_string());
+        cause = c.source();
+    }
+    s
 }
 
 fn micros(start: Instant) -> u64 {

@@ -1,14 +1,16 @@
 //! `crucible-vmm`: run one microVM until the guest ends, or (`crucible-vmm vhost-user block|vsock`)
 //! serve our block or vsock device to QEMU over vhost-user. See `docs/vmm.md`.
 
+use std::fs::File;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use clap::{Parser, Subcommand};
 use crucible_vmm::{
-    config, seccomp, BlockConfig, ConsoleOutput, HostKind, VmConfig, Vmm, VsockConfig, EXIT_CONFIG,
-    EXIT_INTERNAL, EXIT_KVM, EXIT_OK, VSOCK_MAX_CONNECTIONS,
+    config, error_chain, privileges, seccomp::ThreadFilters, BlockConfig, ConsoleOutput, HostKind,
+    VmConfig, Vmm, VsockConfig, EXIT_CONFIG, EXIT_INTERNAL, EXIT_KVM, EXIT_OK,
+    VSOCK_MAX_CONNECTIONS,
 };
 use devices::vhost_user::block::{self as vhost_user_block, VhostUserBlockError};
 use devices::vhost_user::vsock::{self as vhost_user_vsock, VhostUserVsockError};
@@ -74,14 +76,15 @@ struct Args {
     /// default 10000 on kvm_pvm hosts, never elsewhere).
     #[arg(long)]
     boot_timeout_ms: Option<u64>,
-    /// Print boot timings as JSON on stderr when the VM ends.
-    #[arg(long)]
-    timings: bool,
+    /// Write boot timings as JSON when the VM ends: to FILE (created before the VM starts),
+    /// or as one line on stderr when no FILE is given.
+    #[arg(long, value_name = "FILE", num_args = 0..=1, default_missing_value = TIMINGS_ON_STDERR)]
+    timings: Option<PathBuf>,
     /// Write the device metrics (driver protocol violations per virtio device) to FILE as JSON
     /// when the VM ends. The file is created before the VM starts.
     #[arg(long, value_name = "FILE")]
     metrics: Option<PathBuf>,
-    /// Run without the seccomp filter.
+    /// Run without the per-thread seccomp filters (debugging only).
     #[arg(long)]
     no_seccomp: bool,
     /// Drop to this uid once the VM is built.
@@ -237,15 +240,37 @@ fn config_from(args: &Args) -> Result<VmConfig, String> {
     Ok(c)
 }
 
-fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut s = e.to_string();
-    let mut cur = e.source();
-    while let Some(c) = cur {
-        s.push_str(": ");
-        s.push_str(&c.to_string());
-        cur = c.source();
+/// `--timings` without a FILE: the JSON goes to stderr.
+const TIMINGS_ON_STDERR: &str = "-";
+
+/// Creates the output file `path` (if any) for `what`; a path that cannot be created is a
+/// configuration error.
+fn create_output(path: Option<&Path>, what: &str) -> Option<File> {
+    let path = path?;
+    match File::create(path) {
+        Ok(f) => Some(f),
+        Err(e) => {
+            eprintln!(
+                "crucible-vmm: cannot create the {what} file {}: {e}",
+                path.display()
+            );
+            std::process::exit(EXIT_CONFIG);
+        }
     }
-    s
+}
+
+/// Writes `value` as one JSON line to `file`. The VM's exit code stays the answer: a lost file
+/// is reported, not fatal.
+fn write_json(mut file: &File, path: &Path, what: &str, value: &impl serde::Serialize) {
+    let written = serde_json::to_writer(&mut file, value)
+        .map_err(std::io::Error::from)
+        .and_then(|()| file.write_all(b"\n"));
+    if let Err(e) = written {
+        eprintln!(
+            "crucible-vmm: cannot write the {what} file {}: {e}",
+            path.display()
+        );
+    }
 }
 
 fn main() {
@@ -281,20 +306,14 @@ fn main() {
         }
     };
     // Opened now: a bad path is a configuration error before anything runs, and neither the
-    // seccomp filter nor a dropped uid can stop the write at the end.
-    let metrics_file = match args
-        .metrics
-        .as_deref()
-        .map(std::fs::File::create)
-        .transpose()
-    {
-        Ok(f) => f,
-        Err(e) => {
-            let path = args.metrics.as_deref().unwrap_or(Path::new("")).display();
-            eprintln!("crucible-vmm: cannot create the metrics file {path}: {e}");
-            std::process::exit(EXIT_CONFIG);
-        }
-    };
+    // seccomp filters nor a dropped uid can stop the write at the end.
+    let metrics_file = create_output(args.metrics.as_deref(), "metrics");
+    let timings_file = create_output(
+        args.timings
+            .as_deref()
+            .filter(|p| *p != Path::new(TIMINGS_ON_STDERR)),
+        "timings",
+    );
     let host = HostKind::detect();
     if !host.has_kvm() {
         eprintln!("crucible-vmm: {}", host.describe());
@@ -310,32 +329,31 @@ fn main() {
     if !host.boots_stock_kernel() {
         eprintln!("crucible-vmm: note: host is {}", host.describe());
     }
-    if let Err(e) = seccomp::drop_privileges(args.uid, args.gid) {
+    if let Err(e) = privileges::drop_privileges(args.uid, args.gid) {
         eprintln!("crucible-vmm: cannot drop privileges: {e}");
         std::process::exit(EXIT_CONFIG);
     }
-    let no_seccomp = args.no_seccomp;
-    let metrics = vmm.metrics();
-    let (exit, timings) = vmm.run(|| {
-        if no_seccomp {
-            Ok(())
-        } else {
-            seccomp::install()
+    let filters = if args.no_seccomp {
+        None
+    } else {
+        match ThreadFilters::compile() {
+            Ok(f) => Some(f),
+            Err(e) => {
+                eprintln!("crucible-vmm: {}", error_chain(&e));
+                std::process::exit(EXIT_INTERNAL);
+            }
         }
-    });
-    if args.timings {
-        eprintln!("{}", serde_json::to_string(&timings).unwrap_or_default());
+    };
+    let metrics = vmm.metrics();
+    let (exit, timings) = vmm.run(filters);
+    match (&timings_file, &args.timings) {
+        (Some(f), Some(path)) => write_json(f, path, "timings", &timings),
+        (None, Some(_)) => eprintln!("{}", serde_json::to_string(&timings).unwrap_or_default()),
+        _ => {}
     }
     eprintln!("crucible-vmm: {}", metrics.summary_line());
-    if let Some(mut f) = metrics_file {
-        // The VM's exit code stays the answer; a lost metrics file is reported, not fatal.
-        let written = serde_json::to_writer(&mut f, &metrics.to_json())
-            .map_err(std::io::Error::from)
-            .and_then(|()| f.write_all(b"\n"));
-        if let Err(e) = written {
-            let path = args.metrics.as_deref().unwrap_or(Path::new("")).display();
-            eprintln!("crucible-vmm: cannot write the metrics file {path}: {e}");
-        }
+    if let (Some(f), Some(path)) = (&metrics_file, &args.metrics) {
+        write_json(f, path, "metrics", &metrics.to_json());
     }
     match &exit {
         crucible_vmm::VmExit::GuestCrash(m) => eprintln!("crucible-vmm: guest crashed: {m}"),

@@ -15,6 +15,7 @@ use std::process::{Command, Output};
 
 const GUEST64: &[u8] = include_bytes!("guest/guest64.bin");
 const GUEST32: &[u8] = include_bytes!("guest/guest32.bin");
+const IO_GUEST: &[u8] = include_bytes!("guest/io_guest.bin");
 const LOAD_ADDR: u64 = 0x10_0000;
 
 /// An ELF64 x86-64 executable with one PT_LOAD at 1 MiB and, if `pvh`, a PT_NOTE carrying
@@ -84,15 +85,25 @@ struct Run {
     stderr: String,
 }
 
-/// Runs `crucible-vmm` on `kernel` with a console log, a disk and vsock (so windows 0, 1, 2 are
-/// console, block, vsock) unless `block` is false.
+/// Runs `crucible-vmm` on `kernel` with a console log, a zeroed disk and vsock (so windows 0, 1,
+/// 2 are console, block, vsock) unless `block` is false.
 fn run_vmm(dir: &Path, kernel: &Path, block: bool, extra: &[&str]) -> Run {
+    std::fs::write(dir.join("disk.img"), vec![0u8; 1 << 20]).unwrap();
+    run(vmm_command(dir, kernel, block, extra))
+}
+
+/// `crucible-vmm` on `kernel` with the console log `console.log`, the disk `disk.img` (unless
+/// `block` is false) and vsock at `v.sock`, all in `dir`; serial output on stdout; 64 MiB of
+/// guest RAM; timings on stderr unless `extra` sends them elsewhere.
+fn vmm_command(dir: &Path, kernel: &Path, block: bool, extra: &[&str]) -> Command {
     let img = dir.join("disk.img");
-    std::fs::write(&img, vec![0u8; 1 << 20]).unwrap();
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_crucible-vmm"));
+    if !extra.contains(&"--timings") {
+        cmd.arg("--timings");
+    }
     cmd.arg("--kernel")
         .arg(kernel)
-        .args(["--mem-mib", "64", "--serial", "--timings"])
+        .args(["--mem-mib", "64", "--serial"])
         .arg("--console")
         .arg(dir.join("console.log"));
     if block {
@@ -101,6 +112,10 @@ fn run_vmm(dir: &Path, kernel: &Path, block: bool, extra: &[&str]) -> Run {
     cmd.args(["--vsock-cid", "3", "--vsock-uds"])
         .arg(dir.join("v.sock"))
         .args(extra);
+    cmd
+}
+
+fn run(mut cmd: Command) -> Run {
     let out = cmd.output().unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
     let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
@@ -509,4 +524,223 @@ fn each_attached_device_adds_its_virtio_mmio_window_and_irq_to_the_cmdline() {
     assert!(line.starts_with("reboot=k"), "{line}");
     assert!(line.ends_with("crucible.boot_marker=1"), "{line}");
     assert!(line.contains("console=hvc0"), "{line}");
+}
+
+#[test]
+#[cfg_attr(
+    not(crucible_kvm),
+    ignore = "needs a /dev/kvm this user can open; CRUCIBLE_REQUIRE_KVM=1 runs it anyway"
+)]
+fn io_guest_drives_console_block_and_vsock_under_the_per_thread_seccomp_filters() {
+    use std::io::{Read, Write};
+    assert_kvm_usable();
+    let dir = tempfile::tempdir().unwrap();
+    let k = write_kernel(dir.path(), "io_guest.elf", IO_GUEST, false);
+    let mut disk = vec![0u8; 1 << 20];
+    disk[..22].copy_from_slice(b"crucible host sector 0");
+    std::fs::write(dir.path().join("disk.img"), &disk).unwrap();
+    // The guest connects to host port 7000: the VMM connects `<uds>_7000` (socket + connect
+    // on the event loop, under its filter), then data flows both ways.
+    let listener = std::os::unix::net::UnixListener::bind(dir.path().join("v.sock_7000")).unwrap();
+    let host = std::thread::spawn(move || {
+        let (mut c, _) = listener.accept().unwrap();
+        let mut ping = [0u8; 19];
+        c.read_exact(&mut ping).unwrap();
+        c.write_all(b"pong from the host").unwrap();
+        let mut rest = Vec::new();
+        c.read_to_end(&mut rest).unwrap();
+        (ping, rest)
+    });
+    // Default flags: the filters are on (no --no-seccomp).
+    let r = run(vmm_command(dir.path(), &k, true, &[]));
+    assert_eq!(r.out.status.code(), Some(0), "{}{}", r.stdout, r.stderr);
+    for line in [
+        "test-guest: virtio-console transmit ok",
+        "test-guest: virtio-block write, flush, read back, host data ok",
+        "test-guest: virtio-vsock connect, send, receive, shutdown ok",
+        "test-guest: resetting",
+    ] {
+        assert!(r.stdout.contains(line), "{line} in {}", r.stdout);
+    }
+    let (ping, rest) = host.join().unwrap();
+    assert_eq!(&ping, b"ping from the guest");
+    assert!(rest.is_empty(), "{rest:?}");
+    let disk = std::fs::read(dir.path().join("disk.img")).unwrap();
+    assert_eq!(&disk[512..535], b"crucible guest sector 1");
+    let console = std::fs::read_to_string(dir.path().join("console.log")).unwrap();
+    assert_eq!(console, "test-guest: hello on hvc0\n");
+    assert!(
+        r.stderr
+            .contains("crucible-vmm: metrics: 0 driver protocol violations, 0 failed activations"),
+        "{}",
+        r.stderr
+    );
+    assert_eq!(timings(&r.stderr)["exit"], "guest_stop");
+}
+
+/// Each thread's name, `Seccomp` mode and filter count, from `/proc/<pid>/task`. KVM's own
+/// worker (`kvm-nx-lpage-recovery`, a kernel task the kernel puts in the VMM's thread group)
+/// is not ours and is left out.
+fn thread_seccomp(pid: u32) -> Vec<(String, String, String)> {
+    let mut threads = Vec::new();
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return threads;
+    };
+    for task in tasks.flatten() {
+        let Ok(status) = std::fs::read_to_string(task.path().join("status")) else {
+            continue;
+        };
+        let field = |name: &str| {
+            status
+                .lines()
+                .find_map(|l| l.strip_prefix(name))
+                .map(|v| v.trim().to_string())
+                .unwrap_or_default()
+        };
+        let name = field("Name:");
+        if !name.starts_with("kvm-") {
+            threads.push((name, field("Seccomp:"), field("Seccomp_filters:")));
+        }
+    }
+    threads.sort();
+    threads
+}
+
+/// Starts the spinning guest with two vCPUs, waits until `done` holds for its threads (at most
+/// 5 s), stops it with SIGTERM; returns the threads as last seen.
+fn spinning_vm_threads(
+    extra: &[&str],
+    done: impl Fn(&[(String, String, String)]) -> bool,
+) -> Vec<(String, String, String)> {
+    let dir = tempfile::tempdir().unwrap();
+    let k = write_kernel(dir.path(), "spin.elf", SPIN, false);
+    let mut child = Command::new(env!("CARGO_BIN_EXE_crucible-vmm"))
+        .arg("--kernel")
+        .arg(&k)
+        .args(["--mem-mib", "32", "--vcpus", "2", "--boot-timeout-ms", "0"])
+        .args(["--console", "off"])
+        .args(extra)
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    let mut seen = thread_seccomp(child.id());
+    while !done(&seen) && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(10));
+        seen = thread_seccomp(child.id());
+    }
+    // SAFETY: kill(2) on our own child's pid.
+    assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGTERM) }, 0);
+    assert_eq!(child.wait().unwrap().code(), Some(0));
+    seen
+}
+
+#[test]
+#[cfg_attr(
+    not(crucible_kvm),
+    ignore = "needs a /dev/kvm this user can open; CRUCIBLE_REQUIRE_KVM=1 runs it anyway"
+)]
+fn every_vmm_thread_installs_exactly_one_seccomp_filter_of_its_own() {
+    assert_kvm_usable();
+    let names = ["crucible-vmm", "vcpu0", "vcpu1"];
+    let filtered = |seen: &[(String, String, String)]| {
+        seen.len() == 3 && seen.iter().all(|(_, mode, n)| mode == "2" && n == "1")
+    };
+    let seen = spinning_vm_threads(&[], filtered);
+    // One filter each, none inherited: the main thread's goes on after the vCPUs exist.
+    assert!(filtered(&seen), "{seen:?}");
+    assert_eq!(seen.iter().map(|t| t.0.as_str()).collect::<Vec<_>>(), names);
+
+    // The control: without the filters the same threads report mode 0.
+    let unfiltered = |seen: &[(String, String, String)]| seen.len() == 3;
+    let seen = spinning_vm_threads(&["--no-seccomp"], unfiltered);
+    assert!(unfiltered(&seen), "{seen:?}");
+    assert!(
+        seen.iter().all(|(_, mode, n)| mode == "0" && n == "0"),
+        "{seen:?}"
+    );
+}
+
+#[test]
+#[cfg_attr(
+    not(crucible_kvm),
+    ignore = "needs a /dev/kvm this user can open; CRUCIBLE_REQUIRE_KVM=1 runs it anyway"
+)]
+fn timings_with_a_file_writes_the_json_there_and_not_on_stderr() {
+    assert_kvm_usable();
+    let dir = tempfile::tempdir().unwrap();
+    let k = write_kernel(dir.path(), "guest64.elf", GUEST64, false);
+    let file = dir.path().join("timings.json");
+    let r = run_vmm(dir.path(), &k, true, &["--timings", file.to_str().unwrap()]);
+    assert_eq!(r.out.status.code(), Some(0), "{}", r.stderr);
+    assert!(
+        !r.stderr.lines().any(|l| l.starts_with('{')),
+        "{}",
+        r.stderr
+    );
+    let t: serde_json::Value = serde_json::from_slice(&std::fs::read(&file).unwrap()).unwrap();
+    assert_eq!(t["exit"], "guest_stop", "{t}");
+    assert_eq!(t["host"], crucible_vmm::HostKind::detect().name());
+    let entry = t["kernel_entry_us"].as_u64().unwrap();
+    assert!(t["kvm_ready_us"].as_u64().unwrap() <= entry, "{t}");
+    assert!(entry <= t["boot_complete_us"].as_u64().unwrap(), "{t}");
+    assert!(t["boot_complete_us"].as_u64().unwrap() <= t["exit_us"].as_u64().unwrap());
+
+    let out = Command::new(env!("CARGO_BIN_EXE_crucible-vmm"))
+        .args(["--kernel", "/k", "--timings"])
+        .arg(dir.path().join("no/such/dir/t.json"))
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(crucible_vmm::EXIT_CONFIG), "{err}");
+    assert!(err.contains("cannot create the timings file"), "{err}");
+}
+
+/// The VMM's goal for its own memory beside guest RAM (`docs/vmm.md`, "Overhead").
+const OVERHEAD_GOAL_KIB: u64 = 3 * 1024;
+
+#[test]
+#[cfg_attr(
+    not(crucible_kvm),
+    ignore = "needs a /dev/kvm this user can open; CRUCIBLE_REQUIRE_KVM=1 runs it anyway"
+)]
+fn vmm_private_memory_beside_guest_ram_stays_within_3_mib_with_every_device_in_use() {
+    use std::io::{BufRead, Read, Write};
+    assert_kvm_usable();
+    let dir = tempfile::tempdir().unwrap();
+    let k = write_kernel(dir.path(), "io_guest.elf", IO_GUEST, false);
+    let mut disk = vec![0u8; 1 << 20];
+    disk[..22].copy_from_slice(b"crucible host sector 0");
+    std::fs::write(dir.path().join("disk.img"), &disk).unwrap();
+    let listener = std::os::unix::net::UnixListener::bind(dir.path().join("v.sock_7000")).unwrap();
+    std::thread::spawn(move || {
+        let (mut c, _) = listener.accept().unwrap();
+        let mut ping = [0u8; 19];
+        c.read_exact(&mut ping).unwrap();
+        c.write_all(b"pong from the host").unwrap();
+        let _ = c.read_to_end(&mut Vec::new());
+    });
+    let mut cmd = vmm_command(dir.path(), &k, true, &["--cmdline", "io_guest.stay"]);
+    cmd.stdout(std::process::Stdio::piped());
+    let mut child = cmd.spawn().unwrap();
+    // Measured once the guest has used every device and stays halted with them live.
+    let mut serial = std::io::BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    while !line.contains("test-guest: staying") {
+        line.clear();
+        let n = serial.read_line(&mut line).unwrap();
+        eprint!("{line}");
+        assert!(n > 0, "the VMM ended before the guest finished its I/O");
+    }
+    let measured = crucible_vmm::overhead::measure(child.id(), 64 << 20);
+    // SAFETY: kill(2) on our own child's pid.
+    assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGTERM) }, 0);
+    assert_eq!(child.wait().unwrap().code(), Some(0));
+    let m = measured.unwrap();
+    eprintln!("overhead: {}", serde_json::to_string(&m).unwrap());
+    assert!(m.guest_ram_rss_kib > 0, "the guest touched its RAM: {m:?}");
+    assert!(
+        m.per_vm_kib() <= OVERHEAD_GOAL_KIB,
+        "{} KiB private beside guest RAM (less shared file pages): {m:?}",
+        m.per_vm_kib()
+    );
 }
