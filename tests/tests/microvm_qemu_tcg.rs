@@ -171,16 +171,73 @@ async fn qemu_tcg_sandbox_serves_the_api_with_a_real_guest_kernel() {
 
     // Delete: QEMU and the device process are gone, and so is the sandbox's directory.
     let dir = daemon.state.config.state_dir.join("sandboxes").join(id);
-    assert!(dir.join("vhost-vsock.sock").exists() || dir.exists());
+    assert_eq!(sandbox_processes(id).len(), 2, "QEMU and the vsock device");
     c.delete(id).await.expect("delete");
     assert!(!dir.exists(), "{} left behind", dir.display());
-    let procs = std::fs::read_dir("/proc").expect("/proc");
-    for entry in procs.flatten() {
+    assert_eq!(sandbox_processes(id), Vec::<(i32, String)>::new());
+}
+
+/// The host processes whose command line names sandbox `id` (QEMU and the device process
+/// carry its runtime directory in their arguments), as (pid, command line).
+fn sandbox_processes(id: &str) -> Vec<(i32, String)> {
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir("/proc").expect("/proc").flatten() {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|p| p.parse::<i32>().ok())
+        else {
+            continue;
+        };
         let cmdline = std::fs::read(entry.path().join("cmdline")).unwrap_or_default();
-        let cmdline = String::from_utf8_lossy(&cmdline);
-        assert!(
-            !cmdline.contains(id.as_str()),
-            "a process of the deleted sandbox survived: {cmdline}"
-        );
+        let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
+        if cmdline.contains(id) {
+            found.push((pid, cmdline));
+        }
     }
+    found
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_qemu_tcg_sandbox_whose_vsock_device_dies_is_dead_and_delete_leaves_nothing() {
+    let daemon = qemu_daemon();
+    let c = daemon.client();
+    let sandbox = c
+        .create(&CreateSandbox::default())
+        .await
+        .expect("a qemu-tcg sandbox boots");
+    let id = &sandbox.id;
+    let device = sandbox_processes(id)
+        .into_iter()
+        .find(|(_, cmdline)| cmdline.contains("vhost-user vsock"))
+        .expect("the vsock device process");
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(device.0),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .expect("kill the device");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let info = c.get(id).await.expect("get");
+        if info.state == SandboxState::Dead {
+            assert!(info.error.contains("vsock device"), "{}", info.error);
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "still {:?} 30 s after its device died",
+            info.state
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let err = c
+        .exec_collect(id, &ExecRequest::new(["true"]))
+        .await
+        .expect_err("a dead sandbox runs nothing");
+    assert!(
+        err.to_string().contains("dead") || err.to_string().contains("409"),
+        "{err}"
+    );
+    c.delete(id).await.expect("delete");
+    assert_eq!(sandbox_processes(id), Vec::<(i32, String)>::new());
 }
