@@ -45,11 +45,17 @@ pub struct InProcess {
 impl InProcess {
     /// Starts a daemon serving `image`.
     pub fn start(image: &Path) -> Result<Self> {
+        Self::start_with(image, |_| {})
+    }
+
+    /// Starts a daemon serving `image`, its configuration adjusted by `configure`.
+    pub fn start_with(image: &Path, configure: impl FnOnce(&mut ServeConfig)) -> Result<Self> {
         let dir = tempfile::Builder::new()
             .prefix("crucible-bench-")
             .tempdir()
             .context("creating the daemon's temporary directory")?;
-        let config = config(image, dir.path());
+        let mut config = config(image, dir.path());
+        configure(&mut config);
         let socket = config.unix_socket.clone().context("no socket configured")?;
         let state_dir = config.state_dir.clone();
         let cgroup_parent = config.cgroup_parent.clone();

@@ -18,6 +18,7 @@ mod metrics;
 mod model;
 mod peers;
 mod plots;
+mod qemu_tcg;
 mod report;
 mod runner;
 mod stats;
@@ -285,7 +286,18 @@ fn is_root() -> bool {
 /// Re-runs this command from a `--release` build of xtask.
 fn rerun_release() -> Result<()> {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    eprintln!("==> bench: building xtask with --release (benchmarks of a debug build mean little)");
+    eprintln!(
+        "==> bench: building xtask and crucible-vmm with --release (benchmarks of a debug build \
+         mean little; the QEMU TCG microVMs run crucible-vmm's vsock device)"
+    );
+    let status = Command::new(&cargo)
+        .current_dir(workspace_root())
+        .args(["build", "--release", "--quiet", "--package", "crucible-vmm"])
+        .status()
+        .with_context(|| format!("running {cargo} build --release -p crucible-vmm"))?;
+    if !status.success() {
+        bail!("building crucible-vmm failed ({status})");
+    }
     let status = Command::new(&cargo)
         .current_dir(workspace_root())
         .args(["run", "--release", "--quiet", "--package", "xtask", "--"])

@@ -398,7 +398,7 @@ pub fn qemu_microvm_unavailable(image: &Path) -> Option<String> {
     );
     if !report.kvm.boots_stock_kernel() {
         return Some(format!(
-            "{} (QEMU booting the same kernel hits the same limit)",
+            "{} (QEMU with KVM booting the same kernel hits the same limit; under TCG it boots, measured below as the qemu-tcg hypervisor)",
             api::host::kvm_unavailable_reason(&report).unwrap_or_default()
         ));
     }
