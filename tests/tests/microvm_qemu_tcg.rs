@@ -241,3 +241,91 @@ async fn a_qemu_tcg_sandbox_whose_vsock_device_dies_is_dead_and_delete_leaves_no
     c.delete(id).await.expect("delete");
     assert_eq!(sandbox_processes(id), Vec::<(i32, String)>::new());
 }
+
+/// An image directory like the built one plus a `rootfs.ext4` made from its root tree with a
+/// marker file only the disk has.
+fn image_with_ext4_root(dir: &Path) -> std::path::PathBuf {
+    let built = harness::image_dir();
+    let image = dir.join("image");
+    std::fs::create_dir_all(&image).expect("image dir");
+    for name in ["vmlinux", "initramfs.cpio", "rootfs"] {
+        std::os::unix::fs::symlink(built.join(name), image.join(name)).expect("link");
+    }
+    let tree = dir.join("tree");
+    let status = std::process::Command::new("cp")
+        .arg("-a")
+        .arg(built.join("rootfs"))
+        .arg(&tree)
+        .status()
+        .expect("cp");
+    assert!(status.success(), "copying the root tree");
+    std::fs::write(
+        tree.join("etc/crucible-root-marker"),
+        "from the ext4 disk\n",
+    )
+    .expect("marker");
+    let status = std::process::Command::new("mkfs.ext4")
+        .args(["-q", "-F", "-L", "crucible-root", "-d"])
+        .arg(&tree)
+        .arg(image.join("rootfs.ext4"))
+        .arg("64M")
+        .status()
+        .expect("mkfs.ext4 (e2fsprogs) must be installed: build-image --rootfs needs it too");
+    assert!(status.success(), "mkfs.ext4 -d");
+    image
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_qemu_tcg_sandbox_boots_into_the_images_ext4_root_over_vhost_user_block() {
+    let scratch = tempfile::tempdir().expect("tempdir");
+    let image = image_with_ext4_root(scratch.path());
+    let binary = vmm_binary();
+    let daemon = TestDaemon::start_with(|c| {
+        c.image_dir = image;
+        c.vmm_binary = binary;
+        c.hypervisor = Hypervisor::QemuTcg;
+        c.default_backend = Some(BackendKind::Microvm);
+    });
+    let c = daemon.client();
+    let sandbox = c
+        .create(&CreateSandbox::default())
+        .await
+        .expect("a qemu-tcg sandbox boots from the ext4 root");
+    let id = &sandbox.id;
+    let processes = sandbox_processes(id);
+    assert!(
+        processes
+            .iter()
+            .any(|(_, cmdline)| cmdline.contains("vhost-user block")),
+        "no root disk device among {processes:?}"
+    );
+    let out = c
+        .exec_collect(
+            id,
+            &sh("cat /etc/crucible-root-marker; cat /sys/block/vda/ro"),
+        )
+        .await
+        .expect("exec");
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        "from the ext4 disk\n1\n",
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // Writes land in the overlay above the read-only disk and outlive the exec.
+    let out = c
+        .exec_collect(
+            id,
+            &sh("mkdir -p /work && echo written > /work/f && sync && echo ok"),
+        )
+        .await
+        .expect("write");
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "ok\n");
+    let out = c
+        .exec_collect(id, &ExecRequest::new(["cat", "/work/f"]))
+        .await
+        .expect("read back");
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "written\n");
+    c.delete(id).await.expect("delete");
+    assert_eq!(sandbox_processes(id), Vec::<(i32, String)>::new());
+}

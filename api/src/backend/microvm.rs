@@ -36,6 +36,9 @@ pub struct MicrovmBackend {
     vmm_binary: PathBuf,
     kernel: PathBuf,
     initramfs: PathBuf,
+    /// The image's ext4 root, when it has one (`build-image --rootfs`): under QEMU it is the
+    /// guest's `/dev/vda` and its root filesystem.
+    root_disk: PathBuf,
     state_dir: PathBuf,
     ready_timeout: Duration,
     host_reason: Option<String>,
@@ -64,6 +67,7 @@ impl MicrovmBackend {
             vmm_binary,
             kernel: image_dir.join("vmlinux"),
             initramfs: image_dir.join("initramfs.cpio"),
+            root_disk: image_dir.join("rootfs.ext4"),
             state_dir,
             ready_timeout,
             host_reason,
@@ -123,7 +127,7 @@ impl MicrovmBackend {
             }
             _ => self.launch_vmm(&spec, &dir, &uds, &console, &ready).await,
         };
-        let (vm, device, hello) = match launched {
+        let (vm, devices, hello) = match launched {
             Ok(launched) => launched,
             Err(e) => {
                 let _ = std::fs::remove_dir_all(&dir);
@@ -132,18 +136,20 @@ impl MicrovmBackend {
         };
         drop(ready);
         let vm = SandboxProcess::watch(vm, "the VM".into());
-        let device = device.map(|d| SandboxProcess::watch(d, "the vsock device".into()));
-        let exited = match &device {
-            Some(device) => first_exit(vm.exited(), device.exited()),
-            None => vm.exited(),
-        };
+        let devices: Vec<SandboxProcess> = devices
+            .into_iter()
+            .map(|(child, what)| SandboxProcess::watch(child, what.into()))
+            .collect();
+        let exited = devices
+            .iter()
+            .fold(vm.exited(), |first, d| first_exit(first, d.exited()));
         Ok(MicrovmInstance {
             hello,
             uds,
             dir,
             hypervisor: self.hypervisor,
             vm,
-            device,
+            devices,
             exited,
         })
     }
@@ -156,7 +162,7 @@ impl MicrovmBackend {
         uds: &Path,
         console: &Path,
         ready: &UnixListener,
-    ) -> Result<(Child, Option<Child>, Hello), BackendError> {
+    ) -> Result<(Child, Vec<(Child, &'static str)>, Hello), BackendError> {
         let config = vm_config(&self.kernel, &self.initramfs, spec, uds, console)
             .map_err(|e| BackendError::setup("build the VM config", e))?;
         let config_path = dir.join("vm.json");
@@ -177,11 +183,12 @@ impl MicrovmBackend {
         let see = format!("the console {}", console.display());
         let (vm, hello) =
             spawn_and_await_hello(&mut command, ready, self.ready_timeout, &what, &see).await?;
-        Ok((vm, None, hello))
+        Ok((vm, Vec::new(), hello))
     }
 
-    /// QEMU TCG with our vsock device over vhost-user: the device first (QEMU connects to it
-    /// at start), then QEMU, awaited until the agent's hello as under our VMM.
+    /// QEMU TCG with our vsock device over vhost-user (and our block device for the image's
+    /// ext4 root, when it has one): the devices first (QEMU connects to them at start), then
+    /// QEMU, awaited until the agent's hello as under our VMM.
     async fn launch_qemu(
         &self,
         tools: &QemuTools,
@@ -190,12 +197,17 @@ impl MicrovmBackend {
         uds: &Path,
         console: &Path,
         ready: &UnixListener,
-    ) -> Result<(Child, Option<Child>, Hello), BackendError> {
-        let cmdline = boot_config(spec)
+    ) -> Result<(Child, Vec<(Child, &'static str)>, Hello), BackendError> {
+        let root_disk = self.root_disk.is_file().then_some(&self.root_disk);
+        let mut boot = boot_config(spec);
+        if root_disk.is_some() {
+            boot.root = Some(QEMU_ROOT_DEVICE.into());
+        }
+        let cmdline = boot
             .to_cmdline()
             .map_err(|e| BackendError::setup("build the kernel command line", invalid(&e)))?;
         let vsock_socket = dir.join("vhost-vsock.sock");
-        let device = qemu::start_vsock_device(
+        let vsock = qemu::start_vsock_device(
             tools,
             &self.vmm_binary,
             &vsock_socket,
@@ -204,6 +216,20 @@ impl MicrovmBackend {
             &dir.join("vsock-device.log"),
         )
         .await?;
+        let mut devices = vec![(vsock, "the vsock device")];
+        let root_socket = dir.join("vhost-root.sock");
+        if let Some(image) = root_disk {
+            // On failure the vsock device is killed as `devices` drops (kill_on_drop).
+            let disk = qemu::start_root_disk_device(
+                tools,
+                &self.vmm_binary,
+                &root_socket,
+                image,
+                &dir.join("root-device.log"),
+            )
+            .await?;
+            devices.push((disk, "the root disk device"));
+        }
         let guest = QemuGuest {
             kernel: &self.kernel,
             initramfs: &self.initramfs,
@@ -211,6 +237,7 @@ impl MicrovmBackend {
             memory_mib: spec.memory_mib,
             vcpus: spec.vcpus,
             vsock_socket: &vsock_socket,
+            root_disk_socket: root_disk.map(|_| root_socket.as_path()),
             console,
         };
         let qemu_log = dir.join("qemu.log");
@@ -224,9 +251,12 @@ impl MicrovmBackend {
         );
         let (vm, hello) =
             spawn_and_await_hello(&mut command, ready, self.ready_timeout, &what, &see).await?;
-        Ok((vm, Some(device), hello))
+        Ok((vm, devices, hello))
     }
 }
+
+/// The guest's name for the root disk under QEMU: the only virtio-blk device.
+const QEMU_ROOT_DEVICE: &str = "/dev/vda";
 
 fn invalid(e: &dyn std::fmt::Display) -> io::Error {
     io::Error::new(io::ErrorKind::InvalidInput, e.to_string())
@@ -312,8 +342,8 @@ pub struct MicrovmInstance {
     hypervisor: Hypervisor,
     /// `crucible-vmm`, or QEMU.
     vm: SandboxProcess,
-    /// Under QEMU: the vhost-user vsock device process.
-    device: Option<SandboxProcess>,
+    /// Under QEMU: the vhost-user device processes (vsock, and the root disk if any).
+    devices: Vec<SandboxProcess>,
     /// Why the sandbox ended: the first of its processes to exit.
     exited: watch::Receiver<Option<String>>,
 }
@@ -338,7 +368,7 @@ impl Instance for MicrovmInstance {
     fn destroy(&self) -> BoxFuture<'_, ()> {
         Box::pin(async move {
             self.vm.kill_and_wait().await;
-            if let Some(device) = &self.device {
+            for device in &self.devices {
                 device.kill_and_wait().await;
             }
             let _ = std::fs::remove_dir_all(&self.dir);

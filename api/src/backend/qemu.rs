@@ -89,6 +89,8 @@ pub struct QemuGuest<'a> {
     pub vcpus: u32,
     /// The vhost-user socket of the vsock device.
     pub vsock_socket: &'a Path,
+    /// The vhost-user socket of the root disk's block device, when the image has one.
+    pub root_disk_socket: Option<&'a Path>,
     /// Where the serial console goes.
     pub console: &'a Path,
 }
@@ -125,14 +127,16 @@ pub fn qemu_args(guest: &QemuGuest<'_>) -> Vec<OsString> {
         args.push(arg.into());
     }
     args.push(chardev);
-    args.extend(
-        [
-            "-device",
-            "vhost-user-vsock-device,chardev=vsock",
-            "-serial",
-        ]
-        .map(OsString::from),
-    );
+    args.extend(["-device", "vhost-user-vsock-device,chardev=vsock"].map(OsString::from));
+    if let Some(root) = guest.root_disk_socket {
+        // The only virtio-blk device: the guest's /dev/vda.
+        let mut chardev = OsString::from("socket,id=root,path=");
+        chardev.push(root);
+        args.push("-chardev".into());
+        args.push(chardev);
+        args.extend(["-device", "vhost-user-blk,chardev=root"].map(OsString::from));
+    }
+    args.push("-serial".into());
     args.push(serial);
     args.push("-kernel".into());
     args.push(guest.kernel.into());
@@ -153,22 +157,57 @@ pub async fn start_vsock_device(
     uds: &Path,
     log: &Path,
 ) -> Result<Child, BackendError> {
+    let mut args: Vec<OsString> = ["vhost-user", "vsock", "--socket"]
+        .map(OsString::from)
+        .into();
+    args.push(socket.into());
+    args.extend([
+        "--guest-cid".into(),
+        guest_cid.to_string().into(),
+        "--uds".into(),
+    ]);
+    args.push(uds.into());
+    start_device(tools, vmm_binary, &args, log, "vsock").await
+}
+
+/// Starts `crucible-vmm vhost-user block` serving `image` read-only (one image shared by every
+/// sandbox; the guest puts a tmpfs overlay on top) and waits until its socket listens.
+pub async fn start_root_disk_device(
+    tools: &QemuTools,
+    vmm_binary: &Path,
+    socket: &Path,
+    image: &Path,
+    log: &Path,
+) -> Result<Child, BackendError> {
+    let mut args: Vec<OsString> = ["vhost-user", "block", "--socket"]
+        .map(OsString::from)
+        .into();
+    args.push(socket.into());
+    args.push("--path".into());
+    let mut path = OsString::from(image);
+    path.push(":ro");
+    args.push(path);
+    start_device(tools, vmm_binary, &args, log, "block").await
+}
+
+/// Starts one of `crucible-vmm`'s vhost-user devices and waits for its `listening on` line.
+async fn start_device(
+    tools: &QemuTools,
+    vmm_binary: &Path,
+    args: &[OsString],
+    log: &Path,
+    device: &str,
+) -> Result<Child, BackendError> {
     let log_file = std::fs::File::create(log)
         .map_err(|e| BackendError::setup(format!("create {}", log.display()), e))?;
     let mut command = tools.command(vmm_binary);
-    command
-        .args(["vhost-user", "vsock", "--socket"])
-        .arg(socket)
-        .args(["--guest-cid", &guest_cid.to_string(), "--uds"])
-        .arg(uds)
-        .stdout(Stdio::piped())
-        .stderr(log_file);
+    command.args(args).stdout(Stdio::piped()).stderr(log_file);
     let mut child = command
         .spawn()
         .map_err(|e| BackendError::setup(format!("start {}", vmm_binary.display()), e))?;
     let Some(stdout) = child.stdout.take() else {
         return Err(BackendError::setup(
-            "read the vsock device's ready line",
+            format!("read the {device} device's ready line"),
             io::Error::other("its stdout was not captured"),
         ));
     };
@@ -190,7 +229,7 @@ pub async fn start_vsock_device(
     };
     let _ = child.kill().await;
     Err(BackendError::NotReady(format!(
-        "the vhost-user vsock device ({} vhost-user vsock): {why}; see {}",
+        "the vhost-user {device} device ({} vhost-user {device}): {why}; see {}",
         vmm_binary.display(),
         log.display()
     )))
@@ -219,6 +258,7 @@ mod tests {
             memory_mib: 512,
             vcpus: 2,
             vsock_socket: Path::new("/run/sb/vhost-vsock.sock"),
+            root_disk_socket: None,
             console: Path::new("/run/sb/console.log"),
         }
     }
@@ -254,12 +294,32 @@ mod tests {
             !args.contains("-netdev") && !args.contains("-enable-kvm"),
             "{args}"
         );
+        assert!(
+            !args.contains("vhost-user-blk"),
+            "no root disk asked for: {args}"
+        );
         let append = qemu_args(&guest())
             .last()
             .map(|a| a.to_string_lossy().into_owned())
             .unwrap_or_default();
         assert!(append.starts_with(contract::qemu::BASE_APPEND), "{append}");
         assert!(append.ends_with("crucible.boot_marker=1"), "{append}");
+    }
+
+    #[test]
+    fn a_root_disk_is_the_only_vhost_user_blk_device() {
+        let g = QemuGuest {
+            root_disk_socket: Some(Path::new("/run/sb/vhost-root.sock")),
+            ..guest()
+        };
+        let args = text(&qemu_args(&g));
+        assert!(
+            args.contains(
+                "-chardev socket,id=root,path=/run/sb/vhost-root.sock \
+                 -device vhost-user-blk,chardev=root"
+            ),
+            "{args}"
+        );
     }
 
     #[test]
