@@ -526,31 +526,38 @@ fn each_attached_device_adds_its_virtio_mmio_window_and_irq_to_the_cmdline() {
     assert!(line.contains("console=hvc0"), "{line}");
 }
 
+/// What the I/O guest expects of the host: sector 0 of `disk.img` holding the host's line, and
+/// a listener on vsock host port 7000 that reads the guest's ping, answers, and returns the
+/// ping and whatever followed it until the guest shut the connection down.
+fn serve_io_guest_host(dir: &Path) -> std::thread::JoinHandle<([u8; 19], Vec<u8>)> {
+    use std::io::{Read, Write};
+    let mut disk = vec![0u8; 1 << 20];
+    disk[..22].copy_from_slice(b"crucible host sector 0");
+    std::fs::write(dir.join("disk.img"), &disk).unwrap();
+    // The guest connects to host port 7000: the VMM connects `<uds>_7000` (socket + connect
+    // on the event loop, under its filter), then data flows both ways.
+    let listener = std::os::unix::net::UnixListener::bind(dir.join("v.sock_7000")).unwrap();
+    std::thread::spawn(move || {
+        let (mut c, _) = listener.accept().unwrap();
+        let mut ping = [0u8; 19];
+        c.read_exact(&mut ping).unwrap();
+        c.write_all(b"pong from the host").unwrap();
+        let mut rest = Vec::new();
+        let _ = c.read_to_end(&mut rest);
+        (ping, rest)
+    })
+}
+
 #[test]
 #[cfg_attr(
     not(crucible_kvm),
     ignore = "needs a /dev/kvm this user can open; CRUCIBLE_REQUIRE_KVM=1 runs it anyway"
 )]
 fn io_guest_drives_console_block_and_vsock_under_the_per_thread_seccomp_filters() {
-    use std::io::{Read, Write};
     assert_kvm_usable();
     let dir = tempfile::tempdir().unwrap();
     let k = write_kernel(dir.path(), "io_guest.elf", IO_GUEST, false);
-    let mut disk = vec![0u8; 1 << 20];
-    disk[..22].copy_from_slice(b"crucible host sector 0");
-    std::fs::write(dir.path().join("disk.img"), &disk).unwrap();
-    // The guest connects to host port 7000: the VMM connects `<uds>_7000` (socket + connect
-    // on the event loop, under its filter), then data flows both ways.
-    let listener = std::os::unix::net::UnixListener::bind(dir.path().join("v.sock_7000")).unwrap();
-    let host = std::thread::spawn(move || {
-        let (mut c, _) = listener.accept().unwrap();
-        let mut ping = [0u8; 19];
-        c.read_exact(&mut ping).unwrap();
-        c.write_all(b"pong from the host").unwrap();
-        let mut rest = Vec::new();
-        c.read_to_end(&mut rest).unwrap();
-        (ping, rest)
-    });
+    let host = serve_io_guest_host(dir.path());
     // Default flags: the filters are on (no --no-seccomp).
     let r = run(vmm_command(dir.path(), &k, true, &[]));
     assert_eq!(r.out.status.code(), Some(0), "{}{}", r.stdout, r.stderr);
@@ -576,6 +583,80 @@ fn io_guest_drives_console_block_and_vsock_under_the_per_thread_seccomp_filters(
         r.stderr
     );
     assert_eq!(timings(&r.stderr)["exit"], "guest_stop");
+}
+
+#[test]
+#[cfg_attr(
+    not(crucible_kvm),
+    ignore = "needs a /dev/kvm this user can open; CRUCIBLE_REQUIRE_KVM=1 runs it anyway"
+)]
+fn console_input_from_a_fifo_reaches_the_guest_which_echoes_it_under_seccomp() {
+    use std::io::Write;
+    use std::os::unix::ffi::OsStrExt;
+    assert_kvm_usable();
+    let dir = tempfile::tempdir().unwrap();
+    let k = write_kernel(dir.path(), "io_guest.elf", IO_GUEST, false);
+    let fifo = dir.path().join("console.in");
+    let c_path = std::ffi::CString::new(fifo.as_os_str().as_bytes()).unwrap();
+    // SAFETY: mkfifo reads a NUL-terminated path that outlives the call.
+    assert_eq!(unsafe { libc::mkfifo(c_path.as_ptr(), 0o600) }, 0);
+    // Longer than the guest's 64-byte receive buffers, written in two parts, then end of file.
+    let line = "a line typed on the host, longer than one receive buffer of the guest\n";
+    let writer = {
+        let fifo = fifo.clone();
+        std::thread::spawn(move || {
+            // Blocks until the VMM has opened its end.
+            let mut w = std::fs::OpenOptions::new().write(true).open(fifo).unwrap();
+            w.write_all(&line.as_bytes()[..10]).unwrap();
+            w.write_all(&line.as_bytes()[10..]).unwrap();
+        })
+    };
+    let host = serve_io_guest_host(dir.path());
+    // The guest waits for the line before block and vsock: everything runs under the filters.
+    let r = run(vmm_command(
+        dir.path(),
+        &k,
+        true,
+        &[
+            "--cmdline",
+            "io_guest.echo",
+            "--console-input",
+            fifo.to_str().unwrap(),
+        ],
+    ));
+    assert_eq!(r.out.status.code(), Some(0), "{}{}", r.stdout, r.stderr);
+    writer.join().unwrap();
+    assert_eq!(&host.join().unwrap().0, b"ping from the guest");
+    assert!(
+        r.stdout.contains("test-guest: virtio-console receive ok"),
+        "{}",
+        r.stdout
+    );
+    let console = std::fs::read_to_string(dir.path().join("console.log")).unwrap();
+    assert_eq!(
+        console,
+        format!("test-guest: hello on hvc0\ntest-guest: echo: {line}")
+    );
+}
+
+#[test]
+fn console_input_with_the_console_off_is_a_config_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let k = write_kernel(dir.path(), "guest64.elf", GUEST64, false);
+    let input = dir.path().join("in.txt");
+    std::fs::write(&input, "x\n").unwrap();
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_crucible-vmm"));
+    cmd.arg("--kernel")
+        .arg(&k)
+        .args(["--console", "off", "--console-input"])
+        .arg(&input);
+    let r = run(cmd);
+    assert_eq!(r.out.status.code(), Some(2), "{}", r.stderr);
+    assert!(
+        r.stderr.contains("console_input needs a console"),
+        "{}",
+        r.stderr
+    );
 }
 
 /// Each thread's name, `Seccomp` mode and filter count, from `/proc/<pid>/task`. KVM's own
@@ -704,21 +785,11 @@ const OVERHEAD_GOAL_KIB: u64 = 3 * 1024;
     ignore = "needs a /dev/kvm this user can open; CRUCIBLE_REQUIRE_KVM=1 runs it anyway"
 )]
 fn vmm_private_memory_beside_guest_ram_stays_within_3_mib_with_every_device_in_use() {
-    use std::io::{BufRead, Read, Write};
+    use std::io::BufRead;
     assert_kvm_usable();
     let dir = tempfile::tempdir().unwrap();
     let k = write_kernel(dir.path(), "io_guest.elf", IO_GUEST, false);
-    let mut disk = vec![0u8; 1 << 20];
-    disk[..22].copy_from_slice(b"crucible host sector 0");
-    std::fs::write(dir.path().join("disk.img"), &disk).unwrap();
-    let listener = std::os::unix::net::UnixListener::bind(dir.path().join("v.sock_7000")).unwrap();
-    std::thread::spawn(move || {
-        let (mut c, _) = listener.accept().unwrap();
-        let mut ping = [0u8; 19];
-        c.read_exact(&mut ping).unwrap();
-        c.write_all(b"pong from the host").unwrap();
-        let _ = c.read_to_end(&mut Vec::new());
-    });
+    serve_io_guest_host(dir.path());
     let mut cmd = vmm_command(dir.path(), &k, true, &["--cmdline", "io_guest.stay"]);
     cmd.stdout(std::process::Stdio::piped());
     let mut child = cmd.spawn().unwrap();
