@@ -13,6 +13,8 @@ pub mod mptable;
 pub mod overhead;
 pub mod privileges;
 pub mod seccomp;
+#[cfg(feature = "test-guests")]
+pub mod test_guest;
 pub mod vcpu;
 
 use std::fs::OpenOptions;

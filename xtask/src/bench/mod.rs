@@ -21,6 +21,7 @@ mod plots;
 mod report;
 mod runner;
 mod stats;
+mod vmm_overhead;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};

@@ -155,6 +155,10 @@ pub fn run(plan: &Plan, image: &Path, backends: Backends, command: String) -> Re
     ));
     done(t);
 
+    let t = step("VMM overhead: the I/O test guest under KVM");
+    super::vmm_overhead::measure(plan, &mut measurements, &mut skipped)?;
+    done(t);
+
     if backends.microvm {
         skipped.push(Skipped {
             what: "microVM backend (every metric)".into(),
@@ -445,6 +449,7 @@ fn rows(plan: &Plan) -> Vec<Row> {
     for m in ["daemon_rss_idle", "daemon_rss_load", "host_mem_per_sandbox"] {
         rows.push(row("Footprint", m, &[], None, false));
     }
+    rows.extend(super::vmm_overhead::rows());
     rows
 }
 
