@@ -183,6 +183,9 @@ fn build_vmm() -> Result<PathBuf> {
 fn one_vm(vmm: &Path, kernel: &Path, dir: &Path) -> Result<Sample> {
     let host = serve_io_guest_host(dir).context("preparing the test guest's disk and vsock")?;
     let timings_file = dir.join("timings.json");
+    // Kept out of the bench's own output; quoted when the VM fails.
+    let stderr_file = dir.join("vmm.stderr");
+    let stderr = || std::fs::read_to_string(&stderr_file).unwrap_or_default();
     let mut cmd = Command::new(vmm);
     cmd.arg("--kernel")
         .arg(kernel)
@@ -196,7 +199,11 @@ fn one_vm(vmm: &Path, kernel: &Path, dir: &Path) -> Result<Sample> {
         .arg(dir.join("v.sock"))
         .arg("--timings")
         .arg(&timings_file)
-        .stdout(Stdio::piped());
+        .stdout(Stdio::piped())
+        .stderr(
+            std::fs::File::create(&stderr_file)
+                .with_context(|| format!("creating {}", stderr_file.display()))?,
+        );
     let mut child = cmd
         .spawn()
         .with_context(|| format!("starting {}", vmm.display()))?;
@@ -212,7 +219,11 @@ fn one_vm(vmm: &Path, kernel: &Path, dir: &Path) -> Result<Sample> {
         seen.push_str(&line);
         if n == 0 {
             let status = child.wait().context("waiting for the VMM")?;
-            bail!("the VMM ended ({status}) before the test guest halted; serial:\n{seen}");
+            bail!(
+                "the VMM ended ({status}) before the test guest halted; serial:\n{seen}\
+                 stderr:\n{}",
+                stderr()
+            );
         }
     }
     let measured = overhead::measure(child.id(), GUEST_MEM_MIB << 20);
@@ -220,7 +231,10 @@ fn one_vm(vmm: &Path, kernel: &Path, dir: &Path) -> Result<Sample> {
     let killed = unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
     let status = child.wait().context("waiting for the VMM")?;
     if killed != 0 || status.code() != Some(0) {
-        bail!("the VMM did not stop cleanly on SIGTERM ({status}); serial:\n{seen}");
+        bail!(
+            "the VMM did not stop cleanly on SIGTERM ({status}); serial:\n{seen}stderr:\n{}",
+            stderr()
+        );
     }
     let memory = measured.context("measuring the VMM's memory")?;
     match host.join() {
