@@ -117,6 +117,11 @@ pub struct VmConfig {
     /// The guest console.
     #[serde(default)]
     pub console: ConsoleOutput,
+    /// Debugging a guest: read the guest console's input (`hvc0`'s receive queue) from this
+    /// FIFO or file (`/proc/self/fd/N` for an inherited descriptor), opened without blocking
+    /// when the VM is built. Off by default; needs a console that is not `off`.
+    #[serde(default)]
+    pub console_input: Option<PathBuf>,
     /// Also emulate the 8250 serial at 0x3f8 (early-boot debugging; slow).
     #[serde(default)]
     pub serial: bool,
@@ -157,6 +162,9 @@ pub enum InvalidConfig {
         "vsock stall_timeout_ms must be at most {MAX_VSOCK_STALL_TIMEOUT_MS} (0: never; got {0})"
     )]
     VsockStallTimeout(u64),
+    /// Console input was asked for with the console device off.
+    #[error("console_input needs a console (the console is off)")]
+    ConsoleInputWithoutConsole,
     /// More than [`MAX_BLOCK_DEVICES`] disks.
     #[error("at most {MAX_BLOCK_DEVICES} block devices (got {0})")]
     TooManyBlockDevices(usize),
@@ -175,6 +183,7 @@ impl VmConfig {
             block: Vec::new(),
             vsock: None,
             console: ConsoleOutput::default(),
+            console_input: None,
             serial: false,
             boot_timeout_ms: None,
         }
@@ -198,6 +207,9 @@ impl VmConfig {
             if v.stall_timeout_ms > MAX_VSOCK_STALL_TIMEOUT_MS {
                 return Err(InvalidConfig::VsockStallTimeout(v.stall_timeout_ms));
             }
+        }
+        if self.console_input.is_some() && self.console == ConsoleOutput::Off {
+            return Err(InvalidConfig::ConsoleInputWithoutConsole);
         }
         if self.block.len() > MAX_BLOCK_DEVICES {
             return Err(InvalidConfig::TooManyBlockDevices(self.block.len()));
@@ -279,6 +291,7 @@ mod tests {
         assert_eq!(c.vcpus, 1);
         assert!(c.block[0].read_only);
         assert_eq!(c.console, ConsoleOutput::File("/tmp/c.log".into()));
+        assert_eq!(c.console_input, None, "console input is off by default");
         let v = c.vsock.as_ref().unwrap();
         assert_eq!(
             (v.handshake_timeout_ms, v.stall_timeout_ms),
@@ -364,6 +377,17 @@ mod tests {
             with(&disks(17)),
             Err(InvalidConfig::TooManyBlockDevices(17))
         );
+        let input = |console: ConsoleOutput| {
+            move |c: &mut VmConfig| {
+                c.console = console.clone();
+                c.console_input = Some("/run/in.fifo".into());
+            }
+        };
+        assert_eq!(
+            with(&input(ConsoleOutput::Off)),
+            Err(InvalidConfig::ConsoleInputWithoutConsole)
+        );
+        assert_eq!(with(&input(ConsoleOutput::Stdout)), Ok(()));
         assert_eq!(
             InvalidConfig::Memory(1).to_string(),
             "mem_mib must be between 16 and 65536 (got 1)"

@@ -13,6 +13,8 @@ pub mod mptable;
 pub mod overhead;
 pub mod privileges;
 pub mod seccomp;
+#[cfg(feature = "test-guests")]
+pub mod test_guest;
 pub mod vcpu;
 
 use std::fs::OpenOptions;
@@ -24,7 +26,7 @@ use std::time::{Duration, Instant};
 
 use devices::legacy::{BootMarker, SerialPort, I8042};
 use devices::virtio::block::Block;
-use devices::virtio::console::Console;
+use devices::virtio::console::{Console, ConsoleInput};
 use devices::virtio::mmio::{MmioTransport, MMIO_WINDOW_SIZE};
 use devices::virtio::subscriber::DeviceSubscriber;
 use devices::virtio::vsock::connection::Timeouts;
@@ -365,7 +367,16 @@ impl Vmm {
         };
         vmm.attach_legacy_devices(cfg)?;
         if cfg.console != ConsoleOutput::Off {
-            let c = Console::new(console_writer(&cfg.console)?).map_err(dev_err("console"))?;
+            // Opened now, before any seccomp filter (no `open` after) and before privileges drop.
+            let input = match &cfg.console_input {
+                Some(p) => Some(
+                    ConsoleInput::open(p)
+                        .map_err(dev_err(format!("console input {}", p.display())))?,
+                ),
+                None => None,
+            };
+            let c = Console::with_input(console_writer(&cfg.console)?, input)
+                .map_err(dev_err("console"))?;
             attach_virtio_device(&mut vmm, Arc::new(Mutex::new(c)), "console")?;
         }
         for b in &cfg.block {

@@ -69,6 +69,10 @@ struct Args {
     /// Console: `stdout`, `off`, or a file path.
     #[arg(long, default_value = "stdout")]
     console: String,
+    /// Debugging: feed the guest console's input (hvc0) from this FIFO or file
+    /// (`/proc/self/fd/N` for an inherited descriptor); reading stops at end of file.
+    #[arg(long, value_name = "PATH")]
+    console_input: Option<PathBuf>,
     /// Emulate the 8250 serial at 0x3f8 and use it as the console (early-boot debugging).
     #[arg(long)]
     serial: bool,
@@ -232,11 +236,15 @@ fn config_from(args: &Args) -> Result<VmConfig, String> {
         }
         c.vsock = Some(v);
     }
+    c.console_input = args.console_input.clone();
     c.console = match args.console.as_str() {
         "stdout" => ConsoleOutput::Stdout,
         "off" => ConsoleOutput::Off,
         p => ConsoleOutput::File(p.into()),
     };
+    // Checked here too (not only in `Vmm::new`): a bad configuration is exit 2 on any host,
+    // before the KVM check.
+    c.validate().map_err(|e| error_chain(&e))?;
     Ok(c)
 }
 

@@ -544,6 +544,9 @@ mod tests {
             (libc::SYS_ioctl, &[19, libc::FIONBIO, 0]),
             (libc::SYS_recvfrom, &[19, 0, 1, 0, 0, 0]),
             (libc::SYS_epoll_ctl, &[8, libc::EPOLL_CTL_ADD as u64, 19, 0]),
+            // Console input: read when a receive buffer waits, unwatched when none does.
+            (libc::SYS_read, &[11, 0, 4096]),
+            (libc::SYS_epoll_ctl, &[8, libc::EPOLL_CTL_DEL as u64, 11, 0]),
             (libc::SYS_pread64, &[13, 0, 512, 0]),
             (libc::SYS_pwrite64, &[13, 0, 512, 0]),
             (libc::SYS_fdatasync, &[13]),

@@ -13,62 +13,7 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-const GUEST64: &[u8] = include_bytes!("guest/guest64.bin");
-const GUEST32: &[u8] = include_bytes!("guest/guest32.bin");
-const IO_GUEST: &[u8] = include_bytes!("guest/io_guest.bin");
-const LOAD_ADDR: u64 = 0x10_0000;
-
-/// An ELF64 x86-64 executable with one PT_LOAD at 1 MiB and, if `pvh`, a PT_NOTE carrying
-/// `XEN_ELFNOTE_PHYS32_ENTRY` = the load address.
-fn build_elf(code: &[u8], pvh: bool) -> Vec<u8> {
-    let phnum: u16 = if pvh { 2 } else { 1 };
-    let mut e = Vec::new();
-    e.extend_from_slice(b"\x7fELF");
-    e.extend_from_slice(&[2, 1, 1, 0]); // 64-bit, little-endian, version 1, SysV
-    e.extend_from_slice(&[0; 8]);
-    e.extend_from_slice(&2u16.to_le_bytes()); // ET_EXEC
-    e.extend_from_slice(&62u16.to_le_bytes()); // EM_X86_64
-    e.extend_from_slice(&1u32.to_le_bytes());
-    e.extend_from_slice(&LOAD_ADDR.to_le_bytes()); // e_entry
-    e.extend_from_slice(&64u64.to_le_bytes()); // e_phoff
-    e.extend_from_slice(&0u64.to_le_bytes()); // e_shoff
-    e.extend_from_slice(&0u32.to_le_bytes()); // flags
-    e.extend_from_slice(&64u16.to_le_bytes()); // ehsize
-    e.extend_from_slice(&56u16.to_le_bytes()); // phentsize
-    e.extend_from_slice(&phnum.to_le_bytes());
-    e.extend_from_slice(&64u16.to_le_bytes()); // shentsize
-    e.extend_from_slice(&0u16.to_le_bytes()); // shnum
-    e.extend_from_slice(&0u16.to_le_bytes()); // shstrndx
-    assert_eq!(e.len(), 64);
-    let code_off = 0x1000u64;
-    let note_off = code_off + code.len().next_multiple_of(8) as u64;
-    let phdr =
-        |e: &mut Vec<u8>, kind: u32, flags: u32, off: u64, addr: u64, len: u64, align: u64| {
-            e.extend_from_slice(&kind.to_le_bytes());
-            e.extend_from_slice(&flags.to_le_bytes());
-            e.extend_from_slice(&off.to_le_bytes());
-            e.extend_from_slice(&addr.to_le_bytes()); // vaddr
-            e.extend_from_slice(&addr.to_le_bytes()); // paddr
-            e.extend_from_slice(&len.to_le_bytes()); // filesz
-            e.extend_from_slice(&len.to_le_bytes()); // memsz
-            e.extend_from_slice(&align.to_le_bytes());
-        };
-    phdr(&mut e, 1, 5, code_off, LOAD_ADDR, code.len() as u64, 0x1000);
-    let mut note = Vec::new();
-    if pvh {
-        note.extend_from_slice(&4u32.to_le_bytes()); // namesz
-        note.extend_from_slice(&4u32.to_le_bytes()); // descsz
-        note.extend_from_slice(&18u32.to_le_bytes()); // XEN_ELFNOTE_PHYS32_ENTRY
-        note.extend_from_slice(b"Xen\0");
-        note.extend_from_slice(&(LOAD_ADDR as u32).to_le_bytes());
-        phdr(&mut e, 4, 4, note_off, 0, note.len() as u64, 4);
-    }
-    e.resize(code_off as usize, 0);
-    e.extend_from_slice(code);
-    e.resize(note_off as usize, 0);
-    e.extend_from_slice(&note);
-    e
-}
+use crucible_vmm::test_guest::{build_elf, serve_io_guest_host, GUEST32, GUEST64, IO_GUEST};
 
 /// Fails the test, saying why, where `/dev/kvm` does not open: the test only runs here because
 /// `CRUCIBLE_REQUIRE_KVM=1` (or the host changed since the build).
@@ -532,25 +477,10 @@ fn each_attached_device_adds_its_virtio_mmio_window_and_irq_to_the_cmdline() {
     ignore = "needs a /dev/kvm this user can open; CRUCIBLE_REQUIRE_KVM=1 runs it anyway"
 )]
 fn io_guest_drives_console_block_and_vsock_under_the_per_thread_seccomp_filters() {
-    use std::io::{Read, Write};
     assert_kvm_usable();
     let dir = tempfile::tempdir().unwrap();
     let k = write_kernel(dir.path(), "io_guest.elf", IO_GUEST, false);
-    let mut disk = vec![0u8; 1 << 20];
-    disk[..22].copy_from_slice(b"crucible host sector 0");
-    std::fs::write(dir.path().join("disk.img"), &disk).unwrap();
-    // The guest connects to host port 7000: the VMM connects `<uds>_7000` (socket + connect
-    // on the event loop, under its filter), then data flows both ways.
-    let listener = std::os::unix::net::UnixListener::bind(dir.path().join("v.sock_7000")).unwrap();
-    let host = std::thread::spawn(move || {
-        let (mut c, _) = listener.accept().unwrap();
-        let mut ping = [0u8; 19];
-        c.read_exact(&mut ping).unwrap();
-        c.write_all(b"pong from the host").unwrap();
-        let mut rest = Vec::new();
-        c.read_to_end(&mut rest).unwrap();
-        (ping, rest)
-    });
+    let host = serve_io_guest_host(dir.path()).unwrap();
     // Default flags: the filters are on (no --no-seccomp).
     let r = run(vmm_command(dir.path(), &k, true, &[]));
     assert_eq!(r.out.status.code(), Some(0), "{}{}", r.stdout, r.stderr);
@@ -562,7 +492,7 @@ fn io_guest_drives_console_block_and_vsock_under_the_per_thread_seccomp_filters(
     ] {
         assert!(r.stdout.contains(line), "{line} in {}", r.stdout);
     }
-    let (ping, rest) = host.join().unwrap();
+    let (ping, rest) = host.join().unwrap().unwrap();
     assert_eq!(&ping, b"ping from the guest");
     assert!(rest.is_empty(), "{rest:?}");
     let disk = std::fs::read(dir.path().join("disk.img")).unwrap();
@@ -576,6 +506,80 @@ fn io_guest_drives_console_block_and_vsock_under_the_per_thread_seccomp_filters(
         r.stderr
     );
     assert_eq!(timings(&r.stderr)["exit"], "guest_stop");
+}
+
+#[test]
+#[cfg_attr(
+    not(crucible_kvm),
+    ignore = "needs a /dev/kvm this user can open; CRUCIBLE_REQUIRE_KVM=1 runs it anyway"
+)]
+fn console_input_from_a_fifo_reaches_the_guest_which_echoes_it_under_seccomp() {
+    use std::io::Write;
+    use std::os::unix::ffi::OsStrExt;
+    assert_kvm_usable();
+    let dir = tempfile::tempdir().unwrap();
+    let k = write_kernel(dir.path(), "io_guest.elf", IO_GUEST, false);
+    let fifo = dir.path().join("console.in");
+    let c_path = std::ffi::CString::new(fifo.as_os_str().as_bytes()).unwrap();
+    // SAFETY: mkfifo reads a NUL-terminated path that outlives the call.
+    assert_eq!(unsafe { libc::mkfifo(c_path.as_ptr(), 0o600) }, 0);
+    // Longer than the guest's 64-byte receive buffers, written in two parts, then end of file.
+    let line = "a line typed on the host, longer than one receive buffer of the guest\n";
+    let writer = {
+        let fifo = fifo.clone();
+        std::thread::spawn(move || {
+            // Blocks until the VMM has opened its end.
+            let mut w = std::fs::OpenOptions::new().write(true).open(fifo).unwrap();
+            w.write_all(&line.as_bytes()[..10]).unwrap();
+            w.write_all(&line.as_bytes()[10..]).unwrap();
+        })
+    };
+    let host = serve_io_guest_host(dir.path()).unwrap();
+    // The guest waits for the line before block and vsock: everything runs under the filters.
+    let r = run(vmm_command(
+        dir.path(),
+        &k,
+        true,
+        &[
+            "--cmdline",
+            "io_guest.echo",
+            "--console-input",
+            fifo.to_str().unwrap(),
+        ],
+    ));
+    assert_eq!(r.out.status.code(), Some(0), "{}{}", r.stdout, r.stderr);
+    writer.join().unwrap();
+    assert_eq!(&host.join().unwrap().unwrap().0, b"ping from the guest");
+    assert!(
+        r.stdout.contains("test-guest: virtio-console receive ok"),
+        "{}",
+        r.stdout
+    );
+    let console = std::fs::read_to_string(dir.path().join("console.log")).unwrap();
+    assert_eq!(
+        console,
+        format!("test-guest: hello on hvc0\ntest-guest: echo: {line}")
+    );
+}
+
+#[test]
+fn console_input_with_the_console_off_is_a_config_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let k = write_kernel(dir.path(), "guest64.elf", GUEST64, false);
+    let input = dir.path().join("in.txt");
+    std::fs::write(&input, "x\n").unwrap();
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_crucible-vmm"));
+    cmd.arg("--kernel")
+        .arg(&k)
+        .args(["--console", "off", "--console-input"])
+        .arg(&input);
+    let r = run(cmd);
+    assert_eq!(r.out.status.code(), Some(2), "{}", r.stderr);
+    assert!(
+        r.stderr.contains("console_input needs a console"),
+        "{}",
+        r.stderr
+    );
 }
 
 /// Each thread's name, `Seccomp` mode and filter count, from `/proc/<pid>/task`. KVM's own
@@ -704,21 +708,11 @@ const OVERHEAD_GOAL_KIB: u64 = 3 * 1024;
     ignore = "needs a /dev/kvm this user can open; CRUCIBLE_REQUIRE_KVM=1 runs it anyway"
 )]
 fn vmm_private_memory_beside_guest_ram_stays_within_3_mib_with_every_device_in_use() {
-    use std::io::{BufRead, Read, Write};
+    use std::io::BufRead;
     assert_kvm_usable();
     let dir = tempfile::tempdir().unwrap();
     let k = write_kernel(dir.path(), "io_guest.elf", IO_GUEST, false);
-    let mut disk = vec![0u8; 1 << 20];
-    disk[..22].copy_from_slice(b"crucible host sector 0");
-    std::fs::write(dir.path().join("disk.img"), &disk).unwrap();
-    let listener = std::os::unix::net::UnixListener::bind(dir.path().join("v.sock_7000")).unwrap();
-    std::thread::spawn(move || {
-        let (mut c, _) = listener.accept().unwrap();
-        let mut ping = [0u8; 19];
-        c.read_exact(&mut ping).unwrap();
-        c.write_all(b"pong from the host").unwrap();
-        let _ = c.read_to_end(&mut Vec::new());
-    });
+    serve_io_guest_host(dir.path()).unwrap();
     let mut cmd = vmm_command(dir.path(), &k, true, &["--cmdline", "io_guest.stay"]);
     cmd.stdout(std::process::Stdio::piped());
     let mut child = cmd.spawn().unwrap();

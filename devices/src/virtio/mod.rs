@@ -156,6 +156,13 @@ pub trait VirtioDevice: Send {
     fn backend_fd(&self) -> Option<RawFd> {
         None
     }
+    /// Whether the event loop should watch [`Self::backend_fd`] now. A device with nowhere to
+    /// put what the backend has (the console with no receive buffer posted) says no, so a
+    /// level-triggered descriptor neither spins the loop nor gets read into a growing buffer;
+    /// the loop asks again after each of the device's events.
+    fn backend_wants_events(&self) -> bool {
+        true
+    }
     /// Handles readiness of [`Self::backend_fd`].
     fn process_backend(&mut self) {}
 }

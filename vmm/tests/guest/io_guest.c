@@ -4,7 +4,9 @@
  *
  *   - virtio-block (window 1): writes sector 1, flushes, reads it back, and reads sector 0,
  *     which the host filled with HOST_SECTOR0;
- *   - virtio-console (window 0): sends CONSOLE_LINE on the transmit queue;
+ *   - virtio-console (window 0): sends CONSOLE_LINE on the transmit queue; with `io_guest.echo`
+ *     on the command line it then reads one line from the receive queue (64-byte buffers, one
+ *     at a time) and sends it back after "test-guest: echo: ";
  *   - virtio-vsock (window 2): connects to host port 7000 (the VMM connects `<uds>_7000`),
  *     sends GUEST_PING, waits for HOST_PONG, then shuts the connection down.
  *
@@ -260,19 +262,55 @@ static void block_test(u64 window) {
 /* ---- virtio-console ---- */
 
 #define CONSOLE_BUF 0x310000UL
+#define CONSOLE_RX_BUF 0x311000UL
+#define CONSOLE_RX_LEN 64 /* small, so a longer line arrives in several buffers */
+#define ECHO_PREFIX "test-guest: echo: "
+#define LINE_MAX 200
 
-static void console_test(u64 window) {
+static void console_send(struct vq *tx, const char *what, u32 n) {
+    copy((volatile u8 *)CONSOLE_BUF, what, n);
+    set_desc(tx, 0, CONSOLE_BUF, n, 0, 0);
+    vq_offer(tx, 0);
+    vq_notify(tx);
+    u32 written;
+    if (vq_wait_used(tx, &written, 'c') != 0)
+        fail('c');
+}
+
+/* Reads one line from the receive queue, one posted buffer at a time, and sends it back
+ * after ECHO_PREFIX. */
+static void console_echo(struct vq *rx, struct vq *tx) {
+    char line[sizeof(ECHO_PREFIX) - 1 + LINE_MAX];
+    u32 n = len(ECHO_PREFIX);
+    copy((volatile u8 *)line, ECHO_PREFIX, n);
+    for (;;) {
+        set_desc(rx, 0, CONSOLE_RX_BUF, CONSOLE_RX_LEN, F_WRITE, 0);
+        vq_offer(rx, 0);
+        vq_notify(rx);
+        u32 got;
+        if (vq_wait_used(rx, &got, 'i') != 0 || got == 0 || got > CONSOLE_RX_LEN)
+            fail('i');
+        volatile u8 *in = (volatile u8 *)CONSOLE_RX_BUF;
+        for (u32 i = 0; i < got; i++) {
+            if (n == sizeof(line))
+                fail('i');
+            line[n++] = (char)in[i];
+            if (in[i] == '\n') {
+                console_send(tx, line, n);
+                puts("test-guest: virtio-console receive ok\n");
+                return;
+            }
+        }
+    }
+}
+
+static void console_test(u64 window, int echo) {
     struct vq q[2]; /* receive, transmit */
     device_init(window, 3, q, 2, 0x210000, 'c');
-    u32 n = len(CONSOLE_LINE);
-    copy((volatile u8 *)CONSOLE_BUF, CONSOLE_LINE, n);
-    set_desc(&q[1], 0, CONSOLE_BUF, n, 0, 0);
-    vq_offer(&q[1], 0);
-    vq_notify(&q[1]);
-    u32 written;
-    if (vq_wait_used(&q[1], &written, 'c') != 0)
-        fail('c');
+    console_send(&q[1], CONSOLE_LINE, len(CONSOLE_LINE));
     puts("test-guest: virtio-console transmit ok\n");
+    if (echo)
+        console_echo(&q[0], &q[1]);
 }
 
 /* ---- virtio-vsock ---- */
@@ -396,7 +434,7 @@ void guest_main(u64 zero_page) {
     ((volatile u64 *)0xc000)[128] = 0xd0000093UL;
     __asm__ volatile("mov %0, %%cr3" ::"r"(cr3) : "memory");
 
-    console_test(0xd0000000UL);
+    console_test(0xd0000000UL, cmdline_has(zero_page, "io_guest.echo"));
     block_test(0xd0001000UL);
     vsock_test(0xd0002000UL);
 

@@ -22,6 +22,7 @@ mod qemu_tcg;
 mod report;
 mod runner;
 mod stats;
+mod vmm_overhead;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};

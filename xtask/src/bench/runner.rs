@@ -155,6 +155,10 @@ pub fn run(plan: &Plan, image: &Path, backends: Backends, command: String) -> Re
     ));
     done(t);
 
+    let t = step("VMM overhead: the I/O test guest under KVM");
+    super::vmm_overhead::measure(plan, &mut measurements, &mut skipped)?;
+    done(t);
+
     if backends.microvm {
         skipped.push(Skipped {
             what: "microVM backend on crucible-vmm (every KVM metric)".into(),
@@ -466,6 +470,7 @@ fn rows(plan: &Plan) -> Vec<Row> {
     ] {
         rows.push(row("microVM under QEMU TCG", m, &[], None, false));
     }
+    rows.extend(super::vmm_overhead::rows());
     rows
 }
 
