@@ -106,7 +106,7 @@ fn vhost_user_vsock_offers_version_1_and_config_and_reads_the_cid_bounded() {
     assert_eq!(backend.get_config(4, 8), [0u8; 8], "past the CID: zeros");
     assert_eq!(
         backend.get_config(0, u32::MAX).len(),
-        MAX_CONFIG_BYTES as usize
+        crate::vhost_user::MAX_CONFIG_BYTES as usize
     );
     assert_eq!(backend.get_config(u32::MAX, 4), [0u8; 4]);
 }
@@ -259,7 +259,10 @@ fn vhost_user_vsock_serve_refuses_to_replace_a_file_that_is_not_a_socket() {
     })
     .unwrap_err();
     assert!(
-        matches!(err, VhostUserVsockError::NotASocket { .. }),
+        matches!(
+            err,
+            VhostUserVsockError::Listen(ListenError::NotASocket { .. })
+        ),
         "{err}"
     );
     assert_eq!(std::fs::read(&not_a_socket).unwrap(), b"keep me");
