@@ -269,6 +269,26 @@ fn vhost_user_vsock_serve_refuses_to_replace_a_file_that_is_not_a_socket() {
     assert!(!uds.exists(), "refused before binding the host socket");
 }
 
+/// The vhost-user socket is claimed before the hybrid socket: when the hybrid socket's path is
+/// refused, the claimed socket goes away again and the refused file stays.
+#[test]
+fn vhost_user_vsock_serve_removes_its_socket_when_the_host_socket_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("vhost.sock");
+    let not_a_socket = dir.path().join("precious");
+    std::fs::write(&not_a_socket, b"keep me").unwrap();
+    let err = serve(&socket, CID, &not_a_socket, MuxerConfig::new(16), || {
+        panic!("must not listen")
+    })
+    .unwrap_err();
+    assert!(matches!(err, VhostUserVsockError::Muxer(_)), "{err}");
+    assert_eq!(std::fs::read(&not_a_socket).unwrap(), b"keep me");
+    assert!(
+        !socket.exists(),
+        "the claimed vhost-user socket is removed again"
+    );
+}
+
 #[test]
 fn vhost_user_vsock_serves_a_frontend_and_host_clients_then_ends_on_hang_up() {
     let dir = tempfile::tempdir().unwrap();
