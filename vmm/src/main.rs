@@ -4,7 +4,7 @@
 use std::fs::File;
 use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use clap::{Parser, Subcommand};
 use crucible_vmm::{
@@ -14,6 +14,7 @@ use crucible_vmm::{
 };
 use devices::vhost_user::block::{self as vhost_user_block, VhostUserBlockError};
 use devices::vhost_user::vsock::{self as vhost_user_vsock, VhostUserVsockError};
+use devices::virtio::vsock::connection::Timeouts;
 use devices::virtio::vsock::MuxerConfig;
 
 /// Run one crucible microVM.
@@ -141,6 +142,14 @@ enum VhostUserDevice {
         /// The hybrid vsock's host socket; removed when the backend ends.
         #[arg(long, value_name = "UDS")]
         uds: PathBuf,
+        /// As `crucible-vmm --vsock-handshake-timeout-ms`: how long a host client's CONNECT
+        /// line plus the guest's answer, or the guest's RST after a SHUTDOWN, may take.
+        #[arg(long, value_name = "MS", default_value_t = contract::vsock::DEFAULT_HANDSHAKE_TIMEOUT_MS)]
+        vsock_handshake_timeout_ms: u64,
+        /// As `crucible-vmm --vsock-stall-timeout-ms`: reset a connection with work pending and
+        /// no progress for this long (0 = never).
+        #[arg(long, value_name = "MS", default_value_t = contract::vsock::DEFAULT_STALL_TIMEOUT_MS)]
+        vsock_stall_timeout_ms: u64,
     },
 }
 
@@ -171,9 +180,7 @@ fn serve_vhost_user_block(socket: &Path, disk: &BlockConfig) -> i32 {
         Err(e) => {
             eprintln!("crucible-vmm: {}", error_chain(&e));
             match e {
-                VhostUserBlockError::Disk(_)
-                | VhostUserBlockError::NotASocket { .. }
-                | VhostUserBlockError::Listen { .. } => EXIT_CONFIG,
+                VhostUserBlockError::Disk(_) | VhostUserBlockError::Listen(_) => EXIT_CONFIG,
                 VhostUserBlockError::ExitEvent(_) | VhostUserBlockError::Daemon { .. } => {
                     EXIT_INTERNAL
                 }
@@ -183,7 +190,7 @@ fn serve_vhost_user_block(socket: &Path, disk: &BlockConfig) -> i32 {
 }
 
 /// Serves the vsock device on `socket` until the frontend hangs up; returns the exit code.
-fn serve_vhost_user_vsock(socket: &Path, guest_cid: u32, uds: &Path) -> i32 {
+fn serve_vhost_user_vsock(socket: &Path, guest_cid: u32, uds: &Path, timeouts: Timeouts) -> i32 {
     let listening = || {
         println!(
             "crucible-vmm: vhost-user vsock listening on {}",
@@ -192,15 +199,16 @@ fn serve_vhost_user_vsock(socket: &Path, guest_cid: u32, uds: &Path) -> i32 {
         // The caller (a test, a script) waits for this line before starting QEMU.
         let _ = std::io::stdout().flush();
     };
-    let config = MuxerConfig::new(VSOCK_MAX_CONNECTIONS);
+    let config = MuxerConfig {
+        max_conns: VSOCK_MAX_CONNECTIONS,
+        timeouts,
+    };
     match vhost_user_vsock::serve(socket, u64::from(guest_cid), uds, config, listening) {
         Ok(()) => EXIT_OK,
         Err(e) => {
             eprintln!("crucible-vmm: {}", error_chain(&e));
             match e {
-                VhostUserVsockError::Muxer(_)
-                | VhostUserVsockError::NotASocket { .. }
-                | VhostUserVsockError::Listen { .. } => EXIT_CONFIG,
+                VhostUserVsockError::Muxer(_) | VhostUserVsockError::Listen(_) => EXIT_CONFIG,
                 VhostUserVsockError::ExitEvent(_)
                 | VhostUserVsockError::WatchBackend(_)
                 | VhostUserVsockError::Daemon { .. } => EXIT_INTERNAL,
@@ -297,9 +305,16 @@ fn main() {
         socket,
         guest_cid,
         uds,
+        vsock_handshake_timeout_ms,
+        vsock_stall_timeout_ms,
     })) = &args.mode
     {
-        std::process::exit(serve_vhost_user_vsock(socket, *guest_cid, uds));
+        let timeouts = Timeouts {
+            handshake: Duration::from_millis(*vsock_handshake_timeout_ms),
+            stall: (*vsock_stall_timeout_ms > 0)
+                .then(|| Duration::from_millis(*vsock_stall_timeout_ms)),
+        };
+        std::process::exit(serve_vhost_user_vsock(socket, *guest_cid, uds, timeouts));
     }
     if args.host_info {
         let h = HostKind::detect();

@@ -9,12 +9,11 @@
 //! and multiqueue.
 
 use std::io;
-use std::os::unix::fs::FileTypeExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, RwLock};
 
 use vhost::vhost_user::message::{VhostUserProtocolFeatures, VhostUserVirtioFeatures};
-use vhost::vhost_user::{Error as VhostUserError, Listener};
+use vhost::vhost_user::Error as VhostUserError;
 use vhost_user_backend::{VhostUserBackendMut, VhostUserDaemon, VringRwLock, VringT};
 use vm_memory::{GuestAddressSpace, GuestMemoryAtomic};
 use vmm_sys_util::epoll::EventSet;
@@ -22,21 +21,9 @@ use vmm_sys_util::event::{
     new_event_consumer_and_notifier, EventConsumer, EventFlag, EventNotifier,
 };
 
+use super::{config_buffer, listen, AtomicGuestMemory, ListenError, MAX_QUEUE_SIZE};
 use crate::virtio::block::{BlockError, Disk};
 use crate::virtio::GuestMemory;
-
-/// The largest queue the backend accepts. Over vhost-user the frontend alone decides the queue
-/// size (the protocol has no way to tell it our maximum): QEMU's `vhost-user-blk` offers the
-/// guest up to 1024 entries by default (its `VIRTQUEUE_MAX_SIZE`), and a backend that refuses
-/// the `SET_VRING_NUM` loses the connection. The queue processing does not depend on the size.
-pub const MAX_QUEUE_SIZE: u16 = 1024;
-
-/// The largest configuration read we answer: the vhost-user protocol's own bound on
-/// `VHOST_USER_GET_CONFIG`, so a frontend cannot make us allocate more.
-const MAX_CONFIG_BYTES: u32 = 256;
-
-/// The guest memory handle vhost-user hands us (replaced on every `SET_MEM_TABLE`).
-pub type AtomicGuestMemory = GuestMemoryAtomic<GuestMemory>;
 
 /// Why the vhost-user block backend failed.
 #[derive(Debug, thiserror::Error)]
@@ -47,21 +34,9 @@ pub enum VhostUserBlockError {
     /// The worker thread's exit eventfd could not be created.
     #[error("cannot create the vhost-user worker's exit event")]
     ExitEvent(#[source] io::Error),
-    /// Something other than a stale socket is at the socket path.
-    #[error("{} exists and is not a socket; refusing to replace it", path.display())]
-    NotASocket {
-        /// The socket path.
-        path: PathBuf,
-    },
-    /// The socket could not be bound.
-    #[error("cannot listen on the vhost-user socket {}", path.display())]
-    Listen {
-        /// The socket path.
-        path: PathBuf,
-        /// The cause.
-        #[source]
-        source: VhostUserError,
-    },
+    /// The vhost-user socket could not be claimed.
+    #[error(transparent)]
+    Listen(#[from] ListenError),
     /// The daemon failed to start or its connection failed. `vhost_user_backend::Error` does
     /// not implement `std::error::Error`, so its text is kept instead of a source.
     #[error("vhost-user block on {}: {reason}", path.display())]
@@ -125,7 +100,7 @@ impl VhostUserBackendMut for VhostUserBlock {
     }
 
     fn get_config(&self, offset: u32, size: u32) -> Vec<u8> {
-        let mut config = vec![0u8; size.min(MAX_CONFIG_BYTES) as usize];
+        let mut config = config_buffer(size);
         self.disk.read_config(u64::from(offset), &mut config);
         config
     }
@@ -185,20 +160,7 @@ pub fn serve(
         GuestMemoryAtomic::new(GuestMemory::new()),
     )
     .map_err(daemon_err)?;
-    let stale_socket = match std::fs::symlink_metadata(socket) {
-        Ok(meta) if meta.file_type().is_socket() => true,
-        Ok(_) => {
-            return Err(VhostUserBlockError::NotASocket {
-                path: socket.to_owned(),
-            })
-        }
-        Err(_) => false,
-    };
-    let mut listener =
-        Listener::new(socket, stale_socket).map_err(|source| VhostUserBlockError::Listen {
-            path: socket.to_owned(),
-            source,
-        })?;
+    let mut listener = listen(socket)?;
     listening();
     let served = daemon.start(&mut listener).and_then(|()| daemon.wait());
     for worker in daemon.get_epoll_handlers() {
@@ -257,7 +219,7 @@ mod tests {
         assert_eq!(backend.get_config(0, 8), 4u64.to_le_bytes());
         assert_eq!(
             backend.get_config(0, u32::MAX).len(),
-            MAX_CONFIG_BYTES as usize
+            crate::vhost_user::MAX_CONFIG_BYTES as usize
         );
         assert_eq!(backend.get_config(u32::MAX, 4), [0u8; 4]);
     }
@@ -273,7 +235,10 @@ mod tests {
         })
         .unwrap_err();
         assert!(
-            matches!(err, VhostUserBlockError::NotASocket { .. }),
+            matches!(
+                err,
+                VhostUserBlockError::Listen(ListenError::NotASocket { .. })
+            ),
             "{err}"
         );
         assert_eq!(std::fs::read(&not_a_socket).unwrap(), b"keep me");

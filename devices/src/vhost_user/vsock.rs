@@ -13,12 +13,11 @@
 //! not do the event-index dance).
 
 use std::io;
-use std::os::unix::fs::FileTypeExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, RwLock};
 
 use vhost::vhost_user::message::{VhostUserProtocolFeatures, VhostUserVirtioFeatures};
-use vhost::vhost_user::{Error as VhostUserError, Listener};
+use vhost::vhost_user::Error as VhostUserError;
 use vhost_user_backend::{VhostUserBackendMut, VhostUserDaemon, VringRwLock, VringT};
 use virtio_queue::{Queue, QueueT};
 use vm_memory::{GuestAddressSpace, GuestMemoryAtomic};
@@ -27,13 +26,11 @@ use vmm_sys_util::event::{
     new_event_consumer_and_notifier, EventConsumer, EventFlag, EventNotifier,
 };
 
+use super::{config_buffer, listen, AtomicGuestMemory, ListenError, MAX_QUEUE_SIZE};
 use crate::virtio::block::read_config_bytes;
 use crate::virtio::vsock::queues::{process_rx, process_tx};
 use crate::virtio::vsock::{Muxer, MuxerConfig, VsockBackend};
 use crate::virtio::{GuestMemory, VIRTIO_F_VERSION_1};
-
-/// The guest memory handle vhost-user hands us (replaced on every `SET_MEM_TABLE`).
-pub type AtomicGuestMemory = GuestMemoryAtomic<GuestMemory>;
 
 /// rx, tx, event: the device's queues. QEMU's vhost-user-vsock keeps the event queue to itself
 /// (it posts the transport-reset event after migration), so only rx and tx are ever set up;
@@ -46,14 +43,6 @@ const EVENT_QUEUE: u16 = 2;
 /// queues, then its exit and vring-enable event).
 pub const BACKEND_EVENT: u16 = NUM_QUEUES as u16 + 1;
 
-/// The largest queue the backend accepts. Over vhost-user the frontend alone decides the queue
-/// size (QEMU 7.2's vhost-user-vsock uses 128); the queue processing does not depend on it.
-pub const MAX_QUEUE_SIZE: u16 = 1024;
-
-/// The largest configuration read we answer: the vhost-user protocol's own bound on
-/// `VHOST_USER_GET_CONFIG`, so a frontend cannot make us allocate more.
-const MAX_CONFIG_BYTES: u32 = 256;
-
 /// Why the vhost-user vsock backend failed.
 #[derive(Debug, thiserror::Error)]
 pub enum VhostUserVsockError {
@@ -63,21 +52,9 @@ pub enum VhostUserVsockError {
     /// The worker thread's exit eventfd could not be created.
     #[error("cannot create the vhost-user worker's exit event")]
     ExitEvent(#[source] io::Error),
-    /// Something other than a stale socket is at the vhost-user socket path.
-    #[error("{} exists and is not a socket; refusing to replace it", path.display())]
-    NotASocket {
-        /// The socket path.
-        path: PathBuf,
-    },
-    /// The vhost-user socket could not be bound.
-    #[error("cannot listen on the vhost-user socket {}", path.display())]
-    Listen {
-        /// The socket path.
-        path: PathBuf,
-        /// The cause.
-        #[source]
-        source: VhostUserError,
-    },
+    /// The vhost-user socket could not be claimed.
+    #[error(transparent)]
+    Listen(#[from] ListenError),
     /// The backend's poll fd could not be added to the vring worker's epoll.
     #[error("cannot watch the vsock backend's events on the vring worker")]
     WatchBackend(#[source] io::Error),
@@ -187,7 +164,7 @@ impl<B: VsockBackend + Sync> VhostUserBackendMut for VhostUserVsock<B> {
     }
 
     fn get_config(&self, offset: u32, size: u32) -> Vec<u8> {
-        let mut config = vec![0u8; size.min(MAX_CONFIG_BYTES) as usize];
+        let mut config = config_buffer(size);
         read_config_bytes(&self.cid.to_le_bytes(), u64::from(offset), &mut config);
         config
     }
@@ -271,15 +248,9 @@ pub fn serve(
         path: socket.to_owned(),
         reason: e.to_string(),
     };
-    let stale_socket = match std::fs::symlink_metadata(socket) {
-        Ok(meta) if meta.file_type().is_socket() => true,
-        Ok(_) => {
-            return Err(VhostUserVsockError::NotASocket {
-                path: socket.to_owned(),
-            })
-        }
-        Err(_) => false,
-    };
+    // Claimed first, so a refused socket path leaves the hybrid socket untouched; a later
+    // failure drops the listener, which removes the socket again.
+    let mut listener = listen(socket)?;
     let muxer = Muxer::new(cid, uds, config)?;
     // Held to the end: the worker threads may keep the backend alive past this function.
     let _uds_file = muxer.socket_file();
@@ -298,11 +269,6 @@ pub fn serve(
                 .map_err(VhostUserVsockError::WatchBackend)?;
         }
     }
-    let mut listener =
-        Listener::new(socket, stale_socket).map_err(|source| VhostUserVsockError::Listen {
-            path: socket.to_owned(),
-            source,
-        })?;
     listening();
     let served = daemon.start(&mut listener).and_then(|()| daemon.wait());
     for worker in daemon.get_epoll_handlers() {

@@ -106,7 +106,7 @@ fn vhost_user_vsock_offers_version_1_and_config_and_reads_the_cid_bounded() {
     assert_eq!(backend.get_config(4, 8), [0u8; 8], "past the CID: zeros");
     assert_eq!(
         backend.get_config(0, u32::MAX).len(),
-        MAX_CONFIG_BYTES as usize
+        crate::vhost_user::MAX_CONFIG_BYTES as usize
     );
     assert_eq!(backend.get_config(u32::MAX, 4), [0u8; 4]);
 }
@@ -259,11 +259,34 @@ fn vhost_user_vsock_serve_refuses_to_replace_a_file_that_is_not_a_socket() {
     })
     .unwrap_err();
     assert!(
-        matches!(err, VhostUserVsockError::NotASocket { .. }),
+        matches!(
+            err,
+            VhostUserVsockError::Listen(ListenError::NotASocket { .. })
+        ),
         "{err}"
     );
     assert_eq!(std::fs::read(&not_a_socket).unwrap(), b"keep me");
     assert!(!uds.exists(), "refused before binding the host socket");
+}
+
+/// The vhost-user socket is claimed before the hybrid socket: when the hybrid socket's path is
+/// refused, the claimed socket goes away again and the refused file stays.
+#[test]
+fn vhost_user_vsock_serve_removes_its_socket_when_the_host_socket_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("vhost.sock");
+    let not_a_socket = dir.path().join("precious");
+    std::fs::write(&not_a_socket, b"keep me").unwrap();
+    let err = serve(&socket, CID, &not_a_socket, MuxerConfig::new(16), || {
+        panic!("must not listen")
+    })
+    .unwrap_err();
+    assert!(matches!(err, VhostUserVsockError::Muxer(_)), "{err}");
+    assert_eq!(std::fs::read(&not_a_socket).unwrap(), b"keep me");
+    assert!(
+        !socket.exists(),
+        "the claimed vhost-user socket is removed again"
+    );
 }
 
 #[test]
