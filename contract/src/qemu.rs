@@ -18,6 +18,12 @@ pub const MACHINE: &str = "microvm,x-option-roms=off,isa-serial=on,rtc=off,pit=o
 /// `loglevel=7` to see the whole kernel log.
 pub const BASE_APPEND: &str = "console=ttyS0 reboot=t panic=-1 quiet";
 
+/// QEMU's virtio-mmio devices are legacy (version 1) unless told otherwise, and a legacy
+/// device cannot offer feature bits 32 and up: `VIRTIO_F_VERSION_1` (bit 32), and with it the
+/// virtio 1.x rules our own MMIO transport runs under, would never be negotiated. Every QEMU
+/// crucible starts uses the modern transport.
+pub const MODERN_VIRTIO_MMIO: [&str; 2] = ["-global", "virtio-mmio.force-legacy=false"];
+
 /// The memory-backend object id the machine's RAM comes from when vhost-user devices are
 /// attached: a vhost-user backend maps guest memory itself, so RAM must be a shareable memfd.
 pub const SHARED_MEMORY_ID: &str = "mem";

@@ -240,6 +240,7 @@ pub fn qemu_command(qemu: &Path, opts: &SmokeOptions) -> Result<Command, SmokeEr
         )));
     }
     cmd.args(["-accel", "tcg", "-cpu", "max"])
+        .args(contract::qemu::MODERN_VIRTIO_MMIO)
         .args(["-m", &opts.memory_mib.to_string()])
         .args([
             "-nodefaults",

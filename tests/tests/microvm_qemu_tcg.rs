@@ -78,6 +78,13 @@ async fn qemu_tcg_sandbox_serves_the_api_with_a_real_guest_kernel() {
     assert_eq!(String::from_utf8_lossy(&out.stderr), "oops\n");
     assert_eq!(out.result.exit_code, 3);
 
+    // The modern virtio-mmio transport: VIRTIO_F_VERSION_1 (bit 32) was negotiated.
+    let out = c
+        .exec_collect(id, &sh("cut -c33 /sys/bus/virtio/devices/*/features"))
+        .await
+        .expect("features");
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "1\n");
+
     // 50 sequential execs on the same VM.
     for i in 0..50 {
         let out = c

@@ -213,7 +213,7 @@ impl Qemu {
             // QEMU's virtio-mmio is legacy (version 1) unless told otherwise: the guest could
             // not see feature bits 32 and up, so VERSION_1 (and the virtio 1.x rules our own
             // MMIO transport runs under) was never negotiated.
-            .args(["-global", "virtio-mmio.force-legacy=false"])
+            .args(contract::qemu::MODERN_VIRTIO_MMIO)
             .args(["-nodefaults", "-no-reboot", "-display", "none"])
             .args(["-serial", "stdio"])
             .arg("-kernel")

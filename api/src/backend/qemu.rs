@@ -122,6 +122,8 @@ pub fn qemu_args(guest: &QemuGuest<'_>) -> Vec<OsString> {
         "-no-reboot",
         "-display",
         "none",
+        contract::qemu::MODERN_VIRTIO_MMIO[0],
+        contract::qemu::MODERN_VIRTIO_MMIO[1],
         "-chardev",
     ] {
         args.push(arg.into());
@@ -282,6 +284,7 @@ mod tests {
             "-smp 2",
             "-nodefaults",
             "-no-reboot",
+            "-global virtio-mmio.force-legacy=false",
             "-chardev socket,id=vsock,path=/run/sb/vhost-vsock.sock",
             "-device vhost-user-vsock-device,chardev=vsock",
             "-serial file:/run/sb/console.log",
