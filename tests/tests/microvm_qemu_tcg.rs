@@ -8,9 +8,11 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use client::ExecEvent;
+use futures_util::{SinkExt, StreamExt};
+use tokio_tungstenite::tungstenite::Message;
 use harness::TestDaemon;
 use sha2::{Digest, Sha256};
-use wire::{BackendKind, CreateSandbox, ExecRequest, Hypervisor, SandboxState};
+use wire::{BackendKind, CreateSandbox, ExecRequest, FrameType, Hypervisor, SandboxState};
 
 fn vmm_binary() -> std::path::PathBuf {
     let binary = Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/debug/crucible-vmm");
@@ -112,6 +114,49 @@ async fn qemu_tcg_sandbox_serves_the_api_with_a_real_guest_kernel() {
         }
     }
     assert_eq!(echoed, b"over vhost-user vsock\n");
+
+    // The WebSocket transport, as a browser or any spec client speaks it: the same frames.
+    let stream = tokio::net::UnixStream::connect(&daemon.socket)
+        .await
+        .expect("connect");
+    let (mut ws, _) =
+        tokio_tungstenite::client_async(format!("ws://crucible/sandboxes/{id}/exec"), stream)
+            .await
+            .expect("upgrade");
+    ws.send(Message::text(r#"{"cmd":["sh","-c","read l; echo got $l; echo e >&2"]}"#))
+        .await
+        .expect("request");
+    let mut stdin = Vec::new();
+    wire::encode_frames(FrameType::Stdin, b"ws-line\n", &mut stdin);
+    wire::encode_frames(FrameType::StdinClose, b"", &mut stdin);
+    ws.send(Message::binary(stdin)).await.expect("stdin");
+    let mut decoder = wire::Decoder::new(wire::Direction::GuestToHost);
+    let (mut out, mut err, mut exit) = (Vec::new(), Vec::new(), None);
+    while let Some(message) = tokio::time::timeout(Duration::from_secs(60), ws.next())
+        .await
+        .expect("the WebSocket session progresses")
+    {
+        match message.expect("message") {
+            Message::Binary(bytes) => {
+                decoder.push(&bytes);
+                while let Some(frame) = decoder.next_frame().expect("frames") {
+                    match frame.frame_type {
+                        FrameType::Stdout => out.extend_from_slice(frame.payload),
+                        FrameType::Stderr => err.extend_from_slice(frame.payload),
+                        FrameType::Exit => {
+                            let result: wire::ExecResult =
+                                serde_json::from_slice(frame.payload).expect("exit frame");
+                            exit = Some(result.exit_code);
+                        }
+                        _ => {}
+                    }
+                }
+            }
+            Message::Close(_) => break,
+            _ => {}
+        }
+    }
+    assert_eq!((out.as_slice(), err.as_slice(), exit), (&b"got ws-line\n"[..], &b"e\n"[..], Some(0)));
 
     // A timeout kills the command's whole process group.
     let mut request = sh("sleep 300 & sleep 300; echo never");
@@ -335,4 +380,18 @@ async fn a_qemu_tcg_sandbox_boots_into_the_images_ext4_root_over_vhost_user_bloc
     assert_eq!(String::from_utf8_lossy(&out.stdout), "written\n");
     c.delete(id).await.expect("delete");
     assert_eq!(sandbox_processes(id), Vec::<(i32, String)>::new());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stopping_the_daemon_takes_its_qemu_tcg_sandboxes_down() {
+    let daemon = qemu_daemon();
+    let sandbox = daemon
+        .client()
+        .create(&CreateSandbox::default())
+        .await
+        .expect("a qemu-tcg sandbox boots");
+    assert_eq!(sandbox_processes(&sandbox.id).len(), 2);
+    // Dropping the test daemon stops it as SIGTERM does: every sandbox deleted.
+    drop(daemon);
+    assert_eq!(sandbox_processes(&sandbox.id), Vec::<(i32, String)>::new());
 }
