@@ -9,9 +9,9 @@ use std::time::{Duration, Instant};
 
 use client::ExecEvent;
 use futures_util::{SinkExt, StreamExt};
-use tokio_tungstenite::tungstenite::Message;
 use harness::TestDaemon;
 use sha2::{Digest, Sha256};
+use tokio_tungstenite::tungstenite::Message;
 use wire::{BackendKind, CreateSandbox, ExecRequest, FrameType, Hypervisor, SandboxState};
 
 fn vmm_binary() -> std::path::PathBuf {
@@ -123,9 +123,11 @@ async fn qemu_tcg_sandbox_serves_the_api_with_a_real_guest_kernel() {
         tokio_tungstenite::client_async(format!("ws://crucible/sandboxes/{id}/exec"), stream)
             .await
             .expect("upgrade");
-    ws.send(Message::text(r#"{"cmd":["sh","-c","read l; echo got $l; echo e >&2"]}"#))
-        .await
-        .expect("request");
+    ws.send(Message::text(
+        r#"{"cmd":["sh","-c","read l; echo got $l; echo e >&2"]}"#,
+    ))
+    .await
+    .expect("request");
     let mut stdin = Vec::new();
     wire::encode_frames(FrameType::Stdin, b"ws-line\n", &mut stdin);
     wire::encode_frames(FrameType::StdinClose, b"", &mut stdin);
@@ -156,7 +158,10 @@ async fn qemu_tcg_sandbox_serves_the_api_with_a_real_guest_kernel() {
             _ => {}
         }
     }
-    assert_eq!((out.as_slice(), err.as_slice(), exit), (&b"got ws-line\n"[..], &b"e\n"[..], Some(0)));
+    assert_eq!(
+        (out.as_slice(), err.as_slice(), exit),
+        (&b"got ws-line\n"[..], &b"e\n"[..], Some(0))
+    );
 
     // A timeout kills the command's whole process group.
     let mut request = sh("sleep 300 & sleep 300; echo never");
