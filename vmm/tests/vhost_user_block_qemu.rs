@@ -13,97 +13,23 @@
 #![allow(clippy::unwrap_used)]
 
 use std::collections::BTreeMap;
-use std::io::{BufRead, BufReader};
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Stdio};
-use std::sync::mpsc;
+use std::path::Path;
 use std::time::Duration;
 
+mod common;
+
+use common::{image_files, Backend};
 use contract::block_selftest::{self, GUEST_SALT, HOST_SALT};
 use crucible_image::progress::Plain;
 use crucible_image::smoke::{self, SmokeOptions};
 
 /// The QEMU boot's limit (it takes ~5 s here); the whole test stays under a minute.
 const BOOT_TIMEOUT: Duration = Duration::from_secs(45);
-/// How long a backend may take to notice QEMU is gone.
-const BACKEND_EXIT_TIMEOUT: Duration = Duration::from_secs(5);
-
-/// The image: `$CRUCIBLE_IMAGE`, else `target/crucible/image` in the workspace.
-fn image_files() -> (PathBuf, PathBuf) {
-    let dir = std::env::var_os("CRUCIBLE_IMAGE")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/crucible/image"));
-    let (kernel, initramfs) = (dir.join("vmlinux"), dir.join("initramfs.cpio"));
-    for file in [&kernel, &initramfs] {
-        assert!(
-            file.is_file(),
-            "this test boots our kernel and initramfs under QEMU, and {} is missing: run \
-             `cargo xtask build-image` (or `cargo xtask ci`, which does) first",
-            file.display()
-        );
-    }
-    (kernel, initramfs)
-}
-
 /// A raw image of `len` bytes filled with the host's pattern.
 fn host_image(path: &Path, len: u64) {
     let mut bytes = vec![0u8; len as usize];
     block_selftest::fill(HOST_SALT, 0, &mut bytes);
     std::fs::write(path, bytes).unwrap();
-}
-
-/// A running `crucible-vmm vhost-user block`, listening.
-struct Backend {
-    child: Child,
-    socket: PathBuf,
-}
-
-impl Backend {
-    fn start(socket: PathBuf, path_arg: &str) -> Backend {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_crucible-vmm"))
-            .args(["vhost-user", "block", "--socket"])
-            .arg(&socket)
-            .args(["--path", path_arg])
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .spawn()
-            .unwrap();
-        // The backend says when the socket accepts connections; EOF means it died.
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().unwrap())
-            .read_line(&mut line)
-            .unwrap();
-        assert_eq!(
-            line.trim_end(),
-            format!(
-                "crucible-vmm: vhost-user block listening on {}",
-                socket.display()
-            ),
-            "the backend for {path_arg} did not come up: {:?}",
-            child.try_wait()
-        );
-        Backend { child, socket }
-    }
-
-    /// Waits for the backend to end by itself once its frontend is gone.
-    fn wait(mut self) -> ExitStatus {
-        let (tx, rx) = mpsc::channel();
-        let pid = self.child.id();
-        let waiter = std::thread::spawn(move || {
-            let status = self.child.wait();
-            let _ = tx.send(());
-            status
-        });
-        if rx.recv_timeout(BACKEND_EXIT_TIMEOUT).is_err() {
-            // The child is with the waiting thread: end it by its pid, so the test does not hang.
-            let _ = Command::new("kill").arg(pid.to_string()).status();
-            panic!(
-                "the backend on {} still runs {BACKEND_EXIT_TIMEOUT:?} after QEMU exited",
-                self.socket.display()
-            );
-        }
-        waiter.join().unwrap().unwrap()
-    }
 }
 
 /// `crucible-selftest: block_<dev> ok serial=… sectors=… ro=…` lines, by serial.
@@ -138,15 +64,23 @@ fn vhost_user_block_serves_a_real_linux_virtio_blk_driver_under_qemu() {
     host_image(&ro_image, ro_len);
 
     let backends = [
-        Backend::start(dir.path().join("rw.sock"), rw_image.to_str().unwrap()),
         Backend::start(
+            "block",
+            dir.path().join("rw.sock"),
+            &["--path".as_ref(), rw_image.as_os_str()],
+        ),
+        Backend::start(
+            "block",
             dir.path().join("ro.sock"),
-            &format!("{}:ro", ro_image.display()),
+            &[
+                "--path".as_ref(),
+                format!("{}:ro", ro_image.display()).as_ref(),
+            ],
         ),
     ];
     let mut opts = SmokeOptions::new(kernel, initramfs);
     opts.timeout = BOOT_TIMEOUT;
-    opts.vhost_user_blk = backends.iter().map(|b| b.socket.clone()).collect();
+    opts.vhost_user_blk = backends.iter().map(|b| b.socket().to_path_buf()).collect();
     let run = smoke::boot(&opts, dir.path(), &Plain).unwrap();
     let problems = smoke::problems(&run, &smoke::parse_console(&run.console), opts.timeout);
     assert!(
@@ -156,7 +90,7 @@ fn vhost_user_block_serves_a_real_linux_virtio_blk_driver_under_qemu() {
         run.console
     );
     for backend in backends {
-        let socket = backend.socket.clone();
+        let socket = backend.socket().to_path_buf();
         let status = backend.wait();
         assert!(
             status.success(),

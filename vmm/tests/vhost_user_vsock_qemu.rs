@@ -22,7 +22,7 @@
 
 #![allow(clippy::unwrap_used)]
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::os::fd::AsRawFd;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
@@ -30,25 +30,20 @@ use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
+mod common;
+
+use common::{image_files, qemu_binary, Backend};
 use contract::cmdline::BootConfig;
 use contract::vsock::{host_port_path, DEFAULT_AGENT_PORT, DEFAULT_READY_PORT};
 use wire::agent::{AgentReply, AgentRequest, Hello};
 use wire::{Direction, ExecRequest, ExecResult, FrameReader, FrameType, FrameWriter};
 
-const QEMU: &str = "qemu-system-x86_64";
-const QEMU_PACKAGE: &str = "qemu-system-x86";
-/// The microvm machine of the image smoke test, with guest memory in a shareable memfd: the
-/// backend maps it.
-const MACHINE: &str =
-    "microvm,x-option-roms=off,isa-serial=on,rtc=off,pit=on,pic=on,acpi=off,memory-backend=mem";
 const MEMORY_MIB: u32 = 256;
 const GUEST_CID: u32 = 3;
 /// The boot to the agent's hello takes ~3 s here under TCG.
 const HELLO_TIMEOUT: Duration = Duration::from_secs(30);
 /// The longest a single read of an exec's output may wait.
 const READ_TIMEOUT: Duration = Duration::from_secs(20);
-/// How long a backend may take to notice QEMU is gone.
-const BACKEND_EXIT_TIMEOUT: Duration = Duration::from_secs(5);
 /// The streamed stdout: past every buffer on the path (the device's per-connection credit,
 /// the guest's socket buffer), so it only completes if credit keeps flowing.
 const STREAM_BYTES: usize = 16 * 1024 * 1024;
@@ -81,109 +76,6 @@ const UPLOAD_BYTES: usize = 1024 * 1024 + 3;
 /// packet shifts the pattern and shows.
 const STREAM_LINE: &str = "0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ";
 
-/// The image: `$CRUCIBLE_IMAGE`, else `target/crucible/image` in the workspace.
-fn image_files() -> (PathBuf, PathBuf) {
-    let dir = std::env::var_os("CRUCIBLE_IMAGE")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/crucible/image"));
-    let (kernel, initramfs) = (dir.join("vmlinux"), dir.join("initramfs.cpio"));
-    for file in [&kernel, &initramfs] {
-        assert!(
-            file.is_file(),
-            "this test boots our kernel and initramfs under QEMU, and {} is missing: run \
-             `cargo xtask build-image` (or `cargo xtask ci`, which does) first",
-            file.display()
-        );
-    }
-    (kernel, initramfs)
-}
-
-fn qemu_binary() -> PathBuf {
-    std::env::var_os("PATH")
-        .iter()
-        .flat_map(std::env::split_paths)
-        .map(|dir| dir.join(QEMU))
-        .find(|p| p.is_file())
-        .unwrap_or_else(|| {
-            panic!(
-                "this test boots Linux under QEMU and {QEMU} is not on PATH: install it with \
-                 `apt-get install {QEMU_PACKAGE}`"
-            )
-        })
-}
-
-/// A running `crucible-vmm vhost-user vsock`, listening.
-struct Backend {
-    child: Option<Child>,
-    socket: PathBuf,
-}
-
-impl Backend {
-    fn start(socket: PathBuf, uds: &Path) -> Backend {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_crucible-vmm"))
-            .args(["vhost-user", "vsock", "--socket"])
-            .arg(&socket)
-            .args(["--guest-cid", &GUEST_CID.to_string(), "--uds"])
-            .arg(uds)
-            .args([
-                "--vsock-handshake-timeout-ms",
-                &HANDSHAKE_TIMEOUT.as_millis().to_string(),
-            ])
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .spawn()
-            .unwrap();
-        // The backend says when the socket accepts connections; EOF means it died.
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().unwrap())
-            .read_line(&mut line)
-            .unwrap();
-        assert_eq!(
-            line.trim_end(),
-            format!(
-                "crucible-vmm: vhost-user vsock listening on {}",
-                socket.display()
-            ),
-            "the vsock backend did not come up: {:?}",
-            child.try_wait()
-        );
-        Backend {
-            child: Some(child),
-            socket,
-        }
-    }
-
-    /// Waits for the backend to end by itself once its frontend is gone.
-    fn wait(mut self) -> ExitStatus {
-        let mut child = self.child.take().unwrap();
-        let pid = child.id();
-        let (tx, rx) = mpsc::channel();
-        let waiter = std::thread::spawn(move || {
-            let status = child.wait();
-            let _ = tx.send(());
-            status
-        });
-        if rx.recv_timeout(BACKEND_EXIT_TIMEOUT).is_err() {
-            // The child is with the waiting thread: end it by its pid, so the test does not hang.
-            let _ = Command::new("kill").arg(pid.to_string()).status();
-            panic!(
-                "the backend on {} still runs {BACKEND_EXIT_TIMEOUT:?} after QEMU exited",
-                self.socket.display()
-            );
-        }
-        waiter.join().unwrap().unwrap()
-    }
-}
-
-impl Drop for Backend {
-    fn drop(&mut self) {
-        if let Some(child) = self.child.as_mut() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-    }
-}
-
 /// QEMU, killed when dropped (a failing test must not leave a VM running); its console goes to
 /// a file the failure messages quote.
 struct Qemu {
@@ -201,12 +93,11 @@ impl Qemu {
         chardev.push(vhost_socket);
         let log = std::fs::File::create(&console).unwrap();
         let child = Command::new(qemu_binary())
-            .args(["-M", MACHINE, "-accel", "tcg", "-cpu", "max"])
+            .args(contract::qemu::shared_memory_machine_args(u64::from(
+                MEMORY_MIB,
+            )))
+            .args(["-accel", "tcg", "-cpu", "max"])
             .args(["-m", &MEMORY_MIB.to_string()])
-            .args([
-                "-object",
-                &format!("memory-backend-memfd,id=mem,size={MEMORY_MIB}M,share=on"),
-            ])
             .arg("-chardev")
             .arg(chardev)
             .args(["-device", "vhost-user-vsock-device,chardev=vsock"])
@@ -845,11 +736,24 @@ fn vhost_user_vsock_serves_a_real_linux_virtio_vsock_driver_under_qemu() {
     let uds = dir.path().join("vsock.sock");
     // Listening before the guest boots, as the daemon does: the agent sends its hello once.
     let hello_listener = UnixListener::bind(host_port_path(&uds, DEFAULT_READY_PORT)).unwrap();
-    let backend = Backend::start(dir.path().join("vhost-user.sock"), &uds);
+    let handshake_ms = HANDSHAKE_TIMEOUT.as_millis().to_string();
+    let cid = GUEST_CID.to_string();
+    let backend = Backend::start(
+        "vsock",
+        dir.path().join("vhost-user.sock"),
+        &[
+            "--guest-cid".as_ref(),
+            cid.as_ref(),
+            "--uds".as_ref(),
+            uds.as_os_str(),
+            "--vsock-handshake-timeout-ms".as_ref(),
+            handshake_ms.as_ref(),
+        ],
+    );
     let qemu = Qemu::boot(
         &kernel,
         &initramfs,
-        &backend.socket,
+        backend.socket(),
         dir.path().join("console.log"),
     );
 
@@ -945,7 +849,7 @@ fn vhost_user_vsock_serves_a_real_linux_virtio_vsock_driver_under_qemu() {
     let mut qemu = qemu;
     let qemu_status = qemu.wait_exit(POWEROFF_TIMEOUT);
     assert!(qemu_status.success(), "QEMU: {qemu_status}");
-    let socket = backend.socket.clone();
+    let socket = backend.socket().to_path_buf();
     let status = backend.wait();
     assert!(
         status.success(),

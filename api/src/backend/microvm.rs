@@ -493,35 +493,27 @@ mod tests {
     #[test]
     fn unavailable_reason_names_what_is_missing() {
         let dir = tempfile::tempdir().expect("tempdir");
-        let backend = MicrovmBackend::new(
-            dir.path().join("crucible-vmm"),
-            dir.path(),
-            dir.path().join("state"),
-            Duration::from_secs(1),
-            None,
-            Hypervisor::CrucibleVmm,
-        );
-        let reason = backend.why_unavailable().expect("missing pieces");
+        // A backend over an empty image directory, without a VMM.
+        let backend = |host_reason: Option<&str>, hypervisor| {
+            MicrovmBackend::new(
+                dir.path().join("crucible-vmm"),
+                dir.path(),
+                dir.path().join("state"),
+                Duration::from_secs(1),
+                host_reason.map(String::from),
+                hypervisor,
+            )
+        };
+        let reason = backend(None, Hypervisor::CrucibleVmm)
+            .why_unavailable()
+            .expect("missing pieces");
         assert!(reason.contains("VMM"), "{reason}");
-        let pvm = MicrovmBackend::new(
-            dir.path().join("x"),
-            dir.path(),
-            dir.path().join("state"),
-            Duration::from_secs(1),
-            Some("kvm_pvm".into()),
-            Hypervisor::CrucibleVmm,
-        );
+        let pvm = backend(Some("kvm_pvm"), Hypervisor::CrucibleVmm);
         assert_eq!(pvm.unavailable_reason().as_deref(), Some("kvm_pvm"));
         // QEMU TCG needs no KVM: the host's KVM reason does not apply, the missing files do.
-        let tcg = MicrovmBackend::new(
-            dir.path().join("x"),
-            dir.path(),
-            dir.path().join("state"),
-            Duration::from_secs(1),
-            Some("kvm_pvm".into()),
-            Hypervisor::QemuTcg,
-        );
-        let reason = tcg.unavailable_reason().expect("missing pieces");
+        let reason = backend(Some("kvm_pvm"), Hypervisor::QemuTcg)
+            .unavailable_reason()
+            .expect("missing pieces");
         assert!(!reason.contains("kvm_pvm"), "{reason}");
         assert!(
             reason.contains("VMM") || reason.contains("qemu-tcg"),

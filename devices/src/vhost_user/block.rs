@@ -13,7 +13,6 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, RwLock};
 
 use vhost::vhost_user::message::{VhostUserProtocolFeatures, VhostUserVirtioFeatures};
-use vhost::vhost_user::Error as VhostUserError;
 use vhost_user_backend::{VhostUserBackendMut, VhostUserDaemon, VringRwLock, VringT};
 use vm_memory::{GuestAddressSpace, GuestMemoryAtomic};
 use vmm_sys_util::epoll::EventSet;
@@ -21,7 +20,9 @@ use vmm_sys_util::event::{
     new_event_consumer_and_notifier, EventConsumer, EventFlag, EventNotifier,
 };
 
-use super::{config_buffer, listen, AtomicGuestMemory, ListenError, MAX_QUEUE_SIZE};
+use super::{
+    config_buffer, listen, serve_until_hang_up, AtomicGuestMemory, ListenError, MAX_QUEUE_SIZE,
+};
 use crate::virtio::block::{BlockError, Disk};
 use crate::virtio::GuestMemory;
 
@@ -162,18 +163,7 @@ pub fn serve(
     .map_err(daemon_err)?;
     let mut listener = listen(socket)?;
     listening();
-    let served = daemon.start(&mut listener).and_then(|()| daemon.wait());
-    for worker in daemon.get_epoll_handlers() {
-        worker.send_exit_event();
-    }
-    match served {
-        Ok(())
-        // The frontend went away between or in the middle of messages: QEMU exiting.
-        | Err(vhost_user_backend::Error::HandleRequest(
-            VhostUserError::Disconnected | VhostUserError::PartialMessage,
-        )) => Ok(()),
-        Err(e) => Err(daemon_err(e)),
-    }
+    serve_until_hang_up(&mut daemon, &mut listener).map_err(daemon_err)
 }
 
 #[cfg(test)]

@@ -10,6 +10,7 @@ use std::os::unix::fs::FileTypeExt;
 use std::path::{Path, PathBuf};
 
 use vhost::vhost_user::{Error as VhostUserError, Listener};
+use vhost_user_backend::{VhostUserBackend, VhostUserDaemon, VringRwLock};
 use vm_memory::GuestMemoryAtomic;
 
 use crate::virtio::GuestMemory;
@@ -73,6 +74,28 @@ pub(crate) fn listen(socket: &Path) -> Result<Listener, ListenError> {
         path: socket.to_owned(),
         source,
     })
+}
+
+/// Serves the one frontend that connects to `listener` until it hangs up, then tells the
+/// workers to exit. A frontend that goes away between or in the middle of messages (QEMU
+/// exiting) is the normal end, not an error.
+pub(crate) fn serve_until_hang_up<T>(
+    daemon: &mut VhostUserDaemon<T>,
+    listener: &mut Listener,
+) -> Result<(), vhost_user_backend::Error>
+where
+    T: VhostUserBackend<Bitmap = (), Vring = VringRwLock<AtomicGuestMemory>> + Clone + 'static,
+{
+    let served = daemon.start(listener).and_then(|()| daemon.wait());
+    for worker in daemon.get_epoll_handlers() {
+        worker.send_exit_event();
+    }
+    match served {
+        Err(vhost_user_backend::Error::HandleRequest(
+            VhostUserError::Disconnected | VhostUserError::PartialMessage,
+        )) => Ok(()),
+        other => other,
+    }
 }
 
 #[cfg(test)]

@@ -17,7 +17,6 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, RwLock};
 
 use vhost::vhost_user::message::{VhostUserProtocolFeatures, VhostUserVirtioFeatures};
-use vhost::vhost_user::Error as VhostUserError;
 use vhost_user_backend::{VhostUserBackendMut, VhostUserDaemon, VringRwLock, VringT};
 use virtio_queue::{Queue, QueueT};
 use vm_memory::{GuestAddressSpace, GuestMemoryAtomic};
@@ -26,7 +25,9 @@ use vmm_sys_util::event::{
     new_event_consumer_and_notifier, EventConsumer, EventFlag, EventNotifier,
 };
 
-use super::{config_buffer, listen, AtomicGuestMemory, ListenError, MAX_QUEUE_SIZE};
+use super::{
+    config_buffer, listen, serve_until_hang_up, AtomicGuestMemory, ListenError, MAX_QUEUE_SIZE,
+};
 use crate::virtio::block::read_config_bytes;
 use crate::virtio::vsock::queues::{process_rx, process_tx};
 use crate::virtio::vsock::{Muxer, MuxerConfig, VsockBackend};
@@ -270,18 +271,7 @@ pub fn serve(
         }
     }
     listening();
-    let served = daemon.start(&mut listener).and_then(|()| daemon.wait());
-    for worker in daemon.get_epoll_handlers() {
-        worker.send_exit_event();
-    }
-    match served {
-        Ok(())
-        // The frontend went away between or in the middle of messages: QEMU exiting.
-        | Err(vhost_user_backend::Error::HandleRequest(
-            VhostUserError::Disconnected | VhostUserError::PartialMessage,
-        )) => Ok(()),
-        Err(e) => Err(daemon_err(e)),
-    }
+    serve_until_hang_up(&mut daemon, &mut listener).map_err(daemon_err)
 }
 
 #[cfg(test)]
