@@ -7,6 +7,7 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use wire::ErrorBody;
 
+use crate::backend::BackendError;
 use crate::config::{MAX_HEAD, MAX_HEADERS};
 use crate::exec::AdmitError;
 use crate::json::InvalidJson;
@@ -137,6 +138,10 @@ impl From<CreateError> for ApiError {
                 "backend_unavailable",
                 e.to_string(),
             ),
+            CreateError::Failed {
+                source: BackendError::Exhausted(_),
+                ..
+            } => ApiError::too_many(chain(&e)),
             CreateError::Failed { .. } => ApiError::internal(chain(&e)),
         }
     }

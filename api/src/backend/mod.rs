@@ -61,6 +61,10 @@ pub enum BackendError {
     /// The agent never became ready.
     #[error("the sandbox's agent did not become ready: {0}")]
     NotReady(String),
+    /// A per-sandbox resource of the backend stayed taken, by sandboxes still being torn
+    /// down: the same answer as a full registry, to retry.
+    #[error("{0}")]
+    Exhausted(String),
 }
 
 impl BackendError {

@@ -16,7 +16,7 @@ use namespace::{IdMap, SandboxSpec};
 
 use tokio::net::{UnixListener, UnixStream};
 use tokio::process::Command;
-use tokio::sync::watch;
+use tokio::sync::{watch, Notify};
 use wire::agent::Hello;
 use wire::BackendKind;
 
@@ -47,23 +47,37 @@ pub struct NamespaceBackend {
 #[derive(Debug, Clone)]
 pub struct IdRanges {
     base: u32,
-    free: Arc<Mutex<BTreeSet<u32>>>,
+    free: Arc<FreeRanges>,
 }
+
+/// The free slots, and a wake-up for a create waiting for one.
+#[derive(Debug, Default)]
+struct FreeRanges {
+    slots: Mutex<BTreeSet<u32>>,
+    returned: Notify,
+}
+
+/// How long a create waits for a range still held by a sandbox being torn down. The registry
+/// counts a deleted sandbox out as its deletion starts, but its range comes back only once
+/// its processes are gone, a few milliseconds later.
+const RANGE_WAIT: Duration = Duration::from_secs(5);
 
 /// A sandbox's id range, returned to the pool when dropped (after its processes are gone).
 #[derive(Debug)]
 struct IdRange {
     slot: u32,
     map: IdMap,
-    free: Arc<Mutex<BTreeSet<u32>>>,
+    free: Arc<FreeRanges>,
 }
 
 impl Drop for IdRange {
     fn drop(&mut self) {
         self.free
+            .slots
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .insert(self.slot);
+        self.free.returned.notify_waiters();
     }
 }
 
@@ -89,24 +103,44 @@ impl IdRanges {
         let slots = u32::try_from(slots).unwrap_or(u32::MAX);
         IdRanges {
             base,
-            free: Arc::new(Mutex::new((0..slots).collect())),
+            free: Arc::new(FreeRanges {
+                slots: Mutex::new((0..slots).collect()),
+                returned: Notify::new(),
+            }),
         }
     }
 
-    /// The lowest free range.
-    fn take(&self) -> Result<IdRange, BackendError> {
-        let slot = self
-            .free
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .pop_first();
+    /// The lowest free range, waiting up to `wait` for one to be returned when every range is
+    /// held (by sandboxes whose teardown is still under way).
+    async fn take(&self, wait: Duration) -> Result<IdRange, BackendError> {
+        let deadline = tokio::time::Instant::now() + wait;
+        let slot = loop {
+            // Registered before looking, so a range returned in between still wakes us.
+            let returned = self.free.returned.notified();
+            tokio::pin!(returned);
+            returned.as_mut().enable();
+            let slot = self
+                .free
+                .slots
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .pop_first();
+            if let Some(slot) = slot {
+                break slot;
+            }
+            if tokio::time::timeout_at(deadline, returned).await.is_err() {
+                return Err(BackendError::Exhausted(format!(
+                    "every host id range is held by a sandbox still being torn down (waited \
+                     {wait:?}); retry"
+                )));
+            }
+        };
         let no_range = |reason: String| {
             BackendError::setup(
                 "allocating the sandbox's host id range",
                 io::Error::other(reason),
             )
         };
-        let slot = slot.ok_or_else(|| no_range("every range is in use".into()))?;
         let host_base = u64::from(self.base) + u64::from(slot) * u64::from(namespace::SANDBOX_IDS);
         // Returned to the pool even if the map below is refused.
         let mut range = IdRange {
@@ -194,7 +228,7 @@ impl NamespaceBackend {
             },
         )
         .map_err(|e| BackendError::setup("creating the sandbox's cgroups", e))?;
-        let ids = self.id_ranges.take();
+        let ids = self.id_ranges.take(RANGE_WAIT).await;
         let mut cleanup = Cleanup {
             runtime_dir: Some(runtime_dir.clone()),
             cgroups: Some(cgroups),
@@ -211,13 +245,24 @@ impl NamespaceBackend {
         cleanup.ids = Some(ids);
 
         let ready_path = runtime_dir.join("ready.sock");
-        let ready = UnixListener::bind(&ready_path)
-            .map_err(|e| BackendError::setup(format!("bind {}", ready_path.display()), e))?;
-        let log = std::fs::File::create(&log_path)
-            .map_err(|e| BackendError::setup(format!("create {}", log_path.display()), e))?;
-        let log_err = log
-            .try_clone()
-            .map_err(|e| BackendError::setup("duplicate the log file", e))?;
+        let opened = (|| {
+            let ready = UnixListener::bind(&ready_path)
+                .map_err(|e| BackendError::setup(format!("bind {}", ready_path.display()), e))?;
+            let log = std::fs::File::create(&log_path)
+                .map_err(|e| BackendError::setup(format!("create {}", log_path.display()), e))?;
+            let log_err = log
+                .try_clone()
+                .map_err(|e| BackendError::setup("duplicate the log file", e))?;
+            Ok((ready, log, log_err))
+        })();
+        let (ready, log, log_err) = match opened {
+            Ok(opened) => opened,
+            Err(e) => {
+                // Nothing runs yet: the cgroups and the runtime directory go, then the range.
+                cleanup.run().await;
+                return Err(e);
+            }
+        };
 
         let agent_socket = runtime_dir.join("agent.sock");
         let (hostname, env) = (spec.id.clone(), spec.env);
@@ -373,7 +418,33 @@ impl Backend for NamespaceBackend {
 
 #[cfg(test)]
 mod tests {
-    use super::disk_mib;
+    use super::{disk_mib, BackendError, IdRanges};
+    use std::time::Duration;
+
+    #[tokio::test]
+    async fn a_create_waits_for_a_range_still_being_returned_and_is_told_to_retry_after() {
+        let ranges = IdRanges::new(2_000_000_000, 1);
+        let held = ranges.take(Duration::ZERO).await.expect("the one range");
+        assert_eq!(held.map.to_string(), "2000000000:65536");
+        // Every range held past the wait: a retryable answer, not an internal error.
+        match ranges.take(Duration::from_millis(50)).await {
+            Err(BackendError::Exhausted(reason)) => assert!(reason.contains("retry"), "{reason}"),
+            other => panic!("expected Exhausted, got {other:?}"),
+        }
+        // A range returned while a create waits goes to that create.
+        let waiting = tokio::spawn({
+            let ranges = ranges.clone();
+            async move { ranges.take(Duration::from_secs(10)).await.map(|r| r.slot) }
+        });
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        drop(held);
+        let slot = tokio::time::timeout(Duration::from_secs(5), waiting)
+            .await
+            .expect("the waiting create is woken")
+            .expect("task")
+            .expect("the returned range");
+        assert_eq!(slot, 0);
+    }
 
     #[test]
     fn the_writable_layer_leaves_a_quarter_of_memory_to_the_commands() {
