@@ -182,7 +182,7 @@ fn vsock_listen(port: u32) -> io::Result<OwnedFd> {
         )
     })?;
     // SAFETY: listen takes no pointers.
-    sys::cvt(unsafe { libc::listen(fd.as_raw_fd(), 128) })?;
+    sys::cvt(unsafe { libc::listen(fd.as_raw_fd(), LISTEN_BACKLOG) })?;
     Ok(fd)
 }
 
@@ -289,6 +289,10 @@ impl Agent {
     }
 }
 
+/// Connections the kernel holds for the agent before it accepts them: a burst of host
+/// requests (the daemon opens one per exec) must not be reset while the agent catches up.
+const LISTEN_BACKLOG: libc::c_int = 1024;
+
 /// Idle threads kept blocked in `accept` beyond the one that must always be there.
 const SPARE_ACCEPTORS: usize = 4;
 
@@ -356,6 +360,7 @@ impl Workers {
 /// Accepts connections forever, on this thread and the connection threads. Returns only if
 /// accepting keeps failing.
 pub fn serve(listener: Listener, agent: &'static Agent) -> ServerError {
+    crate::spawn::raise_agent_fd_limit();
     let workers: &'static Workers = Box::leak(Box::new(Workers {
         agent,
         listener: Box::leak(Box::new(listener)),

@@ -93,9 +93,21 @@ struct ChildPlan {
     stdio: [RawFd; 3],
     cgroup_procs: Option<RawFd>,
     reset_oom_score: bool,
+    /// The open-file limit commands get (the one the agent had before raising its own).
+    nofile: Option<libc::rlimit>,
     /// Written by the child on failure: `stage << 48 | candidate << 32 | errno`; 0 means the
     /// exec happened.
     report: AtomicU64,
+}
+
+/// The open-file limit commands run with: the agent's own before [`raise_agent_fd_limit`]
+/// raised it, so a command sees the limit it would have seen without the agent in between.
+static COMMAND_FD_LIMIT: std::sync::OnceLock<Option<libc::rlimit>> = std::sync::OnceLock::new();
+
+/// Raises the agent's open-file limit for its connections and pipes, and remembers the old
+/// one for the commands it starts. Called once, before serving.
+pub fn raise_agent_fd_limit() {
+    let _ = COMMAND_FD_LIMIT.set(crate::sys::raise_fd_limit());
 }
 
 /// The child's stack: it only makes a few system calls before exec.
@@ -177,6 +189,7 @@ pub fn spawn(
         ],
         cgroup_procs: ctx.cgroup_procs.map(|fd| fd.as_raw_fd()),
         reset_oom_score: ctx.reset_oom_score,
+        nofile: COMMAND_FD_LIMIT.get().copied().flatten(),
         report: AtomicU64::new(0),
     };
 
@@ -317,6 +330,10 @@ fn child_after_fork(plan: &ChildPlan) -> ! {
                 libc::close(fd);
             }
         }
+    }
+    if let Some(limit) = &plan.nofile {
+        // SAFETY: setrlimit reads one rlimit the parent keeps alive. Lowering always succeeds.
+        unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, limit) };
     }
     for (target, &fd) in plan.stdio.iter().enumerate() {
         // SAFETY: dup2 takes no pointers; `fd` is open in the parent and so in the child.

@@ -43,6 +43,42 @@ pub fn sendfile(out: BorrowedFd<'_>, file: BorrowedFd<'_>, count: usize) -> io::
     }
 }
 
+/// The agent's own descriptors: each exec holds about six (its connection, three pipes'
+/// ends, a pidfd), so the usual 1,024 would refuse new execs from about 170 at once.
+const AGENT_FD_LIMIT: libc::rlim_t = 65_536;
+
+/// Raises this process's open-file limit to [`AGENT_FD_LIMIT`] (the hard limit too, where it
+/// may: PID 1 of a VM can; otherwise up to the hard limit) and returns the limit it had, which
+/// commands get back. `None` if the limit cannot be read.
+pub fn raise_fd_limit() -> Option<libc::rlimit> {
+    let mut original = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit writes one rlimit into the live struct we pass.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut original) } != 0 {
+        return None;
+    }
+    if original.rlim_cur >= AGENT_FD_LIMIT {
+        return Some(original);
+    }
+    let wanted = libc::rlimit {
+        rlim_cur: AGENT_FD_LIMIT,
+        rlim_max: original.rlim_max.max(AGENT_FD_LIMIT),
+    };
+    // SAFETY: setrlimit reads one live rlimit.
+    if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &wanted) } != 0 {
+        // Without the privilege to raise the hard limit: as far as it goes.
+        let within = libc::rlimit {
+            rlim_cur: original.rlim_max.min(AGENT_FD_LIMIT),
+            rlim_max: original.rlim_max,
+        };
+        // SAFETY: as above.
+        unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &within) };
+    }
+    Some(original)
+}
+
 /// A non-blocking, close-on-exec eventfd.
 pub fn eventfd() -> io::Result<OwnedFd> {
     // SAFETY: eventfd takes no pointers.

@@ -457,3 +457,54 @@ fn storage_writes_are_counted_including_reaped_descendants() {
         usage.io_write_bytes
     );
 }
+
+/// Starts the agent with the open-file limit Linux gives a VM's PID 1: 1,024 soft, 4,096 hard.
+fn agent_with_1024_files() -> common::Agent {
+    common::Agent::start_with(|c| {
+        use std::os::unix::process::CommandExt;
+        // SAFETY: setrlimit is async-signal-safe and reads one live rlimit; the closure runs
+        // in the forked child before exec and touches nothing else.
+        unsafe {
+            c.pre_exec(|| {
+                let limit = libc::rlimit {
+                    rlim_cur: 1024,
+                    rlim_max: 4096,
+                };
+                if libc::setrlimit(libc::RLIMIT_NOFILE, &limit) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+    })
+}
+
+#[test]
+fn commands_get_the_open_file_limit_the_agent_started_with() {
+    let agent = agent_with_1024_files();
+    let out = agent.exec(sh("ulimit -n; ulimit -Hn"));
+    assert_eq!(out.stdout_str(), "1024\n4096\n");
+}
+
+#[test]
+fn hundreds_of_sessions_at_once_do_not_run_the_agent_out_of_descriptors() {
+    // Each held session costs the agent about six descriptors: 300 of them need ~1,800, more
+    // than the 1,024 it was started with.
+    let agent = agent_with_1024_files();
+    let sessions: Vec<_> = (0..300)
+        .map(|_| {
+            agent.send(&AgentRequest::Exec {
+                request: ExecRequest::new(["cat"]),
+                interactive: true,
+            })
+        })
+        .collect();
+    for (i, mut s) in sessions.into_iter().enumerate() {
+        let line = format!("session {i}\n");
+        write_frame(&mut s, FrameType::Stdin, line.as_bytes());
+        write_frame(&mut s, FrameType::StdinClose, b"");
+        let out = read_output(s);
+        assert_eq!(out.result.exit_code, 0, "session {i}: {:?}", out.result);
+        assert_eq!(out.stdout_str(), line, "session {i}");
+    }
+}
