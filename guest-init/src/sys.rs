@@ -49,7 +49,8 @@ const AGENT_FD_LIMIT: libc::rlim_t = 65_536;
 
 /// Raises this process's open-file limit to [`AGENT_FD_LIMIT`] (the hard limit too, where it
 /// may: PID 1 of a VM can; otherwise up to the hard limit) and returns the limit it had, which
-/// commands get back. `None` if the limit cannot be read.
+/// commands get back. `None` when nothing changed (or the limit cannot be read): commands then
+/// inherit the limit as it is, with no call per exec.
 pub fn raise_fd_limit() -> Option<libc::rlimit> {
     let mut original = libc::rlimit {
         rlim_cur: 0,
@@ -60,7 +61,7 @@ pub fn raise_fd_limit() -> Option<libc::rlimit> {
         return None;
     }
     if original.rlim_cur >= AGENT_FD_LIMIT {
-        return Some(original);
+        return None;
     }
     let wanted = libc::rlimit {
         rlim_cur: AGENT_FD_LIMIT,
@@ -73,8 +74,13 @@ pub fn raise_fd_limit() -> Option<libc::rlimit> {
             rlim_cur: original.rlim_max.min(AGENT_FD_LIMIT),
             rlim_max: original.rlim_max,
         };
+        if within.rlim_cur <= original.rlim_cur {
+            return None;
+        }
         // SAFETY: as above.
-        unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &within) };
+        if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &within) } != 0 {
+            return None;
+        }
     }
     Some(original)
 }

@@ -90,13 +90,7 @@ fn vhost_user_block_serves_a_real_linux_virtio_blk_driver_under_qemu() {
         run.console
     );
     for backend in backends {
-        let socket = backend.socket().to_path_buf();
-        let status = backend.wait();
-        assert!(
-            status.success(),
-            "backend on {}: {status}",
-            socket.display()
-        );
+        backend.expect_clean_exit();
     }
 
     // What the guest's driver saw: GET_ID (the file name), the capacity, the read-only flag.

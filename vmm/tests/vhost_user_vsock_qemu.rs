@@ -849,13 +849,7 @@ fn vhost_user_vsock_serves_a_real_linux_virtio_vsock_driver_under_qemu() {
     let mut qemu = qemu;
     let qemu_status = qemu.wait_exit(POWEROFF_TIMEOUT);
     assert!(qemu_status.success(), "QEMU: {qemu_status}");
-    let socket = backend.socket().to_path_buf();
-    let status = backend.wait();
-    assert!(
-        status.success(),
-        "backend on {}: {status}",
-        socket.display()
-    );
+    let socket = backend.expect_clean_exit();
     assert!(
         !socket.exists(),
         "the backend removes its vhost-user socket when it ends"

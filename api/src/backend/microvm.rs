@@ -162,7 +162,7 @@ impl MicrovmBackend {
         uds: &Path,
         console: &Path,
         ready: &UnixListener,
-    ) -> Result<(Child, Vec<(Child, &'static str)>, Hello), BackendError> {
+    ) -> Result<Launched, BackendError> {
         let config = vm_config(&self.kernel, &self.initramfs, spec, uds, console)
             .map_err(|e| BackendError::setup("build the VM config", e))?;
         let config_path = dir.join("vm.json");
@@ -197,7 +197,7 @@ impl MicrovmBackend {
         uds: &Path,
         console: &Path,
         ready: &UnixListener,
-    ) -> Result<(Child, Vec<(Child, &'static str)>, Hello), BackendError> {
+    ) -> Result<Launched, BackendError> {
         let root_disk = self.root_disk.is_file().then_some(&self.root_disk);
         let mut boot = boot_config(spec);
         if root_disk.is_some() {
@@ -254,6 +254,10 @@ impl MicrovmBackend {
         Ok((vm, devices, hello))
     }
 }
+
+/// A started guest: the VM process, the device processes beside it (each with what it is, for
+/// its exit reason), and the agent's hello.
+type Launched = (Child, Vec<(Child, &'static str)>, Hello);
 
 /// The guest's name for the root disk under QEMU: the only virtio-blk device.
 const QEMU_ROOT_DEVICE: &str = "/dev/vda";

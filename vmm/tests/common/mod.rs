@@ -89,6 +89,19 @@ impl Backend {
         &self.socket
     }
 
+    /// Waits for the backend to end by itself once its frontend is gone and requires exit 0;
+    /// returns its socket path, for checks on what it left behind.
+    pub fn expect_clean_exit(self) -> PathBuf {
+        let socket = self.socket.clone();
+        let status = self.wait();
+        assert!(
+            status.success(),
+            "backend on {}: {status}",
+            socket.display()
+        );
+        socket
+    }
+
     /// Waits for the backend to end by itself once its frontend is gone.
     pub fn wait(mut self) -> ExitStatus {
         let mut child = self.child.take().unwrap();
