@@ -2,16 +2,18 @@
 //! its files keep their owners inside.
 //!
 //! The parent (host root, outside) writes the child's `uid_map`/`gid_map` — a process cannot
-//! map ids other than its own from inside — then clones the image directory into a detached
-//! mount, idmaps it through the child's user namespace (on-disk uid 0 appears as the
-//! sandbox's root, and so on) and passes it over a socket. Nothing is copied or chowned: one
-//! image on disk serves every sandbox, each in its own id range.
+//! map ids other than its own from inside — then makes the image and every other mount the
+//! sandbox gets as detached mounts idmapped through the child's user namespace (on-disk uid 0
+//! appears as the sandbox's root, and so on; see [`crate::host_mounts`]) and passes them over
+//! a socket. Nothing is copied or chowned: one image on disk serves every sandbox, each in its
+//! own id range.
 
 use std::fmt;
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::AsFd;
 use std::str::FromStr;
 
-use crate::sys::{self, check, cstring, Socket, SysError};
+use crate::host_mounts::SandboxMounts;
+use crate::sys::{self, Socket, SysError};
 use crate::{EnterError, SandboxSpec};
 
 /// How many ids a sandbox gets: 0–65535, what images and package managers expect.
@@ -79,21 +81,8 @@ impl FromStr for IdMap {
     }
 }
 
-/// `struct mount_attr` of mount_setattr(2).
-#[repr(C)]
-struct MountAttr {
-    attr_set: u64,
-    attr_clr: u64,
-    propagation: u64,
-    userns_fd: u64,
-}
-
-const OPEN_TREE_CLONE: libc::c_uint = 1;
-const MOUNT_ATTR_RDONLY: u64 = 0x1;
-const MOUNT_ATTR_NODEV: u64 = 0x4;
-const MOUNT_ATTR_IDMAP: u64 = 0x0010_0000;
-
-/// The parent's side: maps the child's ids, then sends it the idmapped image.
+/// The parent's side: maps the child's ids, then makes every mount of `spec` idmapped through
+/// the child's user namespace and sends them to it.
 pub(crate) fn prepare_child(
     child: libc::pid_t,
     spec: &SandboxSpec,
@@ -109,63 +98,16 @@ pub(crate) fn prepare_child(
         std::path::Path::new(&format!("/proc/{child}/ns/user")),
         libc::O_RDONLY,
     )?;
-    let image = idmapped_tree(&spec.rootfs, &userns)?;
-    to_child
-        .send_fd(&image)
-        .map_err(|e| SysError::io("hand the image mount to the sandbox", e))?;
+    SandboxMounts::make(spec, userns.as_fd())?.send(to_child)?;
     Ok(())
 }
 
-/// A detached, read-only clone of the mount at `dir`, idmapped through `userns`.
-fn idmapped_tree(dir: &std::path::Path, userns: &OwnedFd) -> Result<OwnedFd, SysError> {
-    let path = cstring(dir)?;
-    // SAFETY: open_tree reads the NUL-terminated path and returns a new descriptor or -1.
-    let tree = unsafe {
-        libc::syscall(
-            libc::SYS_open_tree,
-            libc::AT_FDCWD,
-            path.as_ptr(),
-            OPEN_TREE_CLONE | libc::O_CLOEXEC as libc::c_uint,
-        )
-    };
-    let tree = sys::owned_fd(tree, || {
-        format!("open_tree({}) for the image", dir.display())
-    })?;
-    let attr = MountAttr {
-        attr_set: MOUNT_ATTR_IDMAP | MOUNT_ATTR_RDONLY | MOUNT_ATTR_NODEV,
-        attr_clr: 0,
-        propagation: 0,
-        userns_fd: userns.as_raw_fd() as u64,
-    };
-    // SAFETY: the empty path is NUL-terminated and `attr` is a valid mount_attr whose size is
-    // passed; the kernel only reads both.
-    let ret = unsafe {
-        libc::syscall(
-            libc::SYS_mount_setattr,
-            tree.as_raw_fd(),
-            c"".as_ptr(),
-            libc::AT_EMPTY_PATH,
-            &attr as *const MountAttr,
-            std::mem::size_of::<MountAttr>(),
-        )
-    };
-    check(ret as libc::c_int, || {
-        format!(
-            "idmap the image {} (its filesystem must support idmapped mounts: ext4, xfs, \
-             btrfs, tmpfs on Linux 6.3+; not overlayfs or NFS)",
-            dir.display()
-        )
-    })?;
-    Ok(tree)
-}
-
-/// The child's side: waits until its ids are mapped and receives the image mount.
-pub(crate) fn await_parent(from_parent: &Socket) -> Result<OwnedFd, EnterError> {
-    match from_parent.recv_fd() {
-        Ok(Some(fd)) => Ok(fd),
-        Ok(None) => Err(EnterError::Orphaned),
-        Err(e) => Err(SysError::io("receive the image mount from the supervisor", e).into()),
-    }
+/// The child's side: waits until its ids are mapped and receives its mounts.
+pub(crate) fn await_parent(
+    spec: &SandboxSpec,
+    from_parent: &Socket,
+) -> Result<SandboxMounts, EnterError> {
+    SandboxMounts::receive(spec, from_parent)?.ok_or(EnterError::Orphaned)
 }
 
 #[cfg(test)]

@@ -10,20 +10,27 @@
 //! - a root made of the image, mounted read-only and **idmapped** into the sandbox's range (so
 //!   the image's root-owned files are root's inside), under an overlay whose upper layer is a
 //!   size-limited tmpfs, entered with `pivot_root` (the host's tree is unmounted, not hidden);
-//!   every byte the sandbox can write lands in that tmpfs: memory, charged to its cgroup;
+//!   every byte the sandbox can write lands in that tmpfs: memory, charged to its cgroup —
+//!   or, given a scratch disk ([`SandboxSpec::scratch_disk`]), on an ext4 image on disk;
+//! - extra mounts ([`ExtraMount`]): ext4 images through self-detaching loop devices and
+//!   read-only host directories, idmapped like the image, `nosuid` and `nodev`;
 //! - `/proc` with runc's masked and read-only paths, a minimal `/dev`, no `/sys`;
 //! - membership in the cgroups the daemon prepared;
 //! - a Docker-like set of capabilities scoped to the user namespace ([`privileges::KEPT`]), and
 //!   an allowlist seccomp filter modelled on Docker's default profile ([`seccomp`]).
 //!
 //! The agent's sockets are opened on the host side before entering (the sandbox never sees
-//! their host paths) and handed to PID 1 as descriptors [`PID1_LISTEN_FD`] and
-//! [`PID1_READY_FD`]. PID 1 is a fresh `execve` of the agent inside the sandbox, so that its
+//! their host paths) and handed to PID 1 as descriptors [`PID1_LISTEN_FD`],
+//! [`PID1_READY_FD`] and, if asked for, [`PID1_EGRESS_FD`]. PID 1 is a fresh `execve` of the agent inside the sandbox, so that its
 //! memory belongs to the sandbox's user namespace and it can make itself undumpable
 //! ([`harden_pid1`]): commands, root or not, cannot ptrace it or read its memory.
 
 mod bpf;
+mod extra_mount;
+mod host_mounts;
 mod idmap;
+mod loop_device;
+mod mount_api;
 mod mounts;
 pub mod privileges;
 pub mod seccomp;
@@ -32,14 +39,20 @@ mod sys;
 
 use std::ffi::CString;
 
+pub use extra_mount::{ExtraMount, MountKind};
+pub use host_mounts::HostMountError;
 pub use idmap::{IdMap, SANDBOX_IDS};
+pub use loop_device::LoopError;
 pub use spec::{SandboxSpec, SpecError};
-pub use sys::SysError;
+pub use sys::{recv_stream, send_stream, SysError};
 
 /// In the sandbox's PID 1: the listening agent socket (bound on the host before entering).
 pub const PID1_LISTEN_FD: i32 = 3;
 /// In the sandbox's PID 1: the connection to the daemon's ready socket, for the hello.
 pub const PID1_READY_FD: i32 = 4;
+/// In the sandbox's PID 1, when the spec has an egress socket: the connection to it, over
+/// which the agent hands the daemon connections ([`send_stream`]).
+pub const PID1_EGRESS_FD: i32 = 5;
 
 /// Why the sandbox could not be entered.
 #[derive(Debug, thiserror::Error)]
@@ -59,6 +72,10 @@ pub enum EnterError {
     /// A spec value is unusable.
     #[error(transparent)]
     Spec(#[from] SpecError),
+    /// A mount the supervisor makes for the sandbox (an image, a disk, a host directory)
+    /// could not be made.
+    #[error(transparent)]
+    Mount(#[from] HostMountError),
     /// The process that started the sandbox died before it was made.
     #[error("the process that started the sandbox is gone")]
     Orphaned,
@@ -125,8 +142,8 @@ fn inside(
 ) -> EnterError {
     let step = || -> Result<std::convert::Infallible, EnterError> {
         // Until the parent has written our id maps we are nobody; it then sends the image's
-        // idmapped mount. A closed socket means it died.
-        let image = idmap::await_parent(from_parent)?;
+        // idmapped mount and the others. A closed socket means it died.
+        let handed = idmap::await_parent(spec, from_parent)?;
         // Still host uid 0 for permission checks (only the user namespace's capabilities): the
         // one moment we may traverse the daemon's root-only state directory.
         let stage = mounts::open_stage(&spec.runtime_dir)?;
@@ -139,7 +156,7 @@ fn inside(
         if !from_parent.peer_alive() {
             return Err(EnterError::Orphaned);
         }
-        mounts::build_root(spec, &stage, image)?;
+        mounts::build_root(spec, &stage, handed)?;
         sys::set_hostname(&spec.hostname)?;
         sys::bring_up_loopback()?;
         privileges::limit_bounding_set()?;

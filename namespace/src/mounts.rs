@@ -1,16 +1,19 @@
 //! Builds the sandbox's root inside its own mount namespace and pivots into it.
 //!
-//! Everything is mounted by the sandbox's root in its user namespace, relative to a scratch
-//! tmpfs that is the working directory while building, so the mount table the sandbox sees
-//! afterwards names no host path: the overlay's options read `lowerdir=lower,upperdir=upper`.
+//! Everything is mounted by the sandbox's root in its user namespace, relative to the scratch
+//! (a tmpfs, or the scratch disk) that is the working directory while building, so the mount
+//! table the sandbox sees afterwards names no host path: the overlay's options read
+//! `lowerdir=lower,upperdir=upper`.
 
 use std::fs;
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::os::unix::fs::{symlink, PermissionsExt};
-use std::path::Path;
+use std::path::{Component, Path, PathBuf};
 
+use crate::host_mounts::SandboxMounts;
+use crate::mount_api::{self, FsContext, MOUNT_ATTR_NODEV, MOUNT_ATTR_NOSUID};
 use crate::sys::{self, check, cstring, owned_fd, SysError};
-use crate::SandboxSpec;
+use crate::{ExtraMount, SandboxSpec};
 
 fn mount(
     source: &str,
@@ -88,13 +91,19 @@ pub(crate) fn open_stage(runtime_dir: &Path) -> Result<OwnedFd, SysError> {
     sys::open_file(runtime_dir, libc::O_PATH | libc::O_DIRECTORY)
 }
 
-/// Builds the root: a scratch tmpfs on `stage` (in this mount namespace only), the idmapped
-/// `image` under an overlay, `/proc`, `/dev`, `/tmp`; then pivots into it.
+/// Builds the root: the scratch (the disk handed over, or a tmpfs) on `stage` (in this mount
+/// namespace only), the idmapped image under an overlay, `/proc`, `/dev`, `/tmp`, the extra
+/// mounts; then pivots into it.
 pub(crate) fn build_root(
     spec: &SandboxSpec,
     stage: &OwnedFd,
-    image: OwnedFd,
+    handed: SandboxMounts,
 ) -> Result<(), SysError> {
+    let SandboxMounts {
+        image,
+        scratch_disk,
+        extra,
+    } = handed;
     let nosuid_nodev = libc::MS_NOSUID | libc::MS_NODEV;
     // Nothing mounted from here on may propagate back to the host.
     mount(
@@ -104,11 +113,14 @@ pub(crate) fn build_root(
         libc::MS_REC | libc::MS_PRIVATE,
         None,
     )?;
-    let scratch = scratch_tmpfs(spec.scratch_mib)?;
-    attach(&scratch, stage, "the scratch tmpfs")?;
-    // SAFETY: fchdir takes a descriptor of ours: the scratch tmpfs's root.
+    let (scratch, what) = match scratch_disk {
+        Some(disk) => (disk, "the scratch disk"),
+        None => (scratch_tmpfs(spec.scratch_mib)?, "the scratch tmpfs"),
+    };
+    mount_api::attach(&scratch, stage.as_fd(), what)?;
+    // SAFETY: fchdir takes a descriptor of ours: the scratch's root.
     check(unsafe { libc::fchdir(scratch.as_raw_fd()) }, || {
-        "enter the scratch tmpfs".into()
+        format!("enter {what}")
     })?;
     drop(scratch);
 
@@ -119,7 +131,7 @@ pub(crate) fn build_root(
         Path::new("lower"),
         Path::new("root"),
     );
-    // `/tmp` and `/dev/shm` live on the same tmpfs as the overlay's upper layer, so that one
+    // `/tmp` and `/dev/shm` live on the same scratch as the overlay's upper layer, so that one
     // size bounds every byte a command can write (a tmpfs each would multiply it).
     let (scratch_tmp, scratch_shm) = (Path::new("tmp"), Path::new("shm"));
     for dir in [upper, work, lower, root, scratch_tmp, scratch_shm] {
@@ -128,7 +140,7 @@ pub(crate) fn build_root(
     for dir in [scratch_tmp, scratch_shm] {
         chmod(dir, 0o1777)?;
     }
-    move_mount_to(&image, lower, "the image")?;
+    mount_api::attach_at(&image, &cstring(lower)?, "the image")?;
     drop(image);
     // userxattr: overlay keeps its metadata in user.overlay.* (trusted.* needs host root).
     mount(
@@ -148,96 +160,85 @@ pub(crate) fn build_root(
     mount_proc(&proc_dir)?;
     build_dev(&dev, scratch_shm)?;
     bind_with_flags(scratch_tmp, &tmp, nosuid_nodev)?;
+    // Last, so that a mount under /tmp is not hidden by it.
+    let root_dir = sys::open_file(root, libc::O_PATH | libc::O_DIRECTORY)?;
+    for (mount, mnt) in spec.mounts.iter().zip(extra) {
+        let target = mount_point(&root_dir, mount)?;
+        mount_api::attach(
+            &mnt,
+            target.as_fd(),
+            &format!("--mount {mount} on {}", mount.target.display()),
+        )?;
+    }
+    drop(root_dir);
     pivot_into(root)
 }
 
 /// A detached tmpfs of `size_mib`, made with the new mount API so it needs no path.
 fn scratch_tmpfs(size_mib: u64) -> Result<OwnedFd, SysError> {
-    const FSOPEN_CLOEXEC: libc::c_uint = 1;
-    const FSCONFIG_SET_STRING: libc::c_uint = 1;
-    const FSCONFIG_CMD_CREATE: libc::c_uint = 6;
-    const FSMOUNT_CLOEXEC: libc::c_uint = 1;
-    const MOUNT_ATTR_NOSUID: libc::c_uint = 0x2;
-    const MOUNT_ATTR_NODEV: libc::c_uint = 0x4;
-    // SAFETY: fsopen reads the NUL-terminated filesystem name.
-    let fs = unsafe { libc::syscall(libc::SYS_fsopen, c"tmpfs".as_ptr(), FSOPEN_CLOEXEC) };
-    let fs = owned_fd(fs, || "fsopen(tmpfs) for the scratch".into())?;
+    let fs = FsContext::open(c"tmpfs", "the scratch tmpfs")?;
     let size = cstring(Path::new(&format!("{size_mib}m")))?;
-    for (key, value) in [(c"size", size.as_c_str()), (c"mode", c"0755")] {
-        // SAFETY: fsconfig reads the NUL-terminated key and value.
-        let ret = unsafe {
+    fs.set_string(c"size", &size)?;
+    fs.set_string(c"mode", c"0755")?;
+    fs.mount(MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV)
+}
+
+/// `struct open_how` of openat2(2).
+#[repr(C)]
+struct OpenHow {
+    flags: u64,
+    mode: u64,
+    resolve: u64,
+}
+
+/// The directory `mount.target` under the new root `root`, made if missing. No component may
+/// be a symlink (or leave `root`): the image decides what its paths are, and a link must not
+/// carry a mount out of the root or into `/proc` or `/dev`.
+fn mount_point(root: &OwnedFd, mount: &ExtraMount) -> Result<OwnedFd, SysError> {
+    let mut current: Option<OwnedFd> = None;
+    let mut prefix = PathBuf::from("/");
+    for component in mount.target.components() {
+        let Component::Normal(name) = component else {
+            continue; // the leading `/`; the spec's checks allow nothing else
+        };
+        prefix.push(name);
+        let parent = current.as_ref().unwrap_or(root);
+        let name_c = cstring(Path::new(name))?;
+        // SAFETY: mkdirat reads the NUL-terminated name, relative to our descriptor.
+        let ret = unsafe { libc::mkdirat(parent.as_raw_fd(), name_c.as_ptr(), 0o755) };
+        if ret < 0 && std::io::Error::last_os_error().raw_os_error() != Some(libc::EEXIST) {
+            return Err(SysError::last(format!(
+                "create {} for --mount {mount}",
+                prefix.display()
+            )));
+        }
+        let how = OpenHow {
+            flags: (libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC) as u64,
+            mode: 0,
+            resolve: libc::RESOLVE_NO_SYMLINKS | libc::RESOLVE_BENEATH,
+        };
+        // SAFETY: openat2 reads the NUL-terminated name and `how`, whose size is passed.
+        let fd = unsafe {
             libc::syscall(
-                libc::SYS_fsconfig,
-                fs.as_raw_fd(),
-                FSCONFIG_SET_STRING,
-                key.as_ptr(),
-                value.as_ptr(),
-                0,
+                libc::SYS_openat2,
+                parent.as_raw_fd(),
+                name_c.as_ptr(),
+                &how as *const OpenHow,
+                std::mem::size_of::<OpenHow>(),
             )
         };
-        check(ret as libc::c_int, || {
-            format!("set the scratch tmpfs's {key:?} to {value:?}")
-        })?;
+        current = Some(owned_fd(fd, || {
+            format!(
+                "open {} for --mount {mount} (it must be a directory, not a symlink)",
+                prefix.display()
+            )
+        })?);
     }
-    // SAFETY: FSCONFIG_CMD_CREATE takes no key or value.
-    let ret = unsafe {
-        libc::syscall(
-            libc::SYS_fsconfig,
-            fs.as_raw_fd(),
-            FSCONFIG_CMD_CREATE,
-            std::ptr::null::<libc::c_char>(),
-            std::ptr::null::<libc::c_void>(),
-            0,
+    current.ok_or_else(|| {
+        SysError::io(
+            format!("--mount {mount}"),
+            std::io::Error::new(std::io::ErrorKind::InvalidInput, "the target is /"),
         )
-    };
-    check(ret as libc::c_int, || "create the scratch tmpfs".into())?;
-    // SAFETY: fsmount takes a descriptor and integers.
-    let mnt = unsafe {
-        libc::syscall(
-            libc::SYS_fsmount,
-            fs.as_raw_fd(),
-            FSMOUNT_CLOEXEC,
-            MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV,
-        )
-    };
-    owned_fd(mnt, || "fsmount the scratch tmpfs".into())
-}
-
-const MOVE_MOUNT_F_EMPTY_PATH: libc::c_uint = 0x4;
-const MOVE_MOUNT_T_EMPTY_PATH: libc::c_uint = 0x40;
-
-/// Attaches the detached mount `mnt` on the directory `target` (a descriptor).
-fn attach(mnt: &OwnedFd, target: &OwnedFd, what: &str) -> Result<(), SysError> {
-    // SAFETY: both paths are the empty NUL-terminated string; the descriptors are ours.
-    let ret = unsafe {
-        libc::syscall(
-            libc::SYS_move_mount,
-            mnt.as_raw_fd(),
-            c"".as_ptr(),
-            target.as_raw_fd(),
-            c"".as_ptr(),
-            MOVE_MOUNT_F_EMPTY_PATH | MOVE_MOUNT_T_EMPTY_PATH,
-        )
-    };
-    check(ret as libc::c_int, || format!("attach {what}"))
-}
-
-/// Attaches the detached mount `mnt` on `target` (relative to the working directory).
-fn move_mount_to(mnt: &OwnedFd, target: &Path, what: &str) -> Result<(), SysError> {
-    let target_c = cstring(target)?;
-    // SAFETY: both paths are NUL-terminated strings alive for the call.
-    let ret = unsafe {
-        libc::syscall(
-            libc::SYS_move_mount,
-            mnt.as_raw_fd(),
-            c"".as_ptr(),
-            libc::AT_FDCWD,
-            target_c.as_ptr(),
-            MOVE_MOUNT_F_EMPTY_PATH,
-        )
-    };
-    check(ret as libc::c_int, || {
-        format!("attach {what} on {}", target.display())
     })
 }
 

@@ -4,7 +4,7 @@
 use std::ffi::OsString;
 use std::path::PathBuf;
 
-use crate::IdMap;
+use crate::{ExtraMount, IdMap, MountKind};
 
 /// What the sandbox is made of. All paths are host paths, opened before entering.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -23,8 +23,18 @@ pub struct SandboxSpec {
     /// The sandbox's hostname.
     pub hostname: String,
     /// Size of the one tmpfs that holds every write: to `/` (the overlay's upper layer), `/tmp`
-    /// and `/dev/shm`. Its pages are memory, charged to the sandbox's memory cgroup.
+    /// and `/dev/shm`. Its pages are memory, charged to the sandbox's memory cgroup. Ignored
+    /// when there is a [`SandboxSpec::scratch_disk`].
     pub scratch_mib: u64,
+    /// A host file holding an ext4 filesystem that takes the scratch tmpfs's place: every
+    /// write lands on disk instead of in memory, and a full disk is `ENOSPC` inside. Attached
+    /// through a loop device that detaches itself when the sandbox is gone.
+    pub scratch_disk: Option<PathBuf>,
+    /// Filesystems mounted inside besides the root, in this order.
+    pub mounts: Vec<ExtraMount>,
+    /// Where the agent hands connections to the daemon: a Unix socket path on the host,
+    /// connected before entering and given to PID 1 as [`crate::PID1_EGRESS_FD`].
+    pub egress_socket: Option<PathBuf>,
     /// The host ids the sandbox's ids 0–65535 map to.
     pub id_map: IdMap,
     /// Kill the sandbox when the process that started it (the daemon) dies, so a crashed
@@ -57,7 +67,7 @@ pub enum SpecError {
 }
 
 /// Flags that take a value, in the order [`SandboxSpec::to_args`] writes them.
-const FLAGS: [&str; 9] = [
+const FLAGS: [&str; 12] = [
     "--rootfs",
     "--runtime-dir",
     "--agent-socket",
@@ -66,6 +76,9 @@ const FLAGS: [&str; 9] = [
     "--scratch-mib",
     "--id-map",
     "--cgroup",
+    "--scratch-disk",
+    "--mount",
+    "--egress-socket",
     "--no-die-with-parent",
 ];
 
@@ -78,6 +91,9 @@ impl Default for SandboxSpec {
             ready_socket: PathBuf::new(),
             hostname: String::new(),
             scratch_mib: 1024,
+            scratch_disk: None,
+            mounts: Vec::new(),
+            egress_socket: None,
             id_map: IdMap::default(),
             die_with_parent: true,
             cgroup_procs: Vec::new(),
@@ -103,8 +119,17 @@ impl SandboxSpec {
         for procs in &self.cgroup_procs {
             pair(FLAGS[7], procs.clone().into());
         }
+        if let Some(disk) = &self.scratch_disk {
+            pair(FLAGS[8], disk.clone().into());
+        }
+        for mount in &self.mounts {
+            pair(FLAGS[9], mount.to_string().into());
+        }
+        if let Some(socket) = &self.egress_socket {
+            pair(FLAGS[10], socket.clone().into());
+        }
         if !self.die_with_parent {
-            args.push(FLAGS[8].into());
+            args.push(FLAGS[11].into());
         }
         args
     }
@@ -145,6 +170,9 @@ impl SandboxSpec {
             }
             "--id-map" => self.id_map = v.parse().map_err(|e: String| bad(&e))?,
             "--cgroup" => self.cgroup_procs.push(v.into()),
+            "--scratch-disk" => self.scratch_disk = Some(v.into()),
+            "--mount" => self.mounts.push(v.parse().map_err(|e: String| bad(&e))?),
+            "--egress-socket" => self.egress_socket = Some(v.into()),
             _ => return Err(bad("is not a sandbox flag")),
         }
         Ok(())
@@ -174,6 +202,50 @@ impl SandboxSpec {
                 "--id-map (sandboxes never map to host root)",
             ));
         }
+        for (value, flag) in [
+            (&self.scratch_disk, "--scratch-disk"),
+            (&self.egress_socket, "--egress-socket"),
+        ] {
+            if let Some(path) = value.as_ref().filter(|p| !p.is_absolute()) {
+                return Err(SpecError::BadValue {
+                    flag: flag.into(),
+                    value: path.display().to_string(),
+                    reason: "must be an absolute host path".into(),
+                });
+            }
+        }
+        self.validate_mounts()
+    }
+
+    /// Each mount follows the flag form's rules; no two share a target; no image is attached
+    /// twice (the scratch disk included): ext4 mounted through two loop devices is corrupted.
+    fn validate_mounts(&self) -> Result<(), SpecError> {
+        let bad = |mount: &ExtraMount, reason: String| SpecError::BadValue {
+            flag: "--mount".into(),
+            value: mount.to_string(),
+            reason,
+        };
+        for (i, mount) in self.mounts.iter().enumerate() {
+            mount.check().map_err(|reason| bad(mount, reason))?;
+            let earlier = &self.mounts[..i];
+            if earlier.iter().any(|m| m.target == mount.target) {
+                return Err(bad(mount, "another mount has the same TARGET".into()));
+            }
+            if mount.kind == MountKind::Ext4Image {
+                let attached_before = earlier
+                    .iter()
+                    .filter(|m| m.kind == MountKind::Ext4Image)
+                    .map(|m| &m.source)
+                    .chain(self.scratch_disk.as_ref())
+                    .any(|source| *source == mount.source);
+                if attached_before {
+                    return Err(bad(
+                        mount,
+                        "this image is already mounted (an image can be mounted once)".into(),
+                    ));
+                }
+            }
+        }
         Ok(())
     }
 }
@@ -190,6 +262,15 @@ mod tests {
             ready_socket: "/run/crucible/sandboxes/sb-1/ready.sock".into(),
             hostname: "sb-1".into(),
             scratch_mib: 384,
+            scratch_disk: Some("/var/lib/crucible/sb-1/scratch.ext4".into()),
+            mounts: vec![
+                "ext4:/srv/cache.ext4:/cache:rw".parse().expect("mount"),
+                "ext4:/srv/ref.ext4:/opt/ref:ro".parse().expect("mount"),
+                "dir:/srv/datasets:/mnt/data sets:ro"
+                    .parse()
+                    .expect("mount"),
+            ],
+            egress_socket: Some("/run/crucible/sandboxes/sb-1/egress.sock".into()),
             id_map: IdMap::new(2_000_065_536, 65_536).expect("map"),
             die_with_parent: false,
             cgroup_procs: vec!["/sys/fs/cgroup/memory/x/cgroup.procs".into(), "/p".into()],
@@ -219,6 +300,122 @@ mod tests {
             default_death
         );
         spec.validate().expect("valid");
+        let bare = SandboxSpec {
+            scratch_disk: None,
+            mounts: Vec::new(),
+            egress_socket: None,
+            ..example()
+        };
+        let args = bare.to_args();
+        for flag in ["--scratch-disk", "--mount", "--egress-socket"] {
+            assert!(!args.iter().any(|a| a == flag), "{flag} written when unset");
+        }
+        assert_eq!(parse(&args).expect("parse"), bare);
+    }
+
+    #[test]
+    fn a_bad_mount_flag_says_why() {
+        let mut spec = SandboxSpec::default();
+        let e = spec
+            .parse_flag("--mount", || Some("dir:/srv/x:/x:rw".into()))
+            .expect_err("rw dir");
+        let text = e.to_string();
+        assert!(
+            text.starts_with("--mount: a host directory can only be mounted ro"),
+            "{text}"
+        );
+        assert!(text.contains("dir:/srv/x:/x:rw"), "{text}");
+        assert!(spec.mounts.is_empty());
+        assert_eq!(
+            spec.parse_flag("--mount", || None),
+            Err(SpecError::MissingValue("--mount".into()))
+        );
+    }
+
+    fn refused(spec: SandboxSpec, flag: &str, reason: &str) {
+        match spec.validate() {
+            Err(SpecError::BadValue {
+                flag: f, reason: r, ..
+            }) => {
+                assert_eq!(f, flag);
+                assert!(r.contains(reason), "{r:?} does not say {reason:?}");
+            }
+            other => panic!("{flag} {reason}: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn validate_refuses_bad_disks_sockets_and_mounts() {
+        let mount = |text: &str| text.parse::<ExtraMount>().expect(text);
+        refused(
+            SandboxSpec {
+                scratch_disk: Some("scratch.ext4".into()),
+                ..example()
+            },
+            "--scratch-disk",
+            "absolute",
+        );
+        refused(
+            SandboxSpec {
+                egress_socket: Some("".into()),
+                ..example()
+            },
+            "--egress-socket",
+            "absolute",
+        );
+        refused(
+            SandboxSpec {
+                mounts: vec![mount("ext4:/a.ext4:/x:rw"), mount("dir:/d:/x:ro")],
+                ..example()
+            },
+            "--mount",
+            "same TARGET",
+        );
+        refused(
+            SandboxSpec {
+                mounts: vec![mount("ext4:/a.ext4:/x:ro"), mount("ext4:/a.ext4:/y:ro")],
+                ..example()
+            },
+            "--mount",
+            "already mounted",
+        );
+        refused(
+            SandboxSpec {
+                scratch_disk: Some("/a.ext4".into()),
+                mounts: vec![mount("ext4:/a.ext4:/x:rw")],
+                ..example()
+            },
+            "--mount",
+            "already mounted",
+        );
+        // A spec built in code gets the flag form's checks too.
+        let mut rw_dir = mount("dir:/d:/x:ro");
+        rw_dir.read_only = false;
+        let mut into_proc = mount("ext4:/a.ext4:/x:rw");
+        into_proc.target = "/proc/sys".into();
+        let mut colon = mount("ext4:/a.ext4:/x:rw");
+        colon.target = "/x:y".into();
+        for (bad, reason) in [
+            (rw_dir, "only be mounted ro"),
+            (into_proc, "inside /proc"),
+            (colon, "`:`"),
+        ] {
+            refused(
+                SandboxSpec {
+                    mounts: vec![bad],
+                    ..example()
+                },
+                "--mount",
+                reason,
+            );
+        }
+        // The same directory twice, at two targets, is fine: nothing is attached twice.
+        SandboxSpec {
+            mounts: vec![mount("dir:/d:/x:ro"), mount("dir:/d:/y:ro")],
+            ..example()
+        }
+        .validate()
+        .expect("a directory twice");
     }
 
     #[test]

@@ -2,7 +2,7 @@
 
 use std::ffi::{CString, NulError};
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::ffi::OsStringExt;
 use std::os::unix::fs::FileTypeExt;
 use std::os::unix::net::{UnixListener, UnixStream};
@@ -151,6 +151,16 @@ pub(crate) fn open_file(path: &Path, flags: libc::c_int) -> Result<OwnedFd, SysE
     owned_fd(fd.into(), || format!("open {}", path.display()))
 }
 
+/// The status of the open file `fd`.
+pub(crate) fn fstat(fd: &OwnedFd, step: impl FnOnce() -> String) -> Result<libc::stat, SysError> {
+    // SAFETY: stat is plain old data; all-zeroes is valid and fstat overwrites it.
+    let mut stat: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: `stat` is a valid out-pointer for the call; the descriptor is ours.
+    let ret = unsafe { libc::fstat(fd.as_raw_fd(), &mut stat) };
+    check(ret, step)?;
+    Ok(stat)
+}
+
 /// One end of the socket pair between the supervisor and the sandbox's first process.
 #[derive(Debug)]
 pub(crate) struct Socket(UnixStream);
@@ -163,82 +173,17 @@ pub(crate) fn socketpair() -> Result<(Socket, Socket), SysError> {
 impl Socket {
     /// Sends one byte with `fd` attached.
     pub(crate) fn send_fd(&self, fd: &OwnedFd) -> io::Result<()> {
-        let raw = fd.as_raw_fd();
-        let mut byte = [1u8];
-        let mut iov = libc::iovec {
-            iov_base: byte.as_mut_ptr().cast(),
-            iov_len: 1,
-        };
-        // u64 elements: the control buffer must be aligned for cmsghdr.
-        let mut control = [0u64; 4];
-        // SAFETY: CMSG_SPACE is a pure computation.
-        let space = unsafe { libc::CMSG_SPACE(size_of::<RawFd>() as u32) } as usize;
-        // SAFETY: msghdr is plain old data; all-zeroes is valid before the fields are set.
-        let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
-        msg.msg_iov = &mut iov;
-        msg.msg_iovlen = 1;
-        msg.msg_control = control.as_mut_ptr().cast();
-        msg.msg_controllen = space as _;
-        // SAFETY: msg_control points at `control`, large enough for one cmsghdr carrying one
-        // descriptor (space <= 32 bytes), so CMSG_FIRSTHDR is non-null and its data in bounds.
-        unsafe {
-            let cmsg = libc::CMSG_FIRSTHDR(&msg);
-            (*cmsg).cmsg_level = libc::SOL_SOCKET;
-            (*cmsg).cmsg_type = libc::SCM_RIGHTS;
-            (*cmsg).cmsg_len = libc::CMSG_LEN(size_of::<RawFd>() as u32) as _;
-            std::ptr::write_unaligned(libc::CMSG_DATA(cmsg).cast::<RawFd>(), raw);
-        }
-        // SAFETY: `msg` and everything it points at live for the call.
-        let sent = unsafe { libc::sendmsg(self.0.as_raw_fd(), &msg, libc::MSG_NOSIGNAL) };
-        if sent < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        Ok(())
+        send_stream(self.0.as_fd(), fd)
     }
 
     /// Receives what [`Socket::send_fd`] sent; `None` if the peer closed without sending.
     pub(crate) fn recv_fd(&self) -> io::Result<Option<OwnedFd>> {
-        let mut byte = [0u8];
-        let mut iov = libc::iovec {
-            iov_base: byte.as_mut_ptr().cast(),
-            iov_len: 1,
-        };
-        let mut control = [0u64; 4];
-        // SAFETY: msghdr is plain old data; all-zeroes is valid before the fields are set.
-        let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
-        msg.msg_iov = &mut iov;
-        msg.msg_iovlen = 1;
-        msg.msg_control = control.as_mut_ptr().cast();
-        msg.msg_controllen = size_of_val(&control) as _;
-        let got = loop {
-            // SAFETY: `msg` and the buffers it points at live for the call.
-            let got =
-                unsafe { libc::recvmsg(self.0.as_raw_fd(), &mut msg, libc::MSG_CMSG_CLOEXEC) };
-            if got >= 0 {
-                break got;
+        loop {
+            match recv_stream(self.0.as_fd()) {
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                other => return other,
             }
-            let e = io::Error::last_os_error();
-            if e.kind() != io::ErrorKind::Interrupted {
-                return Err(e);
-            }
-        };
-        if got == 0 {
-            return Ok(None);
         }
-        // SAFETY: recvmsg filled `msg`; CMSG_FIRSTHDR checks msg_controllen before returning
-        // a header inside `control`.
-        let cmsg = unsafe { libc::CMSG_FIRSTHDR(&msg) };
-        // SAFETY: a non-null header points into `control`, written by the kernel.
-        if cmsg.is_null() || unsafe { (*cmsg).cmsg_type } != libc::SCM_RIGHTS {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidData,
-                "the message carried no descriptor",
-            ));
-        }
-        // SAFETY: an SCM_RIGHTS header's data holds at least one descriptor, now ours.
-        let fd = unsafe { std::ptr::read_unaligned(libc::CMSG_DATA(cmsg).cast::<RawFd>()) };
-        // SAFETY: the kernel installed `fd` in our table for us alone.
-        Ok(Some(unsafe { OwnedFd::from_raw_fd(fd) }))
     }
 
     /// Whether the other end is still open (its process alive).
@@ -254,12 +199,116 @@ impl Socket {
     }
 }
 
+/// How many descriptors one received message may carry before the kernel truncates it: room
+/// for a hostile peer's extras, which are closed.
+const MAX_RECEIVED_FDS: usize = 8;
+
+/// Sends `stream` (any descriptor) over the Unix socket `control`, as one message of one byte
+/// carrying it. Never raises SIGPIPE: a closed peer is an `EPIPE` error.
+pub fn send_stream(control: BorrowedFd<'_>, stream: &OwnedFd) -> io::Result<()> {
+    let raw = stream.as_raw_fd();
+    let mut byte = [1u8];
+    let mut iov = libc::iovec {
+        iov_base: byte.as_mut_ptr().cast(),
+        iov_len: 1,
+    };
+    // u64 elements: the control buffer must be aligned for cmsghdr.
+    let mut buffer = [0u64; 4];
+    // SAFETY: CMSG_SPACE is a pure computation.
+    let space = unsafe { libc::CMSG_SPACE(size_of::<RawFd>() as u32) } as usize;
+    // SAFETY: msghdr is plain old data; all-zeroes is valid before the fields are set.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = buffer.as_mut_ptr().cast();
+    msg.msg_controllen = space as _;
+    // SAFETY: msg_control points at `buffer`, large enough for one cmsghdr carrying one
+    // descriptor (space <= 32 bytes), so CMSG_FIRSTHDR is non-null and its data in bounds.
+    unsafe {
+        let cmsg = libc::CMSG_FIRSTHDR(&msg);
+        (*cmsg).cmsg_level = libc::SOL_SOCKET;
+        (*cmsg).cmsg_type = libc::SCM_RIGHTS;
+        (*cmsg).cmsg_len = libc::CMSG_LEN(size_of::<RawFd>() as u32) as _;
+        std::ptr::write_unaligned(libc::CMSG_DATA(cmsg).cast::<RawFd>(), raw);
+    }
+    // SAFETY: `msg` and everything it points at live for the call.
+    let sent = unsafe { libc::sendmsg(control.as_raw_fd(), &msg, libc::MSG_NOSIGNAL) };
+    if sent < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Receives one descriptor that [`send_stream`] sent over the Unix socket `control`; `None`
+/// when the peer closed it. Every error is returned as it is, `WouldBlock` and `Interrupted`
+/// included, so a non-blocking caller can retry (tokio's `try_io`). The descriptor is
+/// close-on-exec. A message carrying no descriptor is an `InvalidData` error; descriptors
+/// beyond the first (a hostile peer's) are closed.
+pub fn recv_stream(control: BorrowedFd<'_>) -> io::Result<Option<OwnedFd>> {
+    let mut byte = [0u8];
+    let mut iov = libc::iovec {
+        iov_base: byte.as_mut_ptr().cast(),
+        iov_len: 1,
+    };
+    // u64 elements: aligned for cmsghdr; room for a header and MAX_RECEIVED_FDS descriptors.
+    let mut buffer = [0u64; 2 + MAX_RECEIVED_FDS / 2];
+    // SAFETY: msghdr is plain old data; all-zeroes is valid before the fields are set.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = buffer.as_mut_ptr().cast();
+    msg.msg_controllen = size_of_val(&buffer) as _;
+    // SAFETY: `msg` and the buffers it points at live for the call.
+    let got = unsafe { libc::recvmsg(control.as_raw_fd(), &mut msg, libc::MSG_CMSG_CLOEXEC) };
+    if got < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // Every descriptor the kernel installed is owned (and so closed) from here on.
+    let mut received: Vec<OwnedFd> = Vec::new();
+    // SAFETY: recvmsg filled `msg`; CMSG_FIRSTHDR checks msg_controllen before returning a
+    // header inside `buffer`.
+    let mut cmsg = unsafe { libc::CMSG_FIRSTHDR(&msg) };
+    while !cmsg.is_null() {
+        // SAFETY: a non-null header from CMSG_FIRSTHDR/CMSG_NXTHDR lies within `buffer`,
+        // written by the kernel.
+        let header = unsafe { std::ptr::read_unaligned(cmsg) };
+        if header.cmsg_level == libc::SOL_SOCKET && header.cmsg_type == libc::SCM_RIGHTS {
+            // SAFETY: CMSG_LEN(0) is a pure computation.
+            let data_len =
+                (header.cmsg_len as usize).saturating_sub(unsafe { libc::CMSG_LEN(0) } as usize);
+            // SAFETY: the header is inside `buffer`; its data starts within it.
+            let data = unsafe { libc::CMSG_DATA(cmsg) };
+            for i in 0..data_len / size_of::<RawFd>() {
+                // SAFETY: the kernel wrote `data_len` bytes of descriptors after the header,
+                // within `buffer` (it truncates rather than overrun msg_controllen).
+                let fd = unsafe { std::ptr::read_unaligned(data.cast::<RawFd>().add(i)) };
+                // SAFETY: the kernel installed `fd` in our table for us alone.
+                received.push(unsafe { OwnedFd::from_raw_fd(fd) });
+            }
+        }
+        // SAFETY: `cmsg` is a valid header of `msg`; CMSG_NXTHDR stays within msg_control.
+        cmsg = unsafe { libc::CMSG_NXTHDR(&msg, cmsg) };
+    }
+    if got == 0 && received.is_empty() {
+        return Ok(None);
+    }
+    let mut received = received.into_iter();
+    match received.next() {
+        Some(fd) => Ok(Some(fd)),
+        None => Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            "the message carried no descriptor",
+        )),
+    }
+}
+
 /// What the sandbox's PID 1 needs from the host, opened with the host's view before entering:
-/// its listening socket and its connection to the daemon.
+/// its listening socket, its connection to the daemon and, if asked for, its egress connection.
 #[derive(Debug)]
 pub(crate) struct HostSide {
     listener: UnixListener,
     ready: UnixStream,
+    egress: Option<UnixStream>,
 }
 
 impl HostSide {
@@ -271,34 +320,48 @@ impl HostSide {
         }
         let listener = UnixListener::bind(socket)
             .map_err(|e| SysError::io(format!("listen on {}", socket.display()), e))?;
-        let ready = UnixStream::connect(&spec.ready_socket)
-            .map_err(|e| SysError::io(format!("connect to {}", spec.ready_socket.display()), e))?;
-        Ok(HostSide { listener, ready })
+        let connect = |path: &Path| {
+            UnixStream::connect(path)
+                .map_err(|e| SysError::io(format!("connect to {}", path.display()), e))
+        };
+        let ready = connect(&spec.ready_socket)?;
+        let egress = spec.egress_socket.as_deref().map(connect).transpose()?;
+        Ok(HostSide {
+            listener,
+            ready,
+            egress,
+        })
     }
 
-    /// Puts the listener and the ready connection at PID 1's descriptors 3 and 4 and marks
-    /// every other descriptor above 2 close-on-exec, so that nothing else crosses `execve`.
+    /// Puts the listener, the ready connection and the egress connection at PID 1's
+    /// descriptors 3, 4 and 5 and marks every other descriptor above 2 close-on-exec, so that
+    /// nothing else crosses `execve`.
     pub(crate) fn hand_to_pid1(&self) -> Result<(), SysError> {
-        for (fd, target) in [
+        let mut handed = vec![
             (self.listener.as_raw_fd(), crate::PID1_LISTEN_FD),
             (self.ready.as_raw_fd(), crate::PID1_READY_FD),
-        ] {
-            // Above every descriptor PID 1 will get, so the second dup2 cannot clobber the
-            // first's source.
+        ];
+        if let Some(egress) = &self.egress {
+            handed.push((egress.as_raw_fd(), crate::PID1_EGRESS_FD));
+        }
+        let mut first_closed = 0;
+        for (fd, target) in handed {
+            // Above every descriptor PID 1 will get, so a later dup2 cannot clobber an
+            // earlier one's source.
             // SAFETY: fcntl(F_DUPFD_CLOEXEC) takes integers and returns a new descriptor.
             let high = unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 16) };
             check(high, || format!("duplicate descriptor {fd}"))?;
             // SAFETY: dup2 takes integers; the copy at `target` is not close-on-exec.
             let ret = unsafe { libc::dup2(high, target) };
             check(ret, || format!("dup2 to descriptor {target}"))?;
+            first_closed = target as libc::c_uint + 1;
         }
         const CLOSE_RANGE_CLOEXEC: libc::c_uint = 1 << 2;
-        let first = crate::PID1_READY_FD as libc::c_uint + 1;
         // SAFETY: close_range takes integers; with CLOSE_RANGE_CLOEXEC it only sets flags.
         let ret = unsafe {
             libc::syscall(
                 libc::SYS_close_range,
-                first,
+                first_closed,
                 libc::c_uint::MAX,
                 CLOSE_RANGE_CLOEXEC,
             )
