@@ -9,6 +9,7 @@ pub mod auth;
 pub mod backend;
 pub mod body;
 pub mod config;
+pub mod egress;
 pub mod error;
 pub mod exec;
 mod files;
