@@ -110,6 +110,11 @@ pub struct ServeConfig {
     /// daemon raises to its hard limit at start (each connection can hold two descriptors,
     /// its own and its agent's).
     pub max_connections: Option<usize>,
+    /// Caches, disk-backed layers, volumes and the disk budget.
+    pub storage: crate::storage::StorageConfig,
+    /// The operator's egress allowlist (`--egress-allow`): what sandboxes may ask to reach.
+    /// Empty: no sandbox gets network.
+    pub egress_allow: Vec<String>,
 }
 
 /// The default `uid_base`: above the ranges `/etc/subuid` hands out (100000 up) and directory
@@ -178,6 +183,8 @@ impl ServeConfig {
             header_timeout: DEFAULT_HEADER_TIMEOUT,
             first_message_timeout: DEFAULT_FIRST_MESSAGE_TIMEOUT,
             max_connections: None,
+            storage: crate::storage::StorageConfig::new(crate::storage::default_data_dir()),
+            egress_allow: Vec::new(),
         }
     }
 }

@@ -13,6 +13,7 @@ use crate::exec::AdmitError;
 use crate::json::InvalidJson;
 use crate::sandbox::SandboxError;
 use crate::state::CreateError;
+use crate::storage::StorageError;
 
 /// An API failure as the client sees it.
 #[derive(Debug, Clone, thiserror::Error)]
@@ -119,6 +120,23 @@ impl From<SandboxError> for ApiError {
     }
 }
 
+impl From<StorageError> for ApiError {
+    fn from(e: StorageError) -> Self {
+        let message = chain(&e);
+        match e {
+            StorageError::Invalid(_) | StorageError::NoVolume { .. } => ApiError::invalid(message),
+            StorageError::NoCache(_) => Self::new(StatusCode::NOT_FOUND, "not_found", message),
+            StorageError::CacheBusy { .. } => ApiError::conflict(message),
+            StorageError::OverBudget { .. } => Self::new(
+                StatusCode::INSUFFICIENT_STORAGE,
+                "insufficient_storage",
+                message,
+            ),
+            StorageError::Io { .. } => ApiError::internal(message),
+        }
+    }
+}
+
 impl From<AdmitError> for ApiError {
     fn from(e: AdmitError) -> Self {
         match e {
@@ -133,6 +151,10 @@ impl From<CreateError> for ApiError {
         match e {
             CreateError::Invalid(message) => ApiError::invalid(message),
             CreateError::Sandbox(e) => e.into(),
+            CreateError::Storage(e) => e.into(),
+            CreateError::EgressForbidden(_) => {
+                Self::new(StatusCode::FORBIDDEN, "egress_not_allowed", e.to_string())
+            }
             CreateError::Unavailable(e) => Self::new(
                 StatusCode::SERVICE_UNAVAILABLE,
                 "backend_unavailable",

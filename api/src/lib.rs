@@ -24,6 +24,7 @@ pub mod routes;
 pub mod sandbox;
 pub mod server;
 pub mod state;
+pub mod storage;
 mod ws;
 
 pub use auth::{ApiKeys, Caller, KeysError, Owner, Transport};

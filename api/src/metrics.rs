@@ -79,6 +79,37 @@ impl Metrics {
                 .unwrap_or_default();
             let _ = writeln!(out, "crucible_sandboxes{{state=\"{state}\"}} {n}");
         }
+        let sandboxes = registry.list();
+        for (name, help, pick) in [
+            (
+                "crucible_egress_connections_total",
+                "Egress connections made, per sandbox.",
+                (|s: &crate::egress::EgressStats| s.connections) as fn(&_) -> u64,
+            ),
+            (
+                "crucible_egress_denied_total",
+                "Egress connections refused, per sandbox.",
+                |s| s.denied,
+            ),
+            (
+                "crucible_egress_bytes_out_total",
+                "Bytes sent through the egress proxy, per sandbox.",
+                |s| s.bytes_out,
+            ),
+            (
+                "crucible_egress_bytes_in_total",
+                "Bytes received through the egress proxy, per sandbox.",
+                |s| s.bytes_in,
+            ),
+        ] {
+            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter");
+            for sandbox in &sandboxes {
+                if let Some(network) = sandbox.network() {
+                    let stats = network.counters.snapshot();
+                    let _ = writeln!(out, "{name}{{sandbox=\"{}\"}} {}", sandbox.id, pick(&stats));
+                }
+            }
+        }
         counter(
             &mut out,
             "crucible_sandboxes_created_total",

@@ -83,6 +83,8 @@ pub fn app(state: Arc<AppState>) -> Router {
         .route("/sandboxes/{id}", get(get_sandbox).delete(delete_sandbox))
         .route("/sandboxes/{id}/exec", post(exec_post).get(exec_websocket))
         .route("/sandboxes/{id}/files", post(files_put).get(files_get))
+        .route("/caches", get(list_caches).delete(clear_caches))
+        .route("/caches/{name}", axum::routing::delete(delete_cache))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(middleware::from_fn_with_state(state.clone(), authenticate))
@@ -237,6 +239,45 @@ async fn delete_sandbox(
     } else {
         Err(crate::sandbox::SandboxError::NotFound(id).into())
     }
+}
+
+async fn list_caches(
+    State(state): State<Arc<AppState>>,
+    caller: Caller,
+) -> Result<Json<wire::CacheList>, ApiError> {
+    let owner = (!caller.sees_all()).then(|| caller.owner());
+    let caches = state.storage()?.caches.list(owner.as_ref())?;
+    Ok(Json(wire::CacheList { caches }))
+}
+
+/// Removes every cache of the caller's that no sandbox uses; answers with those it kept.
+async fn clear_caches(
+    State(state): State<Arc<AppState>>,
+    caller: Caller,
+) -> Result<Json<wire::CacheList>, ApiError> {
+    let owner = caller.owner();
+    let store = &state.storage()?.caches;
+    let mut kept = Vec::new();
+    for cache in store.list(Some(&owner))? {
+        match store.remove(&owner, &cache.name) {
+            Ok(()) => {}
+            Err(crate::storage::StorageError::CacheBusy { by, .. }) => kept.push(wire::CacheInfo {
+                in_use_by: Some(by),
+                ..cache
+            }),
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(Json(wire::CacheList { caches: kept }))
+}
+
+async fn delete_cache(
+    State(state): State<Arc<AppState>>,
+    caller: Caller,
+    Path(name): Path<String>,
+) -> Result<StatusCode, ApiError> {
+    state.storage()?.caches.remove(&caller.owner(), &name)?;
+    Ok(StatusCode::NO_CONTENT)
 }
 
 #[derive(Debug, Deserialize)]

@@ -13,6 +13,7 @@ use wire::{BackendKind, SandboxInfo, SandboxState, SandboxTimings};
 use crate::agent::AgentError;
 use crate::auth::{Caller, Owner};
 use crate::backend::Instance;
+use crate::storage::SandboxStorage;
 
 /// Why a sandbox (or the registry) refused a request. The HTTP edge maps each to a status
 /// (`error.rs`), the WebSocket to a close code (`ws.rs`).
@@ -105,6 +106,38 @@ pub struct SandboxSettings {
     /// The key that created it (or the Unix socket); only it, the admin key and the Unix
     /// socket can see or use it.
     pub owner: Owner,
+    /// Its caches, as asked for.
+    pub caches: Vec<wire::CacheMount>,
+    /// Its volumes, as asked for.
+    pub volumes: Vec<wire::VolumeMount>,
+    /// The size of its disk-backed writable layer.
+    pub disk_mib: Option<u64>,
+    /// Its egress, when it has any.
+    pub network: Option<SandboxNetwork>,
+}
+
+/// A sandbox's egress: what it may reach and what went through its proxy.
+#[derive(Debug, Clone)]
+pub struct SandboxNetwork {
+    /// Its allowlist as asked for.
+    pub allow: Vec<String>,
+    /// Its proxy's counters.
+    pub counters: Arc<crate::egress::EgressCounters>,
+}
+
+impl SandboxNetwork {
+    /// The API's view of it.
+    pub fn info(&self) -> wire::NetworkInfo {
+        let stats = self.counters.snapshot();
+        wire::NetworkInfo {
+            allow: self.allow.clone(),
+            proxy: contract::egress::proxy_url(),
+            connections: stats.connections,
+            denied: stats.denied,
+            bytes_out: stats.bytes_out,
+            bytes_in: stats.bytes_in,
+        }
+    }
 }
 
 #[derive(Debug)]
@@ -127,6 +160,8 @@ pub struct Sandbox {
     exec_slots: Arc<Semaphore>,
     active_execs: AtomicU32,
     activity: Notify,
+    /// Its caches and disk-backed layer, released once it is destroyed.
+    storage: Mutex<Option<SandboxStorage>>,
 }
 
 impl std::fmt::Debug for Sandbox {
@@ -165,6 +200,7 @@ impl Sandbox {
         settings: SandboxSettings,
         instance: Box<dyn Instance>,
         create_to_ready: Duration,
+        storage: SandboxStorage,
     ) -> Self {
         let timings = SandboxTimings {
             create_to_ready_ms: create_to_ready.as_secs_f64() * 1000.0,
@@ -185,6 +221,7 @@ impl Sandbox {
             }),
             active_execs: AtomicU32::new(0),
             activity: Notify::new(),
+            storage: Mutex::new(Some(storage)),
         }
     }
 
@@ -202,6 +239,11 @@ impl Sandbox {
     /// The backend running it.
     pub fn backend(&self) -> BackendKind {
         self.settings.backend
+    }
+
+    /// Its egress, when it has any.
+    pub fn network(&self) -> Option<&SandboxNetwork> {
+        self.settings.network.as_ref()
     }
 
     /// Who it belongs to.
@@ -310,6 +352,10 @@ impl Sandbox {
             active_execs: self.active_execs.load(Ordering::Relaxed),
             error: status.error.clone(),
             owner: Some(self.settings.owner.to_string()),
+            network: self.settings.network.as_ref().map(SandboxNetwork::info),
+            caches: self.settings.caches.clone(),
+            volumes: self.settings.volumes.clone(),
+            disk_mib: self.settings.disk_mib,
         }
     }
 
@@ -497,9 +543,17 @@ impl Registry {
     /// and runtime directory behind with nothing left to remove them. Shutdown waits for every
     /// destruction under way ([`Registry::remove_all`]).
     async fn destroy(&self, sandbox: Arc<Sandbox>) {
-        let task = self
-            .destroying
-            .spawn(async move { sandbox.instance.destroy().await });
+        let task = self.destroying.spawn(async move {
+            sandbox.instance.destroy().await;
+            // Its processes are gone: its caches are free for the next sandbox (which
+            // still waits for the kernel to drop the old mounts) and its layer goes.
+            let storage = sandbox
+                .storage
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .take();
+            drop(storage);
+        });
         if let Err(e) = task.await {
             tracing::warn!("destroying a sandbox failed: {e}");
         }

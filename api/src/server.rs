@@ -52,6 +52,12 @@ pub enum ServeError {
     /// Another daemon owns the socket.
     #[error("another daemon is already listening on {0}")]
     SocketInUse(PathBuf),
+    /// An --egress-allow rule is malformed.
+    #[error("--egress-allow: {0}")]
+    Egress(#[from] crate::egress::RuleError),
+    /// The storage (data directory, caches) could not be opened.
+    #[error("opening the data directory: {0}")]
+    Storage(#[from] crate::storage::StorageError),
     /// `--max-connections 0` would refuse every client.
     #[error("--max-connections must be at least 1")]
     NoConnections,
@@ -117,6 +123,7 @@ impl Server {
             return Err(ServeError::NoConnections);
         }
         crate::backend::namespace::IdRanges::check(config.uid_base, config.limits.max_sandboxes)?;
+        crate::egress::Allowlist::parse(&config.egress_allow)?;
         if let Some(addr) = config.tcp {
             if config.api_keys.is_empty() {
                 return Err(ServeError::TcpWithoutKeys(addr));
@@ -143,7 +150,8 @@ impl Server {
         let max_connections = config
             .max_connections
             .unwrap_or_else(|| default_max_connections(fd_limit));
-        let state = Arc::new(AppState::with_backends(config, backends));
+        let storage = crate::storage::Storage::open(&config.storage)?;
+        let state = Arc::new(AppState::with_backends(config, backends).with_storage(storage));
         Ok(Server {
             router: crate::routes::app(state.clone()),
             connections: Arc::new(Semaphore::new(max_connections)),

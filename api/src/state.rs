@@ -10,11 +10,16 @@ use wire::{BackendKind, CreateSandbox, SandboxInfo};
 use crate::auth::Owner;
 use crate::backend::microvm::MicrovmBackend;
 use crate::backend::namespace::{IdRanges, NamespaceBackend};
-use crate::backend::{Backend, BackendError, Backends, ImagePaths, InstanceSpec};
+use crate::backend::{
+    Backend, BackendError, Backends, EgressSink, EgressStream, ImagePaths, InstanceSpec,
+    MountSource, MountSpec,
+};
 use crate::config::ServeConfig;
+use crate::egress;
 use crate::host;
 use crate::metrics::Metrics;
-use crate::sandbox::{new_id, Registry, Sandbox, SandboxError, SandboxSettings};
+use crate::sandbox::{new_id, Registry, Sandbox, SandboxError, SandboxNetwork, SandboxSettings};
+use crate::storage::{validate_targets, SandboxStorage, Storage, StorageError};
 
 /// Why a sandbox was not created.
 #[derive(Debug, thiserror::Error)]
@@ -28,6 +33,12 @@ pub enum CreateError {
     /// The backend cannot run on this host.
     #[error(transparent)]
     Unavailable(BackendError),
+    /// Storage for it could not be had.
+    #[error(transparent)]
+    Storage(#[from] StorageError),
+    /// Its egress rules are not within the operator's.
+    #[error("network.allow: {0}")]
+    EgressForbidden(String),
     /// The backend failed to make it.
     #[error("creating sandbox {id}: {source}")]
     Failed {
@@ -49,6 +60,9 @@ pub struct AppState {
     pub metrics: Metrics,
     backends: Backends,
     host: host::HostReport,
+    storage: Option<Storage>,
+    /// The operator's egress rules (checked when the daemon starts).
+    egress_operator: egress::Allowlist,
 }
 
 impl std::fmt::Debug for AppState {
@@ -73,12 +87,28 @@ impl AppState {
     /// State for `config` with the given backends (tests inject the host-process backend).
     pub fn with_backends(config: ServeConfig, backends: Backends) -> Self {
         AppState {
-            config,
             registry: Arc::new(Registry::default()),
             metrics: Metrics::default(),
             backends,
             host: host::inspect(),
+            storage: None,
+            egress_operator: egress::Allowlist::parse(&config.egress_allow).unwrap_or_default(),
+            config,
         }
+    }
+
+    /// With its storage opened (the daemon does this at startup; without it, requests for
+    /// caches, volumes or disk-backed layers are refused).
+    pub fn with_storage(mut self, storage: Storage) -> Self {
+        self.storage = Some(storage);
+        self
+    }
+
+    /// The daemon's storage.
+    pub fn storage(&self) -> Result<&Storage, StorageError> {
+        self.storage
+            .as_ref()
+            .ok_or_else(|| StorageError::Invalid("this daemon was started without storage".into()))
     }
 
     /// The microVM and namespace backends `config` describes, in that order of preference.
@@ -169,7 +199,10 @@ impl AppState {
                 limits.max_ttl_s
             )));
         }
-        let image = request.image.unwrap_or_else(|| DEFAULT_IMAGE.to_string());
+        let image = request
+            .image
+            .clone()
+            .unwrap_or_else(|| DEFAULT_IMAGE.to_string());
         if image != DEFAULT_IMAGE {
             return Err(CreateError::Invalid(format!(
                 "image: unknown image {image:?} (available: {DEFAULT_IMAGE:?})"
@@ -185,15 +218,92 @@ impl AppState {
         }
         let kind = request.backend.unwrap_or_else(|| self.default_backend());
         let backend = self.backend(kind)?;
+        let targets: Vec<(String, &str)> = request
+            .caches
+            .iter()
+            .enumerate()
+            .map(|(i, c)| (format!("caches[{i}] ({})", c.name), c.path.as_str()))
+            .chain(
+                request
+                    .volumes
+                    .iter()
+                    .enumerate()
+                    .map(|(i, v)| (format!("volumes[{i}] ({})", v.name), v.path.as_str())),
+            )
+            .collect();
+        validate_targets(&targets)?;
+        let unsupported = storage_features(&request);
+        if kind != BackendKind::Namespace && !unsupported.is_empty() {
+            return Err(CreateError::Invalid(format!(
+                "{} {} not available on the {kind} backend yet (use the namespace backend)",
+                unsupported.join(", "),
+                if unsupported.len() == 1 { "is" } else { "are" },
+            )));
+        }
+        if let Some(disk_mib) = request.disk_mib {
+            if disk_mib < MIN_DISK_MIB {
+                return Err(CreateError::Invalid(format!(
+                    "disk_mib: must be at least {MIN_DISK_MIB}, got {disk_mib}"
+                )));
+            }
+        }
+        let policy = match &request.network {
+            Some(network) if !network.allow.is_empty() => {
+                if kind != BackendKind::Namespace {
+                    return Err(CreateError::Invalid(format!(
+                        "network is not available on the {kind} backend yet (use the namespace \
+                         backend)"
+                    )));
+                }
+                let policy = egress::EgressPolicy::new(&network.allow, &self.egress_operator)
+                    .map_err(|e| match e {
+                        egress::PolicyError::Rule(_) => {
+                            CreateError::Invalid(format!("network.allow: {}", error_chain(&e)))
+                        }
+                        e => CreateError::EgressForbidden(e.to_string()),
+                    })?;
+                Some(Arc::new(policy))
+            }
+            _ => None,
+        };
         let reservation = self.registry.reserve(limits.max_sandboxes)?;
 
         let id = new_id();
+        let network = policy.map(|policy| {
+            let counters = Arc::new(egress::EgressCounters::default());
+            let context = Arc::new(egress::EgressContext {
+                sandbox_id: id.clone(),
+                policy,
+                counters: counters.clone(),
+                resolver: Arc::new(egress::SystemResolver),
+            });
+            let sink: EgressSink = Arc::new(move |stream| {
+                let context = context.clone();
+                tokio::spawn(async move {
+                    match stream {
+                        EgressStream::Tcp(s) => egress::serve(s, &context).await,
+                        EgressStream::Unix(s) => egress::serve(s, &context).await,
+                    }
+                });
+            });
+            (counters, sink)
+        });
+        let mut request = request;
+        if network.is_some() {
+            for (name, value) in contract::egress::proxy_env() {
+                request.env.entry(name.to_string()).or_insert(value);
+            }
+        }
+        let (held, disk, mounts) = self.claim_storage(&request, &owner, &id).await?;
         let spec_env = request.env.clone();
         let spec = InstanceSpec {
             id: id.clone(),
             memory_mib,
             vcpus,
             env: request.env,
+            disk,
+            mounts,
+            egress: network.as_ref().map(|(_, sink)| sink.clone()),
         };
         let instance = backend.create(spec).await.map_err(|e| {
             self.metrics
@@ -218,14 +328,111 @@ impl AppState {
             env: spec_env,
             max_execs: limits.max_execs_per_sandbox,
             owner,
+            caches: request.caches,
+            volumes: request.volumes,
+            disk_mib: request.disk_mib,
+            network: network.map(|(counters, _)| SandboxNetwork {
+                allow: request.network.map(|n| n.allow).unwrap_or_default(),
+                counters,
+            }),
         };
-        let sandbox = Arc::new(Sandbox::new(id, settings, instance, started.elapsed()));
+        let sandbox = Arc::new(Sandbox::new(
+            id,
+            settings,
+            instance,
+            started.elapsed(),
+            held,
+        ));
         let info = sandbox.info();
         self.registry.insert(sandbox, reservation);
         self.metrics
             .sandboxes_created
             .fetch_add(1, Ordering::Relaxed);
         Ok(info)
+    }
+}
+
+fn error_chain(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(e) = source {
+        text.push_str(": ");
+        text.push_str(&e.to_string());
+        source = e.source();
+    }
+    text
+}
+
+/// What of a request only some backends can provide, named for an error message.
+fn storage_features(request: &CreateSandbox) -> Vec<&'static str> {
+    let mut features = Vec::new();
+    if request.disk_mib.is_some() {
+        features.push("disk_mib");
+    }
+    if !request.caches.is_empty() {
+        features.push("caches");
+    }
+    if !request.volumes.is_empty() {
+        features.push("volumes");
+    }
+    features
+}
+
+/// The smallest disk-backed layer: an ext4 needs a few MiB for itself.
+const MIN_DISK_MIB: u64 = 64;
+
+impl AppState {
+    /// Takes what the request asks of the storage, for sandbox `id`: its caches (made if new)
+    /// and its disk-backed layer, with the volumes it names; all of it is released if any
+    /// part is refused.
+    async fn claim_storage(
+        &self,
+        request: &CreateSandbox,
+        owner: &Owner,
+        id: &str,
+    ) -> Result<(SandboxStorage, Option<std::path::PathBuf>, Vec<MountSpec>), CreateError> {
+        let mut held = SandboxStorage::default();
+        let mut mounts = Vec::new();
+        if request.caches.is_empty() && request.volumes.is_empty() && request.disk_mib.is_none() {
+            return Ok((held, None, mounts));
+        }
+        let storage = self.storage()?;
+        for volume in &request.volumes {
+            mounts.push(MountSpec {
+                source: MountSource::Directory(storage.volumes.get(&volume.name)?.to_path_buf()),
+                target: volume.path.clone(),
+                read_only: true,
+            });
+        }
+        let mut names = std::collections::BTreeSet::new();
+        for cache in &request.caches {
+            if !names.insert(cache.name.as_str()) {
+                return Err(CreateError::Invalid(format!(
+                    "caches: {:?} is asked for twice",
+                    cache.name
+                )));
+            }
+            let lease = storage
+                .caches
+                .acquire(owner, &cache.name, cache.size_mib, id)
+                .await?;
+            mounts.push(MountSpec {
+                source: MountSource::Ext4Image(lease.path().to_path_buf()),
+                target: cache.path.clone(),
+                read_only: false,
+            });
+            held.caches.push(lease);
+        }
+        let disk = match request.disk_mib {
+            Some(mib) => {
+                let scratch = storage.scratch.create(id, mib).await?;
+                let path = scratch.path().to_path_buf();
+                held.scratch = Some(scratch);
+                Some(path)
+            }
+            None => None,
+        };
+        Ok((held, disk, mounts))
     }
 }
 

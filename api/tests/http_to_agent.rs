@@ -71,6 +71,7 @@ impl Daemon {
         let mut config = ServeConfig::new(dir.path().join("no-image"));
         config.unix_socket = Some(dir.path().join("crucible.sock"));
         config.state_dir = dir.path().join("state");
+        config.storage.data_dir = dir.path().join("data");
         config.default_backend = Some(BackendKind::Process);
         configure(&mut config);
         let backend = HostProcessBackend::new(

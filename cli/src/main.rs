@@ -52,6 +52,9 @@ enum Command {
     Sandbox(SandboxCommand),
     /// An interactive shell in a sandbox (line-buffered, no PTY; Ctrl-D ends it).
     Shell(commands::exec::ShellArgs),
+    /// List or delete named caches (`--cache NAME:PATH` on create/run mounts one).
+    #[command(subcommand)]
+    Cache(CacheCommand),
     /// Copy files in or out: `cp LOCAL ID:DIR` uploads (directories recursively),
     /// `cp ID:FILE LOCAL` downloads one file (`-` for stdout).
     Cp(commands::cp::Args),
@@ -67,6 +70,20 @@ enum Command {
     },
     /// Print the man page (roff).
     Man,
+}
+
+#[derive(Subcommand)]
+enum CacheCommand {
+    /// List your caches (every cache over the Unix socket or with the admin key).
+    Ls,
+    /// Delete caches; a cache in use by a sandbox is refused.
+    Rm {
+        /// The cache names.
+        names: Vec<String>,
+        /// Every one of your caches not in use.
+        #[arg(long, conflicts_with = "names")]
+        all: bool,
+    },
 }
 
 #[derive(Subcommand)]
@@ -132,6 +149,16 @@ fn dispatch(cli: Cli) -> anyhow::Result<i32> {
         Command::Serve(args) => runtime()?.block_on(serve::run(args)).map(|()| 0),
         Command::Run(args) => runtime()?.block_on(commands::run::run(&global, args)),
         Command::Shell(args) => runtime()?.block_on(commands::exec::shell(&global, args)),
+        Command::Cache(command) => runtime()?
+            .block_on(async {
+                match command {
+                    CacheCommand::Ls => commands::cache::list(&global).await,
+                    CacheCommand::Rm { names, all } => {
+                        commands::cache::remove(&global, &names, all).await
+                    }
+                }
+            })
+            .map(|()| 0),
         Command::Cp(args) => runtime()?
             .block_on(commands::cp::run(&global, args))
             .map(|()| 0),

@@ -64,6 +64,25 @@ pub fn sandbox_table(sandboxes: &[SandboxInfo]) -> String {
     out
 }
 
+/// The `cache ls` table.
+pub fn cache_table(caches: &[wire::CacheInfo]) -> String {
+    let mut out = format!(
+        "{:<24} {:<12} {:>9} {:>9} {:<20}\n",
+        "NAME", "OWNER", "SIZE", "USED", "IN USE BY"
+    );
+    for c in caches {
+        out.push_str(&format!(
+            "{:<24} {:<12} {:>8}M {:>8}M {:<20}\n",
+            c.name,
+            c.owner,
+            c.size_mib,
+            c.used_mib,
+            c.in_use_by.as_deref().unwrap_or("-")
+        ));
+    }
+    out
+}
+
 /// A sandbox's details.
 pub fn sandbox_details(s: &SandboxInfo) -> String {
     let mut out = format!(
@@ -84,6 +103,26 @@ pub fn sandbox_details(s: &SandboxInfo) -> String {
     }
     for (k, v) in &s.labels {
         out.push_str(&format!("label:    {k}={v}\n"));
+    }
+    if let Some(n) = &s.network {
+        out.push_str(&format!(
+            "network:  {} via {} ({} connections, {} denied, {} B out, {} B in)\n",
+            n.allow.join(","),
+            n.proxy,
+            n.connections,
+            n.denied,
+            n.bytes_out,
+            n.bytes_in
+        ));
+    }
+    for c in &s.caches {
+        out.push_str(&format!("cache:    {} at {}\n", c.name, c.path));
+    }
+    for v in &s.volumes {
+        out.push_str(&format!("volume:   {} at {} (read-only)\n", v.name, v.path));
+    }
+    if let Some(mib) = s.disk_mib {
+        out.push_str(&format!("disk:     {mib} MiB on the host's disk\n"));
     }
     if !s.error.is_empty() {
         out.push_str(&format!("error:    {}\n", s.error));

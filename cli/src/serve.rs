@@ -71,6 +71,30 @@ pub struct Args {
     /// memory, so at most 3/4 of its memory limit). Writes past it fail with ENOSPC.
     #[arg(long, default_value_t = api::Limits::default().scratch_mib)]
     disk_mib: u64,
+    /// Where caches and disk-backed writable layers (`"disk_mib"` in a create request) live.
+    #[arg(long, value_name = "DIR", default_value_os_t = api::storage::default_data_dir())]
+    data_dir: PathBuf,
+    /// The most host disk, in MiB, that caches and disk-backed layers may take together (their
+    /// images are sparse but counted at full size, so the host disk never fills); a request
+    /// past it is answered 507 [default: 3/4 of the data directory's free space at startup,
+    /// plus the caches already there].
+    #[arg(long, value_name = "MIB")]
+    disk_budget_mib: Option<u64>,
+    /// Size limit of a new cache whose request gives none.
+    #[arg(long, value_name = "MIB", default_value_t = 4096)]
+    cache_mib: u64,
+    /// Declare a read-only volume NAME=DIR[:ro] that sandboxes may ask for by name
+    /// (`"volumes": [{"name": NAME, "path": "/inside"}]`); repeatable. Volumes are never
+    /// writable.
+    #[arg(long, value_name = "NAME=DIR:ro")]
+    volume: Vec<String>,
+    /// Allow sandboxes to ask for egress to these hosts (repeatable, or comma-separated): names
+    /// (`crates.io`), subdomain wildcards (`*.pypi.org`), `*` (any name), IP literals and CIDRs,
+    /// each with an optional `:port`. A sandbox's own allowlist must fall within these. Private,
+    /// loopback and link-local addresses are refused unless an IP or CIDR rule here names them.
+    /// Without any, no sandbox gets network.
+    #[arg(long, value_name = "RULE", value_delimiter = ',')]
+    egress_allow: Vec<String>,
 }
 
 pub fn parse_backend(text: &str) -> Result<BackendKind, String> {
@@ -128,6 +152,13 @@ pub async fn run(args: Args) -> Result<()> {
     config.max_connections = args.max_connections;
     config.limits.idle_timeout_s = args.idle_timeout;
     config.limits.scratch_mib = args.disk_mib;
+    config.storage.data_dir = args.data_dir;
+    config.storage.disk_budget_mib = args.disk_budget_mib;
+    config.storage.default_cache_mib = args.cache_mib;
+    for volume in &args.volume {
+        config.storage.volumes.declare(volume)?;
+    }
+    config.egress_allow = args.egress_allow;
     let server = api::Server::bind(config).await?;
     let state = server.state();
     if let Some(path) = &state.config.unix_socket {

@@ -151,6 +151,26 @@ impl Client {
         Ok(())
     }
 
+    /// `GET /caches`: the caller's named caches (every one for the admin key and the Unix
+    /// socket).
+    pub async fn caches(&self) -> Result<Vec<wire::CacheInfo>, ClientError> {
+        let list: wire::CacheList = self.json(self.empty(Method::GET, "/caches")?).await?;
+        Ok(list.caches)
+    }
+
+    /// `DELETE /caches/{name}`: deletes one of the caller's caches (refused while in use).
+    pub async fn delete_cache(&self, name: &str) -> Result<(), ClientError> {
+        self.send(self.empty(Method::DELETE, &format!("/caches/{}", path_segment(name)))?)
+            .await?;
+        Ok(())
+    }
+
+    /// `DELETE /caches`: deletes every cache of the caller's not in use; returns those kept.
+    pub async fn clear_caches(&self) -> Result<Vec<wire::CacheInfo>, ClientError> {
+        let list: wire::CacheList = self.json(self.empty(Method::DELETE, "/caches")?).await?;
+        Ok(list.caches)
+    }
+
     /// `POST /sandboxes/{id}/exec`: runs a command and streams its output as events.
     pub async fn exec(&self, id: &str, request: &ExecRequest) -> Result<ExecStream, ClientError> {
         let target = format!("/sandboxes/{}/exec", path_segment(id));

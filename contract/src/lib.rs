@@ -27,6 +27,7 @@
 pub mod block_selftest;
 pub mod boot_marker;
 pub mod cmdline;
+pub mod egress;
 pub mod host;
 pub mod kvm_tests;
 pub mod qemu;

@@ -10,6 +10,7 @@
 //! command; [`spawn`] forks and execs it; [`reaper`] reaps it (each exec its own command,
 //! through a pidfd) and reaps orphans; [`files`] extracts tar archives and sends files.
 
+pub mod egress;
 pub mod exec;
 pub mod files;
 pub mod init;

@@ -5,7 +5,7 @@ use std::process::ExitCode;
 use guest_init::exec::ExecContext;
 use guest_init::log::{self, LogLevel};
 use guest_init::server::{self, Address, Agent, Listener, ShutdownAction};
-use guest_init::{init, reaper, selftest, sys};
+use guest_init::{egress, init, reaper, selftest, sys};
 
 const HELP: &str = "\
 guest-init: crucible's guest agent
@@ -55,6 +55,8 @@ OPTIONS:
     --listen ADDR    serve on ADDR instead of being the VM's init
     --ready ADDR     send the hello to ADDR once listening
     --log LEVEL      quiet, error, info (default) or debug
+    --egress ADDR    serve the egress proxy on 127.0.0.1:3128, passing each connection to the
+                     daemon: fd:N (an inherited Unix socket taking descriptors) or vsock:PORT
     --selftest       run the self-test and exit
     -h, --help       this text
     -V, --version    the version
@@ -68,6 +70,7 @@ struct Args {
     selftest: bool,
     mode: Mode,
     memory_bytes: Option<u64>,
+    egress: Option<Address>,
 }
 
 /// Which half of a namespace sandbox this process is, if any.
@@ -77,7 +80,7 @@ enum Mode {
     #[default]
     Plain,
     /// `sandbox`: make the sandbox, then supervise its PID 1 from outside.
-    Sandbox(namespace::SandboxSpec),
+    Sandbox(Box<namespace::SandboxSpec>),
     /// `sandbox-pid1`: the sandbox's PID 1, started by the `sandbox` half.
     SandboxPid1,
 }
@@ -91,7 +94,7 @@ fn parse_args() -> Result<Option<Args>, String> {
     let mut args = Args::default();
     let mut it = std::env::args().skip(1).peekable();
     match it.peek().map(String::as_str) {
-        Some("sandbox") => args.mode = Mode::Sandbox(namespace::SandboxSpec::default()),
+        Some("sandbox") => args.mode = Mode::Sandbox(Box::default()),
         Some("sandbox-pid1") => args.mode = Mode::SandboxPid1,
         _ => {}
     }
@@ -132,6 +135,13 @@ fn parse_args() -> Result<Option<Args>, String> {
                 args.log = Some(LogLevel::parse(&v).ok_or(format!("bad --log level {v:?}"))?);
             }
             "--selftest" => args.selftest = true,
+            "--egress" => {
+                let v = value("--egress")?;
+                match Address::parse(&v) {
+                    Some(addr @ (Address::Fd(_) | Address::Vsock(..))) => args.egress = Some(addr),
+                    _ => return Err(format!("bad --egress address {v:?} (fd:N or vsock:PORT)")),
+                }
+            }
             "--memory-bytes" => args.memory_bytes = Some(number(&flag, &value(&flag)?)?),
             other if namespace::SandboxSpec::is_flag(other) => {
                 let Mode::Sandbox(spec) = &mut args.mode else {
@@ -248,6 +258,20 @@ fn host_main(args: Args) -> ExitCode {
     let Some(addr) = args.listen else {
         return ExitCode::from(2);
     };
+    if let Some(uplink) = &args.egress {
+        let uplink = match uplink {
+            Address::Vsock(_, port) => Ok(egress::Uplink::Vsock(*port)),
+            Address::Fd(fd) => server::adopt_fd(*fd).map(egress::Uplink::Descriptors),
+            Address::Unix(_) => Err(std::io::Error::other("not an egress address")),
+        };
+        let started = uplink
+            .map_err(|e| e.to_string())
+            .and_then(|uplink| egress::start(uplink).map_err(|e| chain(&e)));
+        if let Err(e) = started {
+            eprintln!("guest-init: {e}");
+            return ExitCode::FAILURE;
+        }
+    }
     let listener = match Listener::bind(&addr) {
         Ok(l) => l,
         Err(e) => {
@@ -280,6 +304,12 @@ fn pid1_argv(args: &Args) -> Vec<std::ffi::CString> {
     ];
     if let Some(bytes) = args.memory_bytes {
         argv.extend(["--memory-bytes".into(), bytes.to_string()]);
+    }
+    if matches!(&args.mode, Mode::Sandbox(spec) if spec.egress_socket.is_some()) {
+        argv.extend([
+            "--egress".into(),
+            Address::Fd(namespace::PID1_EGRESS_FD).to_string(),
+        ]);
     }
     if let Some(level) = args.log {
         argv.extend(["--log".into(), level.as_str().into()]);

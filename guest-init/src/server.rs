@@ -187,7 +187,7 @@ fn vsock_listen(port: u32) -> io::Result<OwnedFd> {
 }
 
 /// Connects to `cid:port` over vsock, giving up after `timeout`.
-fn vsock_connect(cid: u32, port: u32, timeout: Duration) -> io::Result<UnixStream> {
+pub(crate) fn vsock_connect(cid: u32, port: u32, timeout: Duration) -> io::Result<UnixStream> {
     use std::os::fd::AsFd;
     let fd = vsock_socket()?;
     sys::set_nonblocking(fd.as_fd(), true)?;
@@ -223,6 +223,12 @@ fn vsock_connect(cid: u32, port: u32, timeout: Duration) -> io::Result<UnixStrea
     let stream = UnixStream::from(fd);
     stream.set_nonblocking(false)?;
     Ok(stream)
+}
+
+/// Takes ownership of an inherited descriptor (closed on exec from now on), as `fd:N`
+/// addresses name them.
+pub fn adopt_fd(fd: RawFd) -> io::Result<OwnedFd> {
+    adopt(fd)
 }
 
 /// Connects to `addr` and sends `hello` (the readiness signal), then closes.

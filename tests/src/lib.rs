@@ -70,6 +70,7 @@ impl TestDaemon {
         let mut config = ServeConfig::new(image_dir());
         config.unix_socket = Some(dir.path().join("crucible.sock"));
         config.state_dir = dir.path().join("state");
+        config.storage.data_dir = dir.path().join("data");
         config.cgroup_parent = format!(
             "crucible-test-{}-{}",
             std::process::id(),

@@ -29,7 +29,8 @@ pub use frame::{FrameType, UnknownFrameType, HEADER_SIZE, MAX_PAYLOAD};
 pub use io::{FrameReader, FrameWriter, ReadError, READ_BUFFER_SIZE};
 pub use message::{encode_message, read_message, write_message, MessageError, MAX_MESSAGE_SIZE};
 pub use sandbox::{
-    BackendKind, CreateSandbox, Hypervisor, SandboxInfo, SandboxList, SandboxState, SandboxTimings,
+    BackendKind, CacheInfo, CacheList, CacheMount, CreateSandbox, Hypervisor, NetworkInfo,
+    NetworkRequest, SandboxInfo, SandboxList, SandboxState, SandboxTimings, VolumeMount,
 };
 pub use types::{
     ErrorBody, ExecRequest, ExecResult, FilesPutResult, RefusedEntry, Usage, ValidationError,

@@ -77,6 +77,103 @@ pub struct CreateSandbox {
     /// Free-form labels, returned as given.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub labels: BTreeMap<String, String>,
+    /// Egress through the daemon's proxy; absent: the sandbox reaches no network at all.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub network: Option<NetworkRequest>,
+    /// Named caches to mount: persistent, daemon-managed, size-limited, one sandbox at a time.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub caches: Vec<CacheMount>,
+    /// Read-only volumes the operator declared (`crucible serve --volume NAME=DIR:ro`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub volumes: Vec<VolumeMount>,
+    /// A disk-backed writable layer of this many MiB (a sparse file on the host's disk)
+    /// instead of the default memory-backed one; for builds and checkouts bigger than memory.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub disk_mib: Option<u64>,
+}
+
+/// `"network"` in a create request.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[serde(deny_unknown_fields)]
+pub struct NetworkRequest {
+    /// Hosts the sandbox may reach through the proxy: names (`crates.io`), wildcards
+    /// (`*.pypi.org`: subdomains only), IP literals, each with an optional `:port`. Each must
+    /// be within the operator's `--egress-allow` rules.
+    #[serde(default)]
+    pub allow: Vec<String>,
+}
+
+/// A named cache mounted into a sandbox.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[serde(deny_unknown_fields)]
+pub struct CacheMount {
+    /// The cache's name: 1 to 64 of `[A-Za-z0-9._-]`, not starting with `.`; caches belong to
+    /// the API key that made them.
+    pub name: String,
+    /// Where it appears inside the sandbox (absolute).
+    pub path: String,
+    /// Its size limit when this request creates it; default from the daemon. An existing
+    /// cache keeps the size it was made with.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub size_mib: Option<u64>,
+}
+
+/// An operator-declared volume mounted (read-only) into a sandbox.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[serde(deny_unknown_fields)]
+pub struct VolumeMount {
+    /// The volume's name as the operator declared it.
+    pub name: String,
+    /// Where it appears inside the sandbox (absolute).
+    pub path: String,
+}
+
+/// A sandbox's egress: its allowlist, where its proxy listens, and what went through it.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+pub struct NetworkInfo {
+    /// The sandbox's allowlist, as asked for.
+    pub allow: Vec<String>,
+    /// The proxy URL set as `HTTP_PROXY`/`HTTPS_PROXY` inside.
+    pub proxy: String,
+    /// Connections allowed and made.
+    pub connections: u64,
+    /// Connections refused (not allowed, or a private address the operator did not allow).
+    pub denied: u64,
+    /// Bytes sent by the sandbox to remote hosts.
+    pub bytes_out: u64,
+    /// Bytes received by the sandbox from remote hosts.
+    pub bytes_in: u64,
+}
+
+/// A named cache, as `GET /caches` lists it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+pub struct CacheInfo {
+    /// Its name.
+    pub name: String,
+    /// The API key it belongs to (`"unix"` for the Unix socket without a key).
+    pub owner: String,
+    /// Its size limit.
+    pub size_mib: u64,
+    /// Host disk it takes now (its image is sparse), in MiB, rounded up.
+    pub used_mib: u64,
+    /// The sandbox using it now, if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub in_use_by: Option<String>,
+    /// When it was made, Unix milliseconds.
+    pub created_at_ms: u64,
+}
+
+/// The body of `GET /caches`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+pub struct CacheList {
+    /// The caller's caches (every cache for the admin key and the Unix socket), by name.
+    pub caches: Vec<CacheInfo>,
 }
 
 /// A sandbox's lifecycle state.
@@ -141,6 +238,18 @@ pub struct SandboxInfo {
     /// socket see the sandbox. Absent from daemons older than ownership.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub owner: Option<String>,
+    /// Its egress, when it has any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub network: Option<NetworkInfo>,
+    /// Its caches.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub caches: Vec<CacheMount>,
+    /// Its volumes.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub volumes: Vec<VolumeMount>,
+    /// The size of its disk-backed writable layer, when it has one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub disk_mib: Option<u64>,
 }
 
 /// The body of `GET /sandboxes`.

@@ -451,6 +451,9 @@ mod tests {
             memory_mib,
             vcpus: 2,
             env: Default::default(),
+            disk: None,
+            mounts: Vec::new(),
+            egress: None,
         }
     }
 

@@ -26,7 +26,7 @@ use wire::BackendKind;
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
 /// What to create.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct InstanceSpec {
     /// The sandbox id (also its hostname).
     pub id: String,
@@ -36,6 +36,58 @@ pub struct InstanceSpec {
     pub vcpus: u32,
     /// Environment for the agent, and so for every command.
     pub env: BTreeMap<String, String>,
+    /// An ext4 image to hold the sandbox's writable layer instead of memory.
+    pub disk: Option<PathBuf>,
+    /// Caches and volumes to mount inside.
+    pub mounts: Vec<MountSpec>,
+    /// Where the sandbox's proxied connections go, when it has egress.
+    pub egress: Option<EgressSink>,
+}
+
+/// Takes each connection a sandbox's egress proxy accepts (the daemon then serves the proxy
+/// protocol on it).
+pub type EgressSink = Arc<dyn Fn(EgressStream) + Send + Sync>;
+
+/// One proxied connection, as a backend receives it.
+#[derive(Debug)]
+pub enum EgressStream {
+    /// The sandbox's own TCP connection to its proxy address, handed over by its agent.
+    Tcp(tokio::net::TcpStream),
+    /// A stream carrying it (a vsock connection arriving on a Unix socket).
+    Unix(UnixStream),
+}
+
+impl std::fmt::Debug for InstanceSpec {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("InstanceSpec")
+            .field("id", &self.id)
+            .field("memory_mib", &self.memory_mib)
+            .field("vcpus", &self.vcpus)
+            .field("disk", &self.disk)
+            .field("mounts", &self.mounts)
+            .field("egress", &self.egress.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+/// Something mounted into a sandbox.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MountSpec {
+    /// What is mounted.
+    pub source: MountSource,
+    /// Where inside (absolute, validated).
+    pub target: String,
+    /// Whether the sandbox may only read it.
+    pub read_only: bool,
+}
+
+/// What a [`MountSpec`] mounts.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum MountSource {
+    /// An ext4 image file (a cache).
+    Ext4Image(PathBuf),
+    /// A host directory (a volume).
+    Directory(PathBuf),
 }
 
 /// Why a sandbox could not be created.

@@ -22,7 +22,10 @@ use wire::BackendKind;
 
 use super::cgroup::{CgroupLimits, SandboxCgroups};
 use super::supervised::{spawn_and_await_hello, SandboxProcess};
-use super::{Backend, BackendError, BoxFuture, ImagePaths, Instance, InstanceSpec};
+use super::{
+    Backend, BackendError, BoxFuture, EgressSink, EgressStream, ImagePaths, Instance, InstanceSpec,
+    MountSource, MountSpec,
+};
 
 // The PATH commands see unless the sandbox's env overrides it: the agent's own default too.
 use contract::DEFAULT_PATH;
@@ -264,8 +267,23 @@ impl NamespaceBackend {
             }
         };
 
+        let egress_path = runtime_dir.join("egress.sock");
+        let egress = match &spec.egress {
+            Some(sink) => match UnixListener::bind(&egress_path) {
+                Ok(listener) => Some((listener, sink.clone())),
+                Err(e) => {
+                    cleanup.run().await;
+                    return Err(BackendError::setup(
+                        format!("bind {}", egress_path.display()),
+                        e,
+                    ));
+                }
+            },
+            None => None,
+        };
         let agent_socket = runtime_dir.join("agent.sock");
-        let (hostname, env) = (spec.id.clone(), spec.env);
+        let (hostname, env) = (spec.id.clone(), spec.env.clone());
+        let spec_id = spec.id.clone();
         let spec = SandboxSpec {
             rootfs: self.image.rootfs.clone(),
             runtime_dir: runtime_dir.clone(),
@@ -273,6 +291,9 @@ impl NamespaceBackend {
             ready_socket: ready_path.clone(),
             hostname: spec.id.clone(),
             scratch_mib: disk_mib(self.scratch_mib, spec.memory_mib),
+            scratch_disk: spec.disk.clone(),
+            mounts: spec.mounts.iter().map(extra_mount).collect(),
+            egress_socket: egress.as_ref().map(|_| egress_path.clone()),
             id_map,
             die_with_parent: true,
             cgroup_procs: cleanup
@@ -310,6 +331,11 @@ impl NamespaceBackend {
         };
         drop(ready);
         let _ = std::fs::remove_file(&ready_path);
+        // The sandbox connected before entering; the path is of no more use.
+        let egress_task = egress.map(|(listener, sink)| {
+            let _ = std::fs::remove_file(&egress_path);
+            tokio::spawn(receive_egress(listener, sink, spec_id.clone()))
+        });
 
         let what = format!("the sandbox's init (log: {})", log_path.display());
         Ok(NamespaceInstance {
@@ -318,8 +344,80 @@ impl NamespaceBackend {
             process: SandboxProcess::watch(child, what),
             cleanup: tokio::sync::Mutex::new(Some(cleanup)),
             log_path,
+            egress_task,
         })
     }
+}
+
+fn extra_mount(mount: &MountSpec) -> namespace::ExtraMount {
+    let (kind, source) = match &mount.source {
+        MountSource::Ext4Image(path) => (namespace::MountKind::Ext4Image, path.clone()),
+        MountSource::Directory(path) => (namespace::MountKind::HostDir, path.clone()),
+    };
+    namespace::ExtraMount {
+        kind,
+        source,
+        target: PathBuf::from(&mount.target),
+        read_only: mount.read_only,
+    }
+}
+
+/// Takes the connections a sandbox's agent hands over (its egress proxy's accepted sockets,
+/// one descriptor per message on the one connection the sandbox made before entering) and
+/// gives each to `sink`. Whatever arrives is checked to be a stream socket first: the agent
+/// is the sandbox's PID 1, but a sandbox is hostile by assumption.
+async fn receive_egress(listener: UnixListener, sink: EgressSink, id: String) {
+    use std::os::fd::AsFd;
+    let control = match listener.accept().await {
+        Ok((control, _)) => control,
+        Err(e) => {
+            tracing::warn!(sandbox = %id, "egress: accepting the agent's connection: {e}");
+            return;
+        }
+    };
+    drop(listener);
+    loop {
+        if control.readable().await.is_err() {
+            return;
+        }
+        let received = control.try_io(tokio::io::Interest::READABLE, || {
+            namespace::recv_stream(control.as_fd())
+        });
+        let fd = match received {
+            Ok(Some(fd)) => fd,
+            Ok(None) => return,
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
+            Err(e) => {
+                tracing::warn!(sandbox = %id, "egress: receiving a connection: {e}");
+                return;
+            }
+        };
+        match egress_stream(fd) {
+            Ok(stream) => sink(stream),
+            Err(e) => {
+                tracing::warn!(sandbox = %id, "egress: refused a handed-over descriptor: {e}")
+            }
+        }
+    }
+}
+
+/// The received descriptor as a stream, if it is a connected stream socket.
+fn egress_stream(fd: std::os::fd::OwnedFd) -> io::Result<EgressStream> {
+    let socket = socket2::Socket::from(fd);
+    if socket.r#type()? != socket2::Type::STREAM {
+        return Err(io::Error::other("not a stream socket"));
+    }
+    socket.set_nonblocking(true)?;
+    let local = socket.local_addr()?;
+    if local.as_socket().is_some() {
+        let tcp = std::net::TcpStream::from(socket);
+        return tokio::net::TcpStream::from_std(tcp).map(EgressStream::Tcp);
+    }
+    if local.is_unix() {
+        let unix = std::os::unix::net::UnixStream::from(socket);
+        return UnixStream::from_std(unix).map(EgressStream::Unix);
+    }
+    Err(io::Error::other("neither a TCP nor a Unix socket"))
 }
 
 /// The size of a sandbox's writable layer: the configured size, but at most three quarters of
@@ -373,6 +471,8 @@ pub struct NamespaceInstance {
     process: SandboxProcess,
     cleanup: tokio::sync::Mutex<Option<Cleanup>>,
     log_path: PathBuf,
+    /// Takes the sandbox's proxied connections from its agent.
+    egress_task: Option<tokio::task::JoinHandle<()>>,
 }
 
 impl Instance for NamespaceInstance {
@@ -391,6 +491,9 @@ impl Instance for NamespaceInstance {
     fn destroy(&self) -> BoxFuture<'_, ()> {
         Box::pin(async move {
             self.process.kill_and_wait().await;
+            if let Some(task) = &self.egress_task {
+                task.abort();
+            }
             if let Some(mut cleanup) = self.cleanup.lock().await.take() {
                 cleanup.run().await;
             }

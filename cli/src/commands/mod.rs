@@ -1,5 +1,6 @@
 //! The client commands.
 
+pub mod cache;
 pub mod cp;
 pub mod exec;
 pub mod image;

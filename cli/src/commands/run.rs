@@ -38,7 +38,7 @@ struct Embedded {
     _dir: tempfile::TempDir,
 }
 
-async fn start_embedded(image_dir: &Path) -> Result<(client::Client, Embedded)> {
+async fn start_embedded(image_dir: &Path, allow: &[String]) -> Result<(client::Client, Embedded)> {
     super::image::ensure_for_namespace(image_dir)?;
     let dir = tempfile::Builder::new()
         .prefix("crucible-run-")
@@ -48,6 +48,11 @@ async fn start_embedded(image_dir: &Path) -> Result<(client::Client, Embedded)> 
     let socket = dir.path().join("crucible.sock");
     config.unix_socket = Some(socket.clone());
     config.state_dir = dir.path().join("state");
+    // Its own data directory: a daemon may be using the default one. Caches made by an
+    // embedded daemon therefore last only as long as the run (`crucible serve` keeps them).
+    config.storage.data_dir = dir.path().join("data");
+    // The user running it is its operator: what the sandbox asks to reach is allowed.
+    config.egress_allow = allow.to_vec();
     config.cgroup_parent = format!("crucible-run-{}", std::process::id());
     let server = api::Server::bind(config).await?;
     let (tx, rx) = oneshot::channel::<()>();
@@ -66,7 +71,11 @@ async fn start_embedded(image_dir: &Path) -> Result<(client::Client, Embedded)> 
 }
 
 /// The daemon to use: the one at --host, the local one if it answers, else an embedded one.
-async fn connect(global: &Global, image_dir: &Path) -> Result<(client::Client, Option<Embedded>)> {
+async fn connect(
+    global: &Global,
+    image_dir: &Path,
+    allow: &[String],
+) -> Result<(client::Client, Option<Embedded>)> {
     let client = global.client()?;
     if global.host.is_some() {
         return Ok((client, None));
@@ -78,7 +87,7 @@ async fn connect(global: &Global, image_dir: &Path) -> Result<(client::Client, O
                 "crucible: no daemon at {}; starting one in this process",
                 client.endpoint()
             );
-            let (client, embedded) = start_embedded(image_dir).await?;
+            let (client, embedded) = start_embedded(image_dir, allow).await?;
             Ok((client, Some(embedded)))
         }
         Err(e) => Err(e.into()),
@@ -86,7 +95,7 @@ async fn connect(global: &Global, image_dir: &Path) -> Result<(client::Client, O
 }
 
 pub async fn run(global: &Global, args: Args) -> Result<i32> {
-    let (client, embedded) = connect(global, &args.image_dir).await?;
+    let (client, embedded) = connect(global, &args.image_dir, &args.sandbox.allow).await?;
     let outcome = run_in_sandbox(global, &client, &args).await;
     if let Some(embedded) = embedded {
         let _ = embedded.shutdown.send(());

@@ -29,6 +29,51 @@ pub struct CreateArgs {
     /// Labels (repeatable).
     #[arg(long = "label", value_name = "KEY=VALUE", value_parser = super::key_value)]
     pub labels: Vec<(String, String)>,
+    /// Give the sandbox egress through the daemon's proxy to these hosts (repeatable or
+    /// comma-separated): `crates.io`, `*.pypi.org`, `static.example.org:443`, `10.1.2.3:8080`.
+    /// Commands see HTTP_PROXY/HTTPS_PROXY. Without it the sandbox reaches no network.
+    #[arg(long, value_name = "HOST[:PORT]", value_delimiter = ',')]
+    pub allow: Vec<String>,
+    /// Mount the named cache at PATH, read-write, kept between sandboxes (repeatable); made
+    /// with SIZE_MIB (else the daemon's default) if new. One sandbox at a time per cache.
+    #[arg(long, value_name = "NAME:PATH[:SIZE_MIB]", value_parser = parse_cache)]
+    pub cache: Vec<wire::CacheMount>,
+    /// Mount the operator's read-only volume NAME at PATH (repeatable).
+    #[arg(long, value_name = "NAME:PATH", value_parser = parse_volume)]
+    pub volume: Vec<wire::VolumeMount>,
+    /// A disk-backed writable layer of MIB (on the host's disk, not in memory), for builds
+    /// bigger than memory.
+    #[arg(long = "disk", value_name = "MIB")]
+    pub disk_mib: Option<u64>,
+}
+
+fn parse_cache(text: &str) -> Result<wire::CacheMount, String> {
+    let mut parts = text.splitn(3, ':');
+    let (Some(name), Some(path)) = (parts.next(), parts.next()) else {
+        return Err(format!("expected NAME:PATH[:SIZE_MIB], got {text:?}"));
+    };
+    let size_mib = parts
+        .next()
+        .map(|size| {
+            size.parse()
+                .map_err(|_| format!("SIZE_MIB must be a number of MiB, got {size:?}"))
+        })
+        .transpose()?;
+    Ok(wire::CacheMount {
+        name: name.to_string(),
+        path: path.to_string(),
+        size_mib,
+    })
+}
+
+fn parse_volume(text: &str) -> Result<wire::VolumeMount, String> {
+    let (name, path) = text
+        .split_once(':')
+        .ok_or_else(|| format!("expected NAME:PATH, got {text:?}"))?;
+    Ok(wire::VolumeMount {
+        name: name.to_string(),
+        path: path.to_string(),
+    })
 }
 
 impl CreateArgs {
@@ -41,6 +86,12 @@ impl CreateArgs {
             ttl_s: self.ttl,
             env: self.env.iter().cloned().collect(),
             labels: self.labels.iter().cloned().collect(),
+            network: (!self.allow.is_empty()).then(|| wire::NetworkRequest {
+                allow: self.allow.clone(),
+            }),
+            caches: self.cache.clone(),
+            volumes: self.volume.clone(),
+            disk_mib: self.disk_mib,
         }
     }
 }

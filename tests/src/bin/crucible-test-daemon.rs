@@ -13,7 +13,9 @@ fn main() -> anyhow::Result<()> {
     };
     let mut config = api::ServeConfig::new(harness::image_dir());
     config.unix_socket = Some(PathBuf::from(socket));
-    config.state_dir = PathBuf::from(state_dir);
+    config.state_dir = PathBuf::from(&state_dir);
+    // Beside the state directory, so that a restarted daemon finds the same caches.
+    config.storage.data_dir = PathBuf::from(state_dir).with_extension("data");
     config.cgroup_parent = parent.to_string_lossy().into_owned();
     while let Some(flag) = args.next() {
         let value = args.next().context("every option needs a value")?;

@@ -18,6 +18,7 @@ pub fn config(image: &Path, dir: &Path) -> ServeConfig {
     let mut config = ServeConfig::new(image.to_path_buf());
     config.unix_socket = Some(dir.join("crucible.sock"));
     config.state_dir = dir.join("state");
+    config.storage.data_dir = dir.join("data");
     config.cgroup_parent = format!(
         "crucible-bench-{}-{}",
         std::process::id(),
