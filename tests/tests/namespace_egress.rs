@@ -1,0 +1,275 @@
+//! Egress through the daemon, end to end: the sandbox's agent serves the proxy address on the
+//! sandbox's own loopback and hands every connection to the daemon, which enforces the
+//! sandbox's allowlist within the operator's. The targets are servers this test starts on the
+//! host's 127.0.0.1 (allowed by operator rules naming them), never any other address.
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use harness::TestDaemon;
+use sha2::{Digest, Sha256};
+use wire::{CreateSandbox, ExecRequest, NetworkRequest};
+
+async fn sh(c: &client::Client, id: &str, script: &str) -> (String, String, i32) {
+    let out = c
+        .exec_collect(id, &ExecRequest::new(["sh", "-c", script]))
+        .await
+        .expect("exec");
+    (
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+        out.result.exit_code,
+    )
+}
+
+/// A blob no two runs share, big enough to need many relay buffers.
+fn blob() -> Vec<u8> {
+    let mut state = 0x9e37_79b9_7f4a_7c15u64 ^ u64::from(std::process::id());
+    (0..3 * 1024 * 1024 + 17)
+        .map(|_| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state as u8
+        })
+        .collect()
+}
+
+/// A host server on 127.0.0.1 that answers each connection with `respond` (given what the
+/// client sent first), counting connections.
+struct HostServer {
+    port: u16,
+    connections: Arc<AtomicUsize>,
+}
+
+impl HostServer {
+    fn start(respond: impl Fn(&[u8]) -> Vec<u8> + Send + Sync + 'static) -> Self {
+        let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
+        let port = listener.local_addr().expect("addr").port();
+        let connections = Arc::new(AtomicUsize::new(0));
+        let counted = connections.clone();
+        let respond = Arc::new(respond);
+        std::thread::spawn(move || {
+            for stream in listener.incoming().flatten() {
+                counted.fetch_add(1, Ordering::SeqCst);
+                let respond = respond.clone();
+                std::thread::spawn(move || serve_one(stream, &*respond));
+            }
+        });
+        HostServer { port, connections }
+    }
+}
+
+fn serve_one(mut stream: TcpStream, respond: &dyn Fn(&[u8]) -> Vec<u8>) {
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    // An HTTP request head, or whatever a raw client sends first.
+    while !got.windows(4).any(|w| w == b"\r\n\r\n") {
+        match stream.read(&mut buf) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => got.extend_from_slice(&buf[..n]),
+        }
+    }
+    let _ = stream.write_all(&respond(&got));
+}
+
+fn http_response(body: &[u8]) -> Vec<u8> {
+    let mut response = format!(
+        "HTTP/1.1 200 OK\r\nContent-Type: application/octet-stream\r\nContent-Length: {}\r\n\
+         Connection: close\r\n\r\n",
+        body.len()
+    )
+    .into_bytes();
+    response.extend_from_slice(body);
+    response
+}
+
+fn hex_sha256(data: &[u8]) -> String {
+    Sha256::digest(data)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+#[tokio::test]
+async fn a_sandbox_without_network_reaches_nothing() {
+    let server = HostServer::start(|_| http_response(b"should never be seen"));
+    let daemon = TestDaemon::start_with(|config| {
+        config.egress_allow = vec![format!("127.0.0.1:{}", server.port)];
+    });
+    let c = daemon.client();
+    let id = c
+        .create(&CreateSandbox::default())
+        .await
+        .expect("create")
+        .id;
+    let info = c.get(&id).await.expect("get");
+    assert!(info.network.is_none(), "{info:?}");
+    let script = format!(
+        "env | grep -i _proxy; echo env=$?; \
+         wget -q -T 2 -O- http://127.0.0.1:{port}/ 2>&1; echo direct=$?; \
+         wget -q -T 2 -O- -Y on http://127.0.0.1:{port}/ 2>&1; echo proxied=$?; \
+         echo x | nc -w 2 127.0.0.1 3128 2>&1; echo proxy_port=$?; \
+         cat /proc/net/dev | tail -n +3 | cut -d: -f1",
+        port = server.port
+    );
+    let (out, err, code) = sh(&c, &id, &script).await;
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(out.contains("env=1"), "no proxy settings: {out}");
+    assert!(
+        !out.contains("direct=0") && !out.contains("proxied=0"),
+        "{out}"
+    );
+    assert!(
+        !out.contains("proxy_port=0"),
+        "nothing listens on the proxy port: {out}"
+    );
+    assert!(!out.contains("should never be seen"), "{out}");
+    assert_eq!(
+        out.lines().last().map(str::trim),
+        Some("lo"),
+        "the only interface is the sandbox's own loopback: {out}"
+    );
+    assert_eq!(server.connections.load(Ordering::SeqCst), 0);
+}
+
+#[tokio::test]
+async fn an_allowed_host_port_is_fetched_over_http_and_connect_byte_for_byte_and_others_get_403() {
+    let data = Arc::new(blob());
+    let served = data.clone();
+    let http = HostServer::start(move |head| {
+        let head = String::from_utf8_lossy(head);
+        // The proxy sends origin-form requests, one per connection.
+        if head.starts_with("GET /blob HTTP/1.1\r\n") && head.contains("\r\nConnection: close") {
+            http_response(&served)
+        } else {
+            format!("HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n{head}").into_bytes()
+        }
+    });
+    let tunnelled = data.clone();
+    // A CONNECT target: sends the blob as soon as the client says hello.
+    let tunnel = HostServer::start(move |_| tunnelled.to_vec());
+    let never = HostServer::start(|_| b"unreachable".to_vec());
+    let operator = vec![
+        format!("127.0.0.1:{}", http.port),
+        format!("127.0.0.1:{}", tunnel.port),
+        "localhost".to_string(),
+        "*.example.org".to_string(),
+    ];
+    let daemon = TestDaemon::start_with(|config| config.egress_allow = operator);
+    let c = daemon.client();
+
+    // A rule outside the operator's is refused at creation.
+    let refused = c
+        .create(&CreateSandbox {
+            network: Some(NetworkRequest {
+                allow: vec!["crates.io".into()],
+            }),
+            ..CreateSandbox::default()
+        })
+        .await
+        .expect_err("not within the operator's rules");
+    assert!(refused.to_string().contains("403"), "{refused}");
+
+    let allow = vec![
+        format!("127.0.0.1:{}", http.port),
+        format!("127.0.0.1:{}", tunnel.port),
+        "localhost".into(),
+        "static.example.org:443".into(),
+    ];
+    let id = c
+        .create(&CreateSandbox {
+            network: Some(NetworkRequest {
+                allow: allow.clone(),
+            }),
+            ..CreateSandbox::default()
+        })
+        .await
+        .expect("create")
+        .id;
+
+    // Plain HTTP through HTTP_PROXY, byte for byte.
+    let script = format!(
+        "set -e; echo $HTTP_PROXY $https_proxy $NO_PROXY; \
+         wget -q -O /tmp/http.bin http://127.0.0.1:{}/blob; sha256sum /tmp/http.bin",
+        http.port
+    );
+    let (out, err, code) = sh(&c, &id, &script).await;
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(
+        out.starts_with("http://127.0.0.1:3128 http://127.0.0.1:3128 localhost,127.0.0.1\n"),
+        "{out}"
+    );
+    assert!(out.contains(&hex_sha256(&data)), "{out}");
+
+    // CONNECT, as a TLS client would open its tunnel, byte for byte after the proxy's answer.
+    let script = format!(
+        "printf 'CONNECT 127.0.0.1:{port} HTTP/1.1\\r\\nHost: 127.0.0.1:{port}\\r\\n\\r\\nhello\\r\\n\\r\\n' \
+         | nc 127.0.0.1 3128 > /tmp/tunnel.out; head -c 39 /tmp/tunnel.out; echo; \
+         tail -c +40 /tmp/tunnel.out | sha256sum",
+        port = tunnel.port
+    );
+    let (out, err, code) = sh(&c, &id, &script).await;
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(
+        out.starts_with("HTTP/1.1 200 Connection established\r\n\r\n"),
+        "{out:?}"
+    );
+    assert!(out.contains(&hex_sha256(&data)), "{out}");
+
+    // A name not in the rules: 403 naming the rule set, nothing resolved or connected.
+    let (out, _, _) = sh(
+        &c,
+        &id,
+        "wget -S -O- http://denied.example.com/ 2>&1; echo exit=$?",
+    )
+    .await;
+    assert!(out.contains("403"), "{out}");
+    assert!(!out.contains("exit=0"), "{out}");
+    let (body, _, _) = sh(
+        &c,
+        &id,
+        "printf 'GET http://denied.example.com/ HTTP/1.1\\r\\nHost: denied.example.com\\r\\n\\r\\n' \
+         | nc 127.0.0.1 3128",
+    )
+    .await;
+    assert!(body.starts_with("HTTP/1.1 403"), "{body}");
+    assert!(
+        body.contains("denied.example.com") && body.contains("static.example.org:443"),
+        "the answer names the target and the rule set: {body}"
+    );
+
+    // An allowed name that resolves to a loopback port no operator rule names: refused.
+    let (out, _, _) = sh(
+        &c,
+        &id,
+        &format!(
+            "wget -S -O- http://localhost:{}/ 2>&1; echo exit=$?",
+            never.port
+        ),
+    )
+    .await;
+    assert!(out.contains("403") && !out.contains("exit=0"), "{out}");
+    assert_eq!(never.connections.load(Ordering::SeqCst), 0);
+    assert!(!out.contains("unreachable"), "{out}");
+
+    // Counted per sandbox, in the API and in /metrics.
+    let network = c.get(&id).await.expect("get").network.expect("network");
+    assert_eq!(network.allow, allow);
+    assert_eq!(network.proxy, "http://127.0.0.1:3128");
+    assert_eq!(network.connections, 2, "{network:?}");
+    assert!(network.denied >= 3, "{network:?}");
+    assert!(network.bytes_in >= 2 * data.len() as u64, "{network:?}");
+    assert!(network.bytes_out > 0, "{network:?}");
+    let metrics = c.metrics().await.expect("metrics");
+    assert!(
+        metrics.contains(&format!(
+            "crucible_egress_connections_total{{sandbox=\"{id}\"}} 2"
+        )),
+        "{metrics}"
+    );
+    assert_eq!(http.connections.load(Ordering::SeqCst), 1);
+    assert_eq!(tunnel.connections.load(Ordering::SeqCst), 1);
+}
