@@ -9,6 +9,7 @@ use wire::{BackendKind, CreateSandbox, SandboxInfo};
 
 use crate::auth::Owner;
 use crate::backend::microvm::MicrovmBackend;
+use crate::backend::microvm_disks;
 use crate::backend::namespace::{IdRanges, NamespaceBackend};
 use crate::backend::{
     Backend, BackendError, Backends, EgressSink, EgressStream, ImagePaths, InstanceSpec,
@@ -232,13 +233,18 @@ impl AppState {
             )
             .collect();
         validate_targets(&targets)?;
-        let unsupported = storage_features(&request);
-        if kind != BackendKind::Namespace && !unsupported.is_empty() {
+        let unsupported = unsupported_storage(kind, &request);
+        if !unsupported.is_empty() {
             return Err(CreateError::Invalid(format!(
                 "{} {} not available on the {kind} backend yet (use the namespace backend)",
                 unsupported.join(", "),
                 if unsupported.len() == 1 { "is" } else { "are" },
             )));
+        }
+        if kind == BackendKind::Microvm {
+            let targets: Vec<&str> = request.caches.iter().map(|c| c.path.as_str()).collect();
+            microvm_disks::check_request(&new_id(), request.disk_mib.is_some(), &targets)
+                .map_err(CreateError::Invalid)?;
         }
         if let Some(disk_mib) = request.disk_mib {
             if disk_mib < MIN_DISK_MIB {
@@ -249,7 +255,7 @@ impl AppState {
         }
         let policy = match &request.network {
             Some(network) if !network.allow.is_empty() => {
-                if kind != BackendKind::Namespace {
+                if kind == BackendKind::Process {
                     return Err(CreateError::Invalid(format!(
                         "network is not available on the {kind} backend yet (use the namespace \
                          backend)"
@@ -363,16 +369,17 @@ fn error_chain(error: &dyn std::error::Error) -> String {
     text
 }
 
-/// What of a request only some backends can provide, named for an error message.
-fn storage_features(request: &CreateSandbox) -> Vec<&'static str> {
+/// What of a request backend `kind` cannot provide, named for an error message: the process
+/// backend has no storage at all, and a microVM cannot be given a host directory (a volume).
+fn unsupported_storage(kind: BackendKind, request: &CreateSandbox) -> Vec<&'static str> {
     let mut features = Vec::new();
-    if request.disk_mib.is_some() {
+    if kind == BackendKind::Process && request.disk_mib.is_some() {
         features.push("disk_mib");
     }
-    if !request.caches.is_empty() {
+    if kind == BackendKind::Process && !request.caches.is_empty() {
         features.push("caches");
     }
-    if !request.volumes.is_empty() {
+    if kind != BackendKind::Namespace && !request.volumes.is_empty() {
         features.push("volumes");
     }
     features

@@ -6,7 +6,8 @@
 //! A value must survive the trip through the kernel: it splits the command line on spaces and
 //! treats `"` as quoting, and `/proc/cmdline` gives the guest the raw text. So the builder
 //! refuses any value that is not printable ASCII without spaces or quotes, and the parser
-//! ignores such a value the same way, keeping the default.
+//! ignores such a value the same way, keeping the default. Mount targets, which may hold any
+//! character but `:` and NUL, are percent-encoded instead ([`encode_target`]).
 
 use std::fmt::Write as _;
 
@@ -36,6 +37,102 @@ pub mod keys {
     pub const PIDS_MAX: &str = "crucible.pids_max";
     /// `0` turns the commands cgroup off.
     pub const CGROUPS: &str = "crucible.cgroups";
+    /// Serve the egress proxy, relaying each connection to this host vsock port.
+    pub const EGRESS_PORT: &str = "crucible.egress_port";
+    /// The serial of the disk holding the writable layer.
+    pub const SCRATCH: &str = "crucible.scratch";
+    /// One mounted disk, `SERIAL:MODE:TARGET`; the key repeats, once per disk.
+    pub const MOUNT: &str = "crucible.mount";
+}
+
+/// The most bytes [`BootConfig::to_cmdline`] writes. x86 Linux keeps 2048 bytes of command
+/// line (`COMMAND_LINE_SIZE`) and cuts the rest off silently; the hypervisor's own words (the
+/// console, one `virtio_mmio.device=` per device) take the other half at most.
+pub const MAX_WORDS_BYTES: usize = 1024;
+
+/// A disk the agent mounts inside the VM (`crucible.mount=`): an ext4 found by its virtio-blk
+/// serial ([`crate::disk`]), mounted `nosuid,nodev` at `target` in the sandbox's root (made if
+/// missing).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DiskMount {
+    /// The disk's serial.
+    pub serial: String,
+    /// Where it appears (absolute).
+    pub target: String,
+    /// Mounted read-only.
+    pub read_only: bool,
+}
+
+impl DiskMount {
+    /// The value of its `crucible.mount=` word: `SERIAL:ro|rw:TARGET`, the target
+    /// percent-encoded.
+    fn to_value(&self) -> String {
+        let mode = if self.read_only { "ro" } else { "rw" };
+        format!("{}:{mode}:{}", self.serial, encode_target(&self.target))
+    }
+
+    /// Reads a `crucible.mount=` value; `None` for anything the builder would not write.
+    fn parse(value: &str) -> Option<DiskMount> {
+        let mut parts = value.splitn(3, ':');
+        let (serial, mode, target) = (parts.next()?, parts.next()?, parts.next()?);
+        let read_only = match mode {
+            "ro" => true,
+            "rw" => false,
+            _ => return None,
+        };
+        let mount = DiskMount {
+            serial: serial.to_string(),
+            target: decode_target(target)?,
+            read_only,
+        };
+        mount.is_valid().then_some(mount)
+    }
+
+    /// A serial the guest can match, an absolute target without NUL.
+    fn is_valid(&self) -> bool {
+        crate::disk::is_valid_serial(&self.serial)
+            && self.target.starts_with('/')
+            && !self.target.contains('\0')
+    }
+}
+
+/// `target` as one command-line value: every byte that is not printable ASCII, and `"`, `%`,
+/// `:`, as `%XX`.
+pub fn encode_target(target: &str) -> String {
+    let mut out = String::with_capacity(target.len());
+    for b in target.bytes() {
+        if b.is_ascii_graphic() && !matches!(b, b'"' | b'%' | b':') {
+            out.push(char::from(b));
+        } else {
+            let _ = write!(out, "%{b:02X}");
+        }
+    }
+    out
+}
+
+/// The inverse of [`encode_target`]; `None` for a malformed escape, a byte it would have
+/// escaped, or a result that is not UTF-8.
+pub fn decode_target(value: &str) -> Option<String> {
+    let bytes = value.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let b = bytes[i];
+        if b == b'%' {
+            let hex = std::str::from_utf8(bytes.get(i + 1..i + 3)?).ok()?;
+            if !hex.bytes().all(|h| h.is_ascii_hexdigit()) {
+                return None;
+            }
+            out.push(u8::from_str_radix(hex, 16).ok()?);
+            i += 3;
+        } else if b.is_ascii_graphic() && !matches!(b, b'"' | b':') {
+            out.push(b);
+            i += 1;
+        } else {
+            return None;
+        }
+    }
+    String::from_utf8(out).ok()
 }
 
 /// How much the agent logs (`crucible.log=`, or `guest-init --log`).
@@ -101,6 +198,14 @@ pub struct BootConfig {
     pub pids_max: u64,
     /// `crucible.cgroups=0` turns the `commands` cgroup off.
     pub cgroups: bool,
+    /// `crucible.egress_port=`: serve the egress proxy on the guest's loopback, relaying each
+    /// connection over vsock to this host port ([`crate::egress`]).
+    pub egress_port: Option<u32>,
+    /// `crucible.scratch=`: the serial of the ext4 disk that holds every write (the overlay's
+    /// upper layer and `/tmp`) instead of memory.
+    pub scratch: Option<String>,
+    /// `crucible.mount=`: disks to mount, in order.
+    pub mounts: Vec<DiskMount>,
 }
 
 /// The hostname when the command line gives none.
@@ -120,6 +225,9 @@ impl Default for BootConfig {
             mem_reserve_mib: 16,
             pids_max: 16_384,
             cgroups: true,
+            egress_port: None,
+            scratch: None,
+            mounts: Vec::new(),
         }
     }
 }
@@ -127,6 +235,15 @@ impl Default for BootConfig {
 /// Why a [`BootConfig`] cannot be written on a kernel command line.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum CmdlineError {
+    /// The words are longer than the guest kernel keeps.
+    #[error(
+        "the crucible.* settings take {len} bytes of kernel command line, more than the \
+         {MAX_WORDS_BYTES} available (fewer or shorter mount paths)"
+    )]
+    TooLong {
+        /// Their length.
+        len: usize,
+    },
     /// A value the kernel would split, unquote or mangle.
     #[error(
         "{key}={value:?} cannot go on the kernel command line: a value must be non-empty \
@@ -179,6 +296,11 @@ impl BootConfig {
                 }
                 keys::PIDS_MAX => cfg.pids_max = value.parse().unwrap_or(cfg.pids_max),
                 keys::CGROUPS => cfg.cgroups = flag(value),
+                keys::EGRESS_PORT => cfg.egress_port = value.parse().ok().or(cfg.egress_port),
+                keys::SCRATCH if crate::disk::is_valid_serial(value) => {
+                    cfg.scratch = Some(value.to_string())
+                }
+                keys::MOUNT => cfg.mounts.extend(DiskMount::parse(value)),
                 _ => {}
             }
         }
@@ -251,7 +373,32 @@ impl BootConfig {
         if !self.cgroups {
             push(keys::CGROUPS, &0);
         }
-        Ok(words.join(" "))
+        if let Some(port) = self.egress_port {
+            push(keys::EGRESS_PORT, &port);
+        }
+        if let Some(serial) = &self.scratch {
+            if !crate::disk::is_valid_serial(serial) {
+                return Err(CmdlineError::BadValue {
+                    key: keys::SCRATCH,
+                    value: serial.clone(),
+                });
+            }
+            push(keys::SCRATCH, serial);
+        }
+        for mount in &self.mounts {
+            if !mount.is_valid() {
+                return Err(CmdlineError::BadValue {
+                    key: keys::MOUNT,
+                    value: format!("{}:{}", mount.serial, mount.target),
+                });
+            }
+            push(keys::MOUNT, &mount.to_value());
+        }
+        let line = words.join(" ");
+        if line.len() > MAX_WORDS_BYTES {
+            return Err(CmdlineError::TooLong { len: line.len() });
+        }
+        Ok(line)
     }
 }
 
@@ -274,6 +421,20 @@ mod tests {
             mem_reserve_mib: 32,
             pids_max: 100,
             cgroups: false,
+            egress_port: Some(1026),
+            scratch: Some("crucible-scratch".into()),
+            mounts: vec![
+                DiskMount {
+                    serial: "crucible-mount-0".into(),
+                    target: "/root/.cargo/registry".into(),
+                    read_only: false,
+                },
+                DiskMount {
+                    serial: "crucible-mount-1".into(),
+                    target: "/opt/my tools/\"q\"%50/\u{e9}".into(),
+                    read_only: true,
+                },
+            ],
         }
     }
 
@@ -323,8 +484,83 @@ mod tests {
             "crucible.port=5000 crucible.ready_port=5001 crucible.root=/dev/vda \
              crucible.log=debug crucible.selftest=1 crucible.selftest_block=/dev/vda,/dev/vdb \
              crucible.boot_marker=1 crucible.hostname=sb-0123abcd crucible.mem_reserve_mib=32 crucible.pids_max=100 \
-             crucible.cgroups=0"
+             crucible.cgroups=0 crucible.egress_port=1026 crucible.scratch=crucible-scratch \
+             crucible.mount=crucible-mount-0:rw:/root/.cargo/registry \
+             crucible.mount=crucible-mount-1:ro:/opt/my%20tools/%22q%22%2550/%C3%A9"
         );
+    }
+
+    #[test]
+    fn mount_targets_survive_any_character_the_api_allows() {
+        for target in [
+            "/a",
+            "/with space/and\ttab",
+            "/quote\"d/percent%41/colon:x",
+            "/\u{e9}t\u{e9}/\u{1F600}",
+            "/~!@#$^&*()_+={}[]|;'<>,.?`",
+        ] {
+            let encoded = encode_target(target);
+            assert!(is_valid_value(&encoded), "{encoded:?}");
+            assert!(!encoded.contains(':'), "{encoded:?}");
+            assert_eq!(decode_target(&encoded).as_deref(), Some(target));
+        }
+        for bad in ["%", "%4", "%zz", "a b", "a:b", "say\"", "%FF"] {
+            assert_eq!(decode_target(bad), None, "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn malformed_mounts_and_serials_are_ignored_by_the_parser() {
+        let cfg = BootConfig::parse(
+            "crucible.mount=crucible-mount-0:rw:/ok crucible.mount=x:rx:/mode \
+             crucible.mount=bad/serial:rw:/s crucible.mount=x:rw:relative crucible.mount=x:rw \
+             crucible.mount=x:ro:/a%zz crucible.mount=x:ro:/nul%00 crucible.scratch=a:b \
+             crucible.egress_port=none",
+        );
+        assert_eq!(
+            cfg.mounts,
+            [DiskMount {
+                serial: "crucible-mount-0".into(),
+                target: "/ok".into(),
+                read_only: false
+            }]
+        );
+        assert_eq!((cfg.scratch, cfg.egress_port), (None, None));
+    }
+
+    #[test]
+    fn the_builder_refuses_what_the_guest_could_not_use_or_would_lose() {
+        let mount = |serial: &str, target: &str| BootConfig {
+            mounts: vec![DiskMount {
+                serial: serial.into(),
+                target: target.into(),
+                read_only: false,
+            }],
+            ..BootConfig::default()
+        };
+        for cfg in [
+            mount("has space", "/x"),
+            mount("123456789012345678901", "/x"),
+            mount("ok", "relative"),
+            mount("ok", "/nul\0"),
+            BootConfig {
+                scratch: Some("a:b".into()),
+                ..BootConfig::default()
+            },
+        ] {
+            assert!(
+                matches!(cfg.to_cmdline(), Err(CmdlineError::BadValue { .. })),
+                "{cfg:?}"
+            );
+        }
+        // Past what the kernel keeps: refused rather than cut off inside the guest.
+        let long = mount("ok", &format!("/{}", "x".repeat(MAX_WORDS_BYTES)));
+        assert!(matches!(
+            long.to_cmdline(),
+            Err(CmdlineError::TooLong { len }) if len > MAX_WORDS_BYTES
+        ));
+        let fits = mount("ok", &format!("/{}", "x".repeat(900)));
+        assert!(fits.to_cmdline().is_ok());
     }
 
     #[test]

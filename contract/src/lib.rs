@@ -11,6 +11,8 @@
 //! - [`cmdline`]: the `crucible.*` kernel command-line settings: one builder (host), one parser
 //!   (guest);
 //! - [`boot_marker`]: the port write that tells the VMM the guest has booted;
+//! - [`disk`]: the serials by which a microVM's guest tells its scratch and mounted disks
+//!   apart;
 //! - [`block_selftest`]: the data patterns of the block self-test (host writes, guest checks
 //!   and writes back);
 //! - [`vsock`]: the agent's default ports and the hybrid-vsock socket naming;
@@ -27,6 +29,7 @@
 pub mod block_selftest;
 pub mod boot_marker;
 pub mod cmdline;
+pub mod disk;
 pub mod egress;
 pub mod host;
 pub mod kvm_tests;

@@ -1,91 +1,37 @@
 //! VM mode: the agent as PID 1 of the microVM.
 //!
-//! Order of boot: mount the API filesystems, read `/proc/cmdline`, optionally switch to the ext4
-//! root (read-only, with a tmpfs overlay), set the hostname and bring up `lo`, protect the agent
+//! Order of boot: mount the API filesystems, read `/proc/cmdline`, set up the root and disks it
+//! names ([`vm_root`]: the ext4 root, the scratch disk, caches), set the hostname and bring up
+//! `lo`, start the egress proxy when asked (`crucible.egress_port=`), protect the agent
 //! from the OOM killer, create the `commands` cgroup, listen on vsock, announce readiness
 //! (hello to the host, optional boot marker, the console line), then serve. PID 1 never exits:
 //! every way out goes through [`end_vm`] (sync, then reset).
 
-use std::ffi::CString;
 use std::fs;
 use std::io::{self, Write};
 use std::os::fd::{FromRawFd, OwnedFd};
-use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 
 use contract::boot_marker;
 use contract::cmdline::BootConfig;
 use contract::DEFAULT_PATH;
 
+use crate::egress::{self, Uplink};
 use crate::exec::{self, ExecContext};
 use crate::log;
+use crate::mount::{mount, MountError};
 use crate::server::{self, Address, Agent, Listener, ShutdownAction};
-use crate::{selftest, sys};
+use crate::{selftest, sys, vm_root};
 
 /// Why a boot step failed. Most are logged and survived; see [`vm_main`].
 #[derive(Debug, thiserror::Error)]
 pub enum InitError {
     /// A mount failed.
-    #[error("mount {fstype} on {target}")]
-    Mount {
-        /// The filesystem type.
-        fstype: String,
-        /// The mount point.
-        target: String,
-        /// The cause.
-        #[source]
-        source: io::Error,
-    },
+    #[error(transparent)]
+    Mount(#[from] MountError),
     /// Another system call failed.
     #[error("{0}")]
     Sys(String, #[source] io::Error),
-}
-
-fn cstr(p: &Path) -> io::Result<CString> {
-    CString::new(p.as_os_str().as_bytes()).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))
-}
-
-/// mount(2); an already-mounted target (EBUSY) counts as success.
-fn mount(
-    source: &str,
-    target: &str,
-    fstype: &str,
-    flags: libc::c_ulong,
-    data: Option<&str>,
-) -> Result<(), InitError> {
-    let err = |source| InitError::Mount {
-        fstype: fstype.to_string(),
-        target: target.to_string(),
-        source,
-    };
-    let _ = fs::create_dir_all(target);
-    let src = CString::new(source).map_err(|_| err(io::ErrorKind::InvalidInput.into()))?;
-    let tgt = CString::new(target).map_err(|_| err(io::ErrorKind::InvalidInput.into()))?;
-    let fst = CString::new(fstype).map_err(|_| err(io::ErrorKind::InvalidInput.into()))?;
-    let dat = match data {
-        Some(d) => Some(CString::new(d).map_err(|_| err(io::ErrorKind::InvalidInput.into()))?),
-        None => None,
-    };
-    // SAFETY: every pointer is a live NUL-terminated string or null (fstype/data may be null for
-    // MS_MOVE, and the kernel reads only what the flags call for).
-    let r = unsafe {
-        libc::mount(
-            src.as_ptr(),
-            tgt.as_ptr(),
-            if fstype.is_empty() {
-                std::ptr::null()
-            } else {
-                fst.as_ptr()
-            },
-            flags,
-            dat.as_ref().map_or(std::ptr::null(), |d| d.as_ptr().cast()),
-        )
-    };
-    match sys::cvt(r) {
-        Ok(_) => Ok(()),
-        Err(e) if e.raw_os_error() == Some(libc::EBUSY) => Ok(()),
-        Err(e) => Err(err(e)),
-    }
 }
 
 /// The API filesystems every process expects.
@@ -137,39 +83,15 @@ fn mount_basics() {
     }
 }
 
-fn source_of(e: &InitError) -> String {
-    match e {
-        InitError::Mount { source, .. } | InitError::Sys(_, source) => source.to_string(),
+/// What caused `e`, for the log line that names it.
+fn source_of(e: &dyn std::error::Error) -> String {
+    let mut causes = Vec::new();
+    let mut source = e.source();
+    while let Some(cause) = source {
+        causes.push(cause.to_string());
+        source = cause.source();
     }
-}
-
-/// Mounts `device` (ext4) read-only with a tmpfs overlay on top and makes it the root.
-fn switch_root(device: &str) -> Result<(), InitError> {
-    let base = "/.crucible";
-    let (lower, rw, root) = (
-        format!("{base}/lower"),
-        format!("{base}/rw"),
-        format!("{base}/root"),
-    );
-    mount(device, &lower, "ext4", libc::MS_RDONLY, None)?;
-    mount("tmpfs", &rw, "tmpfs", 0, Some("mode=0755"))?;
-    for d in ["upper", "work"] {
-        fs::create_dir_all(format!("{rw}/{d}"))
-            .map_err(|e| InitError::Sys(format!("mkdir {rw}/{d}"), e))?;
-    }
-    let opts = format!("lowerdir={lower},upperdir={rw}/upper,workdir={rw}/work");
-    mount("overlay", &root, "overlay", 0, Some(&opts))?;
-    for m in ["/dev", "/proc", "/sys", "/run", "/tmp"] {
-        mount(m, &format!("{root}{m}"), "", libc::MS_MOVE, None)?;
-    }
-    std::env::set_current_dir(&root).map_err(|e| InitError::Sys(format!("chdir {root}"), e))?;
-    mount(".", "/", "", libc::MS_MOVE, None)?;
-    let dot = cstr(Path::new(".")).map_err(|e| InitError::Sys("chroot".into(), e))?;
-    // SAFETY: chroot takes a live NUL-terminated string.
-    sys::cvt(unsafe { libc::chroot(dot.as_ptr()) })
-        .map_err(|e| InitError::Sys("chroot .".into(), e))?;
-    std::env::set_current_dir("/").map_err(|e| InitError::Sys("chdir /".into(), e))?;
-    Ok(())
+    causes.join(": ")
 }
 
 fn set_hostname(name: &str) -> Result<(), InitError> {
@@ -339,16 +261,27 @@ fn boot_and_serve() {
     if let Some(level) = cfg.log {
         log::set_level(level);
     }
-    if let Some(dev) = &cfg.root {
-        if let Err(e) = switch_root(dev) {
-            log::error(format_args!(
-                "cannot switch to root {dev}: {e}: {}",
-                source_of(&e)
-            ));
+    if let Err(e) = vm_root::prepare(&cfg) {
+        log::error(format_args!(
+            "cannot set up the root and disks: {e}: {}",
+            source_of(&e)
+        ));
+        if cfg.scratch.is_some() || !cfg.mounts.is_empty() {
+            // The sandbox was created with this storage (a cache, a disk-backed layer):
+            // running without it would lose what its commands write. No hello: the host sees
+            // the VM end before it was ready, and says so.
+            log::error(format_args!("ending the VM: its storage is not there"));
+            return;
         }
     }
     for step in [set_hostname(&cfg.hostname), loopback_up()] {
         if let Err(e) = step {
+            log::error(format_args!("{e}: {}", source_of(&e)));
+        }
+    }
+    if let Some(port) = cfg.egress_port {
+        // Before any command runs, so none can take the proxy's address first.
+        if let Err(e) = egress::start(Uplink::Vsock(port)) {
             log::error(format_args!("{e}: {}", source_of(&e)));
         }
     }

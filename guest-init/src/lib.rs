@@ -8,15 +8,18 @@
 //!
 //! Modules: [`server`] accepts connections and dispatches requests; [`exec`] streams one
 //! command; [`spawn`] forks and execs it; [`reaper`] reaps it (each exec its own command,
-//! through a pidfd) and reaps orphans; [`files`] extracts tar archives and sends files.
+//! through a pidfd) and reaps orphans; [`files`] extracts tar archives and sends files;
+//! [`vm_root`] builds a microVM's root and mounts its disks; [`egress`] serves the proxy.
 
 pub mod egress;
 pub mod exec;
 pub mod files;
 pub mod init;
 pub mod log;
+pub mod mount;
 pub mod reaper;
 pub mod selftest;
 pub mod server;
 pub mod spawn;
 pub mod sys;
+pub mod vm_root;

@@ -6,7 +6,10 @@
 //!
 //! Two hypervisors run the guest: `crucible-vmm` under hardware KVM, or QEMU's `microvm`
 //! machine under TCG with our vsock device served over vhost-user ([`super::qemu`]). The host
-//! side (the hybrid socket, the hello, CONNECT) is the same for both.
+//! side (the hybrid socket, the hello, CONNECT) is the same for both, and so are storage and
+//! egress: the writable layer and caches are ext4 images on virtio-blk disks the guest finds
+//! by serial ([`super::microvm_disks`]), and each connection to the guest's egress proxy
+//! arrives as a vsock connection on `<uds>_1026`, handed to the sandbox's egress sink.
 
 use std::io;
 use std::path::{Path, PathBuf};
@@ -14,7 +17,7 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use contract::cmdline::BootConfig;
-use contract::vm::{ConsoleOutput, VmConfig, VsockConfig};
+use contract::vm::{BlockConfig, ConsoleOutput, VmConfig, VsockConfig};
 use contract::vsock::{host_port_path, DEFAULT_AGENT_PORT, DEFAULT_READY_PORT};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{UnixListener, UnixStream};
@@ -23,9 +26,10 @@ use tokio::sync::watch;
 use wire::agent::Hello;
 use wire::{BackendKind, Hypervisor};
 
+use super::microvm_disks::DiskPlan;
 use super::qemu::{self, QemuGuest, QemuTools};
 use super::supervised::{first_exit, spawn_and_await_hello, SandboxProcess};
-use super::{Backend, BackendError, BoxFuture, Instance, InstanceSpec};
+use super::{Backend, BackendError, BoxFuture, EgressSink, EgressStream, Instance, InstanceSpec};
 
 /// The guest's vsock CID (each VM has its own vsock device, so every guest can use the same).
 const GUEST_CID: u32 = 3;
@@ -111,30 +115,22 @@ impl MicrovmBackend {
                 reason,
             });
         }
+        let plan = DiskPlan::new(spec.disk.as_deref(), &spec.mounts)
+            .map_err(|e| BackendError::setup("attach the sandbox's storage", invalid(&e)))?;
         let dir = self.state_dir.join("sandboxes").join(&spec.id);
         std::fs::create_dir_all(&dir)
             .map_err(|e| BackendError::setup(format!("create {}", dir.display()), e))?;
-        let uds = dir.join("vsock.sock");
-        let ready_path = host_port_path(&uds, DEFAULT_READY_PORT);
-        let ready = UnixListener::bind(&ready_path)
-            .map_err(|e| BackendError::setup(format!("bind {}", ready_path.display()), e))?;
-
-        let console = dir.join("console.log");
-        let launched = match (&self.hypervisor, &self.qemu_tools) {
-            (Hypervisor::QemuTcg, Ok(tools)) => {
-                self.launch_qemu(tools, &spec, &dir, &uds, &console, &ready)
-                    .await
-            }
-            _ => self.launch_vmm(&spec, &dir, &uds, &console, &ready).await,
-        };
-        let (vm, devices, hello) = match launched {
+        let launched = self.launch(&spec, &plan, &dir).await;
+        let ((vm, devices, hello), egress) = match launched {
             Ok(launched) => launched,
             Err(e) => {
                 let _ = std::fs::remove_dir_all(&dir);
                 return Err(e);
             }
         };
-        drop(ready);
+        let uds = dir.join("vsock.sock");
+        let egress_task = egress
+            .map(|(listener, sink)| tokio::spawn(receive_egress(listener, sink, spec.id.clone())));
         let vm = SandboxProcess::watch(vm, "the VM".into());
         let devices: Vec<SandboxProcess> = devices
             .into_iter()
@@ -151,19 +147,65 @@ impl MicrovmBackend {
             vm,
             devices,
             exited,
+            egress_task,
+            shut_down_first: plan.outlives_the_sandbox(),
         })
+    }
+
+    /// Binds the host's sockets (the hello's, egress's), links the disks and boots the guest
+    /// on the configured hypervisor, up to its hello.
+    async fn launch(
+        &self,
+        spec: &InstanceSpec,
+        plan: &DiskPlan,
+        dir: &Path,
+    ) -> Result<(Launched, Option<EgressListener>), BackendError> {
+        let uds = dir.join("vsock.sock");
+        let ready_path = host_port_path(&uds, DEFAULT_READY_PORT);
+        let ready = UnixListener::bind(&ready_path)
+            .map_err(|e| BackendError::setup(format!("bind {}", ready_path.display()), e))?;
+        // Listening before the guest boots: its proxy may be used as soon as commands run.
+        let egress = match &spec.egress {
+            Some(sink) => {
+                let path = host_port_path(&uds, contract::egress::VSOCK_PORT);
+                let listener = UnixListener::bind(&path)
+                    .map_err(|e| BackendError::setup(format!("bind {}", path.display()), e))?;
+                Some((listener, sink.clone()))
+            }
+            None => None,
+        };
+        let links = plan
+            .link_in(dir)
+            .map_err(|e| BackendError::setup(format!("link the disks in {}", dir.display()), e))?;
+        let console = dir.join("console.log");
+        let disks = Disks {
+            plan,
+            links: &links,
+        };
+        let launched = match (&self.hypervisor, &self.qemu_tools) {
+            (Hypervisor::QemuTcg, Ok(tools)) => {
+                self.launch_qemu(tools, spec, disks, dir, &uds, &console, &ready)
+                    .await?
+            }
+            _ => {
+                self.launch_vmm(spec, disks, dir, &uds, &console, &ready)
+                    .await?
+            }
+        };
+        Ok((launched, egress))
     }
 
     /// `crucible-vmm --config vm.json`: our VMM, its own devices.
     async fn launch_vmm(
         &self,
         spec: &InstanceSpec,
+        disks: Disks<'_>,
         dir: &Path,
         uds: &Path,
         console: &Path,
         ready: &UnixListener,
     ) -> Result<Launched, BackendError> {
-        let config = vm_config(&self.kernel, &self.initramfs, spec, uds, console)
+        let config = vm_config(&self.kernel, &self.initramfs, spec, disks, uds, console)
             .map_err(|e| BackendError::setup("build the VM config", e))?;
         let config_path = dir.join("vm.json");
         let json = serde_json::to_vec_pretty(&config)
@@ -187,19 +229,22 @@ impl MicrovmBackend {
     }
 
     /// QEMU TCG with our vsock device over vhost-user (and our block device for the image's
-    /// ext4 root, when it has one): the devices first (QEMU connects to them at start), then
-    /// QEMU, awaited until the agent's hello as under our VMM.
+    /// ext4 root, when it has one, and for each of the sandbox's disks): the devices first
+    /// (QEMU connects to them at start), then QEMU, awaited until the agent's hello as under
+    /// our VMM.
+    #[allow(clippy::too_many_arguments)]
     async fn launch_qemu(
         &self,
         tools: &QemuTools,
         spec: &InstanceSpec,
+        disks: Disks<'_>,
         dir: &Path,
         uds: &Path,
         console: &Path,
         ready: &UnixListener,
     ) -> Result<Launched, BackendError> {
         let root_disk = self.root_disk.is_file().then_some(&self.root_disk);
-        let mut boot = boot_config(spec);
+        let mut boot = boot_config(spec, disks.plan);
         if root_disk.is_some() {
             boot.root = Some(QEMU_ROOT_DEVICE.into());
         }
@@ -220,15 +265,31 @@ impl MicrovmBackend {
         let root_socket = dir.join("vhost-root.sock");
         if let Some(image) = root_disk {
             // On failure the vsock device is killed as `devices` drops (kill_on_drop).
-            let disk = qemu::start_root_disk_device(
+            let disk = qemu::start_block_device(
                 tools,
                 &self.vmm_binary,
                 &root_socket,
                 image,
+                true,
                 &dir.join("root-device.log"),
             )
             .await?;
             devices.push((disk, "the root disk device"));
+        }
+        let mut disk_sockets = Vec::new();
+        for (index, (disk, link)) in disks.plan.disks.iter().zip(disks.links).enumerate() {
+            let socket = dir.join(format!("vhost-disk{index}.sock"));
+            let device = qemu::start_block_device(
+                tools,
+                &self.vmm_binary,
+                &socket,
+                link,
+                disk.read_only,
+                &dir.join(format!("disk{index}-device.log")),
+            )
+            .await?;
+            devices.push((device, "a disk device"));
+            disk_sockets.push(socket);
         }
         let guest = QemuGuest {
             kernel: &self.kernel,
@@ -238,6 +299,7 @@ impl MicrovmBackend {
             vcpus: spec.vcpus,
             vsock_socket: &vsock_socket,
             root_disk_socket: root_disk.map(|_| root_socket.as_path()),
+            disk_sockets: &disk_sockets,
             console,
         };
         let qemu_log = dir.join("qemu.log");
@@ -259,6 +321,33 @@ impl MicrovmBackend {
 /// its exit reason), and the agent's hello.
 type Launched = (Child, Vec<(Child, &'static str)>, Hello);
 
+/// Where a sandbox's egress connections arrive, and who takes them.
+type EgressListener = (UnixListener, EgressSink);
+
+/// A sandbox's disks: the plan, and the link (named by serial) each block device opens.
+#[derive(Clone, Copy)]
+struct Disks<'a> {
+    plan: &'a DiskPlan,
+    links: &'a [PathBuf],
+}
+
+/// Gives each connection the guest's egress proxy opens to the host (a vsock connection to
+/// [`contract::egress::VSOCK_PORT`], arriving on `listener`) to `sink`, until the sandbox is
+/// destroyed. Nothing is read here: the sink serves the proxy protocol, and enforces the
+/// sandbox's allowlist, on each.
+async fn receive_egress(listener: UnixListener, sink: EgressSink, id: String) {
+    loop {
+        match listener.accept().await {
+            Ok((stream, _)) => sink(EgressStream::Unix(stream)),
+            Err(e) => {
+                // Out of descriptors, say: back off and go on, as the guest's proxy does.
+                tracing::warn!(sandbox = %id, "egress: accepting a connection: {e}");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    }
+}
+
 /// The guest's name for the root disk under QEMU: the only virtio-blk device.
 const QEMU_ROOT_DEVICE: &str = "/dev/vda";
 
@@ -266,31 +355,52 @@ fn invalid(e: &dyn std::fmt::Display) -> io::Error {
     io::Error::new(io::ErrorKind::InvalidInput, e.to_string())
 }
 
-/// What the guest agent reads from `/proc/cmdline`: the boot marker, and the sandbox id as
-/// hostname (as in a namespace sandbox); the agent's vsock ports are the defaults on both
-/// sides, so the command line does not repeat them.
-fn boot_config(spec: &InstanceSpec) -> BootConfig {
-    BootConfig {
+/// What the guest agent reads from `/proc/cmdline`: the boot marker, the sandbox id as
+/// hostname (as in a namespace sandbox), the egress port when the sandbox has egress, and its
+/// disks; the agent's vsock ports are the defaults on both sides, so the command line does not
+/// repeat them.
+fn boot_config(spec: &InstanceSpec, disks: &DiskPlan) -> BootConfig {
+    let mut boot = BootConfig {
         boot_marker: true,
         hostname: spec.id.clone(),
+        egress_port: spec
+            .egress
+            .is_some()
+            .then_some(contract::egress::VSOCK_PORT),
         ..BootConfig::default()
-    }
+    };
+    disks.describe_to(&mut boot);
+    boot
 }
 
 /// The VM for one sandbox: the image's kernel and initramfs, the agent on the default vsock
 /// ports (the guest's defaults too, so the command line does not repeat them), the boot marker,
-/// the sandbox id as hostname (as in a namespace sandbox), the console into `console`. Validated here with the VMM's own rules, so a bad size is refused
-/// before a VMM is started.
+/// the sandbox id as hostname (as in a namespace sandbox), its disks in plan order (each
+/// through its link, so its serial is the link's name), the console into `console`.
+/// Validated here with the VMM's own rules, so a bad size is refused before a VMM is started.
 fn vm_config(
     kernel: &Path,
     initramfs: &Path,
     spec: &InstanceSpec,
+    disks: Disks<'_>,
     uds: &Path,
     console: &Path,
 ) -> io::Result<VmConfig> {
     let mut config = VmConfig::new(kernel.to_owned());
     config.initramfs = Some(initramfs.to_owned());
-    config.cmdline = boot_config(spec).to_cmdline().map_err(|e| invalid(&e))?;
+    config.cmdline = boot_config(spec, disks.plan)
+        .to_cmdline()
+        .map_err(|e| invalid(&e))?;
+    config.block = disks
+        .plan
+        .disks
+        .iter()
+        .zip(disks.links)
+        .map(|(disk, link)| BlockConfig {
+            path: link.clone(),
+            read_only: disk.read_only,
+        })
+        .collect();
     config.mem_mib = u32::try_from(spec.memory_mib).unwrap_or(u32::MAX);
     config.vcpus = u8::try_from(spec.vcpus).unwrap_or(u8::MAX);
     config.vsock = Some(VsockConfig::new(GUEST_CID, uds.to_owned()));
@@ -346,10 +456,51 @@ pub struct MicrovmInstance {
     hypervisor: Hypervisor,
     /// `crucible-vmm`, or QEMU.
     vm: SandboxProcess,
-    /// Under QEMU: the vhost-user device processes (vsock, and the root disk if any).
+    /// Under QEMU: the vhost-user device processes (vsock, the root disk if any, the
+    /// sandbox's disks).
     devices: Vec<SandboxProcess>,
     /// Why the sandbox ended: the first of its processes to exit.
     exited: watch::Receiver<Option<String>>,
+    /// Takes the guest's egress connections, when it has egress.
+    egress_task: Option<tokio::task::JoinHandle<()>>,
+    /// Whether the guest must flush its disks before it is killed: a cache outlives the
+    /// sandbox, and what the guest's page cache still holds would be lost.
+    shut_down_first: bool,
+}
+
+/// How long a guest may take to sync its disks and end when asked, before it is killed anyway
+/// (a hostile guest may never answer). Generous: under TCG a sync of a busy cache is slow.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(20);
+
+impl MicrovmInstance {
+    /// Asks the agent to sync and end the VM (`shutdown`), and waits, within
+    /// [`SHUTDOWN_GRACE`], for the VM to be gone. A guest that is already dead, or does not
+    /// answer, is left to the kill that follows.
+    async fn shut_down_guest(&self) {
+        let mut exited = self.vm.exited();
+        if exited.borrow().is_some() {
+            return;
+        }
+        let asked = async {
+            let mut stream = vsock_connect(&self.uds, DEFAULT_AGENT_PORT).await?;
+            wire::write_message_async(&mut stream, &wire::agent::AgentRequest::Shutdown)
+                .await
+                .map_err(io::Error::other)?;
+            // The answer, or EOF: either way the agent has the request.
+            let mut answer = Vec::new();
+            let _ = stream.read_to_end(&mut answer).await;
+            let _ = exited.wait_for(Option::is_some).await;
+            Ok::<_, io::Error>(())
+        };
+        match tokio::time::timeout(SHUTDOWN_GRACE, asked).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => tracing::warn!(dir = %self.dir.display(), "shutting the guest down: {e}"),
+            Err(_) => tracing::warn!(
+                dir = %self.dir.display(),
+                "the guest did not end within {SHUTDOWN_GRACE:?} of a shutdown request; killing it"
+            ),
+        }
+    }
 }
 
 impl Instance for MicrovmInstance {
@@ -371,6 +522,12 @@ impl Instance for MicrovmInstance {
 
     fn destroy(&self) -> BoxFuture<'_, ()> {
         Box::pin(async move {
+            if let Some(task) = &self.egress_task {
+                task.abort();
+            }
+            if self.shut_down_first {
+                self.shut_down_guest().await;
+            }
             self.vm.kill_and_wait().await;
             for device in &self.devices {
                 device.kill_and_wait().await;
@@ -400,6 +557,8 @@ impl Backend for MicrovmBackend {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::backend::{MountSource, MountSpec};
+    use std::sync::Arc;
 
     /// A stand-in for the VMM's host side: answers CONNECT lines as the hybrid vsock does.
     async fn fake_vmm(listener: UnixListener, answer: &'static [u8]) {
@@ -467,6 +626,7 @@ mod tests {
             Path::new("/img/vmlinux"),
             Path::new("/img/initramfs.cpio"),
             &spec(512),
+            NO_DISKS,
             uds,
             console,
         )
@@ -483,12 +643,102 @@ mod tests {
         assert_eq!(config.console, ConsoleOutput::File(console.to_owned()));
     }
 
+    const NO_DISKS: Disks<'static> = Disks {
+        plan: &DiskPlan {
+            disks: Vec::new(),
+            scratch: None,
+            mounts: Vec::new(),
+        },
+        links: &[],
+    };
+
+    #[test]
+    fn vm_config_attaches_each_disk_through_its_link_and_tells_the_guest_which_is_which() {
+        let mut spec = spec(512);
+        spec.disk = Some("/data/scratch/sb.ext4".into());
+        spec.mounts = vec![MountSpec {
+            source: MountSource::Ext4Image("/data/caches/u/cargo.ext4".into()),
+            target: "/root/.cargo/registry".into(),
+            read_only: false,
+        }];
+        spec.egress = Some(Arc::new(|_| {}));
+        let plan = DiskPlan::new(spec.disk.as_deref(), &spec.mounts).expect("plan");
+        let links = [
+            PathBuf::from("/run/sb/crucible-scratch"),
+            PathBuf::from("/run/sb/crucible-mount-0"),
+        ];
+        let disks = Disks {
+            plan: &plan,
+            links: &links,
+        };
+        let config = vm_config(
+            Path::new("/k"),
+            Path::new("/i"),
+            &spec,
+            disks,
+            Path::new("/run/sb/vsock.sock"),
+            Path::new("/run/sb/console.log"),
+        )
+        .expect("valid");
+        assert_eq!(
+            config.block,
+            [
+                BlockConfig {
+                    path: links[0].clone(),
+                    read_only: false
+                },
+                BlockConfig {
+                    path: links[1].clone(),
+                    read_only: false
+                },
+            ]
+        );
+        let boot = BootConfig::parse(&config.cmdline);
+        assert_eq!(boot.egress_port, Some(contract::egress::VSOCK_PORT));
+        assert_eq!(boot.scratch.as_deref(), Some("crucible-scratch"));
+        assert_eq!(boot.mounts.len(), 1);
+        assert_eq!(boot.mounts[0].serial, "crucible-mount-0");
+        assert_eq!(boot.mounts[0].target, "/root/.cargo/registry");
+        assert!(plan.outlives_the_sandbox());
+        // Without egress the guest starts no proxy (and nothing would listen for it).
+        spec.egress = None;
+        assert_eq!(boot_config(&spec, &plan).egress_port, None);
+    }
+
+    #[tokio::test]
+    async fn egress_connections_from_the_guest_reach_the_sink_until_destroyed() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("vsock.sock_1026");
+        let listener = UnixListener::bind(&path).expect("bind");
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        let sink: EgressSink = Arc::new(move |stream| {
+            let _ = tx.send(stream);
+        });
+        let task = tokio::spawn(receive_egress(listener, sink, "sb-x".into()));
+        for i in 0..3u8 {
+            // As the vsock device connects for each guest connection to port 1026.
+            let mut guest = UnixStream::connect(&path).await.expect("connect");
+            guest.write_all(&[i]).await.expect("write");
+            match rx.recv().await.expect("a stream") {
+                EgressStream::Unix(mut s) => assert_eq!(s.read_u8().await.expect("read"), i),
+                other => panic!("{other:?}"),
+            }
+        }
+        task.abort();
+        let _ = task.await;
+        assert!(
+            UnixStream::connect(&path).await.is_err(),
+            "nothing listens once the sandbox is gone"
+        );
+    }
+
     #[test]
     fn vm_config_refuses_what_the_vmm_would_refuse() {
         let err = vm_config(
             Path::new("/k"),
             Path::new("/i"),
             &spec(1 << 20),
+            NO_DISKS,
             Path::new("/v"),
             Path::new("/c"),
         )

@@ -6,6 +6,7 @@
 pub mod cgroup;
 pub mod host_process;
 pub mod microvm;
+pub mod microvm_disks;
 pub mod namespace;
 pub mod qemu;
 pub mod supervised;

@@ -91,6 +91,9 @@ pub struct QemuGuest<'a> {
     pub vsock_socket: &'a Path,
     /// The vhost-user socket of the root disk's block device, when the image has one.
     pub root_disk_socket: Option<&'a Path>,
+    /// The vhost-user sockets of the other disks (the writable layer, caches), in order. The
+    /// guest tells them apart by serial, not by the `vdX` names QEMU's order gives them.
+    pub disk_sockets: &'a [PathBuf],
     /// Where the serial console goes.
     pub console: &'a Path,
 }
@@ -138,6 +141,14 @@ pub fn qemu_args(guest: &QemuGuest<'_>) -> Vec<OsString> {
         args.push(chardev);
         args.extend(["-device", "vhost-user-blk,chardev=root"].map(OsString::from));
     }
+    for (index, socket) in guest.disk_sockets.iter().enumerate() {
+        let mut chardev = OsString::from(format!("socket,id=disk{index},path="));
+        chardev.push(socket);
+        args.push("-chardev".into());
+        args.push(chardev);
+        args.push("-device".into());
+        args.push(format!("vhost-user-blk,chardev=disk{index}").into());
+    }
     args.push("-serial".into());
     args.push(serial);
     args.push("-kernel".into());
@@ -172,24 +183,40 @@ pub async fn start_vsock_device(
     start_device(tools, vmm_binary, &args, log, "vsock").await
 }
 
-/// Starts `crucible-vmm vhost-user block` serving `image` read-only (one image shared by every
-/// sandbox; the guest puts a tmpfs overlay on top) and waits until its socket listens.
-pub async fn start_root_disk_device(
+/// Starts `crucible-vmm vhost-user block` serving `image` (read-only with `read_only`: the
+/// image's root, one file shared by every sandbox, under the guest's overlay) and waits until
+/// its socket listens. The guest sees the file name of `image` as the disk's serial.
+pub async fn start_block_device(
     tools: &QemuTools,
     vmm_binary: &Path,
     socket: &Path,
     image: &Path,
+    read_only: bool,
     log: &Path,
 ) -> Result<Child, BackendError> {
+    start_device(
+        tools,
+        vmm_binary,
+        &block_device_args(socket, image, read_only),
+        log,
+        "block",
+    )
+    .await
+}
+
+/// `crucible-vmm`'s arguments for serving `image` on `socket`.
+fn block_device_args(socket: &Path, image: &Path, read_only: bool) -> Vec<OsString> {
     let mut args: Vec<OsString> = ["vhost-user", "block", "--socket"]
         .map(OsString::from)
         .into();
     args.push(socket.into());
     args.push("--path".into());
     let mut path = OsString::from(image);
-    path.push(":ro");
+    if read_only {
+        path.push(":ro");
+    }
     args.push(path);
-    start_device(tools, vmm_binary, &args, log, "block").await
+    args
 }
 
 /// Starts one of `crucible-vmm`'s vhost-user devices and waits for its `listening on` line.
@@ -261,6 +288,7 @@ mod tests {
             vcpus: 2,
             vsock_socket: Path::new("/run/sb/vhost-vsock.sock"),
             root_disk_socket: None,
+            disk_sockets: &[],
             console: Path::new("/run/sb/console.log"),
         }
     }
@@ -322,6 +350,48 @@ mod tests {
                  -device vhost-user-blk,chardev=root"
             ),
             "{args}"
+        );
+    }
+
+    #[test]
+    fn each_disk_is_a_vhost_user_blk_device_of_its_own_after_the_root() {
+        let disks = [
+            PathBuf::from("/run/sb/vhost-disk0.sock"),
+            PathBuf::from("/run/sb/vhost-disk1.sock"),
+        ];
+        let g = QemuGuest {
+            root_disk_socket: Some(Path::new("/run/sb/vhost-root.sock")),
+            disk_sockets: &disks,
+            ..guest()
+        };
+        let args = text(&qemu_args(&g));
+        let root = args.find("id=root").expect("root disk");
+        let first = args
+            .find(
+                "-chardev socket,id=disk0,path=/run/sb/vhost-disk0.sock \
+                 -device vhost-user-blk,chardev=disk0",
+            )
+            .expect("first disk");
+        let second = args
+            .find(
+                "-chardev socket,id=disk1,path=/run/sb/vhost-disk1.sock \
+                 -device vhost-user-blk,chardev=disk1",
+            )
+            .expect("second disk");
+        assert!(root < first && first < second, "{args}");
+        assert_eq!(args.matches("vhost-user-blk").count(), 3, "{args}");
+    }
+
+    #[test]
+    fn a_block_device_serves_its_image_read_only_only_when_asked() {
+        let (socket, image) = (Path::new("/s.sock"), Path::new("/sb/crucible-mount-0"));
+        assert_eq!(
+            text(&block_device_args(socket, image, false)),
+            "vhost-user block --socket /s.sock --path /sb/crucible-mount-0"
+        );
+        assert_eq!(
+            text(&block_device_args(socket, image, true)),
+            "vhost-user block --socket /s.sock --path /sb/crucible-mount-0:ro"
         );
     }
 
