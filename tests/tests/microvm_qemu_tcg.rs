@@ -3,8 +3,18 @@
 //! a namespace sandbox is. Runs on every host (no KVM needed); needs QEMU (the image's smoke
 //! test installs it) and the image with its kernel (`cargo xtask build-image`). One VM serves
 //! every case that allows it: a boot under emulation takes seconds.
+//!
+//! Storage and egress on a microVM: a sandbox with `network` fetches from (and uploads to)
+//! servers this test starts on the host's 127.0.0.1 through its agent's proxy, carried over
+//! vsock to the daemon; its disk-backed layer holds more than its memory; a cache written by
+//! one sandbox is read by the next, whose writes past its size get ENOSPC.
 
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::os::unix::fs::MetadataExt;
 use std::path::Path;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use client::ExecEvent;
@@ -12,7 +22,10 @@ use futures_util::{SinkExt, StreamExt};
 use harness::TestDaemon;
 use sha2::{Digest, Sha256};
 use tokio_tungstenite::tungstenite::Message;
-use wire::{BackendKind, CreateSandbox, ExecRequest, FrameType, Hypervisor, SandboxState};
+use wire::{
+    BackendKind, CacheMount, CreateSandbox, ExecRequest, FrameType, Hypervisor, NetworkRequest,
+    SandboxState,
+};
 
 fn vmm_binary() -> std::path::PathBuf {
     let binary = Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/debug/crucible-vmm");
@@ -399,4 +412,304 @@ async fn stopping_the_daemon_takes_its_qemu_tcg_sandboxes_down() {
     // Dropping the test daemon stops it as SIGTERM does: every sandbox deleted.
     drop(daemon);
     assert_eq!(sandbox_processes(&sandbox.id), Vec::<(i32, String)>::new());
+}
+
+async fn sh_out(c: &client::Client, id: &str, script: &str) -> (String, String, i32) {
+    let out = c.exec_collect(id, &sh(script)).await.expect("exec");
+    (
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+        out.result.exit_code,
+    )
+}
+
+/// Bytes no two runs share.
+fn random_bytes(len: usize) -> Vec<u8> {
+    let mut state = 0x9e37_79b9_7f4a_7c15u64 ^ u64::from(std::process::id());
+    (0..len)
+        .map(|_| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state as u8
+        })
+        .collect()
+}
+
+/// A server on the host's 127.0.0.1 that runs `serve` on each connection, counting them.
+struct HostServer {
+    port: u16,
+    connections: Arc<AtomicUsize>,
+}
+
+impl HostServer {
+    fn start(serve: impl Fn(TcpStream) + Send + Sync + 'static) -> Self {
+        let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
+        let port = listener.local_addr().expect("addr").port();
+        let connections = Arc::new(AtomicUsize::new(0));
+        let counted = connections.clone();
+        let serve = Arc::new(serve);
+        std::thread::spawn(move || {
+            for stream in listener.incoming().flatten() {
+                counted.fetch_add(1, Ordering::SeqCst);
+                let serve = serve.clone();
+                std::thread::spawn(move || serve(stream));
+            }
+        });
+        HostServer { port, connections }
+    }
+}
+
+/// Reads an HTTP request head.
+fn read_head(stream: &mut TcpStream) -> String {
+    let mut got = Vec::new();
+    let mut byte = [0u8; 1];
+    while !got.ends_with(b"\r\n\r\n") {
+        match stream.read(&mut byte) {
+            Ok(1) => got.push(byte[0]),
+            _ => break,
+        }
+    }
+    String::from_utf8_lossy(&got).into_owned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_qemu_tcg_sandbox_with_network_and_a_disk_layer_moves_mibs_through_its_proxy_and_writes_past_its_memory(
+) {
+    // Downloads: an HTTP server with a multi-MiB blob.
+    let blob = Arc::new(random_bytes(3 * 1024 * 1024 + 17));
+    let served = blob.clone();
+    let http = HostServer::start(move |mut stream| {
+        let head = read_head(&mut stream);
+        let response = if head.starts_with("GET /blob HTTP/1.1\r\n") {
+            let mut r = format!(
+                "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+                served.len()
+            )
+            .into_bytes();
+            r.extend_from_slice(&served);
+            r
+        } else {
+            b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n".to_vec()
+        };
+        let _ = stream.write_all(&response);
+    });
+    // Uploads: a CONNECT target that reads UPLOAD bytes and answers their SHA-256.
+    const UPLOAD: usize = 4 * 1024 * 1024;
+    let upload = HostServer::start(|mut stream| {
+        let mut got = vec![0u8; UPLOAD];
+        if stream.read_exact(&mut got).is_ok() {
+            let _ = stream.write_all(hex::encode(Sha256::digest(&got)).as_bytes());
+        }
+    });
+    let operator = vec![
+        format!("127.0.0.1:{}", http.port),
+        format!("127.0.0.1:{}", upload.port),
+    ];
+    let kernel = harness::image_dir().join("vmlinux");
+    assert!(
+        kernel.is_file(),
+        "{} missing: cargo xtask build-image",
+        kernel.display()
+    );
+    let binary = vmm_binary();
+    let daemon = TestDaemon::start_with(|c| {
+        c.vmm_binary = binary;
+        c.hypervisor = Hypervisor::QemuTcg;
+        c.default_backend = Some(BackendKind::Microvm);
+        c.egress_allow = operator.clone();
+    });
+    let data_dir = daemon.state.config.storage.data_dir.clone();
+    let c = daemon.client();
+    let sandbox = c
+        .create(&CreateSandbox {
+            memory_mib: Some(128),
+            disk_mib: Some(256),
+            network: Some(NetworkRequest {
+                allow: operator.clone(),
+            }),
+            ..CreateSandbox::default()
+        })
+        .await
+        .expect("a qemu-tcg sandbox with network and a disk-backed layer boots");
+    let id = &sandbox.id;
+    assert_eq!(sandbox.hypervisor, Some(Hypervisor::QemuTcg));
+    assert_eq!(sandbox.disk_mib, Some(256));
+
+    // HTTP through HTTP_PROXY, byte for byte.
+    let (out, err, code) = sh_out(
+        &c,
+        id,
+        &format!(
+            "set -e; echo $http_proxy; wget -q -O /tmp/blob http://127.0.0.1:{}/blob; \
+             sha256sum /tmp/blob",
+            http.port
+        ),
+    )
+    .await;
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(out.starts_with("http://127.0.0.1:3128\n"), "{out}");
+    assert!(out.contains(&hex::encode(Sha256::digest(&*blob))), "{out}");
+
+    // The other way: 4 MiB up a CONNECT tunnel, hashed by the host server.
+    let (out, err, code) = sh_out(
+        &c,
+        id,
+        &format!(
+            "set -e; head -c {UPLOAD} /dev/urandom > /tmp/up; sha256sum /tmp/up | cut -d' ' -f1; \
+             (printf 'CONNECT 127.0.0.1:{port} HTTP/1.1\\r\\nHost: 127.0.0.1:{port}\\r\\n\\r\\n'; \
+             cat /tmp/up) | nc 127.0.0.1 3128 | tail -c 64; echo",
+            port = upload.port
+        ),
+    )
+    .await;
+    assert_eq!(code, 0, "{out}{err}");
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(lines.len(), 2, "{out}");
+    assert_eq!(lines[0].len(), 64, "{out}");
+    assert_eq!(lines[0], lines[1], "the host received other bytes: {out}");
+
+    // A name outside the rules: 403, and nothing connected.
+    let (out, _, _) = sh_out(
+        &c,
+        id,
+        "wget -S -O- http://denied.example.com/ 2>&1; echo exit=$?",
+    )
+    .await;
+    assert!(out.contains("403") && !out.contains("exit=0"), "{out}");
+    let network = c.get(id).await.expect("get").network.expect("network");
+    assert_eq!(network.connections, 2, "{network:?}");
+    assert!(network.denied >= 1, "{network:?}");
+    assert!(network.bytes_in >= blob.len() as u64, "{network:?}");
+    assert!(network.bytes_out >= UPLOAD as u64, "{network:?}");
+    assert_eq!(http.connections.load(Ordering::SeqCst), 1);
+    assert_eq!(upload.connections.load(Ordering::SeqCst), 1);
+
+    // The writable layer and /tmp are on the sandbox's disk: more than its 128 MiB of memory
+    // fits, the host's image holds the blocks, and a full disk is ENOSPC for the writer only.
+    let (out, err, code) = sh_out(
+        &c,
+        id,
+        "set -e; dd if=/dev/zero of=/root/big bs=1M count=160 2>/dev/null; \
+         dd if=/dev/zero of=/tmp/big bs=1M count=16 2>/dev/null; \
+         stat -c '%s %n' /root/big /tmp/big; sync; \
+         dd if=/dev/zero of=/root/more bs=1M count=200 2>&1 || echo enospc; \
+         rm /root/more; echo fine > /root/after; cat /root/after",
+    )
+    .await;
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(
+        out.contains("167772160 /root/big") && out.contains("16777216 /tmp/big"),
+        "{out}"
+    );
+    assert!(
+        out.contains("No space left on device") && out.contains("enospc"),
+        "{out}"
+    );
+    assert!(out.trim_end().ends_with("fine"), "{out}");
+    let layer = data_dir.join(format!("scratch/{id}.ext4"));
+    let meta = std::fs::metadata(&layer).expect("the layer's image");
+    assert_eq!(meta.len(), 256 << 20);
+    assert!(
+        meta.blocks() * 512 >= 176 << 20,
+        "the written blocks are in the host's image: {} bytes",
+        meta.blocks() * 512
+    );
+
+    c.delete(id).await.expect("delete");
+    assert!(!layer.exists(), "the layer goes with its sandbox");
+    assert_eq!(sandbox_processes(id), Vec::<(i32, String)>::new());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cache_written_by_one_qemu_tcg_sandbox_is_read_by_the_next_and_filling_it_is_enospc() {
+    // On the image's ext4 root: the cache is mounted over the read-only root disk's overlay.
+    let scratch = tempfile::tempdir().expect("tempdir");
+    let image = image_with_ext4_root(scratch.path());
+    let binary = vmm_binary();
+    let daemon = TestDaemon::start_with(|c| {
+        c.image_dir = image;
+        c.vmm_binary = binary;
+        c.hypervisor = Hypervisor::QemuTcg;
+        c.default_backend = Some(BackendKind::Microvm);
+    });
+    let data_dir = daemon.state.config.storage.data_dir.clone();
+    let c = daemon.client();
+    let with_cache = |size_mib| CreateSandbox {
+        caches: vec![CacheMount {
+            name: "cargo".into(),
+            path: "/root/.cargo/registry".into(),
+            size_mib,
+        }],
+        ..CreateSandbox::default()
+    };
+
+    let first = c.create(&with_cache(Some(64))).await.expect("create").id;
+    let processes = sandbox_processes(&first);
+    assert_eq!(
+        processes
+            .iter()
+            .filter(|(_, cmdline)| cmdline.contains("vhost-user block"))
+            .count(),
+        2,
+        "the root disk and the cache: {processes:?}"
+    );
+    let (out, err, code) = sh_out(
+        &c,
+        &first,
+        "set -e; cd /root/.cargo/registry; echo 'serde 1.0.0' > index; mkdir -p src/serde; \
+         echo built > src/serde/lib.rs; stat -c '%u:%g' .; \
+         grep ' /root/.cargo/registry ' /proc/mounts",
+    )
+    .await;
+    assert_eq!(code, 0, "{out}{err}");
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(lines[0], "0:0", "the sandbox's root owns its cache: {out}");
+    let mount: Vec<&str> = lines[1].split(' ').collect();
+    assert_eq!(mount[2], "ext4", "{out}");
+    let options: Vec<&str> = mount[3].split(',').collect();
+    assert!(
+        options.contains(&"rw") && options.contains(&"nosuid") && options.contains(&"nodev"),
+        "{out}"
+    );
+    // No flush asked for: the daemon's delete makes the guest sync before it goes.
+    c.delete(&first).await.expect("delete");
+    assert_eq!(sandbox_processes(&first), Vec::<(i32, String)>::new());
+
+    let second = c.create(&with_cache(None)).await.expect("create").id;
+    let (out, err, code) = sh_out(
+        &c,
+        &second,
+        "set -e; cd /root/.cargo/registry; cat index src/serde/lib.rs; stat -c '%u:%g' index",
+    )
+    .await;
+    assert_eq!(code, 0, "{out}{err}");
+    assert_eq!(out, "serde 1.0.0\nbuilt\n0:0\n");
+
+    // The limit: the writer gets ENOSPC; the sandbox and the cache's earlier contents are fine;
+    // the host's image never grows past the limit.
+    let (out, err, code) = sh_out(
+        &c,
+        &second,
+        "dd if=/dev/zero of=/root/.cargo/registry/big bs=1M count=100 2>&1; echo dd=$?; \
+         cat /root/.cargo/registry/index; echo rest > /tmp/ok && cat /tmp/ok",
+    )
+    .await;
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(out.contains("No space left on device"), "{out}");
+    assert!(!out.contains("dd=0"), "{out}");
+    assert!(out.contains("serde 1.0.0") && out.contains("rest"), "{out}");
+    let cache = data_dir.join("caches/unix/cargo.ext4");
+    let meta = std::fs::metadata(&cache).expect("the cache's image");
+    assert_eq!(meta.len(), 64 << 20);
+    assert!(
+        meta.blocks() * 512 <= 64 << 20,
+        "{} bytes",
+        meta.blocks() * 512
+    );
+
+    c.delete(&second).await.expect("delete");
+    assert_eq!(sandbox_processes(&second), Vec::<(i32, String)>::new());
+    c.delete_cache("cargo").await.expect("delete the cache");
+    assert!(!cache.exists());
 }
