@@ -20,6 +20,7 @@ use crate::egress;
 use crate::host;
 use crate::metrics::Metrics;
 use crate::sandbox::{new_id, Registry, Sandbox, SandboxError, SandboxNetwork, SandboxSettings};
+use crate::storage::MountedBy;
 use crate::storage::{validate_targets, SandboxStorage, Storage, StorageError};
 
 /// Why a sandbox was not created.
@@ -300,7 +301,7 @@ impl AppState {
                 request.env.entry(name.to_string()).or_insert(value);
             }
         }
-        let (held, disk, mounts) = self.claim_storage(&request, &owner, &id).await?;
+        let (held, disk, mounts) = self.claim_storage(&request, &owner, &id, kind).await?;
         let spec_env = request.env.clone();
         let spec = InstanceSpec {
             id: id.clone(),
@@ -389,15 +390,22 @@ fn unsupported_storage(kind: BackendKind, request: &CreateSandbox) -> Vec<&'stat
 const MIN_DISK_MIB: u64 = 64;
 
 impl AppState {
-    /// Takes what the request asks of the storage, for sandbox `id`: its caches (made if new)
-    /// and its disk-backed layer, with the volumes it names; all of it is released if any
-    /// part is refused.
+    /// Takes what the request asks of the storage, for sandbox `id` on backend `kind`: its
+    /// caches (made if new) and its disk-backed layer, with the volumes it names; all of it is
+    /// released if any part is refused.
     async fn claim_storage(
         &self,
         request: &CreateSandbox,
         owner: &Owner,
         id: &str,
+        kind: BackendKind,
     ) -> Result<(SandboxStorage, Option<std::path::PathBuf>, Vec<MountSpec>), CreateError> {
+        // A microVM's guest has its disks' raw blocks; a namespace sandbox's images are
+        // mounted by the host's kernel.
+        let mounted_by = match kind {
+            BackendKind::Microvm => MountedBy::GuestKernel,
+            BackendKind::Namespace | BackendKind::Process => MountedBy::HostKernel,
+        };
         let mut held = SandboxStorage::default();
         let mut mounts = Vec::new();
         if request.caches.is_empty() && request.volumes.is_empty() && request.disk_mib.is_none() {
@@ -421,7 +429,7 @@ impl AppState {
             }
             let lease = storage
                 .caches
-                .acquire(owner, &cache.name, cache.size_mib, id)
+                .acquire(owner, &cache.name, cache.size_mib, id, mounted_by)
                 .await?;
             mounts.push(MountSpec {
                 source: MountSource::Ext4Image(lease.path().to_path_buf()),

@@ -6,6 +6,12 @@
 //! is refused (409) at once rather than queued, so a CI system can fall back to running cold
 //! or to another cache name. Caches are per owner (API key): one tenant can never read or
 //! poison another's.
+//!
+//! Who mounts a cache matters too. A namespace sandbox's cache is mounted by the host's kernel
+//! and written only through it; a microVM's guest has the raw disk and can write any bytes,
+//! including a filesystem crafted against the host's ext4 driver. Once a microVM has had a
+//! cache (a `<name>.guest-written` mark beside its image) the host kernel never mounts it
+//! again: a namespace sandbox asking for it is refused (409).
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -59,6 +65,15 @@ pub fn validate_name(name: &str) -> Result<(), StorageError> {
 }
 
 type Key = (String, String);
+
+/// Whose kernel mounts a cache's filesystem.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MountedBy {
+    /// The host's (a namespace sandbox, through a loop device).
+    HostKernel,
+    /// A microVM guest's, which has the raw blocks.
+    GuestKernel,
+}
 
 #[derive(Debug, Default)]
 struct Held {
@@ -129,6 +144,13 @@ impl CacheStore {
         self.dir.join(&key.0).join(format!("{}.ext4", key.1))
     }
 
+    /// The mark saying a guest has had the cache's raw blocks.
+    fn guest_mark_path(&self, key: &Key) -> PathBuf {
+        self.dir
+            .join(&key.0)
+            .join(format!("{}.guest-written", key.1))
+    }
+
     /// Every cache image on disk, with its key.
     fn on_disk(&self) -> Result<Vec<(Key, PathBuf)>, StorageError> {
         let read = |dir: &Path| {
@@ -154,14 +176,16 @@ impl CacheStore {
         Ok(found)
     }
 
-    /// Takes cache `name` of `owner` for sandbox `sandbox`, making it (of `size_mib`, else the
-    /// default size) if it does not exist yet.
+    /// Takes cache `name` of `owner` for sandbox `sandbox`, whose filesystem `mounted_by`
+    /// will mount, making it (of `size_mib`, else the default size) if it does not exist yet.
+    /// A cache a guest has had is refused to the host's kernel.
     pub async fn acquire(
         self: &Arc<Self>,
         owner: &Owner,
         name: &str,
         size_mib: Option<u64>,
         sandbox: &str,
+        mounted_by: MountedBy,
     ) -> Result<CacheLease, StorageError> {
         validate_name(name)?;
         if size_mib == Some(0) {
@@ -199,6 +223,28 @@ impl CacheStore {
             key: key.clone(),
             path: path.clone(),
         };
+        let mark = self.guest_mark_path(&key);
+        match mounted_by {
+            MountedBy::HostKernel if mark.exists() => {
+                if path.exists() {
+                    return Err(StorageError::GuestWritten {
+                        name: name.to_string(),
+                    });
+                }
+                // A mark outliving its image (a failed make): the new image is the host's.
+                std::fs::remove_file(&mark)
+                    .map_err(|e| StorageError::io(format!("remove {}", mark.display()), e))?;
+            }
+            MountedBy::HostKernel => {}
+            MountedBy::GuestKernel => {
+                if let Some(dir) = path.parent() {
+                    create_private_dir(dir)?;
+                }
+                // Before the guest can have written anything.
+                std::fs::write(&mark, b"")
+                    .map_err(|e| StorageError::io(format!("create {}", mark.display()), e))?;
+            }
+        }
         if let Some((budget, size)) = new_lease {
             if let Some(dir) = path.parent() {
                 create_private_dir(dir)?;
@@ -256,6 +302,12 @@ impl CacheStore {
         match std::fs::remove_file(&path) {
             Ok(()) => {
                 held.leases.remove(&key);
+                let mark = self.guest_mark_path(&key);
+                if let Err(e) = std::fs::remove_file(&mark) {
+                    if e.kind() != std::io::ErrorKind::NotFound {
+                        return Err(StorageError::io(format!("remove {}", mark.display()), e));
+                    }
+                }
                 Ok(())
             }
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
@@ -278,15 +330,65 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_cache_a_guest_has_had_is_never_mounted_by_the_host_kernel_again() {
+        let (tmp, store, _budget) = store(1000);
+        let owner = Owner::Unix;
+        // Made and used by namespace sandboxes, then by a microVM.
+        drop(
+            store
+                .acquire(&owner, "cargo", None, "sb-1", MountedBy::HostKernel)
+                .await
+                .expect("host"),
+        );
+        drop(
+            store
+                .acquire(&owner, "cargo", None, "sb-2", MountedBy::GuestKernel)
+                .await
+                .expect("guest"),
+        );
+        match store
+            .acquire(&owner, "cargo", None, "sb-3", MountedBy::HostKernel)
+            .await
+        {
+            Err(StorageError::GuestWritten { name }) => assert_eq!(name, "cargo"),
+            other => panic!("expected a refusal, got {other:?}"),
+        }
+        // The refusal held nothing: microVMs go on using it.
+        drop(
+            store
+                .acquire(&owner, "cargo", None, "sb-4", MountedBy::GuestKernel)
+                .await
+                .expect("guest again"),
+        );
+        // Deleting the cache deletes the mark: a new cache of that name is the host's.
+        store.remove(&owner, "cargo").expect("remove");
+        let marks: Vec<_> = std::fs::read_dir(tmp.path().join("caches/unix"))
+            .expect("dir")
+            .flatten()
+            .map(|e| e.file_name())
+            .collect();
+        assert!(marks.is_empty(), "{marks:?}");
+        drop(
+            store
+                .acquire(&owner, "cargo", None, "sb-5", MountedBy::HostKernel)
+                .await
+                .expect("a new cache"),
+        );
+    }
+
+    #[tokio::test]
     async fn one_sandbox_at_a_time_and_each_owner_has_its_own() {
         let (_tmp, store, budget) = store(1000);
         let alice = Owner::Key("alice".into());
         let lease = store
-            .acquire(&alice, "cargo", None, "sb-1")
+            .acquire(&alice, "cargo", None, "sb-1", MountedBy::HostKernel)
             .await
             .expect("made");
         assert_eq!(budget.taken_mib(), 64);
-        match store.acquire(&alice, "cargo", None, "sb-2").await {
+        match store
+            .acquire(&alice, "cargo", None, "sb-2", MountedBy::HostKernel)
+            .await
+        {
             Err(StorageError::CacheBusy { by, .. }) => assert_eq!(by, "sb-1"),
             other => panic!("expected busy, got {other:?}"),
         }
@@ -296,7 +398,13 @@ mod tests {
         ));
         // Another owner's cache of the same name is another cache.
         let bob = store
-            .acquire(&Owner::Key("bob".into()), "cargo", Some(32), "sb-3")
+            .acquire(
+                &Owner::Key("bob".into()),
+                "cargo",
+                Some(32),
+                "sb-3",
+                MountedBy::HostKernel,
+            )
             .await
             .expect("bob's own");
         assert_ne!(bob.path(), lease.path());
@@ -307,7 +415,7 @@ mod tests {
         assert_eq!(store.list(None).expect("all").len(), 2);
         drop(lease);
         let again = store
-            .acquire(&alice, "cargo", Some(999), "sb-4")
+            .acquire(&alice, "cargo", Some(999), "sb-4", MountedBy::HostKernel)
             .await
             .expect("free again");
         assert_eq!(
@@ -330,19 +438,35 @@ mod tests {
         for bad in ["", ".hidden", "a/b", "..", &"x".repeat(65), "sp ace"] {
             assert!(
                 matches!(
-                    store.acquire(&Owner::Unix, bad, None, "sb-1").await,
+                    store
+                        .acquire(&Owner::Unix, bad, None, "sb-1", MountedBy::HostKernel)
+                        .await,
                     Err(StorageError::Invalid(_))
                 ),
                 "{bad:?}"
             );
         }
         assert!(matches!(
-            store.acquire(&Owner::Unix, "big", Some(101), "sb-1").await,
+            store
+                .acquire(
+                    &Owner::Unix,
+                    "big",
+                    Some(101),
+                    "sb-1",
+                    MountedBy::HostKernel
+                )
+                .await,
             Err(StorageError::OverBudget { .. })
         ));
         assert_eq!(budget.taken_mib(), 0);
         store
-            .acquire(&Owner::Unix, "big", Some(100), "sb-1")
+            .acquire(
+                &Owner::Unix,
+                "big",
+                Some(100),
+                "sb-1",
+                MountedBy::HostKernel,
+            )
             .await
             .expect("not held by the refusal");
     }
@@ -353,7 +477,11 @@ mod tests {
         let dir = tmp.path().join("caches");
         {
             let store = CacheStore::open(dir.clone(), 40, DiskBudget::new(100)).expect("open");
-            drop(store.acquire(&Owner::Unix, "npm", None, "sb-1").await);
+            drop(
+                store
+                    .acquire(&Owner::Unix, "npm", None, "sb-1", MountedBy::HostKernel)
+                    .await,
+            );
         }
         let budget = DiskBudget::new(100);
         let store = CacheStore::open(dir, 40, budget.clone()).expect("reopen");

@@ -13,7 +13,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 pub use budget::{BudgetLease, DiskBudget};
-pub use caches::{validate_name as validate_cache_name, CacheLease, CacheStore};
+pub use caches::{validate_name as validate_cache_name, CacheLease, CacheStore, MountedBy};
 pub use ext4::{ScratchDisk, ScratchDisks};
 pub use targets::validate_targets;
 pub use volumes::Volumes;
@@ -48,6 +48,17 @@ pub enum StorageError {
         name: String,
         /// The sandbox holding it.
         by: String,
+    },
+    /// A microVM's guest has written the cache, so its blocks may be anything: the host's
+    /// kernel does not mount it.
+    #[error(
+        "cache {name:?} has been used by a microVM sandbox, whose guest can write any bytes to \
+         its disk; the host kernel does not mount such an image for a namespace sandbox (use \
+         the cache from microVM sandboxes, or delete it)"
+    )]
+    GuestWritten {
+        /// The cache.
+        name: String,
     },
     /// No such cache (of the caller's).
     #[error("no cache named {0:?}")]
