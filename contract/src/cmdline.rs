@@ -19,7 +19,7 @@ pub mod keys {
     pub const PORT: &str = "crucible.port";
     /// The host vsock port the agent sends its hello to.
     pub const READY_PORT: &str = "crucible.ready_port";
-    /// A block device holding the ext4 root filesystem.
+    /// The ext4 root filesystem: a block device path, or a virtio-blk serial.
     pub const ROOT: &str = "crucible.root";
     /// The agent's log level.
     pub const LOG: &str = "crucible.log";
@@ -179,7 +179,8 @@ pub struct BootConfig {
     pub port: u32,
     /// `crucible.ready_port=`: the host vsock port to send the hello to.
     pub ready_port: u32,
-    /// `crucible.root=`: a block device holding the ext4 root filesystem.
+    /// `crucible.root=`: the ext4 root filesystem: a block device (`/dev/vda`), or, for a
+    /// value not starting with `/`, the serial of a virtio-blk disk ([`crate::disk`]).
     pub root: Option<String>,
     /// `crucible.log=`: `quiet`, `error`, `info` or `debug`.
     pub log: Option<LogLevel>,

@@ -10,6 +10,9 @@
 /// The most bytes of a virtio-blk serial (`VIRTIO_BLK_ID_BYTES`).
 pub const MAX_SERIAL_BYTES: usize = 20;
 
+/// The serial of the image's ext4 root disk (`crucible.root=crucible-root`).
+pub const ROOT_SERIAL: &str = "crucible-root";
+
 /// The serial of the disk that holds a sandbox's writable layer.
 pub const SCRATCH_SERIAL: &str = "crucible-scratch";
 
@@ -34,7 +37,7 @@ mod tests {
 
     #[test]
     fn every_serial_the_daemon_uses_fits_a_virtio_blk_id() {
-        assert!(is_valid_serial(SCRATCH_SERIAL));
+        assert!(is_valid_serial(SCRATCH_SERIAL) && is_valid_serial(ROOT_SERIAL));
         for index in [0, 9, 10, 999] {
             assert!(is_valid_serial(&mount_serial(index)), "{index}");
         }

@@ -1,5 +1,6 @@
 //! The microVM's root and disks, as the kernel command line describes them
-//! (`contract::cmdline`): the image (the initramfs, or an ext4 disk with `crucible.root=`)
+//! (`contract::cmdline`): the image (the initramfs, or an ext4 disk with `crucible.root=`, by
+//! path or by serial)
 //! read-only under an overlay whose writes go to memory, or to the scratch disk with
 //! `crucible.scratch=` (and `/tmp` with them); then each `crucible.mount=` disk at its target.
 //! Disks are found by their virtio-blk serial ([`contract::disk`]), never by `vdX` order.
@@ -34,7 +35,8 @@ const BASE: &str = "/.crucible";
 /// Sets up the root and mounts the disks `cfg` names. Nothing happens without `root`,
 /// `scratch` or `mounts`: the initramfs stays the root, writable in memory.
 pub fn prepare(cfg: &BootConfig) -> Result<(), RootError> {
-    let disks = if cfg.scratch.is_some() || !cfg.mounts.is_empty() {
+    let root_by_serial = cfg.root.as_deref().filter(|root| !root.starts_with('/'));
+    let disks = if root_by_serial.is_some() || cfg.scratch.is_some() || !cfg.mounts.is_empty() {
         disks_by_serial(Path::new("/sys/block"))
     } else {
         BTreeMap::new()
@@ -45,9 +47,13 @@ pub fn prepare(cfg: &BootConfig) -> Result<(), RootError> {
             .cloned()
             .ok_or_else(|| RootError::NoDisk(serial.to_string()))
     };
+    let root = match (root_by_serial, &cfg.root) {
+        (Some(serial), _) => Some(device(serial)?),
+        (None, root) => root.clone(),
+    };
     let scratch = cfg.scratch.as_deref().map(device).transpose()?;
-    if cfg.root.is_some() || scratch.is_some() {
-        switch_root(cfg.root.as_deref(), scratch.as_deref())?;
+    if root.is_some() || scratch.is_some() {
+        switch_root(root.as_deref(), scratch.as_deref())?;
     }
     for disk in &cfg.mounts {
         let mut flags = libc::MS_NOSUID | libc::MS_NODEV;
@@ -186,6 +192,18 @@ mod tests {
         .collect();
         assert_eq!(found, expected);
         assert!(disks_by_serial(&dir.path().join("missing")).is_empty());
+    }
+
+    #[test]
+    fn a_root_named_by_serial_must_be_attached() {
+        let cfg = BootConfig {
+            root: Some("crucible-root".into()),
+            ..BootConfig::default()
+        };
+        match prepare(&cfg) {
+            Err(RootError::NoDisk(serial)) => assert_eq!(serial, "crucible-root"),
+            other => panic!("{other:?}"),
+        }
     }
 
     #[test]

@@ -536,20 +536,33 @@ async fn a_qemu_tcg_sandbox_with_network_and_a_disk_layer_moves_mibs_through_its
     assert_eq!(sandbox.hypervisor, Some(Hypervisor::QemuTcg));
     assert_eq!(sandbox.disk_mib, Some(256));
 
-    // HTTP through HTTP_PROXY, byte for byte.
+    // HTTP through HTTP_PROXY, byte for byte: four downloads at once, each its own vsock
+    // connection from the guest.
     let (out, err, code) = sh_out(
         &c,
         id,
         &format!(
-            "set -e; echo $http_proxy; wget -q -O /tmp/blob http://127.0.0.1:{}/blob; \
-             sha256sum /tmp/blob",
+            "set -e; echo $http_proxy; for i in 1 2 3 4; do \
+             wget -q -O /tmp/blob$i http://127.0.0.1:{}/blob & done; wait; \
+             sha256sum /tmp/blob1 /tmp/blob2 /tmp/blob3 /tmp/blob4 | cut -d' ' -f1",
             http.port
         ),
     )
     .await;
     assert_eq!(code, 0, "{out}{err}");
-    assert!(out.starts_with("http://127.0.0.1:3128\n"), "{out}");
-    assert!(out.contains(&hex::encode(Sha256::digest(&*blob))), "{out}");
+    let expected = hex::encode(Sha256::digest(&*blob));
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(
+        lines,
+        [
+            "http://127.0.0.1:3128",
+            &expected,
+            &expected,
+            &expected,
+            &expected
+        ],
+        "{err}"
+    );
 
     // The other way: 4 MiB up a CONNECT tunnel, hashed by the host server.
     let (out, err, code) = sh_out(
@@ -578,11 +591,11 @@ async fn a_qemu_tcg_sandbox_with_network_and_a_disk_layer_moves_mibs_through_its
     .await;
     assert!(out.contains("403") && !out.contains("exit=0"), "{out}");
     let network = c.get(id).await.expect("get").network.expect("network");
-    assert_eq!(network.connections, 2, "{network:?}");
+    assert_eq!(network.connections, 5, "{network:?}");
     assert!(network.denied >= 1, "{network:?}");
-    assert!(network.bytes_in >= blob.len() as u64, "{network:?}");
+    assert!(network.bytes_in >= 4 * blob.len() as u64, "{network:?}");
     assert!(network.bytes_out >= UPLOAD as u64, "{network:?}");
-    assert_eq!(http.connections.load(Ordering::SeqCst), 1);
+    assert_eq!(http.connections.load(Ordering::SeqCst), 4);
     assert_eq!(upload.connections.load(Ordering::SeqCst), 1);
 
     // The writable layer and /tmp are on the sandbox's disk: more than its 128 MiB of memory

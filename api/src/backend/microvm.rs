@@ -17,6 +17,7 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use contract::cmdline::BootConfig;
+use contract::disk::ROOT_SERIAL;
 use contract::vm::{BlockConfig, ConsoleOutput, VmConfig, VsockConfig};
 use contract::vsock::{host_port_path, DEFAULT_AGENT_PORT, DEFAULT_READY_PORT};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -245,8 +246,13 @@ impl MicrovmBackend {
     ) -> Result<Launched, BackendError> {
         let root_disk = self.root_disk.is_file().then_some(&self.root_disk);
         let mut boot = boot_config(spec, disks.plan);
-        if root_disk.is_some() {
-            boot.root = Some(QEMU_ROOT_DEVICE.into());
+        let root_link = dir.join(ROOT_SERIAL);
+        if let Some(image) = root_disk {
+            // By serial, like the sandbox's own disks: with those attached too, QEMU's order
+            // decides which is `vda`.
+            std::os::unix::fs::symlink(image, &root_link)
+                .map_err(|e| BackendError::setup(format!("link {}", root_link.display()), e))?;
+            boot.root = Some(ROOT_SERIAL.into());
         }
         let cmdline = boot
             .to_cmdline()
@@ -263,13 +269,13 @@ impl MicrovmBackend {
         .await?;
         let mut devices = vec![(vsock, "the vsock device")];
         let root_socket = dir.join("vhost-root.sock");
-        if let Some(image) = root_disk {
+        if root_disk.is_some() {
             // On failure the vsock device is killed as `devices` drops (kill_on_drop).
             let disk = qemu::start_block_device(
                 tools,
                 &self.vmm_binary,
                 &root_socket,
-                image,
+                &root_link,
                 true,
                 &dir.join("root-device.log"),
             )
@@ -347,9 +353,6 @@ async fn receive_egress(listener: UnixListener, sink: EgressSink, id: String) {
         }
     }
 }
-
-/// The guest's name for the root disk under QEMU: the only virtio-blk device.
-const QEMU_ROOT_DEVICE: &str = "/dev/vda";
 
 fn invalid(e: &dyn std::fmt::Display) -> io::Error {
     io::Error::new(io::ErrorKind::InvalidInput, e.to_string())
