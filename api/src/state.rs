@@ -294,7 +294,7 @@ impl AppState {
                 request.env.entry(name.to_string()).or_insert(value);
             }
         }
-        let (held, disk, mounts) = self.claim_storage(&request, &owner, &id).await?;
+        let (held, disk, mounts) = self.claim_storage(&request, &owner, &id, kind).await?;
         let spec_env = request.env.clone();
         let spec = InstanceSpec {
             id: id.clone(),
@@ -390,6 +390,7 @@ impl AppState {
         request: &CreateSandbox,
         owner: &Owner,
         id: &str,
+        backend: BackendKind,
     ) -> Result<(SandboxStorage, Option<std::path::PathBuf>, Vec<MountSpec>), CreateError> {
         let mut held = SandboxStorage::default();
         let mut mounts = Vec::new();
@@ -414,7 +415,7 @@ impl AppState {
             }
             let lease = storage
                 .caches
-                .acquire(owner, &cache.name, cache.size_mib, id)
+                .acquire(owner, &cache.name, cache.size_mib, id, backend)
                 .await?;
             mounts.push(MountSpec {
                 source: MountSource::Ext4Image(lease.path().to_path_buf()),

@@ -6,13 +6,18 @@
 //! is refused (409) at once rather than queued, so a CI system can fall back to running cold
 //! or to another cache name. Caches are per owner (API key): one tenant can never read or
 //! poison another's.
+//!
+//! Caches are also per backend. A namespace sandbox's cache is written by the host kernel's
+//! ext4 on the sandbox's behalf; a microVM's is written block by block by its guest, which
+//! can shape the bytes any way it likes. Mounting such an image in the host kernel would hand a
+//! hostile guest the host's ext4 parser, so a microVM's caches are only ever given to microVMs.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, UNIX_EPOCH};
 
-use wire::CacheInfo;
+use wire::{BackendKind, CacheInfo};
 
 use super::ext4::{create_private_dir, make_image, wait_detached, Journal};
 use super::{BudgetLease, DiskBudget, StorageError};
@@ -58,7 +63,27 @@ pub fn validate_name(name: &str) -> Result<(), StorageError> {
     }
 }
 
-type Key = (String, String);
+/// (backend directory, owner directory, name).
+type Key = (String, String, String);
+
+/// The directory of a backend's caches.
+fn backend_dir(backend: BackendKind) -> &'static str {
+    match backend {
+        BackendKind::Namespace => "namespace",
+        BackendKind::Microvm => "microvm",
+        BackendKind::Process => "process",
+    }
+}
+
+fn backend_of_dir(name: &str) -> Option<BackendKind> {
+    [
+        BackendKind::Namespace,
+        BackendKind::Microvm,
+        BackendKind::Process,
+    ]
+    .into_iter()
+    .find(|b| backend_dir(*b) == name)
+}
 
 #[derive(Debug, Default)]
 struct Held {
@@ -126,7 +151,10 @@ impl CacheStore {
     }
 
     fn image_path(&self, key: &Key) -> PathBuf {
-        self.dir.join(&key.0).join(format!("{}.ext4", key.1))
+        self.dir
+            .join(&key.0)
+            .join(&key.1)
+            .join(format!("{}.ext4", key.2))
     }
 
     /// Every cache image on disk, with its key.
@@ -136,16 +164,23 @@ impl CacheStore {
                 .map_err(|e| StorageError::io(format!("list {}", dir.display()), e))
         };
         let mut found = Vec::new();
-        for owner in read(&self.dir)?.flatten() {
-            let owner_name = owner.file_name().to_string_lossy().into_owned();
-            if owner_of_dir(&owner_name).is_none() {
+        for backend in read(&self.dir)?.flatten() {
+            let backend_name = backend.file_name().to_string_lossy().into_owned();
+            if backend_of_dir(&backend_name).is_none() {
                 continue;
             }
-            for image in read(&owner.path())?.flatten() {
-                let file = image.file_name().to_string_lossy().into_owned();
-                if let Some(name) = file.strip_suffix(".ext4") {
-                    if validate_name(name).is_ok() {
-                        found.push(((owner_name.clone(), name.to_string()), image.path()));
+            for owner in read(&backend.path())?.flatten() {
+                let owner_name = owner.file_name().to_string_lossy().into_owned();
+                if owner_of_dir(&owner_name).is_none() {
+                    continue;
+                }
+                for image in read(&owner.path())?.flatten() {
+                    let file = image.file_name().to_string_lossy().into_owned();
+                    if let Some(name) = file.strip_suffix(".ext4") {
+                        if validate_name(name).is_ok() {
+                            let key = (backend_name.clone(), owner_name.clone(), name.to_string());
+                            found.push((key, image.path()));
+                        }
                     }
                 }
             }
@@ -154,14 +189,15 @@ impl CacheStore {
         Ok(found)
     }
 
-    /// Takes cache `name` of `owner` for sandbox `sandbox`, making it (of `size_mib`, else the
-    /// default size) if it does not exist yet.
+    /// Takes cache `name` of `owner` for sandbox `sandbox` on `backend`, making it (of
+    /// `size_mib`, else the default size) if it does not exist yet.
     pub async fn acquire(
         self: &Arc<Self>,
         owner: &Owner,
         name: &str,
         size_mib: Option<u64>,
         sandbox: &str,
+        backend: BackendKind,
     ) -> Result<CacheLease, StorageError> {
         validate_name(name)?;
         if size_mib == Some(0) {
@@ -169,7 +205,11 @@ impl CacheStore {
                 "cache {name:?}: size_mib must be at least 1"
             )));
         }
-        let key = (owner_dir_name(owner), name.to_string());
+        let key = (
+            backend_dir(backend).to_string(),
+            owner_dir_name(owner),
+            name.to_string(),
+        );
         let path = self.image_path(&key);
         let new_lease = {
             let mut held = self.held();
@@ -216,7 +256,7 @@ impl CacheStore {
         let held = self.held();
         let mut caches = Vec::new();
         for (key, path) in self.on_disk()? {
-            if want.as_ref().is_some_and(|w| *w != key.0) {
+            if want.as_ref().is_some_and(|w| *w != key.1) {
                 continue;
             }
             let Ok(meta) = std::fs::metadata(&path) else {
@@ -230,8 +270,9 @@ impl CacheStore {
                 .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
                 .map_or(0, |d| d.as_millis() as u64);
             caches.push(CacheInfo {
-                name: key.1.clone(),
-                owner: owner_of_dir(&key.0).map_or(key.0.clone(), |o| o.to_string()),
+                name: key.2.clone(),
+                owner: owner_of_dir(&key.1).map_or(key.1.clone(), |o| o.to_string()),
+                backend: backend_of_dir(&key.0).unwrap_or(BackendKind::Namespace),
                 size_mib: meta.len().div_ceil(1024 * 1024),
                 used_mib: (meta.blocks() * 512).div_ceil(1024 * 1024),
                 in_use_by: held.in_use.get(&key).cloned(),
@@ -241,27 +282,48 @@ impl CacheStore {
         Ok(caches)
     }
 
-    /// Deletes cache `name` of `owner`, unless a sandbox uses it.
+    /// Deletes cache `name` of `owner` (of every backend), unless a sandbox uses it.
     pub fn remove(&self, owner: &Owner, name: &str) -> Result<(), StorageError> {
         validate_name(name)?;
-        let key = (owner_dir_name(owner), name.to_string());
         let mut held = self.held();
-        if let Some(by) = held.in_use.get(&key) {
-            return Err(StorageError::CacheBusy {
-                name: name.to_string(),
-                by: by.clone(),
-            });
+        let keys: Vec<Key> = [
+            BackendKind::Namespace,
+            BackendKind::Microvm,
+            BackendKind::Process,
+        ]
+        .into_iter()
+        .map(|b| {
+            (
+                backend_dir(b).to_string(),
+                owner_dir_name(owner),
+                name.to_string(),
+            )
+        })
+        .collect();
+        for key in &keys {
+            if let Some(by) = held.in_use.get(key) {
+                return Err(StorageError::CacheBusy {
+                    name: name.to_string(),
+                    by: by.clone(),
+                });
+            }
         }
-        let path = self.image_path(&key);
-        match std::fs::remove_file(&path) {
-            Ok(()) => {
-                held.leases.remove(&key);
-                Ok(())
+        let mut removed = false;
+        for key in keys {
+            let path = self.image_path(&key);
+            match std::fs::remove_file(&path) {
+                Ok(()) => {
+                    held.leases.remove(&key);
+                    removed = true;
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => return Err(StorageError::io(format!("remove {}", path.display()), e)),
             }
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                Err(StorageError::NoCache(name.to_string()))
-            }
-            Err(e) => Err(StorageError::io(format!("remove {}", path.display()), e)),
+        }
+        if removed {
+            Ok(())
+        } else {
+            Err(StorageError::NoCache(name.to_string()))
         }
     }
 }
@@ -269,6 +331,8 @@ impl CacheStore {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    const NS: BackendKind = BackendKind::Namespace;
 
     fn store(budget_mib: u64) -> (tempfile::TempDir, Arc<CacheStore>, Arc<DiskBudget>) {
         let tmp = tempfile::tempdir().expect("tempdir");
@@ -282,11 +346,11 @@ mod tests {
         let (_tmp, store, budget) = store(1000);
         let alice = Owner::Key("alice".into());
         let lease = store
-            .acquire(&alice, "cargo", None, "sb-1")
+            .acquire(&alice, "cargo", None, "sb-1", NS)
             .await
             .expect("made");
         assert_eq!(budget.taken_mib(), 64);
-        match store.acquire(&alice, "cargo", None, "sb-2").await {
+        match store.acquire(&alice, "cargo", None, "sb-2", NS).await {
             Err(StorageError::CacheBusy { by, .. }) => assert_eq!(by, "sb-1"),
             other => panic!("expected busy, got {other:?}"),
         }
@@ -296,7 +360,7 @@ mod tests {
         ));
         // Another owner's cache of the same name is another cache.
         let bob = store
-            .acquire(&Owner::Key("bob".into()), "cargo", Some(32), "sb-3")
+            .acquire(&Owner::Key("bob".into()), "cargo", Some(32), "sb-3", NS)
             .await
             .expect("bob's own");
         assert_ne!(bob.path(), lease.path());
@@ -307,7 +371,7 @@ mod tests {
         assert_eq!(store.list(None).expect("all").len(), 2);
         drop(lease);
         let again = store
-            .acquire(&alice, "cargo", Some(999), "sb-4")
+            .acquire(&alice, "cargo", Some(999), "sb-4", NS)
             .await
             .expect("free again");
         assert_eq!(
@@ -330,19 +394,21 @@ mod tests {
         for bad in ["", ".hidden", "a/b", "..", &"x".repeat(65), "sp ace"] {
             assert!(
                 matches!(
-                    store.acquire(&Owner::Unix, bad, None, "sb-1").await,
+                    store.acquire(&Owner::Unix, bad, None, "sb-1", NS).await,
                     Err(StorageError::Invalid(_))
                 ),
                 "{bad:?}"
             );
         }
         assert!(matches!(
-            store.acquire(&Owner::Unix, "big", Some(101), "sb-1").await,
+            store
+                .acquire(&Owner::Unix, "big", Some(101), "sb-1", NS)
+                .await,
             Err(StorageError::OverBudget { .. })
         ));
         assert_eq!(budget.taken_mib(), 0);
         store
-            .acquire(&Owner::Unix, "big", Some(100), "sb-1")
+            .acquire(&Owner::Unix, "big", Some(100), "sb-1", NS)
             .await
             .expect("not held by the refusal");
     }
@@ -353,7 +419,7 @@ mod tests {
         let dir = tmp.path().join("caches");
         {
             let store = CacheStore::open(dir.clone(), 40, DiskBudget::new(100)).expect("open");
-            drop(store.acquire(&Owner::Unix, "npm", None, "sb-1").await);
+            drop(store.acquire(&Owner::Unix, "npm", None, "sb-1", NS).await);
         }
         let budget = DiskBudget::new(100);
         let store = CacheStore::open(dir, 40, budget.clone()).expect("reopen");
@@ -364,5 +430,33 @@ mod tests {
             (listed[0].name.as_str(), listed[0].owner.as_str()),
             ("npm", "unix")
         );
+    }
+
+    #[tokio::test]
+    async fn a_microvm_cache_is_never_given_to_a_namespace_sandbox() {
+        let (_tmp, store, _budget) = store(1000);
+        let vm = store
+            .acquire(&Owner::Unix, "pip", None, "sb-1", BackendKind::Microvm)
+            .await
+            .expect("a VM's cache");
+        let host = store
+            .acquire(&Owner::Unix, "pip", None, "sb-2", NS)
+            .await
+            .expect("another cache of the same name");
+        assert_ne!(
+            vm.path(),
+            host.path(),
+            "guest-written images stay with guests"
+        );
+        let backends: Vec<_> = store
+            .list(None)
+            .expect("list")
+            .iter()
+            .map(|c| c.backend)
+            .collect();
+        assert_eq!(backends, [BackendKind::Microvm, NS]);
+        drop((vm, host));
+        store.remove(&Owner::Unix, "pip").expect("both go");
+        assert!(store.list(None).expect("list").is_empty());
     }
 }

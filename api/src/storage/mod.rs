@@ -201,14 +201,15 @@ impl Storage {
 
 /// The full size of every cache image under `dir` (they are counted whole).
 fn existing_cache_bytes(dir: &std::path::Path) -> u64 {
-    let Ok(owners) = std::fs::read_dir(dir) else {
+    let Ok(entries) = std::fs::read_dir(dir) else {
         return 0;
     };
-    owners
+    entries
         .flatten()
-        .filter_map(|owner| std::fs::read_dir(owner.path()).ok())
-        .flat_map(|images| images.flatten())
-        .filter_map(|image| image.metadata().ok())
-        .map(|meta| meta.len())
+        .map(|entry| match entry.file_type() {
+            Ok(t) if t.is_dir() => existing_cache_bytes(&entry.path()),
+            Ok(t) if t.is_file() => entry.metadata().map_or(0, |m| m.len()),
+            _ => 0,
+        })
         .sum()
 }
