@@ -270,7 +270,9 @@ impl AppState {
 
         let id = new_id();
         let network = policy.map(|policy| {
-            let counters = Arc::new(egress::EgressCounters::default());
+            let counters = Arc::new(egress::EgressCounters::for_sandbox(
+                self.metrics.egress.clone(),
+            ));
             let context = Arc::new(egress::EgressContext {
                 sandbox_id: id.clone(),
                 policy,
@@ -379,7 +381,7 @@ fn storage_features(request: &CreateSandbox) -> Vec<&'static str> {
 }
 
 /// The smallest disk-backed layer: an ext4 needs a few MiB for itself.
-const MIN_DISK_MIB: u64 = 64;
+pub const MIN_DISK_MIB: u64 = 64;
 
 impl AppState {
     /// Takes what the request asks of the storage, for sandbox `id`: its caches (made if new)

@@ -266,8 +266,12 @@ async fn an_allowed_host_port_is_fetched_over_http_and_connect_byte_for_byte_and
     let metrics = c.metrics().await.expect("metrics");
     assert!(
         metrics.contains(&format!(
-            "crucible_egress_connections_total{{sandbox=\"{id}\"}} 2"
+            "crucible_sandbox_egress_connections_total{{sandbox=\"{id}\"}} 2"
         )),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("\ncrucible_egress_connections_total 2\n"),
         "{metrics}"
     );
     assert_eq!(http.connections.load(Ordering::SeqCst), 1);
