@@ -11,8 +11,7 @@ use crate::auth::Owner;
 use crate::backend::microvm::MicrovmBackend;
 use crate::backend::namespace::{IdRanges, NamespaceBackend};
 use crate::backend::{
-    Backend, BackendError, Backends, EgressSink, EgressStream, ImagePaths, InstanceSpec,
-    MountSource, MountSpec,
+    Backend, BackendError, Backends, ImagePaths, InstanceSpec, MountSource, MountSpec,
 };
 use crate::config::ServeConfig;
 use crate::egress;
@@ -279,15 +278,7 @@ impl AppState {
                 counters: counters.clone(),
                 resolver: Arc::new(egress::SystemResolver),
             });
-            let sink: EgressSink = Arc::new(move |stream| {
-                let context = context.clone();
-                tokio::spawn(async move {
-                    match stream {
-                        EgressStream::Tcp(s) => egress::serve(s, &context).await,
-                        EgressStream::Unix(s) => egress::serve(s, &context).await,
-                    }
-                });
-            });
+            let sink = egress::sink(context, egress::MAX_CONNECTIONS_PER_SANDBOX);
             (counters, sink)
         });
         let mut request = request;
