@@ -785,23 +785,30 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_literal_private_address_needs_an_operator_rule_even_if_the_sandbox_names_it() {
-        // An operator `*` covers names only; the sandbox cannot ask for an address it doesn't.
-        let operator: Allowlist = "*".parse().expect("rules");
-        assert!(matches!(
-            EgressPolicy::new(&["127.0.0.1:22".to_string()], &operator),
-            Err(crate::egress::PolicyError::NotCovered { .. })
-        ));
-        // Nor through the IPv4-mapped or NAT64 spelling of a loopback address.
-        let Setup { ctx, .. } = setup(&["*.test"], "*", &[]);
-        for target in ["[::ffff:127.0.0.1]:22", "[64:ff9b::7f00:1]:22", "[::1]:22"] {
+    async fn loopback_spelled_as_mapped_or_nat64_ipv6_is_refused_under_a_wide_operator_network() {
+        // The sandbox may ask for these literals (the operator's networks cover them), but
+        // networks that also hold public addresses open no special-use address.
+        let targets = [
+            "[::ffff:127.0.0.1]:22",
+            "[64:ff9b::7f00:1]:22",
+            "[::1]:22",
+            "127.0.0.1:22",
+        ];
+        let Setup { ctx, .. } = setup(&targets, "0.0.0.0/0, ::/0", &[]);
+        for target in targets {
             let request = format!("CONNECT {target} HTTP/1.1\r\n\r\n");
             let response = exchange(&ctx, request.as_bytes()).await;
             assert!(
                 response.starts_with("HTTP/1.1 403 "),
                 "{target}: {response}"
             );
+            assert!(
+                body(&response)
+                    .contains("is a loopback address, which the operator has not allowed"),
+                "{target}: {response}"
+            );
         }
+        assert_eq!(ctx.counters.snapshot().denied, targets.len() as u64);
     }
 
     #[tokio::test]
