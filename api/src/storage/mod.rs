@@ -14,7 +14,7 @@ use std::sync::Arc;
 
 pub use budget::{BudgetLease, DiskBudget};
 pub use caches::{validate_name as validate_cache_name, CacheLease, CacheStore};
-pub use ext4::{ScratchDisk, ScratchDisks};
+pub use ext4::{mkfs_binary, ScratchDisk, ScratchDisks};
 pub use targets::validate_targets;
 pub use volumes::Volumes;
 
@@ -95,6 +95,34 @@ pub fn default_data_dir() -> PathBuf {
         .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".local/share")))
         .unwrap_or_else(std::env::temp_dir);
     base.join("crucible")
+}
+
+/// What caches and disk-backed layers need of the host, as `crucible doctor` reports it.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct HostSupport {
+    /// `mkfs.ext4`, which makes their images.
+    pub mkfs_ext4: Option<PathBuf>,
+    /// `/dev/loop-control`, through which namespace sandboxes attach them.
+    pub loop_devices: bool,
+}
+
+impl HostSupport {
+    /// Looks.
+    pub fn inspect() -> Self {
+        HostSupport {
+            mkfs_ext4: mkfs_binary(),
+            loop_devices: std::path::Path::new("/dev/loop-control").exists(),
+        }
+    }
+
+    /// Why caches and disk-backed layers cannot work here, if they cannot.
+    pub fn problem(&self) -> Option<String> {
+        match (&self.mkfs_ext4, self.loop_devices) {
+            (None, _) => Some("no mkfs.ext4 (install e2fsprogs)".into()),
+            (_, false) => Some("no /dev/loop-control (modprobe loop)".into()),
+            _ => None,
+        }
+    }
 }
 
 /// How the daemon's storage is set up (`crucible serve` flags).
