@@ -36,6 +36,7 @@ def start(binary, image, name, workdir):
     sock = os.path.join(d, "s.sock")
     proc = subprocess.Popen(
         [binary, "serve", "--socket", sock, "--state-dir", os.path.join(d, "state"),
+         "--data-dir", os.path.join(d, "data"),
          "--image", image, "--cgroup-parent", f"crucible-ab-{name}-{os.getpid()}"],
         stderr=subprocess.DEVNULL)
     deadline = time.time() + 10

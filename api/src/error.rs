@@ -126,9 +126,7 @@ impl From<StorageError> for ApiError {
         match e {
             StorageError::Invalid(_) | StorageError::NoVolume { .. } => ApiError::invalid(message),
             StorageError::NoCache(_) => Self::new(StatusCode::NOT_FOUND, "not_found", message),
-            StorageError::CacheBusy { .. } | StorageError::GuestWritten { .. } => {
-                ApiError::conflict(message)
-            }
+            StorageError::CacheBusy { .. } => ApiError::conflict(message),
             StorageError::OverBudget { .. } => Self::new(
                 StatusCode::INSUFFICIENT_STORAGE,
                 "insufficient_storage",

@@ -35,6 +35,8 @@ pub struct Metrics {
     pub bytes_uploaded: AtomicU64,
     /// Bytes downloaded from sandboxes.
     pub bytes_downloaded: AtomicU64,
+    /// Egress through every sandbox's proxy (each sandbox's counters add to these).
+    pub egress: std::sync::Arc<crate::egress::EgressCounters>,
     latency_buckets: [AtomicU64; LATENCY_BUCKETS.len()],
     latency_count: AtomicU64,
     latency_sum_us: AtomicU64,
@@ -62,7 +64,7 @@ impl Metrics {
     }
 
     /// The Prometheus text exposition.
-    pub fn render(&self, registry: &Registry) -> String {
+    pub fn render(&self, registry: &Registry, caller: &crate::auth::Caller) -> String {
         let mut out = String::new();
         let counter = |out: &mut String, name: &str, help: &str, value: &AtomicU64| {
             let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter");
@@ -79,35 +81,41 @@ impl Metrics {
                 .unwrap_or_default();
             let _ = writeln!(out, "crucible_sandboxes{{state=\"{state}\"}} {n}");
         }
+        // Per sandbox, but only the caller's own: a label naming another key's sandbox would
+        // tell this key it exists. The daemon-wide totals count every sandbox ever made.
         let sandboxes = registry.list();
-        for (name, help, pick) in [
+        let egress: Vec<_> = sandboxes
+            .iter()
+            .filter(|s| caller.may_use(s.owner()))
+            .filter_map(|s| s.network().map(|n| (s, n.counters.snapshot())))
+            .collect();
+        let daemon = self.egress.snapshot();
+        type Pick = fn(&crate::egress::EgressStats) -> u64;
+        let series: [(&str, &str, Pick); 4] = [
+            ("connections", "Egress connections made", |s| s.connections),
+            ("denied", "Egress connections refused", |s| s.denied),
             (
-                "crucible_egress_connections_total",
-                "Egress connections made, per sandbox.",
-                (|s: &crate::egress::EgressStats| s.connections) as fn(&_) -> u64,
-            ),
-            (
-                "crucible_egress_denied_total",
-                "Egress connections refused, per sandbox.",
-                |s| s.denied,
-            ),
-            (
-                "crucible_egress_bytes_out_total",
-                "Bytes sent through the egress proxy, per sandbox.",
+                "bytes_out",
+                "Bytes sandboxes sent through the egress proxy",
                 |s| s.bytes_out,
             ),
             (
-                "crucible_egress_bytes_in_total",
-                "Bytes received through the egress proxy, per sandbox.",
+                "bytes_in",
+                "Bytes sandboxes received through the egress proxy",
                 |s| s.bytes_in,
             ),
-        ] {
-            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter");
-            for sandbox in &sandboxes {
-                if let Some(network) = sandbox.network() {
-                    let stats = network.counters.snapshot();
-                    let _ = writeln!(out, "{name}{{sandbox=\"{}\"}} {}", sandbox.id, pick(&stats));
-                }
+        ];
+        for (what, help, pick) in series {
+            let name = format!("crucible_egress_{what}_total");
+            let _ = writeln!(out, "# HELP {name} {help}.\n# TYPE {name} counter");
+            let _ = writeln!(out, "{name} {}", pick(&daemon));
+            let name = format!("crucible_sandbox_egress_{what}_total");
+            let _ = writeln!(
+                out,
+                "# HELP {name} {help}, per live sandbox of the caller's.\n# TYPE {name} counter"
+            );
+            for (sandbox, stats) in &egress {
+                let _ = writeln!(out, "{name}{{sandbox=\"{}\"}} {}", sandbox.id, pick(stats));
             }
         }
         counter(

@@ -5,7 +5,8 @@
 use schemars::generate::SchemaSettings;
 use serde_json::{json, Map, Value};
 use wire::{
-    CreateSandbox, ErrorBody, ExecRequest, ExecResult, FilesPutResult, SandboxInfo, SandboxList,
+    CacheList, CreateSandbox, ErrorBody, ExecRequest, ExecResult, FilesPutResult, SandboxInfo,
+    SandboxList,
 };
 
 fn schema_ref(name: &str) -> Value {
@@ -105,6 +106,27 @@ fn constrain(schemas: &mut Map<String, Value>) {
     );
     set(
         schemas,
+        "CreateSandbox",
+        "disk_mib",
+        json!({ "minimum": crate::state::MIN_DISK_MIB }),
+    );
+    set(
+        schemas,
+        "CacheMount",
+        "name",
+        json!({ "pattern": "^[A-Za-z0-9_-][A-Za-z0-9._-]{0,63}$" }),
+    );
+    set(schemas, "CacheMount", "size_mib", json!({ "minimum": 1 }));
+    for schema in ["CacheMount", "VolumeMount"] {
+        set(
+            schemas,
+            schema,
+            "path",
+            json!({ "pattern": "^/[^:\\u0000-\\u001f]*$", "maxLength": 4096 }),
+        );
+    }
+    set(
+        schemas,
         "ExecRequest",
         "cmd",
         json!({ "items": { "type": "string", "pattern": no_nul } }),
@@ -133,6 +155,7 @@ pub fn document() -> Value {
     generator.subschema_for::<ExecResult>();
     generator.subschema_for::<FilesPutResult>();
     generator.subschema_for::<ErrorBody>();
+    generator.subschema_for::<CacheList>();
     let mut schemas = generator.take_definitions(true);
     constrain(&mut schemas);
 
@@ -174,16 +197,46 @@ pub fn document() -> Value {
                     "requestBody": { "required": false, "content": {
                         "application/json": { "schema": schema_ref("CreateSandbox") } } },
                     "responses": with(errors(&[
-                        ("400", "The request is invalid."),
+                        ("400", "The request is invalid (a field, an egress rule, a cache name or mount path, an undeclared volume, or a feature the backend lacks)."),
+                        ("403", "network.allow asks for a host outside the operator's --egress-allow rules (code egress_not_allowed)."),
+                        ("409", "A cache asked for is mounted in another sandbox (one at a time)."),
                         ("429", "The daemon runs its maximum number of sandboxes."),
                         ("500", "The sandbox could not be started."),
                         ("503", "The requested backend is not available on this host."),
+                        ("507", "A new cache or disk-backed layer would take the daemon past its disk budget (code insufficient_storage)."),
                     ]), json!({ "201": json_response("The sandbox, running.", "SandboxInfo") }))
                 },
                 "get": {
                     "summary": "List the caller's sandboxes (all of them for the admin key and the Unix socket).",
                     "responses": with(errors(&[]),
                         json!({ "200": json_response("The sandboxes the caller may see.", "SandboxList") }))
+                }
+            },
+            "/caches": {
+                "get": {
+                    "summary": "List the caller's named caches (every one for the admin key and the Unix socket).",
+                    "responses": with(errors(&[]),
+                        json!({ "200": json_response("The caches.", "CacheList") }))
+                },
+                "delete": {
+                    "summary": "Delete every cache of the caller's that no sandbox uses.",
+                    "responses": with(errors(&[]),
+                        json!({ "200": json_response("The caches kept because they are in use.", "CacheList") }))
+                }
+            },
+            "/caches/{name}": {
+                "parameters": [{
+                    "name": "name", "in": "path", "required": true,
+                    "description": "The cache's name.",
+                    "schema": { "type": "string", "pattern": "^[A-Za-z0-9_-][A-Za-z0-9._-]{0,63}$" }
+                }],
+                "delete": {
+                    "summary": "Delete one of the caller's caches (on every backend).",
+                    "responses": with(errors(&[
+                        ("400", "The name is malformed."),
+                        ("404", "The caller has no cache of this name."),
+                        ("409", "A sandbox uses it."),
+                    ]), json!({ "204": { "description": "Deleted." } }))
                 }
             },
             "/sandboxes/{id}": {

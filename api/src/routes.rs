@@ -172,10 +172,10 @@ async fn healthz(State(state): State<Arc<AppState>>) -> Json<serde_json::Value> 
     }))
 }
 
-async fn metrics(State(state): State<Arc<AppState>>) -> impl IntoResponse {
+async fn metrics(State(state): State<Arc<AppState>>, caller: Caller) -> impl IntoResponse {
     (
         [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
-        state.metrics.render(&state.registry),
+        state.metrics.render(&state.registry, &caller),
     )
 }
 

@@ -12,15 +12,13 @@ use crate::backend::microvm::MicrovmBackend;
 use crate::backend::microvm_disks;
 use crate::backend::namespace::{IdRanges, NamespaceBackend};
 use crate::backend::{
-    Backend, BackendError, Backends, EgressSink, EgressStream, ImagePaths, InstanceSpec,
-    MountSource, MountSpec,
+    Backend, BackendError, Backends, ImagePaths, InstanceSpec, MountSource, MountSpec,
 };
 use crate::config::ServeConfig;
 use crate::egress;
 use crate::host;
 use crate::metrics::Metrics;
 use crate::sandbox::{new_id, Registry, Sandbox, SandboxError, SandboxNetwork, SandboxSettings};
-use crate::storage::MountedBy;
 use crate::storage::{validate_targets, SandboxStorage, Storage, StorageError};
 
 /// Why a sandbox was not created.
@@ -277,22 +275,16 @@ impl AppState {
 
         let id = new_id();
         let network = policy.map(|policy| {
-            let counters = Arc::new(egress::EgressCounters::default());
+            let counters = Arc::new(egress::EgressCounters::for_sandbox(
+                self.metrics.egress.clone(),
+            ));
             let context = Arc::new(egress::EgressContext {
                 sandbox_id: id.clone(),
                 policy,
                 counters: counters.clone(),
                 resolver: Arc::new(egress::SystemResolver),
             });
-            let sink: EgressSink = Arc::new(move |stream| {
-                let context = context.clone();
-                tokio::spawn(async move {
-                    match stream {
-                        EgressStream::Tcp(s) => egress::serve(s, &context).await,
-                        EgressStream::Unix(s) => egress::serve(s, &context).await,
-                    }
-                });
-            });
+            let sink = egress::sink(context, egress::MAX_CONNECTIONS_PER_SANDBOX);
             (counters, sink)
         });
         let mut request = request;
@@ -387,10 +379,10 @@ fn unsupported_storage(kind: BackendKind, request: &CreateSandbox) -> Vec<&'stat
 }
 
 /// The smallest disk-backed layer: an ext4 needs a few MiB for itself.
-const MIN_DISK_MIB: u64 = 64;
+pub const MIN_DISK_MIB: u64 = 64;
 
 impl AppState {
-    /// Takes what the request asks of the storage, for sandbox `id` on backend `kind`: its
+    /// Takes what the request asks of the storage, for sandbox `id` on `backend`: its
     /// caches (made if new) and its disk-backed layer, with the volumes it names; all of it is
     /// released if any part is refused.
     async fn claim_storage(
@@ -398,14 +390,8 @@ impl AppState {
         request: &CreateSandbox,
         owner: &Owner,
         id: &str,
-        kind: BackendKind,
+        backend: BackendKind,
     ) -> Result<(SandboxStorage, Option<std::path::PathBuf>, Vec<MountSpec>), CreateError> {
-        // A microVM's guest has its disks' raw blocks; a namespace sandbox's images are
-        // mounted by the host's kernel.
-        let mounted_by = match kind {
-            BackendKind::Microvm => MountedBy::GuestKernel,
-            BackendKind::Namespace | BackendKind::Process => MountedBy::HostKernel,
-        };
         let mut held = SandboxStorage::default();
         let mut mounts = Vec::new();
         if request.caches.is_empty() && request.volumes.is_empty() && request.disk_mib.is_none() {
@@ -429,7 +415,7 @@ impl AppState {
             }
             let lease = storage
                 .caches
-                .acquire(owner, &cache.name, cache.size_mib, id, mounted_by)
+                .acquire(owner, &cache.name, cache.size_mib, id, backend)
                 .await?;
             mounts.push(MountSpec {
                 source: MountSource::Ext4Image(lease.path().to_path_buf()),

@@ -28,6 +28,7 @@ pub fn run(args: &Args, json: bool) -> Result<()> {
     let namespace = state.unavailable_reason(BackendKind::Namespace);
     let chosen = state.default_backend();
     let usable = state.unavailable_reason(chosen).is_none();
+    let storage = api::storage::HostSupport::inspect();
     if json {
         let value = serde_json::json!({
             "host": report,
@@ -41,6 +42,7 @@ pub fn run(args: &Args, json: bool) -> Result<()> {
                 "namespace": {"available": namespace.is_none(), "reason": namespace},
             },
             "default_backend": if usable { chosen.to_string() } else { "none".to_string() },
+            "storage": {"host": storage, "problem": storage.problem()},
         });
         println!("{}", serde_json::to_string_pretty(&value)?);
         return Ok(());
@@ -75,6 +77,20 @@ pub fn run(args: &Args, json: bool) -> Result<()> {
             "present"
         } else {
             "missing"
+        }
+    );
+    println!(
+        "caches and disks:  {}",
+        match storage.problem() {
+            None => format!(
+                "yes (mkfs.ext4 at {}, loop devices)",
+                storage
+                    .mkfs_ext4
+                    .as_deref()
+                    .map(|p| p.display().to_string())
+                    .unwrap_or_default()
+            ),
+            Some(problem) => format!("no: {problem}"),
         }
     );
     let microvm_name = format!("microvm ({})", args.hypervisor);

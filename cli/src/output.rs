@@ -67,14 +67,15 @@ pub fn sandbox_table(sandboxes: &[SandboxInfo]) -> String {
 /// The `cache ls` table.
 pub fn cache_table(caches: &[wire::CacheInfo]) -> String {
     let mut out = format!(
-        "{:<24} {:<12} {:>9} {:>9} {:<20}\n",
-        "NAME", "OWNER", "SIZE", "USED", "IN USE BY"
+        "{:<24} {:<12} {:<10} {:>9} {:>9} {:<20}\n",
+        "NAME", "OWNER", "BACKEND", "SIZE", "USED", "IN USE BY"
     );
     for c in caches {
         out.push_str(&format!(
-            "{:<24} {:<12} {:>8}M {:>8}M {:<20}\n",
+            "{:<24} {:<12} {:<10} {:>8}M {:>8}M {:<20}\n",
             c.name,
             c.owner,
+            c.backend,
             c.size_mib,
             c.used_mib,
             c.in_use_by.as_deref().unwrap_or("-")

@@ -273,6 +273,8 @@ fn serve_refusal(configure: impl FnOnce(&mut Command)) -> String {
         .arg(dir.path().join("crucible.sock"))
         .arg("--state-dir")
         .arg(dir.path().join("state"))
+        .arg("--data-dir")
+        .arg(dir.path().join("data"))
         .env_remove("CRUCIBLE_API_KEYS")
         .env_remove("CRUCIBLE_ADMIN_KEY_NAME")
         .stdout(Stdio::null())

@@ -15,7 +15,8 @@ USAGE:
     guest-init --listen unix:PATH [--ready unix:PATH] [--log LEVEL]
     guest-init --selftest
     guest-init sandbox --rootfs DIR --runtime-dir DIR --agent-socket PATH --ready-socket PATH
-               --hostname NAME --id-map HOST_BASE:COUNT [--scratch-mib N] [--cgroup FILE]...
+               --hostname NAME --id-map HOST_BASE:COUNT [--scratch-mib N] [--scratch-disk FILE]
+               [--mount KIND:SOURCE:TARGET:MODE]... [--egress-socket PATH] [--cgroup FILE]...
                [--no-die-with-parent] [--memory-bytes N] [--log LEVEL]
 
 MODES:
@@ -42,6 +43,18 @@ MODES:
     supervisor: it exits with PID 1's status, and PID 1 dies with it; it dies with the process
     that started it unless --no-die-with-parent. --memory-bytes is the sandbox's memory limit,
     for the OOM verdict. (`sandbox-pid1` is the inside half, started only by `sandbox`.)
+
+    --scratch-disk FILE puts every write (the overlay's upper layer, /tmp, /dev/shm) on the
+    ext4 filesystem in FILE instead of the tmpfs (--scratch-mib is then ignored; a full disk is
+    ENOSPC inside). --mount KIND:SOURCE:TARGET:MODE (repeatable) mounts SOURCE at TARGET
+    inside, nosuid and nodev, idmapped so that its uid 0 is the sandbox's root: KIND ext4 is an
+    ext4 image file, MODE rw or ro; KIND dir is a host directory, MODE ro only. TARGET is an
+    absolute, normalised path, not / nor in /proc, /dev or /sys, made if missing (never
+    through a symlink); no path may contain `:`. Images are attached through loop devices that
+    detach themselves when the sandbox is gone, and an image already attached is refused.
+    --egress-socket PATH is a Unix socket on the host, connected before entering like
+    --ready-socket and handed to PID 1 as descriptor 5 (close-on-exec, so no command
+    inherits it), for passing connections to the daemon.
 
     --selftest runs the boot self-test through the exec engine and exits (1 if any test fails;
     `pid1` fails unless run as PID 1).

@@ -223,3 +223,439 @@ pub(crate) fn host_dir(dir: &Path, userns: BorrowedFd<'_>) -> Result<OwnedFd, Ho
     }
     Ok(tree)
 }
+
+/// These attach real images through real loop devices: they need root, and fail without it.
+#[cfg(test)]
+mod tests {
+    use std::io::Write;
+    use std::os::unix::fs::MetadataExt;
+    use std::process::Command;
+
+    use super::*;
+
+    /// The host id the filesystems' uid and gid 0 appear as through the test's idmap.
+    const BASE: u32 = 2_123_000_000;
+
+    fn require_root() {
+        // SAFETY: geteuid takes no arguments and cannot fail.
+        let euid = unsafe { libc::geteuid() };
+        assert_eq!(euid, 0, "loop devices and idmapped mounts need root");
+    }
+
+    /// A fresh 16 MiB ext4 image in `dir`, made the way the daemon makes them.
+    fn ext4_file(dir: &Path, name: &str) -> PathBuf {
+        let image = dir.join(name);
+        std::fs::File::create(&image)
+            .and_then(|f| f.set_len(16 << 20))
+            .expect("a sparse 16 MiB file");
+        let status = Command::new("mkfs.ext4")
+            .args(["-q", "-F", "-m", "0"])
+            .arg(&image)
+            .status()
+            .expect("run mkfs.ext4 (Debian's e2fsprogs)");
+        assert!(status.success(), "mkfs.ext4 {}: {status}", image.display());
+        image
+    }
+
+    /// A user namespace whose ids 0–65535 are host ids BASE…, held by its descriptor alone.
+    fn user_namespace() -> OwnedFd {
+        // SAFETY: with a null stack clone behaves as fork; the child only calls pause and
+        // _exit (async-signal-safe) until it is killed, whatever threads the parent has.
+        let pid = unsafe {
+            libc::syscall(
+                libc::SYS_clone,
+                (libc::CLONE_NEWUSER | libc::SIGCHLD) as libc::c_ulong,
+                0usize,
+                0usize,
+                0usize,
+                0usize,
+            )
+        };
+        assert!(
+            pid >= 0,
+            "clone(CLONE_NEWUSER): {}",
+            std::io::Error::last_os_error()
+        );
+        if pid == 0 {
+            loop {
+                // SAFETY: pause takes no arguments; SIGKILL ends the loop.
+                unsafe { libc::pause() };
+            }
+        }
+        let pid = pid as libc::pid_t;
+        let line = format!("0 {BASE} 65536\n");
+        for file in ["uid_map", "gid_map"] {
+            std::fs::write(format!("/proc/{pid}/{file}"), &line).expect(file);
+        }
+        let ns = sys::open_file(Path::new(&format!("/proc/{pid}/ns/user")), libc::O_RDONLY)
+            .expect("open the user namespace");
+        // SAFETY: kill and waitpid take integers and a valid out-pointer.
+        unsafe {
+            libc::kill(pid, libc::SIGKILL);
+            libc::waitpid(pid, &mut 0, 0);
+        }
+        ns
+    }
+
+    /// Runs `f` on a thread of its own in a private mount namespace (nothing it mounts is seen
+    /// by the host or the other tests, and all of it goes when the thread ends), with the
+    /// file-system ids of the sandbox's root (BASE) while `as_sandbox_root` is set.
+    fn in_private_mounts<T: Send>(f: impl FnOnce() -> T + Send) -> T {
+        std::thread::scope(|scope| {
+            scope
+                .spawn(|| {
+                    // SAFETY: unshare takes an integer; it only affects this thread.
+                    let ret = unsafe { libc::unshare(libc::CLONE_NEWNS) };
+                    assert_eq!(ret, 0, "unshare: {}", std::io::Error::last_os_error());
+                    // SAFETY: the paths are NUL-terminated; the other pointers are null.
+                    let ret = unsafe {
+                        libc::mount(
+                            std::ptr::null(),
+                            c"/".as_ptr(),
+                            std::ptr::null(),
+                            libc::MS_REC | libc::MS_PRIVATE,
+                            std::ptr::null(),
+                        )
+                    };
+                    assert_eq!(
+                        ret,
+                        0,
+                        "make / private: {}",
+                        std::io::Error::last_os_error()
+                    );
+                    f()
+                })
+                .join()
+                .expect("the mount thread")
+        })
+    }
+
+    /// This thread's file-system uid and gid, until dropped (then root's again).
+    struct FsIds;
+
+    impl FsIds {
+        fn sandbox_root() -> Self {
+            // SAFETY: setfsgid and setfsuid take an integer and change only this thread.
+            unsafe {
+                libc::syscall(libc::SYS_setfsgid, BASE);
+                libc::syscall(libc::SYS_setfsuid, BASE);
+            }
+            FsIds
+        }
+    }
+
+    impl Drop for FsIds {
+        fn drop(&mut self) {
+            // SAFETY: as above.
+            unsafe {
+                libc::syscall(libc::SYS_setfsuid, 0u32);
+                libc::syscall(libc::SYS_setfsgid, 0u32);
+            }
+        }
+    }
+
+    fn attach_on(mnt: &OwnedFd, dir: &Path) {
+        let target = sys::open_file(dir, libc::O_PATH | libc::O_DIRECTORY).expect("target");
+        mount_api::attach(mnt, target.as_fd(), "the test mount").expect("attach");
+    }
+
+    fn unmount(dir: &Path) {
+        let path = cstring(dir).expect("path");
+        // SAFETY: umount2 reads the NUL-terminated path.
+        let ret = unsafe { libc::umount2(path.as_ptr(), 0) };
+        assert_eq!(
+            ret,
+            0,
+            "umount {}: {}",
+            dir.display(),
+            std::io::Error::last_os_error()
+        );
+    }
+
+    /// The loop devices whose backing file is `image`, read from sysfs.
+    fn devices_backed_by(image: &Path) -> Vec<String> {
+        let want = std::fs::metadata(image).expect("stat the image");
+        let mut found = Vec::new();
+        for entry in std::fs::read_dir("/sys/block")
+            .expect("/sys/block")
+            .flatten()
+        {
+            let Ok(backing) = std::fs::read_to_string(entry.path().join("loop/backing_file"))
+            else {
+                continue;
+            };
+            let same = std::fs::metadata(backing.trim_end())
+                .is_ok_and(|m| m.dev() == want.dev() && m.ino() == want.ino());
+            if same {
+                found.push(entry.file_name().to_string_lossy().into_owned());
+            }
+        }
+        found
+    }
+
+    /// Waits (at most 10 s) until no loop device is backed by `image`: the kernel clears an
+    /// autoclear device when its last opener goes.
+    fn assert_released(image: &Path) {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while !devices_backed_by(image).is_empty() {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{} still backs {:?}",
+                image.display(),
+                devices_backed_by(image)
+            );
+            std::thread::yield_now();
+        }
+    }
+
+    fn os_error(e: &std::io::Error) -> i32 {
+        e.raw_os_error().unwrap_or_default()
+    }
+
+    #[test]
+    fn an_ext4_image_fills_up_with_enospc_and_belongs_to_the_sandbox_root() {
+        require_root();
+        let dir = tempfile::tempdir().expect("temp dir");
+        let image = ext4_file(dir.path(), "data.ext4");
+        let userns = user_namespace();
+        let target = dir.path().join("mnt");
+        std::fs::create_dir(&target).expect("mkdir");
+        in_private_mounts(|| {
+            let mnt = ext4_image(&image, false, userns.as_fd()).expect("attach the image");
+            assert_eq!(devices_backed_by(&image).len(), 1);
+            attach_on(&mnt, &target);
+            drop(mnt);
+            let root = std::fs::metadata(&target).expect("stat the mount");
+            assert_eq!(
+                (root.uid(), root.gid()),
+                (BASE, BASE),
+                "uid 0 on disk is BASE"
+            );
+            let _ids = FsIds::sandbox_root();
+            let mut file = std::fs::File::create(target.join("fill")).expect("create a file");
+            let chunk = vec![0x5au8; 1 << 20];
+            let full = (0..64)
+                .find_map(|_| file.write_all(&chunk).and_then(|()| file.sync_all()).err())
+                .expect("16 MiB cannot hold 64 MiB");
+            assert_eq!(os_error(&full), libc::ENOSPC, "{full}");
+            let written = file.metadata().expect("stat").len();
+            assert!(written > 8 << 20, "only {written} bytes fit");
+            drop(file);
+            drop(_ids);
+            unmount(&target);
+        });
+        assert_released(&image);
+        // On disk, the sandbox root's file belongs to uid 0.
+        let out = Command::new("debugfs")
+            .args(["-R", "stat /fill"])
+            .arg(&image)
+            .output()
+            .expect("run debugfs (e2fsprogs)");
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            text.contains("User:     0   Group:     0"),
+            "/fill on disk: {text}"
+        );
+    }
+
+    #[test]
+    fn a_read_only_image_refuses_writes_through_mount_and_device() {
+        require_root();
+        let dir = tempfile::tempdir().expect("temp dir");
+        let image = ext4_file(dir.path(), "ref.ext4");
+        let userns = user_namespace();
+        let target = dir.path().join("mnt");
+        std::fs::create_dir(&target).expect("mkdir");
+        in_private_mounts(|| {
+            let mnt = ext4_image(&image, true, userns.as_fd()).expect("attach read-only");
+            let devices = devices_backed_by(&image);
+            assert_eq!(devices.len(), 1, "{devices:?}");
+            let ro = std::fs::read_to_string(format!("/sys/block/{}/ro", devices[0]))
+                .expect("read the device's ro flag");
+            assert_eq!(ro.trim(), "1", "{} is writable", devices[0]);
+            attach_on(&mnt, &target);
+            drop(mnt);
+            // Neither the sandbox's root nor host root may write.
+            let e = {
+                let _ids = FsIds::sandbox_root();
+                std::fs::write(target.join("x"), b"x").expect_err("written as sandbox root")
+            };
+            assert_eq!(os_error(&e), libc::EROFS, "{e}");
+            let e = std::fs::create_dir(target.join("d")).expect_err("written as host root");
+            assert_eq!(os_error(&e), libc::EROFS, "{e}");
+            unmount(&target);
+        });
+        assert_released(&image);
+    }
+
+    #[test]
+    fn the_loop_device_detaches_when_the_last_mount_is_gone() {
+        require_root();
+        let dir = tempfile::tempdir().expect("temp dir");
+        let image = ext4_file(dir.path(), "scratch.ext4");
+        let userns = user_namespace();
+        // Detached and never attached: closing the mount is all it takes.
+        let mnt = ext4_image(&image, false, userns.as_fd()).expect("attach");
+        assert_eq!(devices_backed_by(&image).len(), 1);
+        drop(mnt);
+        assert_released(&image);
+        // Attached, then unmounted (as when a sandbox's mount namespace goes).
+        let target = dir.path().join("mnt");
+        std::fs::create_dir(&target).expect("mkdir");
+        in_private_mounts(|| {
+            let mnt = ext4_image(&image, false, userns.as_fd()).expect("attach again");
+            attach_on(&mnt, &target);
+            drop(mnt);
+            assert_eq!(devices_backed_by(&image).len(), 1);
+            unmount(&target);
+        });
+        assert_released(&image);
+    }
+
+    #[test]
+    fn an_image_still_attached_is_refused() {
+        require_root();
+        let dir = tempfile::tempdir().expect("temp dir");
+        let image = ext4_file(dir.path(), "busy.ext4");
+        let userns = user_namespace();
+        let first = ext4_image(&image, false, userns.as_fd()).expect("first attach");
+        let device = devices_backed_by(&image);
+        let link = dir.path().join("link.ext4");
+        std::os::unix::fs::symlink(&image, &link).expect("symlink");
+        for (path, read_only) in [(&image, false), (&image, true), (&link, true)] {
+            match ext4_image(path, read_only, userns.as_fd()) {
+                Err(HostMountError::Loop(LoopError::InUse {
+                    image: named,
+                    device: dev,
+                })) => {
+                    assert_eq!(&named, path);
+                    assert_eq!(vec![dev.trim_start_matches("/dev/").to_string()], device);
+                }
+                other => panic!("{} attached twice: {other:?}", path.display()),
+            }
+        }
+        assert_eq!(
+            devices_backed_by(&image),
+            device,
+            "a refused attach left a device"
+        );
+        drop(first);
+        assert_released(&image);
+        drop(ext4_image(&image, false, userns.as_fd()).expect("attach once released"));
+        assert_released(&image);
+    }
+
+    #[test]
+    fn sources_of_the_wrong_kind_are_refused() {
+        require_root();
+        let dir = tempfile::tempdir().expect("temp dir");
+        let userns = user_namespace();
+        match ext4_image(dir.path(), true, userns.as_fd()) {
+            Err(HostMountError::Loop(LoopError::NotAFile { image })) => {
+                assert_eq!(image, dir.path())
+            }
+            other => panic!("a directory as an image: {other:?}"),
+        }
+        let e = ext4_image(dir.path(), false, userns.as_fd()).expect_err("a directory, rw");
+        assert!(
+            e.to_string().contains(&dir.path().display().to_string()),
+            "{e}"
+        );
+        let file = dir.path().join("file");
+        std::fs::write(&file, b"x").expect("write");
+        match host_dir(&file, userns.as_fd()) {
+            Err(HostMountError::NotADirectory { path }) => assert_eq!(path, file),
+            other => panic!("a file as a directory: {other:?}"),
+        }
+        let missing = dir.path().join("missing.ext4");
+        let e = ext4_image(&missing, false, userns.as_fd()).expect_err("a missing image");
+        assert!(e.to_string().contains("missing.ext4"), "{e}");
+        // Not an ext4 filesystem: the error names the image and its device, and the device
+        // is released.
+        let junk = dir.path().join("junk.ext4");
+        std::fs::write(&junk, vec![0u8; 1 << 20]).expect("write");
+        let e = ext4_image(&junk, false, userns.as_fd()).expect_err("not ext4");
+        assert!(e.to_string().contains("junk.ext4 on /dev/loop"), "{e}");
+        assert_released(&junk);
+    }
+
+    #[test]
+    fn a_host_directory_is_bound_read_only_and_idmapped() {
+        require_root();
+        let dir = tempfile::tempdir().expect("temp dir");
+        let source = dir.path().join("src");
+        std::fs::create_dir(&source).expect("mkdir");
+        std::fs::write(source.join("file"), b"data").expect("write");
+        let userns = user_namespace();
+        let target = dir.path().join("mnt");
+        std::fs::create_dir(&target).expect("mkdir");
+        in_private_mounts(|| {
+            let mnt = host_dir(&source, userns.as_fd()).expect("bind the directory");
+            attach_on(&mnt, &target);
+            drop(mnt);
+            let file = target.join("file");
+            assert_eq!(std::fs::read(&file).expect("read"), b"data");
+            let meta = std::fs::metadata(&file).expect("stat");
+            // The temporary directory's filesystem (ext4 here) supports idmapping.
+            assert_eq!((meta.uid(), meta.gid()), (BASE, BASE), "host root's file");
+            let e = std::fs::write(target.join("new"), b"x").expect_err("written as host root");
+            assert_eq!(os_error(&e), libc::EROFS, "{e}");
+            let e = {
+                let _ids = FsIds::sandbox_root();
+                std::fs::write(&file, b"x").expect_err("written as sandbox root")
+            };
+            assert_eq!(os_error(&e), libc::EROFS, "{e}");
+            unmount(&target);
+        });
+        let raw = source.join("file");
+        assert_eq!(std::fs::read(raw).expect("read"), b"data");
+    }
+
+    #[test]
+    fn a_host_directory_that_cannot_be_idmapped_is_still_bound_read_only() {
+        require_root();
+        let dir = tempfile::tempdir().expect("temp dir");
+        let userns = user_namespace();
+        let [lower, upper, work, merged, target] =
+            ["lower", "upper", "work", "merged", "mnt"].map(|d| dir.path().join(d));
+        for d in [&lower, &upper, &work, &merged, &target] {
+            std::fs::create_dir(d).expect("mkdir");
+        }
+        std::fs::write(lower.join("file"), b"data").expect("write");
+        in_private_mounts(|| {
+            // Overlayfs does not support idmapped mounts.
+            let options = format!(
+                "lowerdir={},upperdir={},workdir={}",
+                lower.display(),
+                upper.display(),
+                work.display()
+            );
+            let options = cstring(Path::new(&options)).expect("options");
+            let merged_c = cstring(&merged).expect("path");
+            // SAFETY: every pointer is a NUL-terminated string alive for the call.
+            let ret = unsafe {
+                libc::mount(
+                    c"overlay".as_ptr(),
+                    merged_c.as_ptr(),
+                    c"overlay".as_ptr(),
+                    0,
+                    options.as_ptr().cast(),
+                )
+            };
+            assert_eq!(ret, 0, "mount overlay: {}", std::io::Error::last_os_error());
+            let mnt = host_dir(&merged, userns.as_fd()).expect("bind without idmapping");
+            attach_on(&mnt, &target);
+            drop(mnt);
+            let meta = std::fs::metadata(target.join("file")).expect("stat");
+            assert_eq!(
+                meta.uid(),
+                0,
+                "not idmapped: host root's file stays host root's"
+            );
+            let e = std::fs::write(target.join("new"), b"x").expect_err("written");
+            assert_eq!(os_error(&e), libc::EROFS, "{e}");
+            unmount(&target);
+            unmount(&merged);
+        });
+    }
+}

@@ -175,9 +175,12 @@ fn inside(
 
 /// Called by PID 1 after the `execve` into the sandbox: nothing inside may ptrace it, read its
 /// memory or its descriptors, root or not (it holds the sockets to the daemon). Its memory now
-/// belongs to the sandbox's user namespace, where no process has `CAP_SYS_PTRACE`.
+/// belongs to the sandbox's user namespace, where no process has `CAP_SYS_PTRACE`. The egress
+/// connection ([`PID1_EGRESS_FD`]), if it was handed over, is made close-on-exec at once, so
+/// no command ever inherits it, whether or not the agent uses it.
 pub fn harden_pid1() -> Result<(), SysError> {
-    sys::set_undumpable()
+    sys::set_undumpable()?;
+    sys::keep_from_commands(PID1_EGRESS_FD)
 }
 
 fn chain(e: &dyn std::error::Error) -> String {

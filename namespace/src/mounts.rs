@@ -340,3 +340,63 @@ fn pivot_into(root: &Path) -> Result<(), SysError> {
     check(ret, || "detach the host's root".into())?;
     std::env::set_current_dir("/").map_err(|e| SysError::io("chdir /", e))
 }
+
+#[cfg(test)]
+mod tests {
+    use std::os::unix::fs::MetadataExt;
+
+    use super::*;
+    use crate::MountKind;
+
+    fn mount_at(target: &str) -> ExtraMount {
+        ExtraMount {
+            kind: MountKind::Ext4Image,
+            source: "/srv/a.ext4".into(),
+            target: target.into(),
+            read_only: false,
+        }
+    }
+
+    fn root(dir: &Path) -> OwnedFd {
+        sys::open_file(dir, libc::O_PATH | libc::O_DIRECTORY).expect("open the root")
+    }
+
+    #[test]
+    fn mount_points_are_made_under_the_root() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        std::fs::create_dir(dir.path().join("opt")).expect("mkdir");
+        let fd = mount_point(&root(dir.path()), &mount_at("/opt/a/b")).expect("made");
+        let made = std::fs::metadata(dir.path().join("opt/a/b")).expect("made");
+        let got = sys::fstat(&fd, || "stat".into()).expect("fstat");
+        assert_eq!((got.st_dev, got.st_ino), (made.dev(), made.ino()));
+        mount_point(&root(dir.path()), &mount_at("/opt/a/b")).expect("existing");
+    }
+
+    #[test]
+    fn symlinks_and_files_on_the_way_are_refused() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let outside = tempfile::tempdir().expect("outside");
+        symlink(outside.path(), dir.path().join("out")).expect("symlink");
+        symlink("proc", dir.path().join("p")).expect("symlink");
+        std::fs::create_dir(dir.path().join("proc")).expect("mkdir");
+        std::fs::write(dir.path().join("file"), b"x").expect("write");
+        for (target, errno, named) in [
+            ("/out/x", libc::ELOOP, "/out"),
+            ("/out", libc::ELOOP, "/out"),
+            ("/p/sys", libc::ELOOP, "/p"),
+            ("/file/x", libc::ENOTDIR, "/file"),
+        ] {
+            let e = mount_point(&root(dir.path()), &mount_at(target)).expect_err(target);
+            assert_eq!(e.source.raw_os_error(), Some(errno), "{target}: {e:?}");
+            assert!(
+                e.step.contains(&format!("open {named} for --mount")),
+                "{e:?}"
+            );
+        }
+        assert_eq!(
+            std::fs::read_dir(outside.path()).expect("ls").count(),
+            0,
+            "made something through the link"
+        );
+    }
+}

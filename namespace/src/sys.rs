@@ -418,6 +418,18 @@ pub(crate) fn set_undumpable() -> Result<(), SysError> {
     check(ret, || "prctl(PR_SET_NAME, init)".into())
 }
 
+/// Marks `fd` close-on-exec if it is open.
+pub(crate) fn keep_from_commands(fd: RawFd) -> Result<(), SysError> {
+    // SAFETY: fcntl(F_SETFD) takes integers; on a closed descriptor it fails with EBADF.
+    let ret = unsafe { libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC) };
+    if ret < 0 && io::Error::last_os_error().raw_os_error() != Some(libc::EBADF) {
+        return Err(SysError::last(format!(
+            "mark descriptor {fd} close-on-exec"
+        )));
+    }
+    Ok(())
+}
+
 /// The outer process: waits for the sandbox's PID 1 and exits with its status.
 pub(crate) fn supervise(child: libc::pid_t) -> ! {
     loop {
@@ -485,4 +497,108 @@ pub(crate) fn bring_up_loopback() -> Result<(), SysError> {
     // SAFETY: `fd` is ours and closed exactly once.
     unsafe { libc::close(fd) };
     result
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::{Read, Write};
+
+    use super::*;
+
+    fn pipe() -> (std::fs::File, std::fs::File) {
+        let mut fds = [0; 2];
+        // SAFETY: `fds` is a valid array of two descriptors for pipe2 to fill.
+        let ret = unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC | libc::O_NONBLOCK) };
+        assert_eq!(ret, 0, "pipe2: {}", io::Error::last_os_error());
+        // SAFETY: pipe2 returned two new descriptors that nothing else owns.
+        unsafe {
+            (
+                std::fs::File::from_raw_fd(fds[0]),
+                std::fs::File::from_raw_fd(fds[1]),
+            )
+        }
+    }
+
+    #[test]
+    fn a_descriptor_crosses_and_arrives_close_on_exec() {
+        let (a, b) = UnixStream::pair().expect("socketpair");
+        let (mut read_end, write_end) = pipe();
+        send_stream(a.as_fd(), &OwnedFd::from(write_end)).expect("send");
+        let got = recv_stream(b.as_fd())
+            .expect("receive")
+            .expect("a descriptor");
+        // SAFETY: F_GETFD takes integers.
+        let flags = unsafe { libc::fcntl(got.as_raw_fd(), libc::F_GETFD) };
+        assert_eq!(flags & libc::FD_CLOEXEC, libc::FD_CLOEXEC);
+        std::fs::File::from(got).write_all(b"hi").expect("write");
+        let mut buf = [0u8; 2];
+        read_end.read_exact(&mut buf).expect("read");
+        assert_eq!(&buf, b"hi");
+    }
+
+    #[test]
+    fn eof_is_none_and_would_block_is_an_error() {
+        let (a, b) = UnixStream::pair().expect("socketpair");
+        b.set_nonblocking(true).expect("nonblocking");
+        let e = recv_stream(b.as_fd()).expect_err("nothing sent yet");
+        assert_eq!(e.kind(), io::ErrorKind::WouldBlock);
+        drop(a);
+        assert!(recv_stream(b.as_fd()).expect("eof").is_none());
+    }
+
+    #[test]
+    fn a_message_without_a_descriptor_is_refused() {
+        let (mut a, b) = UnixStream::pair().expect("socketpair");
+        a.write_all(b"x").expect("write");
+        let e = recv_stream(b.as_fd()).expect_err("no descriptor");
+        assert_eq!(e.kind(), io::ErrorKind::InvalidData);
+    }
+
+    #[test]
+    fn descriptors_beyond_the_first_are_closed() {
+        let (a, b) = UnixStream::pair().expect("socketpair");
+        let pipes = [pipe(), pipe(), pipe()];
+        let raw: Vec<RawFd> = pipes.iter().map(|(_, w)| w.as_raw_fd()).collect();
+        let mut byte = [1u8];
+        let mut iov = libc::iovec {
+            iov_base: byte.as_mut_ptr().cast(),
+            iov_len: 1,
+        };
+        let mut buffer = [0u64; 8];
+        // SAFETY: CMSG_SPACE is a pure computation.
+        let space = unsafe { libc::CMSG_SPACE(size_of_val(raw.as_slice()) as u32) };
+        // SAFETY: msghdr is plain old data; all-zeroes is valid before the fields are set.
+        let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+        msg.msg_iov = &mut iov;
+        msg.msg_iovlen = 1;
+        msg.msg_control = buffer.as_mut_ptr().cast();
+        msg.msg_controllen = space as _;
+        // SAFETY: `buffer` (64 bytes) holds one header and three descriptors (space = 32).
+        unsafe {
+            let cmsg = libc::CMSG_FIRSTHDR(&msg);
+            (*cmsg).cmsg_level = libc::SOL_SOCKET;
+            (*cmsg).cmsg_type = libc::SCM_RIGHTS;
+            (*cmsg).cmsg_len = libc::CMSG_LEN(size_of_val(raw.as_slice()) as u32) as _;
+            std::ptr::copy_nonoverlapping(
+                raw.as_ptr(),
+                libc::CMSG_DATA(cmsg).cast::<RawFd>(),
+                raw.len(),
+            );
+        }
+        // SAFETY: `msg` and everything it points at live for the call.
+        let sent = unsafe { libc::sendmsg(a.as_raw_fd(), &msg, 0) };
+        assert_eq!(sent, 1, "sendmsg: {}", io::Error::last_os_error());
+        let got = recv_stream(b.as_fd()).expect("receive").expect("one");
+        let [(mut r0, w0), (mut r1, w1), (mut r2, w2)] = pipes;
+        drop((w0, w1, w2));
+        // The first write end is still open (we hold it); the others are closed everywhere.
+        let mut buf = [0u8; 1];
+        let e = r0.read(&mut buf).expect_err("the first pipe is still open");
+        assert_eq!(e.kind(), io::ErrorKind::WouldBlock);
+        for r in [&mut r1, &mut r2] {
+            assert_eq!(r.read(&mut buf).expect("eof"), 0, "an extra is still open");
+        }
+        drop(got);
+        assert_eq!(r0.read(&mut buf).expect("eof"), 0);
+    }
 }

@@ -266,10 +266,72 @@ async fn an_allowed_host_port_is_fetched_over_http_and_connect_byte_for_byte_and
     let metrics = c.metrics().await.expect("metrics");
     assert!(
         metrics.contains(&format!(
-            "crucible_egress_connections_total{{sandbox=\"{id}\"}} 2"
+            "crucible_sandbox_egress_connections_total{{sandbox=\"{id}\"}} 2"
         )),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("\ncrucible_egress_connections_total 2\n"),
         "{metrics}"
     );
     assert_eq!(http.connections.load(Ordering::SeqCst), 1);
     assert_eq!(tunnel.connections.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test]
+async fn a_hostile_sandbox_cannot_take_the_uplink_or_exhaust_the_daemon() {
+    let server = HostServer::start(|_| http_response(b"ok"));
+    let rule = format!("127.0.0.1:{}", server.port);
+    let daemon = TestDaemon::start_with(|config| config.egress_allow = vec![rule.clone()]);
+    let c = daemon.client();
+    let id = c
+        .create(&CreateSandbox {
+            network: Some(NetworkRequest {
+                allow: vec![rule.clone()],
+            }),
+            ..CreateSandbox::default()
+        })
+        .await
+        .expect("create")
+        .id;
+    // The uplink is a descriptor of PID 1's: commands neither inherit it nor can reach it.
+    let (out, err, code) = sh(
+        &c,
+        &id,
+        "ls /proc/self/fd | tr '\\n' ' '; echo; cat /proc/1/fd/5 2>&1 | head -n1; \
+         readlink /proc/1/fd/5; echo readlink=$?; grep -c egress /proc/1/net/unix",
+    )
+    .await;
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(lines[0].trim(), "0 1 2 3", "{out}{err}");
+    assert!(lines[1].contains("Permission denied"), "{out}{err}");
+    assert_eq!(lines[2].trim(), "readlink=1", "{out}{err}");
+    assert_eq!(
+        lines[3].trim(),
+        "0",
+        "no socket path names the uplink: {out}{err}"
+    );
+    assert_eq!(code, 1, "grep found nothing: {out}{err}");
+
+    // More connections than a sandbox may hold: the excess are answered 429, the daemon
+    // stays up, and once they are gone the sandbox is served again.
+    let script = format!(
+        "for i in $(seq {n}); do sleep 4 | nc 127.0.0.1 3128 > /tmp/c$i 2>&1 & done; \
+         sleep 2; grep -l '^HTTP/1.1 429' /tmp/c* | wc -l; wait; \
+         wget -q -O- http://127.0.0.1:{port}/",
+        n = api::egress::MAX_CONNECTIONS_PER_SANDBOX + 20,
+        port = server.port
+    );
+    let (out, err, code) = sh(&c, &id, &script).await;
+    assert_eq!(code, 0, "{out}{err}");
+    let refused: usize = out
+        .lines()
+        .next()
+        .unwrap_or("")
+        .trim()
+        .parse()
+        .expect("a count");
+    assert_eq!(refused, 20, "{out}");
+    assert!(out.trim_end().ends_with("ok"), "{out}");
+    assert!(c.health().await.is_ok());
 }

@@ -19,14 +19,28 @@ async fn daemon_with_work(home: &DaemonHome) -> (DaemonProcess, Vec<String>, cli
     let daemon = DaemonProcess::start_in(home, &[]).await;
     let c = daemon.client();
     let mut ids = Vec::new();
-    for _ in 0..2 {
-        ids.push(
-            c.create(&CreateSandbox::default())
-                .await
-                .expect("create")
-                .id,
-        );
-    }
+    ids.push(
+        c.create(&CreateSandbox::default())
+            .await
+            .expect("create")
+            .id,
+    );
+    // The second holds a disk-backed layer and a cache: both must survive a daemon's death
+    // correctly (the layer removed, the cache kept, neither left attached).
+    let storage = c.create(&with_storage()).await.expect("create").id;
+    let written = c
+        .exec_collect(
+            &storage,
+            &ExecRequest::new([
+                "sh",
+                "-c",
+                "echo kept > /cache/file && echo scratch > /root/f",
+            ]),
+        )
+        .await
+        .expect("exec");
+    assert_eq!(written.result.exit_code, 0);
+    ids.push(storage);
     let mut stream = c
         .exec(
             &ids[0],
@@ -44,12 +58,61 @@ async fn daemon_with_work(home: &DaemonHome) -> (DaemonProcess, Vec<String>, cli
     (daemon, ids, stream)
 }
 
+fn with_storage() -> CreateSandbox {
+    CreateSandbox {
+        disk_mib: Some(64),
+        caches: vec![wire::CacheMount {
+            name: "restart".into(),
+            path: "/cache".into(),
+            size_mib: Some(16),
+        }],
+        ..CreateSandbox::default()
+    }
+}
+
+/// Loop devices backed by files under `dir`.
+fn loops_under(dir: &std::path::Path) -> Vec<String> {
+    let Ok(dir) = dir.canonicalize() else {
+        return Vec::new();
+    };
+    std::fs::read_dir("/sys/block")
+        .expect("/sys/block")
+        .flatten()
+        .filter_map(|e| std::fs::read_to_string(e.path().join("loop/backing_file")).ok())
+        .filter(|b| std::path::Path::new(b.trim_end()).starts_with(&dir))
+        .collect()
+}
+
 /// A new daemon in `home` holds nothing of the old one's sandboxes, does not know them, and
 /// works; stopped, it leaves nothing at all behind.
 async fn restart_finds_a_clean_slate(home: &DaemonHome, old_ids: &[String]) {
+    let data_dir = home.state_dir().with_extension("data");
+    eventually("the old sandboxes' loop devices to detach", || {
+        loops_under(&data_dir).is_empty()
+    })
+    .await;
     let daemon = DaemonProcess::start_in(home, &[]).await;
     assert_nothing_held(&home.state_dir(), &home.cgroup_parent).await;
+    let layers: Vec<_> = std::fs::read_dir(data_dir.join("scratch"))
+        .expect("the scratch directory")
+        .flatten()
+        .map(|e| e.path())
+        .collect();
+    assert!(layers.is_empty(), "disk-backed layers left: {layers:?}");
     let c = daemon.client();
+    let caches = c.caches().await.expect("caches");
+    assert_eq!(caches.len(), 1, "the cache outlives the daemon: {caches:?}");
+    assert_eq!(caches[0].in_use_by, None);
+    let again = c.create(&with_storage()).await.expect("the cache again").id;
+    let read = c
+        .exec_collect(
+            &again,
+            &ExecRequest::new(["sh", "-c", "cat /cache/file; ls /root"]),
+        )
+        .await
+        .expect("exec");
+    assert_eq!(String::from_utf8_lossy(&read.stdout), "kept\n");
+    c.delete(&again).await.expect("delete");
     for id in old_ids {
         match c.get(id).await {
             Err(client::ClientError::Api { status: 404, .. }) => {}

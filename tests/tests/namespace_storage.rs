@@ -116,7 +116,7 @@ async fn a_cache_outlives_its_sandbox_keeps_its_limit_and_has_one_user_at_a_time
     assert!(out.contains("No space left on device"), "{out}");
     assert!(!out.contains("dd=0"), "{out}");
     assert!(out.contains("serde 1.0.0") && out.contains("rest"), "{out}");
-    let image = data_dir.join("caches/unix/cargo.ext4");
+    let image = data_dir.join("caches/namespace/unix/cargo.ext4");
     let meta = std::fs::metadata(&image).expect("the cache's image");
     assert_eq!(meta.len(), 64 << 20);
     use std::os::unix::fs::MetadataExt;

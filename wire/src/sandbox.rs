@@ -157,6 +157,10 @@ pub struct CacheInfo {
     pub name: String,
     /// The API key it belongs to (`"unix"` for the Unix socket without a key).
     pub owner: String,
+    /// The backend whose sandboxes use it: a microVM's cache is written block by block by its
+    /// guest, so it is never mounted by the host kernel for a namespace sandbox (the same name
+    /// on the two backends is two caches).
+    pub backend: BackendKind,
     /// Its size limit.
     pub size_mib: u64,
     /// Host disk it takes now (its image is sparse), in MiB, rounded up.

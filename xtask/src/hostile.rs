@@ -251,6 +251,10 @@ impl Daemon {
             .arg(&state_dir)
             .arg("--cgroup-parent")
             .arg(&cgroup_parent)
+            .arg("--data-dir")
+            .arg(dir.join("data"))
+            // Generated requests make caches and disk-backed layers: keep them small.
+            .args(["--disk-budget-mib", "4096", "--cache-mib", "64"])
             .arg("--image")
             .arg(image)
             .args(["--max-sandboxes", "8"])

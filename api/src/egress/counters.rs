@@ -3,13 +3,16 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-/// Live counters for one sandbox's egress, shared by all its proxied connections.
+/// Live counters for one sandbox's egress, shared by all its proxied connections; each count
+/// also goes to the daemon-wide counters it was made with, which never go down as sandboxes
+/// come and go.
 #[derive(Debug, Default)]
 pub struct EgressCounters {
     connections: AtomicU64,
     denied: AtomicU64,
     bytes_out: AtomicU64,
     bytes_in: AtomicU64,
+    daemon: Option<std::sync::Arc<EgressCounters>>,
 }
 
 /// A reading of [`EgressCounters`].
@@ -26,6 +29,15 @@ pub struct EgressStats {
 }
 
 impl EgressCounters {
+    /// A sandbox's counters, adding to `daemon`'s as well.
+    pub fn for_sandbox(daemon: std::sync::Arc<EgressCounters>) -> Self {
+        EgressCounters {
+            daemon: Some(daemon),
+            ..EgressCounters::default()
+        }
+    }
+
+    /// What was counted so far.
     pub fn snapshot(&self) -> EgressStats {
         EgressStats {
             connections: self.connections.load(Ordering::Relaxed),
@@ -37,17 +49,29 @@ impl EgressCounters {
 
     pub(crate) fn add_connection(&self) {
         self.connections.fetch_add(1, Ordering::Relaxed);
+        if let Some(daemon) = &self.daemon {
+            daemon.add_connection();
+        }
     }
 
     pub(crate) fn add_denied(&self) {
         self.denied.fetch_add(1, Ordering::Relaxed);
+        if let Some(daemon) = &self.daemon {
+            daemon.add_denied();
+        }
     }
 
     pub(crate) fn add_bytes_out(&self, n: u64) {
         self.bytes_out.fetch_add(n, Ordering::Relaxed);
+        if let Some(daemon) = &self.daemon {
+            daemon.add_bytes_out(n);
+        }
     }
 
     pub(crate) fn add_bytes_in(&self, n: u64) {
         self.bytes_in.fetch_add(n, Ordering::Relaxed);
+        if let Some(daemon) = &self.daemon {
+            daemon.add_bytes_in(n);
+        }
     }
 }

@@ -10,6 +10,7 @@ mod policy;
 mod proxy;
 mod request;
 mod rules;
+mod sink;
 
 pub use address::{special_use, SpecialUse};
 pub use counters::{EgressCounters, EgressStats};
@@ -18,3 +19,4 @@ pub use proxy::{
     serve, EgressContext, Resolve, SystemResolver, CONNECT_TIMEOUT, HEAD_LIMIT, HEAD_TIMEOUT,
 };
 pub use rules::{Allowlist, Host, IpNetwork, Rule, RuleError, RuleHost};
+pub use sink::{sink, MAX_CONNECTIONS_PER_SANDBOX};

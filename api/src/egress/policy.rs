@@ -6,7 +6,7 @@ use std::fmt;
 use std::net::{IpAddr, SocketAddr};
 
 use super::address::{special_use, SpecialUse};
-use super::rules::{Allowlist, Host, Rule, RuleError};
+use super::rules::{Allowlist, Host, Rule, RuleError, RuleHost};
 
 /// Why a sandbox's requested rules are refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -73,19 +73,44 @@ impl EgressPolicy {
     }
 
     /// The second check, for each address `host` resolved to (or its literal address): a
-    /// public address is fine; a special-use one only if an operator address or network
-    /// rule holds it, port included.
+    /// public address is fine; a special-use one only if an operator rule exempts it, port
+    /// included (see [`exempts`]).
     pub fn check_address(&self, host: &Host, addr: SocketAddr) -> Result<(), Denial> {
         let ip: IpAddr = addr.ip().to_canonical();
-        match special_use(ip) {
-            None => Ok(()),
-            Some(_) if self.operator.contains_address(ip, addr.port()) => Ok(()),
-            Some(kind) => Err(Denial::Address {
-                host: host.clone(),
-                addr,
-                kind,
-            }),
+        let Some(kind) = special_use(ip) else {
+            return Ok(());
+        };
+        if self
+            .operator
+            .rules()
+            .iter()
+            .any(|rule| exempts(rule, ip, addr.port()))
+        {
+            return Ok(());
         }
+        Err(Denial::Address {
+            host: host.clone(),
+            addr,
+            kind,
+        })
+    }
+}
+
+/// Whether operator `rule` opens the special-use address `ip` (canonical) on `port`: an
+/// address rule naming it, or a network rule holding it that lies wholly inside special-use
+/// space of one kind (`10.0.0.0/8`, `fd00::/8`, `127.0.0.1/32`). A network that also holds
+/// public addresses (`0.0.0.0/0`, written to mean "any public address") opens none of the
+/// special ones, so loopback and cloud metadata never come with it by accident.
+fn exempts(rule: &Rule, ip: IpAddr, port: u16) -> bool {
+    if !rule.contains_address(ip, port) {
+        return false;
+    }
+    match &rule.host {
+        RuleHost::Network(network) => {
+            let kind = special_use(network.first());
+            kind.is_some() && kind == special_use(network.last())
+        }
+        _ => true,
     }
 }
 
@@ -238,6 +263,35 @@ mod tests {
             assert!(
                 policy.check_address(&mirror, addr(other)).is_err(),
                 "{other}"
+            );
+        }
+        let wide = EgressPolicy::new(
+            &requested(&["10.1.2.3:22", "8.8.8.8:53", "[fd00::1]:22"]),
+            &operator("0.0.0.0/0, ::/0, 10.0.0.0/16:22, fd00::/8, 126.0.0.0/7"),
+        )
+        .expect("policy");
+        assert!(wide
+            .check_address(&host("8.8.8.8"), addr("8.8.8.8:53"))
+            .is_ok());
+        assert!(wide
+            .check_address(&host("10.0.9.9"), addr("10.0.9.9:22"))
+            .is_ok());
+        assert!(wide
+            .check_address(&host("fd00::1"), addr("[fd00::1]:22"))
+            .is_ok());
+        // Networks holding public addresses too open no special-use address.
+        for special in [
+            "127.0.0.1:22",
+            "169.254.169.254:80",
+            "10.1.2.3:22",
+            "0.0.0.0:22",
+            "[::1]:22",
+            "[fe80::1]:22",
+        ] {
+            let a = addr(special);
+            assert!(
+                wide.check_address(&host("x.test"), a).is_err(),
+                "{special} opened by a wide network"
             );
         }
         let literal = policy

@@ -385,3 +385,576 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Counted<'_, S> {
         Pin::new(&mut self.get_mut().inner).poll_shutdown(cx)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashMap;
+    use std::net::{IpAddr, Ipv4Addr};
+    use std::sync::Mutex;
+
+    use tokio::io::DuplexStream;
+    use tokio::net::TcpListener;
+    use tokio::sync::oneshot;
+
+    use super::*;
+    use crate::egress::counters::EgressStats;
+    use crate::egress::rules::Allowlist;
+
+    /// A resolver with a fixed table that records every name it was asked for.
+    #[derive(Default)]
+    struct FakeResolver {
+        table: HashMap<String, Vec<IpAddr>>,
+        asked: Mutex<Vec<String>>,
+    }
+
+    impl FakeResolver {
+        fn asked(&self) -> Vec<String> {
+            self.asked.lock().expect("resolver log").clone()
+        }
+    }
+
+    impl Resolve for FakeResolver {
+        fn resolve<'a>(
+            &'a self,
+            host: &'a str,
+            port: u16,
+        ) -> BoxFuture<'a, io::Result<Vec<SocketAddr>>> {
+            self.asked
+                .lock()
+                .expect("resolver log")
+                .push(host.to_string());
+            let found = self.table.get(host).cloned();
+            Box::pin(async move {
+                let ips = found.ok_or_else(|| {
+                    io::Error::new(io::ErrorKind::NotFound, format!("no such host {host}"))
+                })?;
+                Ok(ips
+                    .into_iter()
+                    .map(|ip| SocketAddr::new(ip, port))
+                    .collect())
+            })
+        }
+    }
+
+    const LOCALHOST: IpAddr = IpAddr::V4(Ipv4Addr::LOCALHOST);
+
+    struct Setup {
+        ctx: EgressContext,
+        resolver: Arc<FakeResolver>,
+    }
+
+    fn setup(requested: &[&str], operator: &str, names: &[(&str, &[IpAddr])]) -> Setup {
+        let operator: Allowlist = operator.parse().expect("operator rules");
+        let requested: Vec<String> = requested.iter().map(|r| r.to_string()).collect();
+        let policy = EgressPolicy::new(&requested, &operator).expect("policy");
+        let resolver = Arc::new(FakeResolver {
+            table: names
+                .iter()
+                .map(|(name, ips)| (name.to_string(), ips.to_vec()))
+                .collect(),
+            ..FakeResolver::default()
+        });
+        let ctx = EgressContext {
+            sandbox_id: "sb-test".to_string(),
+            policy: Arc::new(policy),
+            counters: Arc::default(),
+            resolver: resolver.clone(),
+        };
+        Setup { ctx, resolver }
+    }
+
+    /// Deterministic bytes no relay bug (a dropped, repeated or reordered chunk) survives.
+    fn payload(len: usize, seed: u64) -> Vec<u8> {
+        let mut state = seed | 1;
+        (0..len)
+            .map(|_| {
+                state ^= state << 13;
+                state ^= state >> 7;
+                state ^= state << 17;
+                state as u8
+            })
+            .collect()
+    }
+
+    fn pair() -> (DuplexStream, DuplexStream) {
+        tokio::io::duplex(64 * 1024)
+    }
+
+    /// Sends `request` as the sandbox, closes the sandbox's write side, and returns all it
+    /// got back, with the proxy serving the other end.
+    async fn exchange(ctx: &EgressContext, request: &[u8]) -> String {
+        exchange_with(ctx, request, DEFAULT_TIMEOUTS).await
+    }
+
+    async fn exchange_with(ctx: &EgressContext, request: &[u8], timeouts: Timeouts) -> String {
+        let (mut sandbox, proxy_end) = pair();
+        let client = async {
+            // The proxy may stop reading early (a head too large): a failed write is fine.
+            let _ = sandbox.write_all(request).await;
+            let mut response = Vec::new();
+            sandbox
+                .read_to_end(&mut response)
+                .await
+                .expect("read the answer");
+            String::from_utf8(response).expect("a text answer")
+        };
+        let ((), response) = tokio::join!(serve_with(proxy_end, ctx, timeouts), client);
+        response
+    }
+
+    fn header<'a>(response: &'a str, name: &str) -> Option<&'a str> {
+        let head = response.split("\r\n\r\n").next()?;
+        head.lines().skip(1).find_map(|line| {
+            let (n, v) = line.split_once(':')?;
+            n.eq_ignore_ascii_case(name).then(|| v.trim())
+        })
+    }
+
+    fn body(response: &str) -> &str {
+        response.split_once("\r\n\r\n").map_or("", |(_, body)| body)
+    }
+
+    /// A one-request HTTP server on 127.0.0.1: reports the head it got, answers `body`.
+    async fn http_server(body: Vec<u8>) -> (u16, oneshot::Receiver<Vec<u8>>) {
+        let listener = TcpListener::bind((LOCALHOST, 0)).await.expect("bind");
+        let port = listener.local_addr().expect("address").port();
+        let (head_tx, head_rx) = oneshot::channel();
+        tokio::spawn(async move {
+            let (mut stream, _) = listener.accept().await.expect("accept");
+            let mut head = Vec::new();
+            let mut byte = [0u8; 1];
+            while !head.ends_with(b"\r\n\r\n") {
+                stream.read_exact(&mut byte).await.expect("read the head");
+                head.push(byte[0]);
+            }
+            let _ = head_tx.send(head);
+            let response_head =
+                format!("HTTP/1.1 200 OK\r\nContent-Length: {}\r\n\r\n", body.len());
+            stream
+                .write_all(response_head.as_bytes())
+                .await
+                .expect("write the head");
+            stream.write_all(&body).await.expect("write the body");
+            stream.shutdown().await.expect("close");
+        });
+        (port, head_rx)
+    }
+
+    #[tokio::test]
+    async fn plain_http_is_forwarded_in_origin_form_and_downloads_byte_for_byte() {
+        let download = payload(3 * 1024 * 1024 + 7, 1);
+        let (port, head_rx) = http_server(download.clone()).await;
+        let Setup { ctx, .. } = setup(
+            &["mirror.test"],
+            &format!("mirror.test, 127.0.0.1:{port}"),
+            &[("mirror.test", &[LOCALHOST])],
+        );
+        let request = format!(
+            "GET http://mirror.test:{port}/crates/x.crate?v=1 HTTP/1.1\r\nHost: elsewhere.test\r\n\
+             Proxy-Connection: keep-alive\r\nProxy-Authorization: Basic eDp5\r\n\
+             Accept: */*\r\n\r\n"
+        );
+        let (mut sandbox, proxy_end) = pair();
+        // An HTTP client: it sends no half-close, and closes when the response has ended.
+        let client = async move {
+            sandbox.write_all(request.as_bytes()).await.expect("send");
+            let mut response = Vec::new();
+            sandbox.read_to_end(&mut response).await.expect("receive");
+            response
+        };
+        let ((), response) = tokio::join!(serve(proxy_end, &ctx), client);
+        let forwarded = head_rx.await.expect("the server got a head");
+        assert_eq!(
+            String::from_utf8_lossy(&forwarded),
+            format!(
+                "GET /crates/x.crate?v=1 HTTP/1.1\r\nHost: mirror.test:{port}\r\nAccept: */*\r\n\
+                 Connection: close\r\n\r\n"
+            )
+        );
+        let expected_head = format!(
+            "HTTP/1.1 200 OK\r\nContent-Length: {}\r\n\r\n",
+            download.len()
+        );
+        assert_eq!(
+            String::from_utf8_lossy(&response[..expected_head.len()]),
+            expected_head
+        );
+        assert!(
+            response[expected_head.len()..] == download[..],
+            "the body differs"
+        );
+        assert_eq!(
+            ctx.counters.snapshot(),
+            EgressStats {
+                connections: 1,
+                denied: 0,
+                bytes_out: forwarded.len() as u64,
+                bytes_in: response.len() as u64,
+            }
+        );
+    }
+
+    #[tokio::test]
+    async fn connect_tunnels_megabytes_both_ways_across_a_half_close_counting_as_it_goes() {
+        let upload = payload(2 * 1024 * 1024 + 3, 2);
+        let download = payload(4 * 1024 * 1024 + 5, 3);
+        let listener = TcpListener::bind((LOCALHOST, 0)).await.expect("bind");
+        let port = listener.local_addr().expect("address").port();
+        let (uploaded_tx, uploaded_rx) = oneshot::channel();
+        let (close_tx, close_rx) = oneshot::channel::<()>();
+        let server_download = download.clone();
+        tokio::spawn(async move {
+            let (mut stream, _) = listener.accept().await.expect("accept");
+            // Reading to the end needs the sandbox's half-close passed on; answering after it
+            // needs the other direction still open.
+            let mut uploaded = Vec::new();
+            stream
+                .read_to_end(&mut uploaded)
+                .await
+                .expect("read the upload");
+            let _ = uploaded_tx.send(uploaded);
+            stream
+                .write_all(&server_download)
+                .await
+                .expect("send the download");
+            let _ = close_rx.await;
+        });
+        let Setup { ctx, .. } = setup(
+            &[&format!("127.0.0.1:{port}")],
+            &format!("127.0.0.1:{port}"),
+            &[],
+        );
+        let (sandbox, proxy_end) = pair();
+        let (mut from_proxy, mut to_proxy) = tokio::io::split(sandbox);
+        let head = format!("CONNECT 127.0.0.1:{port} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n\r\n");
+        let early = b"sent with the head";
+        let sender = async {
+            let mut first = head.into_bytes();
+            first.extend_from_slice(early);
+            to_proxy.write_all(&first).await.expect("send the head");
+            to_proxy.write_all(&upload).await.expect("upload");
+            to_proxy.shutdown().await.expect("half-close");
+        };
+        let counters = ctx.counters.clone();
+        let receiver = async {
+            let established = b"HTTP/1.1 200 Connection established\r\n\r\n";
+            let mut answer = vec![0u8; established.len()];
+            from_proxy
+                .read_exact(&mut answer)
+                .await
+                .expect("the answer");
+            assert_eq!(answer, established);
+            let mut received = vec![0u8; download.len()];
+            from_proxy
+                .read_exact(&mut received)
+                .await
+                .expect("the download");
+            assert!(received == download, "the download differs");
+            // Still open: the counters show what has passed so far.
+            let live = counters.snapshot();
+            assert_eq!(live.bytes_in, download.len() as u64);
+            assert_eq!(live.connections, 1);
+            let _ = close_tx.send(());
+            let mut rest = Vec::new();
+            from_proxy.read_to_end(&mut rest).await.expect("the end");
+            assert!(rest.is_empty());
+        };
+        tokio::join!(serve(proxy_end, &ctx), sender, receiver);
+        let uploaded = uploaded_rx.await.expect("the server got the upload");
+        assert_eq!(&uploaded[..early.len()], early);
+        assert!(uploaded[early.len()..] == upload[..], "the upload differs");
+        assert_eq!(
+            ctx.counters.snapshot(),
+            EgressStats {
+                connections: 1,
+                denied: 0,
+                bytes_out: (early.len() + upload.len()) as u64,
+                bytes_in: download.len() as u64,
+            }
+        );
+    }
+
+    #[tokio::test]
+    async fn a_name_no_rule_allows_gets_a_403_naming_it_and_the_rules_without_a_lookup() {
+        let Setup { ctx, resolver } = setup(
+            &["crates.io", "*.pypi.org"],
+            "crates.io, *.pypi.org",
+            &[("example.com", &[LOCALHOST])],
+        );
+        for request in [
+            "CONNECT example.com:443 HTTP/1.1\r\n\r\n",
+            "GET http://pypi.org:443/simple HTTP/1.1\r\n\r\n",
+        ] {
+            let response = exchange(&ctx, request.as_bytes()).await;
+            assert!(
+                response.starts_with("HTTP/1.1 403 Forbidden\r\n"),
+                "{response}"
+            );
+            assert_eq!(header(&response, "X-Crucible-Egress"), Some("denied"));
+            assert_eq!(header(&response, "Connection"), Some("close"));
+            assert!(header(&response, "Content-Type").is_some_and(|v| v.starts_with("text/plain")));
+            assert_eq!(
+                header(&response, "Content-Length"),
+                Some(body(&response).len().to_string().as_str())
+            );
+        }
+        let response = exchange(&ctx, b"CONNECT example.com:443 HTTP/1.1\r\n\r\n").await;
+        assert_eq!(
+            body(&response),
+            "crucible egress: example.com:443 is not allowed for sandbox sb-test; allowed: \
+             crates.io, *.pypi.org\n"
+        );
+        assert!(
+            resolver.asked().is_empty(),
+            "looked up {:?}",
+            resolver.asked()
+        );
+        assert_eq!(ctx.counters.snapshot().denied, 3);
+        assert_eq!(ctx.counters.snapshot().connections, 0);
+    }
+
+    #[tokio::test]
+    async fn a_sandbox_without_rules_is_told_it_has_no_network() {
+        let Setup { ctx, .. } = setup(&[], "*", &[]);
+        let response = exchange(&ctx, b"CONNECT crates.io:443 HTTP/1.1\r\n\r\n").await;
+        assert!(response.starts_with("HTTP/1.1 403 "), "{response}");
+        assert_eq!(
+            body(&response),
+            "crucible egress: crates.io:443 is not allowed for sandbox sb-test: this sandbox \
+             has no network\n"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_name_resolving_to_loopback_is_refused_without_an_operator_address_rule() {
+        let listener = std::net::TcpListener::bind((LOCALHOST, 0)).expect("bind");
+        listener.set_nonblocking(true).expect("nonblocking");
+        let port = listener.local_addr().expect("address").port();
+        let Setup { ctx, resolver } = setup(
+            &["rebound.test"],
+            "*.test",
+            &[("rebound.test", &[LOCALHOST])],
+        );
+        let request = format!("CONNECT rebound.test:{port} HTTP/1.1\r\n\r\n");
+        let response = exchange(&ctx, request.as_bytes()).await;
+        assert!(
+            response.starts_with("HTTP/1.1 403 Forbidden\r\n"),
+            "{response}"
+        );
+        assert_eq!(header(&response, "X-Crucible-Egress"), Some("denied"));
+        assert_eq!(
+            body(&response),
+            format!(
+                "crucible egress: rebound.test:{port} resolves to 127.0.0.1, a loopback \
+                 address, which the operator has not allowed (sandbox sb-test)\n"
+            )
+        );
+        assert_eq!(resolver.asked(), ["rebound.test"]);
+        // Nothing connected.
+        let accepted = listener.accept();
+        assert!(
+            matches!(&accepted, Err(e) if e.kind() == io::ErrorKind::WouldBlock),
+            "{accepted:?}"
+        );
+        assert_eq!(ctx.counters.snapshot().denied, 1);
+    }
+
+    #[tokio::test]
+    async fn one_refused_address_among_those_resolved_refuses_the_name() {
+        let listener = std::net::TcpListener::bind((LOCALHOST, 0)).expect("bind");
+        listener.set_nonblocking(true).expect("nonblocking");
+        let port = listener.local_addr().expect("address").port();
+        let private: IpAddr = "10.0.0.1".parse().expect("address");
+        let Setup { ctx, .. } = setup(
+            &["mixed.test"],
+            &format!("mixed.test, 127.0.0.1:{port}"),
+            &[("mixed.test", &[LOCALHOST, private])],
+        );
+        let request = format!("GET http://mixed.test:{port}/ HTTP/1.1\r\n\r\n");
+        let response = exchange(&ctx, request.as_bytes()).await;
+        assert!(response.starts_with("HTTP/1.1 403 "), "{response}");
+        assert!(
+            body(&response).contains("resolves to 10.0.0.1, a private address"),
+            "{response}"
+        );
+        let accepted = listener.accept();
+        assert!(
+            matches!(&accepted, Err(e) if e.kind() == io::ErrorKind::WouldBlock),
+            "{accepted:?}"
+        );
+    }
+
+    #[tokio::test]
+    async fn loopback_spelled_as_mapped_or_nat64_ipv6_is_refused_under_a_wide_operator_network() {
+        // The sandbox may ask for these literals (the operator's networks cover them), but
+        // networks that also hold public addresses open no special-use address.
+        let targets = [
+            "[::ffff:127.0.0.1]:22",
+            "[64:ff9b::7f00:1]:22",
+            "[::1]:22",
+            "127.0.0.1:22",
+        ];
+        let Setup { ctx, .. } = setup(&targets, "0.0.0.0/0, ::/0", &[]);
+        for target in targets {
+            let request = format!("CONNECT {target} HTTP/1.1\r\n\r\n");
+            let response = exchange(&ctx, request.as_bytes()).await;
+            assert!(
+                response.starts_with("HTTP/1.1 403 "),
+                "{target}: {response}"
+            );
+            assert!(
+                body(&response)
+                    .contains("is a loopback address, which the operator has not allowed"),
+                "{target}: {response}"
+            );
+        }
+        assert_eq!(ctx.counters.snapshot().denied, targets.len() as u64);
+    }
+
+    #[tokio::test]
+    async fn a_head_larger_than_the_limit_gets_a_431() {
+        let Setup { ctx, .. } = setup(&["crates.io:443"], "crates.io:443", &[]);
+        let filler = "a".repeat(HEAD_LIMIT);
+        let request = format!("GET http://crates.io/ HTTP/1.1\r\nX-Filler: {filler}\r\n\r\n");
+        let response = exchange(&ctx, request.as_bytes()).await;
+        assert!(
+            response.starts_with("HTTP/1.1 431 Request Header Fields Too Large\r\n"),
+            "{response}"
+        );
+        assert_eq!(header(&response, "X-Crucible-Egress"), None);
+        assert!(body(&response).contains("16 KiB"), "{response}");
+        // Just under the limit is read and judged.
+        let filler = "a".repeat(HEAD_LIMIT - 100);
+        let request = format!("GET http://crates.io:1/ HTTP/1.1\r\nX-Filler: {filler}\r\n\r\n");
+        let response = exchange(&ctx, request.as_bytes()).await;
+        assert!(response.starts_with("HTTP/1.1 403 "), "{response}");
+    }
+
+    #[tokio::test]
+    async fn malformed_and_origin_form_requests_get_a_400_saying_why() {
+        let Setup { ctx, .. } = setup(&["crates.io"], "crates.io", &[]);
+        for (request, says) in [
+            (
+                "GET /index.html HTTP/1.1\r\nHost: crates.io\r\n\r\n",
+                "absolute URI",
+            ),
+            ("GET https://crates.io/ HTTP/1.1\r\n\r\n", "CONNECT"),
+            ("CONNECT crates.io HTTP/1.1\r\n\r\n", "no port"),
+            (
+                "GET http://crates.io/\x01 HTTP/1.1\r\n\r\n",
+                "not valid HTTP",
+            ),
+            ("\r\n\r\n", "empty or incomplete"),
+        ] {
+            let response = exchange(&ctx, request.as_bytes()).await;
+            assert!(
+                response.starts_with("HTTP/1.1 400 Bad Request\r\n"),
+                "{response}"
+            );
+            assert!(body(&response).contains(says), "{request:?}: {response}");
+        }
+        assert_eq!(ctx.counters.snapshot(), EgressStats::default());
+    }
+
+    #[tokio::test]
+    async fn a_head_not_sent_in_time_closes_the_connection_without_an_answer() {
+        let Setup { ctx, .. } = setup(&["crates.io"], "crates.io", &[]);
+        let (mut sandbox, proxy_end) = pair();
+        let timeouts = Timeouts {
+            head: Duration::from_millis(100),
+            ..DEFAULT_TIMEOUTS
+        };
+        let client = async {
+            sandbox
+                .write_all(b"CONNECT crates.io:443 HTTP/1.1\r\n")
+                .await
+                .expect("send a partial head");
+            let mut response = Vec::new();
+            sandbox.read_to_end(&mut response).await.expect("read");
+            response
+        };
+        let ((), response) = tokio::join!(serve_with(proxy_end, &ctx, timeouts), client);
+        assert!(
+            response.is_empty(),
+            "{}",
+            String::from_utf8_lossy(&response)
+        );
+    }
+
+    #[tokio::test]
+    async fn a_connection_not_accepted_in_time_gets_a_504() {
+        // A listener whose accept queue is full: Linux drops further SYNs, so a connect hangs.
+        let listener = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None)
+            .expect("socket");
+        listener
+            .bind(&SocketAddr::new(LOCALHOST, 0).into())
+            .expect("bind");
+        listener.listen(0).expect("listen");
+        let addr = listener
+            .local_addr()
+            .expect("address")
+            .as_socket()
+            .expect("an IP address");
+        let mut queued = Vec::new();
+        loop {
+            match tokio::time::timeout(Duration::from_millis(200), TcpStream::connect(addr)).await {
+                Ok(stream) => queued.push(stream.expect("connect while the queue has room")),
+                Err(_) => break,
+            }
+            assert!(queued.len() < 64, "the accept queue never filled");
+        }
+        let port = addr.port();
+        let Setup { ctx, .. } = setup(
+            &[&format!("127.0.0.1:{port}")],
+            &format!("127.0.0.1:{port}"),
+            &[],
+        );
+        let timeouts = Timeouts {
+            connect: Duration::from_millis(200),
+            ..DEFAULT_TIMEOUTS
+        };
+        let request = format!("CONNECT 127.0.0.1:{port} HTTP/1.1\r\n\r\n");
+        let response = exchange_with(&ctx, request.as_bytes(), timeouts).await;
+        assert!(
+            response.starts_with("HTTP/1.1 504 Gateway Timeout\r\n"),
+            "{response}"
+        );
+        assert!(body(&response).contains("timed out"), "{response}");
+        assert_eq!(ctx.counters.snapshot().connections, 0);
+    }
+
+    #[tokio::test]
+    async fn resolution_and_connection_failures_get_a_502() {
+        let closed_port = {
+            let listener = std::net::TcpListener::bind((LOCALHOST, 0)).expect("bind");
+            listener.local_addr().expect("address").port()
+        };
+        let Setup { ctx, .. } = setup(
+            &["unknown.test", "refused.test"],
+            &format!("*.test, 127.0.0.1:{closed_port}"),
+            &[("refused.test", &[LOCALHOST])],
+        );
+        let response = exchange(&ctx, b"CONNECT unknown.test:443 HTTP/1.1\r\n\r\n").await;
+        assert!(
+            response.starts_with("HTTP/1.1 502 Bad Gateway\r\n"),
+            "{response}"
+        );
+        assert!(
+            body(&response).contains("could not resolve unknown.test"),
+            "{response}"
+        );
+        let request = format!("CONNECT refused.test:{closed_port} HTTP/1.1\r\n\r\n");
+        let response = exchange(&ctx, request.as_bytes()).await;
+        assert!(
+            response.starts_with("HTTP/1.1 502 Bad Gateway\r\n"),
+            "{response}"
+        );
+        assert!(
+            body(&response).contains(&format!(
+                "could not connect to refused.test:{closed_port} (127.0.0.1:{closed_port})"
+            )),
+            "{response}"
+        );
+        assert_eq!(ctx.counters.snapshot(), EgressStats::default());
+    }
+}

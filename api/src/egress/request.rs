@@ -63,7 +63,7 @@ pub(crate) fn parse_head(head: &[u8]) -> Result<ProxyRequest, BadRequest> {
     match request.parse(head) {
         Ok(httparse::Status::Complete(_)) => {}
         Ok(httparse::Status::Partial) => {
-            return Err(BadRequest::new("the request head is incomplete"))
+            return Err(BadRequest::new("the request head is empty or incomplete"))
         }
         Err(httparse::Error::TooManyHeaders) => {
             return Err(BadRequest {

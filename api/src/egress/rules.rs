@@ -134,7 +134,7 @@ impl IpNetwork {
     }
 
     /// The lowest address of the network (`addr` with the host bits cleared).
-    fn first(&self) -> IpAddr {
+    pub fn first(&self) -> IpAddr {
         match self.addr {
             IpAddr::V4(a) => IpAddr::V4(Ipv4Addr::from(u32::from(a) & mask32(self.prefix))),
             IpAddr::V6(a) => IpAddr::V6(Ipv6Addr::from(u128::from(a) & mask128(self.prefix))),
@@ -154,6 +154,14 @@ impl IpNetwork {
                 u128::from(net) & mask == u128::from(ip) & mask
             }
             _ => false,
+        }
+    }
+
+    /// The highest address of the network.
+    pub fn last(&self) -> IpAddr {
+        match self.addr {
+            IpAddr::V4(a) => IpAddr::V4(Ipv4Addr::from(u32::from(a) | !mask32(self.prefix))),
+            IpAddr::V6(a) => IpAddr::V6(Ipv6Addr::from(u128::from(a) | !mask128(self.prefix))),
         }
     }
 
@@ -559,13 +567,6 @@ impl Allowlist {
     /// operator rules that list ports one by one.
     pub fn covers(&self, requested: &Rule) -> bool {
         self.rules.iter().any(|rule| rule.covers(requested))
-    }
-
-    /// Whether an address or network rule holds `ip:port`.
-    pub fn contains_address(&self, ip: IpAddr, port: u16) -> bool {
-        self.rules
-            .iter()
-            .any(|rule| rule.contains_address(ip, port))
     }
 }
 

@@ -7,18 +7,17 @@
 //! or to another cache name. Caches are per owner (API key): one tenant can never read or
 //! poison another's.
 //!
-//! Who mounts a cache matters too. A namespace sandbox's cache is mounted by the host's kernel
-//! and written only through it; a microVM's guest has the raw disk and can write any bytes,
-//! including a filesystem crafted against the host's ext4 driver. Once a microVM has had a
-//! cache (a `<name>.guest-written` mark beside its image) the host kernel never mounts it
-//! again: a namespace sandbox asking for it is refused (409).
+//! Caches are also per backend. A namespace sandbox's cache is written by the host kernel's
+//! ext4 on the sandbox's behalf; a microVM's is written block by block by its guest, which
+//! can shape the bytes any way it likes. Mounting such an image in the host kernel would hand a
+//! hostile guest the host's ext4 parser, so a microVM's caches are only ever given to microVMs.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, UNIX_EPOCH};
 
-use wire::CacheInfo;
+use wire::{BackendKind, CacheInfo};
 
 use super::ext4::{create_private_dir, make_image, wait_detached, Journal};
 use super::{BudgetLease, DiskBudget, StorageError};
@@ -64,15 +63,26 @@ pub fn validate_name(name: &str) -> Result<(), StorageError> {
     }
 }
 
-type Key = (String, String);
+/// (backend directory, owner directory, name).
+type Key = (String, String, String);
 
-/// Whose kernel mounts a cache's filesystem.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum MountedBy {
-    /// The host's (a namespace sandbox, through a loop device).
-    HostKernel,
-    /// A microVM guest's, which has the raw blocks.
-    GuestKernel,
+/// The directory of a backend's caches.
+fn backend_dir(backend: BackendKind) -> &'static str {
+    match backend {
+        BackendKind::Namespace => "namespace",
+        BackendKind::Microvm => "microvm",
+        BackendKind::Process => "process",
+    }
+}
+
+fn backend_of_dir(name: &str) -> Option<BackendKind> {
+    [
+        BackendKind::Namespace,
+        BackendKind::Microvm,
+        BackendKind::Process,
+    ]
+    .into_iter()
+    .find(|b| backend_dir(*b) == name)
 }
 
 #[derive(Debug, Default)]
@@ -141,14 +151,10 @@ impl CacheStore {
     }
 
     fn image_path(&self, key: &Key) -> PathBuf {
-        self.dir.join(&key.0).join(format!("{}.ext4", key.1))
-    }
-
-    /// The mark saying a guest has had the cache's raw blocks.
-    fn guest_mark_path(&self, key: &Key) -> PathBuf {
         self.dir
             .join(&key.0)
-            .join(format!("{}.guest-written", key.1))
+            .join(&key.1)
+            .join(format!("{}.ext4", key.2))
     }
 
     /// Every cache image on disk, with its key.
@@ -158,16 +164,23 @@ impl CacheStore {
                 .map_err(|e| StorageError::io(format!("list {}", dir.display()), e))
         };
         let mut found = Vec::new();
-        for owner in read(&self.dir)?.flatten() {
-            let owner_name = owner.file_name().to_string_lossy().into_owned();
-            if owner_of_dir(&owner_name).is_none() {
+        for backend in read(&self.dir)?.flatten() {
+            let backend_name = backend.file_name().to_string_lossy().into_owned();
+            if backend_of_dir(&backend_name).is_none() {
                 continue;
             }
-            for image in read(&owner.path())?.flatten() {
-                let file = image.file_name().to_string_lossy().into_owned();
-                if let Some(name) = file.strip_suffix(".ext4") {
-                    if validate_name(name).is_ok() {
-                        found.push(((owner_name.clone(), name.to_string()), image.path()));
+            for owner in read(&backend.path())?.flatten() {
+                let owner_name = owner.file_name().to_string_lossy().into_owned();
+                if owner_of_dir(&owner_name).is_none() {
+                    continue;
+                }
+                for image in read(&owner.path())?.flatten() {
+                    let file = image.file_name().to_string_lossy().into_owned();
+                    if let Some(name) = file.strip_suffix(".ext4") {
+                        if validate_name(name).is_ok() {
+                            let key = (backend_name.clone(), owner_name.clone(), name.to_string());
+                            found.push((key, image.path()));
+                        }
                     }
                 }
             }
@@ -176,16 +189,15 @@ impl CacheStore {
         Ok(found)
     }
 
-    /// Takes cache `name` of `owner` for sandbox `sandbox`, whose filesystem `mounted_by`
-    /// will mount, making it (of `size_mib`, else the default size) if it does not exist yet.
-    /// A cache a guest has had is refused to the host's kernel.
+    /// Takes cache `name` of `owner` for sandbox `sandbox` on `backend`, making it (of
+    /// `size_mib`, else the default size) if it does not exist yet.
     pub async fn acquire(
         self: &Arc<Self>,
         owner: &Owner,
         name: &str,
         size_mib: Option<u64>,
         sandbox: &str,
-        mounted_by: MountedBy,
+        backend: BackendKind,
     ) -> Result<CacheLease, StorageError> {
         validate_name(name)?;
         if size_mib == Some(0) {
@@ -193,7 +205,11 @@ impl CacheStore {
                 "cache {name:?}: size_mib must be at least 1"
             )));
         }
-        let key = (owner_dir_name(owner), name.to_string());
+        let key = (
+            backend_dir(backend).to_string(),
+            owner_dir_name(owner),
+            name.to_string(),
+        );
         let path = self.image_path(&key);
         let new_lease = {
             let mut held = self.held();
@@ -223,28 +239,6 @@ impl CacheStore {
             key: key.clone(),
             path: path.clone(),
         };
-        let mark = self.guest_mark_path(&key);
-        match mounted_by {
-            MountedBy::HostKernel if mark.exists() => {
-                if path.exists() {
-                    return Err(StorageError::GuestWritten {
-                        name: name.to_string(),
-                    });
-                }
-                // A mark outliving its image (a failed make): the new image is the host's.
-                std::fs::remove_file(&mark)
-                    .map_err(|e| StorageError::io(format!("remove {}", mark.display()), e))?;
-            }
-            MountedBy::HostKernel => {}
-            MountedBy::GuestKernel => {
-                if let Some(dir) = path.parent() {
-                    create_private_dir(dir)?;
-                }
-                // Before the guest can have written anything.
-                std::fs::write(&mark, b"")
-                    .map_err(|e| StorageError::io(format!("create {}", mark.display()), e))?;
-            }
-        }
         if let Some((budget, size)) = new_lease {
             if let Some(dir) = path.parent() {
                 create_private_dir(dir)?;
@@ -262,7 +256,7 @@ impl CacheStore {
         let held = self.held();
         let mut caches = Vec::new();
         for (key, path) in self.on_disk()? {
-            if want.as_ref().is_some_and(|w| *w != key.0) {
+            if want.as_ref().is_some_and(|w| *w != key.1) {
                 continue;
             }
             let Ok(meta) = std::fs::metadata(&path) else {
@@ -276,8 +270,9 @@ impl CacheStore {
                 .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
                 .map_or(0, |d| d.as_millis() as u64);
             caches.push(CacheInfo {
-                name: key.1.clone(),
-                owner: owner_of_dir(&key.0).map_or(key.0.clone(), |o| o.to_string()),
+                name: key.2.clone(),
+                owner: owner_of_dir(&key.1).map_or(key.1.clone(), |o| o.to_string()),
+                backend: backend_of_dir(&key.0).unwrap_or(BackendKind::Namespace),
                 size_mib: meta.len().div_ceil(1024 * 1024),
                 used_mib: (meta.blocks() * 512).div_ceil(1024 * 1024),
                 in_use_by: held.in_use.get(&key).cloned(),
@@ -287,33 +282,48 @@ impl CacheStore {
         Ok(caches)
     }
 
-    /// Deletes cache `name` of `owner`, unless a sandbox uses it.
+    /// Deletes cache `name` of `owner` (of every backend), unless a sandbox uses it.
     pub fn remove(&self, owner: &Owner, name: &str) -> Result<(), StorageError> {
         validate_name(name)?;
-        let key = (owner_dir_name(owner), name.to_string());
         let mut held = self.held();
-        if let Some(by) = held.in_use.get(&key) {
-            return Err(StorageError::CacheBusy {
-                name: name.to_string(),
-                by: by.clone(),
-            });
+        let keys: Vec<Key> = [
+            BackendKind::Namespace,
+            BackendKind::Microvm,
+            BackendKind::Process,
+        ]
+        .into_iter()
+        .map(|b| {
+            (
+                backend_dir(b).to_string(),
+                owner_dir_name(owner),
+                name.to_string(),
+            )
+        })
+        .collect();
+        for key in &keys {
+            if let Some(by) = held.in_use.get(key) {
+                return Err(StorageError::CacheBusy {
+                    name: name.to_string(),
+                    by: by.clone(),
+                });
+            }
         }
-        let path = self.image_path(&key);
-        match std::fs::remove_file(&path) {
-            Ok(()) => {
-                held.leases.remove(&key);
-                let mark = self.guest_mark_path(&key);
-                if let Err(e) = std::fs::remove_file(&mark) {
-                    if e.kind() != std::io::ErrorKind::NotFound {
-                        return Err(StorageError::io(format!("remove {}", mark.display()), e));
-                    }
+        let mut removed = false;
+        for key in keys {
+            let path = self.image_path(&key);
+            match std::fs::remove_file(&path) {
+                Ok(()) => {
+                    held.leases.remove(&key);
+                    removed = true;
                 }
-                Ok(())
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => return Err(StorageError::io(format!("remove {}", path.display()), e)),
             }
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                Err(StorageError::NoCache(name.to_string()))
-            }
-            Err(e) => Err(StorageError::io(format!("remove {}", path.display()), e)),
+        }
+        if removed {
+            Ok(())
+        } else {
+            Err(StorageError::NoCache(name.to_string()))
         }
     }
 }
@@ -321,6 +331,8 @@ impl CacheStore {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    const NS: BackendKind = BackendKind::Namespace;
 
     fn store(budget_mib: u64) -> (tempfile::TempDir, Arc<CacheStore>, Arc<DiskBudget>) {
         let tmp = tempfile::tempdir().expect("tempdir");
@@ -330,65 +342,15 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_cache_a_guest_has_had_is_never_mounted_by_the_host_kernel_again() {
-        let (tmp, store, _budget) = store(1000);
-        let owner = Owner::Unix;
-        // Made and used by namespace sandboxes, then by a microVM.
-        drop(
-            store
-                .acquire(&owner, "cargo", None, "sb-1", MountedBy::HostKernel)
-                .await
-                .expect("host"),
-        );
-        drop(
-            store
-                .acquire(&owner, "cargo", None, "sb-2", MountedBy::GuestKernel)
-                .await
-                .expect("guest"),
-        );
-        match store
-            .acquire(&owner, "cargo", None, "sb-3", MountedBy::HostKernel)
-            .await
-        {
-            Err(StorageError::GuestWritten { name }) => assert_eq!(name, "cargo"),
-            other => panic!("expected a refusal, got {other:?}"),
-        }
-        // The refusal held nothing: microVMs go on using it.
-        drop(
-            store
-                .acquire(&owner, "cargo", None, "sb-4", MountedBy::GuestKernel)
-                .await
-                .expect("guest again"),
-        );
-        // Deleting the cache deletes the mark: a new cache of that name is the host's.
-        store.remove(&owner, "cargo").expect("remove");
-        let marks: Vec<_> = std::fs::read_dir(tmp.path().join("caches/unix"))
-            .expect("dir")
-            .flatten()
-            .map(|e| e.file_name())
-            .collect();
-        assert!(marks.is_empty(), "{marks:?}");
-        drop(
-            store
-                .acquire(&owner, "cargo", None, "sb-5", MountedBy::HostKernel)
-                .await
-                .expect("a new cache"),
-        );
-    }
-
-    #[tokio::test]
     async fn one_sandbox_at_a_time_and_each_owner_has_its_own() {
         let (_tmp, store, budget) = store(1000);
         let alice = Owner::Key("alice".into());
         let lease = store
-            .acquire(&alice, "cargo", None, "sb-1", MountedBy::HostKernel)
+            .acquire(&alice, "cargo", None, "sb-1", NS)
             .await
             .expect("made");
         assert_eq!(budget.taken_mib(), 64);
-        match store
-            .acquire(&alice, "cargo", None, "sb-2", MountedBy::HostKernel)
-            .await
-        {
+        match store.acquire(&alice, "cargo", None, "sb-2", NS).await {
             Err(StorageError::CacheBusy { by, .. }) => assert_eq!(by, "sb-1"),
             other => panic!("expected busy, got {other:?}"),
         }
@@ -398,13 +360,7 @@ mod tests {
         ));
         // Another owner's cache of the same name is another cache.
         let bob = store
-            .acquire(
-                &Owner::Key("bob".into()),
-                "cargo",
-                Some(32),
-                "sb-3",
-                MountedBy::HostKernel,
-            )
+            .acquire(&Owner::Key("bob".into()), "cargo", Some(32), "sb-3", NS)
             .await
             .expect("bob's own");
         assert_ne!(bob.path(), lease.path());
@@ -415,7 +371,7 @@ mod tests {
         assert_eq!(store.list(None).expect("all").len(), 2);
         drop(lease);
         let again = store
-            .acquire(&alice, "cargo", Some(999), "sb-4", MountedBy::HostKernel)
+            .acquire(&alice, "cargo", Some(999), "sb-4", NS)
             .await
             .expect("free again");
         assert_eq!(
@@ -438,9 +394,7 @@ mod tests {
         for bad in ["", ".hidden", "a/b", "..", &"x".repeat(65), "sp ace"] {
             assert!(
                 matches!(
-                    store
-                        .acquire(&Owner::Unix, bad, None, "sb-1", MountedBy::HostKernel)
-                        .await,
+                    store.acquire(&Owner::Unix, bad, None, "sb-1", NS).await,
                     Err(StorageError::Invalid(_))
                 ),
                 "{bad:?}"
@@ -448,25 +402,13 @@ mod tests {
         }
         assert!(matches!(
             store
-                .acquire(
-                    &Owner::Unix,
-                    "big",
-                    Some(101),
-                    "sb-1",
-                    MountedBy::HostKernel
-                )
+                .acquire(&Owner::Unix, "big", Some(101), "sb-1", NS)
                 .await,
             Err(StorageError::OverBudget { .. })
         ));
         assert_eq!(budget.taken_mib(), 0);
         store
-            .acquire(
-                &Owner::Unix,
-                "big",
-                Some(100),
-                "sb-1",
-                MountedBy::HostKernel,
-            )
+            .acquire(&Owner::Unix, "big", Some(100), "sb-1", NS)
             .await
             .expect("not held by the refusal");
     }
@@ -477,11 +419,7 @@ mod tests {
         let dir = tmp.path().join("caches");
         {
             let store = CacheStore::open(dir.clone(), 40, DiskBudget::new(100)).expect("open");
-            drop(
-                store
-                    .acquire(&Owner::Unix, "npm", None, "sb-1", MountedBy::HostKernel)
-                    .await,
-            );
+            drop(store.acquire(&Owner::Unix, "npm", None, "sb-1", NS).await);
         }
         let budget = DiskBudget::new(100);
         let store = CacheStore::open(dir, 40, budget.clone()).expect("reopen");
@@ -492,5 +430,33 @@ mod tests {
             (listed[0].name.as_str(), listed[0].owner.as_str()),
             ("npm", "unix")
         );
+    }
+
+    #[tokio::test]
+    async fn a_microvm_cache_is_never_given_to_a_namespace_sandbox() {
+        let (_tmp, store, _budget) = store(1000);
+        let vm = store
+            .acquire(&Owner::Unix, "pip", None, "sb-1", BackendKind::Microvm)
+            .await
+            .expect("a VM's cache");
+        let host = store
+            .acquire(&Owner::Unix, "pip", None, "sb-2", NS)
+            .await
+            .expect("another cache of the same name");
+        assert_ne!(
+            vm.path(),
+            host.path(),
+            "guest-written images stay with guests"
+        );
+        let backends: Vec<_> = store
+            .list(None)
+            .expect("list")
+            .iter()
+            .map(|c| c.backend)
+            .collect();
+        assert_eq!(backends, [BackendKind::Microvm, NS]);
+        drop((vm, host));
+        store.remove(&Owner::Unix, "pip").expect("both go");
+        assert!(store.list(None).expect("list").is_empty());
     }
 }

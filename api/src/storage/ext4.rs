@@ -19,7 +19,8 @@ pub(crate) enum Journal {
     No,
 }
 
-fn mkfs_binary() -> Option<PathBuf> {
+/// Where `mkfs.ext4` is, if anywhere (`PATH`, then `/usr/sbin`, `/sbin`).
+pub fn mkfs_binary() -> Option<PathBuf> {
     let path = std::env::var_os("PATH").unwrap_or_default();
     std::env::split_paths(&path)
         .chain(["/usr/sbin", "/sbin"].map(PathBuf::from))

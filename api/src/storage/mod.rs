@@ -13,8 +13,8 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 pub use budget::{BudgetLease, DiskBudget};
-pub use caches::{validate_name as validate_cache_name, CacheLease, CacheStore, MountedBy};
-pub use ext4::{ScratchDisk, ScratchDisks};
+pub use caches::{validate_name as validate_cache_name, CacheLease, CacheStore};
+pub use ext4::{mkfs_binary, ScratchDisk, ScratchDisks};
 pub use targets::validate_targets;
 pub use volumes::Volumes;
 
@@ -48,17 +48,6 @@ pub enum StorageError {
         name: String,
         /// The sandbox holding it.
         by: String,
-    },
-    /// A microVM's guest has written the cache, so its blocks may be anything: the host's
-    /// kernel does not mount it.
-    #[error(
-        "cache {name:?} has been used by a microVM sandbox, whose guest can write any bytes to \
-         its disk; the host kernel does not mount such an image for a namespace sandbox (use \
-         the cache from microVM sandboxes, or delete it)"
-    )]
-    GuestWritten {
-        /// The cache.
-        name: String,
     },
     /// No such cache (of the caller's).
     #[error("no cache named {0:?}")]
@@ -106,6 +95,34 @@ pub fn default_data_dir() -> PathBuf {
         .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".local/share")))
         .unwrap_or_else(std::env::temp_dir);
     base.join("crucible")
+}
+
+/// What caches and disk-backed layers need of the host, as `crucible doctor` reports it.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct HostSupport {
+    /// `mkfs.ext4`, which makes their images.
+    pub mkfs_ext4: Option<PathBuf>,
+    /// `/dev/loop-control`, through which namespace sandboxes attach them.
+    pub loop_devices: bool,
+}
+
+impl HostSupport {
+    /// Looks.
+    pub fn inspect() -> Self {
+        HostSupport {
+            mkfs_ext4: mkfs_binary(),
+            loop_devices: std::path::Path::new("/dev/loop-control").exists(),
+        }
+    }
+
+    /// Why caches and disk-backed layers cannot work here, if they cannot.
+    pub fn problem(&self) -> Option<String> {
+        match (&self.mkfs_ext4, self.loop_devices) {
+            (None, _) => Some("no mkfs.ext4 (install e2fsprogs)".into()),
+            (_, false) => Some("no /dev/loop-control (modprobe loop)".into()),
+            _ => None,
+        }
+    }
 }
 
 /// How the daemon's storage is set up (`crucible serve` flags).
@@ -212,14 +229,15 @@ impl Storage {
 
 /// The full size of every cache image under `dir` (they are counted whole).
 fn existing_cache_bytes(dir: &std::path::Path) -> u64 {
-    let Ok(owners) = std::fs::read_dir(dir) else {
+    let Ok(entries) = std::fs::read_dir(dir) else {
         return 0;
     };
-    owners
+    entries
         .flatten()
-        .filter_map(|owner| std::fs::read_dir(owner.path()).ok())
-        .flat_map(|images| images.flatten())
-        .filter_map(|image| image.metadata().ok())
-        .map(|meta| meta.len())
+        .map(|entry| match entry.file_type() {
+            Ok(t) if t.is_dir() => existing_cache_bytes(&entry.path()),
+            Ok(t) if t.is_file() => entry.metadata().map_or(0, |m| m.len()),
+            _ => 0,
+        })
         .sum()
 }

@@ -194,8 +194,13 @@ class Client:
     def health(self) -> Dict:
         return self._json("GET", "/healthz")
 
-    def create(self, **settings) -> Dict:
-        """POST /sandboxes; settings: memory_mib, vcpus, image, backend, ttl_s, env, labels."""
+    def create(self, allow: Optional[List[str]] = None, **settings) -> Dict:
+        """POST /sandboxes; settings: memory_mib, vcpus, image, backend, ttl_s, env, labels,
+        network ({"allow": [...]}), caches ([{"name", "path", "size_mib"?}]), volumes
+        ([{"name", "path"}]), disk_mib. `allow=[...]` is short for network={"allow": [...]}:
+        egress through the daemon's proxy to those hosts (none by default)."""
+        if allow:
+            settings["network"] = {"allow": list(allow)}
         return self._json("POST", "/sandboxes", settings)
 
     def list(self) -> List[Dict]:
@@ -206,6 +211,20 @@ class Client:
 
     def delete(self, sandbox_id: str) -> None:
         self._open("DELETE", self._sandbox_path(sandbox_id)).read()
+
+    # -- caches -----------------------------------------------------------------------------
+
+    def caches(self) -> List[Dict]:
+        """GET /caches: the caller's named caches (all of them over the Unix socket)."""
+        return self._json("GET", "/caches")["caches"]
+
+    def delete_cache(self, name: str) -> None:
+        """DELETE /caches/{name}; a cache in use raises CrucibleError (409)."""
+        self._open("DELETE", f"/caches/{urllib.parse.quote(name, safe='')}").read()
+
+    def clear_caches(self) -> List[Dict]:
+        """DELETE /caches: deletes every cache of the caller's not in use; returns those kept."""
+        return self._json("DELETE", "/caches")["caches"]
 
     # -- exec -------------------------------------------------------------------------------
 

@@ -104,3 +104,32 @@ def test_wsexec_reports_refusals(daemon, sandbox):
     assert run_wsexec(daemon, "sb-0123456789abcdef", "--", "true").returncode == 125
     done = run_wsexec(daemon, "--timeout", "1", sid, "--", "sleep", "30")
     assert done.returncode == 124
+
+
+def test_egress_and_a_cache_through_the_sdk(daemon, blob_server):
+    import hashlib
+
+    from conftest import BLOB
+
+    client = Client(daemon)
+    sb = client.create(allow=[f"127.0.0.1:{blob_server}"],
+                       caches=[{"name": "pytest-pip", "path": "/root/.cache/pip", "size_mib": 64}])
+    try:
+        out = client.exec(sb["id"], ["sh", "-c",
+                                     f"wget -q -O /root/.cache/pip/blob http://127.0.0.1:{blob_server}/blob"
+                                     " && sha256sum /root/.cache/pip/blob"])
+        assert out.exit_code == 0, out.stderr
+        assert hashlib.sha256(BLOB).hexdigest() in out.stdout.decode()
+        denied = client.exec(sb["id"], ["sh", "-c", "wget -q -O- http://example.com/ 2>&1"])
+        assert denied.exit_code != 0
+        assert b"403" in denied.stdout
+        assert client.get(sb["id"])["network"]["connections"] == 1
+        with pytest.raises(CrucibleError) as busy:
+            client.delete_cache("pytest-pip")
+        assert busy.value.status == 409
+    finally:
+        client.delete(sb["id"])
+    [cache] = [c for c in client.caches() if c["name"] == "pytest-pip"]
+    assert cache["size_mib"] == 64 and "in_use_by" not in cache
+    client.delete_cache("pytest-pip")
+    assert not [c for c in client.caches() if c["name"] == "pytest-pip"]
