@@ -712,7 +712,7 @@ async fn a_cache_written_by_one_qemu_tcg_sandbox_is_read_by_the_next_and_filling
     assert!(out.contains("No space left on device"), "{out}");
     assert!(!out.contains("dd=0"), "{out}");
     assert!(out.contains("serde 1.0.0") && out.contains("rest"), "{out}");
-    let cache = data_dir.join("caches/unix/cargo.ext4");
+    let cache = data_dir.join("caches/microvm/unix/cargo.ext4");
     let meta = std::fs::metadata(&cache).expect("the cache's image");
     assert_eq!(meta.len(), 64 << 20);
     assert!(
