@@ -171,7 +171,7 @@ impl From<CreateError> for ApiError {
 
 /// An error and its sources, `: `-separated (the envelope's message has no other place for
 /// them).
-fn chain(error: &dyn std::error::Error) -> String {
+pub(crate) fn chain(error: &dyn std::error::Error) -> String {
     let mut text = error.to_string();
     let mut source = error.source();
     while let Some(e) = source {

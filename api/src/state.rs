@@ -262,9 +262,10 @@ impl AppState {
                 }
                 let policy = egress::EgressPolicy::new(&network.allow, &self.egress_operator)
                     .map_err(|e| match e {
-                        egress::PolicyError::Rule(_) => {
-                            CreateError::Invalid(format!("network.allow: {}", error_chain(&e)))
-                        }
+                        egress::PolicyError::Rule(_) => CreateError::Invalid(format!(
+                            "network.allow: {}",
+                            crate::error::chain(&e)
+                        )),
                         e => CreateError::EgressForbidden(e.to_string()),
                     })?;
                 Some(Arc::new(policy))
@@ -349,17 +350,6 @@ impl AppState {
             .fetch_add(1, Ordering::Relaxed);
         Ok(info)
     }
-}
-
-fn error_chain(error: &dyn std::error::Error) -> String {
-    let mut text = error.to_string();
-    let mut source = error.source();
-    while let Some(e) = source {
-        text.push_str(": ");
-        text.push_str(&e.to_string());
-        source = e.source();
-    }
-    text
 }
 
 /// What of a request backend `kind` cannot provide, named for an error message: the process

@@ -10,6 +10,7 @@ use api::server::BackgroundDaemon;
 use api::state::AppState;
 use api::{ApiKeys, ServeConfig};
 
+pub mod host_net;
 pub mod leaks;
 pub mod process;
 
@@ -115,4 +116,31 @@ impl TestDaemon {
 /// API keys from a list of entries (`name:key`, or bare keys named `key1`, `key2`, …).
 pub fn keys(list: &[&str]) -> ApiKeys {
     ApiKeys::parse(&list.join(",")).expect("valid API keys")
+}
+
+/// Runs `sh -c script` in sandbox `id`: its stdout, stderr and exit code.
+pub async fn sh(c: &client::Client, id: &str, script: &str) -> (String, String, i32) {
+    let out = c
+        .exec_collect(id, &wire::ExecRequest::new(["sh", "-c", script]))
+        .await
+        .expect("exec");
+    (
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+        out.result.exit_code,
+    )
+}
+
+/// The loop devices whose backing file is under `dir` (caches and disk-backed layers still
+/// attached).
+pub fn loops_backed_under(dir: &Path) -> Vec<String> {
+    let Ok(dir) = dir.canonicalize() else {
+        return Vec::new();
+    };
+    std::fs::read_dir("/sys/block")
+        .expect("/sys/block")
+        .flatten()
+        .filter_map(|e| std::fs::read_to_string(e.path().join("loop/backing_file")).ok())
+        .filter(|backing| Path::new(backing.trim_end()).starts_with(&dir))
+        .collect()
 }

@@ -3,88 +3,12 @@
 //! sandbox's allowlist within the operator's. The targets are servers this test starts on the
 //! host's 127.0.0.1 (allowed by operator rules naming them), never any other address.
 
-use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
-use harness::TestDaemon;
+use harness::host_net::{http_response, random_bytes, HostServer};
+use harness::{sh, TestDaemon};
 use sha2::{Digest, Sha256};
-use wire::{CreateSandbox, ExecRequest, NetworkRequest};
-
-async fn sh(c: &client::Client, id: &str, script: &str) -> (String, String, i32) {
-    let out = c
-        .exec_collect(id, &ExecRequest::new(["sh", "-c", script]))
-        .await
-        .expect("exec");
-    (
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-        out.result.exit_code,
-    )
-}
-
-/// A blob no two runs share, big enough to need many relay buffers.
-fn blob() -> Vec<u8> {
-    let mut state = 0x9e37_79b9_7f4a_7c15u64 ^ u64::from(std::process::id());
-    (0..3 * 1024 * 1024 + 17)
-        .map(|_| {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            state as u8
-        })
-        .collect()
-}
-
-/// A host server on 127.0.0.1 that answers each connection with `respond` (given what the
-/// client sent first), counting connections.
-struct HostServer {
-    port: u16,
-    connections: Arc<AtomicUsize>,
-}
-
-impl HostServer {
-    fn start(respond: impl Fn(&[u8]) -> Vec<u8> + Send + Sync + 'static) -> Self {
-        let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
-        let port = listener.local_addr().expect("addr").port();
-        let connections = Arc::new(AtomicUsize::new(0));
-        let counted = connections.clone();
-        let respond = Arc::new(respond);
-        std::thread::spawn(move || {
-            for stream in listener.incoming().flatten() {
-                counted.fetch_add(1, Ordering::SeqCst);
-                let respond = respond.clone();
-                std::thread::spawn(move || serve_one(stream, &*respond));
-            }
-        });
-        HostServer { port, connections }
-    }
-}
-
-fn serve_one(mut stream: TcpStream, respond: &dyn Fn(&[u8]) -> Vec<u8>) {
-    let mut got = Vec::new();
-    let mut buf = [0u8; 4096];
-    // An HTTP request head, or whatever a raw client sends first.
-    while !got.windows(4).any(|w| w == b"\r\n\r\n") {
-        match stream.read(&mut buf) {
-            Ok(0) | Err(_) => break,
-            Ok(n) => got.extend_from_slice(&buf[..n]),
-        }
-    }
-    let _ = stream.write_all(&respond(&got));
-}
-
-fn http_response(body: &[u8]) -> Vec<u8> {
-    let mut response = format!(
-        "HTTP/1.1 200 OK\r\nContent-Type: application/octet-stream\r\nContent-Length: {}\r\n\
-         Connection: close\r\n\r\n",
-        body.len()
-    )
-    .into_bytes();
-    response.extend_from_slice(body);
-    response
-}
+use wire::{CreateSandbox, NetworkRequest};
 
 fn hex_sha256(data: &[u8]) -> String {
     Sha256::digest(data)
@@ -95,7 +19,7 @@ fn hex_sha256(data: &[u8]) -> String {
 
 #[tokio::test]
 async fn a_sandbox_without_network_reaches_nothing() {
-    let server = HostServer::start(|_| http_response(b"should never be seen"));
+    let server = HostServer::responding(|_| http_response(b"should never be seen"));
     let daemon = TestDaemon::start_with(|config| {
         config.egress_allow = vec![format!("127.0.0.1:{}", server.port)];
     });
@@ -132,15 +56,14 @@ async fn a_sandbox_without_network_reaches_nothing() {
         Some("lo"),
         "the only interface is the sandbox's own loopback: {out}"
     );
-    assert_eq!(server.connections.load(Ordering::SeqCst), 0);
+    assert_eq!(server.connections(), 0);
 }
 
 #[tokio::test]
 async fn an_allowed_host_port_is_fetched_over_http_and_connect_byte_for_byte_and_others_get_403() {
-    let data = Arc::new(blob());
+    let data = Arc::new(random_bytes(3 * 1024 * 1024 + 17));
     let served = data.clone();
-    let http = HostServer::start(move |head| {
-        let head = String::from_utf8_lossy(head);
+    let http = HostServer::responding(move |head| {
         // The proxy sends origin-form requests, one per connection.
         if head.starts_with("GET /blob HTTP/1.1\r\n") && head.contains("\r\nConnection: close") {
             http_response(&served)
@@ -150,8 +73,8 @@ async fn an_allowed_host_port_is_fetched_over_http_and_connect_byte_for_byte_and
     });
     let tunnelled = data.clone();
     // A CONNECT target: sends the blob as soon as the client says hello.
-    let tunnel = HostServer::start(move |_| tunnelled.to_vec());
-    let never = HostServer::start(|_| b"unreachable".to_vec());
+    let tunnel = HostServer::responding(move |_| tunnelled.to_vec());
+    let never = HostServer::responding(|_| b"unreachable".to_vec());
     let operator = vec![
         format!("127.0.0.1:{}", http.port),
         format!("127.0.0.1:{}", tunnel.port),
@@ -252,7 +175,7 @@ async fn an_allowed_host_port_is_fetched_over_http_and_connect_byte_for_byte_and
     )
     .await;
     assert!(out.contains("403") && !out.contains("exit=0"), "{out}");
-    assert_eq!(never.connections.load(Ordering::SeqCst), 0);
+    assert_eq!(never.connections(), 0);
     assert!(!out.contains("unreachable"), "{out}");
 
     // Counted per sandbox, in the API and in /metrics.
@@ -274,13 +197,13 @@ async fn an_allowed_host_port_is_fetched_over_http_and_connect_byte_for_byte_and
         metrics.contains("\ncrucible_egress_connections_total 2\n"),
         "{metrics}"
     );
-    assert_eq!(http.connections.load(Ordering::SeqCst), 1);
-    assert_eq!(tunnel.connections.load(Ordering::SeqCst), 1);
+    assert_eq!(http.connections(), 1);
+    assert_eq!(tunnel.connections(), 1);
 }
 
 #[tokio::test]
 async fn a_hostile_sandbox_cannot_take_the_uplink_or_exhaust_the_daemon() {
-    let server = HostServer::start(|_| http_response(b"ok"));
+    let server = HostServer::responding(|_| http_response(b"ok"));
     let rule = format!("127.0.0.1:{}", server.port);
     let daemon = TestDaemon::start_with(|config| config.egress_allow = vec![rule.clone()]);
     let c = daemon.client();

@@ -70,25 +70,12 @@ fn with_storage() -> CreateSandbox {
     }
 }
 
-/// Loop devices backed by files under `dir`.
-fn loops_under(dir: &std::path::Path) -> Vec<String> {
-    let Ok(dir) = dir.canonicalize() else {
-        return Vec::new();
-    };
-    std::fs::read_dir("/sys/block")
-        .expect("/sys/block")
-        .flatten()
-        .filter_map(|e| std::fs::read_to_string(e.path().join("loop/backing_file")).ok())
-        .filter(|b| std::path::Path::new(b.trim_end()).starts_with(&dir))
-        .collect()
-}
-
 /// A new daemon in `home` holds nothing of the old one's sandboxes, does not know them, and
 /// works; stopped, it leaves nothing at all behind.
 async fn restart_finds_a_clean_slate(home: &DaemonHome, old_ids: &[String]) {
     let data_dir = home.state_dir().with_extension("data");
     eventually("the old sandboxes' loop devices to detach", || {
-        loops_under(&data_dir).is_empty()
+        harness::loops_backed_under(&data_dir).is_empty()
     })
     .await;
     let daemon = DaemonProcess::start_in(home, &[]).await;

@@ -4,20 +4,8 @@
 //! cannot be written or remounted; a disk-backed layer holds more than the sandbox's memory
 //! and goes with the sandbox. Each check looks at the host too.
 
-use harness::TestDaemon;
-use wire::{CacheMount, CreateSandbox, ExecRequest, VolumeMount};
-
-async fn sh(c: &client::Client, id: &str, script: &str) -> (String, String, i32) {
-    let out = c
-        .exec_collect(id, &ExecRequest::new(["sh", "-c", script]))
-        .await
-        .expect("exec");
-    (
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-        out.result.exit_code,
-    )
-}
+use harness::{loops_backed_under, sh, TestDaemon};
+use wire::{CacheMount, CreateSandbox, VolumeMount};
 
 fn cache(name: &str, path: &str, size_mib: Option<u64>) -> CacheMount {
     CacheMount {
@@ -25,17 +13,6 @@ fn cache(name: &str, path: &str, size_mib: Option<u64>) -> CacheMount {
         path: path.into(),
         size_mib,
     }
-}
-
-/// Loop devices backed by a file under `dir`.
-fn loops_backed_under(dir: &std::path::Path) -> Vec<String> {
-    let dir = dir.canonicalize().expect("canonical");
-    std::fs::read_dir("/sys/block")
-        .expect("/sys/block")
-        .flatten()
-        .filter_map(|e| std::fs::read_to_string(e.path().join("loop/backing_file")).ok())
-        .filter(|backing| std::path::Path::new(backing.trim_end()).starts_with(&dir))
-        .collect()
 }
 
 #[tokio::test]
