@@ -6,6 +6,7 @@
 //! relays). The target is a [`BlobServer`] on the host's 127.0.0.1, named by the operator's
 //! rules. Not gated: see [`rows`].
 
+use std::fmt::Display;
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::sync::Arc;
@@ -38,6 +39,7 @@ pub fn rows() -> Vec<Row> {
         ("egress_connect", Some("floor_direct_tcp")),
         ("egress_request", Some("floor_direct_request")),
         ("egress_added_latency", None),
+        ("sandbox_spawn_control", Some("floor_host_spawn_control")),
     ]
     .into_iter()
     .map(|(metric, direct)| Row {
@@ -59,7 +61,7 @@ struct Workload {
 
 impl Workload {
     /// `downloads` of the blob with `wget` (the proxy's plain-HTTP path).
-    fn http(port: u16, downloads: usize, blob: u64) -> Self {
+    fn http(port: impl Display, downloads: usize, blob: u64) -> Self {
         let script = format!(
             "set -e; for i in $(seq {downloads}); do \
              wget -q -O /dev/null http://127.0.0.1:{port}/blob; done"
@@ -77,21 +79,21 @@ impl Workload {
     /// `downloads` of the blob as raw bytes with `nc`: straight to the server, or through a
     /// `CONNECT` tunnel opened by hand (as a TLS client opens one); the hello after the head is
     /// what the server answers.
-    fn tcp(port: u16, downloads: usize, blob: u64) -> Self {
+    fn tcp(port: impl Display, downloads: usize, blob: u64) -> Self {
         let proxy = contract::egress::PROXY_PORT;
-        let each = |send: &str, to: u16| {
+        let each = |send: &str, to: &dyn Display| {
             format!(
                 "set -e; for i in $(seq {downloads}); do \
                  printf '{send}hello\\r\\n\\r\\n' | nc 127.0.0.1 {to} > /dev/null; done"
             )
         };
         Workload {
-            direct: each("", port),
+            direct: each("", &port),
             proxied: each(
                 &format!(
                     "CONNECT 127.0.0.1:{port} HTTP/1.1\\r\\nHost: 127.0.0.1:{port}\\r\\n\\r\\n"
                 ),
-                proxy,
+                &proxy,
             ),
             expect: Served {
                 responses: downloads as u64,
@@ -100,8 +102,20 @@ impl Workload {
         }
     }
 
+    /// The control for [`Workload::requests`]: the same loop starting the same binary the same
+    /// way (the shell runs `/proc/self/exe`), with no request, so that process start-up,
+    /// which a sandbox can make cheaper or dearer, is taken out of the proxy's added latency.
+    fn spawns(requests: usize) -> Self {
+        let script = format!("set -e; for i in $(seq {requests}); do busybox true; done");
+        Workload {
+            direct: script.clone(),
+            proxied: script,
+            expect: Served::default(),
+        }
+    }
+
     /// `requests` sequential requests for one byte with `wget`, a connection each.
-    fn requests(port: u16, requests: usize) -> Self {
+    fn requests(port: impl Display, requests: usize) -> Self {
         let script = format!(
             "set -e; for i in $(seq {requests}); do \
              wget -q -O /dev/null http://127.0.0.1:{port}/one; done"
@@ -278,8 +292,9 @@ pub async fn measure(plan: &Plan, image: &Path) -> Result<Vec<Measurement>> {
         Workload::http(port, n, blob),
         Workload::tcp(port, n, blob),
         Workload::requests(port, k),
+        Workload::spawns(k),
     ];
-    let mut times: [(Vec<f64>, Vec<f64>); 3] = Default::default();
+    let mut times: [(Vec<f64>, Vec<f64>); 4] = Default::default();
     for run in 0..=plan.runs {
         for (w, (direct, proxied)) in workloads.iter().zip(times.iter_mut()) {
             let (a, b) = run_pair(&client, &id, &host, &server, w).await?;
@@ -297,27 +312,35 @@ pub async fn measure(plan: &Plan, image: &Path) -> Result<Vec<Measurement>> {
     client.delete(&id).await.context("delete")?;
     d.stop();
 
-    let [(http_direct, http_proxied), (tcp_direct, tcp_proxied), (req_direct, req_proxied)] = times;
+    let [(http_direct, http_proxied), (tcp_direct, tcp_proxied), (req_direct, req_proxied), (spawn_host, spawn_sandbox)] =
+        times;
     let bytes = n as u64 * blob;
     let rates = |ms: &[f64]| -> Vec<f64> { ms.iter().map(|t| gib_per_s(bytes, t / 1e3)).collect() };
     let per_request = |ms: &[f64]| -> Vec<f64> { ms.iter().map(|t| t / k as f64).collect() };
-    let added: Vec<f64> = per_request(&req_proxied)
-        .iter()
-        .zip(per_request(&req_direct))
-        .map(|(p, d)| p - d)
+    // Each run's (proxied − its start-up control) − (direct − its control), per request.
+    let added: Vec<f64> = (0..req_proxied.len())
+        .map(|i| ((req_proxied[i] - spawn_sandbox[i]) - (req_direct[i] - spawn_host[i])) / k as f64)
         .collect();
     let downloads = format!("{n} × {}", size(blob));
+    // The scripts as the report shows them: the server's port changes from run to run.
+    let shown = [
+        Workload::http("PORT", n, blob),
+        Workload::tcp("PORT", n, blob),
+        Workload::requests("PORT", k),
+        Workload::spawns(k),
+    ];
     let timing = "timed from spawn to exit in whole milliseconds: on the host by this process, \
                   in the sandbox by the agent (`duration_ms` of the exit frame), so neither \
                   side counts the API's exec round trip";
-    let sandbox = format!(
-        "the same script in a namespace sandbox created with `network.allow: [\"{target}\"]` \
-         (and the operator's rule naming it), through `http_proxy`: the agent hands each \
-         connection to the daemon, which checks, connects and relays; {timing}"
+    let in_sandbox = format!(
+        "in a namespace sandbox created with `network.allow: [\"127.0.0.1:PORT\"]` (and the \
+         operator's rule naming it), the server on the host's 127.0.0.1:PORT; {timing}"
     );
-    let host_side = format!(
-        "the same script run by the image's busybox `sh` on the host with only the applet \
-         links on `PATH` and no proxy settings, straight to the server; {timing}"
+    let relayed = "the agent hands each connection to the daemon, which checks, connects and \
+                   relays";
+    let on_host = format!(
+        "run by the image's busybox `sh` on the host with only its applet links on `PATH` and \
+         no proxy settings; {timing}"
     );
     Ok(vec![
         Measurement::scalar(
@@ -326,7 +349,10 @@ pub async fn measure(plan: &Plan, image: &Path) -> Result<Vec<Measurement>> {
             "ours",
             Unit::GibPerS,
             &rates(&http_proxied),
-            &format!("`{}`; {sandbox}", workloads[0].proxied),
+            &format!(
+                "`{}` through `http_proxy` (absolute-URI HTTP): {relayed}; {in_sandbox}",
+                shown[0].proxied
+            ),
         ),
         Measurement::scalar(
             "floor_direct_http",
@@ -334,7 +360,7 @@ pub async fn measure(plan: &Plan, image: &Path) -> Result<Vec<Measurement>> {
             "floor",
             Unit::GibPerS,
             &rates(&http_direct),
-            &host_side,
+            &format!("the same script straight to the server, {on_host}"),
         ),
         Measurement::scalar(
             "egress_connect",
@@ -343,8 +369,9 @@ pub async fn measure(plan: &Plan, image: &Path) -> Result<Vec<Measurement>> {
             Unit::GibPerS,
             &rates(&tcp_proxied),
             &format!(
-                "`{}`: the tunnel's answer and then the server's bytes to /dev/null; {sandbox}",
-                workloads[1].proxied
+                "`{}`: a tunnel opened by hand on the proxy's port, the server's bytes (after \
+                 the proxy's answer) to /dev/null: {relayed}; {in_sandbox}",
+                shown[1].proxied
             ),
         ),
         Measurement::scalar(
@@ -353,7 +380,7 @@ pub async fn measure(plan: &Plan, image: &Path) -> Result<Vec<Measurement>> {
             "floor",
             Unit::GibPerS,
             &rates(&tcp_direct),
-            &format!("`{}`; {host_side}", workloads[1].direct),
+            &format!("`{}`, straight to the server, {on_host}", shown[1].direct),
         ),
         Measurement::scalar(
             "egress_request",
@@ -362,9 +389,9 @@ pub async fn measure(plan: &Plan, image: &Path) -> Result<Vec<Measurement>> {
             Unit::Ms,
             &per_request(&req_proxied),
             &format!(
-                "`{}` (a new connection and a `wget` process each), the total over {k}; \
-                 {sandbox}",
-                workloads[2].proxied
+                "`{}` through `http_proxy`, a new connection and a `wget` process each, the \
+                 total over {k}: {relayed}; {in_sandbox}",
+                shown[2].proxied
             ),
         ),
         Measurement::scalar(
@@ -373,18 +400,39 @@ pub async fn measure(plan: &Plan, image: &Path) -> Result<Vec<Measurement>> {
             "floor",
             Unit::Ms,
             &per_request(&req_direct),
-            &format!("the total over {k}; {host_side}"),
+            &format!("the same script straight to the server, the total over {k}, {on_host}"),
         ),
         Measurement::scalar(
             "egress_added_latency",
-            "what the proxy adds to a request (proxied − direct, per request)",
+            "what the proxy adds to a request (proxied − direct, net of process start-up)",
             "ours",
             Unit::Ms,
             &added,
-            "the two rows above paired run by run (each run's proxied loop minus its direct \
-             loop, over the requests): the agent's handoff, the daemon's parse, policy check \
-             and connect, and the relay's extra hop, plus whatever the sandbox adds to a \
-             process (seccomp, cgroup)",
+            "the two rows above paired run by run, each net of its side's start-up control \
+             below: ((proxied loop − sandbox control) − (direct loop − host control)) / the \
+             requests. The agent's handoff, the daemon's parse, policy check and connect, and \
+             the relay's extra hop, plus whatever the sandbox adds to a connection's syscalls \
+             (seccomp)",
+        ),
+        Measurement::scalar(
+            "sandbox_spawn_control",
+            "control: the same loop with `busybox true` for `wget`, in the sandbox, per iteration",
+            "ours",
+            Unit::Ms,
+            &per_request(&spawn_sandbox),
+            &format!(
+                "`{}`: the shell starting the same binary the same way as for each request \
+                 (fork, exec of /proc/self/exe), no connection; {in_sandbox}",
+                shown[3].proxied
+            ),
+        ),
+        Measurement::scalar(
+            "floor_host_spawn_control",
+            "the same control on the host, per iteration",
+            "floor",
+            Unit::Ms,
+            &per_request(&spawn_host),
+            &format!("the same script {on_host}"),
         ),
     ])
 }
@@ -411,6 +459,8 @@ mod tests {
             Workload::http(server.port(), 3, blob),
             Workload::tcp(server.port(), 2, blob),
             Workload::requests(server.port(), 5),
+            // No connection at all.
+            Workload::spawns(5),
         ] {
             let before = server.served()?;
             host.run(&w.direct)?;
