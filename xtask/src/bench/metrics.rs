@@ -52,6 +52,13 @@ pub struct Plan {
     pub pingpongs: usize,
     /// Sandboxes alive for the footprint.
     pub footprint_sandboxes: usize,
+    /// Size of the blob the egress benchmark downloads.
+    pub egress_blob_bytes: u64,
+    /// Downloads of the blob per timed command (sized so one command takes ≥ ~100 ms: the agent
+    /// times commands in whole milliseconds).
+    pub egress_downloads: usize,
+    /// Small requests per timed command, for the proxy's added latency.
+    pub egress_requests: usize,
 }
 
 impl Plan {
@@ -75,6 +82,9 @@ impl Plan {
                 tool_runs: 8,
                 pingpongs: 2000,
                 footprint_sandboxes: 4,
+                egress_blob_bytes: 64 << 20,
+                egress_downloads: 4,
+                egress_requests: 100,
             }
         } else {
             Plan {
@@ -94,6 +104,9 @@ impl Plan {
                 tool_runs: 50,
                 pingpongs: 10_000,
                 footprint_sandboxes: 20,
+                egress_blob_bytes: 256 << 20,
+                egress_downloads: 4,
+                egress_requests: 500,
             }
         }
     }

@@ -7,12 +7,17 @@
 //! - `daemon`: the daemon under test (in-process, or a child for footprint)
 //! - `metrics`: our figures through the public API
 //! - `peers`: the floor and the peers
+//! - `egress`, `blob_server`: the egress proxy next to a direct host connection, and the host
+//!   server both download from
+//! - `sections`: the parts of the suite `--only` selects
 //! - `runner`: the order everything runs in
 //! - `report`, `plots`: the markdown, the JSON, the SVGs
 //! - `gate`: the baseline comparison
 
+mod blob_server;
 mod blocking;
 mod daemon;
+mod egress;
 mod gate;
 mod metrics;
 mod model;
@@ -21,6 +26,7 @@ mod plots;
 mod qemu_tcg;
 mod report;
 mod runner;
+mod sections;
 mod stats;
 mod vmm_overhead;
 
@@ -87,6 +93,16 @@ pub struct Args {
     /// The image directory (default `$CRUCIBLE_IMAGE`, else `target/crucible/image`).
     #[arg(long)]
     image: Option<PathBuf>,
+    /// Run only these sections (comma-separated), e.g. `--only egress`; written to
+    /// `target/crucible/bench-only/` unless --out says otherwise, never gated. A ratio to the
+    /// host floor needs `floor` in the list too (egress measures its own direct floor).
+    #[arg(
+        long,
+        value_enum,
+        value_delimiter = ',',
+        conflicts_with_all = ["gate", "update_baseline", "check_slowed"]
+    )]
+    only: Vec<sections::Section>,
 }
 
 pub fn run(args: Args) -> Result<()> {
@@ -137,8 +153,11 @@ pub fn run(args: Args) -> Result<()> {
     if !is_root() {
         bail!("namespace sandboxes (and so the benchmarks) need root");
     }
+    let selection = sections::Selection::only(&args.only);
     let out = args.out.clone().unwrap_or_else(|| {
-        if args.quick {
+        if selection.is_partial() {
+            root.join("target/crucible/bench-only")
+        } else if args.quick {
             root.join("target/crucible/bench-quick")
         } else {
             root.join("docs")
@@ -152,8 +171,12 @@ pub fn run(args: Args) -> Result<()> {
     if args.quick {
         command.push_str(" --quick");
     }
+    if let Some(only) = selection.arg() {
+        command.push(' ');
+        command.push_str(&only);
+    }
     let plan = metrics::Plan::new(args.quick);
-    let results = runner::run(&plan, &image, backends, command)?;
+    let results = runner::run(&plan, &image, backends, &selection, command)?;
 
     let plots = plots::write_all(&results, &plot_dir)?;
     let plots: Vec<(String, String)> = plots
@@ -206,6 +229,7 @@ pub fn run(args: Args) -> Result<()> {
                 &quick_plan,
                 &image,
                 backends,
+                &sections::Selection::all(),
                 "cargo xtask bench --quick".into(),
             )?;
             quick_runs.push(quick.gate_ratios());
@@ -233,7 +257,7 @@ pub fn run(args: Args) -> Result<()> {
     if args.gate {
         run_gate(&baseline_path, &ratios, || {
             eprintln!("==> bench gate: re-measuring once to confirm the failure");
-            let again = runner::run(&plan, &image, backends, results.command.clone())?;
+            let again = runner::run(&plan, &image, backends, &selection, results.command.clone())?;
             Ok(again.gate_ratios())
         })?;
     }

@@ -250,5 +250,18 @@ pub fn write_all(results: &Results, dir: &Path) -> Result<Vec<(String, String)>>
             bars(p, "throughput (GiB/s)", &tput)
         })?;
     }
+    let egress = pick(&[
+        "egress_http",
+        "floor_direct_http",
+        "egress_connect",
+        "floor_direct_tcp",
+    ]);
+    if !egress.is_empty() {
+        add(
+            "Egress proxy: downloads next to a direct host connection",
+            "egress-throughput.svg",
+            &|p| bars(p, "egress proxy and direct downloads (GiB/s)", &egress),
+        )?;
+    }
     Ok(out)
 }

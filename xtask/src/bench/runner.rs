@@ -13,6 +13,7 @@ use super::model::{
     cost_ratio, format_value, Goal, Machine, Measurement, Results, Row, Skipped, Unit,
 };
 use super::peers;
+use super::sections::{Section, Selection};
 use super::stats::Runs;
 
 /// Which backends to measure.
@@ -62,20 +63,100 @@ fn done(started: Instant) {
     eprintln!("    done in {:.1?}", started.elapsed());
 }
 
-/// Runs everything the plan says.
-pub fn run(plan: &Plan, image: &Path, backends: Backends, command: String) -> Result<Results> {
+/// Runs the sections `selection` names, as the plan sizes them.
+pub fn run(
+    plan: &Plan,
+    image: &Path,
+    backends: Backends,
+    selection: &Selection,
+    command: String,
+) -> Result<Results> {
     let started = Instant::now();
     let mut measurements: Vec<Measurement> = Vec::new();
     let mut skipped: Vec<Skipped> = Vec::new();
     let rootfs = image.join("rootfs");
-
-    // The floor, while this process is still small (fork copies its page tables).
-    let t = step("floor: fork+exec, posix_spawn, Unix-socket ping-pong and stream");
-    let host_true = peers::host_true()?;
+    let small = metrics::small_tar(plan.small_files)?;
     // The fork+exec floor runs in a fresh, small helper process (fork's cost grows with the
     // forking process's memory), in bursts spread over the whole suite so that the ratios
     // gated in CI compare figures taken under the same machine load.
     let mut fork_floor = Runs::default();
+    if selection.has(Section::Floor) {
+        floor(plan, &rootfs, &small, &mut fork_floor, &mut measurements)?;
+    }
+
+    if selection.has(Section::Vmm) {
+        let t = step("VMM overhead: the I/O test guest under KVM");
+        super::vmm_overhead::measure(plan, &mut measurements, &mut skipped)?;
+        done(t);
+    }
+
+    if backends.microvm {
+        skipped.push(Skipped {
+            what: "microVM backend on crucible-vmm (every KVM metric)".into(),
+            reason: super::microvm_skip_reason(),
+        });
+    }
+    if selection.has(Section::Create) {
+        if let Some(reason) = peers::qemu_microvm_unavailable(image) {
+            skipped.push(Skipped {
+                what: "QEMU microvm peer (KVM)".into(),
+                reason,
+            });
+        }
+    }
+
+    if backends.namespace {
+        namespace(
+            plan,
+            image,
+            selection,
+            &small,
+            &mut fork_floor,
+            &mut measurements,
+            &mut skipped,
+        )?;
+    }
+
+    if !fork_floor.summaries.is_empty() {
+        measurements.insert(
+            0,
+            Measurement::latency(
+                "floor_fork_exec",
+                "host fork+exec+wait of `true`",
+                "floor",
+                &fork_floor,
+                "fork(2), execv(2) of the host's /bin/true, waitpid(2), from a small helper \
+                 process; runs spread over the whole suite",
+            ),
+        );
+    }
+    let mut results = Results {
+        command,
+        quick: plan.quick,
+        unix_time: std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs()),
+        elapsed_s: started.elapsed().as_secs_f64(),
+        machine: machine(),
+        measurements,
+        rows: rows(plan),
+        goals: Vec::new(),
+        skipped,
+    };
+    results.goals = goals(&results);
+    Ok(results)
+}
+
+/// The floor, while this process is still small (fork copies its page tables).
+fn floor(
+    plan: &Plan,
+    rootfs: &Path,
+    small: &[u8],
+    fork_floor: &mut Runs,
+    measurements: &mut Vec<Measurement>,
+) -> Result<()> {
+    let t = step("floor: fork+exec, posix_spawn, Unix-socket ping-pong and stream");
+    let host_true = peers::host_true()?;
     for _ in 0..plan.runs {
         fork_floor.push(peers::fork_exec_burst(plan.spawns)?);
     }
@@ -119,7 +200,7 @@ pub fn run(plan: &Plan, image: &Path, backends: Backends, command: String) -> Re
     for (key, cmd) in ["floor_host_head", "floor_host_dd"].iter().zip(&cmds) {
         let mut rates = Vec::new();
         for run in 0..=plan.runs {
-            let rate = peers::host_command_gibps(&rootfs, cmd, plan.stdout_bytes)?;
+            let rate = peers::host_command_gibps(rootfs, cmd, plan.stdout_bytes)?;
             if run > 0 {
                 rates.push(rate);
             }
@@ -137,10 +218,9 @@ pub fn run(plan: &Plan, image: &Path, backends: Backends, command: String) -> Re
             ),
         ));
     }
-    let small = metrics::small_tar(plan.small_files)?;
     let mut times = Vec::new();
     for run in 0..=plan.runs {
-        let t = peers::host_extract_ms(&small)?;
+        let t = peers::host_extract_ms(small)?;
         if run > 0 {
             times.push(t);
         }
@@ -154,38 +234,46 @@ pub fn run(plan: &Plan, image: &Path, backends: Backends, command: String) -> Re
         "the same tar unpacked by the tar crate into a tmpfs directory on the host",
     ));
     done(t);
+    Ok(())
+}
 
-    let t = step("VMM overhead: the I/O test guest under KVM");
-    super::vmm_overhead::measure(plan, &mut measurements, &mut skipped)?;
-    done(t);
-
-    if backends.microvm {
-        skipped.push(Skipped {
-            what: "microVM backend on crucible-vmm (every KVM metric)".into(),
-            reason: super::microvm_skip_reason(),
-        });
-    }
-    if let Some(reason) = peers::qemu_microvm_unavailable(image) {
-        skipped.push(Skipped {
-            what: "QEMU microvm peer (KVM)".into(),
-            reason,
-        });
-    }
-
-    if backends.namespace {
-        let runtime = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .enable_all()
-            .build()
-            .context("building the client runtime")?;
+/// The namespace backend's sections, with the peers that need its sandboxes or run beside it.
+fn namespace(
+    plan: &Plan,
+    image: &Path,
+    selection: &Selection,
+    small: &bytes::Bytes,
+    fork_floor: &mut Runs,
+    measurements: &mut Vec<Measurement>,
+    skipped: &mut Vec<Skipped>,
+) -> Result<()> {
+    let rootfs = image.join("rootfs");
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .context("building the client runtime")?;
+    let through_api = [
+        Section::Create,
+        Section::Exec,
+        Section::Streaming,
+        Section::Files,
+        Section::Concurrency,
+        Section::Peers,
+    ];
+    if selection.any(&through_api) {
         let d = InProcess::start(image)?;
         eprintln!(
             "    daemon on {} (cgroup parent {})",
             d.socket.display(),
             d.cgroup_parent
         );
-        let fork_floor = std::sync::Mutex::new(&mut fork_floor);
+        let bursts = selection.has(Section::Floor);
+        let fork_floor = std::sync::Mutex::new(&mut *fork_floor);
         let burst = || -> Result<()> {
+            if !bursts {
+                return Ok(());
+            }
             let samples = peers::fork_exec_burst(plan.spawns / 2)?;
             fork_floor
                 .lock()
@@ -196,123 +284,68 @@ pub fn run(plan: &Plan, image: &Path, backends: Backends, command: String) -> Re
         let result = runtime.block_on(async {
             let mut out = Vec::new();
             burst()?;
-            let t = step("create → ready and time to interactive");
-            out.extend(metrics::create(plan, &d).await?);
-            done(t);
-            burst()?;
-            let t = step("exec round trips (API and agent socket)");
-            out.extend(metrics::exec(plan, &d).await?);
-            done(t);
-            burst()?;
-            let t = step("streaming (stdout throughput, interactive echo)");
-            out.extend(metrics::streaming(plan, &d).await?);
-            done(t);
-            burst()?;
-            let t = step("files (upload tar, small files, download)");
-            out.extend(metrics::files(plan, &d, &small).await?);
-            done(t);
-            burst()?;
-            let t = step("concurrency");
-            out.extend(metrics::concurrency(plan, &d).await?);
-            done(t);
-            burst()?;
+            if selection.has(Section::Create) {
+                let t = step("create → ready and time to interactive");
+                out.extend(metrics::create(plan, &d).await?);
+                done(t);
+                burst()?;
+            }
+            if selection.has(Section::Exec) {
+                let t = step("exec round trips (API and agent socket)");
+                out.extend(metrics::exec(plan, &d).await?);
+                done(t);
+                burst()?;
+            }
+            if selection.has(Section::Streaming) {
+                let t = step("streaming (stdout throughput, interactive echo)");
+                out.extend(metrics::streaming(plan, &d).await?);
+                done(t);
+                burst()?;
+            }
+            if selection.has(Section::Files) {
+                let t = step("files (upload tar, small files, download)");
+                out.extend(metrics::files(plan, &d, small).await?);
+                done(t);
+                burst()?;
+            }
+            if selection.has(Section::Concurrency) {
+                let t = step("concurrency");
+                out.extend(metrics::concurrency(plan, &d).await?);
+                done(t);
+                burst()?;
+            }
             anyhow::Ok(out)
         });
         measurements.extend(result?);
 
-        // nsenter into a running sandbox, while the daemon is up.
-        let t = step("peers: nsenter into a running sandbox");
-        match peers::ensure_tool("nsenter", "util-linux") {
-            Ok(nsenter) => {
-                let client = d.client();
-                let info = runtime
-                    .block_on(client.create(&wire::CreateSandbox {
-                        backend: Some(wire::BackendKind::Namespace),
-                        ..Default::default()
-                    }))
-                    .context("create for nsenter")?;
-                let pid = daemon::sandbox_init_pid(&d.cgroup_parent, &info.id)?;
-                let runs = peers::repeat(plan.runs, plan.tool_runs, 5, || {
-                    peers::command_ms(&mut peers::nsenter_command(&nsenter, pid))
-                })?;
-                measurements.push(Measurement::latency(
-                    "peer_nsenter_exec",
-                    "nsenter into a running sandbox + exec `true`",
-                    "nsenter",
-                    &runs,
-                    &format!(
-                        "`nsenter --target <PID 1> --all /bin/true`, PID 1 found via the \
-                         sandbox's cgroup.procs (NSpid 1): how docker/runc exec work ({nsenter})"
-                    ),
-                ));
-                runtime
-                    .block_on(client.delete(&info.id))
-                    .context("delete")?;
-            }
-            Err(reason) => skipped.push(Skipped {
-                what: "nsenter peer".into(),
-                reason,
-            }),
+        if selection.has(Section::Peers) {
+            // nsenter into a running sandbox, while the daemon is up.
+            let t = step("peers: nsenter into a running sandbox");
+            nsenter_peer(plan, &runtime, &d, measurements, skipped)?;
+            done(t);
         }
-        done(t);
         d.stop();
+    }
 
+    if selection.has(Section::Peers) {
         let t = step("peers: bubblewrap one-shot, unshare + pivot_root");
-        match peers::ensure_tool("bwrap", "bubblewrap") {
-            Ok(bwrap) => {
-                let runs = peers::repeat(plan.runs, plan.tool_runs, 3, || {
-                    peers::command_ms(&mut peers::bwrap_command(&bwrap, &rootfs))
-                })?;
-                measurements.push(Measurement::latency(
-                    "peer_bwrap",
-                    "bwrap one-shot: create namespaces + run `true`",
-                    "bwrap",
-                    &runs,
-                    &format!(
-                        "`{bwrap} --tmpfs / --ro-bind <image>/bin /bin --proc /proc --dev /dev \
-                         --tmpfs /tmp --unshare-all --die-with-parent /bin/true`"
-                    ),
-                ));
-            }
-            Err(reason) => skipped.push(Skipped {
-                what: "bubblewrap peer".into(),
-                reason,
-            }),
-        }
-        match peers::ensure_tool("unshare", "util-linux") {
-            Ok(unshare) => {
-                let scratch = tempfile::Builder::new()
-                    .prefix("crucible-bench-unshare-")
-                    .tempdir()
-                    .context("scratch directory")?;
-                let runs = peers::repeat(plan.runs, plan.tool_runs, 3, || {
-                    peers::command_ms(&mut peers::unshare_command(
-                        &unshare,
-                        &rootfs,
-                        scratch.path(),
-                    ))
-                })?;
-                measurements.push(Measurement::latency(
-                    "peer_unshare_pivot_root",
-                    "unshare + pivot_root: create namespaces + run `true`",
-                    "unshare",
-                    &runs,
-                    "`unshare --mount --uts --ipc --net --pid --fork`, a tmpfs root with the \
-                     image's /bin bound and a private /proc, `pivot_root . .`, `umount -l .`, \
-                     exec /bin/true",
-                ));
-            }
-            Err(reason) => skipped.push(Skipped {
-                what: "unshare + pivot_root peer".into(),
-                reason,
-            }),
-        }
+        one_shot_peers(plan, &rootfs, measurements, skipped)?;
         done(t);
+    }
 
+    if selection.has(Section::Egress) {
+        let t = step("egress proxy next to a direct host connection");
+        measurements.extend(runtime.block_on(super::egress::measure(plan, image))?);
+        done(t);
+    }
+
+    if selection.has(Section::Footprint) {
         let t = step("footprint (daemon in a child process)");
         measurements.extend(runtime.block_on(metrics::footprint(plan, image))?);
         done(t);
+    }
 
+    if selection.has(Section::Tcg) {
         match super::qemu_tcg::unavailable(image) {
             None => {
                 let t = step("microVMs under QEMU TCG (--hypervisor qemu-tcg)");
@@ -325,33 +358,109 @@ pub fn run(plan: &Plan, image: &Path, backends: Backends, command: String) -> Re
             }),
         }
     }
+    Ok(())
+}
 
-    measurements.insert(
-        0,
-        Measurement::latency(
-            "floor_fork_exec",
-            "host fork+exec+wait of `true`",
-            "floor",
-            &fork_floor,
-            "fork(2), execv(2) of the host's /bin/true, waitpid(2), from a small helper \
-             process; runs spread over the whole suite",
-        ),
-    );
-    let mut results = Results {
-        command,
-        quick: plan.quick,
-        unix_time: std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_secs()),
-        elapsed_s: started.elapsed().as_secs_f64(),
-        machine: machine(),
-        measurements,
-        rows: rows(plan),
-        goals: Vec::new(),
-        skipped,
-    };
-    results.goals = goals(&results);
-    Ok(results)
+/// `nsenter` into a running sandbox of `d`, running `true`.
+fn nsenter_peer(
+    plan: &Plan,
+    runtime: &tokio::runtime::Runtime,
+    d: &InProcess,
+    measurements: &mut Vec<Measurement>,
+    skipped: &mut Vec<Skipped>,
+) -> Result<()> {
+    match peers::ensure_tool("nsenter", "util-linux") {
+        Ok(nsenter) => {
+            let client = d.client();
+            let info = runtime
+                .block_on(client.create(&wire::CreateSandbox {
+                    backend: Some(wire::BackendKind::Namespace),
+                    ..Default::default()
+                }))
+                .context("create for nsenter")?;
+            let pid = daemon::sandbox_init_pid(&d.cgroup_parent, &info.id)?;
+            let runs = peers::repeat(plan.runs, plan.tool_runs, 5, || {
+                peers::command_ms(&mut peers::nsenter_command(&nsenter, pid))
+            })?;
+            measurements.push(Measurement::latency(
+                "peer_nsenter_exec",
+                "nsenter into a running sandbox + exec `true`",
+                "nsenter",
+                &runs,
+                &format!(
+                    "`nsenter --target <PID 1> --all /bin/true`, PID 1 found via the \
+                     sandbox's cgroup.procs (NSpid 1): how docker/runc exec work ({nsenter})"
+                ),
+            ));
+            runtime
+                .block_on(client.delete(&info.id))
+                .context("delete")?;
+        }
+        Err(reason) => skipped.push(Skipped {
+            what: "nsenter peer".into(),
+            reason,
+        }),
+    }
+    Ok(())
+}
+
+/// bubblewrap one-shot and `unshare` + `pivot_root`, each running `true`.
+fn one_shot_peers(
+    plan: &Plan,
+    rootfs: &Path,
+    measurements: &mut Vec<Measurement>,
+    skipped: &mut Vec<Skipped>,
+) -> Result<()> {
+    match peers::ensure_tool("bwrap", "bubblewrap") {
+        Ok(bwrap) => {
+            let runs = peers::repeat(plan.runs, plan.tool_runs, 3, || {
+                peers::command_ms(&mut peers::bwrap_command(&bwrap, rootfs))
+            })?;
+            measurements.push(Measurement::latency(
+                "peer_bwrap",
+                "bwrap one-shot: create namespaces + run `true`",
+                "bwrap",
+                &runs,
+                &format!(
+                    "`{bwrap} --tmpfs / --ro-bind <image>/bin /bin --proc /proc --dev /dev \
+                     --tmpfs /tmp --unshare-all --die-with-parent /bin/true`"
+                ),
+            ));
+        }
+        Err(reason) => skipped.push(Skipped {
+            what: "bubblewrap peer".into(),
+            reason,
+        }),
+    }
+    match peers::ensure_tool("unshare", "util-linux") {
+        Ok(unshare) => {
+            let scratch = tempfile::Builder::new()
+                .prefix("crucible-bench-unshare-")
+                .tempdir()
+                .context("scratch directory")?;
+            let runs = peers::repeat(plan.runs, plan.tool_runs, 3, || {
+                peers::command_ms(&mut peers::unshare_command(
+                    &unshare,
+                    rootfs,
+                    scratch.path(),
+                ))
+            })?;
+            measurements.push(Measurement::latency(
+                "peer_unshare_pivot_root",
+                "unshare + pivot_root: create namespaces + run `true`",
+                "unshare",
+                &runs,
+                "`unshare --mount --uts --ipc --net --pid --fork`, a tmpfs root with the \
+                 image's /bin bound and a private /proc, `pivot_root . .`, `umount -l .`, \
+                 exec /bin/true",
+            ));
+        }
+        Err(reason) => skipped.push(Skipped {
+            what: "unshare + pivot_root peer".into(),
+            reason,
+        }),
+    }
+    Ok(())
 }
 
 /// The table: our metric, its peers, and the floor of its gated ratio.
@@ -470,6 +579,7 @@ fn rows(plan: &Plan) -> Vec<Row> {
     ] {
         rows.push(row("microVM under QEMU TCG", m, &[], None, false));
     }
+    rows.extend(super::egress::rows());
     rows.extend(super::vmm_overhead::rows());
     rows
 }
