@@ -39,7 +39,6 @@ pub fn rows() -> Vec<Row> {
         ("egress_connect", Some("floor_direct_tcp")),
         ("egress_request", Some("floor_direct_request")),
         ("egress_added_latency", None),
-        ("sandbox_spawn_control", Some("floor_host_spawn_control")),
     ]
     .into_iter()
     .map(|(metric, direct)| Row {
@@ -102,23 +101,14 @@ impl Workload {
         }
     }
 
-    /// The control for [`Workload::requests`]: the same loop starting the same binary the same
-    /// way (the shell runs `/proc/self/exe`), with no request, so that process start-up,
-    /// which a sandbox can make cheaper or dearer, is taken out of the proxy's added latency.
-    fn spawns(requests: usize) -> Self {
-        let script = format!("set -e; for i in $(seq {requests}); do busybox true; done");
-        Workload {
-            direct: script.clone(),
-            proxied: script,
-            expect: Served::default(),
-        }
-    }
-
-    /// `requests` sequential requests for one byte with `wget`, a connection each.
+    /// `requests` sequential requests for one byte by one `wget`, a connection each (busybox
+    /// `wget` fetches its URLs one after the other and never keeps a connection alive), so
+    /// that no process start-up sits in the loop: per request, it is connect, request, answer
+    /// and close.
     fn requests(port: impl Display, requests: usize) -> Self {
         let script = format!(
-            "set -e; for i in $(seq {requests}); do \
-             wget -q -O /dev/null http://127.0.0.1:{port}/one; done"
+            "set -e; wget -q -O /dev/null $(for i in $(seq {requests}); do \
+             printf 'http://127.0.0.1:{port}/one '; done)"
         );
         Workload {
             direct: script.clone(),
@@ -292,9 +282,8 @@ pub async fn measure(plan: &Plan, image: &Path) -> Result<Vec<Measurement>> {
         Workload::http(port, n, blob),
         Workload::tcp(port, n, blob),
         Workload::requests(port, k),
-        Workload::spawns(k),
     ];
-    let mut times: [(Vec<f64>, Vec<f64>); 4] = Default::default();
+    let mut times: [(Vec<f64>, Vec<f64>); 3] = Default::default();
     for run in 0..=plan.runs {
         for (w, (direct, proxied)) in workloads.iter().zip(times.iter_mut()) {
             let (a, b) = run_pair(&client, &id, &host, &server, w).await?;
@@ -312,14 +301,13 @@ pub async fn measure(plan: &Plan, image: &Path) -> Result<Vec<Measurement>> {
     client.delete(&id).await.context("delete")?;
     d.stop();
 
-    let [(http_direct, http_proxied), (tcp_direct, tcp_proxied), (req_direct, req_proxied), (spawn_host, spawn_sandbox)] =
-        times;
+    let [(http_direct, http_proxied), (tcp_direct, tcp_proxied), (req_direct, req_proxied)] = times;
     let bytes = n as u64 * blob;
     let rates = |ms: &[f64]| -> Vec<f64> { ms.iter().map(|t| gib_per_s(bytes, t / 1e3)).collect() };
     let per_request = |ms: &[f64]| -> Vec<f64> { ms.iter().map(|t| t / k as f64).collect() };
-    // Each run's (proxied − its start-up control) − (direct − its control), per request.
+    // Each run's proxied − direct, per request.
     let added: Vec<f64> = (0..req_proxied.len())
-        .map(|i| ((req_proxied[i] - spawn_sandbox[i]) - (req_direct[i] - spawn_host[i])) / k as f64)
+        .map(|i| (req_proxied[i] - req_direct[i]) / k as f64)
         .collect();
     let downloads = format!("{n} × {}", size(blob));
     // The scripts as the report shows them: the server's port changes from run to run.
@@ -327,7 +315,6 @@ pub async fn measure(plan: &Plan, image: &Path) -> Result<Vec<Measurement>> {
         Workload::http("PORT", n, blob),
         Workload::tcp("PORT", n, blob),
         Workload::requests("PORT", k),
-        Workload::spawns(k),
     ];
     let timing = "timed from spawn to exit in whole milliseconds: on the host by this process, \
                   in the sandbox by the agent (`duration_ms` of the exit frame), so neither \
@@ -389,8 +376,8 @@ pub async fn measure(plan: &Plan, image: &Path) -> Result<Vec<Measurement>> {
             Unit::Ms,
             &per_request(&req_proxied),
             &format!(
-                "`{}` through `http_proxy`, a new connection and a `wget` process each, the \
-                 total over {k}: {relayed}; {in_sandbox}",
+                "`{}` through `http_proxy`: one `wget` process, a new connection per request, \
+                 the total over {k}: {relayed}; {in_sandbox}",
                 shown[2].proxied
             ),
         ),
@@ -404,35 +391,13 @@ pub async fn measure(plan: &Plan, image: &Path) -> Result<Vec<Measurement>> {
         ),
         Measurement::scalar(
             "egress_added_latency",
-            "what the proxy adds to a request (proxied − direct, net of process start-up)",
+            "what the proxy adds to a request (proxied − direct)",
             "ours",
             Unit::Ms,
             &added,
-            "the two rows above paired run by run, each net of its side's start-up control \
-             below: ((proxied loop − sandbox control) − (direct loop − host control)) / the \
-             requests. The agent's handoff, the daemon's parse, policy check and connect, and \
-             the relay's extra hop, plus whatever the sandbox adds to a connection's syscalls \
-             (seccomp)",
-        ),
-        Measurement::scalar(
-            "sandbox_spawn_control",
-            "control: the same loop with `busybox true` for `wget`, in the sandbox, per iteration",
-            "ours",
-            Unit::Ms,
-            &per_request(&spawn_sandbox),
-            &format!(
-                "`{}`: the shell starting the same binary the same way as for each request \
-                 (fork, exec of /proc/self/exe), no connection; {in_sandbox}",
-                shown[3].proxied
-            ),
-        ),
-        Measurement::scalar(
-            "floor_host_spawn_control",
-            "the same control on the host, per iteration",
-            "floor",
-            Unit::Ms,
-            &per_request(&spawn_host),
-            &format!("the same script {on_host}"),
+            "the two rows above paired run by run: (proxied − direct) / the requests. The \
+             agent's handoff, the daemon's parse, policy check and connect, and the relay's \
+             extra hop, plus whatever the sandbox adds to a connection's syscalls (seccomp)",
         ),
     ])
 }
@@ -459,8 +424,6 @@ mod tests {
             Workload::http(server.port(), 3, blob),
             Workload::tcp(server.port(), 2, blob),
             Workload::requests(server.port(), 5),
-            // No connection at all.
-            Workload::spawns(5),
         ] {
             let before = server.served()?;
             host.run(&w.direct)?;
