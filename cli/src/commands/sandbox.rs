@@ -35,7 +35,8 @@ pub struct CreateArgs {
     #[arg(long, value_name = "HOST[:PORT]", value_delimiter = ',')]
     pub allow: Vec<String>,
     /// Mount the named cache at PATH, read-write, kept between sandboxes (repeatable); made
-    /// with SIZE_MIB (else the daemon's default) if new. One sandbox at a time per cache.
+    /// with SIZE_MIB (else the daemon's default) if new. One sandbox at a time per cache. Kept
+    /// by `crucible serve`; the daemon `crucible run` starts for itself keeps nothing.
     #[arg(long, value_name = "NAME:PATH[:SIZE_MIB]", value_parser = parse_cache)]
     pub cache: Vec<wire::CacheMount>,
     /// Mount the operator's read-only volume NAME at PATH (repeatable).
