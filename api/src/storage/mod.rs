@@ -1,6 +1,7 @@
 //! The host disk that sandboxes use: named caches and disk-backed writable layers (ext4
 //! images, sparse on the host, each with a hard size limit), operator-declared read-only
-//! volumes (with the read-only images that carry them into microVMs), and one budget that bounds how much of the host's disk all of it may ever take.
+//! volumes (and the read-only images that carry them into microVMs), and one budget that
+//! bounds how much of the host's disk all of it may ever take.
 
 mod budget;
 mod caches;
@@ -132,7 +133,8 @@ impl HostSupport {
 pub struct StorageConfig {
     /// Where caches and disk-backed layers live.
     pub data_dir: PathBuf,
-    /// The most host disk, in MiB, that caches and disk-backed layers may take together;
+    /// The most host disk, in MiB, that caches, disk-backed layers and microVM volume
+    /// snapshots may take together;
     /// `None`: three quarters of the data directory's free space at startup, plus the caches
     /// already there.
     pub disk_budget_mib: Option<u64>,

@@ -98,7 +98,9 @@ impl VolumeSnapshots {
     /// The image of volume `name`, whose directory is `source`: built now if this daemon has
     /// none yet (or its image was removed), else the one built before.
     pub async fn image(&self, name: &str, source: &Path) -> Result<PathBuf, StorageError> {
-        super::caches::validate_name(name)?;
+        // Declared names are checked already; this one becomes a file name.
+        super::caches::validate_name(name)
+            .map_err(|_| StorageError::Invalid(format!("volume name {name:?} is not valid")))?;
         let slot = self
             .slots
             .lock()
