@@ -241,7 +241,12 @@ impl AppState {
             )));
         }
         if kind == BackendKind::Microvm {
-            let targets: Vec<&str> = request.caches.iter().map(|c| c.path.as_str()).collect();
+            let targets: Vec<&str> = request
+                .volumes
+                .iter()
+                .map(|v| v.path.as_str())
+                .chain(request.caches.iter().map(|c| c.path.as_str()))
+                .collect();
             microvm_disks::check_request(&new_id(), request.disk_mib.is_some(), &targets)
                 .map_err(CreateError::Invalid)?;
         }
@@ -353,16 +358,19 @@ impl AppState {
 }
 
 /// What of a request backend `kind` cannot provide, named for an error message: the process
-/// backend has no storage at all, and a microVM cannot be given a host directory (a volume).
+/// backend has no storage at all.
 fn unsupported_storage(kind: BackendKind, request: &CreateSandbox) -> Vec<&'static str> {
     let mut features = Vec::new();
-    if kind == BackendKind::Process && request.disk_mib.is_some() {
+    if kind != BackendKind::Process {
+        return features;
+    }
+    if request.disk_mib.is_some() {
         features.push("disk_mib");
     }
-    if kind == BackendKind::Process && !request.caches.is_empty() {
+    if !request.caches.is_empty() {
         features.push("caches");
     }
-    if kind != BackendKind::Namespace && !request.volumes.is_empty() {
+    if !request.volumes.is_empty() {
         features.push("volumes");
     }
     features
@@ -373,8 +381,9 @@ pub const MIN_DISK_MIB: u64 = 64;
 
 impl AppState {
     /// Takes what the request asks of the storage, for sandbox `id` on `backend`: its
-    /// caches (made if new) and its disk-backed layer, with the volumes it names; all of it is
-    /// released if any part is refused.
+    /// caches (made if new) and its disk-backed layer, with the volumes it names (for a
+    /// microVM, each as its read-only snapshot image, built on the first request); all of it
+    /// is released if any part is refused.
     async fn claim_storage(
         &self,
         request: &CreateSandbox,
@@ -389,8 +398,18 @@ impl AppState {
         }
         let storage = self.storage()?;
         for volume in &request.volumes {
+            let dir = storage.volumes.get(&volume.name)?;
+            let source = match backend {
+                // A VM can only be given block devices.
+                BackendKind::Microvm => {
+                    MountSource::Ext4Image(storage.volume_snapshots.image(&volume.name, dir).await?)
+                }
+                BackendKind::Namespace | BackendKind::Process => {
+                    MountSource::Directory(dir.to_path_buf())
+                }
+            };
             mounts.push(MountSpec {
-                source: MountSource::Directory(storage.volumes.get(&volume.name)?.to_path_buf()),
+                source,
                 target: volume.path.clone(),
                 read_only: true,
             });

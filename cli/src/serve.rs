@@ -71,11 +71,13 @@ pub struct Args {
     /// memory, so at most 3/4 of its memory limit). Writes past it fail with ENOSPC.
     #[arg(long, default_value_t = api::Limits::default().scratch_mib)]
     disk_mib: u64,
-    /// Where caches and disk-backed writable layers (`"disk_mib"` in a create request) live.
+    /// Where caches, disk-backed writable layers (`"disk_mib"` in a create request) and
+    /// microVM volume snapshots live.
     #[arg(long, value_name = "DIR", default_value_os_t = api::storage::default_data_dir())]
     data_dir: PathBuf,
-    /// The most host disk, in MiB, that caches and disk-backed layers may take together (their
-    /// images are sparse but counted at full size, so the host disk never fills); a request
+    /// The most host disk, in MiB, that caches, disk-backed layers and microVM volume
+    /// snapshots may take together (their images are sparse but counted at full size, so the
+    /// host disk never fills); a request
     /// past it is answered 507 [default: 3/4 of the data directory's free space at startup,
     /// plus the caches already there].
     #[arg(long, value_name = "MIB")]
@@ -85,7 +87,8 @@ pub struct Args {
     cache_mib: u64,
     /// Declare a read-only volume NAME=DIR[:ro] that sandboxes may ask for by name
     /// (`"volumes": [{"name": NAME, "path": "/inside"}]`); repeatable. Volumes are never
-    /// writable.
+    /// writable. Namespace sandboxes see the live directory; microVMs see a snapshot taken
+    /// when the first of them asks after the daemon started (restart to refresh).
     #[arg(long, value_name = "NAME=DIR:ro")]
     volume: Vec<String>,
     /// Allow sandboxes to ask for egress to these hosts (repeatable, or comma-separated): names

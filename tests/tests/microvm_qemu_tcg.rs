@@ -7,7 +7,8 @@
 //! Storage and egress on a microVM: a sandbox with `network` fetches from (and uploads to)
 //! servers this test starts on the host's 127.0.0.1 through its agent's proxy, carried over
 //! vsock to the daemon; its disk-backed layer holds more than its memory; a cache written by
-//! one sandbox is read by the next, whose writes past its size get ENOSPC.
+//! one sandbox is read by the next, whose writes past its size get ENOSPC; a volume arrives as
+//! its read-only snapshot, byte for byte, and nothing root inside does writes to it.
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -24,7 +25,7 @@ use sha2::{Digest, Sha256};
 use tokio_tungstenite::tungstenite::Message;
 use wire::{
     BackendKind, CacheMount, CreateSandbox, ExecRequest, FrameType, Hypervisor, NetworkRequest,
-    SandboxState,
+    SandboxState, VolumeMount,
 };
 
 fn vmm_binary() -> std::path::PathBuf {
@@ -725,4 +726,160 @@ async fn a_cache_written_by_one_qemu_tcg_sandbox_is_read_by_the_next_and_filling
     assert_eq!(sandbox_processes(&second), Vec::<(i32, String)>::new());
     c.delete_cache("cargo").await.expect("delete the cache");
     assert!(!cache.exists());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_volume_reaches_a_qemu_tcg_sandbox_as_its_read_only_snapshot_byte_for_byte() {
+    let host = tempfile::tempdir().expect("tempdir");
+    let volume = host.path().join("tools");
+    std::fs::create_dir_all(volume.join("bin")).expect("mkdir");
+    std::fs::create_dir_all(volume.join("share/owned")).expect("mkdir");
+    let tool = random_bytes(300 * 1024 + 5);
+    let blob: Vec<u8> = random_bytes(2 * 1024 * 1024 + 3)
+        .iter()
+        .map(|b| b ^ 0x5a)
+        .collect();
+    std::fs::write(volume.join("bin/tool"), &tool).expect("write");
+    std::fs::write(volume.join("share/blob"), &blob).expect("write");
+    std::fs::write(volume.join("share/empty"), b"").expect("write");
+    std::os::unix::fs::chown(volume.join("share/owned"), Some(1000), Some(1001)).expect("chown");
+    let outside = host.path().join("outside-secret");
+    std::fs::write(&outside, "host only\n").expect("write");
+    std::os::unix::fs::symlink(&outside, volume.join("escape")).expect("ln -s");
+    let declared = format!("tools={}:ro", volume.display());
+
+    let daemon = {
+        let kernel = harness::image_dir().join("vmlinux");
+        assert!(
+            kernel.is_file(),
+            "{} missing: cargo xtask build-image",
+            kernel.display()
+        );
+        let binary = vmm_binary();
+        TestDaemon::start_with(|c| {
+            c.vmm_binary = binary;
+            c.hypervisor = Hypervisor::QemuTcg;
+            c.default_backend = Some(BackendKind::Microvm);
+            c.storage.volumes.declare(&declared).expect("declare");
+        })
+    };
+    let data_dir = daemon.state.config.storage.data_dir.clone();
+    let c = daemon.client();
+    let id = c
+        .create(&CreateSandbox {
+            volumes: vec![VolumeMount {
+                name: "tools".into(),
+                path: "/opt/tools".into(),
+            }],
+            ..CreateSandbox::default()
+        })
+        .await
+        .expect("a qemu-tcg sandbox with a volume boots")
+        .id;
+
+    // The snapshot: one image, counted in the budget, served read-only by its device.
+    let image = data_dir.join("volumes/tools.ext4");
+    let image_hash = || hex::encode(Sha256::digest(std::fs::read(&image).expect("the image")));
+    let before = image_hash();
+    let storage = daemon.state.storage().expect("storage");
+    assert_eq!(
+        storage.budget.taken_mib(),
+        std::fs::metadata(&image).expect("stat").len() >> 20
+    );
+    let devices: Vec<String> = sandbox_processes(&id)
+        .into_iter()
+        .map(|(_, cmdline)| cmdline)
+        .filter(|cmdline| cmdline.contains("vhost-user block"))
+        .collect();
+    assert_eq!(devices.len(), 1, "{devices:?}");
+    assert!(
+        devices[0].trim_end().ends_with("crucible-mount-0:ro"),
+        "{devices:?}"
+    );
+
+    // Byte for byte, owned as on the host, the link still a link (to a path that is not
+    // there inside), mounted read-only, nosuid, nodev on a read-only disk.
+    let (out, err, code) = sh_out(
+        &c,
+        &id,
+        "set -e; cd /opt/tools; sha256sum bin/tool share/blob share/empty | cut -d' ' -f1; \
+         stat -c '%u:%g' share/owned; readlink escape; cat escape 2>/dev/null || echo dangling; \
+         find . | sort | tr '\\n' ' '; echo; grep ' /opt/tools ' /proc/mounts; \
+         for d in /sys/block/vd*; do \
+           [ \"$(cat $d/serial)\" = crucible-mount-0 ] && echo ${d##*/} $(cat $d/ro); done",
+    )
+    .await;
+    assert_eq!(code, 0, "{out}{err}");
+    let lines: Vec<&str> = out.lines().collect();
+    let hash = |bytes: &[u8]| hex::encode(Sha256::digest(bytes));
+    assert_eq!(
+        &lines[..6],
+        [
+            hash(&tool).as_str(),
+            &hash(&blob),
+            &hash(b""),
+            "1000:1001",
+            &outside.display().to_string(),
+            "dangling"
+        ],
+        "{out}"
+    );
+    assert_eq!(
+        lines[6].trim_end(),
+        ". ./bin ./bin/tool ./escape ./share ./share/blob ./share/empty ./share/owned",
+        "the tree and nothing else: {out}"
+    );
+    let mount: Vec<&str> = lines[7].split(' ').collect();
+    let options: Vec<&str> = mount[3].split(',').collect();
+    assert!(
+        mount[2] == "ext4"
+            && options.contains(&"ro")
+            && options.contains(&"nosuid")
+            && options.contains(&"nodev"),
+        "{out}"
+    );
+    let (disk, ro) = lines[8].split_once(' ').expect("the volume's disk");
+    assert_eq!(ro, "1", "the disk itself is read-only: {out}");
+
+    // Root inside tries to write: to the files, by remounting, then to the disk itself once
+    // unmounted, after asking the kernel to make it writable, and through a new mount.
+    let (out, err, code) = sh_out(
+        &c,
+        &id,
+        &format!(
+            "echo x > /opt/tools/new; echo write=$?; \
+             rm /opt/tools/bin/tool; echo rm=$?; \
+             mount -o remount,rw /opt/tools; echo remount=$?; \
+             sha256sum /opt/tools/bin/tool | cut -d' ' -f1; \
+             umount /opt/tools; echo umount=$?; \
+             blockdev --setrw /dev/{disk}; echo setrw=$?; \
+             dd if=/dev/zero of=/dev/{disk} bs=4096 count=16 conv=fsync; echo dd=$?; \
+             mkdir /mnt/again; mount -t ext4 -o rw /dev/{disk} /mnt/again; \
+             grep ' /mnt/again ' /proc/mounts | cut -d' ' -f4 | cut -d, -f1; \
+             touch /mnt/again/bin/new; echo write-again=$?"
+        ),
+    )
+    .await;
+    assert_eq!(code, 0, "{out}{err}");
+    let failed = |step: &str| {
+        out.lines()
+            .any(|l| l.starts_with(&format!("{step}=")) && l != format!("{step}=0"))
+    };
+    for step in ["write", "rm", "remount", "dd", "write-again"] {
+        assert!(failed(step), "{step} must fail: {out}{err}");
+    }
+    assert!(out.contains(&format!("\n{}\n", hash(&tool))), "{out}");
+    assert!(out.contains("umount=0"), "{out}{err}");
+    assert!(
+        !out.lines().any(|l| l == "rw"),
+        "mounted writable again: {out}{err}"
+    );
+
+    // The host's image and directory are as they were; the image outlives the sandbox for
+    // the next microVM of this daemon.
+    c.delete(&id).await.expect("delete");
+    assert_eq!(image_hash(), before, "the snapshot was written to");
+    assert_eq!(std::fs::read(volume.join("bin/tool")).expect("read"), tool);
+    assert!(!volume.join("new").exists());
+    assert_eq!(sandbox_processes(&id), Vec::<(i32, String)>::new());
 }

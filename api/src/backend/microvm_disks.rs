@@ -1,5 +1,5 @@
-//! A microVM's disks beside its root: the disk-backed writable layer and the caches, each an
-//! ext4 image on a virtio-blk device, and the kernel command-line words that tell the guest
+//! A microVM's disks beside its root: the disk-backed writable layer, the caches and the
+//! volumes (their read-only snapshots), each an ext4 image on a virtio-blk device, and the kernel command-line words that tell the guest
 //! which is which. The guest finds each by its serial ([`contract::disk`]); our block device
 //! reports the file name of the path it opens as its serial, so each image is handed over
 //! through a link named after its serial in the sandbox's runtime directory. The same plan
@@ -42,13 +42,14 @@ pub struct DiskPlan {
 /// Why a sandbox's storage cannot be given to a microVM.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum DiskPlanError {
-    /// A host directory (a volume): a VM can only be given block devices.
-    #[error("volumes are not available on the microvm backend yet (use the namespace backend)")]
+    /// A host directory: a VM can only be given block devices (a volume reaches it as its
+    /// snapshot image, which the daemon substitutes before planning).
+    #[error("a host directory cannot be attached to a microVM, only an image")]
     Directory,
     /// More disks than the machine has transports for.
     #[error(
-        "a microVM takes at most {MAX_DISKS} disks beside its root (caches and disk_mib \
-         together); {0} asked for"
+        "a microVM takes at most {MAX_DISKS} disks beside its root (caches, volumes and \
+         disk_mib together); {0} asked for"
     )]
     TooMany(usize),
 }
@@ -119,7 +120,8 @@ impl DiskPlan {
     }
 }
 
-/// Whether a request for a disk-backed layer (`disk`) and caches at `targets` fits a microVM:
+/// Whether a request for a disk-backed layer (`disk`) and caches and volumes at `targets` fits
+/// a microVM:
 /// the number of disks, and the command line that names them (with `hostname` as long as the
 /// sandbox's id will be, egress on), checked before anything is claimed.
 pub fn check_request(hostname: &str, disk: bool, targets: &[&str]) -> Result<(), String> {
@@ -202,7 +204,7 @@ mod tests {
     }
 
     #[test]
-    fn volumes_and_too_many_disks_are_refused() {
+    fn host_directories_and_too_many_disks_are_refused() {
         let volume = MountSpec {
             source: MountSource::Directory("/srv/tools".into()),
             target: "/opt/tools".into(),

@@ -1,11 +1,13 @@
 //! The host disk that sandboxes use: named caches and disk-backed writable layers (ext4
 //! images, sparse on the host, each with a hard size limit), operator-declared read-only
-//! volumes, and one budget that bounds how much of the host's disk all of it may ever take.
+//! volumes (and the read-only images that carry them into microVMs), and one budget that
+//! bounds how much of the host's disk all of it may ever take.
 
 mod budget;
 mod caches;
 mod ext4;
 mod targets;
+mod volume_snapshots;
 mod volumes;
 
 use std::io;
@@ -16,6 +18,7 @@ pub use budget::{BudgetLease, DiskBudget};
 pub use caches::{validate_name as validate_cache_name, CacheLease, CacheStore};
 pub use ext4::{mkfs_binary, ScratchDisk, ScratchDisks};
 pub use targets::validate_targets;
+pub use volume_snapshots::VolumeSnapshots;
 pub use volumes::Volumes;
 
 /// Why storage for a sandbox could not be had.
@@ -130,7 +133,8 @@ impl HostSupport {
 pub struct StorageConfig {
     /// Where caches and disk-backed layers live.
     pub data_dir: PathBuf,
-    /// The most host disk, in MiB, that caches and disk-backed layers may take together;
+    /// The most host disk, in MiB, that caches, disk-backed layers and microVM volume
+    /// snapshots may take together;
     /// `None`: three quarters of the data directory's free space at startup, plus the caches
     /// already there.
     pub disk_budget_mib: Option<u64>,
@@ -163,6 +167,8 @@ pub struct Storage {
     pub scratch: ScratchDisks,
     /// Declared volumes.
     pub volumes: Volumes,
+    /// The images that carry volumes into microVMs.
+    pub volume_snapshots: VolumeSnapshots,
     /// Held for the daemon's lifetime: one daemon per data directory (two would each think
     /// they alone hand out its caches, and each clean the other's layers away).
     _lock: nix::fcntl::Flock<std::fs::File>,
@@ -178,8 +184,8 @@ pub struct SandboxStorage {
 }
 
 impl Storage {
-    /// Opens (or makes) the data directory, removes layers a crashed daemon left there, and
-    /// finds the caches.
+    /// Opens (or makes) the data directory, removes layers and volume snapshots a previous
+    /// daemon left there, and finds the caches.
     pub fn open(config: &StorageConfig) -> Result<Self, StorageError> {
         let dir = &config.data_dir;
         ext4::create_private_dir(dir)?;
@@ -203,6 +209,9 @@ impl Storage {
                 )
             })?;
         let caches_dir = dir.join("caches");
+        let snapshots_dir = dir.join("volumes");
+        // Before the free space is measured: they are not the new daemon's.
+        volume_snapshots::remove_stale(&snapshots_dir)?;
         let budget_mib = match config.disk_budget_mib {
             Some(mib) => mib,
             None => {
@@ -217,11 +226,13 @@ impl Storage {
         let budget = DiskBudget::new(budget_mib);
         let caches = CacheStore::open(caches_dir, config.default_cache_mib, budget.clone())?;
         let scratch = ScratchDisks::open(dir.join("scratch"), budget.clone())?;
+        let volume_snapshots = VolumeSnapshots::open(snapshots_dir, budget.clone())?;
         Ok(Storage {
             budget,
             caches,
             scratch,
             volumes: config.volumes.clone(),
+            volume_snapshots,
             _lock: lock,
         })
     }
