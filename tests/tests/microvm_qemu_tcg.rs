@@ -11,15 +11,14 @@
 //! its read-only snapshot, byte for byte, and nothing root inside does writes to it.
 
 use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
 use std::os::unix::fs::MetadataExt;
 use std::path::Path;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use client::ExecEvent;
 use futures_util::{SinkExt, StreamExt};
+use harness::host_net::{random_bytes, read_head, HostServer};
 use harness::TestDaemon;
 use sha2::{Digest, Sha256};
 use tokio_tungstenite::tungstenite::Message;
@@ -415,65 +414,6 @@ async fn stopping_the_daemon_takes_its_qemu_tcg_sandboxes_down() {
     assert_eq!(sandbox_processes(&sandbox.id), Vec::<(i32, String)>::new());
 }
 
-async fn sh_out(c: &client::Client, id: &str, script: &str) -> (String, String, i32) {
-    let out = c.exec_collect(id, &sh(script)).await.expect("exec");
-    (
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-        out.result.exit_code,
-    )
-}
-
-/// Bytes no two runs share.
-fn random_bytes(len: usize) -> Vec<u8> {
-    let mut state = 0x9e37_79b9_7f4a_7c15u64 ^ u64::from(std::process::id());
-    (0..len)
-        .map(|_| {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            state as u8
-        })
-        .collect()
-}
-
-/// A server on the host's 127.0.0.1 that runs `serve` on each connection, counting them.
-struct HostServer {
-    port: u16,
-    connections: Arc<AtomicUsize>,
-}
-
-impl HostServer {
-    fn start(serve: impl Fn(TcpStream) + Send + Sync + 'static) -> Self {
-        let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
-        let port = listener.local_addr().expect("addr").port();
-        let connections = Arc::new(AtomicUsize::new(0));
-        let counted = connections.clone();
-        let serve = Arc::new(serve);
-        std::thread::spawn(move || {
-            for stream in listener.incoming().flatten() {
-                counted.fetch_add(1, Ordering::SeqCst);
-                let serve = serve.clone();
-                std::thread::spawn(move || serve(stream));
-            }
-        });
-        HostServer { port, connections }
-    }
-}
-
-/// Reads an HTTP request head.
-fn read_head(stream: &mut TcpStream) -> String {
-    let mut got = Vec::new();
-    let mut byte = [0u8; 1];
-    while !got.ends_with(b"\r\n\r\n") {
-        match stream.read(&mut byte) {
-            Ok(1) => got.push(byte[0]),
-            _ => break,
-        }
-    }
-    String::from_utf8_lossy(&got).into_owned()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_qemu_tcg_sandbox_with_network_and_a_disk_layer_moves_mibs_through_its_proxy_and_writes_past_its_memory(
 ) {
@@ -539,7 +479,7 @@ async fn a_qemu_tcg_sandbox_with_network_and_a_disk_layer_moves_mibs_through_its
 
     // HTTP through HTTP_PROXY, byte for byte: four downloads at once, each its own vsock
     // connection from the guest.
-    let (out, err, code) = sh_out(
+    let (out, err, code) = harness::sh(
         &c,
         id,
         &format!(
@@ -566,7 +506,7 @@ async fn a_qemu_tcg_sandbox_with_network_and_a_disk_layer_moves_mibs_through_its
     );
 
     // The other way: 4 MiB up a CONNECT tunnel, hashed by the host server.
-    let (out, err, code) = sh_out(
+    let (out, err, code) = harness::sh(
         &c,
         id,
         &format!(
@@ -584,7 +524,7 @@ async fn a_qemu_tcg_sandbox_with_network_and_a_disk_layer_moves_mibs_through_its
     assert_eq!(lines[0], lines[1], "the host received other bytes: {out}");
 
     // A name outside the rules: 403, and nothing connected.
-    let (out, _, _) = sh_out(
+    let (out, _, _) = harness::sh(
         &c,
         id,
         "wget -S -O- http://denied.example.com/ 2>&1; echo exit=$?",
@@ -596,12 +536,12 @@ async fn a_qemu_tcg_sandbox_with_network_and_a_disk_layer_moves_mibs_through_its
     assert!(network.denied >= 1, "{network:?}");
     assert!(network.bytes_in >= 4 * blob.len() as u64, "{network:?}");
     assert!(network.bytes_out >= UPLOAD as u64, "{network:?}");
-    assert_eq!(http.connections.load(Ordering::SeqCst), 4);
-    assert_eq!(upload.connections.load(Ordering::SeqCst), 1);
+    assert_eq!(http.connections(), 4);
+    assert_eq!(upload.connections(), 1);
 
     // The writable layer and /tmp are on the sandbox's disk: more than its 128 MiB of memory
     // fits, the host's image holds the blocks, and a full disk is ENOSPC for the writer only.
-    let (out, err, code) = sh_out(
+    let (out, err, code) = harness::sh(
         &c,
         id,
         "set -e; dd if=/dev/zero of=/root/big bs=1M count=160 2>/dev/null; \
@@ -668,7 +608,7 @@ async fn a_cache_written_by_one_qemu_tcg_sandbox_is_read_by_the_next_and_filling
         2,
         "the root disk and the cache: {processes:?}"
     );
-    let (out, err, code) = sh_out(
+    let (out, err, code) = harness::sh(
         &c,
         &first,
         "set -e; cd /root/.cargo/registry; echo 'serde 1.0.0' > index; mkdir -p src/serde; \
@@ -691,7 +631,7 @@ async fn a_cache_written_by_one_qemu_tcg_sandbox_is_read_by_the_next_and_filling
     assert_eq!(sandbox_processes(&first), Vec::<(i32, String)>::new());
 
     let second = c.create(&with_cache(None)).await.expect("create").id;
-    let (out, err, code) = sh_out(
+    let (out, err, code) = harness::sh(
         &c,
         &second,
         "set -e; cd /root/.cargo/registry; cat index src/serde/lib.rs; stat -c '%u:%g' index",
@@ -702,7 +642,7 @@ async fn a_cache_written_by_one_qemu_tcg_sandbox_is_read_by_the_next_and_filling
 
     // The limit: the writer gets ENOSPC; the sandbox and the cache's earlier contents are fine;
     // the host's image never grows past the limit.
-    let (out, err, code) = sh_out(
+    let (out, err, code) = harness::sh(
         &c,
         &second,
         "dd if=/dev/zero of=/root/.cargo/registry/big bs=1M count=100 2>&1; echo dd=$?; \
@@ -799,7 +739,7 @@ async fn a_volume_reaches_a_qemu_tcg_sandbox_as_its_read_only_snapshot_byte_for_
 
     // Byte for byte, owned as on the host, the link still a link (to a path that is not
     // there inside), mounted read-only, nosuid, nodev on a read-only disk.
-    let (out, err, code) = sh_out(
+    let (out, err, code) = harness::sh(
         &c,
         &id,
         "set -e; cd /opt/tools; sha256sum bin/tool share/blob share/empty | cut -d' ' -f1; \
@@ -843,7 +783,7 @@ async fn a_volume_reaches_a_qemu_tcg_sandbox_as_its_read_only_snapshot_byte_for_
 
     // Root inside tries to write: to the files, by remounting, then to the disk itself once
     // unmounted, after asking the kernel to make it writable, and through a new mount.
-    let (out, err, code) = sh_out(
+    let (out, err, code) = harness::sh(
         &c,
         &id,
         &format!(

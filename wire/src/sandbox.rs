@@ -83,7 +83,9 @@ pub struct CreateSandbox {
     /// Named caches to mount: persistent, daemon-managed, size-limited, one sandbox at a time.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub caches: Vec<CacheMount>,
-    /// Read-only volumes the operator declared (`crucible serve --volume NAME=DIR:ro`).
+    /// Read-only volumes the operator declared (`crucible serve --volume NAME=DIR:ro`): the
+    /// live directory in a namespace sandbox; in a microVM a read-only snapshot of it, taken
+    /// the first time a microVM asks for it after the daemon started.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub volumes: Vec<VolumeMount>,
     /// A disk-backed writable layer of this many MiB (a sparse file on the host's disk)
