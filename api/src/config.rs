@@ -115,6 +115,8 @@ pub struct ServeConfig {
     /// The operator's egress allowlist (`--egress-allow`): what sandboxes may ask to reach.
     /// Empty: no sandbox gets network.
     pub egress_allow: Vec<String>,
+    /// Warm pools (`--pool`): ready sandboxes kept per shape, checked when the daemon binds.
+    pub pools: Vec<crate::pool::PoolSpec>,
 }
 
 /// The default `uid_base`: above the ranges `/etc/subuid` hands out (100000 up) and directory
@@ -185,6 +187,7 @@ impl ServeConfig {
             max_connections: None,
             storage: crate::storage::StorageConfig::new(crate::storage::default_data_dir()),
             egress_allow: Vec::new(),
+            pools: Vec::new(),
         }
     }
 }

@@ -18,6 +18,7 @@ pub mod host;
 pub mod json;
 pub mod metrics;
 pub mod openapi;
+pub mod pool;
 mod raw_stream;
 mod rewind;
 pub mod routes;

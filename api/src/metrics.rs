@@ -14,6 +14,45 @@ const LATENCY_BUCKETS: [f64; 16] = [
     60.0,
 ];
 
+/// A latency histogram over [`LATENCY_BUCKETS`], in atomics.
+#[derive(Debug, Default)]
+pub struct Histogram {
+    buckets: [AtomicU64; LATENCY_BUCKETS.len()],
+    count: AtomicU64,
+    sum_us: AtomicU64,
+}
+
+impl Histogram {
+    /// Records one duration.
+    pub fn observe(&self, elapsed: Duration) {
+        let secs = elapsed.as_secs_f64();
+        for (bound, bucket) in LATENCY_BUCKETS.iter().zip(&self.buckets) {
+            if secs <= *bound {
+                bucket.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        self.count.fetch_add(1, Ordering::Relaxed);
+        self.sum_us
+            .fetch_add(elapsed.as_micros() as u64, Ordering::Relaxed);
+    }
+
+    /// Appends its exposition as `name` (in seconds), with `help`.
+    pub fn render(&self, out: &mut String, name: &str, help: &str) {
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} histogram");
+        for (bound, bucket) in LATENCY_BUCKETS.iter().zip(&self.buckets) {
+            let _ = writeln!(
+                out,
+                "{name}_bucket{{le=\"{bound}\"}} {}",
+                bucket.load(Ordering::Relaxed)
+            );
+        }
+        let count = self.count.load(Ordering::Relaxed);
+        let _ = writeln!(out, "{name}_bucket{{le=\"+Inf\"}} {count}");
+        let sum = self.sum_us.load(Ordering::Relaxed) as f64 / 1e6;
+        let _ = writeln!(out, "{name}_sum {sum}\n{name}_count {count}");
+    }
+}
+
 /// The daemon's counters.
 #[derive(Debug, Default)]
 pub struct Metrics {
@@ -37,24 +76,14 @@ pub struct Metrics {
     pub bytes_downloaded: AtomicU64,
     /// Egress through every sandbox's proxy (each sandbox's counters add to these).
     pub egress: std::sync::Arc<crate::egress::EgressCounters>,
-    latency_buckets: [AtomicU64; LATENCY_BUCKETS.len()],
-    latency_count: AtomicU64,
-    latency_sum_us: AtomicU64,
+    exec_latency: Histogram,
     errors: Mutex<BTreeMap<u16, u64>>,
 }
 
 impl Metrics {
     /// Records one finished exec's duration (request to exit frame).
     pub fn observe_exec(&self, elapsed: Duration) {
-        let secs = elapsed.as_secs_f64();
-        for (bound, bucket) in LATENCY_BUCKETS.iter().zip(&self.latency_buckets) {
-            if secs <= *bound {
-                bucket.fetch_add(1, Ordering::Relaxed);
-            }
-        }
-        self.latency_count.fetch_add(1, Ordering::Relaxed);
-        self.latency_sum_us
-            .fetch_add(elapsed.as_micros() as u64, Ordering::Relaxed);
+        self.exec_latency.observe(elapsed);
     }
 
     /// Records an error response.
@@ -179,22 +208,11 @@ impl Metrics {
             &self.bytes_downloaded,
         );
 
-        let name = "crucible_exec_duration_seconds";
-        let _ = writeln!(
-            out,
-            "# HELP {name} Exec duration, request to exit frame.\n# TYPE {name} histogram"
+        self.exec_latency.render(
+            &mut out,
+            "crucible_exec_duration_seconds",
+            "Exec duration, request to exit frame.",
         );
-        for (bound, bucket) in LATENCY_BUCKETS.iter().zip(&self.latency_buckets) {
-            let _ = writeln!(
-                out,
-                "{name}_bucket{{le=\"{bound}\"}} {}",
-                bucket.load(Ordering::Relaxed)
-            );
-        }
-        let count = self.latency_count.load(Ordering::Relaxed);
-        let _ = writeln!(out, "{name}_bucket{{le=\"+Inf\"}} {count}");
-        let sum = self.latency_sum_us.load(Ordering::Relaxed) as f64 / 1e6;
-        let _ = writeln!(out, "{name}_sum {sum}\n{name}_count {count}");
 
         let _ = writeln!(
             out,

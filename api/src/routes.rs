@@ -173,10 +173,11 @@ async fn healthz(State(state): State<Arc<AppState>>) -> Json<serde_json::Value> 
 }
 
 async fn metrics(State(state): State<Arc<AppState>>, caller: Caller) -> impl IntoResponse {
-    (
-        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
-        state.metrics.render(&state.registry, &caller),
-    )
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], {
+        let mut text = state.metrics.render(&state.registry, &caller);
+        state.pool.render_metrics(&mut text);
+        text
+    })
 }
 
 async fn openapi() -> impl IntoResponse {

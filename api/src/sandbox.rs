@@ -431,13 +431,14 @@ pub struct Registry {
     shutting_down: AtomicBool,
 }
 
-/// A reserved place under the sandbox cap, released on drop unless the sandbox was added.
+/// A reserved place under the sandbox cap, released on drop unless the sandbox was added. A
+/// warm pool's ready instances each hold one, so they count toward the cap.
 #[derive(Debug)]
-pub struct Reservation<'a> {
-    registry: &'a Registry,
+pub struct Reservation {
+    registry: Arc<Registry>,
 }
 
-impl Drop for Reservation<'_> {
+impl Drop for Reservation {
     fn drop(&mut self) {
         let mut reserved = self
             .registry
@@ -458,7 +459,7 @@ impl Registry {
     }
 
     /// Reserves room for one more sandbox, or fails when `max` exist or are being created.
-    pub fn reserve(&self, max: usize) -> Result<Reservation<'_>, SandboxError> {
+    pub fn reserve(self: &Arc<Self>, max: usize) -> Result<Reservation, SandboxError> {
         if self.shutting_down.load(Ordering::SeqCst) {
             return Err(SandboxError::ShuttingDown);
         }
@@ -467,7 +468,9 @@ impl Registry {
             return Err(SandboxError::AtCapacity(max));
         }
         *reserved += 1;
-        Ok(Reservation { registry: self })
+        Ok(Reservation {
+            registry: self.clone(),
+        })
     }
 
     /// Looks a sandbox up for `caller`; a malformed id is a 400, an unknown one a 404. A
@@ -520,7 +523,7 @@ impl Registry {
     }
 
     /// Adds a ready sandbox and starts watching its lifetime and health.
-    pub fn insert(self: &Arc<Self>, sandbox: Arc<Sandbox>, _reservation: Reservation<'_>) {
+    pub fn insert(self: &Arc<Self>, sandbox: Arc<Sandbox>, _reservation: Reservation) {
         self.map_mut().insert(sandbox.id.clone(), sandbox.clone());
         tokio::spawn(watch_lifecycle(self.clone(), sandbox));
     }
@@ -557,6 +560,22 @@ impl Registry {
         if let Err(e) = task.await {
             tracing::warn!("destroying a sandbox failed: {e}");
         }
+    }
+
+    /// Destroys an instance that never became a sandbox (a warm pool's), in a task of its own
+    /// that shutdown waits for, as [`Registry::destroy`] does for sandboxes.
+    pub async fn destroy_instance(&self, instance: Box<dyn Instance>) {
+        let task = self
+            .destroying
+            .spawn(async move { instance.destroy().await });
+        if let Err(e) = task.await {
+            tracing::warn!("destroying a pooled instance failed: {e}");
+        }
+    }
+
+    /// Whether shutdown has begun (no sandbox may be created any more).
+    pub fn is_shutting_down(&self) -> bool {
+        self.shutting_down.load(Ordering::SeqCst)
     }
 
     /// Runs a sandbox creation in a task of its own, for the same reason as destructions (a

@@ -58,6 +58,9 @@ pub enum ServeError {
     /// The storage (data directory, caches) could not be opened.
     #[error("opening the data directory: {0}")]
     Storage(#[from] crate::storage::StorageError),
+    /// A `--pool` declaration is malformed, or the pools do not fit.
+    #[error(transparent)]
+    Pool(#[from] crate::pool::PoolSpecError),
     /// `--max-connections 0` would refuse every client.
     #[error("--max-connections must be at least 1")]
     NoConnections,
@@ -124,6 +127,8 @@ impl Server {
         }
         crate::backend::namespace::IdRanges::check(config.uid_base, config.limits.max_sandboxes)?;
         crate::egress::Allowlist::parse(&config.egress_allow)?;
+        // Checked before anything is bound or cleaned, like every other setting.
+        crate::state::pool_shapes(&config, &backends)?;
         if let Some(addr) = config.tcp {
             if config.api_keys.is_empty() {
                 return Err(ServeError::TcpWithoutKeys(addr));
@@ -151,7 +156,11 @@ impl Server {
             .max_connections
             .unwrap_or_else(|| default_max_connections(fd_limit));
         let storage = crate::storage::Storage::open(&config.storage)?;
-        let state = Arc::new(AppState::with_backends(config, backends).with_storage(storage));
+        let state = Arc::new(
+            AppState::with_backends(config, backends)
+                .with_storage(storage)
+                .with_pools()?,
+        );
         Ok(Server {
             router: crate::routes::app(state.clone()),
             connections: Arc::new(Semaphore::new(max_connections)),
@@ -204,10 +213,11 @@ impl Server {
         if let Some(listener) = tcp {
             accepting.spawn(accept_tcp(front, listener));
         }
+        state.start_pool();
         shutdown.await;
         accepting.abort_all();
         tracing::info!("shutting down: deleting every sandbox");
-        state.registry.remove_all().await;
+        state.remove_all().await;
         cgroup::remove_parent(Path::new(CGROUP_ROOT), &state.config.cgroup_parent);
         if let Some(path) = unix_path {
             let _ = std::fs::remove_file(path);

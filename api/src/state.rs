@@ -18,6 +18,7 @@ use crate::config::ServeConfig;
 use crate::egress;
 use crate::host;
 use crate::metrics::Metrics;
+use crate::pool::{PoolSpecError, Pooled, Shape, ShapeBounds, ShapeDefaults, Take, WarmPool};
 use crate::sandbox::{new_id, Registry, Sandbox, SandboxError, SandboxNetwork, SandboxSettings};
 use crate::storage::{validate_targets, SandboxStorage, Storage, StorageError};
 
@@ -58,6 +59,8 @@ pub struct AppState {
     pub registry: Arc<Registry>,
     /// Counters.
     pub metrics: Metrics,
+    /// Ready sandboxes per declared shape (empty unless `--pool` declared some).
+    pub pool: Arc<WarmPool>,
     backends: Backends,
     host: host::HostReport,
     storage: Option<Storage>,
@@ -89,6 +92,7 @@ impl AppState {
         AppState {
             registry: Arc::new(Registry::default()),
             metrics: Metrics::default(),
+            pool: Arc::new(WarmPool::default()),
             backends,
             host: host::inspect(),
             storage: None,
@@ -102,6 +106,31 @@ impl AppState {
     pub fn with_storage(mut self, storage: Storage) -> Self {
         self.storage = Some(storage);
         self
+    }
+
+    /// With the warm pools `config.pools` declares, checked against the limits, the known
+    /// images and the backends (the daemon does this at startup; [`AppState::start_pool`]
+    /// then fills them).
+    pub fn with_pools(mut self) -> Result<Self, PoolSpecError> {
+        let shapes = pool_shapes(&self.config, &self.backends)?;
+        self.pool = Arc::new(WarmPool::new(shapes));
+        Ok(self)
+    }
+
+    /// Starts refilling the warm pools (on the current runtime); a no-op without pools.
+    pub fn start_pool(&self) {
+        self.pool.start(
+            &self.registry,
+            &self.backends,
+            self.config.limits.max_sandboxes,
+        );
+    }
+
+    /// Destroys every sandbox and every pooled one (daemon shutdown), and waits until they are
+    /// gone.
+    pub async fn remove_all(&self) {
+        self.registry.remove_all().await;
+        self.pool.drain(&self.registry).await;
     }
 
     /// The daemon's storage.
@@ -147,10 +176,7 @@ impl AppState {
     /// The backend used when a request names none: the configured one, else the most
     /// preferred one the host can run.
     pub fn default_backend(&self) -> BackendKind {
-        self.config
-            .default_backend
-            .or_else(|| self.backends.preferred())
-            .unwrap_or(BackendKind::Namespace)
+        default_backend(&self.config, &self.backends)
     }
 
     fn backend(&self, kind: BackendKind) -> Result<&dyn Backend, CreateError> {
@@ -277,6 +303,44 @@ impl AppState {
             }
             _ => None,
         };
+        let poolable = policy.is_none()
+            && request.caches.is_empty()
+            && request.volumes.is_empty()
+            && request.disk_mib.is_none();
+        if poolable {
+            // A hit takes no reservation, where the refusal would otherwise come from; a
+            // creation under way when shutdown begins is waited for, so this is the last word.
+            if self.registry.is_shutting_down() {
+                return Err(SandboxError::ShuttingDown.into());
+            }
+            let shape = Shape {
+                image: image.clone(),
+                backend: kind,
+                memory_mib,
+                vcpus,
+            };
+            if let Take::Hit(pooled) = self.pool.take(&shape) {
+                let settings = SandboxSettings {
+                    backend: kind,
+                    image,
+                    memory_mib,
+                    vcpus,
+                    ttl: Duration::from_secs(ttl_s),
+                    idle: Duration::from_secs(limits.idle_timeout_s),
+                    labels: request.labels,
+                    env: request.env,
+                    max_execs: limits.max_execs_per_sandbox,
+                    owner,
+                    caches: Vec::new(),
+                    volumes: Vec::new(),
+                    disk_mib: None,
+                    network: None,
+                };
+                return Ok(self.insert_pooled(pooled, settings, started));
+            }
+        } else {
+            self.pool.count_unpooled();
+        }
         let reservation = self.registry.reserve(limits.max_sandboxes)?;
 
         let id = new_id();
@@ -355,6 +419,79 @@ impl AppState {
             .fetch_add(1, Ordering::Relaxed);
         Ok(info)
     }
+}
+
+impl AppState {
+    /// Registers a sandbox around a pooled instance with the request's `settings`: it keeps
+    /// the id it was made with (its hostname) and takes over its place under the cap. Its env
+    /// reaches every command the way a cold sandbox's does: the daemon merges it into each
+    /// exec request, under the request's own (`Sandbox::merge_env_into`).
+    fn insert_pooled(
+        &self,
+        pooled: Pooled,
+        settings: SandboxSettings,
+        started: Instant,
+    ) -> SandboxInfo {
+        let Pooled {
+            id,
+            instance,
+            reservation,
+        } = pooled;
+        let sandbox = Arc::new(Sandbox::new(
+            id,
+            settings,
+            instance,
+            started.elapsed(),
+            SandboxStorage::default(),
+        ));
+        let info = sandbox.info();
+        self.registry.insert(sandbox, reservation);
+        self.metrics
+            .sandboxes_created
+            .fetch_add(1, Ordering::Relaxed);
+        info
+    }
+}
+
+/// The backend for requests that name none: the configured one, else the most preferred one
+/// the host can run.
+fn default_backend(config: &ServeConfig, backends: &Backends) -> BackendKind {
+    config
+        .default_backend
+        .or_else(|| backends.preferred())
+        .unwrap_or(BackendKind::Namespace)
+}
+
+/// `config.pools`, resolved against the daemon's defaults (as a request leaving the fields out
+/// would be) and checked: against the limits, the known images and the backends this host
+/// can run.
+pub fn pool_shapes(
+    config: &ServeConfig,
+    backends: &Backends,
+) -> Result<Vec<(Shape, usize)>, PoolSpecError> {
+    let limits = &config.limits;
+    let defaults = ShapeDefaults {
+        backend: default_backend(config, backends),
+        memory_mib: limits.default_memory_mib,
+        vcpus: limits.default_vcpus,
+    };
+    let bounds = ShapeBounds {
+        max_memory_mib: limits.max_memory_mib,
+        max_vcpus: limits.max_vcpus,
+        max_sandboxes: limits.max_sandboxes,
+    };
+    let shapes = crate::pool::resolve_all(&config.pools, &defaults, &bounds, |image| {
+        image == DEFAULT_IMAGE
+    })?;
+    for (shape, _) in &shapes {
+        if let Some(reason) = backends.unavailable_reason(shape.backend) {
+            return Err(PoolSpecError::Invalid {
+                shape: shape.to_string(),
+                reason,
+            });
+        }
+    }
+    Ok(shapes)
 }
 
 /// What of a request backend `kind` cannot provide, named for an error message: the process

@@ -98,6 +98,20 @@ pub struct Args {
     /// Without any, no sandbox gets network.
     #[arg(long, value_name = "RULE", value_delimiter = ',')]
     egress_allow: Vec<String>,
+    /// Keep N sandboxes of a shape created ahead and ready (a warm pool; repeatable, one per
+    /// shape): IMAGE=N, then optionally memory=MIB, vcpus=N, backend=namespace|microvm (left
+    /// out: the daemon's defaults, as for a request). A create asking for exactly that shape,
+    /// with no network, caches, volumes or disk_mib, takes one at once (its env, labels and
+    /// TTL applied then) and the pool refills in the background, one at a time; any other
+    /// create is made as usual. Pooled sandboxes count toward --max-sandboxes and must leave
+    /// room under it. Example: --pool default=4,memory=512,vcpus=1
+    #[arg(long, value_name = "IMAGE=N[,memory=MIB,vcpus=N,backend=KIND]", value_parser = parse_pool)]
+    pool: Vec<api::pool::PoolSpec>,
+}
+
+pub fn parse_pool(text: &str) -> Result<api::pool::PoolSpec, String> {
+    text.parse()
+        .map_err(|e: api::pool::PoolSpecError| e.to_string())
 }
 
 pub fn parse_backend(text: &str) -> Result<BackendKind, String> {
@@ -162,6 +176,7 @@ pub async fn run(args: Args) -> Result<()> {
         config.storage.volumes.declare(volume)?;
     }
     config.egress_allow = args.egress_allow;
+    config.pools = args.pool;
     let server = api::Server::bind(config).await?;
     let state = server.state();
     if let Some(path) = &state.config.unix_socket {
@@ -197,6 +212,9 @@ pub async fn run(args: Args) -> Result<()> {
         Some(reason) => {
             eprintln!("crucible: warning: default backend {backend} is unavailable: {reason}")
         }
+    }
+    for (shape, size) in state.pool.sizes() {
+        eprintln!("crucible: warm pool {shape}: keeps {size} ready");
     }
     server.run(api::shutdown_signal()).await;
     eprintln!("crucible: stopped; every sandbox deleted");

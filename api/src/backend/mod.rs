@@ -35,7 +35,11 @@ pub struct InstanceSpec {
     pub memory_mib: u64,
     /// CPUs.
     pub vcpus: u32,
-    /// Environment for the agent, and so for every command.
+    /// The sandbox's environment. The daemon applies it to every command itself (merged
+    /// under each exec request's own, `Sandbox::merge_env_into`), so the namespace and
+    /// microVM backends start their agent without it, and a warm pool's instance, made
+    /// before its env is known, is the same as a cold one; the host-process backend (tests)
+    /// passes it to its agent's environment.
     pub env: BTreeMap<String, String>,
     /// An ext4 image to hold the sandbox's writable layer instead of memory.
     pub disk: Option<PathBuf>,

@@ -282,7 +282,7 @@ impl NamespaceBackend {
             None => None,
         };
         let agent_socket = runtime_dir.join("agent.sock");
-        let (hostname, env) = (spec.id.clone(), spec.env.clone());
+        let hostname = spec.id.clone();
         let spec_id = spec.id.clone();
         let spec = SandboxSpec {
             rootfs: self.image.rootfs.clone(),
@@ -309,12 +309,13 @@ impl NamespaceBackend {
             .args(spec)
             .arg("--memory-bytes")
             .arg((memory_mib * 1024 * 1024).to_string())
-            // The daemon's environment (API keys among it) must not reach the sandbox.
+            // The daemon's environment (API keys among it) must not reach the sandbox. Nor does
+            // the sandbox's own: the daemon adds it to every exec request, so an agent started
+            // before it was known (a warm pool's) is the same as one started after.
             .env_clear()
             .env("PATH", DEFAULT_PATH)
             .env("HOME", "/root")
             .env("HOSTNAME", &hostname)
-            .envs(&env)
             .stdin(Stdio::null())
             .stdout(Stdio::from(log))
             .stderr(Stdio::from(log_err));

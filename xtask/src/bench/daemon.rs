@@ -84,6 +84,19 @@ impl InProcess {
     pub fn stop(self) {
         self.daemon.stop();
     }
+
+    /// Waits (polling, bounded) until its warm pools hold `n` ready sandboxes.
+    pub async fn wait_pool_ready(&self, n: usize) -> Result<()> {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while self.daemon.state.pool.ready_ids().len() < n {
+            anyhow::ensure!(
+                Instant::now() < deadline,
+                "the warm pool did not refill to {n} within 30 s"
+            );
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        Ok(())
+    }
 }
 
 /// A daemon in a child process (this binary, `bench-daemon`), for measuring its memory alone.

@@ -204,6 +204,75 @@ pub async fn create(plan: &Plan, d: &InProcess) -> Result<Vec<Measurement>> {
     ])
 }
 
+/// Ready sandboxes the pool-hit daemon keeps.
+const POOL_SIZE: usize = 4;
+
+/// Create → ready when a warm pool (`--pool default=4,backend=namespace`) serves the request,
+/// on a daemon of its own: before each timed create the pool is full again (waited for,
+/// untimed), so every one is a hit, which the daemon's hit counter must confirm.
+pub async fn create_pool_hit(plan: &Plan, image: &std::path::Path) -> Result<Vec<Measurement>> {
+    let d = tokio::task::block_in_place(|| {
+        InProcess::start_with(image, |c| {
+            c.pools = vec![api::pool::PoolSpec {
+                image: "default".into(),
+                size: POOL_SIZE,
+                memory_mib: None,
+                vcpus: None,
+                backend: Some(BackendKind::Namespace),
+            }];
+        })
+    })?;
+    let client = d.client();
+    let mut creates = 0u64;
+    for _ in 0..3 {
+        d.wait_pool_ready(POOL_SIZE).await?;
+        let info = client.create(&create_request()).await.context("create")?;
+        client.delete(&info.id).await.context("delete")?;
+        creates += 1;
+    }
+    let mut ready = Runs::default();
+    let mut daemon_side = Vec::new();
+    for _ in 0..plan.runs {
+        let mut r = Vec::new();
+        for _ in 0..plan.creates {
+            d.wait_pool_ready(POOL_SIZE).await?;
+            let started = Instant::now();
+            let info = client.create(&create_request()).await.context("create")?;
+            r.push(ms(started.elapsed()));
+            daemon_side.push(info.timings.create_to_ready_ms);
+            client.delete(&info.id).await.context("delete")?;
+            creates += 1;
+        }
+        ready.push(r);
+    }
+    let metrics = client.metrics().await.context("metrics")?;
+    let hits = metrics
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix("crucible_pool_hits_total ")?
+                .parse::<u64>()
+                .ok()
+        })
+        .context("no crucible_pool_hits_total in /metrics")?;
+    ensure!(
+        hits == creates,
+        "only {hits} of {creates} creates were served from the pool"
+    );
+    tokio::task::block_in_place(|| d.stop());
+    Ok(vec![Measurement::latency(
+        "create_ready_pool",
+        "create → ready, pool hit (namespace)",
+        "ours",
+        &ready,
+        &format!(
+            "POST /sandboxes served from a warm pool of {POOL_SIZE} (refilled, untimed, \
+             before each), sequential, each deleted untimed; the daemon's own \
+             create_to_ready_ms p50 is {:.3} ms",
+            median(&daemon_side)
+        ),
+    )])
+}
+
 /// Exec round trips of `true` in a warm sandbox: through the API, and straight to the agent's
 /// Unix socket (the daemon's overhead is the difference).
 pub async fn exec(plan: &Plan, d: &InProcess) -> Result<Vec<Measurement>> {

@@ -199,6 +199,7 @@ pub fn write_all(results: &Results, dir: &Path) -> Result<Vec<(String, String)>>
     }
     let create = pick(&[
         "create_ready",
+        "create_ready_pool",
         "tti",
         "peer_unshare_pivot_root",
         "peer_bwrap",
