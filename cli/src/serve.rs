@@ -107,6 +107,9 @@ pub struct Args {
     /// room under it. Example: --pool default=4,memory=512,vcpus=1
     #[arg(long, value_name = "IMAGE=N[,memory=MIB,vcpus=N,backend=KIND]", value_parser = parse_pool)]
     pool: Vec<api::pool::PoolSpec>,
+    /// Pools from a file: one --pool value per line (`#` comments), added to any --pool.
+    #[arg(long, value_name = "FILE")]
+    pool_file: Option<PathBuf>,
 }
 
 pub fn parse_pool(text: &str) -> Result<api::pool::PoolSpec, String> {
@@ -177,6 +180,13 @@ pub async fn run(args: Args) -> Result<()> {
     }
     config.egress_allow = args.egress_allow;
     config.pools = args.pool;
+    if let Some(path) = &args.pool_file {
+        let text = std::fs::read_to_string(path)
+            .with_context(|| format!("reading --pool-file {}", path.display()))?;
+        config
+            .pools
+            .extend(api::pool::parse_file(&text, &path.display().to_string())?);
+    }
     let server = api::Server::bind(config).await?;
     let state = server.state();
     if let Some(path) = &state.config.unix_socket {

@@ -19,7 +19,9 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::Notify;
 
-pub use spec::{resolve_all, PoolSpec, PoolSpecError, Shape, ShapeBounds, ShapeDefaults};
+pub use spec::{
+    parse_file, resolve_all, PoolSpec, PoolSpecError, Shape, ShapeBounds, ShapeDefaults,
+};
 
 use crate::backend::{Backend, BackendError, Backends, Instance, InstanceSpec};
 use crate::metrics::Histogram;

@@ -22,6 +22,17 @@ pub enum PoolSpecError {
         /// Why it cannot be.
         reason: String,
     },
+    /// A line of a pool file is malformed.
+    #[error("{origin} line {line}: {source}")]
+    InFile {
+        /// The file.
+        origin: String,
+        /// The line, from 1.
+        line: usize,
+        /// What is wrong with it.
+        #[source]
+        source: Box<PoolSpecError>,
+    },
     /// Two declarations resolve to the same shape.
     #[error("--pool: the shape {0} is declared twice")]
     Duplicate(String),
@@ -233,6 +244,23 @@ pub fn resolve_all(
     Ok(pools)
 }
 
+/// The declarations of a pool file (`crucible serve --pool-file`): one `--pool` value per
+/// line, blank lines and `#` comments ignored; errors name `origin` and the line.
+pub fn parse_file(text: &str, origin: &str) -> Result<Vec<PoolSpec>, PoolSpecError> {
+    text.lines()
+        .enumerate()
+        .map(|(i, line)| (i + 1, line.split('#').next().unwrap_or("").trim()))
+        .filter(|(_, line)| !line.is_empty())
+        .map(|(line, text)| {
+            text.parse().map_err(|e| PoolSpecError::InFile {
+                origin: origin.to_string(),
+                line,
+                source: Box::new(e),
+            })
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -352,5 +380,17 @@ mod tests {
             refused(&["default=1", "default=2,memory=512,backend=namespace"])
                 .contains("declared twice")
         );
+    }
+
+    #[test]
+    fn a_pool_file_has_one_declaration_per_line_and_errors_name_the_line() {
+        let text = "# warm pools\ndefault=2,memory=256\n\n  default=1,vcpus=2  # two CPUs\n";
+        let specs = parse_file(text, "pools.conf").expect("parsed");
+        assert_eq!(specs.len(), 2);
+        assert_eq!(specs[0], "default=2,memory=256".parse().expect("spec"));
+        assert_eq!(specs[1], "default=1,vcpus=2".parse().expect("spec"));
+        let e = parse_file("default=1\ndefault=x\n", "pools.conf").expect_err("bad line");
+        assert!(e.to_string().starts_with("pools.conf line 2: "), "{e}");
+        assert!(parse_file("# nothing\n", "p").expect("empty").is_empty());
     }
 }
