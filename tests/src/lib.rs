@@ -144,3 +144,30 @@ pub fn loops_backed_under(dir: &Path) -> Vec<String> {
         .filter(|backing| Path::new(backing.trim_end()).starts_with(&dir))
         .collect()
 }
+
+/// Fills the cache mounted at `inside` in sandbox `id` with `write_mib` MiB, more than its
+/// `limit_mib`: the writer must get ENOSPC while the cache's `index` file (which must hold
+/// `kept`) and the rest of the sandbox stay usable, and the host's image at `image` must
+/// never take more than the limit.
+pub async fn assert_cache_limit_holds(
+    c: &client::Client,
+    id: &str,
+    inside: &str,
+    kept: &str,
+    image: &Path,
+    (limit_mib, write_mib): (u64, u64),
+) {
+    let script = format!(
+        "dd if=/dev/zero of={inside}/big bs=1M count={write_mib} 2>&1; echo dd=$?; \
+         cat {inside}/index; echo rest > /tmp/ok && cat /tmp/ok"
+    );
+    let (out, err, code) = sh(c, id, &script).await;
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(out.contains("No space left on device"), "{out}");
+    assert!(!out.contains("dd=0"), "{out}");
+    assert!(out.contains(kept) && out.contains("rest"), "{out}");
+    let meta = std::fs::metadata(image).expect("the cache's image");
+    assert_eq!(meta.len(), limit_mib << 20);
+    let allocated = std::os::unix::fs::MetadataExt::blocks(&meta) * 512;
+    assert!(allocated <= limit_mib << 20, "{allocated} bytes");
+}
