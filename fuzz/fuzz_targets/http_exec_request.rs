@@ -54,6 +54,7 @@ fn exec_body(body: &[u8]) {
     let to_agent = AgentRequest::Exec {
         request: request.clone(),
         interactive: true,
+        user: None,
     };
     let message = encode_message(&to_agent).expect("a validated request fits one agent message");
     let received: AgentRequest = read_message(&mut &message[..]).expect("the agent parses it");

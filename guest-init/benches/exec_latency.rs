@@ -73,6 +73,7 @@ fn main() {
     let request = wire::encode_message(&wire::agent::AgentRequest::Exec {
         request: ExecRequest::new(["true"]),
         interactive: false,
+        user: None,
     })
     .expect("encode");
     let mut response = Vec::with_capacity(64 * 1024);

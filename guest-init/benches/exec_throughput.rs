@@ -90,6 +90,7 @@ fn main() {
     let request = wire::encode_message(&wire::agent::AgentRequest::Exec {
         request: ExecRequest::new(dd(mib)),
         interactive: false,
+        user: None,
     })
     .expect("encode");
 

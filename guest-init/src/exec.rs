@@ -18,6 +18,7 @@ use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 use std::time::{Duration, Instant};
 
+use wire::agent::{RunAs, MAX_GROUPS};
 use wire::{
     Decoder, Direction, ExecRequest, ExecResult, FrameType, Usage, HEADER_SIZE, MAX_PAYLOAD,
 };
@@ -109,6 +110,7 @@ pub fn run(
     conn: UnixStream,
     req: &ExecRequest,
     interactive: bool,
+    user: Option<&RunAs>,
     ctx: &ExecContext,
 ) -> Result<(), ExecError> {
     let mut conn = conn;
@@ -116,6 +118,15 @@ pub fn run(
         return write_exit(
             &mut conn,
             &ExecResult::failed(format!("invalid request: {e}")),
+        );
+    }
+    if let Some(user) = user.filter(|u| u.groups.len() > MAX_GROUPS) {
+        return write_exit(
+            &mut conn,
+            &ExecResult::failed(format!(
+                "invalid request: user: {} supplementary groups, at most {MAX_GROUPS}",
+                user.groups.len()
+            )),
         );
     }
     let oom_before = ctx.oom_kills();
@@ -136,7 +147,7 @@ pub fn run(
         stderr: err_w.as_fd(),
     };
     let started = Instant::now();
-    let child = match spawn::spawn(req, stdio, &ctx.spawn_context()) {
+    let child = match spawn::spawn(req, user, stdio, &ctx.spawn_context()) {
         Ok(child) => child,
         Err(e) => return write_exit(&mut conn, &ExecResult::failed(e.to_string())),
     };

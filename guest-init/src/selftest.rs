@@ -39,6 +39,7 @@ pub fn exec(agent: &'static Agent, req: ExecRequest) -> io::Result<Outcome> {
         &AgentRequest::Exec {
             request: req,
             interactive: false,
+            user: None,
         },
     )
     .map_err(|e| io::Error::other(e.to_string()))?;

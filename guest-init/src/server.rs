@@ -395,9 +395,10 @@ pub fn handle(mut conn: UnixStream, agent: &Agent) {
         AgentRequest::Exec {
             request,
             interactive,
+            user,
         } => {
             log::debug(format_args!("exec {:?}", request.cmd));
-            if let Err(e) = exec::run(conn, &request, interactive, &agent.exec) {
+            if let Err(e) = exec::run(conn, &request, interactive, user.as_ref(), &agent.exec) {
                 log::debug(format_args!("exec {:?}: {e}", request.cmd));
             }
         }

@@ -19,6 +19,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::OnceLock;
 
 use contract::DEFAULT_PATH;
+use wire::agent::RunAs;
 use wire::ExecRequest;
 
 use crate::reaper::{self, Child};
@@ -46,6 +47,16 @@ pub enum SpawnError {
         /// The resolved program.
         program: String,
         /// Why execve failed.
+        source: io::Error,
+    },
+    /// Switching to the image's user failed.
+    #[error("cannot run the command as uid {uid} gid {gid}: {source}")]
+    User {
+        /// The user id asked for.
+        uid: u32,
+        /// The group id asked for.
+        gid: u32,
+        /// Why the switch failed.
         source: io::Error,
     },
     /// Setting the child up or forking failed.
@@ -82,6 +93,16 @@ pub struct ChildStdio<'a> {
 const STAGE_SETUP: u8 = 1;
 const STAGE_CHDIR: u8 = 2;
 const STAGE_EXEC: u8 = 3;
+const STAGE_USER: u8 = 4;
+
+/// The ids the child switches to before `chdir` and exec.
+#[derive(Clone, Copy)]
+struct ChildIds {
+    uid: libc::uid_t,
+    gid: libc::gid_t,
+    groups: *const libc::gid_t,
+    group_count: usize,
+}
 
 /// Everything the child touches after fork: raw pointers into buffers the parent keeps alive.
 struct ChildPlan {
@@ -90,6 +111,8 @@ struct ChildPlan {
     argv: *const *const libc::c_char,
     envp: *const *const libc::c_char,
     cwd: Option<*const libc::c_char>,
+    /// Who the command runs as; `None` keeps the agent's ids.
+    ids: Option<ChildIds>,
     stdio: [RawFd; 3],
     cgroup_procs: Option<RawFd>,
     reset_oom_score: bool,
@@ -132,6 +155,7 @@ extern "C" fn child_entry(plan: *mut libc::c_void) -> libc::c_int {
 /// failed to exec has been reaped.
 pub fn spawn(
     req: &ExecRequest,
+    user: Option<&RunAs>,
     stdio: ChildStdio<'_>,
     ctx: &SpawnContext<'_>,
 ) -> Result<Child, SpawnError> {
@@ -177,11 +201,18 @@ pub fn spawn(
         .collect();
     envp.push(std::ptr::null());
 
+    let groups: Vec<libc::gid_t> = user.map(|u| u.groups.clone()).unwrap_or_default();
     let plan = ChildPlan {
         programs: programs.as_ptr(),
         argv: argv.as_ptr(),
         envp: envp.as_ptr(),
         cwd: cwd_c.as_ref().map(|c| c.as_ptr()),
+        ids: user.map(|u| ChildIds {
+            uid: u.uid,
+            gid: u.gid,
+            groups: groups.as_ptr(),
+            group_count: groups.len(),
+        }),
         stdio: [
             stdio.stdin.as_raw_fd(),
             stdio.stdout.as_raw_fd(),
@@ -229,7 +260,16 @@ pub fn spawn(
 
     let report = plan.report.load(Ordering::Acquire);
     if report == 0 {
-        drop((argv, envp, args_c, added_c, cwd_c, programs, candidates_c));
+        drop((
+            argv,
+            envp,
+            args_c,
+            added_c,
+            cwd_c,
+            programs,
+            candidates_c,
+            groups,
+        ));
         return Ok(child);
     }
     // The child has _exit'ed (or is about to): reap it before reporting why.
@@ -241,6 +281,11 @@ pub fn spawn(
         .map_or_else(|| req.cmd[0].clone(), |p| p.display().to_string());
     let searched = !req.cmd[0].contains('/');
     Err(match (report >> 48) as u8 {
+        STAGE_USER => SpawnError::User {
+            uid: user.map_or(0, |u| u.uid),
+            gid: user.map_or(0, |u| u.gid),
+            source,
+        },
         STAGE_CHDIR => SpawnError::BadCwd {
             cwd: req.cwd.clone(),
             source,
@@ -349,6 +394,23 @@ fn child_after_fork(plan: &ChildPlan) -> ! {
         libc::sigprocmask(libc::SIG_SETMASK, &set, std::ptr::null_mut());
         // The Rust runtime ignores SIGPIPE, and an ignored signal stays ignored across exec.
         libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
+    if let Some(ids) = plan.ids {
+        // Raw system calls, not libc's setuid family: glibc and musl broadcast those to every
+        // thread of the process, and this child shares the agent's memory and thread list.
+        // Groups first, then the group, then the user (after which nothing else may change);
+        // switching the user away from 0 drops every capability. Before chdir, so the
+        // directory is entered with the user's permissions.
+        // SAFETY: setgroups reads `group_count` gids from a buffer the parent keeps alive;
+        // setresgid and setresuid take plain integers.
+        let failed = unsafe {
+            libc::syscall(libc::SYS_setgroups, ids.group_count, ids.groups) == -1
+                || libc::syscall(libc::SYS_setresgid, ids.gid, ids.gid, ids.gid) == -1
+                || libc::syscall(libc::SYS_setresuid, ids.uid, ids.uid, ids.uid) == -1
+        };
+        if failed {
+            fail(&plan.report, STAGE_USER);
+        }
     }
     if let Some(cwd) = plan.cwd {
         // SAFETY: `cwd` points at a NUL-terminated string the parent keeps alive.

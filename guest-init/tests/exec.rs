@@ -158,6 +158,7 @@ fn interactive_stdin_reaches_the_command_and_close_ends_it() {
     let mut s = agent.send(&AgentRequest::Exec {
         request: ExecRequest::new(["cat"]),
         interactive: true,
+        user: None,
     });
     write_frame(&mut s, FrameType::Stdin, b"hello\n");
     write_frame(&mut s, FrameType::Stdin, b"world\n");
@@ -170,6 +171,7 @@ fn interactive_stdin_reaches_the_command_and_close_ends_it() {
     let mut s = agent.send(&AgentRequest::Exec {
         request: ExecRequest::new(["sh"]),
         interactive: true,
+        user: None,
     });
     write_frame(&mut s, FrameType::Stdin, b"cd /tmp\n");
     write_frame(&mut s, FrameType::Stdin, b"pwd\n");
@@ -185,6 +187,7 @@ fn interactive_large_input_round_trips_with_backpressure() {
     let s = agent.send(&AgentRequest::Exec {
         request: ExecRequest::new(["cat"]),
         interactive: true,
+        user: None,
     });
     let mut writer = s.try_clone().expect("clone");
     let data: Vec<u8> = (0..8 * 1024 * 1024u32).map(|i| (i % 251) as u8).collect();
@@ -215,6 +218,7 @@ fn one_gib_through_a_slow_reader_keeps_the_agent_small() {
     let mut s = agent.send(&AgentRequest::Exec {
         request: sh("head -c 1G /dev/zero"),
         interactive: false,
+        user: None,
     });
     // Read raw bytes slowly (a pause every 4 MiB), counting stdout payload via the decoder.
     let mut decoder = wire::Decoder::new(wire::Direction::GuestToHost);
@@ -259,6 +263,7 @@ fn a_host_that_stops_reading_blocks_only_its_own_command() {
     let _stalled = agent.send(&AgentRequest::Exec {
         request: sh("head -c 200M /dev/zero"),
         interactive: false,
+        user: None,
     });
     std::thread::sleep(Duration::from_millis(300));
     let out = agent.exec(sh("echo still here"));
@@ -273,6 +278,7 @@ fn host_disconnect_kills_the_command() {
     let mut s = agent.send(&AgentRequest::Exec {
         request: sh("echo $$; exec sleep 100"),
         interactive: false,
+        user: None,
     });
     let mut reader = wire::FrameReader::new(&mut s, wire::Direction::GuestToHost);
     let frame = reader.read_frame().expect("frame").expect("first frame");
@@ -291,6 +297,7 @@ fn host_disconnect_kills_the_command() {
     let mut s = agent.send(&AgentRequest::Exec {
         request: sh("echo $$; exec cat"),
         interactive: true,
+        user: None,
     });
     let mut reader = wire::FrameReader::new(&mut s, wire::Direction::GuestToHost);
     let frame = reader.read_frame().expect("frame").expect("first frame");
@@ -382,6 +389,7 @@ fn interactive_half_close_ends_stdin_after_the_frames_already_sent() {
     let mut s = agent.send(&AgentRequest::Exec {
         request: ExecRequest::new(["cat"]),
         interactive: true,
+        user: None,
     });
     write_frame(&mut s, FrameType::Stdin, b"one\n");
     write_frame(&mut s, FrameType::Stdin, b"two\n");
@@ -397,6 +405,7 @@ fn invalid_stdin_frames_kill_the_command_with_an_error() {
     let mut s = agent.send(&AgentRequest::Exec {
         request: ExecRequest::new(["cat"]),
         interactive: true,
+        user: None,
     });
     // A guest-to-host frame type is not valid input.
     write_frame(&mut s, FrameType::Stdout, b"nope");
@@ -496,6 +505,7 @@ fn hundreds_of_sessions_at_once_do_not_run_the_agent_out_of_descriptors() {
             agent.send(&AgentRequest::Exec {
                 request: ExecRequest::new(["cat"]),
                 interactive: true,
+                user: None,
             })
         })
         .collect();
@@ -507,4 +517,58 @@ fn hundreds_of_sessions_at_once_do_not_run_the_agent_out_of_descriptors() {
         assert_eq!(out.result.exit_code, 0, "session {i}: {:?}", out.result);
         assert_eq!(out.stdout_str(), line, "session {i}");
     }
+}
+
+#[test]
+fn a_command_runs_as_the_user_it_is_given_with_no_capabilities() {
+    let agent = Agent::start();
+    let mut request = ExecRequest::new([
+        "sh",
+        "-c",
+        "id -u; id -g; id -G; grep CapEff /proc/self/status; touch /proc/sys/kernel/hostname",
+    ]);
+    request.cwd = "/tmp".into();
+    let s = agent.send(&AgentRequest::Exec {
+        request,
+        interactive: false,
+        user: Some(wire::agent::RunAs {
+            uid: 4321,
+            gid: 4322,
+            groups: vec![5, 6],
+        }),
+    });
+    let out = read_output(s);
+    let stdout = out.stdout_str();
+    let lines: Vec<&str> = stdout.lines().collect();
+    assert_eq!(lines[..3], ["4321", "4322", "4322 5 6"], "{stdout}");
+    assert_eq!(lines[3].split_whitespace().nth(1), Some("0000000000000000"));
+    assert_ne!(
+        out.result.exit_code, 0,
+        "an unprivileged user wrote a sysctl"
+    );
+}
+
+#[test]
+fn a_directory_the_user_cannot_enter_is_a_bad_cwd() {
+    let agent = Agent::start();
+    let dir = tempfile::tempdir().expect("tempdir");
+    std::fs::set_permissions(
+        dir.path(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o700),
+    )
+    .expect("chmod");
+    let mut request = ExecRequest::new(["true"]);
+    request.cwd = dir.path().display().to_string();
+    let s = agent.send(&AgentRequest::Exec {
+        request,
+        interactive: false,
+        user: Some(wire::agent::RunAs {
+            uid: 4321,
+            gid: 4321,
+            groups: vec![],
+        }),
+    });
+    let out = read_output(s);
+    let error = out.result.error;
+    assert!(error.contains("bad cwd"), "{error}");
 }

@@ -129,6 +129,7 @@ fn e2e_linux_guest_boots_answers_over_vsock_uses_the_disk_and_powers_off() {
         &AgentRequest::Exec {
             request: ExecRequest::new(["sh", "-c", script]),
             interactive: false,
+            user: None,
         },
     )
     .unwrap();

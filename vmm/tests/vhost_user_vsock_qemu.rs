@@ -212,6 +212,7 @@ fn exec(uds: &Path, cmd: &[&str], stdin: Option<Vec<u8>>) -> ExecOutput {
     let request = AgentRequest::Exec {
         request: ExecRequest::new(cmd.iter().copied()),
         interactive: stdin.is_some(),
+        user: None,
     };
     wire::write_message(&mut stream, &request).unwrap();
     let writer = stdin.map(|input| {
@@ -569,6 +570,7 @@ fn slow_reader(uds: &Path) {
     let request = AgentRequest::Exec {
         request: ExecRequest::new(cmd.iter().copied()),
         interactive: false,
+        user: None,
     };
     wire::write_message(&mut stream, &request).unwrap();
     let socket = stream.try_clone().unwrap();

@@ -34,6 +34,9 @@ pub enum AgentRequest {
         /// Whether the host will send stdin frames.
         #[serde(default)]
         interactive: bool,
+        /// Who the command runs as (an image's `User`); absent, the agent's own user (root).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        user: Option<RunAs>,
     },
     /// Extract the tar archive that follows beneath `path`.
     PutFiles {
@@ -50,6 +53,23 @@ pub enum AgentRequest {
     /// Sync and end the VM (or the namespace sandbox).
     Shutdown,
 }
+
+/// The ids a command runs with.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RunAs {
+    /// The user id.
+    pub uid: u32,
+    /// The primary group id.
+    pub gid: u32,
+    /// Supplementary group ids (at most [`MAX_GROUPS`]).
+    #[serde(default)]
+    pub groups: Vec<u32>,
+}
+
+/// Most supplementary groups a command may be given (the kernel's `NGROUPS_MAX` is 65536;
+/// an image needing more is a mistake).
+pub const MAX_GROUPS: usize = 256;
 
 /// The agent's JSON answer to the requests that have one (not `exec`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -105,7 +125,8 @@ mod tests {
             exec,
             AgentRequest::Exec {
                 request: ExecRequest::new(["true"]),
-                interactive: false
+                interactive: false,
+                user: None,
             }
         );
     }

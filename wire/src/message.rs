@@ -110,6 +110,7 @@ mod tests {
         let message = encode_message(&AgentRequest::Exec {
             request,
             interactive: false,
+            user: None,
         })
         .expect("a validated request must reach the agent");
         assert!(message.len() > 6 * (MAX_REQUEST_BYTES - 16));

@@ -70,6 +70,7 @@ impl Session {
         let message = AgentRequest::Exec {
             request,
             interactive,
+            user: None,
         };
         let (output, input) = match sandbox.send_to_agent(&message).await {
             Ok(stream) => {

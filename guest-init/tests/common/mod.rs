@@ -179,6 +179,7 @@ impl Agent {
         let s = self.send(&AgentRequest::Exec {
             request: req,
             interactive: false,
+            user: None,
         });
         read_output(s)
     }

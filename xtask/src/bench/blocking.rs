@@ -44,6 +44,7 @@ pub fn agent_exec_true(agent: &Path) -> Result<Duration> {
     let request = AgentRequest::Exec {
         request: ExecRequest::new(["true"]),
         interactive: false,
+        user: None,
     };
     let started = Instant::now();
     let mut stream =
@@ -71,6 +72,7 @@ pub fn agent_stream(agent: &Path, cmd: &[String]) -> Result<u64> {
     let request = AgentRequest::Exec {
         request: ExecRequest::new(cmd.iter().cloned()),
         interactive: false,
+        user: None,
     };
     let mut stream =
         UnixStream::connect(agent).with_context(|| format!("connecting to {}", agent.display()))?;

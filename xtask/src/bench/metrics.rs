@@ -370,6 +370,7 @@ async fn agent_exec_true(socket: &std::path::Path) -> Result<()> {
     let request = AgentRequest::Exec {
         request: true_request(),
         interactive: false,
+        user: None,
     };
     wire::write_message_async(&mut stream, &request)
         .await
