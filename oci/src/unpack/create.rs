@@ -91,7 +91,7 @@ pub(super) fn create_member(
 }
 
 /// Most symlinks followed while creating one member's missing parents, as the kernel's limit.
-pub(super) const MAX_SYMLINK_FOLLOWS: usize = 40;
+const MAX_SYMLINK_FOLLOWS: usize = 40;
 
 /// Opens the directory `parent` (resolved in root), creating what is missing of it as
 /// directories 0755 owned by 0:0, each counted as an entry.
@@ -100,7 +100,7 @@ pub(super) const MAX_SYMLINK_FOLLOWS: usize = 40;
 /// in-root rules (a symlink's target continues the walk, `..` stops at the root), so a dangling
 /// symlink on the way (`esc -> ../outside`) gets its target created inside the root, and every
 /// step is an `*at` call on one component that does not follow it.
-pub(super) fn open_or_create_parent(
+fn open_or_create_parent(
     root: BorrowedFd<'_>,
     parent: &[&[u8]],
     entry: &[u8],
@@ -185,11 +185,7 @@ pub(super) fn open_or_create_parent(
 }
 
 /// Applies owner, then mode (chown clears setuid), then optionally times, through `fd`.
-pub(super) fn set_metadata(
-    fd: BorrowedFd<'_>,
-    member: &Member,
-    with_times: bool,
-) -> Result<(), UnpackError> {
+fn set_metadata(fd: BorrowedFd<'_>, member: &Member, with_times: bool) -> Result<(), UnpackError> {
     let entry = &member.path;
     let (uid, gid) = member.owner()?;
     rfs::fchown(fd, Some(uid), Some(gid)).map_err(io_error(entry, "setting the owner"))?;
@@ -200,7 +196,7 @@ pub(super) fn set_metadata(
     Ok(())
 }
 
-pub(super) fn create_file(
+fn create_file(
     parent: BorrowedFd<'_>,
     name: &CString,
     member: &Member,
@@ -259,7 +255,7 @@ pub(super) fn copy_counted(
     }
 }
 
-pub(super) fn create_directory(
+fn create_directory(
     parent: BorrowedFd<'_>,
     name: &CString,
     member: &Member,
@@ -279,7 +275,7 @@ pub(super) fn create_directory(
     set_metadata(fd.as_fd(), member, false)
 }
 
-pub(super) fn create_symlink(
+fn create_symlink(
     parent: BorrowedFd<'_>,
     name: &CString,
     member: &Member,
@@ -316,11 +312,7 @@ pub(super) fn create_symlink(
     Ok(())
 }
 
-pub(super) fn create_fifo(
-    parent: BorrowedFd<'_>,
-    name: &CString,
-    member: &Member,
-) -> Result<(), UnpackError> {
+fn create_fifo(parent: BorrowedFd<'_>, name: &CString, member: &Member) -> Result<(), UnpackError> {
     let entry = &member.path;
     rfs::mknodat(parent, name, FileType::Fifo, Mode::from_raw_mode(0o600), 0)
         .map_err(io_error(entry, "creating the FIFO"))?;
@@ -333,10 +325,7 @@ pub(super) fn create_fifo(
 
 /// Opens a hard link's target (resolved in root, its last component not followed) as an
 /// `O_PATH` descriptor for `linkat(AT_EMPTY_PATH)`.
-pub(super) fn open_hard_link_target(
-    root: BorrowedFd<'_>,
-    member: &Member,
-) -> Result<OwnedFd, UnpackError> {
+fn open_hard_link_target(root: BorrowedFd<'_>, member: &Member) -> Result<OwnedFd, UnpackError> {
     let entry = &member.path;
     let raw_target = member.link_target.as_deref().unwrap_or_default();
     let bad_target = |reason| UnpackError::BadLinkTarget {

@@ -114,19 +114,19 @@ pub(super) fn parse_pax_time(value: &[u8]) -> Option<Timespec> {
 /// Most bytes of tar metadata (GNU long names, PAX records, sparse maps) read before one
 /// member. The `tar` crate buffers them whole, so without this bound a compressed stream could
 /// make the daemon allocate without end.
-pub(super) const MAX_METADATA_BYTES: u64 = 1 << 20;
+const MAX_METADATA_BYTES: u64 = 1 << 20;
 
 /// Counts what the `tar` crate reads, and refuses to let it read more than
 /// [`MAX_METADATA_BYTES`] while it looks for the next member.
 #[derive(Default)]
-pub(super) struct Meter {
+struct Meter {
     position: Cell<u64>,
     armed: Cell<bool>,
     read_while_armed: Cell<u64>,
     tripped: Cell<bool>,
 }
 
-pub(super) struct MeteredReader<'m, R> {
+struct MeteredReader<'m, R> {
     inner: R,
     meter: &'m Meter,
 }
