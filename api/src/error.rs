@@ -133,7 +133,24 @@ impl From<StorageError> for ApiError {
                 message,
             ),
             StorageError::Io { .. } => ApiError::internal(message),
+            StorageError::Image(e) => image_error(&e, message),
         }
+    }
+}
+
+/// An image store failure: 404 for a missing image, 409 for one in use, 413 past a limit, 400
+/// for an archive that is not a usable image (malformed, hostile, another platform).
+fn image_error(e: &oci::StoreError, message: String) -> ApiError {
+    match e {
+        oci::StoreError::NotFound(_) => ApiError::new(StatusCode::NOT_FOUND, "not_found", message),
+        oci::StoreError::InUse { .. } => ApiError::conflict(message),
+        e if e.is_too_large() => ApiError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "image_too_large",
+            format!("{message} (crucible serve --image-max-mib raises the limit)"),
+        ),
+        e if e.is_bad_input() => ApiError::new(StatusCode::BAD_REQUEST, "invalid_image", message),
+        _ => ApiError::internal(message),
     }
 }
 

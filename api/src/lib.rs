@@ -15,6 +15,7 @@ pub mod exec;
 mod files;
 pub mod front_door;
 pub mod host;
+mod images;
 pub mod json;
 pub mod metrics;
 pub mod openapi;

@@ -23,7 +23,7 @@ use crate::error::ApiError;
 use crate::json::parse_json;
 use crate::raw_stream::{RawReader, RawWriter};
 use crate::state::AppState;
-use crate::{exec, files, ws};
+use crate::{exec, files, images, ws};
 
 /// `axum::extract::Path`, rejecting with the JSON error envelope (a path segment that is not
 /// UTF-8, say) instead of axum's plain-text answer.
@@ -85,6 +85,8 @@ pub fn app(state: Arc<AppState>) -> Router {
         .route("/sandboxes/{id}/files", post(files_put).get(files_get))
         .route("/caches", get(list_caches).delete(clear_caches))
         .route("/caches/{name}", axum::routing::delete(delete_cache))
+        .route("/images", get(list_images).post(import_image))
+        .route("/images/{*name}", get(get_image).delete(delete_image))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(middleware::from_fn_with_state(state.clone(), authenticate))
@@ -278,6 +280,60 @@ async fn delete_cache(
     Path(name): Path<String>,
 ) -> Result<StatusCode, ApiError> {
     state.storage()?.caches.remove(&caller.owner(), &name)?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+async fn list_images(
+    State(state): State<Arc<AppState>>,
+    caller: Caller,
+) -> Result<Json<wire::ImageList>, ApiError> {
+    let owner = (!caller.sees_all()).then(|| caller.owner());
+    let records = state.storage()?.images.list(owner.as_ref())?;
+    let images = std::iter::once(images::builtin())
+        .chain(records.iter().map(images::info))
+        .collect();
+    Ok(Json(wire::ImageList { images }))
+}
+
+#[derive(Debug, Deserialize)]
+struct ImportQuery {
+    name: Option<String>,
+}
+
+async fn import_image(
+    State(state): State<Arc<AppState>>,
+    caller: Caller,
+    Query(query): Query<ImportQuery>,
+    body: Body,
+) -> Result<Response, ApiError> {
+    let name = query
+        .name
+        .ok_or_else(|| ApiError::invalid("name: missing (POST /images?name=NAME)"))?;
+    let info = images::import(state, caller.owner(), name, body).await?;
+    Ok((StatusCode::CREATED, Json(info)).into_response())
+}
+
+async fn get_image(
+    State(state): State<Arc<AppState>>,
+    caller: Caller,
+    Path(name): Path<String>,
+) -> Result<Json<wire::ImageInfo>, ApiError> {
+    if name == crate::state::DEFAULT_IMAGE {
+        return Ok(Json(images::builtin()));
+    }
+    let record = state.storage()?.images.get(&caller.owner(), &name)?;
+    Ok(Json(images::info(&record)))
+}
+
+async fn delete_image(
+    State(state): State<Arc<AppState>>,
+    caller: Caller,
+    Path(name): Path<String>,
+) -> Result<StatusCode, ApiError> {
+    if name == crate::state::DEFAULT_IMAGE {
+        return Err(ApiError::conflict("the built-in image cannot be removed"));
+    }
+    state.storage()?.images.remove(&caller.owner(), &name)?;
     Ok(StatusCode::NO_CONTENT)
 }
 

@@ -114,6 +114,9 @@ pub struct SandboxSettings {
     pub disk_mib: Option<u64>,
     /// Its egress, when it has any.
     pub network: Option<SandboxNetwork>,
+    /// Its imported image's config (`Env`, `WorkingDir`, `User`), the defaults of every
+    /// command; `None` for the built-in image.
+    pub image_defaults: Option<Arc<oci::defaults::Defaults>>,
 }
 
 /// A sandbox's egress: what it may reach and what went through its proxy.
@@ -307,6 +310,30 @@ impl Sandbox {
                 request.env.insert(name.clone(), value.clone());
             }
         }
+    }
+
+    /// Applies every default a command of this sandbox gets, in place, and says who it runs
+    /// as: the sandbox's env ([`Sandbox::merge_env_into`]), then its image's config — `Env`
+    /// under both, `WorkingDir` when the request gives no `cwd`, `User` (Docker's order:
+    /// what the caller says wins over what the image says).
+    pub fn apply_defaults(&self, request: &mut wire::ExecRequest) -> Option<wire::agent::RunAs> {
+        self.merge_env_into(request);
+        let defaults = self.settings.image_defaults.as_deref()?;
+        for (name, value) in &defaults.env {
+            if !request.env.contains_key(name) {
+                request.env.insert(name.clone(), value.clone());
+            }
+        }
+        if request.cwd.is_empty() {
+            if let Some(dir) = &defaults.working_dir {
+                request.cwd = dir.clone();
+            }
+        }
+        defaults.user.as_ref().map(|user| wire::agent::RunAs {
+            uid: user.uid,
+            gid: user.gid,
+            groups: user.groups.clone(),
+        })
     }
 
     /// A new connection to its agent, with `message` sent on it.

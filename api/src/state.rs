@@ -12,7 +12,7 @@ use crate::backend::microvm::MicrovmBackend;
 use crate::backend::microvm_disks;
 use crate::backend::namespace::{IdRanges, NamespaceBackend};
 use crate::backend::{
-    Backend, BackendError, Backends, ImagePaths, InstanceSpec, MountSource, MountSpec,
+    Backend, BackendError, Backends, ImagePaths, ImageRoot, InstanceSpec, MountSource, MountSpec,
 };
 use crate::config::ServeConfig;
 use crate::egress;
@@ -229,11 +229,7 @@ impl AppState {
             .image
             .clone()
             .unwrap_or_else(|| DEFAULT_IMAGE.to_string());
-        if image != DEFAULT_IMAGE {
-            return Err(CreateError::Invalid(format!(
-                "image: unknown image {image:?} (available: {DEFAULT_IMAGE:?})"
-            )));
-        }
+        let imported = self.lease_image(&image, &owner)?;
         for (name, value) in &request.env {
             if name.is_empty() || name.contains(['=', '\0']) || value.contains('\0') {
                 return Err(CreateError::Invalid(format!(
@@ -303,7 +299,14 @@ impl AppState {
             }
             _ => None,
         };
+        if imported.is_some() && kind == BackendKind::Process {
+            return Err(CreateError::Invalid(format!(
+                "image: imported images are not available on the {kind} backend (use the \
+                 namespace or microvm backend)"
+            )));
+        }
         let poolable = policy.is_none()
+            && imported.is_none()
             && request.caches.is_empty()
             && request.volumes.is_empty()
             && request.disk_mib.is_none();
@@ -335,6 +338,7 @@ impl AppState {
                     volumes: Vec::new(),
                     disk_mib: None,
                     network: None,
+                    image_defaults: None,
                 };
                 return Ok(self.insert_pooled(pooled, settings, started));
             }
@@ -363,7 +367,23 @@ impl AppState {
                 request.env.entry(name.to_string()).or_insert(value);
             }
         }
-        let (held, disk, mounts) = self.claim_storage(&request, &owner, &id, kind).await?;
+        let (mut held, disk, mounts) = self.claim_storage(&request, &owner, &id, kind).await?;
+        let (root, image_defaults) = match imported {
+            Some((record, lease)) => {
+                let images = &self.storage()?.images;
+                let disk = match kind {
+                    BackendKind::Microvm => Some(images.root_disk(&record).await?),
+                    BackendKind::Namespace | BackendKind::Process => None,
+                };
+                held.image = Some(lease);
+                let root = ImageRoot {
+                    dir: images.root_dir(&record),
+                    disk,
+                };
+                (Some(root), Some(Arc::new(record.defaults)))
+            }
+            None => (None, None),
+        };
         let spec_env = request.env.clone();
         let spec = InstanceSpec {
             id: id.clone(),
@@ -373,6 +393,7 @@ impl AppState {
             disk,
             mounts,
             egress: network.as_ref().map(|(_, sink)| sink.clone()),
+            root,
         };
         let instance = backend.create(spec).await.map_err(|e| {
             self.metrics
@@ -404,6 +425,7 @@ impl AppState {
                 allow: request.network.map(|n| n.allow).unwrap_or_default(),
                 counters,
             }),
+            image_defaults,
         };
         let sandbox = Arc::new(Sandbox::new(
             id,
@@ -422,6 +444,31 @@ impl AppState {
 }
 
 impl AppState {
+    /// Holds `owner`'s imported image `image` for a new sandbox; `None` for the built-in one.
+    fn lease_image(
+        &self,
+        image: &str,
+        owner: &Owner,
+    ) -> Result<Option<(oci::ImageRecord, oci::ImageLease)>, CreateError> {
+        if image == DEFAULT_IMAGE {
+            return Ok(None);
+        }
+        let unknown = |why: &str| {
+            CreateError::Invalid(format!(
+                "image: unknown image {image:?}{why} (GET /images lists yours; `crucible \
+                 image import` adds one)"
+            ))
+        };
+        let storage = self
+            .storage()
+            .map_err(|_| unknown(": this daemon has no image store"))?;
+        match storage.images.lease(owner, image) {
+            Ok(leased) => Ok(Some(leased)),
+            Err(StorageError::Image(oci::StoreError::NotFound(_))) => Err(unknown("")),
+            Err(e) => Err(e.into()),
+        }
+    }
+
     /// Registers a sandbox around a pooled instance with the request's `settings`: it keeps
     /// the id it was made with (its hostname) and takes over its place under the cap. Its env
     /// reaches every command the way a cold sandbox's does: the daemon merges it into each

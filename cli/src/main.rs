@@ -55,6 +55,9 @@ enum Command {
     /// List or delete named caches (`--cache NAME:PATH` on create/run mounts one).
     #[command(subcommand)]
     Cache(CacheCommand),
+    /// Import, list, inspect or remove images (`--image NAME` on create/run uses one).
+    #[command(subcommand)]
+    Image(ImageCommand),
     /// Copy files in or out: `cp LOCAL ID:DIR` uploads (directories recursively),
     /// `cp ID:FILE LOCAL` downloads one file (`-` for stdout).
     Cp(commands::cp::Args),
@@ -83,6 +86,27 @@ enum CacheCommand {
         /// Every one of your caches not in use.
         #[arg(long, conflicts_with = "names")]
         all: bool,
+    },
+}
+
+#[derive(Subcommand)]
+enum ImageCommand {
+    /// Import an image: a `docker save` archive, an OCI layout (directory or archive), a
+    /// rootfs tarball or directory. Streams it to the daemon with progress.
+    Import(commands::images::ImportArgs),
+    /// List the built-in image and yours (every image over the Unix socket or with the admin
+    /// key).
+    Ls,
+    /// Print one image's JSON: layers, size, env, working directory, user.
+    Inspect {
+        /// The image name.
+        name: String,
+    },
+    /// Remove images; one a sandbox uses is refused.
+    Rm {
+        /// The image names.
+        #[arg(required = true)]
+        names: Vec<String>,
     },
 }
 
@@ -149,6 +173,18 @@ fn dispatch(cli: Cli) -> anyhow::Result<i32> {
         Command::Serve(args) => runtime()?.block_on(serve::run(args)).map(|()| 0),
         Command::Run(args) => runtime()?.block_on(commands::run::run(&global, args)),
         Command::Shell(args) => runtime()?.block_on(commands::exec::shell(&global, args)),
+        Command::Image(command) => runtime()?
+            .block_on(async {
+                match command {
+                    ImageCommand::Import(args) => commands::images::import(&global, args).await,
+                    ImageCommand::Ls => commands::images::list(&global).await,
+                    ImageCommand::Inspect { name } => {
+                        commands::images::inspect(&global, &name).await
+                    }
+                    ImageCommand::Rm { names } => commands::images::remove(&global, &names).await,
+                }
+            })
+            .map(|()| 0),
         Command::Cache(command) => runtime()?
             .block_on(async {
                 match command {

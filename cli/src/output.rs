@@ -84,6 +84,27 @@ pub fn cache_table(caches: &[wire::CacheInfo]) -> String {
     out
 }
 
+/// `crucible image ls`.
+pub fn image_table(images: &[wire::ImageInfo]) -> String {
+    let mut out = format!(
+        "{:<32} {:<12} {:<12} {:>6} {:>10} {:<12} {:<20}\n",
+        "NAME", "OWNER", "FORMAT", "LAYERS", "SIZE", "USER", "WORKDIR"
+    );
+    for i in images {
+        out.push_str(&format!(
+            "{:<32} {:<12} {:<12} {:>6} {:>9}M {:<12} {:<20}\n",
+            i.name,
+            i.owner,
+            i.format,
+            i.layers.len(),
+            i.size_bytes.div_ceil(1024 * 1024),
+            i.user.as_ref().map_or("root", |u| u.spec.as_str()),
+            i.working_dir.as_deref().unwrap_or("-")
+        ));
+    }
+    out
+}
+
 /// A sandbox's details.
 pub fn sandbox_details(s: &SandboxInfo) -> String {
     let mut out = format!(

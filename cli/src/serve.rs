@@ -85,6 +85,10 @@ pub struct Args {
     /// Size limit of a new cache whose request gives none.
     #[arg(long, value_name = "MIB", default_value_t = 4096)]
     cache_mib: u64,
+    /// The largest image one import may bring: its archive, and its unpacked tree (each
+    /// import holds twice this of the disk budget while it runs; past it, 413).
+    #[arg(long, value_name = "MIB", default_value_t = api::storage::DEFAULT_IMAGE_MAX_MIB)]
+    image_max_mib: u64,
     /// Declare a read-only volume NAME=DIR[:ro] that sandboxes may ask for by name
     /// (`"volumes": [{"name": NAME, "path": "/inside"}]`); repeatable. Volumes are never
     /// writable. Namespace sandboxes see the live directory; microVMs see a snapshot taken
@@ -175,6 +179,7 @@ pub async fn run(args: Args) -> Result<()> {
     config.storage.data_dir = args.data_dir;
     config.storage.disk_budget_mib = args.disk_budget_mib;
     config.storage.default_cache_mib = args.cache_mib;
+    config.storage.image_max_mib = args.image_max_mib;
     for volume in &args.volume {
         config.storage.volumes.declare(volume)?;
     }

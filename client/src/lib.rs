@@ -171,6 +171,52 @@ impl Client {
         Ok(list.caches)
     }
 
+    /// `GET /images`: the built-in image, then the caller's imported images (every owner's
+    /// for the admin key and the Unix socket).
+    pub async fn images(&self) -> Result<Vec<wire::ImageInfo>, ClientError> {
+        let list: wire::ImageList = self.json(self.empty(Method::GET, "/images")?).await?;
+        Ok(list.images)
+    }
+
+    /// `GET /images/{name}`: one of the caller's images.
+    pub async fn image(&self, name: &str) -> Result<wire::ImageInfo, ClientError> {
+        self.json(self.empty(Method::GET, &format!("/images/{}", path_segment(name)))?)
+            .await
+    }
+
+    /// `DELETE /images/{name}`: removes one of the caller's images (refused while a sandbox
+    /// uses it).
+    pub async fn delete_image(&self, name: &str) -> Result<(), ClientError> {
+        self.send(self.empty(Method::DELETE, &format!("/images/{}", path_segment(name)))?)
+            .await?;
+        Ok(())
+    }
+
+    /// `POST /images?name=NAME`: imports the archive `archive` streams (an OCI layout tarred,
+    /// an OCI archive, a `docker save` archive or a rootfs tarball, gzip or not) as `name`,
+    /// replacing the caller's image of that name.
+    pub async fn import_image<R>(
+        &self,
+        name: &str,
+        archive: R,
+    ) -> Result<wire::ImageInfo, ClientError>
+    where
+        R: AsyncRead + Send + 'static,
+    {
+        let stream = tokio_util::io::ReaderStream::with_capacity(archive, 256 * 1024)
+            .map_ok(hyper::body::Frame::data);
+        let body = http_body_util::StreamBody::new(stream);
+        let request = self
+            .request(Method::POST, &format!("/images?name={}", query_value(name)))
+            .header(hyper::header::CONTENT_TYPE, "application/x-tar")
+            .body(body)
+            .map_err(|e| ClientError::Protocol(e.to_string()))?;
+        let response = self.send(request).await?;
+        let body = response.into_body().collect().await?.to_bytes();
+        serde_json::from_slice(&body)
+            .map_err(|e| ClientError::Protocol(format!("unexpected JSON from the daemon: {e}")))
+    }
+
     /// `POST /sandboxes/{id}/exec`: runs a command and streams its output as events.
     pub async fn exec(&self, id: &str, request: &ExecRequest) -> Result<ExecStream, ClientError> {
         let target = format!("/sandboxes/{}/exec", path_segment(id));

@@ -8,4 +8,15 @@
 
 #![forbid(unsafe_code)]
 
+pub mod archive;
+pub mod compression;
+pub mod defaults;
+pub mod digest;
+pub mod manifest;
+pub mod source;
+pub mod store;
 pub mod unpack;
+pub mod write;
+
+pub use digest::Digest;
+pub use store::{ImageLease, ImageRecord, Store, StoreError};

@@ -196,6 +196,15 @@ impl MicrovmBackend {
         Ok((launched, egress))
     }
 
+    /// The root disk a sandbox boots into: its imported image's snapshot, else the built
+    /// image's `rootfs.ext4` when there is one (else the initramfs stays the root).
+    fn root_disk<'a>(&'a self, spec: &'a InstanceSpec) -> Option<&'a Path> {
+        match spec.root.as_ref().and_then(|root| root.disk.as_deref()) {
+            Some(disk) => Some(disk),
+            None => self.root_disk.is_file().then_some(self.root_disk.as_path()),
+        }
+    }
+
     /// `crucible-vmm --config vm.json`: our VMM, its own devices.
     async fn launch_vmm(
         &self,
@@ -206,8 +215,17 @@ impl MicrovmBackend {
         console: &Path,
         ready: &UnixListener,
     ) -> Result<Launched, BackendError> {
-        let config = vm_config(&self.kernel, &self.initramfs, spec, disks, uds, console)
-            .map_err(|e| BackendError::setup("build the VM config", e))?;
+        let root_link = link_root_disk(self.root_disk(spec), dir)?;
+        let config = vm_config(
+            &self.kernel,
+            &self.initramfs,
+            spec,
+            disks,
+            root_link.as_deref(),
+            uds,
+            console,
+        )
+        .map_err(|e| BackendError::setup("build the VM config", e))?;
         let config_path = dir.join("vm.json");
         let json = serde_json::to_vec_pretty(&config)
             .map_err(|e| BackendError::setup("serialize the VM config", io::Error::other(e)))?;
@@ -244,14 +262,9 @@ impl MicrovmBackend {
         console: &Path,
         ready: &UnixListener,
     ) -> Result<Launched, BackendError> {
-        let root_disk = self.root_disk.is_file().then_some(&self.root_disk);
         let mut boot = boot_config(spec, disks.plan);
-        let root_link = dir.join(ROOT_SERIAL);
-        if let Some(image) = root_disk {
-            // By serial, like the sandbox's own disks: with those attached too, QEMU's order
-            // decides which is `vda`.
-            std::os::unix::fs::symlink(image, &root_link)
-                .map_err(|e| BackendError::setup(format!("link {}", root_link.display()), e))?;
+        let root_link = link_root_disk(self.root_disk(spec), dir)?;
+        if root_link.is_some() {
             boot.root = Some(ROOT_SERIAL.into());
         }
         let cmdline = boot
@@ -269,13 +282,13 @@ impl MicrovmBackend {
         .await?;
         let mut devices = vec![(vsock, "the vsock device")];
         let root_socket = dir.join("vhost-root.sock");
-        if root_disk.is_some() {
+        if let Some(root_link) = &root_link {
             // On failure the vsock device is killed as `devices` drops (kill_on_drop).
             let disk = qemu::start_block_device(
                 tools,
                 &self.vmm_binary,
                 &root_socket,
-                &root_link,
+                root_link,
                 true,
                 &dir.join("root-device.log"),
             )
@@ -304,7 +317,7 @@ impl MicrovmBackend {
             memory_mib: spec.memory_mib,
             vcpus: spec.vcpus,
             vsock_socket: &vsock_socket,
-            root_disk_socket: root_disk.map(|_| root_socket.as_path()),
+            root_disk_socket: root_link.as_ref().map(|_| root_socket.as_path()),
             disk_sockets: &disk_sockets,
             console,
         };
@@ -358,6 +371,19 @@ fn invalid(e: &dyn std::fmt::Display) -> io::Error {
     io::Error::new(io::ErrorKind::InvalidInput, e.to_string())
 }
 
+/// Links the root disk into the sandbox's directory under its serial, which the device takes
+/// from the link's name: found by serial, like the sandbox's own disks, whatever order the
+/// devices are attached in.
+fn link_root_disk(disk: Option<&Path>, dir: &Path) -> Result<Option<PathBuf>, BackendError> {
+    let Some(disk) = disk else {
+        return Ok(None);
+    };
+    let link = dir.join(ROOT_SERIAL);
+    std::os::unix::fs::symlink(disk, &link)
+        .map_err(|e| BackendError::setup(format!("link {}", link.display()), e))?;
+    Ok(Some(link))
+}
+
 /// What the guest agent reads from `/proc/cmdline`: the boot marker, the sandbox id as
 /// hostname (as in a namespace sandbox), the egress port when the sandbox has egress, and its
 /// disks; the agent's vsock ports are the defaults on both sides, so the command line does not
@@ -386,23 +412,34 @@ fn vm_config(
     initramfs: &Path,
     spec: &InstanceSpec,
     disks: Disks<'_>,
+    root_link: Option<&Path>,
     uds: &Path,
     console: &Path,
 ) -> io::Result<VmConfig> {
     let mut config = VmConfig::new(kernel.to_owned());
     config.initramfs = Some(initramfs.to_owned());
-    config.cmdline = boot_config(spec, disks.plan)
-        .to_cmdline()
-        .map_err(|e| invalid(&e))?;
-    config.block = disks
-        .plan
-        .disks
-        .iter()
-        .zip(disks.links)
-        .map(|(disk, link)| BlockConfig {
-            path: link.clone(),
-            read_only: disk.read_only,
+    let mut boot = boot_config(spec, disks.plan);
+    if root_link.is_some() {
+        boot.root = Some(ROOT_SERIAL.into());
+    }
+    config.cmdline = boot.to_cmdline().map_err(|e| invalid(&e))?;
+    config.block = root_link
+        .map(|link| BlockConfig {
+            path: link.to_path_buf(),
+            read_only: true,
         })
+        .into_iter()
+        .chain(
+            disks
+                .plan
+                .disks
+                .iter()
+                .zip(disks.links)
+                .map(|(disk, link)| BlockConfig {
+                    path: link.clone(),
+                    read_only: disk.read_only,
+                }),
+        )
         .collect();
     config.mem_mib = u32::try_from(spec.memory_mib).unwrap_or(u32::MAX);
     config.vcpus = u8::try_from(spec.vcpus).unwrap_or(u8::MAX);
@@ -616,6 +653,7 @@ mod tests {
             disk: None,
             mounts: Vec::new(),
             egress: None,
+            root: None,
         }
     }
 
@@ -630,6 +668,7 @@ mod tests {
             Path::new("/img/initramfs.cpio"),
             &spec(512),
             NO_DISKS,
+            None,
             uds,
             console,
         )
@@ -679,6 +718,7 @@ mod tests {
             Path::new("/i"),
             &spec,
             disks,
+            Some(Path::new("/run/sb/crucible-root")),
             Path::new("/run/sb/vsock.sock"),
             Path::new("/run/sb/console.log"),
         )
@@ -686,6 +726,10 @@ mod tests {
         assert_eq!(
             config.block,
             [
+                BlockConfig {
+                    path: PathBuf::from("/run/sb/crucible-root"),
+                    read_only: true
+                },
                 BlockConfig {
                     path: links[0].clone(),
                     read_only: false
@@ -699,6 +743,11 @@ mod tests {
         let boot = BootConfig::parse(&config.cmdline);
         assert_eq!(boot.egress_port, Some(contract::egress::VSOCK_PORT));
         assert_eq!(boot.scratch.as_deref(), Some("crucible-scratch"));
+        assert_eq!(
+            boot.root.as_deref(),
+            Some(ROOT_SERIAL),
+            "an image's root disk, by serial"
+        );
         assert_eq!(boot.mounts.len(), 1);
         assert_eq!(boot.mounts[0].serial, "crucible-mount-0");
         assert_eq!(boot.mounts[0].target, "/root/.cargo/registry");
@@ -742,6 +791,7 @@ mod tests {
             Path::new("/i"),
             &spec(1 << 20),
             NO_DISKS,
+            None,
             Path::new("/v"),
             Path::new("/c"),
         )

@@ -47,6 +47,18 @@ pub struct InstanceSpec {
     pub mounts: Vec<MountSpec>,
     /// Where the sandbox's proxied connections go, when it has egress.
     pub egress: Option<EgressSink>,
+    /// Its imported image's root; `None` runs the backend's built-in image.
+    pub root: Option<ImageRoot>,
+}
+
+/// An imported image's root, as the backends take it. The agent stays the daemon's own
+/// (`ImagePaths::agent`): it is never taken from an image.
+#[derive(Debug, Clone)]
+pub struct ImageRoot {
+    /// The unpacked tree (a namespace sandbox's read-only lower layer).
+    pub dir: PathBuf,
+    /// Its read-only ext4 snapshot, for a microVM's root disk.
+    pub disk: Option<PathBuf>,
 }
 
 /// Takes each connection a sandbox's egress proxy accepts (the daemon then serves the proxy

@@ -284,8 +284,12 @@ impl NamespaceBackend {
         let agent_socket = runtime_dir.join("agent.sock");
         let hostname = spec.id.clone();
         let spec_id = spec.id.clone();
+        let rootfs = spec
+            .root
+            .as_ref()
+            .map_or_else(|| self.image.rootfs.clone(), |root| root.dir.clone());
         let spec = SandboxSpec {
-            rootfs: self.image.rootfs.clone(),
+            rootfs,
             runtime_dir: runtime_dir.clone(),
             agent_socket: agent_socket.clone(),
             ready_socket: ready_path.clone(),

@@ -66,11 +66,11 @@ impl Session {
         state.metrics.execs_started.fetch_add(1, Ordering::Relaxed);
         let started = Instant::now();
         let sandbox = guard.sandbox().clone();
-        sandbox.merge_env_into(&mut request);
+        let user = sandbox.apply_defaults(&mut request);
         let message = AgentRequest::Exec {
             request,
             interactive,
-            user: None,
+            user,
         };
         let (output, input) = match sandbox.send_to_agent(&message).await {
             Ok(stream) => {

@@ -413,6 +413,7 @@ impl Refiller {
                 disk: None,
                 mounts: Vec::new(),
                 egress: None,
+                root: None,
             };
             let instance = backend
                 .create(spec)

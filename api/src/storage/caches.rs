@@ -30,14 +30,14 @@ const MAX_NAME: usize = 64;
 
 /// Where an owner's caches live: `unix` or `key-<name>` (key names are `[A-Za-z0-9_.-]`, so
 /// this is always one plain path component).
-fn owner_dir_name(owner: &Owner) -> String {
+pub(crate) fn owner_dir_name(owner: &Owner) -> String {
     match owner {
         Owner::Unix => "unix".into(),
         Owner::Key(name) => format!("key-{name}"),
     }
 }
 
-fn owner_of_dir(name: &str) -> Option<Owner> {
+pub(crate) fn owner_of_dir(name: &str) -> Option<Owner> {
     if name == "unix" {
         return Some(Owner::Unix);
     }

@@ -6,6 +6,7 @@
 mod budget;
 mod caches;
 mod ext4;
+mod images;
 mod targets;
 mod volume_snapshots;
 mod volumes;
@@ -17,6 +18,7 @@ use std::sync::Arc;
 pub use budget::{BudgetLease, DiskBudget};
 pub use caches::{validate_name as validate_cache_name, CacheLease, CacheStore};
 pub use ext4::{mkfs_binary, ScratchDisk, ScratchDisks};
+pub use images::Images;
 pub use targets::validate_targets;
 pub use volume_snapshots::VolumeSnapshots;
 pub use volumes::Volumes;
@@ -27,6 +29,9 @@ pub enum StorageError {
     /// The request is malformed (a bad cache name, mount path, size).
     #[error("{0}")]
     Invalid(String),
+    /// An image operation failed (bad or hostile input, a limit, a missing image).
+    #[error(transparent)]
+    Image(#[from] oci::StoreError),
     /// Granting it would take the daemon past its disk budget.
     #[error(
         "{what} needs {asked_mib} MiB of host disk, but only {left_mib} MiB of the daemon's \
@@ -82,6 +87,9 @@ impl StorageError {
         }
     }
 }
+
+/// The default of `crucible serve --image-max-mib`.
+pub const DEFAULT_IMAGE_MAX_MIB: u64 = 4096;
 
 /// Where `crucible serve` keeps what must outlive a sandbox (caches) or must not sit in
 /// memory (disk-backed layers): `/var/lib/crucible` for root, else under `$XDG_DATA_HOME`
@@ -142,6 +150,8 @@ pub struct StorageConfig {
     pub default_cache_mib: u64,
     /// The declared read-only volumes.
     pub volumes: Volumes,
+    /// The largest image archive, and unpacked tree, one import may have.
+    pub image_max_mib: u64,
 }
 
 impl StorageConfig {
@@ -152,6 +162,7 @@ impl StorageConfig {
             disk_budget_mib: None,
             default_cache_mib: 4096,
             volumes: Volumes::default(),
+            image_max_mib: DEFAULT_IMAGE_MAX_MIB,
         }
     }
 }
@@ -169,6 +180,8 @@ pub struct Storage {
     pub volumes: Volumes,
     /// The images that carry volumes into microVMs.
     pub volume_snapshots: VolumeSnapshots,
+    /// Imported images.
+    pub images: Images,
     /// Held for the daemon's lifetime: one daemon per data directory (two would each think
     /// they alone hand out its caches, and each clean the other's layers away).
     _lock: nix::fcntl::Flock<std::fs::File>,
@@ -181,6 +194,8 @@ pub struct SandboxStorage {
     pub scratch: Option<ScratchDisk>,
     /// Its caches.
     pub caches: Vec<CacheLease>,
+    /// Its image, when imported (kept, with its tree, while the sandbox lives).
+    pub image: Option<oci::ImageLease>,
 }
 
 impl Storage {
@@ -227,7 +242,14 @@ impl Storage {
         let caches = CacheStore::open(caches_dir, config.default_cache_mib, budget.clone())?;
         let scratch = ScratchDisks::open(dir.join("scratch"), budget.clone())?;
         let volume_snapshots = VolumeSnapshots::open(snapshots_dir, budget.clone())?;
+        let images = Images::open(
+            &dir.join("images"),
+            dir.join("image-disks"),
+            budget.clone(),
+            config.image_max_mib,
+        )?;
         Ok(Storage {
+            images,
             budget,
             caches,
             scratch,

@@ -69,6 +69,8 @@ type Slot = Arc<tokio::sync::Mutex<Option<Snapshot>>>;
 /// The microVM snapshots of the declared volumes, built on first use.
 #[derive(Debug)]
 pub struct VolumeSnapshots {
+    /// What the snapshots are of, for messages: `volume`, or `image` for image roots.
+    kind: &'static str,
     dir: PathBuf,
     budget: Arc<DiskBudget>,
     slots: Mutex<HashMap<String, Slot>>,
@@ -79,9 +81,19 @@ pub struct VolumeSnapshots {
 impl VolumeSnapshots {
     /// Snapshots kept in `dir`, first removing any a previous daemon left there.
     pub fn open(dir: PathBuf, budget: Arc<DiskBudget>) -> Result<Self, StorageError> {
+        Self::open_for("volume", dir, budget)
+    }
+
+    /// Snapshots of directories of `kind` (named so in messages), kept in `dir`.
+    pub fn open_for(
+        kind: &'static str,
+        dir: PathBuf,
+        budget: Arc<DiskBudget>,
+    ) -> Result<Self, StorageError> {
         remove_stale(&dir)?;
         create_private_dir(&dir)?;
         Ok(VolumeSnapshots {
+            kind,
             dir,
             budget,
             slots: Mutex::new(HashMap::new()),
@@ -99,8 +111,9 @@ impl VolumeSnapshots {
     /// none yet (or its image was removed), else the one built before.
     pub async fn image(&self, name: &str, source: &Path) -> Result<PathBuf, StorageError> {
         // Declared names are checked already; this one becomes a file name.
-        super::caches::validate_name(name)
-            .map_err(|_| StorageError::Invalid(format!("volume name {name:?} is not valid")))?;
+        super::caches::validate_name(name).map_err(|_| {
+            StorageError::Invalid(format!("{} name {name:?} is not valid", self.kind))
+        })?;
         let slot = self
             .slots
             .lock()
@@ -122,11 +135,14 @@ impl VolumeSnapshots {
 
     async fn build(&self, name: &str, source: &Path) -> Result<Snapshot, StorageError> {
         let tree = {
-            let (owned_name, owned_source) = (name.to_string(), source.to_path_buf());
-            tokio::task::spawn_blocking(move || survey(&owned_name, &owned_source))
+            let (label, owned_source) = (format!("{} {name:?}", self.kind), source.to_path_buf());
+            tokio::task::spawn_blocking(move || survey(&label, &owned_source))
                 .await
                 .map_err(|e| {
-                    StorageError::io(format!("survey volume {name:?}"), io::Error::other(e))
+                    StorageError::io(
+                        format!("survey {} {name:?}", self.kind),
+                        io::Error::other(e),
+                    )
                 })??
         };
         let image = self.dir.join(format!("{name}.ext4"));
@@ -142,7 +158,7 @@ impl VolumeSnapshots {
         let mut retried = false;
         let lease = loop {
             let lease = self.budget.take(
-                &format!("the microVM snapshot of volume {name:?}"),
+                &format!("the microVM snapshot of {} {name:?}", self.kind),
                 size_mib,
             )?;
             match make_snapshot(&partial.0, size_mib, source, &tree).await {
@@ -162,7 +178,8 @@ impl VolumeSnapshots {
         })?;
         self.builds.fetch_add(1, Ordering::Relaxed);
         tracing::info!(
-            "volume {name:?}: built its microVM snapshot {} ({size_mib} MiB, {} inodes) from {}",
+            "{} {name:?}: built its microVM snapshot {} ({size_mib} MiB, {} inodes) from {}",
+            self.kind,
             image.display(),
             tree.inodes,
             source.display()
@@ -230,11 +247,12 @@ impl Tree {
 
 /// Walks volume `name`'s directory `source` without following links: what its image needs,
 /// after checking it is still the directory declared and has nothing mounted below it.
-fn survey(name: &str, source: &Path) -> Result<Tree, StorageError> {
-    let invalid = |why: String| StorageError::Invalid(format!("volume {name:?}: {why}"));
+/// `label` names it in messages (`volume "tools"`).
+fn survey(label: &str, source: &Path) -> Result<Tree, StorageError> {
+    let invalid = |why: String| StorageError::Invalid(format!("{label}: {why}"));
     let canonical = source
         .canonicalize()
-        .map_err(|e| StorageError::io(format!("volume {name:?}: {}", source.display()), e))?;
+        .map_err(|e| StorageError::io(format!("{label}: {}", source.display()), e))?;
     if canonical != source {
         return Err(invalid(format!(
             "{} now resolves to {}; its declaration is stale (restart the daemon)",
@@ -252,7 +270,7 @@ fn survey(name: &str, source: &Path) -> Result<Tree, StorageError> {
         )));
     }
     let io_at = |path: &Path| {
-        let step = format!("read volume {name:?} at {}", path.display());
+        let step = format!("read {label} at {}", path.display());
         move |e| StorageError::io(step, e)
     };
     let root = std::fs::symlink_metadata(source).map_err(io_at(source))?;
@@ -685,7 +703,7 @@ mod tests {
         }
         std::fs::write(source.join("big"), vec![1u8; 20 << 20]).expect("write");
         content += 20 << 20;
-        let tree = survey("tools", &source).expect("survey");
+        let tree = survey("volume \"tools\"", &source).expect("survey");
         assert_eq!(tree.inodes, 1 + 1 + 20 * (1 + 150 + 1) + 1);
         let image = store.image("tools", &source).await.expect("built");
         assert_eq!(image_mib(&image), tree.image_mib(), "fits at the first try");

@@ -1,9 +1,10 @@
 //! The client commands.
 
+pub mod builtin_image;
 pub mod cache;
 pub mod cp;
 pub mod exec;
-pub mod image;
+pub mod images;
 pub mod run;
 pub mod sandbox;
 

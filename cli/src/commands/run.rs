@@ -39,7 +39,7 @@ struct Embedded {
 }
 
 async fn start_embedded(image_dir: &Path, allow: &[String]) -> Result<(client::Client, Embedded)> {
-    super::image::ensure_for_namespace(image_dir)?;
+    super::builtin_image::ensure_for_namespace(image_dir)?;
     let dir = tempfile::Builder::new()
         .prefix("crucible-run-")
         .tempdir()
