@@ -11,6 +11,7 @@ use api::state::AppState;
 use api::{ApiKeys, ServeConfig};
 
 pub mod host_net;
+pub mod images;
 pub mod leaks;
 pub mod process;
 
