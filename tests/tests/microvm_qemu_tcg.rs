@@ -20,6 +20,7 @@ use client::ExecEvent;
 use futures_util::{SinkExt, StreamExt};
 use harness::host_net::{random_bytes, read_head, HostServer};
 use harness::TestDaemon;
+
 use sha2::{Digest, Sha256};
 use tokio_tungstenite::tungstenite::Message;
 use wire::{
@@ -813,4 +814,61 @@ async fn a_volume_reaches_a_qemu_tcg_sandbox_as_its_read_only_snapshot_byte_for_
     assert_eq!(std::fs::read(volume.join("bin/tool")).expect("read"), tool);
     assert!(!volume.join("new").exists());
     assert_eq!(sandbox_processes(&id), Vec::<(i32, String)>::new());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_imported_two_layer_image_is_a_qemu_tcg_sandboxs_ext4_root() {
+    use harness::images::{DELETED, REPLACED};
+    let daemon = qemu_daemon();
+    let data_dir = daemon.state.config.storage.data_dir.clone();
+    let c = daemon.client();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let archive = dir.path().join("image.tar");
+    oci::write::oci_archive(&archive, &harness::images::two_layer_image(true)).expect("archive");
+    harness::images::import_file(&c, "ci", &archive)
+        .await
+        .expect("import");
+    let request = CreateSandbox {
+        image: Some("ci".into()),
+        ..CreateSandbox::default()
+    };
+    let id = c
+        .create(&request)
+        .await
+        .expect("a qemu-tcg sandbox of the imported image boots")
+        .id;
+    let (out, err, code) = harness::sh(
+        &c,
+        &id,
+        &format!(
+            "pwd; id -u; id -G; echo \"$GREETING|$HOME\"; ls {REPLACED}; \
+             test -e {DELETED} && echo present || echo deleted; test -e /pwned && echo pwned; \
+             cat /proc/1/comm; for d in /sys/block/vd*; do cat $d/serial; echo; cat $d/ro; done"
+        ),
+    )
+    .await;
+    assert_eq!(code, 0, "{out}{err}");
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(
+        lines,
+        [
+            REPLACED,
+            "1000",
+            "1000 2000",
+            "hello from the image|/home/ci",
+            "new",
+            "deleted",
+            "init",
+            "crucible-root",
+            "1",
+        ],
+        "{out}{err}"
+    );
+    // One read-only snapshot of the image's tree, built on this first use and shared.
+    let disks: Vec<_> = std::fs::read_dir(data_dir.join("image-disks"))
+        .expect("image disks")
+        .map(|e| e.expect("entry").file_name())
+        .collect();
+    assert_eq!(disks.len(), 1, "{disks:?}");
+    c.delete(&id).await.expect("delete");
 }
