@@ -114,15 +114,25 @@ pub fn build(
     Ok(info)
 }
 
-fn debian(
-    packages: &[String],
-    cache: &Cache,
-    force: bool,
-    logs: &Path,
-    apt_log: &Path,
-    progress: &dyn Progress,
-) -> Result<RootfsInfo, RootfsError> {
-    let mut packages = packages.to_vec();
+/// Packages `apt-get install` would bring with a requested one (its Recommends) that a usable
+/// image needs: added to the request, since debootstrap installs dependencies only.
+const IMPLIED_PACKAGES: &[(&str, &str)] = &[
+    ("gcc", "libc6-dev"),
+    ("g++", "libc6-dev"),
+    ("clang", "libc6-dev"),
+];
+
+/// The packages to install for `requested`: checked, with the implied ones, sorted (the cache
+/// key is made from this list).
+fn package_list(requested: &[String]) -> Result<Vec<String>, RootfsError> {
+    let mut packages = requested.to_vec();
+    // debootstrap installs dependencies, never recommendations: `gcc` alone cannot link a
+    // program (crt1.o and libc.so are in libc6-dev, which apt would have pulled in).
+    for (package, needs) in IMPLIED_PACKAGES {
+        if requested.iter().any(|p| p == package) {
+            packages.push((*needs).to_string());
+        }
+    }
     packages.sort();
     packages.dedup();
     for name in &packages {
@@ -134,6 +144,18 @@ fn debian(
             return Err(RootfsError::BadPackage { name: name.clone() });
         }
     }
+    Ok(packages)
+}
+
+fn debian(
+    packages: &[String],
+    cache: &Cache,
+    force: bool,
+    logs: &Path,
+    apt_log: &Path,
+    progress: &dyn Progress,
+) -> Result<RootfsInfo, RootfsError> {
+    let packages = package_list(packages)?;
     let key = cache::key(&[
         &format!("recipe={RECIPE_VERSION}"),
         &format!("suite={DEBIAN_SUITE}"),
@@ -236,5 +258,13 @@ mod tests {
         )
         .unwrap_err();
         assert!(matches!(err, RootfsError::BadPackage { .. }), "{err}");
+    }
+
+    #[test]
+    fn a_compiler_brings_the_c_library_headers_apt_would_have() {
+        let list = package_list(&["make".into(), "gcc".into()]).expect("valid");
+        assert_eq!(list, ["gcc", "libc6-dev", "make"]);
+        let list = package_list(&["python3".into()]).expect("valid");
+        assert_eq!(list, ["python3"]);
     }
 }

@@ -36,6 +36,22 @@ pub fn run(_args: Args) -> Result<()> {
         "build-image",
         Command::new(&cargo).args(["xtask", "build-image"]),
     )?;
+    // A Debian root with a C toolchain (the tree cached in ~/.cache/crucible, debootstrapped
+    // once), which the image tests import and compile in (tests/tests/namespace_debian.rs).
+    run_step(
+        "build-image (debian)",
+        Command::new(&cargo).args([
+            "xtask",
+            "build-image",
+            "--no-kernel",
+            "--rootfs",
+            "debian",
+            "--packages",
+            "gcc,make",
+            "--out",
+            "target/crucible/debian",
+        ]),
+    )?;
     run_step(
         "smoke-image",
         Command::new(&cargo).args(["xtask", "smoke-image"]),

@@ -233,6 +233,14 @@ fn print_summary(m: &Manifest, out: &std::path::Path) {
         out.join(crucible_image::manifest::FILE_NAME).display(),
         m.build_seconds
     );
+    if let Some(rootfs) = &m.rootfs_info {
+        // rootfs.ext4 is what a microVM boots when it asks for the built-in image; every
+        // backend runs the tree once it is imported into a daemon as an image of its own.
+        println!();
+        println!("to run this root on every backend (namespace sandboxes too), import it:");
+        println!("  crucible image import debian {}", rootfs.tree.display());
+        println!("then create sandboxes with --image debian");
+    }
 }
 
 pub fn smoke(args: SmokeArgs) -> Result<()> {

@@ -1,0 +1,1 @@
+hello: hello.c\n\tcc -O2 -o hello hello.c\n
