@@ -5,8 +5,8 @@
 use schemars::generate::SchemaSettings;
 use serde_json::{json, Map, Value};
 use wire::{
-    CacheList, CreateSandbox, ErrorBody, ExecRequest, ExecResult, FilesPutResult, SandboxInfo,
-    SandboxList,
+    CacheList, CreateSandbox, ErrorBody, ExecRequest, ExecResult, FilesPutResult, ImageList,
+    SandboxInfo, SandboxList,
 };
 
 fn schema_ref(name: &str) -> Value {
@@ -96,7 +96,7 @@ fn constrain(schemas: &mut Map<String, Value>) {
         schemas,
         "CreateSandbox",
         "image",
-        json!({ "enum": ["default", null] }),
+        json!({ "pattern": IMAGE_NAME_PATTERN, "maxLength": 128 }),
     );
     set(
         schemas,
@@ -145,6 +145,10 @@ fn constrain(schemas: &mut Map<String, Value>) {
     );
 }
 
+/// An image name: `default` (built in) or one imported (`oci::store::validate_name`; names
+/// with `/` are accepted too, but a path parameter cannot say so).
+const IMAGE_NAME_PATTERN: &str = "^[A-Za-z0-9][A-Za-z0-9._:/-]{0,127}$";
+
 /// The whole document.
 pub fn document() -> Value {
     let mut generator = SchemaSettings::openapi3().into_generator();
@@ -156,6 +160,7 @@ pub fn document() -> Value {
     generator.subschema_for::<FilesPutResult>();
     generator.subschema_for::<ErrorBody>();
     generator.subschema_for::<CacheList>();
+    generator.subschema_for::<ImageList>();
     let mut schemas = generator.take_definitions(true);
     constrain(&mut schemas);
 
@@ -237,6 +242,56 @@ pub fn document() -> Value {
                         ("404", "The caller has no cache of this name."),
                         ("409", "A sandbox uses it."),
                     ]), json!({ "204": { "description": "Deleted." } }))
+                }
+            },
+            "/images": {
+                "get": {
+                    "summary": "The built-in image, then the caller's imported images (every owner's for the admin key and the Unix socket).",
+                    "responses": with(errors(&[]),
+                        json!({ "200": json_response("The images.", "ImageList") }))
+                },
+                "post": {
+                    "summary": "Import an image: the request body is the archive.",
+                    "description": "An OCI image layout (tarred) or OCI archive, a docker save \
+                        archive, or a rootfs tarball; gzip or not. Layers are applied in order \
+                        with whiteouts and opaque directories; device nodes are dropped; paths \
+                        never leave the image. The caller's image of the same name is replaced \
+                        (sandboxes using it keep the old one). See docs/images.md.",
+                    "parameters": [{
+                        "name": "name", "in": "query", "required": true,
+                        "description": "The image's name (not `default`).",
+                        "schema": { "type": "string", "pattern": IMAGE_NAME_PATTERN }
+                    }],
+                    "requestBody": {
+                        "required": true,
+                        "content": { "application/x-tar": { "schema": { "type": "string", "format": "binary" } } }
+                    },
+                    "responses": with(errors(&[
+                        ("400", "The name is invalid, or the archive is not a usable image (malformed, hostile, another platform; code invalid_image)."),
+                        ("408", "The upload stalled."),
+                        ("413", "The archive or its unpacked tree is over crucible serve --image-max-mib (code image_too_large)."),
+                        ("507", "The import would take the daemon past its disk budget (code insufficient_storage)."),
+                    ]), json!({ "201": json_response("The image, imported.", "ImageInfo") }))
+                }
+            },
+            "/images/{name}": {
+                "parameters": [{
+                    "name": "name", "in": "path", "required": true,
+                    "description": "The image's name.",
+                    "schema": { "type": "string", "pattern": "^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$" }
+                }],
+                "get": {
+                    "summary": "One of the caller's images (or the built-in one).",
+                    "responses": with(errors(&[
+                        ("404", "The caller has no image of this name."),
+                    ]), json!({ "200": json_response("The image.", "ImageInfo") }))
+                },
+                "delete": {
+                    "summary": "Remove one of the caller's images; its layers and tree go when no other image has them.",
+                    "responses": with(errors(&[
+                        ("404", "The caller has no image of this name."),
+                        ("409", "A sandbox uses it, or it is the built-in image."),
+                    ]), json!({ "204": { "description": "Removed." } }))
                 }
             },
             "/sandboxes/{id}": {

@@ -354,3 +354,101 @@ fn serve_refuses_bad_api_keys_naming_the_entry_never_the_key() {
         "{stderr}"
     );
 }
+
+#[test]
+fn image_import_takes_directories_archives_and_stdin_and_ls_inspect_rm_manage_them() {
+    let daemon = TestDaemon::start();
+    let dir = tempfile::tempdir().expect("tempdir");
+    // A root filesystem directory: the busybox tree plus a file owned by a user.
+    let root = dir.path().join("root");
+    let status = Command::new("cp")
+        .arg("-a")
+        .arg(harness::image_dir().join("rootfs"))
+        .arg(&root)
+        .status()
+        .expect("cp");
+    assert!(status.success());
+    std::fs::write(root.join("etc/from-dir"), "dir import\n").expect("write");
+    std::os::unix::fs::chown(root.join("etc/from-dir"), Some(1234), Some(4321)).expect("chown");
+    let out = run(crucible(&daemon)
+        .arg("image")
+        .arg("import")
+        .arg("fromdir")
+        .arg(&root));
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(text(&out.stdout), "fromdir\n");
+    assert!(
+        text(&out.stderr).contains("imported fromdir (rootfs"),
+        "{}",
+        text(&out.stderr)
+    );
+
+    // An OCI layout directory, and a docker save archive on stdin.
+    let layout = dir.path().join("layout");
+    oci::write::oci_layout(&layout, &harness::images::two_layer_image(true)).expect("layout");
+    let out = run(crucible(&daemon)
+        .args(["image", "import", "fromlayout"])
+        .arg(&layout));
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let docker = dir.path().join("docker.tar");
+    oci::write::docker_archive(&docker, &harness::images::two_layer_image(false)).expect("docker");
+    let out = run(crucible(&daemon)
+        .args(["image", "import", "fromstdin", "-"])
+        .stdin(std::fs::File::open(&docker).expect("open")));
+    assert!(out.status.success(), "{}", text(&out.stderr));
+
+    let out = run(crucible(&daemon).args(["image", "ls"]));
+    let listing = text(&out.stdout);
+    for (name, format) in [
+        ("default", "builtin"),
+        ("fromdir", "rootfs"),
+        ("fromlayout", "oci"),
+        ("fromstdin", "docker_save"),
+    ] {
+        assert!(
+            listing
+                .lines()
+                .any(|l| l.starts_with(name) && l.contains(format)),
+            "{name} {format}: {listing}"
+        );
+    }
+    let out = run(crucible(&daemon).args(["image", "inspect", "fromlayout"]));
+    let info: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+    assert_eq!(info["working_dir"], "/opt/app");
+    assert_eq!(info["user"]["uid"], 1000);
+
+    // The directory's owners survive the trip.
+    let out = run(crucible(&daemon).args([
+        "run",
+        "--image",
+        "fromdir",
+        "--",
+        "sh",
+        "-c",
+        "cat /etc/from-dir; stat -c %u:%g /etc/from-dir",
+    ]));
+    assert_eq!(
+        text(&out.stdout),
+        "dir import\n1234:4321\n",
+        "{}",
+        text(&out.stderr)
+    );
+
+    let out = run(crucible(&daemon).args(["image", "rm", "fromdir", "fromlayout", "fromstdin"]));
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let out = run(crucible(&daemon).args(["image", "rm", "fromdir"]));
+    assert!(!out.status.success());
+    assert!(
+        text(&out.stderr).contains("no image named"),
+        "{}",
+        text(&out.stderr)
+    );
+    // A source that is not there is one clear line, before anything is sent.
+    let out = run(crucible(&daemon).args(["image", "import", "x", "/nonexistent/archive.tar"]));
+    assert!(!out.status.success());
+    assert!(
+        text(&out.stderr).contains("/nonexistent/archive.tar"),
+        "{}",
+        text(&out.stderr)
+    );
+}

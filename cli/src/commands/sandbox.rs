@@ -20,7 +20,8 @@ pub struct CreateArgs {
     /// Backend: microvm or namespace [default: the daemon's choice].
     #[arg(long, value_parser = crate::serve::parse_backend)]
     pub backend: Option<BackendKind>,
-    /// Image name.
+    /// Image: `default` (the built-in busybox image) or one imported with `crucible image
+    /// import` (its Env, WorkingDir and User become the sandbox's defaults).
     #[arg(long)]
     pub image: Option<String>,
     /// Environment for every command in the sandbox (repeatable).
