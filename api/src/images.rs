@@ -35,15 +35,38 @@ pub async fn import(
     name: String,
     body: Body,
 ) -> Result<ImageInfo, ApiError> {
+    let mut body = body.into_data_stream();
+    match spool(&state, &name, &mut body).await {
+        Ok((spool, lease, received)) => {
+            finish_import(&state, owner, &name, spool, lease, received).await
+        }
+        Err(e) => {
+            // Refused before the body was read whole: the rest is read and dropped for a
+            // moment, so the client gets this answer rather than a broken pipe mid-send.
+            let drain = async { while let Some(Ok(_)) = body.next().await {} };
+            let _ = tokio::time::timeout(UPLOAD_LINGER, drain).await;
+            Err(e)
+        }
+    }
+}
+
+/// How long the rest of a refused upload is read and dropped.
+const UPLOAD_LINGER: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// Writes the upload to the store's disk, growing its share of the disk budget as it comes.
+async fn spool(
+    state: &AppState,
+    name: &str,
+    body: &mut axum::body::BodyDataStream,
+) -> Result<(Spool, crate::storage::BudgetLease, u64), ApiError> {
     let images = &state.storage()?.images;
-    let (path, lease) = images.begin_import(&name)?;
+    let (path, mut lease) = images.begin_import(name)?;
     let spool = Spool(path.clone());
     let limit = images.max_mib() * 1024 * 1024;
     let idle = state.config.header_timeout;
     let mut file = tokio::fs::File::create(&path)
         .await
         .map_err(|e| ApiError::internal(format!("create {}: {e}", path.display())))?;
-    let mut body = body.into_data_stream();
     let mut received = 0u64;
     loop {
         let chunk = match tokio::time::timeout(idle, body.next()).await {
@@ -73,6 +96,13 @@ pub async fn import(
                 ),
             ));
         }
+        let needed_mib = received.div_ceil(1024 * 1024);
+        if needed_mib > lease.mib() {
+            lease.grow(
+                &format!("the upload of image {name:?}"),
+                needed_mib - lease.mib(),
+            )?;
+        }
         file.write_all(&chunk)
             .await
             .map_err(|e| ApiError::internal(format!("write {}: {e}", path.display())))?;
@@ -87,12 +117,25 @@ pub async fn import(
         .await
         .map_err(|e| ApiError::internal(format!("write {}: {e}", path.display())))?;
     drop(file);
+    Ok((spool, lease, received))
+}
+
+/// Unpacks a spooled upload into the store.
+async fn finish_import(
+    state: &AppState,
+    owner: Owner,
+    name: &str,
+    spool: Spool,
+    lease: crate::storage::BudgetLease,
+    received: u64,
+) -> Result<ImageInfo, ApiError> {
     state
         .metrics
         .bytes_uploaded
         .fetch_add(received, std::sync::atomic::Ordering::Relaxed);
     let started = std::time::Instant::now();
-    let record = images.import(&owner, &name, path, lease).await?;
+    let images = &state.storage()?.images;
+    let record = images.import(&owner, name, spool.0.clone(), lease).await?;
     drop(spool);
     tracing::info!(
         image = %name,
@@ -133,6 +176,8 @@ pub fn info(record: &oci::ImageRecord) -> ImageInfo {
             gid: u.gid,
             groups: u.groups.clone(),
         }),
+        entrypoint: record.run_config.entrypoint.clone(),
+        cmd: record.run_config.cmd.clone(),
         imported_at: record.imported_at,
     }
 }
@@ -152,6 +197,8 @@ pub fn builtin() -> ImageInfo {
         env: Default::default(),
         working_dir: None,
         user: None,
+        entrypoint: None,
+        cmd: None,
         imported_at: 0,
     }
 }

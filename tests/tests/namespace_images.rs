@@ -426,3 +426,45 @@ async fn hostile_images_are_refused_or_neutralised_with_nothing_written_outside_
         .collect();
     assert!(!names.contains(&"dotdot".to_string()) && !names.contains(&"bomb".to_string()));
 }
+
+#[tokio::test]
+async fn imports_count_in_the_disk_budget_and_a_refusal_reaches_a_streaming_client() {
+    let daemon = TestDaemon::start_with(|c| c.storage.disk_budget_mib = Some(48));
+    let c = daemon.client();
+    let dir = tempfile::tempdir().expect("tempdir");
+    // Small enough to fit: the budget bounds the tree, not the operator's 4 GiB limit.
+    let archive = dir.path().join("small.tar");
+    write::oci_archive(&archive, &images::two_layer_image(true)).expect("archive");
+    images::import_file(&c, "small", &archive)
+        .await
+        .expect("fits in 48 MiB");
+    let budget = &daemon.state.storage().expect("storage").budget;
+    let held = budget.taken_mib();
+    assert!(held > 0, "the store is counted in the budget");
+    // 64 MiB of incompressible bytes cannot be spooled within what is left: 507, and the
+    // client, still sending, gets the answer.
+    let big = dir.path().join("big.tar");
+    let noise: Vec<u8> = (0..64u32 << 20)
+        .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
+        .collect();
+    std::fs::write(&big, noise).expect("write");
+    let refused = images::import_file(&c, "big", &big)
+        .await
+        .expect_err("over budget");
+    assert!(
+        matches!(&refused, ClientError::Api { status: 507, .. }),
+        "{refused}"
+    );
+    assert_eq!(
+        budget.taken_mib(),
+        held,
+        "the refused upload gave its share back"
+    );
+    let store = daemon.state.config.storage.data_dir.join("images");
+    assert_eq!(
+        std::fs::read_dir(store.join("tmp")).expect("tmp").count(),
+        0
+    );
+    c.delete_image("small").await.expect("remove");
+    assert_eq!(budget.taken_mib(), 0, "an empty store holds nothing");
+}

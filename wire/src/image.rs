@@ -41,6 +41,13 @@ pub struct ImageInfo {
     /// Who commands run as (its config's `User`, resolved against its own `/etc/passwd`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub user: Option<ImageUser>,
+    /// Its config's `Entrypoint` and `Cmd`, as recorded (nothing runs them: a sandbox runs
+    /// what exec asks).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub entrypoint: Option<Vec<String>>,
+    /// See `entrypoint`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cmd: Option<Vec<String>>,
     /// When it was imported, Unix seconds (0 for the built-in image).
     pub imported_at: u64,
 }

@@ -27,6 +27,22 @@ impl Drop for BudgetLease {
     }
 }
 
+impl BudgetLease {
+    /// Takes `mib` more into this lease, for `what`, or says how much is left (the lease is
+    /// unchanged then).
+    pub fn grow(&mut self, what: &str, mib: u64) -> Result<(), StorageError> {
+        let mut more = self.budget.take(what, mib)?;
+        // Now counted in `self`: `more` gives nothing back when it drops.
+        self.mib += std::mem::take(&mut more.mib);
+        Ok(())
+    }
+
+    /// What it holds.
+    pub fn mib(&self) -> u64 {
+        self.mib
+    }
+}
+
 impl DiskBudget {
     /// A budget of `total_mib`.
     pub fn new(total_mib: u64) -> Arc<Self> {
@@ -69,6 +85,11 @@ impl DiskBudget {
         })
     }
 
+    /// What is left now.
+    pub fn left_mib(&self) -> u64 {
+        self.total_mib.saturating_sub(*self.taken())
+    }
+
     /// Takes `mib` even past the budget: for what is already on disk (caches made before a
     /// restart, perhaps under a larger budget). New requests then wait for room.
     pub fn take_existing(self: &Arc<Self>, mib: u64) -> BudgetLease {
@@ -99,7 +120,21 @@ mod tests {
             .take("cache cargo", 100)
             .expect("fits after the return");
         let _old = budget.take_existing(30);
+        assert_eq!(budget.left_mib(), 0);
         assert_eq!(budget.taken_mib(), 130);
         assert!(budget.take("anything", 1).is_err());
+    }
+
+    #[test]
+    fn a_lease_grows_within_the_budget_and_gives_everything_back() {
+        let budget = DiskBudget::new(100);
+        let mut lease = budget.take("upload", 0).expect("nothing");
+        lease.grow("upload", 30).expect("fits");
+        lease.grow("upload", 50).expect("fits");
+        assert_eq!((lease.mib(), budget.left_mib()), (80, 20));
+        assert!(lease.grow("upload", 21).is_err());
+        assert_eq!(lease.mib(), 80, "a refused growth changes nothing");
+        drop(lease);
+        assert_eq!(budget.left_mib(), 100);
     }
 }

@@ -67,8 +67,8 @@ impl Images {
         );
     }
 
-    /// A file for an upload to be spooled into, and the budget it and its unpacking may take
-    /// (twice the import limit: the layers as stored, and the tree), or 507.
+    /// A file for an upload to be spooled into, and an empty share of the budget that the
+    /// upload grows as it arrives ([`BudgetLease::grow`]) and its unpacking grows again.
     pub fn begin_import(&self, name: &str) -> Result<(PathBuf, BudgetLease), StorageError> {
         oci::store::validate_name(name)?;
         if name == crate::state::DEFAULT_IMAGE {
@@ -76,9 +76,7 @@ impl Images {
                 "image name {name:?} is the built-in image's"
             )));
         }
-        let lease = self
-            .budget
-            .take(&format!("importing image {name:?}"), 2 * self.max_mib)?;
+        let lease = self.budget.take(&format!("importing image {name:?}"), 0)?;
         Ok((self.store.upload_path(), lease))
     }
 
@@ -89,12 +87,17 @@ impl Images {
         owner: &Owner,
         name: &str,
         upload: PathBuf,
-        lease: BudgetLease,
+        mut lease: BudgetLease,
     ) -> Result<ImageRecord, StorageError> {
         let store = self.store.clone();
         let (owner_key, owned_name) = (owner_dir_name(owner), name.to_string());
+        // The tree may take up to the import limit, or what is left of the budget if less
+        // (the upload's share stays held: its layers are stored before the tree is made).
+        let tree_mib = self.max_mib.min(self.budget.left_mib());
+        let what = format!("unpacking image {name:?}");
+        lease.grow(&what, tree_mib)?;
         let limits = Limits {
-            max_bytes: self.max_mib * MIB,
+            max_bytes: tree_mib * MIB,
             max_entries: MAX_ENTRIES,
         };
         let result = tokio::task::spawn_blocking(move || {
@@ -109,7 +112,17 @@ impl Images {
         })?;
         drop(lease);
         self.account();
-        Ok(result?)
+        match result {
+            Err(e) if e.is_too_large() && tree_mib < self.max_mib => {
+                Err(StorageError::OverBudget {
+                    what: format!("{what} (past {tree_mib} MiB)"),
+                    asked_mib: tree_mib + 1,
+                    left_mib: tree_mib,
+                    budget_mib: self.budget.total_mib(),
+                })
+            }
+            result => Ok(result?),
+        }
     }
 
     /// The images `owner` may see (every owner's for `None`).

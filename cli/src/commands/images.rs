@@ -146,10 +146,12 @@ pub async fn import(global: &Global, args: ImportArgs) -> Result<()> {
     let result = client.import_image(&args.name, counting).await;
     ticker.abort();
     bar.finish_and_clear();
+    // The daemon's answer first: when it refuses the import it stops reading, and the tarring
+    // then fails with a broken pipe that says nothing about why.
+    let image = result.with_context(|| format!("importing {what} as {:?}", args.name))?;
     if let Some(task) = tarring {
         task.await.context("tarring the directory")??;
     }
-    let image = result.with_context(|| format!("importing {what} as {:?}", args.name))?;
     if global.json {
         return output::print_json(&image);
     }

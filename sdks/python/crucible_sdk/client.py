@@ -226,6 +226,33 @@ class Client:
         """DELETE /caches: deletes every cache of the caller's not in use; returns those kept."""
         return self._json("DELETE", "/caches")["caches"]
 
+    # -- images -----------------------------------------------------------------------------
+
+    def images(self) -> List[Dict]:
+        """GET /images: the built-in image, then the caller's imported images."""
+        return self._json("GET", "/images")["images"]
+
+    def image(self, name: str) -> Dict:
+        """GET /images/{name}."""
+        return self._json("GET", f"/images/{urllib.parse.quote(name, safe='')}")
+
+    def import_image(self, name: str, archive: Union[str, os.PathLike, bytes, IO[bytes]]) -> Dict:
+        """POST /images?name=NAME: imports a `docker save` archive, an OCI archive or a rootfs
+        tarball (gzip or not), given as a path, bytes or a binary file object (streamed).
+        Returns the image; a bad archive raises CrucibleError (400 invalid_image, 413 too
+        large). A directory is imported with `crucible image import`."""
+        path = "/images?name=" + urllib.parse.quote(name, safe="")
+        headers = {"Content-Type": "application/x-tar"}
+        if isinstance(archive, (str, os.PathLike)):
+            with open(archive, "rb") as f:
+                headers["Content-Length"] = str(os.fstat(f.fileno()).st_size)
+                return json.loads(self._open("POST", path, body=f, headers=headers).read())
+        return json.loads(self._open("POST", path, body=archive, headers=headers).read())
+
+    def delete_image(self, name: str) -> None:
+        """DELETE /images/{name}; an image in use raises CrucibleError (409)."""
+        self._open("DELETE", f"/images/{urllib.parse.quote(name, safe='')}").read()
+
     # -- exec -------------------------------------------------------------------------------
 
     def exec_stream(self, sandbox_id: str, cmd: List[str], env=None, cwd: str = "",

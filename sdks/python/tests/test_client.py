@@ -133,3 +133,36 @@ def test_egress_and_a_cache_through_the_sdk(daemon, blob_server):
     assert cache["size_mib"] == 64 and "in_use_by" not in cache
     client.delete_cache("pytest-pip")
     assert not [c for c in client.caches() if c["name"] == "pytest-pip"]
+
+
+def test_an_imported_rootfs_image_runs_with_its_files(daemon):
+    """A rootfs tarball made here from the built image's busybox tree, plus one file."""
+    from conftest import ROOT
+
+    rootfs = ROOT / "target/crucible/image/rootfs"
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
+        tar.add(str(rootfs), arcname=".")
+        marker = tarfile.TarInfo("etc/from-python")
+        marker.size = 7
+        tar.addfile(marker, io.BytesIO(b"python\n"))
+    client = Client(daemon)
+    info = client.import_image("pytest-rootfs", buf.getvalue())
+    assert info["format"] == "rootfs" and len(info["layers"]) == 1
+    assert "pytest-rootfs" in [i["name"] for i in client.images()]
+    sb = client.create(image="pytest-rootfs")
+    try:
+        out = client.exec(sb["id"], ["cat", "/etc/from-python"])
+        assert out.exit_code == 0 and out.stdout == b"python\n", out.stderr
+        with pytest.raises(CrucibleError) as busy:
+            client.delete_image("pytest-rootfs")
+        assert busy.value.status == 409
+    finally:
+        client.delete(sb["id"])
+    client.delete_image("pytest-rootfs")
+    with pytest.raises(CrucibleError) as gone:
+        client.image("pytest-rootfs")
+    assert gone.value.status == 404
+    with pytest.raises(CrucibleError) as bad:
+        client.import_image("pytest-bad", b"not an image archive" * 100)
+    assert bad.value.status == 400 and bad.value.code == "invalid_image"
