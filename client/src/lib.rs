@@ -203,18 +203,8 @@ impl Client {
     where
         R: AsyncRead + Send + 'static,
     {
-        let stream = tokio_util::io::ReaderStream::with_capacity(archive, 256 * 1024)
-            .map_ok(hyper::body::Frame::data);
-        let body = http_body_util::StreamBody::new(stream);
-        let request = self
-            .request(Method::POST, &format!("/images?name={}", query_value(name)))
-            .header(hyper::header::CONTENT_TYPE, "application/x-tar")
-            .body(body)
-            .map_err(|e| ClientError::Protocol(e.to_string()))?;
-        let response = self.send(request).await?;
-        let body = response.into_body().collect().await?.to_bytes();
-        serde_json::from_slice(&body)
-            .map_err(|e| ClientError::Protocol(format!("unexpected JSON from the daemon: {e}")))
+        self.post_stream(&format!("/images?name={}", query_value(name)), archive)
+            .await
     }
 
     /// `POST /sandboxes/{id}/exec`: runs a command and streams its output as events.
@@ -253,16 +243,26 @@ impl Client {
     where
         R: AsyncRead + Send + 'static,
     {
-        let stream = tokio_util::io::ReaderStream::with_capacity(tar, 64 * 1024)
-            .map_ok(hyper::body::Frame::data);
-        let body = http_body_util::StreamBody::new(stream);
         let path = format!(
             "/sandboxes/{}/files?path={}",
             path_segment(id),
             query_value(dir)
         );
+        self.post_stream(&path, tar).await
+    }
+
+    /// POSTs what `reader` streams as an `application/x-tar` body to `path`; decodes the JSON
+    /// answer.
+    async fn post_stream<R, T>(&self, path: &str, reader: R) -> Result<T, ClientError>
+    where
+        R: AsyncRead + Send + 'static,
+        T: DeserializeOwned,
+    {
+        let stream = tokio_util::io::ReaderStream::with_capacity(reader, 256 * 1024)
+            .map_ok(hyper::body::Frame::data);
+        let body = http_body_util::StreamBody::new(stream);
         let request = self
-            .request(Method::POST, &path)
+            .request(Method::POST, path)
             .header(hyper::header::CONTENT_TYPE, "application/x-tar")
             .body(body)
             .map_err(|e| ClientError::Protocol(e.to_string()))?;

@@ -82,3 +82,21 @@ pub async fn import_file(
     let file = tokio::fs::File::open(path).await.expect("open the archive");
     client.import_image(name, file).await
 }
+
+/// What [`TWO_LAYER_PROBE`] prints in a sandbox of [`two_layer_image`]: the working directory,
+/// the user's ids and groups, the image's env and `HOME`, the opaque directory's contents, the
+/// whiteout applied, our agent (`init`) as PID 1 and no sign of the image's own `/init`.
+pub const TWO_LAYER_EXPECTED: [&str; 7] = [
+    REPLACED,
+    "1000",
+    "1000 2000",
+    "hello from the image|/home/ci",
+    "new",
+    "deleted",
+    "init",
+];
+
+/// The shell script whose output is [`TWO_LAYER_EXPECTED`].
+pub const TWO_LAYER_PROBE: &str = "pwd; id -u; id -G; echo \"$GREETING|$HOME\"; ls /opt/app; \
+     test -e /etc/deleted-by-layer-2 && echo present || echo deleted; \
+     test -e /pwned && echo pwned; cat /proc/1/comm";
