@@ -83,6 +83,8 @@ pub fn app(state: Arc<AppState>) -> Router {
         .route("/sandboxes/{id}", get(get_sandbox).delete(delete_sandbox))
         .route("/sandboxes/{id}/exec", post(exec_post).get(exec_websocket))
         .route("/sandboxes/{id}/files", post(files_put).get(files_get))
+        .route("/sandboxes/{id}/signal", post(signal_sandbox))
+        .route("/sandboxes/{id}/stats", get(sandbox_stats))
         .route("/caches", get(list_caches).delete(clear_caches))
         .route("/caches/{name}", axum::routing::delete(delete_cache))
         .route("/images", get(list_images).post(import_image))
@@ -241,6 +243,67 @@ async fn delete_sandbox(
         Ok(StatusCode::NO_CONTENT)
     } else {
         Err(crate::sandbox::SandboxError::NotFound(id).into())
+    }
+}
+
+/// `POST /sandboxes/{id}/signal {"signal": N}`: signal N to every process of the sandbox but
+/// its agent (what `docker kill -s` and containerd's task kill need).
+async fn signal_sandbox(
+    State(state): State<Arc<AppState>>,
+    caller: Caller,
+    Path(id): Path<String>,
+    body: Body,
+) -> Result<StatusCode, ApiError> {
+    let sandbox = state.registry.get(&id, &caller)?;
+    let body = body::read(body, state.config.header_timeout).await?;
+    let request: wire::SignalRequest = parse_json(&body, "signal request")?;
+    if !(1..=64).contains(&request.signal) {
+        return Err(ApiError::invalid(format!(
+            "signal: must be 1 to 64, got {}",
+            request.signal
+        )));
+    }
+    let _guard = sandbox.begin(false)?;
+    let message = wire::agent::AgentRequest::Signal {
+        signal: request.signal,
+    };
+    let mut agent = sandbox
+        .send_to_agent(&message)
+        .await
+        .map_err(|e| ApiError::agent(format!("sandbox {id}: {e}")))?;
+    let reply: wire::agent::AgentReply = wire::read_message_async(&mut agent)
+        .await
+        .map_err(|e| ApiError::agent(format!("sandbox {id}: the agent's answer: {e}")))?;
+    match reply {
+        wire::agent::AgentReply::Signaled => Ok(StatusCode::NO_CONTENT),
+        wire::agent::AgentReply::Error(e) => Err(ApiError::new(
+            StatusCode::CONFLICT,
+            "not_supported",
+            format!("sandbox {id}: {}", e.message),
+        )),
+        other => Err(ApiError::agent(format!(
+            "sandbox {id}: unexpected agent reply {other:?}"
+        ))),
+    }
+}
+
+/// `GET /sandboxes/{id}/stats`: memory, CPU and processes, from the sandbox's cgroups.
+async fn sandbox_stats(
+    State(state): State<Arc<AppState>>,
+    caller: Caller,
+    Path(id): Path<String>,
+) -> Result<Json<wire::SandboxStats>, ApiError> {
+    let sandbox = state.registry.get(&id, &caller)?;
+    match sandbox.stats().await {
+        Some(stats) => Ok(Json(stats)),
+        None => Err(ApiError::new(
+            StatusCode::CONFLICT,
+            "not_supported",
+            format!(
+                "sandbox {id}: the {} backend does not report stats yet",
+                sandbox.backend()
+            ),
+        )),
     }
 }
 

@@ -336,6 +336,11 @@ impl Sandbox {
         })
     }
 
+    /// What it uses now; `None` where its backend does not measure it.
+    pub async fn stats(&self) -> Option<wire::SandboxStats> {
+        self.instance.stats().await
+    }
+
     /// A new connection to its agent, with `message` sent on it.
     pub async fn send_to_agent(
         &self,

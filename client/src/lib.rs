@@ -151,6 +151,32 @@ impl Client {
         Ok(())
     }
 
+    /// `POST /sandboxes/{id}/signal`: sends `signal` to every process of the sandbox but its
+    /// agent.
+    pub async fn signal(&self, id: &str, signal: i32) -> Result<(), ClientError> {
+        let body = serde_json::to_vec(&wire::SignalRequest { signal })
+            .map_err(|e| ClientError::Protocol(e.to_string()))?;
+        let request = self
+            .request(
+                Method::POST,
+                &format!("/sandboxes/{}/signal", path_segment(id)),
+            )
+            .header(hyper::header::CONTENT_TYPE, "application/json")
+            .body(Full::new(Bytes::from(body)))
+            .map_err(|e| ClientError::Protocol(e.to_string()))?;
+        self.send(request).await?;
+        Ok(())
+    }
+
+    /// `GET /sandboxes/{id}/stats`: what the sandbox uses now.
+    pub async fn stats(&self, id: &str) -> Result<wire::SandboxStats, ClientError> {
+        self.json(self.empty(
+            Method::GET,
+            &format!("/sandboxes/{}/stats", path_segment(id)),
+        )?)
+        .await
+    }
+
     /// `GET /caches`: the caller's named caches (every one for the admin key and the Unix
     /// socket).
     pub async fn caches(&self) -> Result<Vec<wire::CacheInfo>, ClientError> {

@@ -421,6 +421,16 @@ pub fn handle(mut conn: UnixStream, agent: &Agent) {
         AgentRequest::Ping => {
             let _ = wire::write_message(&mut conn, &AgentReply::Pong(agent.hello()));
         }
+        AgentRequest::Signal { signal } => {
+            let reply = match crate::sys::signal_all_but_self(signal) {
+                Ok(()) => AgentReply::Signaled,
+                Err(e) => AgentReply::Error(ErrorBody::new(
+                    "invalid_request",
+                    format!("signal {signal}: {e}"),
+                )),
+            };
+            let _ = wire::write_message(&mut conn, &reply);
+        }
         AgentRequest::Shutdown => {
             log::info(format_args!("shutdown requested"));
             let _ = wire::write_message(&mut conn, &AgentReply::ShuttingDown);

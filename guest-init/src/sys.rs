@@ -325,3 +325,28 @@ mod tests {
         assert!(kill_group(-5, 0).is_err());
     }
 }
+
+/// Sends `signal` to every process this one may signal except itself: from PID 1, every
+/// process of its PID namespace (`kill(2)` with pid -1). Refused unless this process is PID 1:
+/// elsewhere (the agent as a plain process, in tests) it would reach the host's processes.
+pub fn signal_all_but_self(signal: libc::c_int) -> io::Result<()> {
+    if std::process::id() != 1 {
+        return Err(io::Error::new(
+            io::ErrorKind::Unsupported,
+            "signalling every process needs the agent to be PID 1",
+        ));
+    }
+    if !(1..=64).contains(&signal) {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("signal {signal} is not 1 to 64"),
+        ));
+    }
+    // SAFETY: kill takes no pointers. With pid -1 from PID 1 it reaches every process of the
+    // namespace but the caller; ESRCH (none left) is not an error here.
+    match cvt(unsafe { libc::kill(-1, signal) }) {
+        Ok(_) => Ok(()),
+        Err(e) if e.raw_os_error() == Some(libc::ESRCH) => Ok(()),
+        Err(e) => Err(e),
+    }
+}

@@ -48,6 +48,12 @@ pub enum AgentRequest {
         /// The file (absolute).
         path: String,
     },
+    /// Send `signal` to every process of the sandbox but the agent (the agent must be PID 1:
+    /// `kill(-1, signal)` from PID 1 spares only itself). Answered with `signaled` or `error`.
+    Signal {
+        /// The signal number, 1 to 64.
+        signal: i32,
+    },
     /// Answer with the agent's hello.
     Ping,
     /// Sync and end the VM (or the namespace sandbox).
@@ -89,6 +95,8 @@ pub enum AgentReply {
     Pong(Hello),
     /// The answer to `shutdown`, sent before the agent ends the VM.
     ShuttingDown,
+    /// The answer to `signal`: it was sent.
+    Signaled,
 }
 
 /// What the agent says when it is ready (and in answer to `ping`).

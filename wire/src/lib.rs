@@ -31,8 +31,9 @@ pub use image::{ImageInfo, ImageList, ImageUser};
 pub use io::{FrameReader, FrameWriter, ReadError, READ_BUFFER_SIZE};
 pub use message::{encode_message, read_message, write_message, MessageError, MAX_MESSAGE_SIZE};
 pub use sandbox::{
-    BackendKind, CacheInfo, CacheList, CacheMount, CreateSandbox, Hypervisor, NetworkInfo,
-    NetworkRequest, SandboxInfo, SandboxList, SandboxState, SandboxTimings, VolumeMount,
+    BackendKind, CacheInfo, CacheList, CacheMount, CpuStats, CreateSandbox, Hypervisor,
+    MemoryStats, NetworkInfo, NetworkRequest, PidsStats, SandboxInfo, SandboxList, SandboxState,
+    SandboxStats, SandboxTimings, SignalRequest, VolumeMount,
 };
 pub use types::{
     ErrorBody, ExecRequest, ExecResult, FilesPutResult, RefusedEntry, Usage, ValidationError,

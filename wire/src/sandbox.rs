@@ -182,6 +182,62 @@ pub struct CacheList {
     pub caches: Vec<CacheInfo>,
 }
 
+/// What a sandbox uses now, from its cgroups: `GET /sandboxes/{id}/stats`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+pub struct SandboxStats {
+    /// Memory.
+    pub memory: MemoryStats,
+    /// CPU time.
+    pub cpu: CpuStats,
+    /// Processes.
+    pub pids: PidsStats,
+}
+
+/// A sandbox's memory: everything its processes and its in-memory writable layer take.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+pub struct MemoryStats {
+    /// Bytes in use now.
+    pub usage_bytes: u64,
+    /// Its limit.
+    pub limit_bytes: u64,
+    /// The most it has used.
+    pub max_usage_bytes: u64,
+    /// Page cache within the usage.
+    pub cache_bytes: u64,
+    /// Processes the kernel killed for want of memory.
+    pub oom_kills: u64,
+}
+
+/// A sandbox's CPU time, all its processes together, since it was made.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+pub struct CpuStats {
+    /// Nanoseconds of CPU time.
+    pub usage_ns: u64,
+}
+
+/// A sandbox's processes.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+pub struct PidsStats {
+    /// Processes (and threads) now, the agent's included.
+    pub current: u64,
+    /// Its limit (0: none).
+    pub limit: u64,
+}
+
+/// The body of `POST /sandboxes/{id}/signal`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[serde(deny_unknown_fields)]
+pub struct SignalRequest {
+    /// The signal number (1 to 64): it goes to every process in the sandbox but its agent.
+    #[cfg_attr(feature = "schema", schemars(range(min = 1, max = 64)))]
+    pub signal: i32,
+}
+
 /// A sandbox's lifecycle state.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]

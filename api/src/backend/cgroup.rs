@@ -114,7 +114,67 @@ impl SandboxCgroups {
                 &(u64::from(limits.cpus) * CFS_PERIOD_US).to_string(),
             )?;
         }
+        // Accounting only, for `GET /sandboxes/{id}/stats`: where cpuacct is a hierarchy of
+        // its own (not mounted with cpu, which made the group above already).
+        let cpuacct = root.join("cpuacct");
+        if cpuacct.is_dir() && !same_hierarchy(&cpuacct, &cpu) {
+            let dir = cpuacct.join(parent).join(id);
+            mkdir(&dir)?;
+            group.dirs.push(dir);
+        }
         Ok(group)
+    }
+
+    /// What the sandbox uses now (fields the kernel does not report are 0).
+    pub fn stats(&self) -> wire::SandboxStats {
+        let value = |file: &str| -> Option<String> {
+            self.dirs
+                .iter()
+                .find_map(|dir| fs::read_to_string(dir.join(file)).ok())
+        };
+        let number =
+            |file: &str| -> u64 { value(file).and_then(|v| v.trim().parse().ok()).unwrap_or(0) };
+        let keyed = |file: &str, key: &str| -> u64 {
+            value(file)
+                .and_then(|text| {
+                    text.lines().find_map(|line| {
+                        let (k, v) = line.split_once(' ')?;
+                        (k == key).then(|| v.trim().parse().ok()).flatten()
+                    })
+                })
+                .unwrap_or(0)
+        };
+        let v2 = value("memory.current").is_some();
+        let memory = if v2 {
+            wire::MemoryStats {
+                usage_bytes: number("memory.current"),
+                limit_bytes: number("memory.max"),
+                max_usage_bytes: number("memory.peak"),
+                cache_bytes: keyed("memory.stat", "file"),
+                oom_kills: keyed("memory.events", "oom_kill"),
+            }
+        } else {
+            wire::MemoryStats {
+                usage_bytes: number("memory.usage_in_bytes"),
+                limit_bytes: number("memory.limit_in_bytes"),
+                max_usage_bytes: number("memory.max_usage_in_bytes"),
+                cache_bytes: keyed("memory.stat", "total_cache"),
+                oom_kills: keyed("memory.oom_control", "oom_kill"),
+            }
+        };
+        let cpu = wire::CpuStats {
+            usage_ns: if v2 {
+                keyed("cpu.stat", "usage_usec") * 1000
+            } else {
+                number("cpuacct.usage")
+            },
+        };
+        let pids = wire::PidsStats {
+            current: number("pids.current"),
+            // "max" (no limit) parses as nothing: 0.
+            limit: number("pids.max"),
+        };
+        wire::SandboxStats { memory, cpu, pids }
     }
 
     /// The `cgroup.procs` files a process writes its pid into to join every group.
@@ -173,12 +233,22 @@ impl SandboxCgroups {
     }
 }
 
-fn parent_dirs(root: &Path, parent: &str) -> [PathBuf; 4] {
+/// Whether two v1 controller directories are one hierarchy (`cpu` and `cpuacct` are often
+/// mounted together and linked under both names).
+fn same_hierarchy(a: &Path, b: &Path) -> bool {
+    match (a.canonicalize(), b.canonicalize()) {
+        (Ok(a), Ok(b)) => a == b,
+        _ => false,
+    }
+}
+
+fn parent_dirs(root: &Path, parent: &str) -> [PathBuf; 5] {
     [
         root.join(parent),
         root.join("memory").join(parent),
         root.join("pids").join(parent),
         root.join("cpu").join(parent),
+        root.join("cpuacct").join(parent),
     ]
 }
 

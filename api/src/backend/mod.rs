@@ -224,6 +224,10 @@ pub trait Instance: Send + Sync {
     fn hypervisor(&self) -> Option<wire::Hypervisor> {
         None
     }
+    /// What it uses now, where its backend can say (`None`: not measured on this backend).
+    fn stats(&self) -> BoxFuture<'_, Option<wire::SandboxStats>> {
+        Box::pin(async { None })
+    }
 }
 
 /// Connects to a Unix socket (an agent's) without a trip through the event loop when, as

@@ -505,6 +505,14 @@ impl Instance for NamespaceInstance {
             let _ = std::fs::remove_file(&self.log_path);
         })
     }
+
+    fn stats(&self) -> BoxFuture<'_, Option<wire::SandboxStats>> {
+        Box::pin(async move {
+            let cleanup = self.cleanup.lock().await;
+            let cgroups = cleanup.as_ref()?.cgroups.as_ref()?;
+            Some(cgroups.stats())
+        })
+    }
 }
 
 impl Backend for NamespaceBackend {
