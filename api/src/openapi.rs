@@ -6,7 +6,7 @@ use schemars::generate::SchemaSettings;
 use serde_json::{json, Map, Value};
 use wire::{
     CacheList, CreateSandbox, ErrorBody, ExecRequest, ExecResult, FilesPutResult, ImageList,
-    SandboxInfo, SandboxList,
+    SandboxInfo, SandboxList, SandboxStats, SignalRequest,
 };
 
 fn schema_ref(name: &str) -> Value {
@@ -161,6 +161,8 @@ pub fn document() -> Value {
     generator.subschema_for::<ErrorBody>();
     generator.subschema_for::<CacheList>();
     generator.subschema_for::<ImageList>();
+    generator.subschema_for::<SandboxStats>();
+    generator.subschema_for::<SignalRequest>();
     let mut schemas = generator.take_definitions(true);
     constrain(&mut schemas);
 
@@ -242,6 +244,36 @@ pub fn document() -> Value {
                         ("404", "The caller has no cache of this name."),
                         ("409", "A sandbox uses it."),
                     ]), json!({ "204": { "description": "Deleted." } }))
+                }
+            },
+            "/sandboxes/{id}/signal": {
+                "parameters": [id_param()],
+                "post": {
+                    "summary": "Send a signal to every process of the sandbox but its agent.",
+                    "description": "What `docker kill -s` and containerd's task kill need: the \
+                        commands see it as they would from `kill`; the agent, PID 1, never \
+                        does, and serves the next request.",
+                    "requestBody": {
+                        "required": true,
+                        "content": { "application/json": { "schema": schema_ref("SignalRequest") } }
+                    },
+                    "responses": with(errors(&[
+                        ("400", "The id or the signal is invalid (1 to 64)."),
+                        ("404", "No sandbox with this id, as far as the caller can see."),
+                        ("409", "The sandbox is being deleted, or its agent cannot signal (code not_supported)."),
+                        ("502", "The sandbox's agent could not be reached."),
+                    ]), json!({ "204": { "description": "Sent." } }))
+                }
+            },
+            "/sandboxes/{id}/stats": {
+                "parameters": [id_param()],
+                "get": {
+                    "summary": "What the sandbox uses now: memory, CPU time and processes, from its cgroups.",
+                    "responses": with(errors(&[
+                        ("400", "The id is malformed."),
+                        ("404", "No sandbox with this id, as far as the caller can see."),
+                        ("409", "Its backend does not report stats yet (code not_supported)."),
+                    ]), json!({ "200": json_response("The sandbox's usage.", "SandboxStats") }))
                 }
             },
             "/images": {

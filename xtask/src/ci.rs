@@ -56,6 +56,8 @@ pub fn run(_args: Args) -> Result<()> {
         "smoke-image",
         Command::new(&cargo).args(["xtask", "smoke-image"]),
     )?;
+    // The containerd shim's tests drive a real containerd (Debian's package; apt when missing).
+    ensure_containerd()?;
     // Tests this host cannot run are compiled ignored (counted as such, never as passed);
     // CRUCIBLE_REQUIRE_KVM=1 makes them mandatory (`contract::kvm_tests`).
     eprintln!("==> KVM tests: {}", kvm_gate.summary());
@@ -117,6 +119,23 @@ fn check_generated(name: &str, task: &str, paths: &[&str]) -> Result<()> {
         );
     }
     eprintln!("    {name} up to date");
+    Ok(())
+}
+
+/// Installs containerd (and runc, which Debian's containerd package recommends and its tests
+/// of our shim do not need) with apt when the machine lacks it, saying so first.
+fn ensure_containerd() -> Result<()> {
+    let log = workspace_root().join("target/crucible/logs/apt-containerd.log");
+    if let Some(dir) = log.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    crucible_image::deps::ensure(
+        &["containerd"],
+        "the containerd shim's tests (shim/tests/containerd.rs)",
+        &log,
+        &crucible_image::progress::Plain,
+    )
+    .map_err(|e| anyhow::anyhow!("installing containerd: {e} (log: {})", log.display()))?;
     Ok(())
 }
 

@@ -1,0 +1,134 @@
+//! `POST /sandboxes/{id}/signal` and `GET /sandboxes/{id}/stats` through the real daemon: a
+//! signal reaches every command of the sandbox (a trap sees SIGTERM, SIGKILL ends a sleep) and
+//! never the agent, which serves the next command; stats come from the sandbox's cgroups.
+
+use std::time::Duration;
+
+use client::ClientError;
+use harness::{sh, TestDaemon};
+use wire::ExecRequest;
+
+/// Waits until `pattern` shows in the sandbox's process list (the command is running).
+async fn wait_for(c: &client::Client, id: &str, pattern: &str) {
+    for _ in 0..200 {
+        let (out, _, _) = sh(c, id, "ps -o args").await;
+        if out
+            .lines()
+            .any(|l| l.contains(pattern) && !l.contains("ps -o"))
+        {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    panic!("{pattern} never started in {id}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_signal_reaches_every_command_but_never_the_agent() {
+    let daemon = TestDaemon::start();
+    let c = daemon.client();
+    let id = daemon.sandbox().await;
+
+    let trapped = {
+        let (c, id) = (c.clone(), id.clone());
+        tokio::spawn(async move {
+            let script = "trap 'echo got-term; exit 9' TERM; echo ready; \
+                          while :; do sleep 0.05; done";
+            c.exec_collect(&id, &ExecRequest::new(["sh", "-c", script]))
+                .await
+                .expect("exec")
+        })
+    };
+    let sleeper = {
+        let (c, id) = (c.clone(), id.clone());
+        tokio::spawn(async move {
+            c.exec_collect(&id, &ExecRequest::new(["sleep", "1000"]))
+                .await
+                .expect("exec")
+        })
+    };
+    wait_for(&c, &id, "sleep 1000").await;
+    wait_for(&c, &id, "trap").await;
+    c.signal(&id, 15).await.expect("SIGTERM");
+    let out = trapped.await.expect("join");
+    assert_eq!(
+        (
+            String::from_utf8_lossy(&out.stdout).as_ref(),
+            out.result.exit_code
+        ),
+        ("ready\ngot-term\n", 9),
+        "{:?}",
+        out.result
+    );
+    // sleep has no handler: SIGTERM ended it too.
+    let out = sleeper.await.expect("join");
+    assert_eq!(out.result.signal, "SIGTERM", "{:?}", out.result);
+
+    // SIGKILL, the agent untouched: it serves the next command.
+    let sleeper = {
+        let (c, id) = (c.clone(), id.clone());
+        tokio::spawn(async move {
+            c.exec_collect(&id, &ExecRequest::new(["sleep", "1000"]))
+                .await
+                .expect("exec")
+        })
+    };
+    wait_for(&c, &id, "sleep 1000").await;
+    c.signal(&id, 9).await.expect("SIGKILL");
+    assert_eq!(sleeper.await.expect("join").result.signal, "SIGKILL");
+    let (out, _, code) = sh(&c, &id, "echo still here").await;
+    assert_eq!((out.as_str(), code), ("still here\n", 0));
+
+    for bad in [0, 65, -9] {
+        let refused = c.signal(&id, bad).await.expect_err("out of range");
+        assert!(
+            matches!(refused, ClientError::Api { status: 400, .. }),
+            "{bad}: {refused}"
+        );
+    }
+    let missing = c
+        .signal("sb-0123456789abcdef", 15)
+        .await
+        .expect_err("no such sandbox");
+    assert!(
+        matches!(missing, ClientError::Api { status: 404, .. }),
+        "{missing}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stats_report_the_sandboxs_memory_cpu_and_processes() {
+    let daemon = TestDaemon::start();
+    let c = daemon.client();
+    let id = c
+        .create(&wire::CreateSandbox {
+            memory_mib: Some(256),
+            ..wire::CreateSandbox::default()
+        })
+        .await
+        .expect("create")
+        .id;
+    let before = c.stats(&id).await.expect("stats");
+    assert_eq!(before.memory.limit_bytes, 256 << 20, "{before:?}");
+    assert!(before.pids.current >= 1, "the agent is counted: {before:?}");
+    // 64 MiB held in the sandbox's tmpfs and a second of busy CPU.
+    let (_, err, code) = sh(
+        &c,
+        &id,
+        "head -c 67108864 /dev/zero > /tmp/held; end=$(($(date +%s) + 1)); \
+         while [ $(date +%s) -le $end ]; do :; done",
+    )
+    .await;
+    assert_eq!(code, 0, "{err}");
+    let after = c.stats(&id).await.expect("stats");
+    assert!(
+        after.memory.usage_bytes >= 64 << 20,
+        "the tmpfs file is the sandbox's memory: {after:?}"
+    );
+    assert!(after.memory.max_usage_bytes >= after.memory.usage_bytes);
+    assert!(
+        after.cpu.usage_ns >= before.cpu.usage_ns + 500_000_000,
+        "a busy second shows: {before:?} → {after:?}"
+    );
+    assert_eq!(after.memory.oom_kills, 0);
+}
