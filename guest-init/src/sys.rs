@@ -307,25 +307,6 @@ pub fn signal_name(signal: libc::c_int) -> String {
     name.to_string()
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn signal_names_are_the_conventional_ones() {
-        assert_eq!(signal_name(libc::SIGKILL), "SIGKILL");
-        assert_eq!(signal_name(libc::SIGTERM), "SIGTERM");
-        assert_eq!(signal_name(40), "SIG40");
-    }
-
-    #[test]
-    fn kill_group_refuses_to_signal_everything() {
-        assert!(kill_group(0, 0).is_err());
-        assert!(kill_group(1, 0).is_err());
-        assert!(kill_group(-5, 0).is_err());
-    }
-}
-
 /// Sends `signal` to every process this one may signal except itself: from PID 1, every
 /// process of its PID namespace (`kill(2)` with pid -1). Refused unless this process is PID 1:
 /// elsewhere (the agent as a plain process, in tests) it would reach the host's processes.
@@ -348,5 +329,24 @@ pub fn signal_all_but_self(signal: libc::c_int) -> io::Result<()> {
         Ok(_) => Ok(()),
         Err(e) if e.raw_os_error() == Some(libc::ESRCH) => Ok(()),
         Err(e) => Err(e),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn signal_names_are_the_conventional_ones() {
+        assert_eq!(signal_name(libc::SIGKILL), "SIGKILL");
+        assert_eq!(signal_name(libc::SIGTERM), "SIGTERM");
+        assert_eq!(signal_name(40), "SIG40");
+    }
+
+    #[test]
+    fn kill_group_refuses_to_signal_everything() {
+        assert!(kill_group(0, 0).is_err());
+        assert!(kill_group(1, 0).is_err());
+        assert!(kill_group(-5, 0).is_err());
     }
 }
