@@ -530,3 +530,64 @@ async fn an_oom_kill_is_reported_as_137_and_an_oom_event() {
     assert!(seen.contains("\"exit_status\":137"), "exit 137 in:\n{seen}");
     containerd.assert_nothing_left(&daemon).await;
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn stdin_reaches_the_command_and_its_end_ends_it() {
+    let daemon = TestDaemon::start();
+    let containerd = Containerd::start(&daemon);
+    let fifo = containerd.fifo_dir();
+    containerd.note("c5");
+    let mut run = containerd
+        .ctr(&[
+            "run",
+            "--rm",
+            "--runtime",
+            RUNTIME,
+            "--fifo-dir",
+            &fifo,
+            IMAGE,
+            "c5",
+            "cat",
+        ])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn ctr run");
+    // Fed once the task runs: ctr only closes the task's stdin (CloseIO) after its own start,
+    // an early end-of-file is lost with runc too.
+    containerd.wait_for_status("c5", "RUNNING");
+    let mut stdin = run.stdin.take().expect("piped");
+    std::io::Write::write_all(&mut stdin, b"from-stdin\n").expect("write");
+    drop(stdin);
+    let out = finish_within(run, Duration::from_secs(30), "ctr run cat");
+    assert!(out.status.success(), "ctr run cat: {}", text(&out.stderr));
+    assert_eq!(text(&out.stdout), "from-stdin\n");
+    containerd.assert_nothing_left(&daemon).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_sandbox_lost_under_a_running_task_ends_it_with_255_and_says_why() {
+    let daemon = TestDaemon::start();
+    let containerd = Containerd::start(&daemon);
+    let run = containerd.spawn_container("c8", &["--rm"], &["sleep", "100"]);
+    containerd.wait_for_status("c8", "RUNNING");
+    let client = daemon.client();
+    let sandboxes = client.list().await.expect("list");
+    let sandbox = sandboxes
+        .iter()
+        .find(|s| s.labels.get("containerd.id").map(String::as_str) == Some("c8"))
+        .unwrap_or_else(|| panic!("no sandbox labelled containerd.id=c8: {sandboxes:?}"));
+    client
+        .delete(&sandbox.id)
+        .await
+        .expect("delete the sandbox");
+    let out = finish_within(run, Duration::from_secs(30), "ctr run sleep 100");
+    assert_eq!(out.status.code(), Some(255), "stderr {}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).starts_with("crucible: "),
+        "the reason on stderr: {}",
+        text(&out.stderr)
+    );
+    containerd.assert_nothing_left(&daemon).await;
+}
