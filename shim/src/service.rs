@@ -1,0 +1,750 @@
+//! The task service containerd calls: one container per shim, its sandbox made at `Create`,
+//! each process (the init, then execs) an interactive exec in it.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use containerd_shim::api::{
+    CloseIORequest, ConnectRequest, ConnectResponse, CreateTaskRequest, CreateTaskResponse,
+    DeleteRequest, DeleteResponse, Empty, ExecProcessRequest, KillRequest, PauseRequest,
+    PidsRequest, PidsResponse, ResizePtyRequest, ResumeRequest, ShutdownRequest, StartRequest,
+    StartResponse, StateRequest, StateResponse, StatsRequest, StatsResponse, Status,
+    UpdateTaskRequest, WaitRequest, WaitResponse,
+};
+use containerd_shim::protos::api::CheckpointTaskRequest;
+use containerd_shim::protos::api::ProcessInfo;
+use containerd_shim::protos::events::task::{
+    TaskCreate, TaskDelete, TaskExecAdded, TaskExecStarted, TaskExit, TaskIO, TaskOOM, TaskStart,
+};
+use containerd_shim::protos::protobuf::MessageField;
+use containerd_shim::protos::shim_async::Task;
+use containerd_shim::{ExitSignal, TtrpcContext, TtrpcResult};
+use tokio::sync::Mutex;
+use wire::{CreateSandbox, ExecRequest};
+
+use crate::bundle_state::{self, BundleState};
+use crate::error::ShimError;
+use crate::events::Events;
+use crate::exit::exit_status;
+use crate::process::{self, Exited, Io, Process, StdioPaths};
+use crate::{rootfs, spec, stdio};
+
+/// How long a sandbox may live: the daemon's most. A container that runs longer is ended by
+/// the daemon; containerd then sees its processes exit.
+const SANDBOX_TTL_S: u64 = 7 * 24 * 3600;
+/// Labels the shim puts on its sandboxes, so an operator (and `delete`) can find them.
+pub const LABEL_ID: &str = "containerd.id";
+/// The containerd namespace.
+pub const LABEL_NAMESPACE: &str = "containerd.namespace";
+/// The bundle: unique per containerd state directory and container.
+pub const LABEL_BUNDLE: &str = "containerd.bundle";
+
+/// The container of this shim.
+#[derive(Debug)]
+struct Container {
+    id: String,
+    bundle: PathBuf,
+    sandbox: String,
+    /// What to release at `Delete` (also in the bundle, for `<shim> delete`).
+    held: BundleState,
+    init: Process,
+    execs: HashMap<String, Process>,
+    /// The sandbox's OOM kill count last seen: a rise is reported as `TaskOOM`.
+    oom_kills_seen: u64,
+}
+
+impl Container {
+    fn process(&self, exec_id: &str) -> Result<&Process, ShimError> {
+        if exec_id.is_empty() {
+            return Ok(&self.init);
+        }
+        self.execs.get(exec_id).ok_or_else(|| ShimError::NoProcess {
+            id: self.id.clone(),
+            exec_id: exec_id.into(),
+        })
+    }
+
+    fn process_mut(&mut self, exec_id: &str) -> Result<&mut Process, ShimError> {
+        if exec_id.is_empty() {
+            return Ok(&mut self.init);
+        }
+        let id = &self.id;
+        self.execs
+            .get_mut(exec_id)
+            .ok_or_else(|| ShimError::NoProcess {
+                id: id.clone(),
+                exec_id: exec_id.into(),
+            })
+    }
+}
+
+/// The shim's task service.
+#[derive(Debug, Clone)]
+pub struct Service {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    client: Result<client::Client, String>,
+    events: Events,
+    namespace: String,
+    exit: Arc<ExitSignal>,
+    container: Mutex<Option<Container>>,
+}
+
+impl std::fmt::Debug for Inner {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Inner")
+            .field("client", &self.client)
+            .field("namespace", &self.namespace)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Service {
+    /// A service talking to the daemon through `client` (or failing every call with its
+    /// configuration error), publishing through `events`, signalling `exit` at `Shutdown`.
+    pub fn new(
+        client: Result<client::Client, String>,
+        events: Events,
+        namespace: String,
+        exit: Arc<ExitSignal>,
+    ) -> Self {
+        Service {
+            inner: Arc::new(Inner {
+                client,
+                events,
+                namespace,
+                exit,
+                container: Mutex::new(None),
+            }),
+        }
+    }
+}
+
+/// The pid containerd is given for every process: crucible reports no host pid for a command,
+/// and containerd never signals a v2 task's pid itself.
+fn pid() -> u32 {
+    std::process::id()
+}
+
+fn now() -> containerd_shim::protos::protobuf::well_known_types::timestamp::Timestamp {
+    containerd_shim::util::timestamp().unwrap_or_default()
+}
+
+fn container_of<'a>(
+    slot: &'a mut Option<Container>,
+    id: &str,
+) -> Result<&'a mut Container, ShimError> {
+    slot.as_mut()
+        .filter(|c| c.id == id)
+        .ok_or_else(|| ShimError::NoTask(id.into()))
+}
+
+impl Inner {
+    fn client(&self) -> Result<&client::Client, ShimError> {
+        self.client
+            .as_ref()
+            .map_err(|e| ShimError::Invalid(e.clone()))
+    }
+
+    async fn create(&self, req: CreateTaskRequest) -> Result<CreateTaskResponse, ShimError> {
+        let mut slot = self.container.lock().await;
+        if let Some(c) = slot.as_ref() {
+            return Err(ShimError::AlreadyExists(format!(
+                "task {:?} (this shim runs {:?})",
+                req.id, c.id
+            )));
+        }
+        if req.terminal {
+            return Err(ShimError::Unsupported("terminals are"));
+        }
+        if !req.checkpoint.is_empty() {
+            return Err(ShimError::Unsupported("restoring a checkpoint is"));
+        }
+        let client = self.client()?;
+        let bundle = PathBuf::from(&req.bundle);
+        let spec = containerd_shim::util::read_spec(&bundle)
+            .await
+            .map_err(|e| ShimError::shim(format!("reading {}/config.json", req.bundle), e))?;
+        let process = spec
+            .process()
+            .as_ref()
+            .ok_or_else(|| ShimError::Invalid("the spec has no process".into()))?;
+        let request = spec::exec_request(process)?;
+        let mut held = BundleState::default();
+        let made = self
+            .make_sandbox(client, &req, &spec, &request, &mut held)
+            .await;
+        let sandbox = match made {
+            Ok(sandbox) => sandbox,
+            Err(e) => {
+                if let Err(cleanup) = bundle_state::release(client, &bundle, &mut held).await {
+                    log::warn!("cleaning up after a failed create: {cleanup}");
+                }
+                return Err(e);
+            }
+        };
+        let stdio = StdioPaths {
+            stdin: req.stdin.clone(),
+            stdout: req.stdout.clone(),
+            stderr: req.stderr.clone(),
+        };
+        *slot = Some(Container {
+            id: req.id.clone(),
+            bundle,
+            sandbox,
+            held,
+            init: Process::new(request, stdio),
+            execs: HashMap::new(),
+            oom_kills_seen: 0,
+        });
+        self.events
+            .publish(TaskCreate {
+                container_id: req.id.clone(),
+                bundle: req.bundle.clone(),
+                rootfs: req.rootfs.clone(),
+                io: MessageField::some(TaskIO {
+                    stdin: req.stdin,
+                    stdout: req.stdout,
+                    stderr: req.stderr,
+                    terminal: false,
+                    ..TaskIO::default()
+                }),
+                pid: pid(),
+                ..TaskCreate::default()
+            })
+            .await;
+        Ok(CreateTaskResponse {
+            pid: pid(),
+            ..CreateTaskResponse::default()
+        })
+    }
+
+    /// Mounts the rootfs, makes (or finds) its image, unmounts, creates the sandbox; records
+    /// each thing held in `held` and the bundle before taking it.
+    async fn make_sandbox(
+        &self,
+        client: &client::Client,
+        req: &CreateTaskRequest,
+        spec: &oci_spec::runtime::Spec,
+        request: &ExecRequest,
+        held: &mut BundleState,
+    ) -> Result<String, ShimError> {
+        let bundle = PathBuf::from(&req.bundle);
+        let choice = rootfs::choose_image(&req.rootfs, &self.namespace, &req.id)?;
+        let reuse = choice.shared
+            && match client.image(&choice.name).await {
+                Ok(_) => true,
+                Err(client::ClientError::Api { status: 404, .. }) => false,
+                Err(e) => return Err(e.into()),
+            };
+        if !reuse {
+            if !choice.shared {
+                held.private_image = Some(choice.name.clone());
+                held.write(&bundle)?;
+            }
+            let root = if req.rootfs.is_empty() {
+                let path = spec.root().as_ref().map(|r| r.path().clone());
+                bundle.join(path.unwrap_or_else(|| rootfs::ROOTFS_DIR.into()))
+            } else {
+                let target = bundle.join(rootfs::ROOTFS_DIR);
+                held.rootfs = Some(target.clone());
+                held.write(&bundle)?;
+                rootfs::mount(&req.rootfs, &target).await?;
+                target
+            };
+            rootfs::import(client, &choice.name, &root).await?;
+            if let Some(target) = held.rootfs.take() {
+                // The sandbox runs on the daemon's copy: nothing needs the mount any more.
+                if let Err(e) = rootfs::unmount(&target).await {
+                    held.rootfs = Some(target);
+                    return Err(e);
+                }
+                held.write(&bundle)?;
+            }
+        }
+        let (memory_mib, vcpus) = spec::limits(spec);
+        let labels = BTreeMap::from([
+            (LABEL_ID.to_string(), req.id.clone()),
+            (LABEL_NAMESPACE.to_string(), self.namespace.clone()),
+            (LABEL_BUNDLE.to_string(), req.bundle.clone()),
+        ]);
+        let info = client
+            .create(&CreateSandbox {
+                image: Some(choice.name.clone()),
+                memory_mib,
+                vcpus,
+                env: request.env.clone(),
+                labels,
+                ttl_s: Some(SANDBOX_TTL_S),
+                ..CreateSandbox::default()
+            })
+            .await?;
+        held.sandbox = Some(info.id.clone());
+        held.write(&bundle)?;
+        log::info!(
+            "container {} is sandbox {} (image {}, {} MiB, {} vCPUs)",
+            req.id,
+            info.id,
+            choice.name,
+            info.memory_mib,
+            info.vcpus
+        );
+        Ok(info.id)
+    }
+
+    async fn start(self: &Arc<Self>, id: &str, exec_id: &str) -> Result<u32, ShimError> {
+        let client = self.client()?.clone();
+        let mut slot = self.container.lock().await;
+        let c = container_of(&mut slot, id)?;
+        if !exec_id.is_empty() && c.init.status != Status::RUNNING {
+            return Err(ShimError::Precondition(format!(
+                "container {id} is not running"
+            )));
+        }
+        let sandbox = c.sandbox.clone();
+        let p = c.process_mut(exec_id)?;
+        if p.status != Status::CREATED {
+            return Err(ShimError::Precondition(format!(
+                "process {} of {id} was already started",
+                if exec_id.is_empty() { "init" } else { exec_id }
+            )));
+        }
+        let stdout = stdio::open_output(&p.stdio.stdout).await?;
+        let stderr = stdio::open_output(&p.stdio.stderr).await?;
+        let stdin = stdio::open_stdin(&p.stdio.stdin)?;
+        let session = client.interactive(&sandbox, &p.request).await?;
+        let (stdin, hold) = match stdin {
+            Some(s) => (Some(s.reader), Some(s.hold)),
+            None => (None, None),
+        };
+        p.stdin_hold = hold;
+        p.status = Status::RUNNING;
+        // Published before the relay starts, so the exit can never come first.
+        if exec_id.is_empty() {
+            self.events
+                .publish(TaskStart {
+                    container_id: id.into(),
+                    pid: pid(),
+                    ..TaskStart::default()
+                })
+                .await;
+        } else {
+            self.events
+                .publish(TaskExecStarted {
+                    container_id: id.into(),
+                    exec_id: exec_id.into(),
+                    pid: pid(),
+                    ..TaskExecStarted::default()
+                })
+                .await;
+        }
+        let io = Io {
+            session,
+            stdout,
+            stderr,
+            stdin,
+        };
+        let this = Arc::clone(self);
+        let (id, exec_id) = (id.to_string(), exec_id.to_string());
+        tokio::spawn(async move { this.supervise(id, exec_id, io).await });
+        Ok(pid())
+    }
+
+    /// Runs a started process to its end, then reports it: `TaskOOM` (before the exit, as
+    /// runc's shim does), the process stopped, `TaskExit`. When the init ends, the container's
+    /// other processes are killed, as the kernel does to a PID namespace whose init died.
+    async fn supervise(self: Arc<Self>, id: String, exec_id: String, io: Io) {
+        let result = process::relay(io).await;
+        let status = exit_status(&result);
+        let oom = self.oom_kills_rose(&id).await || result.oom_killed;
+        if oom {
+            self.events
+                .publish(TaskOOM {
+                    container_id: id.clone(),
+                    ..TaskOOM::default()
+                })
+                .await;
+        }
+        let at = now();
+        let mut slot = self.container.lock().await;
+        let Ok(c) = container_of(&mut slot, &id) else {
+            return;
+        };
+        let Ok(p) = c.process_mut(&exec_id) else {
+            return;
+        };
+        self.events
+            .publish(TaskExit {
+                container_id: id.clone(),
+                id: if exec_id.is_empty() {
+                    id.clone()
+                } else {
+                    exec_id.clone()
+                },
+                pid: pid(),
+                exit_status: status,
+                exited_at: MessageField::some(at.clone()),
+                ..TaskExit::default()
+            })
+            .await;
+        p.set_exited(Exited { status, at });
+        let orphans = exec_id.is_empty() && c.execs.values().any(|e| e.status == Status::RUNNING);
+        let sandbox = c.sandbox.clone();
+        drop(slot);
+        if orphans {
+            if let Ok(client) = self.client() {
+                if let Err(e) = client.signal(&sandbox, libc::SIGKILL).await {
+                    log::warn!("killing the processes left in {sandbox}: {e}");
+                }
+            }
+        }
+    }
+
+    /// Whether the sandbox's OOM kill count rose since last asked.
+    async fn oom_kills_rose(&self, id: &str) -> bool {
+        let sandbox = {
+            let mut slot = self.container.lock().await;
+            match container_of(&mut slot, id) {
+                Ok(c) => c.sandbox.clone(),
+                Err(_) => return false,
+            }
+        };
+        let Ok(client) = self.client() else {
+            return false;
+        };
+        let Ok(stats) = client.stats(&sandbox).await else {
+            return false;
+        };
+        let mut slot = self.container.lock().await;
+        let Ok(c) = container_of(&mut slot, id) else {
+            return false;
+        };
+        let rose = stats.memory.oom_kills > c.oom_kills_seen;
+        c.oom_kills_seen = c.oom_kills_seen.max(stats.memory.oom_kills);
+        rose
+    }
+
+    async fn exec(&self, req: ExecProcessRequest) -> Result<(), ShimError> {
+        if req.terminal {
+            return Err(ShimError::Unsupported("terminals are"));
+        }
+        if req.exec_id.is_empty() {
+            return Err(ShimError::Invalid("an exec needs an exec id".into()));
+        }
+        let any = req
+            .spec
+            .as_ref()
+            .ok_or_else(|| ShimError::Invalid("the exec request has no process spec".into()))?;
+        let request = spec::exec_request(&spec::exec_process(&any.value)?)?;
+        let mut slot = self.container.lock().await;
+        let c = container_of(&mut slot, &req.id)?;
+        if c.execs.contains_key(&req.exec_id) {
+            return Err(ShimError::AlreadyExists(format!(
+                "exec {:?} of {}",
+                req.exec_id, req.id
+            )));
+        }
+        let stdio = StdioPaths {
+            stdin: req.stdin,
+            stdout: req.stdout,
+            stderr: req.stderr,
+        };
+        c.execs
+            .insert(req.exec_id.clone(), Process::new(request, stdio));
+        self.events
+            .publish(TaskExecAdded {
+                container_id: req.id,
+                exec_id: req.exec_id,
+                ..TaskExecAdded::default()
+            })
+            .await;
+        Ok(())
+    }
+
+    async fn state(&self, req: StateRequest) -> Result<StateResponse, ShimError> {
+        let mut slot = self.container.lock().await;
+        let c = container_of(&mut slot, &req.id)?;
+        let bundle = c.bundle.display().to_string();
+        let p = c.process(&req.exec_id)?;
+        let exited = p.exited();
+        let mut response = StateResponse {
+            id: req.id.clone(),
+            bundle,
+            pid: pid(),
+            stdin: p.stdio.stdin.clone(),
+            stdout: p.stdio.stdout.clone(),
+            stderr: p.stdio.stderr.clone(),
+            terminal: false,
+            exec_id: req.exec_id.clone(),
+            ..StateResponse::default()
+        };
+        response.set_status(p.status);
+        if let Some(exited) = exited {
+            response.exit_status = exited.status;
+            response.exited_at = MessageField::some(exited.at);
+        }
+        Ok(response)
+    }
+
+    async fn wait(&self, req: WaitRequest) -> Result<WaitResponse, ShimError> {
+        let mut receiver = {
+            let mut slot = self.container.lock().await;
+            container_of(&mut slot, &req.id)?
+                .process(&req.exec_id)?
+                .subscribe()
+        };
+        let exited = receiver
+            .wait_for(Option::is_some)
+            .await
+            .map_err(|_| ShimError::NoProcess {
+                id: req.id.clone(),
+                exec_id: req.exec_id.clone(),
+            })?
+            .clone();
+        let exited = exited.ok_or(ShimError::Finished)?;
+        Ok(WaitResponse {
+            exit_status: exited.status,
+            exited_at: MessageField::some(exited.at),
+            ..WaitResponse::default()
+        })
+    }
+
+    async fn kill(&self, req: KillRequest) -> Result<(), ShimError> {
+        let signal = i32::try_from(req.signal)
+            .ok()
+            .filter(|s| (0..=64).contains(s))
+            .ok_or_else(|| ShimError::Invalid(format!("signal {} is not 0 to 64", req.signal)))?;
+        let mut slot = self.container.lock().await;
+        let c = container_of(&mut slot, &req.id)?;
+        let sandbox = c.sandbox.clone();
+        let p = c.process_mut(&req.exec_id)?;
+        match p.status {
+            Status::STOPPED => return Err(ShimError::Finished),
+            Status::CREATED => {
+                // Nothing runs yet: the process ends before it starts, as if killed at once.
+                let exited = Exited {
+                    status: 128 + req.signal,
+                    at: now(),
+                };
+                self.events
+                    .publish(TaskExit {
+                        container_id: req.id.clone(),
+                        id: if req.exec_id.is_empty() {
+                            req.id.clone()
+                        } else {
+                            req.exec_id.clone()
+                        },
+                        pid: pid(),
+                        exit_status: exited.status,
+                        exited_at: MessageField::some(exited.at.clone()),
+                        ..TaskExit::default()
+                    })
+                    .await;
+                p.set_exited(exited);
+                return Ok(());
+            }
+            _ => {}
+        }
+        drop(slot);
+        if signal == 0 {
+            return Ok(());
+        }
+        // The daemon signals every process of the sandbox but its agent: there is no
+        // per-process signal yet (docs/kubernetes.md).
+        self.client()?.signal(&sandbox, signal).await?;
+        Ok(())
+    }
+
+    async fn delete(&self, req: DeleteRequest) -> Result<DeleteResponse, ShimError> {
+        let mut slot = self.container.lock().await;
+        let c = container_of(&mut slot, &req.id)?;
+        if !req.exec_id.is_empty() {
+            let p = c.process(&req.exec_id)?;
+            if p.status == Status::RUNNING {
+                return Err(ShimError::Precondition(format!(
+                    "exec {} of {} is still running",
+                    req.exec_id, req.id
+                )));
+            }
+            let exited = p.exited();
+            c.execs.remove(&req.exec_id);
+            return Ok(delete_response(exited));
+        }
+        if c.init.status == Status::RUNNING {
+            return Err(ShimError::Precondition(format!(
+                "task {} is still running: kill it first",
+                req.id
+            )));
+        }
+        let released = bundle_state::release(self.client()?, &c.bundle, &mut c.held).await;
+        let response = delete_response(c.init.exited());
+        self.events
+            .publish(TaskDelete {
+                container_id: req.id.clone(),
+                id: req.id.clone(),
+                pid: response.pid,
+                exit_status: response.exit_status,
+                exited_at: response.exited_at.clone(),
+                ..TaskDelete::default()
+            })
+            .await;
+        // Forgotten either way: what could not be released is still written in the bundle,
+        // and `<shim> delete` tries again once this shim has exited.
+        *slot = None;
+        released?;
+        Ok(response)
+    }
+
+    async fn close_io(&self, req: CloseIORequest) -> Result<(), ShimError> {
+        let mut slot = self.container.lock().await;
+        let p = container_of(&mut slot, &req.id)?.process_mut(&req.exec_id)?;
+        if req.stdin {
+            p.stdin_hold = None;
+        }
+        Ok(())
+    }
+
+    async fn stats(&self, req: StatsRequest) -> Result<StatsResponse, ShimError> {
+        let sandbox = {
+            let mut slot = self.container.lock().await;
+            container_of(&mut slot, &req.id)?.sandbox.clone()
+        };
+        let stats = self.client()?.stats(&sandbox).await?;
+        Ok(StatsResponse {
+            stats: MessageField::some(crate::metrics::metrics_any(&stats)?),
+            ..StatsResponse::default()
+        })
+    }
+
+    async fn pids(&self, req: PidsRequest) -> Result<PidsResponse, ShimError> {
+        let mut slot = self.container.lock().await;
+        container_of(&mut slot, &req.id)?;
+        Ok(PidsResponse {
+            processes: vec![ProcessInfo {
+                pid: pid(),
+                ..ProcessInfo::default()
+            }],
+            ..PidsResponse::default()
+        })
+    }
+}
+
+fn delete_response(exited: Option<Exited>) -> DeleteResponse {
+    let mut response = DeleteResponse {
+        pid: pid(),
+        ..DeleteResponse::default()
+    };
+    if let Some(exited) = exited {
+        response.exit_status = exited.status;
+        response.exited_at = MessageField::some(exited.at);
+    }
+    response
+}
+
+fn unsupported(what: &'static str) -> containerd_shim::protos::ttrpc::Error {
+    ShimError::Unsupported(what).into()
+}
+
+#[async_trait]
+impl Task for Service {
+    async fn create(
+        &self,
+        _ctx: &TtrpcContext,
+        req: CreateTaskRequest,
+    ) -> TtrpcResult<CreateTaskResponse> {
+        Ok(self.inner.create(req).await?)
+    }
+
+    async fn start(&self, _ctx: &TtrpcContext, req: StartRequest) -> TtrpcResult<StartResponse> {
+        let pid = self.inner.start(&req.id, &req.exec_id).await?;
+        Ok(StartResponse {
+            pid,
+            ..StartResponse::default()
+        })
+    }
+
+    async fn state(&self, _ctx: &TtrpcContext, req: StateRequest) -> TtrpcResult<StateResponse> {
+        Ok(self.inner.state(req).await?)
+    }
+
+    async fn wait(&self, _ctx: &TtrpcContext, req: WaitRequest) -> TtrpcResult<WaitResponse> {
+        Ok(self.inner.wait(req).await?)
+    }
+
+    async fn kill(&self, _ctx: &TtrpcContext, req: KillRequest) -> TtrpcResult<Empty> {
+        self.inner.kill(req).await?;
+        Ok(Empty::new())
+    }
+
+    async fn exec(&self, _ctx: &TtrpcContext, req: ExecProcessRequest) -> TtrpcResult<Empty> {
+        self.inner.exec(req).await?;
+        Ok(Empty::new())
+    }
+
+    async fn delete(&self, _ctx: &TtrpcContext, req: DeleteRequest) -> TtrpcResult<DeleteResponse> {
+        Ok(self.inner.delete(req).await?)
+    }
+
+    async fn close_io(&self, _ctx: &TtrpcContext, req: CloseIORequest) -> TtrpcResult<Empty> {
+        self.inner.close_io(req).await?;
+        Ok(Empty::new())
+    }
+
+    async fn stats(&self, _ctx: &TtrpcContext, req: StatsRequest) -> TtrpcResult<StatsResponse> {
+        Ok(self.inner.stats(req).await?)
+    }
+
+    async fn pids(&self, _ctx: &TtrpcContext, req: PidsRequest) -> TtrpcResult<PidsResponse> {
+        Ok(self.inner.pids(req).await?)
+    }
+
+    async fn connect(
+        &self,
+        _ctx: &TtrpcContext,
+        _req: ConnectRequest,
+    ) -> TtrpcResult<ConnectResponse> {
+        Ok(ConnectResponse {
+            shim_pid: pid(),
+            task_pid: pid(),
+            version: env!("CARGO_PKG_VERSION").into(),
+            ..ConnectResponse::default()
+        })
+    }
+
+    async fn shutdown(&self, _ctx: &TtrpcContext, _req: ShutdownRequest) -> TtrpcResult<Empty> {
+        // As runc's shim: a shim still holding its container stays (containerd asks again
+        // after the task's Delete).
+        if self.inner.container.lock().await.is_none() {
+            self.inner.exit.signal();
+        }
+        Ok(Empty::new())
+    }
+
+    async fn resize_pty(&self, _ctx: &TtrpcContext, _req: ResizePtyRequest) -> TtrpcResult<Empty> {
+        Err(unsupported("terminals (and so resizing one) are"))
+    }
+
+    async fn pause(&self, _ctx: &TtrpcContext, _req: PauseRequest) -> TtrpcResult<Empty> {
+        Err(unsupported("pausing a task is"))
+    }
+
+    async fn resume(&self, _ctx: &TtrpcContext, _req: ResumeRequest) -> TtrpcResult<Empty> {
+        Err(unsupported("resuming a task is"))
+    }
+
+    async fn checkpoint(
+        &self,
+        _ctx: &TtrpcContext,
+        _req: CheckpointTaskRequest,
+    ) -> TtrpcResult<Empty> {
+        Err(unsupported("checkpointing a task is"))
+    }
+
+    async fn update(&self, _ctx: &TtrpcContext, _req: UpdateTaskRequest) -> TtrpcResult<Empty> {
+        Err(unsupported("changing a running task's resources is"))
+    }
+}

@@ -1,0 +1,181 @@
+//! What of an OCI runtime spec a crucible sandbox takes: the process to run, the memory and CPU
+//! limits. Everything else (capabilities, namespaces, mounts, rlimits, the user) is the
+//! sandbox's own and documented in `docs/kubernetes.md`.
+
+use std::collections::BTreeMap;
+
+use oci_spec::runtime::{Process, Spec};
+use wire::ExecRequest;
+
+use crate::error::ShimError;
+
+const MIB: u64 = 1024 * 1024;
+/// The daemon's bounds for `memory_mib` (`POST /sandboxes`).
+const MEMORY_MIB: (u64, u64) = (16, 16384);
+/// The daemon's bounds for `vcpus`.
+const VCPUS: (u32, u32) = (1, 16);
+
+/// `memory_mib` for a cgroup memory limit in bytes: rounded up to whole MiB and clamped to what
+/// the daemon accepts. No limit (absent, 0 or negative, as `-1` means unlimited) leaves the
+/// daemon's default.
+pub fn memory_mib(limit_bytes: Option<i64>) -> Option<u64> {
+    let limit = u64::try_from(limit_bytes?).ok().filter(|&l| l > 0)?;
+    Some(limit.div_ceil(MIB).clamp(MEMORY_MIB.0, MEMORY_MIB.1))
+}
+
+/// `vcpus` for a CFS quota and period: whole CPUs, rounded up (`--cpus 0.5` → 1). No quota (or
+/// `-1`, unlimited) leaves the daemon's default.
+pub fn vcpus(quota: Option<i64>, period: Option<u64>) -> Option<u32> {
+    let quota = u64::try_from(quota?).ok().filter(|&q| q > 0)?;
+    let period = period.filter(|&p| p > 0).unwrap_or(100_000);
+    let cpus = u32::try_from(quota.div_ceil(period)).unwrap_or(u32::MAX);
+    Some(cpus.clamp(VCPUS.0, VCPUS.1))
+}
+
+/// The limits of a container's spec, as `(memory_mib, vcpus)`.
+pub fn limits(spec: &Spec) -> (Option<u64>, Option<u32>) {
+    let resources = spec.linux().as_ref().and_then(|l| l.resources().as_ref());
+    let memory = resources
+        .and_then(|r| r.memory().as_ref())
+        .and_then(|m| m.limit());
+    let cpu = resources.and_then(|r| r.cpu().as_ref());
+    (
+        memory_mib(memory),
+        vcpus(cpu.and_then(|c| c.quota()), cpu.and_then(|c| c.period())),
+    )
+}
+
+/// `KEY=value` entries as a map; an entry without `=` or with an empty key is left out (it
+/// cannot be set with `execve`'s environment either). A later duplicate wins, as with `env`.
+pub fn env_map(entries: &[String]) -> BTreeMap<String, String> {
+    entries
+        .iter()
+        .filter_map(|entry| entry.split_once('='))
+        .filter(|(key, _)| !key.is_empty())
+        .map(|(key, value)| (key.to_string(), value.to_string()))
+        .collect()
+}
+
+/// The exec request that runs an OCI process in the sandbox. A terminal is refused: the
+/// agent's sessions are pipes.
+pub fn exec_request(process: &Process) -> Result<ExecRequest, ShimError> {
+    if process.terminal() == Some(true) {
+        return Err(ShimError::Unsupported("terminals are"));
+    }
+    let args = process.args().clone().unwrap_or_default();
+    if args.is_empty() {
+        return Err(ShimError::Invalid(
+            "the process has no args: nothing to run".into(),
+        ));
+    }
+    let cwd = process
+        .cwd()
+        .to_str()
+        .ok_or_else(|| ShimError::Invalid(format!("process cwd {:?} is not UTF-8", process.cwd())))?
+        .to_string();
+    let request = ExecRequest {
+        cmd: args,
+        env: env_map(process.env().as_deref().unwrap_or_default()),
+        cwd,
+        timeout_s: 0,
+    };
+    request
+        .validate()
+        .map_err(|e| ShimError::Invalid(format!("the process: {e}")))?;
+    Ok(request)
+}
+
+/// The process of an exec request's spec (`ExecProcessRequest.spec`: JSON, as containerd
+/// registers `specs.Process`).
+pub fn exec_process(json: &[u8]) -> Result<Process, ShimError> {
+    serde_json::from_slice(json)
+        .map_err(|e| ShimError::Invalid(format!("the exec spec is not an OCI process: {e}")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn memory_rounds_up_to_whole_mib_within_the_daemons_bounds() {
+        assert_eq!(memory_mib(Some(33_554_432)), Some(32));
+        assert_eq!(memory_mib(Some(33_554_433)), Some(33));
+        assert_eq!(memory_mib(Some(1)), Some(16));
+        assert_eq!(memory_mib(Some(64 << 30)), Some(16384));
+        assert_eq!(memory_mib(Some(-1)), None, "-1 is unlimited");
+        assert_eq!(memory_mib(Some(0)), None);
+        assert_eq!(memory_mib(None), None);
+    }
+
+    #[test]
+    fn cpus_round_up_to_whole_vcpus() {
+        assert_eq!(vcpus(Some(50_000), Some(100_000)), Some(1));
+        assert_eq!(vcpus(Some(150_000), Some(100_000)), Some(2));
+        assert_eq!(vcpus(Some(200_000), Some(100_000)), Some(2));
+        assert_eq!(vcpus(Some(10_000_000), Some(100_000)), Some(16));
+        assert_eq!(vcpus(Some(-1), Some(100_000)), None);
+        assert_eq!(vcpus(None, Some(100_000)), None);
+        assert_eq!(
+            vcpus(Some(300_000), None),
+            Some(3),
+            "the CFS default period"
+        );
+    }
+
+    #[test]
+    fn limits_come_from_linux_resources() {
+        let spec: Spec = serde_json::from_value(serde_json::json!({
+            "ociVersion": "1.0.2",
+            "process": {"args": ["sh"], "cwd": "/", "user": {"uid": 0, "gid": 0}},
+            "linux": {"resources": {
+                "memory": {"limit": 33554432},
+                "cpu": {"quota": 50000, "period": 100000}
+            }}
+        }))
+        .expect("a spec");
+        assert_eq!(limits(&spec), (Some(32), Some(1)));
+        let bare: Spec =
+            serde_json::from_value(serde_json::json!({"ociVersion": "1.0.2"})).expect("a spec");
+        assert_eq!(limits(&bare), (None, None));
+    }
+
+    #[test]
+    fn env_entries_split_at_the_first_equals() {
+        let env = env_map(&[
+            "PATH=/bin:/usr/bin".into(),
+            "EQ=a=b".into(),
+            "EMPTY=".into(),
+            "NOEQUALS".into(),
+            "=nokey".into(),
+        ]);
+        assert_eq!(env.get("PATH").map(String::as_str), Some("/bin:/usr/bin"));
+        assert_eq!(env.get("EQ").map(String::as_str), Some("a=b"));
+        assert_eq!(env.get("EMPTY").map(String::as_str), Some(""));
+        assert_eq!(env.len(), 3);
+    }
+
+    #[test]
+    fn a_process_becomes_an_exec_request_and_terminals_are_refused() {
+        let process = exec_process(
+            br#"{"args":["sh","-c","echo hi"],"env":["A=1"],"cwd":"/tmp","user":{"uid":0,"gid":0}}"#,
+        )
+        .expect("an OCI process");
+        let request = exec_request(&process).expect("a request");
+        assert_eq!(request.cmd, ["sh", "-c", "echo hi"]);
+        assert_eq!(request.cwd, "/tmp");
+        assert_eq!(request.env.get("A").map(String::as_str), Some("1"));
+        assert_eq!(request.timeout_s, 0);
+
+        let terminal =
+            exec_process(br#"{"terminal":true,"args":["sh"],"cwd":"/","user":{"uid":0,"gid":0}}"#)
+                .expect("an OCI process");
+        assert!(matches!(
+            exec_request(&terminal),
+            Err(ShimError::Unsupported(_))
+        ));
+        let empty = exec_process(br#"{"args":[],"cwd":"/","user":{"uid":0,"gid":0}}"#)
+            .expect("an OCI process");
+        assert!(matches!(exec_request(&empty), Err(ShimError::Invalid(_))));
+        assert!(exec_process(b"not json").is_err());
+    }
+}

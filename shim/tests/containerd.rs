@@ -1,0 +1,593 @@
+//! containerd (1.6, as Debian 12 ships it) and `ctr` running containers through
+//! `containerd-shim-crucible-v2` on a real crucible daemon: output, exit statuses, signals,
+//! execs, metrics, OOM, and nothing left behind.
+//!
+//! Each test starts its own daemon and its own containerd (root, state, sockets and FIFOs in a
+//! temporary directory, CRI disabled). containerd finds the shim on its `PATH` and passes its
+//! environment (`CRUCIBLE_HOST`) on to it.
+
+use std::io::Read;
+use std::os::unix::fs::FileTypeExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use harness::leaks;
+use harness::TestDaemon;
+use sha2::{Digest, Sha256};
+
+const RUNTIME: &str = "io.containerd.crucible.v2";
+const IMAGE: &str = "docker.io/crucible-test/busybox:latest";
+const NAMESPACE: &str = "default";
+/// Where a shim v2 puts its socket, whatever containerd's own paths (hard-coded, as in Go).
+const SHIM_SOCKETS: &str = "/run/containerd/s";
+
+/// A containerd of its own, with the busybox image imported.
+struct Containerd {
+    dir: tempfile::TempDir,
+    process: Child,
+    socket: PathBuf,
+    /// Container ids used, to find the shim sockets to remove.
+    ids: Mutex<Vec<String>>,
+}
+
+fn require_containerd() {
+    for tool in ["containerd", "ctr"] {
+        let found = Command::new(tool)
+            .arg("--version")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success());
+        assert!(
+            found,
+            "these tests need {tool} (containerd 1.6 or 1.7) on PATH: on Debian/Ubuntu \
+             `apt-get install containerd`"
+        );
+    }
+}
+
+/// The shim binary's directory, which containerd searches for `containerd-shim-crucible-v2`.
+fn shim_dir() -> PathBuf {
+    Path::new(env!("CARGO_BIN_EXE_containerd-shim-crucible-v2"))
+        .parent()
+        .expect("the shim binary has a directory")
+        .to_path_buf()
+}
+
+/// A `docker save` archive of the built image's busybox tree.
+fn busybox_archive(out: &Path) {
+    let rootfs = harness::image_dir().join("rootfs");
+    let mut layer = tar::Builder::new(Vec::new());
+    oci::write::append_tree(&mut layer, &rootfs).expect("tar the busybox tree");
+    let layer = layer.into_inner().expect("finish the layer");
+    let parts = oci::write::ImageParts {
+        layers: vec![layer],
+        config: oci::manifest::RunConfig {
+            env: Some(vec!["PATH=/usr/sbin:/usr/bin:/sbin:/bin".into()]),
+            ..Default::default()
+        },
+        reference: Some("crucible-test/busybox:latest".into()),
+        gzip: false,
+    };
+    oci::write::docker_archive(out, &parts).expect("write the archive");
+}
+
+/// Runs `command` to its end, killing it (and failing) after `limit`.
+fn output_within(mut command: Command, limit: Duration) -> Output {
+    let what = format!("{command:?}");
+    let child = command
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("running {what}: {e}"));
+    finish_within(child, limit, &what)
+}
+
+fn finish_within(mut child: Child, limit: Duration, what: &str) -> Output {
+    let deadline = Instant::now() + limit;
+    loop {
+        if child.try_wait().expect("wait").is_some() {
+            return child.wait_with_output().expect("output");
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let out = child.wait_with_output().expect("output");
+            panic!(
+                "{what} did not finish within {limit:?}; stdout {:?}, stderr {:?}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+impl Containerd {
+    fn start(daemon: &TestDaemon) -> Self {
+        require_containerd();
+        let dir = tempfile::Builder::new()
+            .prefix("crucible-containerd-")
+            .tempdir()
+            .expect("temp dir");
+        let t = dir.path().display().to_string();
+        let config = format!(
+            r#"version = 2
+root = "{t}/root"
+state = "{t}/state"
+disabled_plugins = ["io.containerd.grpc.v1.cri"]
+[grpc]
+  address = "{t}/containerd.sock"
+[ttrpc]
+  address = "{t}/containerd.sock.ttrpc"
+[plugins."io.containerd.internal.v1.opt"]
+  path = "{t}/opt"
+"#
+        );
+        std::fs::write(dir.path().join("config.toml"), config).expect("write the config");
+        std::fs::create_dir(dir.path().join("fifo")).expect("mkdir fifo");
+        let log = std::fs::File::create(dir.path().join("containerd.log")).expect("log file");
+        let path = format!(
+            "{}:{}",
+            shim_dir().display(),
+            std::env::var("PATH").unwrap_or_default()
+        );
+        let process = Command::new("containerd")
+            .arg("--config")
+            .arg(dir.path().join("config.toml"))
+            .current_dir(dir.path())
+            .env("PATH", path)
+            .env("CRUCIBLE_HOST", &daemon.socket)
+            .env_remove("CRUCIBLE_API_KEY")
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().expect("log file"))
+            .stderr(log)
+            .spawn()
+            .expect("start containerd");
+        let containerd = Containerd {
+            socket: dir.path().join("containerd.sock"),
+            dir,
+            process,
+            ids: Mutex::new(Vec::new()),
+        };
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !containerd
+            .ctr(&["version"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success())
+        {
+            assert!(
+                Instant::now() < deadline,
+                "containerd did not answer within 20 s; its log:\n{}",
+                containerd.log()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let archive = containerd.dir.path().join("busybox.tar");
+        busybox_archive(&archive);
+        let imported = containerd.run(&["images", "import", &archive.display().to_string()]);
+        assert!(
+            imported.status.success(),
+            "ctr images import: {}",
+            text(&imported.stderr)
+        );
+        containerd
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("containerd.log")).unwrap_or_default()
+    }
+
+    /// `ctr -a SOCKET ARGS…`.
+    fn ctr(&self, args: &[&str]) -> Command {
+        let mut command = Command::new("ctr");
+        command.arg("-a").arg(&self.socket).args(args);
+        command
+    }
+
+    /// Runs `ctr ARGS…` to its end (at most a minute).
+    fn run(&self, args: &[&str]) -> Output {
+        output_within(self.ctr(args), Duration::from_secs(60))
+    }
+
+    fn fifo_dir(&self) -> String {
+        self.dir.path().join("fifo").display().to_string()
+    }
+
+    fn note(&self, id: &str) {
+        self.ids.lock().expect("ids").push(id.into());
+    }
+
+    /// `ctr run --rm` of `cmd` in container `id` on our runtime, with extra `ctr run` flags.
+    fn run_container(&self, id: &str, flags: &[&str], cmd: &[&str]) -> Output {
+        self.note(id);
+        let fifo = self.fifo_dir();
+        let mut args = vec!["run", "--rm", "--runtime", RUNTIME, "--fifo-dir", &fifo];
+        args.extend_from_slice(flags);
+        args.extend_from_slice(&[IMAGE, id]);
+        args.extend_from_slice(cmd);
+        self.run(&args)
+    }
+
+    /// The same in the background.
+    fn spawn_container(&self, id: &str, flags: &[&str], cmd: &[&str]) -> Child {
+        self.note(id);
+        let fifo = self.fifo_dir();
+        let mut args = vec!["run", "--runtime", RUNTIME, "--fifo-dir", &fifo];
+        args.extend_from_slice(flags);
+        args.extend_from_slice(&[IMAGE, id]);
+        args.extend_from_slice(cmd);
+        self.ctr(&args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn ctr run")
+    }
+
+    /// The status `ctr task ls` shows for `id` (`RUNNING`, `STOPPED`, …), if listed.
+    fn task_status(&self, id: &str) -> Option<String> {
+        let out = self.run(&["task", "ls"]);
+        text(&out.stdout).lines().find_map(|line| {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            (fields.first() == Some(&id)).then(|| fields.last().unwrap_or(&"").to_string())
+        })
+    }
+
+    fn wait_for_status(&self, id: &str, status: &str) {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while self.task_status(id).as_deref() != Some(status) {
+            assert!(
+                Instant::now() < deadline,
+                "task {id} never became {status} (now {:?}); containerd's log:\n{}",
+                self.task_status(id),
+                self.log()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// The shim sockets this containerd's containers would have (`/run/containerd/s/<hash>`).
+    fn shim_sockets(&self) -> Vec<PathBuf> {
+        let ids = self.ids.lock().expect("ids").clone();
+        ids.iter()
+            .map(|id| {
+                let key = format!("{}/{NAMESPACE}/{id}", self.socket.display());
+                Path::new(SHIM_SOCKETS).join(hex::encode(Sha256::digest(key.as_bytes())))
+            })
+            .filter(|p| std::fs::symlink_metadata(p).is_ok_and(|m| m.file_type().is_socket()))
+            .collect()
+    }
+
+    /// Running shim processes of this containerd (their argv names its socket).
+    fn shims(&self) -> Vec<i32> {
+        leaks::processes_mentioning(&self.socket)
+            .into_iter()
+            .filter(|pid| {
+                std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| {
+                    c.windows(b"containerd-shim-crucible-v2".len())
+                        .any(|w| w == b"containerd-shim-crucible-v2")
+                })
+            })
+            .collect()
+    }
+
+    /// Nothing of a container is left: no sandbox, no shim, no mount, no shim socket, no
+    /// sandbox cgroup.
+    async fn assert_nothing_left(&self, daemon: &TestDaemon) {
+        let sandboxes = daemon.client().list().await.expect("list sandboxes");
+        assert!(sandboxes.is_empty(), "sandboxes left: {sandboxes:?}");
+        leaks::eventually("the shims to exit", || self.shims().is_empty()).await;
+        leaks::eventually("the shim sockets to go", || self.shim_sockets().is_empty()).await;
+        let mounts = leaks::mounts_under(self.dir.path());
+        assert!(mounts.is_empty(), "mounts left: {mounts:?}");
+        leaks::eventually("the sandbox cgroups to go", || {
+            leaks::sandbox_cgroups(daemon.cgroup_parent()).is_empty()
+        })
+        .await;
+    }
+}
+
+impl Drop for Containerd {
+    fn drop(&mut self) {
+        for pid in self.shims() {
+            // SIGKILL by pid: only our own containerd's shims are listed.
+            let _ = Command::new("kill").arg("-9").arg(pid.to_string()).status();
+        }
+        let _ = Command::new("kill")
+            .arg(self.process.id().to_string())
+            .status();
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while self.process.try_wait().ok().flatten().is_none() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = self.process.kill();
+        let _ = self.process.wait();
+        for socket in self.shim_sockets() {
+            let _ = std::fs::remove_file(socket);
+        }
+        for point in leaks::mounts_under(self.dir.path()).iter().rev() {
+            let _ = Command::new("umount").arg("-l").arg(point).status();
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn ctr_run_rm_prints_the_output_exits_zero_and_leaves_nothing() {
+    let daemon = TestDaemon::start();
+    let containerd = Containerd::start(&daemon);
+    for id in ["c1", "c1-again"] {
+        let started = Instant::now();
+        let out = containerd.run_container(id, &[], &["echo", "hi"]);
+        eprintln!("ctr run --rm … {id} echo hi: {:?}", started.elapsed());
+        assert!(
+            out.status.success(),
+            "ctr run: {:?}, stderr {}; containerd's log:\n{}",
+            out.status,
+            text(&out.stderr),
+            containerd.log()
+        );
+        assert_eq!(text(&out.stdout), "hi\n");
+    }
+    let images: Vec<String> = daemon
+        .client()
+        .images()
+        .await
+        .expect("list images")
+        .into_iter()
+        .map(|i| i.name)
+        .filter(|n| n.starts_with(shim::rootfs::IMAGE_PREFIX))
+        .collect();
+    assert_eq!(
+        images.len(),
+        1,
+        "one image for one layer chain, reused: {images:?}"
+    );
+    containerd.assert_nothing_left(&daemon).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn stdout_and_stderr_stay_apart_and_the_exit_code_is_reported() {
+    let daemon = TestDaemon::start();
+    let containerd = Containerd::start(&daemon);
+    let out = containerd.run_container("c2", &[], &["sh", "-c", "echo out; echo err >&2; exit 3"]);
+    assert_eq!(out.status.code(), Some(3), "stderr {}", text(&out.stderr));
+    assert_eq!(text(&out.stdout), "out\n");
+    assert_eq!(text(&out.stderr), "err\n");
+    containerd.assert_nothing_left(&daemon).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_killed_task_reports_128_plus_the_signal() {
+    let daemon = TestDaemon::start();
+    let containerd = Containerd::start(&daemon);
+    // SIGTERM kills `sleep` here: crucible's agent is PID 1, so the command is not (under runc
+    // the command is PID 1 and ignores it).
+    for (id, signal, status) in [("c3", "SIGKILL", 137), ("c3-term", "SIGTERM", 143)] {
+        let run = containerd.spawn_container(id, &["--rm"], &["sleep", "100"]);
+        containerd.wait_for_status(id, "RUNNING");
+        let kill = containerd.run(&["task", "kill", "-s", signal, id]);
+        assert!(
+            kill.status.success(),
+            "ctr task kill: {}",
+            text(&kill.stderr)
+        );
+        let out = finish_within(run, Duration::from_secs(30), "ctr run sleep 100");
+        assert_eq!(
+            out.status.code(),
+            Some(status),
+            "{signal}: stderr {}",
+            text(&out.stderr)
+        );
+    }
+    containerd.assert_nothing_left(&daemon).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn exec_metrics_and_kill_delete_rm_on_a_running_container() {
+    let daemon = TestDaemon::start();
+    let containerd = Containerd::start(&daemon);
+    let detached = containerd.spawn_container("c4", &["-d"], &["sleep", "1000"]);
+    let detached = finish_within(detached, Duration::from_secs(60), "ctr run -d");
+    assert!(
+        detached.status.success(),
+        "ctr run -d: {}",
+        text(&detached.stderr)
+    );
+    containerd.wait_for_status("c4", "RUNNING");
+
+    let fifo = containerd.fifo_dir();
+    let exec = containerd.run(&[
+        "task",
+        "exec",
+        "--fifo-dir",
+        &fifo,
+        "--exec-id",
+        "e1",
+        "c4",
+        "sh",
+        "-c",
+        "echo exec-out; exit 7",
+    ]);
+    assert_eq!(exec.status.code(), Some(7), "stderr {}", text(&exec.stderr));
+    assert_eq!(text(&exec.stdout), "exec-out\n");
+
+    let metrics = containerd.run(&["task", "metrics", "c4"]);
+    assert!(
+        metrics.status.success(),
+        "ctr task metrics: {}",
+        text(&metrics.stderr)
+    );
+    let table = text(&metrics.stdout);
+    let value = |name: &str| -> Option<u64> {
+        table.lines().find_map(|l| {
+            let mut fields = l.split_whitespace();
+            (fields.next() == Some(name)).then(|| fields.next()?.parse().ok())?
+        })
+    };
+    assert!(
+        value("memory.usage_in_bytes").is_some_and(|v| v > 0),
+        "no memory usage in:\n{table}"
+    );
+    assert!(
+        value("cpuacct.usage").is_some_and(|v| v > 0),
+        "no CPU usage in:\n{table}"
+    );
+
+    let kill = containerd.run(&["task", "kill", "-s", "SIGKILL", "c4"]);
+    assert!(
+        kill.status.success(),
+        "ctr task kill: {}",
+        text(&kill.stderr)
+    );
+    containerd.wait_for_status("c4", "STOPPED");
+    let delete = containerd.run(&["task", "delete", "c4"]);
+    assert!(
+        delete.status.success(),
+        "ctr task delete: {}",
+        text(&delete.stderr)
+    );
+    let rm = containerd.run(&["container", "rm", "c4"]);
+    assert!(
+        rm.status.success(),
+        "ctr container rm: {}",
+        text(&rm.stderr)
+    );
+    containerd.assert_nothing_left(&daemon).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_oom_kill_is_reported_as_137_and_an_oom_event() {
+    let daemon = TestDaemon::start();
+    let containerd = Containerd::start(&daemon);
+    let mut events = containerd
+        .ctr(&["events"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("ctr events");
+    let seen = Arc::new(Mutex::new(String::new()));
+    let reader = {
+        let (seen, mut stdout) = (seen.clone(), events.stdout.take().expect("piped"));
+        std::thread::spawn(move || {
+            let mut buf = [0u8; 4096];
+            while let Ok(n) = stdout.read(&mut buf) {
+                if n == 0 {
+                    break;
+                }
+                seen.lock().expect("events").push_str(&text(&buf[..n]));
+            }
+        })
+    };
+    // Subscribed before the run: events of namespaces made until one shows up.
+    let mut subscribed = false;
+    for attempt in 0..50 {
+        let probe = format!("events-probe-{attempt}");
+        let made = containerd.run(&["namespaces", "create", &probe]);
+        assert!(
+            made.status.success(),
+            "ctr namespaces create: {}",
+            text(&made.stderr)
+        );
+        let deadline = Instant::now() + Duration::from_millis(200);
+        while Instant::now() < deadline && !subscribed {
+            subscribed = seen.lock().expect("events").contains(&probe);
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        if subscribed {
+            break;
+        }
+    }
+    assert!(subscribed, "ctr events never showed an event");
+    // dd's 64 MiB buffer cannot fit in 32 MiB.
+    let out = containerd.run_container(
+        "c6",
+        &["--memory-limit", "33554432"],
+        &["dd", "if=/dev/zero", "of=/dev/null", "bs=64M", "count=1"],
+    );
+    assert_eq!(out.status.code(), Some(137), "stderr {}", text(&out.stderr));
+    leaks::eventually("the task's delete event", || {
+        seen.lock().expect("events").contains("/tasks/delete")
+    })
+    .await;
+    let _ = events.kill();
+    let _ = events.wait();
+    let _ = reader.join();
+    let seen = seen.lock().expect("events").clone();
+    let oom = seen.find("/tasks/oom");
+    let exit = seen.find("/tasks/exit");
+    assert!(oom.is_some(), "no /tasks/oom event in:\n{seen}");
+    assert!(oom < exit, "the oom event comes before the exit:\n{seen}");
+    assert!(seen.contains("\"exit_status\":137"), "exit 137 in:\n{seen}");
+    containerd.assert_nothing_left(&daemon).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn stdin_reaches_the_command_and_its_end_ends_it() {
+    let daemon = TestDaemon::start();
+    let containerd = Containerd::start(&daemon);
+    let fifo = containerd.fifo_dir();
+    containerd.note("c5");
+    let mut run = containerd
+        .ctr(&[
+            "run",
+            "--rm",
+            "--runtime",
+            RUNTIME,
+            "--fifo-dir",
+            &fifo,
+            IMAGE,
+            "c5",
+            "cat",
+        ])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn ctr run");
+    // Fed once the task runs: ctr only closes the task's stdin (CloseIO) after its own start,
+    // an early end-of-file is lost with runc too.
+    containerd.wait_for_status("c5", "RUNNING");
+    let mut stdin = run.stdin.take().expect("piped");
+    std::io::Write::write_all(&mut stdin, b"from-stdin\n").expect("write");
+    drop(stdin);
+    let out = finish_within(run, Duration::from_secs(30), "ctr run cat");
+    assert!(out.status.success(), "ctr run cat: {}", text(&out.stderr));
+    assert_eq!(text(&out.stdout), "from-stdin\n");
+    containerd.assert_nothing_left(&daemon).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_sandbox_lost_under_a_running_task_ends_it_with_255_and_says_why() {
+    let daemon = TestDaemon::start();
+    let containerd = Containerd::start(&daemon);
+    let run = containerd.spawn_container("c8", &["--rm"], &["sleep", "100"]);
+    containerd.wait_for_status("c8", "RUNNING");
+    let client = daemon.client();
+    let sandboxes = client.list().await.expect("list");
+    let sandbox = sandboxes
+        .iter()
+        .find(|s| s.labels.get("containerd.id").map(String::as_str) == Some("c8"))
+        .unwrap_or_else(|| panic!("no sandbox labelled containerd.id=c8: {sandboxes:?}"));
+    client
+        .delete(&sandbox.id)
+        .await
+        .expect("delete the sandbox");
+    let out = finish_within(run, Duration::from_secs(30), "ctr run sleep 100");
+    assert_eq!(out.status.code(), Some(255), "stderr {}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).starts_with("crucible: "),
+        "the reason on stderr: {}",
+        text(&out.stderr)
+    );
+    containerd.assert_nothing_left(&daemon).await;
+}
