@@ -23,30 +23,29 @@ async fn wait_for(c: &client::Client, id: &str, pattern: &str) {
     panic!("{pattern} never started in {id}");
 }
 
+/// Runs `cmd` in the sandbox in the background; the task ends with its output.
+fn spawn_exec(
+    c: &client::Client,
+    id: &str,
+    cmd: &[&str],
+) -> tokio::task::JoinHandle<client::ExecOutput> {
+    let (c, id, request) = (
+        c.clone(),
+        id.to_string(),
+        ExecRequest::new(cmd.iter().copied()),
+    );
+    tokio::spawn(async move { c.exec_collect(&id, &request).await.expect("exec") })
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_signal_reaches_every_command_but_never_the_agent() {
     let daemon = TestDaemon::start();
     let c = daemon.client();
     let id = daemon.sandbox().await;
 
-    let trapped = {
-        let (c, id) = (c.clone(), id.clone());
-        tokio::spawn(async move {
-            let script = "trap 'echo got-term; exit 9' TERM; echo ready; \
-                          while :; do sleep 0.05; done";
-            c.exec_collect(&id, &ExecRequest::new(["sh", "-c", script]))
-                .await
-                .expect("exec")
-        })
-    };
-    let sleeper = {
-        let (c, id) = (c.clone(), id.clone());
-        tokio::spawn(async move {
-            c.exec_collect(&id, &ExecRequest::new(["sleep", "1000"]))
-                .await
-                .expect("exec")
-        })
-    };
+    let script = "trap 'echo got-term; exit 9' TERM; echo ready; while :; do sleep 0.05; done";
+    let trapped = spawn_exec(&c, &id, &["sh", "-c", script]);
+    let sleeper = spawn_exec(&c, &id, &["sleep", "1000"]);
     wait_for(&c, &id, "sleep 1000").await;
     wait_for(&c, &id, "trap").await;
     c.signal(&id, 15).await.expect("SIGTERM");
@@ -65,14 +64,7 @@ async fn a_signal_reaches_every_command_but_never_the_agent() {
     assert_eq!(out.result.signal, "SIGTERM", "{:?}", out.result);
 
     // SIGKILL, the agent untouched: it serves the next command.
-    let sleeper = {
-        let (c, id) = (c.clone(), id.clone());
-        tokio::spawn(async move {
-            c.exec_collect(&id, &ExecRequest::new(["sleep", "1000"]))
-                .await
-                .expect("exec")
-        })
-    };
+    let sleeper = spawn_exec(&c, &id, &["sleep", "1000"]);
     wait_for(&c, &id, "sleep 1000").await;
     c.signal(&id, 9).await.expect("SIGKILL");
     assert_eq!(sleeper.await.expect("join").result.signal, "SIGKILL");
