@@ -388,6 +388,12 @@ impl Sandbox {
             caches: self.settings.caches.clone(),
             volumes: self.settings.volumes.clone(),
             disk_mib: self.settings.disk_mib,
+            user: self
+                .settings
+                .image_defaults
+                .as_ref()
+                .and_then(|d| d.user.as_ref())
+                .map(|u| format!("{}:{}", u.uid, u.gid)),
         }
     }
 

@@ -230,6 +230,8 @@ impl AppState {
             .clone()
             .unwrap_or_else(|| DEFAULT_IMAGE.to_string());
         let imported = self.lease_image(&image, &owner)?;
+        let image_defaults =
+            self.sandbox_defaults(imported.as_ref().map(|(r, _)| r), request.user.as_deref())?;
         for (name, value) in &request.env {
             if name.is_empty() || name.contains(['=', '\0']) || value.contains('\0') {
                 return Err(CreateError::Invalid(format!(
@@ -307,6 +309,7 @@ impl AppState {
         }
         let poolable = policy.is_none()
             && imported.is_none()
+            && request.user.is_none()
             && request.caches.is_empty()
             && request.volumes.is_empty()
             && request.disk_mib.is_none();
@@ -368,7 +371,7 @@ impl AppState {
             }
         }
         let (mut held, disk, mounts) = self.claim_storage(&request, &owner, &id, kind).await?;
-        let (root, image_defaults) = match imported {
+        let root = match imported {
             Some((record, lease)) => {
                 let images = &self.storage()?.images;
                 let disk = match kind {
@@ -376,13 +379,12 @@ impl AppState {
                     BackendKind::Namespace | BackendKind::Process => None,
                 };
                 held.image = Some(lease);
-                let root = ImageRoot {
+                Some(ImageRoot {
                     dir: images.root_dir(&record),
                     disk,
-                };
-                (Some(root), Some(Arc::new(record.defaults)))
+                })
             }
-            None => (None, None),
+            None => None,
         };
         let spec_env = request.env.clone();
         let spec = InstanceSpec {
@@ -467,6 +469,42 @@ impl AppState {
             Err(StorageError::Image(oci::StoreError::NotFound(_))) => Err(unknown("")),
             Err(e) => Err(e.into()),
         }
+    }
+
+    /// What every command of a new sandbox starts with: its imported image's config, with
+    /// the request's `user` (resolved against the image's account files) over the image's
+    /// `User`. `None` for the built-in image run as root.
+    fn sandbox_defaults(
+        &self,
+        record: Option<&oci::ImageRecord>,
+        user: Option<&str>,
+    ) -> Result<Option<Arc<oci::defaults::Defaults>>, CreateError> {
+        let base = record.map(|r| r.defaults.clone());
+        let Some(spec) = user else {
+            return Ok(base.map(Arc::new));
+        };
+        if spec.is_empty() || spec.len() > 256 || spec.contains(['\0', '\n']) {
+            return Err(CreateError::Invalid(format!(
+                "user: {:?} is not uid, uid:gid, name or name:group",
+                spec.escape_debug().to_string()
+            )));
+        }
+        let root = match record {
+            Some(record) => self.storage()?.images.root_dir(record),
+            None => ImagePaths::in_dir(&self.config.image_dir).rootfs,
+        };
+        let resolved = oci::defaults::user(spec, &root)
+            .map_err(|e| CreateError::Invalid(format!("user: {e}")))?;
+        let explicit_home = record.is_some_and(|r| {
+            r.run_config
+                .env
+                .iter()
+                .flatten()
+                .any(|entry| entry.starts_with("HOME="))
+        });
+        Ok(Some(Arc::new(
+            base.unwrap_or_default().with_user(resolved, explicit_home),
+        )))
     }
 
     /// Registers a sandbox around a pooled instance with the request's `settings`: it keeps

@@ -59,6 +59,18 @@ pub struct Defaults {
     pub user: Option<User>,
 }
 
+impl Defaults {
+    /// These defaults with commands run as `user` instead: `HOME` follows the user unless
+    /// `explicit_home` (the image's `Env` set it).
+    pub fn with_user(mut self, user: User, explicit_home: bool) -> Defaults {
+        if !explicit_home {
+            self.env.insert("HOME".into(), user.home.clone());
+        }
+        self.user = Some(user);
+        self
+    }
+}
+
 /// Whether `name` can be an environment variable's name (as the exec API checks it).
 fn valid_env_name(name: &str) -> bool {
     !name.is_empty() && !name.contains('=') && !name.contains('\0')
@@ -107,7 +119,9 @@ fn records(text: &str) -> impl Iterator<Item = Vec<&str>> {
         .map(|line| line.split(':').collect::<Vec<_>>())
 }
 
-fn user(spec: &str, root: &Path) -> Result<User, DefaultsError> {
+/// Resolves `spec` (`uid`, `uid:gid`, `name`, `name:group`, as Docker's `User` and `--user`)
+/// against the account files of the tree at `root`.
+pub fn user(spec: &str, root: &Path) -> Result<User, DefaultsError> {
     let fail = |reason: String| DefaultsError::User {
         spec: spec.to_string(),
         reason,

@@ -280,6 +280,7 @@ impl Inner {
                 env: request.env.clone(),
                 labels,
                 ttl_s: Some(SANDBOX_TTL_S),
+                user: spec::user(spec),
                 ..CreateSandbox::default()
             })
             .await?;

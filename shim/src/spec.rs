@@ -45,6 +45,14 @@ pub fn limits(spec: &Spec) -> (Option<u64>, Option<u32>) {
     )
 }
 
+/// The sandbox's `user` for the spec's process user: `uid:gid`, or `None` for root (the
+/// default). Supplementary groups (`additionalGids`) are not carried: the daemon's `user`
+/// takes a user and a group.
+pub fn user(spec: &Spec) -> Option<String> {
+    let user = spec.process().as_ref()?.user();
+    (user.uid() != 0 || user.gid() != 0).then(|| format!("{}:{}", user.uid(), user.gid()))
+}
+
 /// `KEY=value` entries as a map; an entry without `=` or with an empty key is left out (it
 /// cannot be set with `execve`'s environment either). A later duplicate wins, as with `env`.
 pub fn env_map(entries: &[String]) -> BTreeMap<String, String> {
@@ -134,6 +142,13 @@ mod tests {
         }))
         .expect("a spec");
         assert_eq!(limits(&spec), (Some(32), Some(1)));
+        assert_eq!(user(&spec), None, "root is the default");
+        let builder: Spec = serde_json::from_value(serde_json::json!({
+            "ociVersion": "1.0.2",
+            "process": {"args": ["sh"], "cwd": "/", "user": {"uid": 1000, "gid": 50}}
+        }))
+        .expect("a spec");
+        assert_eq!(user(&builder).as_deref(), Some("1000:50"));
         let bare: Spec =
             serde_json::from_value(serde_json::json!({"ociVersion": "1.0.2"})).expect("a spec");
         assert_eq!(limits(&bare), (None, None));

@@ -446,3 +446,48 @@ async fn imports_count_in_the_disk_budget_and_a_refusal_reaches_a_streaming_clie
     c.delete_image("small").await.expect("remove");
     assert_eq!(budget.taken_mib(), 0, "an empty store holds nothing");
 }
+
+#[tokio::test]
+async fn a_create_requests_user_overrides_the_images_as_docker_run_user_does() {
+    let daemon = TestDaemon::start();
+    let c = daemon.client();
+    let as_user = |image: &str, user: &str| CreateSandbox {
+        image: Some(image.into()),
+        user: Some(user.into()),
+        ..CreateSandbox::default()
+    };
+    // The built-in image, a bare uid:gid it has no entry for.
+    let info = c
+        .create(&as_user("default", "1234:5678"))
+        .await
+        .expect("create");
+    assert_eq!(info.user.as_deref(), Some("1234:5678"));
+    let (out, err, code) = sh(&c, &info.id, "id -u; id -g; echo $HOME").await;
+    assert_eq!((out.as_str(), code), ("1234\n5678\n/\n", 0), "{err}");
+
+    // An imported image whose User is ci, run as root instead (and back to ci by name).
+    let dir = tempfile::tempdir().expect("tempdir");
+    let archive = dir.path().join("image.tar");
+    write::oci_archive(&archive, &images::two_layer_image(true)).expect("archive");
+    images::import_file(&c, "ci", &archive)
+        .await
+        .expect("import");
+    let info = c.create(&as_user("ci", "root")).await.expect("create");
+    assert_eq!(info.user.as_deref(), Some("0:0"));
+    let (out, _, _) = sh(&c, &info.id, "id -u; echo $HOME; pwd").await;
+    assert_eq!(out, format!("0\n/root\n{REPLACED}\n"));
+    let info = c.create(&with_image("ci")).await.expect("create");
+    assert_eq!(
+        info.user.as_deref(),
+        Some("1000:1000"),
+        "the image's own User"
+    );
+
+    for bad in ["nobody-here", "ci:nogroup", ""] {
+        let refused = c.create(&as_user("ci", bad)).await.expect_err("refused");
+        assert!(
+            matches!(&refused, ClientError::Api { status: 400, .. }),
+            "{bad:?}: {refused}"
+        );
+    }
+}

@@ -92,6 +92,12 @@ pub struct CreateSandbox {
     /// instead of the default memory-backed one; for builds and checkouts bigger than memory.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub disk_mib: Option<u64>,
+    /// Who every command runs as, as `docker run --user` takes it: `uid`, `uid:gid`, `name` or
+    /// `name:group`, resolved against the image's `/etc/passwd` and `/etc/group` (a bare uid
+    /// need not be there: its group is then 0). Overrides the image's `User`; `HOME` follows
+    /// the user unless the image's `Env` sets it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub user: Option<String>,
 }
 
 /// `"network"` in a create request.
@@ -312,6 +318,10 @@ pub struct SandboxInfo {
     /// The size of its disk-backed writable layer, when it has one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub disk_mib: Option<u64>,
+    /// Who its commands run as (`uid:gid`), when not root: from the request's `user` or its
+    /// image's `User`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub user: Option<String>,
 }
 
 /// The body of `GET /sandboxes`.

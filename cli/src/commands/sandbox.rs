@@ -24,6 +24,10 @@ pub struct CreateArgs {
     /// import` (its Env, WorkingDir and User become the sandbox's defaults).
     #[arg(long)]
     pub image: Option<String>,
+    /// Who every command runs as: uid, uid:gid, name or name:group (as `docker run --user`),
+    /// resolved against the image's /etc/passwd [default: the image's User, else root].
+    #[arg(long, value_name = "USER")]
+    pub user: Option<String>,
     /// Environment for every command in the sandbox (repeatable).
     #[arg(long = "env", value_name = "KEY=VALUE", value_parser = super::key_value)]
     pub env: Vec<(String, String)>,
@@ -84,6 +88,7 @@ impl CreateArgs {
             memory_mib: self.memory,
             vcpus: self.vcpus,
             image: self.image.clone(),
+            user: self.user.clone(),
             backend: self.backend,
             ttl_s: self.ttl,
             env: self.env.iter().cloned().collect(),
