@@ -268,11 +268,11 @@ pub fn document() -> Value {
             "/sandboxes/{id}/stats": {
                 "parameters": [id_param()],
                 "get": {
-                    "summary": "What the sandbox uses now: memory, CPU time and processes, from its cgroups.",
+                    "summary": "What the sandbox uses now: memory, CPU time and processes (a namespace sandbox's cgroups; a microVM's own kernel).",
                     "responses": with(errors(&[
                         ("400", "The id is malformed."),
                         ("404", "No sandbox with this id, as far as the caller can see."),
-                        ("409", "Its backend does not report stats yet (code not_supported)."),
+                        ("409", "Its backend cannot report them, or its agent did not answer (code not_supported)."),
                     ]), json!({ "200": json_response("The sandbox's usage.", "SandboxStats") }))
                 }
             },

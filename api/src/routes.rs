@@ -300,7 +300,8 @@ async fn sandbox_stats(
             StatusCode::CONFLICT,
             "not_supported",
             format!(
-                "sandbox {id}: the {} backend does not report stats yet",
+                "sandbox {id}: no stats: the {} backend does not report them, or its agent did \
+                 not answer",
                 sandbox.backend()
             ),
         )),

@@ -14,6 +14,7 @@
 pub mod egress;
 pub mod exec;
 pub mod files;
+pub mod guest_stats;
 pub mod init;
 pub mod log;
 pub mod mount;

@@ -421,6 +421,13 @@ pub fn handle(mut conn: UnixStream, agent: &Agent) {
         AgentRequest::Ping => {
             let _ = wire::write_message(&mut conn, &AgentReply::Pong(agent.hello()));
         }
+        AgentRequest::Stats => {
+            let reply = match crate::guest_stats::read(std::path::Path::new("/proc")) {
+                Ok(stats) => AgentReply::Stats(stats),
+                Err(e) => AgentReply::Error(ErrorBody::new("io_error", format!("stats: {e}"))),
+            };
+            let _ = wire::write_message(&mut conn, &reply);
+        }
         AgentRequest::Signal { signal } => {
             let reply = match crate::sys::signal_all_but_self(signal) {
                 Ok(()) => AgentReply::Signaled,

@@ -591,3 +591,76 @@ async fn a_sandbox_lost_under_a_running_task_ends_it_with_255_and_says_why() {
     );
     containerd.assert_nothing_left(&daemon).await;
 }
+
+/// A daemon whose sandboxes are microVMs under QEMU TCG (our kernel, our vsock and block
+/// devices over vhost-user), as on hosts where KVM cannot boot them.
+fn qemu_tcg_daemon() -> TestDaemon {
+    let image = harness::image_dir();
+    let vmm = Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/debug/crucible-vmm");
+    assert!(
+        image.join("vmlinux").is_file() && vmm.is_file(),
+        "the qemu-tcg case needs the image's kernel ({}) and {} (cargo xtask build-image; \
+         cargo build -p crucible-vmm, which cargo test --workspace does)",
+        image.join("vmlinux").display(),
+        vmm.display()
+    );
+    TestDaemon::start_with(|c| {
+        c.vmm_binary = vmm;
+        c.hypervisor = wire::Hypervisor::QemuTcg;
+        c.default_backend = Some(wire::BackendKind::Microvm);
+    })
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_container_runs_as_a_qemu_tcg_microvm_with_its_output_status_and_metrics() {
+    let daemon = qemu_tcg_daemon();
+    let containerd = Containerd::start(&daemon);
+    let out = containerd.run_container(
+        "vm1",
+        &[],
+        &[
+            "sh",
+            "-c",
+            "echo hi from $(uname -r); test -d /sys/block/vda && exit 4",
+        ],
+    );
+    assert_eq!(out.status.code(), Some(4), "stderr {}", text(&out.stderr));
+    assert!(
+        text(&out.stdout).starts_with("hi from "),
+        "{}",
+        text(&out.stdout)
+    );
+
+    let detached = containerd.spawn_container("vm2", &["-d"], &["sleep", "1000"]);
+    let detached = finish_within(detached, Duration::from_secs(120), "ctr run -d");
+    assert!(
+        detached.status.success(),
+        "ctr run -d: {}",
+        text(&detached.stderr)
+    );
+    containerd.wait_for_status("vm2", "RUNNING");
+    let metrics = containerd.run(&["task", "metrics", "vm2"]);
+    assert!(
+        metrics.status.success(),
+        "ctr task metrics: {}",
+        text(&metrics.stderr)
+    );
+    let table = text(&metrics.stdout);
+    for metric in ["memory.usage_in_bytes", "cpuacct.usage"] {
+        let value = table.lines().find_map(|l| {
+            let mut fields = l.split_whitespace();
+            (fields.next() == Some(metric)).then(|| fields.next()?.parse::<u64>().ok())?
+        });
+        assert!(value.is_some_and(|v| v > 0), "no {metric} in:\n{table}");
+    }
+    let kill = containerd.run(&["task", "kill", "-s", "SIGKILL", "vm2"]);
+    assert!(
+        kill.status.success(),
+        "ctr task kill: {}",
+        text(&kill.stderr)
+    );
+    containerd.wait_for_status("vm2", "STOPPED");
+    assert!(containerd.run(&["task", "delete", "vm2"]).status.success());
+    assert!(containerd.run(&["container", "rm", "vm2"]).status.success());
+    containerd.assert_nothing_left(&daemon).await;
+}

@@ -854,3 +854,66 @@ async fn an_imported_two_layer_image_is_a_qemu_tcg_sandboxs_ext4_root() {
     assert_eq!(disks.len(), 1, "{disks:?}");
     c.delete(&id).await.expect("delete");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_qemu_tcg_sandbox_reports_its_guests_stats_and_takes_signals() {
+    let daemon = qemu_daemon();
+    let c = daemon.client();
+    let id = c
+        .create(&CreateSandbox {
+            memory_mib: Some(256),
+            ..CreateSandbox::default()
+        })
+        .await
+        .expect("create")
+        .id;
+    let before = c.stats(&id).await.expect("stats");
+    // The guest's RAM less what its kernel keeps for itself.
+    assert!(
+        (128 << 20..=256 << 20).contains(&before.memory.limit_bytes),
+        "{before:?}"
+    );
+    assert!(
+        before.memory.usage_bytes > 0 && before.pids.current >= 1,
+        "{before:?}"
+    );
+    let (_, err, code) = harness::sh(
+        &c,
+        &id,
+        "head -c 33554432 /dev/zero > /tmp/held; end=$(($(date +%s) + 1)); \
+         while [ $(date +%s) -le $end ]; do :; done",
+    )
+    .await;
+    assert_eq!(code, 0, "{err}");
+    let after = c.stats(&id).await.expect("stats");
+    assert!(
+        after.memory.usage_bytes >= before.memory.usage_bytes + (16 << 20),
+        "{before:?} → {after:?}"
+    );
+    assert!(
+        after.cpu.usage_ns > before.cpu.usage_ns,
+        "{before:?} → {after:?}"
+    );
+
+    // A signal from the host reaches the guest's commands, never its agent.
+    let sleeper = {
+        let (c, id) = (c.clone(), id.clone());
+        tokio::spawn(async move {
+            c.exec_collect(&id, &ExecRequest::new(["sleep", "1000"]))
+                .await
+                .expect("exec")
+        })
+    };
+    for _ in 0..400 {
+        let (out, _, _) = harness::sh(&c, &id, "ps -o args").await;
+        if out.lines().any(|l| l.trim() == "sleep 1000") {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    c.signal(&id, 15).await.expect("signal");
+    let out = sleeper.await.expect("join");
+    assert_eq!(out.result.signal, "SIGTERM", "{:?}", out.result);
+    let (out, _, code) = harness::sh(&c, &id, "echo alive").await;
+    assert_eq!((out.as_str(), code), ("alive\n", 0));
+}

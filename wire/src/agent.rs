@@ -54,6 +54,9 @@ pub enum AgentRequest {
         /// The signal number, 1 to 64.
         signal: i32,
     },
+    /// Answer with what the whole guest uses (`stats`): a microVM is its sandbox, so its own
+    /// kernel's counters are the sandbox's.
+    Stats,
     /// Answer with the agent's hello.
     Ping,
     /// Sync and end the VM (or the namespace sandbox).
@@ -97,6 +100,8 @@ pub enum AgentReply {
     ShuttingDown,
     /// The answer to `signal`: it was sent.
     Signaled,
+    /// The answer to `stats`.
+    Stats(crate::SandboxStats),
 }
 
 /// What the agent says when it is ready (and in answer to `ping`).
