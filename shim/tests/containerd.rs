@@ -592,28 +592,9 @@ async fn a_sandbox_lost_under_a_running_task_ends_it_with_255_and_says_why() {
     containerd.assert_nothing_left(&daemon).await;
 }
 
-/// A daemon whose sandboxes are microVMs under QEMU TCG (our kernel, our vsock and block
-/// devices over vhost-user), as on hosts where KVM cannot boot them.
-fn qemu_tcg_daemon() -> TestDaemon {
-    let image = harness::image_dir();
-    let vmm = Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/debug/crucible-vmm");
-    assert!(
-        image.join("vmlinux").is_file() && vmm.is_file(),
-        "the qemu-tcg case needs the image's kernel ({}) and {} (cargo xtask build-image; \
-         cargo build -p crucible-vmm, which cargo test --workspace does)",
-        image.join("vmlinux").display(),
-        vmm.display()
-    );
-    TestDaemon::start_with(|c| {
-        c.vmm_binary = vmm;
-        c.hypervisor = wire::Hypervisor::QemuTcg;
-        c.default_backend = Some(wire::BackendKind::Microvm);
-    })
-}
-
 #[tokio::test(flavor = "multi_thread")]
 async fn a_container_runs_as_a_qemu_tcg_microvm_with_its_output_status_and_metrics() {
-    let daemon = qemu_tcg_daemon();
+    let daemon = TestDaemon::start_qemu_tcg(|_| {});
     let containerd = Containerd::start(&daemon);
     let out = containerd.run_container(
         "vm1",

@@ -89,6 +89,31 @@ impl TestDaemon {
         }
     }
 
+    /// A daemon whose sandboxes are microVMs under QEMU TCG (our kernel, our vsock and block
+    /// devices over vhost-user), as on hosts where KVM cannot boot them, adjusted by
+    /// `configure`. Fails, saying how to build them, without the image's kernel or
+    /// `crucible-vmm`.
+    pub fn start_qemu_tcg(configure: impl FnOnce(&mut ServeConfig)) -> Self {
+        let kernel = image_dir().join("vmlinux");
+        assert!(
+            kernel.is_file(),
+            "{} missing: the qemu-tcg tests boot the image's kernel; run `cargo xtask build-image`",
+            kernel.display()
+        );
+        let vmm = Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/debug/crucible-vmm");
+        assert!(
+            vmm.is_file(),
+            "{} missing: cargo build -p crucible-vmm (cargo test --workspace builds it)",
+            vmm.display()
+        );
+        Self::start_with(|c| {
+            c.vmm_binary = vmm;
+            c.hypervisor = wire::Hypervisor::QemuTcg;
+            c.default_backend = Some(wire::BackendKind::Microvm);
+            configure(c);
+        })
+    }
+
     /// A client on the Unix socket.
     pub fn client(&self) -> client::Client {
         client::Client::new(client::Endpoint::Unix(self.socket.clone()))
@@ -130,6 +155,35 @@ pub async fn sh(c: &client::Client, id: &str, script: &str) -> (String, String, 
         String::from_utf8_lossy(&out.stderr).into_owned(),
         out.result.exit_code,
     )
+}
+
+/// Runs `cmd` in sandbox `id` in the background; the task ends with its output.
+pub fn spawn_exec(
+    c: &client::Client,
+    id: &str,
+    cmd: &[&str],
+) -> tokio::task::JoinHandle<client::ExecOutput> {
+    let (c, id, request) = (
+        c.clone(),
+        id.to_string(),
+        wire::ExecRequest::new(cmd.iter().copied()),
+    );
+    tokio::spawn(async move { c.exec_collect(&id, &request).await.expect("exec") })
+}
+
+/// Waits until a process whose command line contains `pattern` runs in sandbox `id`.
+pub async fn wait_for_process(c: &client::Client, id: &str, pattern: &str) {
+    for _ in 0..400 {
+        let (out, _, _) = sh(c, id, "ps -o args").await;
+        if out
+            .lines()
+            .any(|l| l.contains(pattern) && !l.contains("ps -o"))
+        {
+            return;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(25)).await;
+    }
+    panic!("{pattern} never started in {id}");
 }
 
 /// The loop devices whose backing file is under `dir` (caches and disk-backed layers still

@@ -28,29 +28,8 @@ use wire::{
     SandboxState, VolumeMount,
 };
 
-fn vmm_binary() -> std::path::PathBuf {
-    let binary = Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/debug/crucible-vmm");
-    assert!(
-        binary.is_file(),
-        "{} missing: cargo build -p crucible-vmm (cargo test --workspace builds it)",
-        binary.display()
-    );
-    binary
-}
-
 fn qemu_daemon() -> TestDaemon {
-    let kernel = harness::image_dir().join("vmlinux");
-    assert!(
-        kernel.is_file(),
-        "{} missing: the qemu-tcg tests boot the image's kernel; run `cargo xtask build-image`",
-        kernel.display()
-    );
-    let binary = vmm_binary();
-    TestDaemon::start_with(|c| {
-        c.vmm_binary = binary;
-        c.hypervisor = Hypervisor::QemuTcg;
-        c.default_backend = Some(BackendKind::Microvm);
-    })
+    TestDaemon::start_qemu_tcg(|_| {})
 }
 
 fn sh(script: &str) -> ExecRequest {
@@ -350,13 +329,7 @@ fn image_with_ext4_root(dir: &Path) -> std::path::PathBuf {
 async fn a_qemu_tcg_sandbox_boots_into_the_images_ext4_root_over_vhost_user_block() {
     let scratch = tempfile::tempdir().expect("tempdir");
     let image = image_with_ext4_root(scratch.path());
-    let binary = vmm_binary();
-    let daemon = TestDaemon::start_with(|c| {
-        c.image_dir = image;
-        c.vmm_binary = binary;
-        c.hypervisor = Hypervisor::QemuTcg;
-        c.default_backend = Some(BackendKind::Microvm);
-    });
+    let daemon = TestDaemon::start_qemu_tcg(|c| c.image_dir = image);
     let c = daemon.client();
     let sandbox = c
         .create(&CreateSandbox::default())
@@ -454,13 +427,7 @@ async fn a_qemu_tcg_sandbox_with_network_and_a_disk_layer_moves_mibs_through_its
         "{} missing: cargo xtask build-image",
         kernel.display()
     );
-    let binary = vmm_binary();
-    let daemon = TestDaemon::start_with(|c| {
-        c.vmm_binary = binary;
-        c.hypervisor = Hypervisor::QemuTcg;
-        c.default_backend = Some(BackendKind::Microvm);
-        c.egress_allow = operator.clone();
-    });
+    let daemon = TestDaemon::start_qemu_tcg(|c| c.egress_allow = operator.clone());
     let data_dir = daemon.state.config.storage.data_dir.clone();
     let c = daemon.client();
     let sandbox = c
@@ -581,13 +548,7 @@ async fn a_cache_written_by_one_qemu_tcg_sandbox_is_read_by_the_next_and_filling
     // On the image's ext4 root: the cache is mounted over the read-only root disk's overlay.
     let scratch = tempfile::tempdir().expect("tempdir");
     let image = image_with_ext4_root(scratch.path());
-    let binary = vmm_binary();
-    let daemon = TestDaemon::start_with(|c| {
-        c.image_dir = image;
-        c.vmm_binary = binary;
-        c.hypervisor = Hypervisor::QemuTcg;
-        c.default_backend = Some(BackendKind::Microvm);
-    });
+    let daemon = TestDaemon::start_qemu_tcg(|c| c.image_dir = image);
     let data_dir = daemon.state.config.storage.data_dir.clone();
     let c = daemon.client();
     let with_cache = |size_mib| CreateSandbox {
@@ -680,21 +641,9 @@ async fn a_volume_reaches_a_qemu_tcg_sandbox_as_its_read_only_snapshot_byte_for_
     std::os::unix::fs::symlink(&outside, volume.join("escape")).expect("ln -s");
     let declared = format!("tools={}:ro", volume.display());
 
-    let daemon = {
-        let kernel = harness::image_dir().join("vmlinux");
-        assert!(
-            kernel.is_file(),
-            "{} missing: cargo xtask build-image",
-            kernel.display()
-        );
-        let binary = vmm_binary();
-        TestDaemon::start_with(|c| {
-            c.vmm_binary = binary;
-            c.hypervisor = Hypervisor::QemuTcg;
-            c.default_backend = Some(BackendKind::Microvm);
-            c.storage.volumes.declare(&declared).expect("declare");
-        })
-    };
+    let daemon = TestDaemon::start_qemu_tcg(|c| {
+        c.storage.volumes.declare(&declared).expect("declare");
+    });
     let data_dir = daemon.state.config.storage.data_dir.clone();
     let c = daemon.client();
     let id = c
@@ -896,21 +845,8 @@ async fn a_qemu_tcg_sandbox_reports_its_guests_stats_and_takes_signals() {
     );
 
     // A signal from the host reaches the guest's commands, never its agent.
-    let sleeper = {
-        let (c, id) = (c.clone(), id.clone());
-        tokio::spawn(async move {
-            c.exec_collect(&id, &ExecRequest::new(["sleep", "1000"]))
-                .await
-                .expect("exec")
-        })
-    };
-    for _ in 0..400 {
-        let (out, _, _) = harness::sh(&c, &id, "ps -o args").await;
-        if out.lines().any(|l| l.trim() == "sleep 1000") {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
+    let sleeper = harness::spawn_exec(&c, &id, &["sleep", "1000"]);
+    harness::wait_for_process(&c, &id, "sleep 1000").await;
     c.signal(&id, 15).await.expect("signal");
     let out = sleeper.await.expect("join");
     assert_eq!(out.result.signal, "SIGTERM", "{:?}", out.result);

@@ -2,40 +2,8 @@
 //! signal reaches every command of the sandbox (a trap sees SIGTERM, SIGKILL ends a sleep) and
 //! never the agent, which serves the next command; stats come from the sandbox's cgroups.
 
-use std::time::Duration;
-
 use client::ClientError;
-use harness::{sh, TestDaemon};
-use wire::ExecRequest;
-
-/// Waits until `pattern` shows in the sandbox's process list (the command is running).
-async fn wait_for(c: &client::Client, id: &str, pattern: &str) {
-    for _ in 0..200 {
-        let (out, _, _) = sh(c, id, "ps -o args").await;
-        if out
-            .lines()
-            .any(|l| l.contains(pattern) && !l.contains("ps -o"))
-        {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
-    panic!("{pattern} never started in {id}");
-}
-
-/// Runs `cmd` in the sandbox in the background; the task ends with its output.
-fn spawn_exec(
-    c: &client::Client,
-    id: &str,
-    cmd: &[&str],
-) -> tokio::task::JoinHandle<client::ExecOutput> {
-    let (c, id, request) = (
-        c.clone(),
-        id.to_string(),
-        ExecRequest::new(cmd.iter().copied()),
-    );
-    tokio::spawn(async move { c.exec_collect(&id, &request).await.expect("exec") })
-}
+use harness::{sh, spawn_exec, wait_for_process, TestDaemon};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_signal_reaches_every_command_but_never_the_agent() {
@@ -46,8 +14,8 @@ async fn a_signal_reaches_every_command_but_never_the_agent() {
     let script = "trap 'echo got-term; exit 9' TERM; echo ready; while :; do sleep 0.05; done";
     let trapped = spawn_exec(&c, &id, &["sh", "-c", script]);
     let sleeper = spawn_exec(&c, &id, &["sleep", "1000"]);
-    wait_for(&c, &id, "sleep 1000").await;
-    wait_for(&c, &id, "trap").await;
+    wait_for_process(&c, &id, "sleep 1000").await;
+    wait_for_process(&c, &id, "trap").await;
     c.signal(&id, 15).await.expect("SIGTERM");
     let out = trapped.await.expect("join");
     assert_eq!(
@@ -65,7 +33,7 @@ async fn a_signal_reaches_every_command_but_never_the_agent() {
 
     // SIGKILL, the agent untouched: it serves the next command.
     let sleeper = spawn_exec(&c, &id, &["sleep", "1000"]);
-    wait_for(&c, &id, "sleep 1000").await;
+    wait_for_process(&c, &id, "sleep 1000").await;
     c.signal(&id, 9).await.expect("SIGKILL");
     assert_eq!(sleeper.await.expect("join").result.signal, "SIGKILL");
     let (out, _, code) = sh(&c, &id, "echo still here").await;
