@@ -359,17 +359,27 @@ mod tests {
         mount_api::attach(mnt, target.as_fd(), "the test mount").expect("attach");
     }
 
+    /// Unmounts `dir`, strictly (no MNT_DETACH), so a reference the code under test leaked
+    /// fails the test. EBUSY is retried for up to 10 s: a test on another thread that forks
+    /// (Command, `user_namespace`) copies this process's descriptors, a file open on the mount
+    /// among them, and its child holds them until it execs or exits.
     fn unmount(dir: &Path) {
         let path = cstring(dir).expect("path");
-        // SAFETY: umount2 reads the NUL-terminated path.
-        let ret = unsafe { libc::umount2(path.as_ptr(), 0) };
-        assert_eq!(
-            ret,
-            0,
-            "umount {}: {}",
-            dir.display(),
-            std::io::Error::last_os_error()
-        );
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        loop {
+            // SAFETY: umount2 reads the NUL-terminated path.
+            let ret = unsafe { libc::umount2(path.as_ptr(), 0) };
+            let err = std::io::Error::last_os_error();
+            if ret == 0 {
+                return;
+            }
+            assert!(
+                os_error(&err) == libc::EBUSY && std::time::Instant::now() < deadline,
+                "umount {}: {err}",
+                dir.display()
+            );
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
     }
 
     /// The loop devices whose backing file is `image`, read from sysfs.
