@@ -249,17 +249,18 @@ pub fn document() -> Value {
             "/sandboxes/{id}/signal": {
                 "parameters": [id_param()],
                 "post": {
-                    "summary": "Send a signal to every process of the sandbox but its agent.",
+                    "summary": "Send a signal to every process of the sandbox but its agent, or to one running command.",
                     "description": "What `docker kill -s` and containerd's task kill need: the \
                         commands see it as they would from `kill`; the agent, PID 1, never \
-                        does, and serves the next request.",
+                        does, and serves the next request. With `exec_id`, only the process \
+                        group of the running command started with that `exec_id` gets it.",
                     "requestBody": {
                         "required": true,
                         "content": { "application/json": { "schema": schema_ref("SignalRequest") } }
                     },
                     "responses": with(errors(&[
                         ("400", "The id or the signal is invalid (1 to 64)."),
-                        ("404", "No sandbox with this id, as far as the caller can see."),
+                        ("404", "No sandbox with this id, as far as the caller can see, or no running command with this exec_id."),
                         ("409", "The sandbox is being deleted, or its agent cannot signal (code not_supported)."),
                         ("502", "The sandbox's agent could not be reached."),
                     ]), json!({ "204": { "description": "Sent." } }))

@@ -247,7 +247,8 @@ async fn delete_sandbox(
 }
 
 /// `POST /sandboxes/{id}/signal {"signal": N}`: signal N to every process of the sandbox but
-/// its agent (what `docker kill -s` and containerd's task kill need).
+/// its agent (what `docker kill -s` and containerd's task kill need), or with `"exec_id"` to
+/// that running command's process group only.
 async fn signal_sandbox(
     State(state): State<Arc<AppState>>,
     caller: Caller,
@@ -263,9 +264,19 @@ async fn signal_sandbox(
             request.signal
         )));
     }
+    if let Some(exec_id) = &request.exec_id {
+        if !wire::valid_exec_id(exec_id) {
+            return Err(ApiError::invalid(format!(
+                "exec_id: {:?} is not 1 to {} letters, digits, '.', '_' or '-'",
+                exec_id.escape_debug().to_string(),
+                wire::MAX_EXEC_ID
+            )));
+        }
+    }
     let _guard = sandbox.begin(false)?;
     let message = wire::agent::AgentRequest::Signal {
         signal: request.signal,
+        exec_id: request.exec_id.clone(),
     };
     let mut agent = sandbox
         .send_to_agent(&message)
@@ -276,6 +287,11 @@ async fn signal_sandbox(
         .map_err(|e| ApiError::agent(format!("sandbox {id}: the agent's answer: {e}")))?;
     match reply {
         wire::agent::AgentReply::Signaled => Ok(StatusCode::NO_CONTENT),
+        wire::agent::AgentReply::Error(e) if e.code == "not_found" => Err(ApiError::new(
+            StatusCode::NOT_FOUND,
+            "not_found",
+            format!("sandbox {id}: {}", e.message),
+        )),
         wire::agent::AgentReply::Error(e) => Err(ApiError::new(
             StatusCode::CONFLICT,
             "not_supported",

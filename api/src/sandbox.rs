@@ -117,6 +117,26 @@ pub struct SandboxSettings {
     /// Its imported image's config (`Env`, `WorkingDir`, `User`), the defaults of every
     /// command; `None` for the built-in image.
     pub image_defaults: Option<Arc<oci::defaults::Defaults>>,
+    /// Where a command's own `user` is looked up.
+    pub accounts: Arc<ExecAccounts>,
+}
+
+/// The account files a sandbox's users are resolved against: its image's tree, as it was
+/// imported (an account added inside the sandbox later is not seen; a numeric `uid:gid`
+/// always works).
+#[derive(Debug, Clone)]
+pub struct ExecAccounts {
+    /// The image's root tree.
+    pub root: std::path::PathBuf,
+    /// Whether the image's `Env` sets `HOME` (then a user's home does not replace it).
+    pub image_sets_home: bool,
+}
+
+impl ExecAccounts {
+    /// Resolves `spec` (`uid`, `uid:gid`, `name`, `name:group`) as `docker --user` does.
+    pub fn resolve(&self, spec: &str) -> Result<oci::defaults::User, oci::defaults::DefaultsError> {
+        oci::defaults::user(spec, &self.root)
+    }
 }
 
 /// A sandbox's egress: what it may reach and what went through its proxy.
@@ -315,25 +335,53 @@ impl Sandbox {
     /// Applies every default a command of this sandbox gets, in place, and says who it runs
     /// as: the sandbox's env ([`Sandbox::merge_env_into`]), then its image's config — `Env`
     /// under both, `WorkingDir` when the request gives no `cwd`, `User` (Docker's order:
-    /// what the caller says wins over what the image says).
-    pub fn apply_defaults(&self, request: &mut wire::ExecRequest) -> Option<wire::agent::RunAs> {
+    /// what the caller says wins over what the image says). A request's own `user` wins over
+    /// all of them, and brings its `HOME` unless the request, the sandbox or the image set
+    /// one; it is resolved here and taken off the request (the agent gets ids). Fails, with
+    /// the reason, only for a `user` that cannot be resolved.
+    pub fn apply_defaults(
+        &self,
+        request: &mut wire::ExecRequest,
+    ) -> Result<Option<wire::agent::RunAs>, String> {
+        let own_user = match std::mem::take(&mut request.user) {
+            spec if spec.is_empty() => None,
+            spec => {
+                let user = self
+                    .settings
+                    .accounts
+                    .resolve(&spec)
+                    .map_err(|e| format!("user: {e}"))?;
+                let home_given = request.env.contains_key("HOME")
+                    || self.settings.env.contains_key("HOME")
+                    || self.settings.accounts.image_sets_home;
+                if !home_given {
+                    request.env.insert("HOME".into(), user.home.clone());
+                }
+                Some(user)
+            }
+        };
         self.merge_env_into(request);
-        let defaults = self.settings.image_defaults.as_deref()?;
-        for (name, value) in &defaults.env {
-            if !request.env.contains_key(name) {
-                request.env.insert(name.clone(), value.clone());
+        let defaults = self.settings.image_defaults.as_deref();
+        if let Some(defaults) = defaults {
+            for (name, value) in &defaults.env {
+                if !request.env.contains_key(name) {
+                    request.env.insert(name.clone(), value.clone());
+                }
+            }
+            if request.cwd.is_empty() {
+                if let Some(dir) = &defaults.working_dir {
+                    request.cwd = dir.clone();
+                }
             }
         }
-        if request.cwd.is_empty() {
-            if let Some(dir) = &defaults.working_dir {
-                request.cwd = dir.clone();
-            }
-        }
-        defaults.user.as_ref().map(|user| wire::agent::RunAs {
+        let user = own_user
+            .as_ref()
+            .or_else(|| defaults.and_then(|d| d.user.as_ref()));
+        Ok(user.map(|user| wire::agent::RunAs {
             uid: user.uid,
             gid: user.gid,
             groups: user.groups.clone(),
-        })
+        }))
     }
 
     /// What it uses now; `None` where its backend does not measure it.

@@ -19,7 +19,9 @@ use crate::egress;
 use crate::host;
 use crate::metrics::Metrics;
 use crate::pool::{PoolSpecError, Pooled, Shape, ShapeBounds, ShapeDefaults, Take, WarmPool};
-use crate::sandbox::{new_id, Registry, Sandbox, SandboxError, SandboxNetwork, SandboxSettings};
+use crate::sandbox::{
+    new_id, ExecAccounts, Registry, Sandbox, SandboxError, SandboxNetwork, SandboxSettings,
+};
 use crate::storage::{validate_targets, SandboxStorage, Storage, StorageError};
 
 /// Why a sandbox was not created.
@@ -230,8 +232,12 @@ impl AppState {
             .clone()
             .unwrap_or_else(|| DEFAULT_IMAGE.to_string());
         let imported = self.lease_image(&image, &owner)?;
-        let image_defaults =
-            self.sandbox_defaults(imported.as_ref().map(|(r, _)| r), request.user.as_deref())?;
+        let accounts = self.accounts(imported.as_ref().map(|(r, _)| r))?;
+        let image_defaults = sandbox_defaults(
+            imported.as_ref().map(|(r, _)| r),
+            request.user.as_deref(),
+            &accounts,
+        )?;
         for (name, value) in &request.env {
             if name.is_empty() || name.contains(['=', '\0']) || value.contains('\0') {
                 return Err(CreateError::Invalid(format!(
@@ -342,6 +348,7 @@ impl AppState {
                     disk_mib: None,
                     network: None,
                     image_defaults: None,
+                    accounts,
                 };
                 return Ok(self.insert_pooled(pooled, settings, started));
             }
@@ -428,6 +435,7 @@ impl AppState {
                 counters,
             }),
             image_defaults,
+            accounts,
         };
         let sandbox = Arc::new(Sandbox::new(
             id,
@@ -471,40 +479,26 @@ impl AppState {
         }
     }
 
-    /// What every command of a new sandbox starts with: its imported image's config, with
-    /// the request's `user` (resolved against the image's account files) over the image's
-    /// `User`. `None` for the built-in image run as root.
-    fn sandbox_defaults(
+    /// Where the users its commands ask for are looked up: its image's tree.
+    fn accounts(
         &self,
         record: Option<&oci::ImageRecord>,
-        user: Option<&str>,
-    ) -> Result<Option<Arc<oci::defaults::Defaults>>, CreateError> {
-        let base = record.map(|r| r.defaults.clone());
-        let Some(spec) = user else {
-            return Ok(base.map(Arc::new));
-        };
-        if spec.is_empty() || spec.len() > 256 || spec.contains(['\0', '\n']) {
-            return Err(CreateError::Invalid(format!(
-                "user: {:?} is not uid, uid:gid, name or name:group",
-                spec.escape_debug().to_string()
-            )));
-        }
-        let root = match record {
-            Some(record) => self.storage()?.images.root_dir(record),
-            None => ImagePaths::in_dir(&self.config.image_dir).rootfs,
-        };
-        let resolved = oci::defaults::user(spec, &root)
-            .map_err(|e| CreateError::Invalid(format!("user: {e}")))?;
-        let explicit_home = record.is_some_and(|r| {
-            r.run_config
-                .env
-                .iter()
-                .flatten()
-                .any(|entry| entry.starts_with("HOME="))
-        });
-        Ok(Some(Arc::new(
-            base.unwrap_or_default().with_user(resolved, explicit_home),
-        )))
+    ) -> Result<Arc<ExecAccounts>, CreateError> {
+        Ok(Arc::new(match record {
+            Some(record) => ExecAccounts {
+                root: self.storage()?.images.root_dir(record),
+                image_sets_home: record
+                    .run_config
+                    .env
+                    .iter()
+                    .flatten()
+                    .any(|entry| entry.starts_with("HOME=")),
+            },
+            None => ExecAccounts {
+                root: ImagePaths::in_dir(&self.config.image_dir).rootfs,
+                image_sets_home: false,
+            },
+        }))
     }
 
     /// Registers a sandbox around a pooled instance with the request's `settings`: it keeps
@@ -677,4 +671,31 @@ fn microvm_ready_timeout(config: &ServeConfig) -> Duration {
         wire::Hypervisor::QemuTcg => configured.max(Duration::from_secs(60)),
         wire::Hypervisor::CrucibleVmm => configured,
     }
+}
+
+/// What every command of a new sandbox starts with: its imported image's config, with the
+/// request's `user` (resolved against the image's account files) over the image's `User`.
+/// `None` for the built-in image run as root.
+fn sandbox_defaults(
+    record: Option<&oci::ImageRecord>,
+    user: Option<&str>,
+    accounts: &ExecAccounts,
+) -> Result<Option<Arc<oci::defaults::Defaults>>, CreateError> {
+    let base = record.map(|r| r.defaults.clone());
+    let Some(spec) = user else {
+        return Ok(base.map(Arc::new));
+    };
+    if spec.is_empty() || spec.len() > 256 || spec.contains(['\0', '\n']) {
+        return Err(CreateError::Invalid(format!(
+            "user: {:?} is not uid, uid:gid, name or name:group",
+            spec.escape_debug().to_string()
+        )));
+    }
+    let resolved = accounts
+        .resolve(spec)
+        .map_err(|e| CreateError::Invalid(format!("user: {e}")))?;
+    Ok(Some(Arc::new(
+        base.unwrap_or_default()
+            .with_user(resolved, accounts.image_sets_home),
+    )))
 }

@@ -11,41 +11,6 @@ pub const CANNOT_RUN: i32 = 126;
 /// Exit status when the command was not found.
 pub const NOT_FOUND: i32 = 127;
 
-/// Signal numbers by name (x86_64 Linux).
-const SIGNALS: [(&str, i32); 31] = [
-    ("SIGHUP", 1),
-    ("SIGINT", 2),
-    ("SIGQUIT", 3),
-    ("SIGILL", 4),
-    ("SIGTRAP", 5),
-    ("SIGABRT", 6),
-    ("SIGBUS", 7),
-    ("SIGFPE", 8),
-    ("SIGKILL", 9),
-    ("SIGUSR1", 10),
-    ("SIGSEGV", 11),
-    ("SIGUSR2", 12),
-    ("SIGPIPE", 13),
-    ("SIGALRM", 14),
-    ("SIGTERM", 15),
-    ("SIGSTKFLT", 16),
-    ("SIGCHLD", 17),
-    ("SIGCONT", 18),
-    ("SIGSTOP", 19),
-    ("SIGTSTP", 20),
-    ("SIGTTIN", 21),
-    ("SIGTTOU", 22),
-    ("SIGURG", 23),
-    ("SIGXCPU", 24),
-    ("SIGXFSZ", 25),
-    ("SIGVTALRM", 26),
-    ("SIGPROF", 27),
-    ("SIGWINCH", 28),
-    ("SIGIO", 29),
-    ("SIGPWR", 30),
-    ("SIGSYS", 31),
-];
-
 /// The exit status for `result`: the command's own code; 124 on timeout; 128 + the signal
 /// number when signalled; 127 / 126 when it could not start; 125 when crucible lost it.
 pub fn code(result: &ExecResult) -> i32 {
@@ -53,11 +18,7 @@ pub fn code(result: &ExecResult) -> i32 {
         return TIMED_OUT;
     }
     if !result.signal.is_empty() {
-        let number = SIGNALS
-            .iter()
-            .find(|(name, _)| *name == result.signal)
-            .map_or(0, |(_, n)| *n);
-        return 128 + number;
+        return 128 + wire::signal_number(&result.signal).unwrap_or(0);
     }
     if result.exit_code >= 0 {
         return result.exit_code;

@@ -130,6 +130,9 @@ enum SandboxCommand {
     /// Run a command in a sandbox, streaming its output; exits with its status (128+N when
     /// killed by signal N, 124 on timeout, 127 when not found).
     Exec(commands::exec::ExecArgs),
+    /// Send a signal to every process of a sandbox but its agent, or (--exec-id) to one
+    /// running command; the sandbox stays.
+    Kill(commands::sandbox::KillArgs),
 }
 
 impl Global {
@@ -211,6 +214,9 @@ fn dispatch(cli: Cli) -> anyhow::Result<i32> {
                     commands::sandbox::remove(&global, &ids).await.map(|()| 0)
                 }
                 SandboxCommand::Exec(args) => commands::exec::exec(&global, args).await,
+                SandboxCommand::Kill(args) => {
+                    commands::sandbox::kill(&global, &args).await.map(|()| 0)
+                }
             }
         }),
     }

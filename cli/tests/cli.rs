@@ -452,3 +452,78 @@ fn image_import_takes_directories_archives_and_stdin_and_ls_inspect_rm_manage_th
         text(&out.stderr)
     );
 }
+
+#[test]
+fn exec_user_ulimit_and_kill_of_one_named_command() {
+    let daemon = TestDaemon::start();
+    let id = sandbox(&daemon);
+    let out = run(crucible(&daemon).args([
+        "sandbox",
+        "exec",
+        "--user",
+        "4321:99",
+        "--ulimit",
+        "nofile=64:128",
+        "--ulimit",
+        "core=0",
+        id.as_str(),
+        "--",
+        "sh",
+        "-c",
+        "id -u; id -g; ulimit -n; ulimit -Hn; ulimit -c",
+    ]));
+    assert_eq!(
+        (text(&out.stdout).as_str(), out.status.code()),
+        ("4321\n99\n64\n128\n0\n", Some(0)),
+        "{}",
+        text(&out.stderr)
+    );
+    let bad =
+        run(crucible(&daemon).args(["sandbox", "exec", "--ulimit", "files=1", &id, "--", "true"]));
+    assert_eq!(bad.status.code(), Some(2), "a usage error");
+    assert!(
+        text(&bad.stderr).contains("nofile"),
+        "{}",
+        text(&bad.stderr)
+    );
+
+    // A named command in the background, killed alone with TERM; the exec reports 143.
+    let mut long = crucible(&daemon)
+        .args([
+            "sandbox",
+            "exec",
+            "--exec-id",
+            "long-step",
+            &id,
+            "--",
+            "sh",
+            "-c",
+            "echo started; exec sleep 1000",
+        ])
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    let mut first = [0u8; 8];
+    std::io::Read::read_exact(long.stdout.as_mut().expect("stdout"), &mut first).expect("started");
+    assert_eq!(&first, b"started\n");
+    let kill = run(crucible(&daemon).args([
+        "sandbox",
+        "kill",
+        "-s",
+        "TERM",
+        "--exec-id",
+        "long-step",
+        &id,
+    ]));
+    assert!(kill.status.success(), "{}", text(&kill.stderr));
+    assert_eq!(long.wait().expect("wait").code(), Some(143));
+    let again = run(crucible(&daemon).args(["sandbox", "kill", "--exec-id", "long-step", &id]));
+    assert_eq!(again.status.code(), Some(125), "{}", text(&again.stderr));
+    assert!(
+        text(&again.stderr).contains("no running command has exec_id"),
+        "{}",
+        text(&again.stderr)
+    );
+    let bad = run(crucible(&daemon).args(["sandbox", "kill", "-s", "NOPE", &id]));
+    assert_eq!(bad.status.code(), Some(2), "{}", text(&bad.stderr));
+}

@@ -154,8 +154,37 @@ impl Client {
     /// `POST /sandboxes/{id}/signal`: sends `signal` to every process of the sandbox but its
     /// agent.
     pub async fn signal(&self, id: &str, signal: i32) -> Result<(), ClientError> {
-        let body = serde_json::to_vec(&wire::SignalRequest { signal })
-            .map_err(|e| ClientError::Protocol(e.to_string()))?;
+        self.send_signal(
+            id,
+            wire::SignalRequest {
+                signal,
+                exec_id: None,
+            },
+        )
+        .await
+    }
+
+    /// `POST /sandboxes/{id}/signal` with an `exec_id`: `signal` to that running command's
+    /// process group only (404 when no command of that name runs).
+    pub async fn signal_exec(
+        &self,
+        id: &str,
+        exec_id: &str,
+        signal: i32,
+    ) -> Result<(), ClientError> {
+        self.send_signal(
+            id,
+            wire::SignalRequest {
+                signal,
+                exec_id: Some(exec_id.to_string()),
+            },
+        )
+        .await
+    }
+
+    async fn send_signal(&self, id: &str, request: wire::SignalRequest) -> Result<(), ClientError> {
+        let body =
+            serde_json::to_vec(&request).map_err(|e| ClientError::Protocol(e.to_string()))?;
         let request = self
             .request(
                 Method::POST,

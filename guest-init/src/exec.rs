@@ -147,8 +147,12 @@ pub fn run(
         stderr: err_w.as_fd(),
     };
     let started = Instant::now();
-    let child = match spawn::spawn(req, user, stdio, &ctx.spawn_context()) {
-        Ok(child) => child,
+    let spawned = crate::exec_ids::spawn_named(&req.exec_id, || {
+        spawn::spawn(req, user, stdio, &ctx.spawn_context())
+    });
+    let child = match spawned {
+        Ok(Ok(child)) => child,
+        Ok(Err(e)) => return write_exit(&mut conn, &ExecResult::failed(e.to_string())),
         Err(e) => return write_exit(&mut conn, &ExecResult::failed(e.to_string())),
     };
     drop((out_w, err_w));

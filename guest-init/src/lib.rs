@@ -7,12 +7,13 @@
 //!   [`reaper`] also reaps orphans.
 //!
 //! Modules: [`server`] accepts connections and dispatches requests; [`exec`] streams one
-//! command; [`spawn`] forks and execs it; [`reaper`] reaps it (each exec its own command,
+//! command; [`exec_ids`] names running commands for signals; [`spawn`] forks and execs it; [`reaper`] reaps it (each exec its own command,
 //! through a pidfd) and reaps orphans; [`files`] extracts tar archives and sends files;
 //! [`vm_root`] builds a microVM's root and mounts its disks; [`egress`] serves the proxy.
 
 pub mod egress;
 pub mod exec;
+pub mod exec_ids;
 pub mod files;
 pub mod guest_stats;
 pub mod init;

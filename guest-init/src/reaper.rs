@@ -85,6 +85,7 @@ where
         pidfd,
         token,
         exit: None,
+        exec_id: None,
     })
 }
 
@@ -108,12 +109,19 @@ pub struct Child {
     /// Its entry in the registry.
     token: u64,
     exit: Option<ExitInfo>,
+    /// Its name in [`crate::exec_ids`], if it has one: then it is reaped under that lock.
+    exec_id: Option<String>,
 }
 
 impl Child {
     /// The child's pid, which is also its process group and session id.
     pub fn pid(&self) -> libc::pid_t {
         self.pid
+    }
+
+    /// Names it in [`crate::exec_ids`] (which calls this under its lock).
+    pub(crate) fn set_exec_id(&mut self, exec_id: String) {
+        self.exec_id = Some(exec_id);
     }
 
     /// Becomes readable once the child has exited.
@@ -133,12 +141,17 @@ impl Child {
         if let Some(exit) = self.exit {
             return Ok(Some(exit));
         }
-        let exit =
-            waitid_pidfd(self.pidfd.as_fd(), libc::WNOHANG)?.map(|(status, usage)| ExitInfo {
-                status,
-                usage,
-                at: Instant::now(),
-            });
+        let pidfd = self.pidfd.as_fd();
+        let reap = || waitid_pidfd(pidfd, libc::WNOHANG);
+        let reaped = match &self.exec_id {
+            Some(exec_id) => crate::exec_ids::reap_named(exec_id, self.pid, reap)?,
+            None => reap()?,
+        };
+        let exit = reaped.map(|(status, usage)| ExitInfo {
+            status,
+            usage,
+            at: Instant::now(),
+        });
         self.exit = exit;
         Ok(exit)
     }

@@ -428,13 +428,22 @@ pub fn handle(mut conn: UnixStream, agent: &Agent) {
             };
             let _ = wire::write_message(&mut conn, &reply);
         }
-        AgentRequest::Signal { signal } => {
-            let reply = match crate::sys::signal_all_but_self(signal) {
-                Ok(()) => AgentReply::Signaled,
-                Err(e) => AgentReply::Error(ErrorBody::new(
-                    "invalid_request",
-                    format!("signal {signal}: {e}"),
-                )),
+        AgentRequest::Signal { signal, exec_id } => {
+            let reply = match exec_id {
+                Some(exec_id) => match crate::exec_ids::signal(&exec_id, signal) {
+                    Ok(()) => AgentReply::Signaled,
+                    Err(e @ crate::exec_ids::ExecIdError::NotRunning(_)) => {
+                        AgentReply::Error(ErrorBody::new("not_found", e.to_string()))
+                    }
+                    Err(e) => AgentReply::Error(ErrorBody::new("invalid_request", e.to_string())),
+                },
+                None => match crate::sys::signal_all_but_self(signal) {
+                    Ok(()) => AgentReply::Signaled,
+                    Err(e) => AgentReply::Error(ErrorBody::new(
+                        "invalid_request",
+                        format!("signal {signal}: {e}"),
+                    )),
+                },
             };
             let _ = wire::write_message(&mut conn, &reply);
         }

@@ -4,8 +4,8 @@
 //! pidfd (see `reaper`), so the agent forks itself. Everything the child needs (argv, envp, the
 //! candidate program paths, the cwd) is prepared before the fork; after it the child
 //! only makes async-signal-safe system calls (it shares our memory until it execs, like
-//! posix_spawn's child): `setsid`, cgroup and OOM-score writes, `dup2`,
-//! signal resets, `chdir`, `execve`. Like `execvp`, the child tries each `PATH` candidate in
+//! posix_spawn's child): `setsid`, cgroup and OOM-score writes, `prlimit64`, `dup2`,
+//! signal resets, the id switch, `chdir`, `execve`. Like `execvp`, the child tries each `PATH` candidate in
 //! turn (one failed `execve` per miss costs no more than the `stat` a search in the parent
 //! would). A failure is left for the parent as `stage << 48 | candidate << 32 | errno` in
 //! shared memory; the parent, suspended until the child execs or exits, reads it on waking.
@@ -47,6 +47,19 @@ pub enum SpawnError {
         /// The resolved program.
         program: String,
         /// Why execve failed.
+        source: io::Error,
+    },
+    /// A requested resource limit could not be set (raising a hard limit needs a privilege
+    /// the namespace backend's root does not have).
+    #[error("cannot set the {resource} limit to soft {soft} hard {hard}: {source}")]
+    Rlimit {
+        /// The resource's short name (`nofile`).
+        resource: String,
+        /// The soft limit asked for.
+        soft: u64,
+        /// The hard limit asked for.
+        hard: u64,
+        /// Why setrlimit failed.
         source: io::Error,
     },
     /// Switching to the image's user failed.
@@ -94,6 +107,62 @@ const STAGE_SETUP: u8 = 1;
 const STAGE_CHDIR: u8 = 2;
 const STAGE_EXEC: u8 = 3;
 const STAGE_USER: u8 = 4;
+const STAGE_RLIMIT: u8 = 5;
+
+/// One limit for the child: the kernel's `struct rlimit64`, and the resource's number.
+#[derive(Clone, Copy)]
+#[repr(C)]
+struct KernelRlimit {
+    cur: u64,
+    max: u64,
+}
+
+#[derive(Clone, Copy)]
+struct ChildLimit {
+    resource: libc::c_long,
+    value: KernelRlimit,
+}
+
+/// The `RLIMIT_*` number of a resource's short name (see [`wire::RLIMIT_RESOURCES`]).
+fn resource_number(short: &str) -> Option<libc::c_long> {
+    let number = match short {
+        "as" => libc::RLIMIT_AS,
+        "core" => libc::RLIMIT_CORE,
+        "cpu" => libc::RLIMIT_CPU,
+        "data" => libc::RLIMIT_DATA,
+        "fsize" => libc::RLIMIT_FSIZE,
+        "locks" => libc::RLIMIT_LOCKS,
+        "memlock" => libc::RLIMIT_MEMLOCK,
+        "msgqueue" => libc::RLIMIT_MSGQUEUE,
+        "nice" => libc::RLIMIT_NICE,
+        "nofile" => libc::RLIMIT_NOFILE,
+        "nproc" => libc::RLIMIT_NPROC,
+        "rss" => libc::RLIMIT_RSS,
+        "rtprio" => libc::RLIMIT_RTPRIO,
+        "rttime" => libc::RLIMIT_RTTIME,
+        "sigpending" => libc::RLIMIT_SIGPENDING,
+        "stack" => libc::RLIMIT_STACK,
+        _ => return None,
+    };
+    Some(libc::c_long::from(number))
+}
+
+/// The request's limits, numbered for the child; `None` names one the agent does not know
+/// (validation refuses those first).
+fn child_limits(req: &ExecRequest) -> Option<Vec<ChildLimit>> {
+    req.rlimits
+        .iter()
+        .map(|limit| {
+            Some(ChildLimit {
+                resource: resource_number(limit.resource()?)?,
+                value: KernelRlimit {
+                    cur: limit.soft,
+                    max: limit.hard,
+                },
+            })
+        })
+        .collect()
+}
 
 /// The ids the child switches to before `chdir` and exec.
 #[derive(Clone, Copy)]
@@ -118,6 +187,9 @@ struct ChildPlan {
     reset_oom_score: bool,
     /// The open-file limit commands get (the one the agent had before raising its own).
     nofile: Option<libc::rlimit>,
+    /// The request's own limits, set after `nofile`.
+    limits: *const ChildLimit,
+    limit_count: usize,
     /// Written by the child on failure: `stage << 48 | candidate << 32 | errno`; 0 means the
     /// exec happened.
     report: AtomicU64,
@@ -202,6 +274,12 @@ pub fn spawn(
     envp.push(std::ptr::null());
 
     let groups: Vec<libc::gid_t> = user.map(|u| u.groups.clone()).unwrap_or_default();
+    let limits = child_limits(req).ok_or_else(|| {
+        SpawnError::Io(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "unknown resource limit type",
+        ))
+    })?;
     let plan = ChildPlan {
         programs: programs.as_ptr(),
         argv: argv.as_ptr(),
@@ -221,6 +299,8 @@ pub fn spawn(
         cgroup_procs: ctx.cgroup_procs.map(|fd| fd.as_raw_fd()),
         reset_oom_score: ctx.reset_oom_score,
         nofile: COMMAND_FD_LIMIT.get().copied().flatten(),
+        limits: limits.as_ptr(),
+        limit_count: limits.len(),
         report: AtomicU64::new(0),
     };
 
@@ -269,6 +349,7 @@ pub fn spawn(
             programs,
             candidates_c,
             groups,
+            limits,
         ));
         return Ok(child);
     }
@@ -286,6 +367,15 @@ pub fn spawn(
             gid: user.map_or(0, |u| u.gid),
             source,
         },
+        STAGE_RLIMIT => {
+            let limit = req.rlimits.get(((report >> 32) & 0xffff) as usize);
+            SpawnError::Rlimit {
+                resource: limit.and_then(|l| l.resource()).unwrap_or("?").to_string(),
+                soft: limit.map_or(0, |l| l.soft),
+                hard: limit.map_or(0, |l| l.hard),
+                source,
+            }
+        }
         STAGE_CHDIR => SpawnError::BadCwd {
             cwd: req.cwd.clone(),
             source,
@@ -379,6 +469,26 @@ fn child_after_fork(plan: &ChildPlan) -> ! {
     if let Some(limit) = &plan.nofile {
         // SAFETY: setrlimit reads one rlimit the parent keeps alive. Lowering always succeeds.
         unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, limit) };
+    }
+    // Before the id switch: root may raise a hard limit (as far as its capabilities allow),
+    // the user after it may not.
+    for index in 0..plan.limit_count {
+        // SAFETY: `limits` points at `limit_count` entries the parent keeps alive.
+        let limit = unsafe { &*plan.limits.add(index) };
+        // SAFETY: prlimit64(0, …) sets this process's limit from the live struct; the old
+        // value pointer is null.
+        let ret = unsafe {
+            libc::syscall(
+                libc::SYS_prlimit64,
+                0,
+                limit.resource,
+                &limit.value as *const KernelRlimit,
+                std::ptr::null_mut::<KernelRlimit>(),
+            )
+        };
+        if ret == -1 {
+            fail_with(&plan.report, STAGE_RLIMIT, index as u64, errno());
+        }
     }
     for (target, &fd) in plan.stdio.iter().enumerate() {
         // SAFETY: dup2 takes no pointers; `fd` is open in the parent and so in the child.

@@ -572,3 +572,103 @@ fn a_directory_the_user_cannot_enter_is_a_bad_cwd() {
     let error = out.result.error;
     assert!(error.contains("bad cwd"), "{error}");
 }
+
+#[test]
+fn a_command_starts_with_the_resource_limits_it_asks_for() {
+    let agent = agent_with_1024_files();
+    let mut request = sh("ulimit -n; ulimit -Hn; ulimit -c; ulimit -Hc");
+    request.rlimits = vec![
+        wire::Rlimit {
+            kind: "RLIMIT_NOFILE".into(),
+            soft: 64,
+            hard: 128,
+        },
+        wire::Rlimit {
+            kind: "core".into(),
+            soft: 0,
+            hard: 0,
+        },
+    ];
+    let out = agent.exec(request);
+    assert_eq!(out.stdout_str(), "64\n128\n0\n0\n", "{:?}", out.result);
+    // Unlimited is u64::MAX, as the kernel spells RLIM_INFINITY.
+    let mut request = sh("ulimit -s");
+    request.rlimits = vec![wire::Rlimit {
+        kind: "stack".into(),
+        soft: u64::MAX,
+        hard: u64::MAX,
+    }];
+    let out = agent.exec(request);
+    assert_eq!(out.stdout_str(), "unlimited\n", "{:?}", out.result);
+}
+
+#[test]
+fn a_limit_the_agent_may_not_set_fails_the_command_and_says_which() {
+    // As nobody, the agent cannot raise a hard limit: the command must not start at all.
+    let agent = Agent::start_as_nobody();
+    let mut request = ExecRequest::new(["true"]);
+    request.rlimits = vec![wire::Rlimit {
+        kind: "RLIMIT_NOFILE".into(),
+        soft: 1 << 20,
+        hard: 1 << 20,
+    }];
+    let out = agent.exec(request);
+    assert_eq!(out.result.exit_code, -1, "{:?}", out.result);
+    assert!(
+        out.result
+            .error
+            .contains("cannot set the nofile limit to soft 1048576 hard 1048576"),
+        "{}",
+        out.result.error
+    );
+}
+
+#[test]
+fn a_signal_with_an_exec_id_reaches_that_command_only() {
+    let agent = Agent::start();
+    let start = |exec_id: &str, script: &str| {
+        let mut request = sh(script);
+        request.exec_id = exec_id.into();
+        agent.send(&AgentRequest::Exec {
+            request,
+            interactive: false,
+            user: None,
+        })
+    };
+    let target = start("step-1", "echo started; sleep 30 & wait");
+    let bystander = start("step-2", "sleep 1; echo done");
+    let mut target = std::io::BufReader::new(target);
+    // Wait for the target to run before signalling it.
+    let mut header = [0u8; 8];
+    target.read_exact(&mut header).expect("first frame");
+    let mut payload =
+        vec![0u8; u32::from_be_bytes([header[4], header[5], header[6], header[7]]) as usize];
+    target.read_exact(&mut payload).expect("its payload");
+    assert_eq!(payload, b"started\n");
+    let signal = |exec_id: &str| {
+        agent.reply(&AgentRequest::Signal {
+            signal: libc::SIGTERM,
+            exec_id: Some(exec_id.into()),
+        })
+    };
+    assert_eq!(signal("step-1"), AgentReply::Signaled);
+    let rest = read_output(target);
+    assert_eq!(rest.result.signal, "SIGTERM", "{:?}", rest.result);
+    let done = read_output(bystander);
+    assert_eq!(done.result.exit_code, 0, "{:?}", done.result);
+    assert_eq!(done.stdout_str(), "done\n");
+    match signal("step-1") {
+        AgentReply::Error(e) => assert_eq!(e.code, "not_found", "{e:?}"),
+        other => panic!("signal to a finished command: {other:?}"),
+    }
+    // A name in use is refused; the first command is untouched.
+    let first = start("same", "sleep 1; echo first");
+    std::thread::sleep(Duration::from_millis(200));
+    let second = read_output(start("same", "echo second"));
+    assert!(
+        second.result.error.contains("exec_id \"same\" is taken"),
+        "{:?}",
+        second.result
+    );
+    assert_eq!(read_output(first).stdout_str(), "first\n");
+}

@@ -10,52 +10,11 @@ pub const UNKNOWN_EXIT: u32 = 255;
 /// process.
 pub fn exit_status(result: &ExecResult) -> u32 {
     if !result.signal.is_empty() {
-        return signal_number(&result.signal).map_or(UNKNOWN_EXIT, |n| 128 + n);
+        return wire::signal_number(&result.signal)
+            .and_then(|n| u32::try_from(n).ok())
+            .map_or(UNKNOWN_EXIT, |n| 128 + n);
     }
     u32::try_from(result.exit_code).unwrap_or(UNKNOWN_EXIT)
-}
-
-/// `"SIGKILL"`, `"KILL"`, `"SIG40"` or `"9"` → the signal's number (1 to 64).
-pub fn signal_number(name: &str) -> Option<u32> {
-    let bare = name.strip_prefix("SIG").unwrap_or(name);
-    if let Ok(number) = bare.parse::<u32>() {
-        return (1..=64).contains(&number).then_some(number);
-    }
-    let number = match bare {
-        "HUP" => libc::SIGHUP,
-        "INT" => libc::SIGINT,
-        "QUIT" => libc::SIGQUIT,
-        "ILL" => libc::SIGILL,
-        "TRAP" => libc::SIGTRAP,
-        "ABRT" | "IOT" => libc::SIGABRT,
-        "BUS" => libc::SIGBUS,
-        "FPE" => libc::SIGFPE,
-        "KILL" => libc::SIGKILL,
-        "USR1" => libc::SIGUSR1,
-        "SEGV" => libc::SIGSEGV,
-        "USR2" => libc::SIGUSR2,
-        "PIPE" => libc::SIGPIPE,
-        "ALRM" => libc::SIGALRM,
-        "TERM" => libc::SIGTERM,
-        "STKFLT" => libc::SIGSTKFLT,
-        "CHLD" => libc::SIGCHLD,
-        "CONT" => libc::SIGCONT,
-        "STOP" => libc::SIGSTOP,
-        "TSTP" => libc::SIGTSTP,
-        "TTIN" => libc::SIGTTIN,
-        "TTOU" => libc::SIGTTOU,
-        "URG" => libc::SIGURG,
-        "XCPU" => libc::SIGXCPU,
-        "XFSZ" => libc::SIGXFSZ,
-        "VTALRM" => libc::SIGVTALRM,
-        "PROF" => libc::SIGPROF,
-        "WINCH" => libc::SIGWINCH,
-        "IO" | "POLL" => libc::SIGIO,
-        "PWR" => libc::SIGPWR,
-        "SYS" => libc::SIGSYS,
-        _ => return None,
-    };
-    u32::try_from(number).ok()
 }
 
 #[cfg(test)]
@@ -92,14 +51,5 @@ mod tests {
         assert_eq!(exit_status(&result(-1, "", "the sandbox died")), 255);
         assert_eq!(exit_status(&result(-1, "SIGNOPE", "")), 255);
         assert_eq!(exit_status(&result(-1, "SIG99", "")), 255);
-    }
-
-    #[test]
-    fn signal_names_parse_with_or_without_sig() {
-        assert_eq!(signal_number("SIGHUP"), Some(1));
-        assert_eq!(signal_number("TERM"), Some(15));
-        assert_eq!(signal_number("SIGSYS"), Some(31));
-        assert_eq!(signal_number("0"), None);
-        assert_eq!(signal_number(""), None);
     }
 }

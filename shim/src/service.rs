@@ -173,7 +173,7 @@ impl Inner {
             .process()
             .as_ref()
             .ok_or_else(|| ShimError::Invalid("the spec has no process".into()))?;
-        let request = spec::exec_request(process)?;
+        let request = spec::exec_request(process, "")?;
         let mut held = BundleState::default();
         let made = self
             .make_sandbox(client, &req, &spec, &request, &mut held)
@@ -440,7 +440,7 @@ impl Inner {
             .spec
             .as_ref()
             .ok_or_else(|| ShimError::Invalid("the exec request has no process spec".into()))?;
-        let request = spec::exec_request(&spec::exec_process(&any.value)?)?;
+        let request = spec::exec_request(&spec::exec_process(&any.value)?, &req.exec_id)?;
         let mut slot = self.container.lock().await;
         let c = container_of(&mut slot, &req.id)?;
         if c.execs.contains_key(&req.exec_id) {
@@ -554,10 +554,19 @@ impl Inner {
         if signal == 0 {
             return Ok(());
         }
-        // The daemon signals every process of the sandbox but its agent: there is no
-        // per-process signal yet (docs/kubernetes.md).
-        self.client()?.signal(&sandbox, signal).await?;
-        Ok(())
+        let client = self.client()?;
+        if req.all {
+            // `--all`: every process of the container, as runc's kill --all.
+            client.signal(&sandbox, signal).await?;
+            return Ok(());
+        }
+        // The one process, as runc signals its pid (when the container's own process dies of
+        // it, `supervise` kills what is left, as a PID namespace's end would).
+        let exec_id = spec::daemon_exec_id(&req.exec_id);
+        match client.signal_exec(&sandbox, &exec_id, signal).await {
+            Err(client::ClientError::Api { status: 404, .. }) => Err(ShimError::Finished),
+            other => Ok(other?),
+        }
     }
 
     async fn delete(&self, req: DeleteRequest) -> Result<DeleteResponse, ShimError> {

@@ -1,6 +1,6 @@
-//! What of an OCI runtime spec a crucible sandbox takes: the process to run, the memory and CPU
-//! limits. Everything else (capabilities, namespaces, mounts, rlimits, the user) is the
-//! sandbox's own and documented in `docs/kubernetes.md`.
+//! What of an OCI runtime spec a crucible sandbox takes: the process to run (args, env, cwd,
+//! user, rlimits), the memory and CPU limits. Everything else (capabilities, namespaces,
+//! mounts, supplementary groups) is the sandbox's own and documented in `docs/kubernetes.md`.
 
 use std::collections::BTreeMap;
 
@@ -64,9 +64,19 @@ pub fn env_map(entries: &[String]) -> BTreeMap<String, String> {
         .collect()
 }
 
-/// The exec request that runs an OCI process in the sandbox. A terminal is refused: the
-/// agent's sessions are pipes.
-pub fn exec_request(process: &Process) -> Result<ExecRequest, ShimError> {
+/// The daemon's `exec_id` for a container's process: `init` for the container's own, `x.` and
+/// containerd's exec id for the others (so the two never collide).
+pub fn daemon_exec_id(exec_id: &str) -> String {
+    if exec_id.is_empty() {
+        "init".to_string()
+    } else {
+        format!("x.{exec_id}")
+    }
+}
+
+/// The exec request that runs an OCI process in the sandbox as containerd's `exec_id` (empty
+/// for the container's own process). A terminal is refused: the agent's sessions are pipes.
+pub fn exec_request(process: &Process, exec_id: &str) -> Result<ExecRequest, ShimError> {
     if process.terminal() == Some(true) {
         return Err(ShimError::Unsupported("terminals are"));
     }
@@ -81,11 +91,26 @@ pub fn exec_request(process: &Process) -> Result<ExecRequest, ShimError> {
         .to_str()
         .ok_or_else(|| ShimError::Invalid(format!("process cwd {:?} is not UTF-8", process.cwd())))?
         .to_string();
+    let user = process.user();
     let request = ExecRequest {
         cmd: args,
         env: env_map(process.env().as_deref().unwrap_or_default()),
         cwd,
         timeout_s: 0,
+        // Always explicit: an exec's spec names its own user, which may differ from the
+        // container's.
+        user: format!("{}:{}", user.uid(), user.gid()),
+        rlimits: process
+            .rlimits()
+            .iter()
+            .flatten()
+            .map(|limit| wire::Rlimit {
+                kind: limit.typ().to_string(),
+                soft: limit.soft(),
+                hard: limit.hard(),
+            })
+            .collect(),
+        exec_id: daemon_exec_id(exec_id),
     };
     request
         .validate()
@@ -155,6 +180,43 @@ mod tests {
     }
 
     #[test]
+    fn the_process_user_and_rlimits_carry_over() {
+        let process = exec_process(
+            br#"{"args":["sh"],"cwd":"/","user":{"uid":1000,"gid":50,"additionalGids":[7]},
+                 "rlimits":[{"type":"RLIMIT_NOFILE","hard":1024,"soft":512},
+                            {"type":"RLIMIT_CORE","hard":0,"soft":0}]}"#,
+        )
+        .expect("an OCI process");
+        let request = exec_request(&process, "").expect("a request");
+        assert_eq!(request.user, "1000:50");
+        assert_eq!(request.exec_id, "init");
+        assert_eq!(
+            request.rlimits,
+            [
+                wire::Rlimit {
+                    kind: "RLIMIT_NOFILE".into(),
+                    soft: 512,
+                    hard: 1024
+                },
+                wire::Rlimit {
+                    kind: "RLIMIT_CORE".into(),
+                    soft: 0,
+                    hard: 0
+                }
+            ]
+        );
+        let too_many = exec_process(
+            br#"{"args":["sh"],"cwd":"/","user":{"uid":0,"gid":0},
+                 "rlimits":[{"type":"RLIMIT_NOFILE","hard":1,"soft":2}]}"#,
+        )
+        .expect("an OCI process");
+        assert!(matches!(
+            exec_request(&too_many, ""),
+            Err(ShimError::Invalid(_))
+        ));
+    }
+
+    #[test]
     fn env_entries_split_at_the_first_equals() {
         let env = env_map(&[
             "PATH=/bin:/usr/bin".into(),
@@ -175,8 +237,11 @@ mod tests {
             br#"{"args":["sh","-c","echo hi"],"env":["A=1"],"cwd":"/tmp","user":{"uid":0,"gid":0}}"#,
         )
         .expect("an OCI process");
-        let request = exec_request(&process).expect("a request");
+        let request = exec_request(&process, "e1").expect("a request");
         assert_eq!(request.cmd, ["sh", "-c", "echo hi"]);
+        assert_eq!(request.user, "0:0");
+        assert_eq!(request.exec_id, "x.e1");
+        assert!(request.rlimits.is_empty());
         assert_eq!(request.cwd, "/tmp");
         assert_eq!(request.env.get("A").map(String::as_str), Some("1"));
         assert_eq!(request.timeout_s, 0);
@@ -185,12 +250,15 @@ mod tests {
             exec_process(br#"{"terminal":true,"args":["sh"],"cwd":"/","user":{"uid":0,"gid":0}}"#)
                 .expect("an OCI process");
         assert!(matches!(
-            exec_request(&terminal),
+            exec_request(&terminal, ""),
             Err(ShimError::Unsupported(_))
         ));
         let empty = exec_process(br#"{"args":[],"cwd":"/","user":{"uid":0,"gid":0}}"#)
             .expect("an OCI process");
-        assert!(matches!(exec_request(&empty), Err(ShimError::Invalid(_))));
+        assert!(matches!(
+            exec_request(&empty, ""),
+            Err(ShimError::Invalid(_))
+        ));
         assert!(exec_process(b"not json").is_err());
     }
 }

@@ -420,6 +420,58 @@ async fn exec_metrics_and_kill_delete_rm_on_a_running_container() {
     assert_eq!(exec.status.code(), Some(7), "stderr {}", text(&exec.stderr));
     assert_eq!(text(&exec.stdout), "exec-out\n");
 
+    // An exec's own user, and the spec's rlimits (containerd's default spec gives
+    // RLIMIT_NOFILE 1024:1024), reach the command.
+    let exec = containerd.run(&[
+        "task",
+        "exec",
+        "--fifo-dir",
+        &fifo,
+        "--exec-id",
+        "e2",
+        "--user",
+        "4321",
+        "c4",
+        "sh",
+        "-c",
+        "id -u; ulimit -n; ulimit -Hn",
+    ]);
+    assert!(exec.status.success(), "stderr {}", text(&exec.stderr));
+    assert_eq!(text(&exec.stdout), "4321\n1024\n1024\n");
+
+    // `task kill --exec-id` ends that exec alone (143 for SIGTERM); the container runs on.
+    let long = containerd
+        .ctr(&[
+            "task",
+            "exec",
+            "--fifo-dir",
+            &fifo,
+            "--exec-id",
+            "e3",
+            "c4",
+            "sleep",
+            "2000",
+        ])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn ctr task exec");
+    let sandboxes = daemon.client().list().await.expect("list sandboxes");
+    let sandbox = &sandboxes.first().expect("the container's sandbox").id;
+    harness::wait_for_process(&daemon.client(), sandbox, "sleep 2000").await;
+    let kill = containerd.run(&["task", "kill", "--exec-id", "e3", "-s", "SIGTERM", "c4"]);
+    assert!(
+        kill.status.success(),
+        "ctr task kill --exec-id: {}",
+        text(&kill.stderr)
+    );
+    let long = finish_within(long, Duration::from_secs(30), "ctr task exec e3");
+    assert_eq!(long.status.code(), Some(143), "{}", text(&long.stderr));
+    assert_eq!(containerd.task_status("c4").as_deref(), Some("RUNNING"));
+    let (ps, _, _) = harness::sh(&daemon.client(), sandbox, "ps -o args").await;
+    assert!(ps.contains("sleep 1000"), "the container's process: {ps}");
+
     let metrics = containerd.run(&["task", "metrics", "c4"]);
     assert!(
         metrics.status.success(),

@@ -163,11 +163,16 @@ pub fn spawn_exec(
     id: &str,
     cmd: &[&str],
 ) -> tokio::task::JoinHandle<client::ExecOutput> {
-    let (c, id, request) = (
-        c.clone(),
-        id.to_string(),
-        wire::ExecRequest::new(cmd.iter().copied()),
-    );
+    spawn_request(c, id, wire::ExecRequest::new(cmd.iter().copied()))
+}
+
+/// [`spawn_exec`] of a whole request.
+pub fn spawn_request(
+    c: &client::Client,
+    id: &str,
+    request: wire::ExecRequest,
+) -> tokio::task::JoinHandle<client::ExecOutput> {
+    let (c, id) = (c.clone(), id.to_string());
     tokio::spawn(async move { c.exec_collect(&id, &request).await.expect("exec") })
 }
 

@@ -491,3 +491,107 @@ async fn a_create_requests_user_overrides_the_images_as_docker_run_user_does() {
         );
     }
 }
+
+#[tokio::test]
+async fn an_exec_requests_user_and_rlimits_apply_to_that_command_only() {
+    let daemon = TestDaemon::start();
+    let c = daemon.client();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let archive = dir.path().join("image.tar");
+    write::oci_archive(&archive, &images::two_layer_image(true)).expect("archive");
+    images::import_file(&c, "ci", &archive)
+        .await
+        .expect("import");
+    // A sandbox of the image run as root; one command as the image's ci (by name, with its
+    // supplementary group and home), one as a bare uid:gid.
+    let id = c
+        .create(&CreateSandbox {
+            image: Some("ci".into()),
+            user: Some("root".into()),
+            ..CreateSandbox::default()
+        })
+        .await
+        .expect("create")
+        .id;
+    let as_user = |user: &str| ExecRequest {
+        user: user.into(),
+        ..ExecRequest::new(["sh", "-c", "id -u; id -G; echo $HOME"])
+    };
+    let out = c.exec_collect(&id, &as_user("ci")).await.expect("exec");
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        "1000\n1000 2000\n/home/ci\n",
+        "{:?}",
+        out.result
+    );
+    let out = c
+        .exec_collect(&id, &as_user("4321:99"))
+        .await
+        .expect("exec");
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "4321\n99\n/\n");
+    // The request's HOME wins over the user's.
+    let mut request = as_user("ci");
+    request.env.insert("HOME".into(), "/elsewhere".into());
+    let out = c.exec_collect(&id, &request).await.expect("exec");
+    assert!(String::from_utf8_lossy(&out.stdout).ends_with("/elsewhere\n"));
+    // The sandbox's own user is untouched.
+    let (out, _, _) = sh(&c, &id, "id -u").await;
+    assert_eq!(out, "0\n");
+    for bad in ["nobody-here", "ci:nogroup"] {
+        let refused = c.exec_collect(&id, &as_user(bad)).await.expect_err(bad);
+        assert!(
+            matches!(&refused, ClientError::Api { status: 400, .. }),
+            "{bad:?}: {refused}"
+        );
+    }
+
+    // rlimits: lowered for the command (as the image's user, after the switch they hold).
+    let mut request = as_user("ci");
+    request.cmd = vec![
+        "sh".into(),
+        "-c".into(),
+        "ulimit -n; ulimit -Hn; ulimit -c".into(),
+    ];
+    request.rlimits = vec![
+        wire::Rlimit {
+            kind: "RLIMIT_NOFILE".into(),
+            soft: 100,
+            hard: 200,
+        },
+        wire::Rlimit {
+            kind: "core".into(),
+            soft: 0,
+            hard: 0,
+        },
+    ];
+    let out = c.exec_collect(&id, &request).await.expect("exec");
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        "100\n200\n0\n",
+        "{:?}",
+        out.result
+    );
+    // Raising the hard limit past the host's is beyond a namespace sandbox's root: the command
+    // does not start and the exit frame says why.
+    request.rlimits = vec![wire::Rlimit {
+        kind: "nofile".into(),
+        soft: u64::MAX,
+        hard: u64::MAX,
+    }];
+    let out = c.exec_collect(&id, &request).await.expect("exec");
+    assert!(
+        out.result.error.contains("cannot set the nofile limit") && out.stdout.is_empty(),
+        "{:?}",
+        out.result
+    );
+    request.rlimits = vec![wire::Rlimit {
+        kind: "RLIMIT_NOPE".into(),
+        soft: 1,
+        hard: 1,
+    }];
+    let refused = c.exec_collect(&id, &request).await.expect_err("bad type");
+    assert!(
+        matches!(&refused, ClientError::Api { status: 400, .. }),
+        "{refused}"
+    );
+}

@@ -1,9 +1,11 @@
 //! `POST /sandboxes/{id}/signal` and `GET /sandboxes/{id}/stats` through the real daemon: a
 //! signal reaches every command of the sandbox (a trap sees SIGTERM, SIGKILL ends a sleep) and
-//! never the agent, which serves the next command; stats come from the sandbox's cgroups.
+//! never the agent, which serves the next command; with an `exec_id` it reaches that command
+//! alone; stats come from the sandbox's cgroups.
 
 use client::ClientError;
-use harness::{sh, spawn_exec, wait_for_process, TestDaemon};
+use harness::{sh, spawn_exec, spawn_request, wait_for_process, TestDaemon};
+use wire::ExecRequest;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_signal_reaches_every_command_but_never_the_agent() {
@@ -91,4 +93,57 @@ async fn stats_report_the_sandboxs_memory_cpu_and_processes() {
         "a busy second shows: {before:?} → {after:?}"
     );
     assert_eq!(after.memory.oom_kills, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_signal_with_an_exec_id_reaches_that_command_alone() {
+    let daemon = TestDaemon::start();
+    let c = daemon.client();
+    let id = daemon.sandbox().await;
+    let named = |exec_id: &str, script: &str| ExecRequest {
+        exec_id: exec_id.into(),
+        ..ExecRequest::new(["sh", "-c", script])
+    };
+    // The target's child shares its process group: it gets the signal too.
+    let target = spawn_request(&c, &id, named("step-1", "sleep 1001 & sleep 1002; wait"));
+    let bystander = spawn_request(&c, &id, named("step-2", "sleep 1003; echo survived"));
+    wait_for_process(&c, &id, "sleep 1001").await;
+    wait_for_process(&c, &id, "sleep 1002").await;
+    wait_for_process(&c, &id, "sleep 1003").await;
+    c.signal_exec(&id, "step-1", 15).await.expect("SIGTERM");
+    let out = target.await.expect("join");
+    assert_eq!(out.result.signal, "SIGTERM", "{:?}", out.result);
+    let (ps, _, _) = sh(&c, &id, "ps -o args").await;
+    assert!(!ps.contains("sleep 1001"), "its group got it: {ps}");
+    assert!(ps.contains("sleep 1003"), "the other command runs on: {ps}");
+
+    // Gone: 404. Malformed: 400. Taken: the second command does not start.
+    let gone = c
+        .signal_exec(&id, "step-1", 15)
+        .await
+        .expect_err("finished");
+    assert!(
+        matches!(gone, ClientError::Api { status: 404, .. }),
+        "{gone}"
+    );
+    let bad = c
+        .signal_exec(&id, "no/slashes", 15)
+        .await
+        .expect_err("malformed");
+    assert!(matches!(bad, ClientError::Api { status: 400, .. }), "{bad}");
+    let taken = c
+        .exec_collect(&id, &named("step-2", "echo second"))
+        .await
+        .expect("exec");
+    assert!(
+        taken.result.error.contains("is taken") && taken.stdout.is_empty(),
+        "{:?}",
+        taken.result
+    );
+
+    c.signal_exec(&id, "step-2", 9).await.expect("SIGKILL");
+    let out = bystander.await.expect("join");
+    assert_eq!(out.result.signal, "SIGKILL", "{:?}", out.result);
+    let (out, _, code) = sh(&c, &id, "echo still here").await;
+    assert_eq!((out.as_str(), code), ("still here\n", 0));
 }

@@ -48,11 +48,16 @@ pub enum AgentRequest {
         /// The file (absolute).
         path: String,
     },
-    /// Send `signal` to every process of the sandbox but the agent (the agent must be PID 1:
-    /// `kill(-1, signal)` from PID 1 spares only itself). Answered with `signaled` or `error`.
+    /// Send `signal` to the process group of the running command named `exec_id`, or, with
+    /// none, to every process of the sandbox but the agent (the agent must be PID 1:
+    /// `kill(-1, signal)` from PID 1 spares only itself). Answered with `signaled` or `error`
+    /// (`not_found` when no command of that name runs).
     Signal {
         /// The signal number, 1 to 64.
         signal: i32,
+        /// The command's `exec_id`.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        exec_id: Option<String>,
     },
     /// Answer with what the whole guest uses (`stats`): a microVM is its sandbox, so its own
     /// kernel's counters are the sandbox's.

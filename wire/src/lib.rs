@@ -19,6 +19,7 @@ mod image;
 mod io;
 mod message;
 mod sandbox;
+mod signal;
 mod types;
 
 #[cfg(feature = "tokio")]
@@ -35,9 +36,11 @@ pub use sandbox::{
     MemoryStats, NetworkInfo, NetworkRequest, PidsStats, SandboxInfo, SandboxList, SandboxState,
     SandboxStats, SandboxTimings, SignalRequest, VolumeMount,
 };
+pub use signal::signal_number;
 pub use types::{
-    ErrorBody, ExecRequest, ExecResult, FilesPutResult, RefusedEntry, Usage, ValidationError,
-    MAX_ARGS, MAX_ENV, MAX_REQUEST_BYTES, MAX_TIMEOUT_S,
+    valid_exec_id, ErrorBody, ExecRequest, ExecResult, FilesPutResult, RefusedEntry, Rlimit, Usage,
+    ValidationError, MAX_ARGS, MAX_ENV, MAX_EXEC_ID, MAX_REQUEST_BYTES, MAX_TIMEOUT_S,
+    RLIMIT_RESOURCES,
 };
 
 #[cfg(feature = "tokio")]

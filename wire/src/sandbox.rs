@@ -239,9 +239,17 @@ pub struct PidsStats {
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub struct SignalRequest {
-    /// The signal number (1 to 64): it goes to every process in the sandbox but its agent.
+    /// The signal number (1 to 64).
     #[cfg_attr(feature = "schema", schemars(range(min = 1, max = 64)))]
     pub signal: i32,
+    /// The running command to signal (its ExecRequest's `exec_id`): the signal goes to its
+    /// process group only. Absent: to every process in the sandbox but its agent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(
+        feature = "schema",
+        schemars(regex(pattern = r"^[A-Za-z0-9._-]{1,128}$"))
+    )]
+    pub exec_id: Option<String>,
 }
 
 /// A sandbox's lifecycle state.

@@ -33,6 +33,87 @@ pub struct ExecRequest {
     #[serde(default)]
     #[cfg_attr(feature = "schema", schemars(range(min = 0, max = 604800)))]
     pub timeout_s: i64,
+    /// Who the command runs as, as `docker exec --user` takes it: `uid`, `uid:gid`, `name` or
+    /// `name:group`, resolved against the sandbox image's `/etc/passwd` and `/etc/group`.
+    /// Empty: the sandbox's user (its `user`, else its image's `User`, else root).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub user: String,
+    /// Resource limits the command starts with (`setrlimit`), as OCI's `process.rlimits` and
+    /// `docker run --ulimit` give them. A limit not listed keeps the agent's default.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[cfg_attr(feature = "schema", schemars(length(max = 16)))]
+    pub rlimits: Vec<Rlimit>,
+    /// A name for the running command, unique in its sandbox while it runs, so that
+    /// `POST /sandboxes/{id}/signal {"exec_id": …}` can signal it alone: 1 to 128 letters,
+    /// digits, `.`, `_` and `-` (containerd's exec ids fit). Empty: the command has none.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    #[cfg_attr(
+        feature = "schema",
+        schemars(regex(pattern = r"^[A-Za-z0-9._-]{0,128}$"))
+    )]
+    pub exec_id: String,
+}
+
+/// One resource limit: `setrlimit(type, {soft, hard})`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[serde(deny_unknown_fields)]
+pub struct Rlimit {
+    /// The resource, as OCI spells it (`RLIMIT_NOFILE`) or as Docker's `--ulimit` does
+    /// (`nofile`).
+    #[serde(rename = "type")]
+    pub kind: String,
+    /// The soft limit (what the command gets); 18446744073709551615 is unlimited.
+    pub soft: u64,
+    /// The hard limit (how far the command may raise it); at least `soft`.
+    pub hard: u64,
+}
+
+/// The resources `setrlimit` knows, by their short names (`RLIMIT_` + upper case is the
+/// long form).
+pub const RLIMIT_RESOURCES: [&str; 16] = [
+    "as",
+    "core",
+    "cpu",
+    "data",
+    "fsize",
+    "locks",
+    "memlock",
+    "msgqueue",
+    "nice",
+    "nofile",
+    "nproc",
+    "rss",
+    "rtprio",
+    "rttime",
+    "sigpending",
+    "stack",
+];
+
+impl Rlimit {
+    /// The short name of its resource (`nofile`), when it names one of [`RLIMIT_RESOURCES`].
+    pub fn resource(&self) -> Option<&'static str> {
+        let short = match self.kind.strip_prefix("RLIMIT_") {
+            Some(long) if long.bytes().all(|b| !b.is_ascii_lowercase()) => {
+                long.to_ascii_lowercase()
+            }
+            Some(_) => return None,
+            None => self.kind.clone(),
+        };
+        RLIMIT_RESOURCES.iter().copied().find(|r| *r == short)
+    }
+}
+
+/// Longest `exec_id`: room for a containerd identifier (at most 76 characters) with a
+/// prefix.
+pub const MAX_EXEC_ID: usize = 128;
+
+/// Whether `id` can name a running command (see [`ExecRequest::exec_id`]).
+pub fn valid_exec_id(id: &str) -> bool {
+    (1..=MAX_EXEC_ID).contains(&id.len())
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
 }
 
 /// Why an [`ExecRequest`] was refused. The message names the field.
@@ -137,6 +218,61 @@ impl ExecRequest {
                 format!(
                     "must be between 0 and {MAX_TIMEOUT_S}, got {}",
                     self.timeout_s
+                ),
+            ));
+        }
+        if self.user.len() > 256 || self.user.contains(['\0', '\n']) {
+            return Err(ValidationError::new(
+                "user",
+                "must be uid, uid:gid, name or name:group (at most 256 bytes, no NUL or newline)",
+            ));
+        }
+        if self.rlimits.len() > RLIMIT_RESOURCES.len() {
+            return Err(ValidationError::new(
+                "rlimits",
+                format!(
+                    "{} limits, more than the {} resources there are",
+                    self.rlimits.len(),
+                    RLIMIT_RESOURCES.len()
+                ),
+            ));
+        }
+        let mut seen = Vec::new();
+        for (i, limit) in self.rlimits.iter().enumerate() {
+            let field = format!("rlimits[{i}]");
+            let Some(resource) = limit.resource() else {
+                return Err(ValidationError::new(
+                    format!("{field}.type"),
+                    format!(
+                        "{:?} is not a resource: one of {} (or RLIMIT_ and its upper case)",
+                        limit.kind.escape_debug().to_string(),
+                        RLIMIT_RESOURCES.join(", ")
+                    ),
+                ));
+            };
+            if seen.contains(&resource) {
+                return Err(ValidationError::new(
+                    format!("{field}.type"),
+                    format!("{resource} is limited twice"),
+                ));
+            }
+            seen.push(resource);
+            if limit.soft > limit.hard {
+                return Err(ValidationError::new(
+                    field,
+                    format!(
+                        "soft limit {} is above the hard limit {}",
+                        limit.soft, limit.hard
+                    ),
+                ));
+            }
+        }
+        if !self.exec_id.is_empty() && !valid_exec_id(&self.exec_id) {
+            return Err(ValidationError::new(
+                "exec_id",
+                format!(
+                    "{:?} is not 1 to {MAX_EXEC_ID} letters, digits, '.', '_' or '-'",
+                    self.exec_id.escape_debug().to_string()
                 ),
             ));
         }
@@ -314,6 +450,45 @@ mod tests {
         r.validate().expect("valid");
     }
 
+    fn limit(kind: &str, soft: u64, hard: u64) -> Rlimit {
+        Rlimit {
+            kind: kind.into(),
+            soft,
+            hard,
+        }
+    }
+
+    #[test]
+    fn rlimit_types_take_the_oci_and_the_docker_spelling() {
+        assert_eq!(limit("RLIMIT_NOFILE", 1, 1).resource(), Some("nofile"));
+        assert_eq!(limit("nofile", 1, 1).resource(), Some("nofile"));
+        assert_eq!(limit("RLIMIT_AS", 1, 1).resource(), Some("as"));
+        assert_eq!(limit("RLIMIT_nofile", 1, 1).resource(), None);
+        assert_eq!(limit("NOFILE", 1, 1).resource(), None);
+        assert_eq!(limit("", 1, 1).resource(), None);
+        let r: ExecRequest = serde_json::from_str(
+            r#"{"cmd":["true"],"user":"1000:1000","exec_id":"build.1",
+                "rlimits":[{"type":"RLIMIT_NOFILE","soft":64,"hard":18446744073709551615}]}"#,
+        )
+        .expect("parses");
+        r.validate().expect("valid");
+        assert_eq!(r.rlimits[0].hard, u64::MAX);
+        // Requests without the new fields serialize as before (the agent's wire is unchanged).
+        let plain = serde_json::to_string(&ExecRequest::new(["true"])).expect("serializes");
+        assert_eq!(plain, r#"{"cmd":["true"],"env":{},"cwd":"","timeout_s":0}"#);
+    }
+
+    #[test]
+    fn exec_ids_are_containerd_identifiers() {
+        assert!(valid_exec_id("exec-1"));
+        assert!(valid_exec_id("a.b_c-D9"));
+        assert!(valid_exec_id(&"x".repeat(MAX_EXEC_ID)));
+        assert!(!valid_exec_id(""));
+        assert!(!valid_exec_id("a b"));
+        assert!(!valid_exec_id("../x"));
+        assert!(!valid_exec_id("é"));
+    }
+
     #[test]
     fn exec_request_rejects_unknown_fields() {
         let e = serde_json::from_str::<ExecRequest>(r#"{"cmd":["true"],"timeout":3}"#)
@@ -365,6 +540,48 @@ mod tests {
             (
                 ExecRequest::new(vec!["x".repeat(MAX_REQUEST_BYTES + 1)]),
                 "cmd",
+            ),
+            (
+                ExecRequest {
+                    user: "a\nb".into(),
+                    ..ExecRequest::new(["true"])
+                },
+                "user",
+            ),
+            (
+                ExecRequest {
+                    rlimits: vec![limit("RLIMIT_NOPE", 1, 1)],
+                    ..ExecRequest::new(["true"])
+                },
+                "rlimits[0].type",
+            ),
+            (
+                ExecRequest {
+                    rlimits: vec![limit("nofile", 1, 1), limit("RLIMIT_NOFILE", 2, 2)],
+                    ..ExecRequest::new(["true"])
+                },
+                "rlimits[1].type",
+            ),
+            (
+                ExecRequest {
+                    rlimits: vec![limit("core", 0, 0), limit("nproc", 10, 9)],
+                    ..ExecRequest::new(["true"])
+                },
+                "rlimits[1]",
+            ),
+            (
+                ExecRequest {
+                    exec_id: "a/b".into(),
+                    ..ExecRequest::new(["true"])
+                },
+                "exec_id",
+            ),
+            (
+                ExecRequest {
+                    exec_id: "x".repeat(MAX_EXEC_ID + 1),
+                    ..ExecRequest::new(["true"])
+                },
+                "exec_id",
             ),
         ];
         for (req, field) in cases {

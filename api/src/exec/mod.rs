@@ -61,8 +61,8 @@ pub fn wants_stdin(value: Option<&str>) -> Result<bool, AdmitError> {
 }
 
 /// Admits one exec into `sandbox`: parses and validates the ExecRequest in `body` once,
-/// reserves an exec slot, merges the sandbox's environment into the request on its way, and
-/// opens the agent connection. An agent that cannot be reached is not an admission error: the
+/// applies the sandbox's defaults (env, image config, the user it runs as), reserves an exec
+/// slot, and opens the agent connection. An agent that cannot be reached is not an admission error: the
 /// session then yields the synthesized exit frame that says why, as a stream lost later would.
 pub async fn admit(
     state: &Arc<AppState>,
@@ -75,9 +75,13 @@ pub async fn admit(
     request
         .validate()
         .map_err(|e| AdmitError::Invalid(e.to_string()))?;
+    let mut request = request;
+    let user = sandbox
+        .apply_defaults(&mut request)
+        .map_err(AdmitError::Invalid)?;
     let guard = sandbox.begin(true)?;
     if let Some(delay) = debug_exec_delay() {
         tokio::time::sleep(delay).await;
     }
-    Ok(Session::open(state.clone(), guard, request, interactive).await)
+    Ok(Session::open(state.clone(), guard, request, user, interactive).await)
 }

@@ -11,7 +11,7 @@ use std::time::Instant;
 use bytes::Bytes;
 use tokio::io::AsyncWriteExt;
 use tokio::net::unix::{OwnedReadHalf, OwnedWriteHalf};
-use wire::agent::AgentRequest;
+use wire::agent::{AgentRequest, RunAs};
 use wire::ExecRequest;
 
 use super::relay::{failure_frame, RelayEnd, ResponseRelay};
@@ -60,13 +60,13 @@ impl Session {
     pub(super) async fn open(
         state: Arc<AppState>,
         guard: ActivityGuard,
-        mut request: ExecRequest,
+        request: ExecRequest,
+        user: Option<RunAs>,
         interactive: bool,
     ) -> Session {
         state.metrics.execs_started.fetch_add(1, Ordering::Relaxed);
         let started = Instant::now();
         let sandbox = guard.sandbox().clone();
-        let user = sandbox.apply_defaults(&mut request);
         let message = AgentRequest::Exec {
             request,
             interactive,

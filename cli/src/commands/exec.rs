@@ -15,6 +15,10 @@ pub struct ExecArgs {
     /// Environment added for this command (repeatable).
     #[arg(long = "env", value_name = "KEY=VALUE", value_parser = super::key_value)]
     pub env: Vec<(String, String)>,
+    /// Who this command runs as: uid, uid:gid, name or name:group (as `docker exec --user`),
+    /// looked up in the image's /etc/passwd [default: the sandbox's user].
+    #[arg(short, long, value_name = "USER")]
+    pub user: Option<String>,
     #[command(flatten)]
     pub options: CommandOptions,
     /// The sandbox id.
@@ -45,6 +49,14 @@ pub struct CommandOptions {
     /// Print the command's resource usage to stderr when it ends.
     #[arg(long)]
     pub stats: bool,
+    /// A resource limit, as `docker run --ulimit`: nofile=1024, nofile=1024:4096,
+    /// core=0, stack=unlimited (repeatable; the names are setrlimit's without RLIMIT_).
+    #[arg(long, value_name = "NAME=SOFT[:HARD]", value_parser = ulimit)]
+    pub ulimit: Vec<wire::Rlimit>,
+    /// Name the running command, so that `crucible sandbox kill ID --exec-id NAME` signals it
+    /// alone (letters, digits, '.', '_', '-').
+    #[arg(long, value_name = "NAME")]
+    pub exec_id: Option<String>,
 }
 
 impl CommandOptions {
@@ -55,8 +67,44 @@ impl CommandOptions {
             env: env.iter().cloned().collect(),
             cwd: self.cwd.clone().unwrap_or_default(),
             timeout_s: self.timeout.unwrap_or(0),
+            rlimits: self.ulimit.clone(),
+            exec_id: self.exec_id.clone().unwrap_or_default(),
+            ..ExecRequest::default()
         }
     }
+}
+
+/// `NAME=SOFT[:HARD]` (a missing hard limit is the soft one; `unlimited` and `-1` are no
+/// limit), as Docker's `--ulimit` takes it.
+fn ulimit(text: &str) -> Result<wire::Rlimit, String> {
+    let (name, values) = text
+        .split_once('=')
+        .ok_or_else(|| format!("expected NAME=SOFT[:HARD], got {text:?}"))?;
+    let value = |v: &str| match v {
+        "unlimited" | "-1" => Ok(u64::MAX),
+        v => v
+            .parse::<u64>()
+            .map_err(|_| format!("{v:?} in {text:?} is not a number or \"unlimited\"")),
+    };
+    let (soft, hard) = match values.split_once(':') {
+        Some((soft, hard)) => (value(soft)?, value(hard)?),
+        None => (value(values)?, value(values)?),
+    };
+    let limit = wire::Rlimit {
+        kind: name.to_string(),
+        soft,
+        hard,
+    };
+    if limit.resource().is_none() {
+        return Err(format!(
+            "{name:?} is not a resource: one of {}",
+            wire::RLIMIT_RESOURCES.join(", ")
+        ));
+    }
+    if soft > hard {
+        return Err(format!("soft limit above the hard limit in {text:?}"));
+    }
+    Ok(limit)
 }
 
 /// Writes one output event where it belongs; returns the result at the exit event.
@@ -148,7 +196,8 @@ fn finish(global: &Global, result: &ExecResult, stats: bool) -> Result<i32> {
 
 pub async fn exec(global: &Global, args: ExecArgs) -> Result<i32> {
     let client = global.client()?;
-    let request = args.options.request(&args.cmd, &args.env);
+    let mut request = args.options.request(&args.cmd, &args.env);
+    request.user = args.user.unwrap_or_default();
     if global.json && !args.interactive {
         let out = client.exec_collect(&args.id, &request).await?;
         output::print_json(&serde_json::json!({
@@ -174,4 +223,23 @@ pub async fn shell(global: &Global, args: ShellArgs) -> Result<i32> {
     let request = ExecRequest::new([args.shell.as_str(), "-i"]);
     let result = interactive(&client, &args.id, &request).await?;
     finish(global, &result, false)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ulimits_parse_like_docker() {
+        let l = ulimit("nofile=1024:4096").expect("valid");
+        assert_eq!((l.kind.as_str(), l.soft, l.hard), ("nofile", 1024, 4096));
+        let l = ulimit("core=0").expect("valid");
+        assert_eq!((l.soft, l.hard), (0, 0));
+        let l = ulimit("stack=unlimited").expect("valid");
+        assert_eq!((l.soft, l.hard), (u64::MAX, u64::MAX));
+        assert!(ulimit("nofile").is_err());
+        assert!(ulimit("nofile=x").is_err());
+        assert!(ulimit("files=1").expect_err("unknown").contains("nofile"));
+        assert!(ulimit("nofile=10:5").is_err());
+    }
 }

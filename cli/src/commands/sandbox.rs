@@ -152,3 +152,31 @@ pub async fn remove(global: &Global, ids: &[String]) -> Result<()> {
         None => Ok(()),
     }
 }
+
+/// `crucible sandbox kill`: a signal to every process of a sandbox, or to one named command.
+#[derive(clap::Args)]
+pub struct KillArgs {
+    /// The sandbox id.
+    pub id: String,
+    /// The signal: a name (TERM, SIGTERM) or a number [default: KILL, as `docker kill`].
+    #[arg(short, long, default_value = "KILL", value_parser = signal)]
+    pub signal: i32,
+    /// Only the running command started with this `--exec-id` (its process group); without
+    /// it, every process of the sandbox but its agent.
+    #[arg(long, value_name = "NAME")]
+    pub exec_id: Option<String>,
+}
+
+fn signal(text: &str) -> Result<i32, String> {
+    wire::signal_number(text)
+        .ok_or_else(|| format!("{text:?} is not a signal name (TERM, SIGKILL) or number 1 to 64"))
+}
+
+pub async fn kill(global: &Global, args: &KillArgs) -> Result<()> {
+    let client = global.client()?;
+    match &args.exec_id {
+        Some(exec_id) => client.signal_exec(&args.id, exec_id, args.signal).await?,
+        None => client.signal(&args.id, args.signal).await?,
+    }
+    Ok(())
+}

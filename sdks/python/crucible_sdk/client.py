@@ -84,10 +84,19 @@ def _frames_to_events(frame: codec.Frame):
     raise codec.DecodeError("unknown_type", f"unexpected {frame.type_name} frame from the daemon")
 
 
-def _request_body(cmd: List[str], env, cwd: str, timeout_s: int) -> bytes:
-    return json.dumps(
-        {"cmd": list(cmd), "env": dict(env or {}), "cwd": cwd, "timeout_s": timeout_s}
-    ).encode()
+_EXEC_OPTIONS = ("user", "rlimits", "exec_id")
+
+
+def _request_body(cmd: List[str], env, cwd: str, timeout_s: int, options: Dict) -> bytes:
+    """The ExecRequest. `options` may hold `user` ("uid[:gid]" or "name[:group]"), `rlimits`
+    ([{"type": "RLIMIT_NOFILE", "soft": 1024, "hard": 4096}]) and `exec_id` (a name for
+    `signal(..., exec_id=...)`); None leaves one out."""
+    unknown = set(options) - set(_EXEC_OPTIONS)
+    if unknown:
+        raise TypeError(f"unknown exec options {sorted(unknown)}: expected {_EXEC_OPTIONS}")
+    body = {"cmd": list(cmd), "env": dict(env or {}), "cwd": cwd, "timeout_s": timeout_s}
+    body.update({k: v for k, v in options.items() if v is not None})
+    return json.dumps(body).encode()
 
 
 class Session:
@@ -212,6 +221,20 @@ class Client:
     def delete(self, sandbox_id: str) -> None:
         self._open("DELETE", self._sandbox_path(sandbox_id)).read()
 
+    def signal(self, sandbox_id: str, signal: int, exec_id: Optional[str] = None) -> None:
+        """POST …/signal: `signal` to every process of the sandbox but its agent, or with
+        `exec_id` to that running command's process group only (404 when none runs)."""
+        body: Dict[str, object] = {"signal": signal}
+        if exec_id is not None:
+            body["exec_id"] = exec_id
+        self._open("POST", self._sandbox_path(sandbox_id, "/signal"),
+                   body=json.dumps(body).encode(),
+                   headers={"Content-Type": "application/json"}).read()
+
+    def stats(self, sandbox_id: str) -> Dict:
+        """GET …/stats: memory, CPU time and processes the sandbox uses now."""
+        return self._json("GET", self._sandbox_path(sandbox_id, "/stats"))
+
     # -- caches -----------------------------------------------------------------------------
 
     def caches(self) -> List[Dict]:
@@ -256,11 +279,12 @@ class Client:
     # -- exec -------------------------------------------------------------------------------
 
     def exec_stream(self, sandbox_id: str, cmd: List[str], env=None, cwd: str = "",
-                    timeout_s: int = 0) -> Iterator[Tuple[str, object]]:
+                    timeout_s: int = 0, **options) -> Iterator[Tuple[str, object]]:
         """Runs a command; yields ("stdout", bytes) / ("stderr", bytes) as they arrive, then
-        ("exit", result dict). A stream that breaks off raises codec.DecodeError."""
+        ("exit", result dict). A stream that breaks off raises codec.DecodeError. `options`:
+        `user`, `rlimits`, `exec_id` (see docs/api.md)."""
         response = self._open("POST", self._sandbox_path(sandbox_id, "/exec"),
-                              body=_request_body(cmd, env, cwd, timeout_s),
+                              body=_request_body(cmd, env, cwd, timeout_s, options),
                               headers={"Content-Type": "application/json"})
         decoder = codec.Decoder(response=True)
         while True:
@@ -272,11 +296,11 @@ class Client:
         decoder.close()
 
     def exec(self, sandbox_id: str, cmd: List[str], env=None, cwd: str = "",
-             timeout_s: int = 0) -> ExecOutput:
-        """Runs a command and collects its output."""
+             timeout_s: int = 0, **options) -> ExecOutput:
+        """Runs a command and collects its output (`options` as for exec_stream)."""
         out = ExecOutput()
         stdout, stderr = io.BytesIO(), io.BytesIO()
-        for kind, value in self.exec_stream(sandbox_id, cmd, env, cwd, timeout_s):
+        for kind, value in self.exec_stream(sandbox_id, cmd, env, cwd, timeout_s, **options):
             if kind == "stdout":
                 stdout.write(value)
             elif kind == "stderr":
@@ -287,9 +311,9 @@ class Client:
         return out
 
     def interactive(self, sandbox_id: str, cmd: List[str], env=None, cwd: str = "",
-                    timeout_s: int = 0) -> Session:
+                    timeout_s: int = 0, **options) -> Session:
         """POST …/exec?stdin=1: the connection becomes a raw two-way frame stream."""
-        body = _request_body(cmd, env, cwd, timeout_s)
+        body = _request_body(cmd, env, cwd, timeout_s, options)
         if self.kind == "unix":
             sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             target, host_header = self.address, "crucible"

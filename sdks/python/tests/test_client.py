@@ -37,6 +37,28 @@ def test_exec_stream_yields_events_then_exit(sandbox):
     assert sum(len(v) for k, v in events if k == "stdout") == 200000
 
 
+def test_exec_options_signal_by_exec_id_and_stats(sandbox):
+    client, sid = sandbox
+    out = client.exec(sid, ["sh", "-c", "id -u; ulimit -n"], user="4321:4321",
+                      rlimits=[{"type": "RLIMIT_NOFILE", "soft": 77, "hard": 77}])
+    assert (out.stdout, out.exit_code) == (b"4321\n77\n", 0), out.result
+    with pytest.raises(TypeError):
+        client.exec(sid, ["true"], users="x")
+    # A named command, signalled alone while it runs.
+    session = client.interactive(sid, ["sh", "-c", "echo up; exec sleep 1000"], exec_id="py-step")
+    with session:
+        events = session.events()
+        assert next(events) == ("stdout", b"up\n")
+        client.signal(sid, 15, exec_id="py-step")
+        kind, result = [e for e in events][-1]
+        assert kind == "exit" and result["signal"] == "SIGTERM", result
+    with pytest.raises(CrucibleError) as gone:
+        client.signal(sid, 15, exec_id="py-step")
+    assert gone.value.status == 404
+    stats = client.stats(sid)
+    assert stats["pids"]["current"] >= 1
+
+
 def test_interactive_session(sandbox):
     client, sid = sandbox
     with client.interactive(sid, ["sh"]) as session:
