@@ -65,6 +65,12 @@ pub enum StoreError {
     /// The upload is not an image crucible can use.
     #[error(transparent)]
     Source(#[from] SourceError),
+    /// A compressed image archive is larger than the image limit once decompressed.
+    #[error("the archive is larger than the image limit of {max_bytes} bytes once decompressed")]
+    ArchiveTooLarge {
+        /// The limit.
+        max_bytes: u64,
+    },
     /// A layer could not be applied (hostile or malformed content, or a limit reached).
     #[error("layer {index} of {total} ({digest}): {source}")]
     Layer {
@@ -108,7 +114,7 @@ impl StoreError {
             StoreError::Layer {
                 source: UnpackError::LimitExceeded { .. },
                 ..
-            }
+            } | StoreError::ArchiveTooLarge { .. }
         )
     }
 }
@@ -384,14 +390,26 @@ impl Store {
             let index = ArchiveIndex::read(upload).map_err(SourceError::from)?;
             let plan = source::plan(&index)?;
             (Some(index), plan)
-        } else if compressed_image_archive(upload)? {
-            // `docker save | gzip`: unpacked once into tmp/ to be read in any order.
+        } else if compressed_image_archive(upload, scan_limit(limits))? {
+            // `docker save | gzip`: unpacked once into tmp/ to be read in any order, at most
+            // the image limit of it, as an uncompressed upload is (a bomb stops there).
             let plain = self.temp_path("archive");
             temps.push(plain.clone());
             let mut out = File::create(&plain).map_err(StoreError::io("create", &plain))?;
-            let mut reader = compression::decompressed(file)
-                .map_err(|e| SourceError::from(ArchiveError::Io(e)))?;
-            io::copy(&mut reader, &mut out).map_err(|e| SourceError::from(ArchiveError::Io(e)))?;
+            let mut reader = compression::Bounded::new(
+                compression::decompressed(file)
+                    .map_err(|e| SourceError::from(ArchiveError::Io(e)))?,
+                limits.max_bytes,
+            );
+            if let Err(e) = io::copy(&mut reader, &mut out) {
+                return Err(if reader.exceeded() {
+                    StoreError::ArchiveTooLarge {
+                        max_bytes: limits.max_bytes,
+                    }
+                } else {
+                    SourceError::from(ArchiveError::Io(e)).into()
+                });
+            }
             let index = ArchiveIndex::read(&plain).map_err(SourceError::from)?;
             let plan = source::plan(&index)?;
             (Some(index), plan)
@@ -705,26 +723,45 @@ impl Store {
     }
 }
 
+/// How much of a compressed upload is read to tell a rootfs from an image archive (read, never
+/// written): a rootfs within the limits is at most the image limit plus a tar header and
+/// padding for each entry it may hold.
+fn scan_limit(limits: Limits) -> u64 {
+    limits
+        .max_bytes
+        .saturating_add(limits.max_entries.saturating_mul(1024))
+}
+
 /// Whether the compressed upload is a compressed image archive (`docker save | gzip`) rather
-/// than a compressed rootfs: one pass over its member names.
-fn compressed_image_archive(upload: &Path) -> Result<bool, StoreError> {
+/// than a compressed rootfs: one pass over its member names, through at most `max_bytes` of
+/// it decompressed (past them it could be neither).
+fn compressed_image_archive(upload: &Path, max_bytes: u64) -> Result<bool, StoreError> {
     let file = File::open(upload).map_err(StoreError::io("open", upload))?;
-    let reader =
-        compression::decompressed(file).map_err(|e| SourceError::from(ArchiveError::Io(e)))?;
+    let reader = compression::Bounded::new(
+        compression::decompressed(file).map_err(|e| SourceError::from(ArchiveError::Io(e)))?,
+        max_bytes,
+    );
     let mut archive = tar::Archive::new(reader);
-    let entries = archive
-        .entries()
-        .map_err(|e| SourceError::from(ArchiveError::Io(e)))?;
     let mut names = std::collections::HashSet::new();
-    for (n, entry) in entries.enumerate() {
-        if n >= crate::archive::MAX_MEMBERS {
-            break;
+    let scanned = (|| -> io::Result<()> {
+        for (n, entry) in archive.entries()?.enumerate() {
+            if n >= crate::archive::MAX_MEMBERS {
+                break;
+            }
+            let entry = entry?;
+            let name = crate::archive::normalise(&String::from_utf8_lossy(&entry.path_bytes()));
+            if ["oci-layout", "index.json", "manifest.json"].contains(&name.as_str()) {
+                names.insert(name);
+            }
         }
-        let entry = entry.map_err(|e| SourceError::from(ArchiveError::Io(e)))?;
-        let name = crate::archive::normalise(&String::from_utf8_lossy(&entry.path_bytes()));
-        if ["oci-layout", "index.json", "manifest.json"].contains(&name.as_str()) {
-            names.insert(name);
-        }
+        Ok(())
+    })();
+    if let Err(e) = scanned {
+        return Err(if archive.into_inner().exceeded() {
+            StoreError::ArchiveTooLarge { max_bytes }
+        } else {
+            SourceError::from(ArchiveError::Io(e)).into()
+        });
     }
     Ok(names.contains("manifest.json")
         || (names.contains("oci-layout") && names.contains("index.json")))

@@ -45,7 +45,7 @@ fn two_layers() -> ImageParts {
             ..RunConfig::default()
         },
         reference: Some("example:1".into()),
-        gzip: true,
+        compression: Compression::Gzip,
     }
 }
 
@@ -94,7 +94,7 @@ fn an_oci_archive_imports_with_its_layers_and_config() {
 fn a_docker_save_archive_imports_the_same_tree() {
     let (_dir, store) = store();
     let mut parts = two_layers();
-    parts.gzip = false;
+    parts.compression = Compression::None;
     let path = upload(&store, |p| write::docker_archive(p, &parts));
     let record = store.import("alice", "app", &path, LIMITS).expect("import");
     assert_eq!(record.format, Format::DockerSave);
@@ -105,13 +105,82 @@ fn a_docker_save_archive_imports_the_same_tree() {
 fn a_gzipped_docker_save_archive_is_recognised() {
     let (_dir, store) = store();
     let mut parts = two_layers();
-    parts.gzip = false;
+    parts.compression = Compression::None;
     let plain = upload(&store, |p| write::docker_archive(p, &parts));
     let bytes = fs::read(&plain).expect("read");
     let gz = upload(&store, |p| fs::write(p, write_gzip(&bytes)));
     let record = store.import("alice", "app", &gz, LIMITS).expect("import");
     assert_eq!(record.format, Format::DockerSave);
     check_two_layer_root(&store, &record);
+}
+
+#[test]
+fn zstd_layers_and_a_zstd_docker_save_archive_import_the_same_tree() {
+    let (_dir, store) = store();
+    let mut parts = two_layers();
+    parts.compression = Compression::Zstd;
+    let path = upload(&store, |p| write::oci_archive(p, &parts));
+    let record = store
+        .import("alice", "zstd-layers", &path, LIMITS)
+        .expect("import");
+    check_two_layer_root(&store, &record);
+
+    parts.compression = Compression::None;
+    let plain = upload(&store, |p| write::docker_archive(p, &parts));
+    let bytes = fs::read(&plain).expect("read");
+    let zst = upload(&store, |p| {
+        fs::write(
+            p,
+            ruzstd::encoding::compress_to_vec(
+                &bytes[..],
+                ruzstd::encoding::CompressionLevel::Fastest,
+            ),
+        )
+    });
+    let record = store
+        .import("alice", "zstd-save", &zst, LIMITS)
+        .expect("import");
+    assert_eq!(record.format, Format::DockerSave);
+    check_two_layer_root(&store, &record);
+}
+
+#[test]
+fn a_compressed_archive_bomb_stops_at_the_limit_and_leaves_nothing() {
+    use std::io::Write;
+    let (_dir, store) = store();
+    // `docker save | gzip` whose second member is 256 MiB of zeros: a few hundred KiB on the
+    // wire, four times the 64 MiB limit once decompressed.
+    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+    let mut member = |name: &str, size: u64, fill: &mut dyn FnMut(&mut dyn Write)| {
+        let mut header = tar::Header::new_gnu();
+        header.set_path(name).expect("path");
+        header.set_size(size);
+        header.set_mode(0o644);
+        header.set_cksum();
+        gz.write_all(header.as_bytes()).expect("header");
+        fill(&mut gz);
+        let pad = (512 - size % 512) % 512;
+        gz.write_all(&vec![0u8; pad as usize]).expect("pad");
+    };
+    member("manifest.json", 2, &mut |w| {
+        w.write_all(b"[]").expect("json")
+    });
+    member("zeros", 256 << 20, &mut |w| {
+        let zeros = vec![0u8; 1 << 20];
+        for _ in 0..256 {
+            w.write_all(&zeros).expect("zeros");
+        }
+    });
+    gz.write_all(&[0u8; 1024]).expect("end");
+    let bomb = gz.finish().expect("gzip");
+    assert!(bomb.len() < 2 << 20, "{} bytes", bomb.len());
+    let path = upload(&store, |p| fs::write(p, &bomb));
+    let refused = store
+        .import("alice", "bomb", &path, LIMITS)
+        .expect_err("refused");
+    assert!(refused.is_too_large(), "{refused}");
+    let tmp: Vec<_> = fs::read_dir(store.dir.join("tmp")).expect("tmp").collect();
+    assert!(tmp.is_empty(), "left in tmp: {tmp:?}");
 }
 
 fn write_gzip(bytes: &[u8]) -> Vec<u8> {

@@ -9,6 +9,7 @@ use std::path::Path;
 
 use serde_json::json;
 
+use crate::compression::Compression;
 use crate::digest::Digest;
 use crate::manifest::RunConfig;
 
@@ -161,14 +162,24 @@ pub struct ImageParts {
     pub config: RunConfig,
     /// The name it carries (`org.opencontainers.image.ref.name` / `RepoTags`).
     pub reference: Option<String>,
-    /// Whether OCI layers are gzip-compressed (`docker save` layers never are).
-    pub gzip: bool,
+    /// How OCI layers are compressed (`docker save` layers never are).
+    pub compression: Compression,
 }
 
-fn gzip(bytes: &[u8]) -> io::Result<Vec<u8>> {
-    let mut out = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
-    out.write_all(bytes)?;
-    out.finish()
+/// `layer` compressed as `compression` says, with the OCI media type that names it.
+fn compressed_layer(layer: &[u8], compression: Compression) -> io::Result<(Vec<u8>, &'static str)> {
+    Ok(match compression {
+        Compression::None => (layer.to_vec(), "application/vnd.oci.image.layer.v1.tar"),
+        Compression::Gzip => {
+            let mut out = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+            out.write_all(layer)?;
+            (out.finish()?, "application/vnd.oci.image.layer.v1.tar+gzip")
+        }
+        Compression::Zstd => (
+            ruzstd::encoding::compress_to_vec(layer, ruzstd::encoding::CompressionLevel::Fastest),
+            "application/vnd.oci.image.layer.v1.tar+zstd",
+        ),
+    })
 }
 
 fn config_json(parts: &ImageParts) -> io::Result<Vec<u8>> {
@@ -201,11 +212,7 @@ fn oci_files(parts: &ImageParts) -> io::Result<Vec<(String, Vec<u8>)>> {
     let (config_digest, config_size) = blob(config_json(parts)?);
     let mut layers = Vec::new();
     for layer in &parts.layers {
-        let (bytes, media) = if parts.gzip {
-            (gzip(layer)?, "application/vnd.oci.image.layer.v1.tar+gzip")
-        } else {
-            (layer.clone(), "application/vnd.oci.image.layer.v1.tar")
-        };
+        let (bytes, media) = compressed_layer(layer, parts.compression)?;
         let (digest, size) = blob(bytes);
         layers.push(json!({"mediaType": media, "digest": digest, "size": size}));
     }

@@ -69,7 +69,7 @@ fn busybox_archive(out: &Path) {
             ..Default::default()
         },
         reference: Some("crucible-test/busybox:latest".into()),
-        gzip: false,
+        compression: oci::compression::Compression::None,
     };
     oci::write::docker_archive(out, &parts).expect("write the archive");
 }

@@ -4,6 +4,7 @@
 
 use std::path::Path;
 
+use oci::compression::Compression;
 use oci::manifest::RunConfig;
 use oci::write::{self, ImageParts, LayerBuilder};
 
@@ -69,7 +70,11 @@ pub fn two_layer_image(gzip: bool) -> ImageParts {
             ..RunConfig::default()
         },
         reference: Some("example.test/ci:1".into()),
-        gzip,
+        compression: if gzip {
+            Compression::Gzip
+        } else {
+            Compression::None
+        },
     }
 }
 

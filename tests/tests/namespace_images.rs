@@ -82,6 +82,17 @@ async fn an_oci_image_and_a_docker_save_archive_run_with_their_files_env_workdir
     assert_eq!(info.format, "docker_save");
     check_two_layer_sandbox(&c, "ci-docker").await;
 
+    // zstd layers (BuildKit's and skopeo's `tar+zstd`) give the same sandbox.
+    let zstd_archive = dir.path().join("image.zstd.oci.tar");
+    let mut zstd = images::two_layer_image(true);
+    zstd.compression = oci::compression::Compression::Zstd;
+    write::oci_archive(&zstd_archive, &zstd).expect("oci archive");
+    images::import_file(&c, "ci-zstd", &zstd_archive)
+        .await
+        .expect("import the zstd OCI archive");
+    check_two_layer_sandbox(&c, "ci-zstd").await;
+    c.delete_image("ci-zstd").await.expect("remove");
+
     // The sandbox's own env sits between the image's and each request's.
     let mut request = with_image("ci-oci");
     request
