@@ -6,7 +6,7 @@ use schemars::generate::SchemaSettings;
 use serde_json::{json, Map, Value};
 use wire::{
     CacheList, CreateSandbox, ErrorBody, ExecRequest, ExecResult, FilesPutResult, ImageList,
-    SandboxInfo, SandboxList, SandboxStats, SignalRequest,
+    ImagesPruned, SandboxInfo, SandboxList, SandboxStats, SignalRequest,
 };
 
 fn schema_ref(name: &str) -> Value {
@@ -161,6 +161,7 @@ pub fn document() -> Value {
     generator.subschema_for::<ErrorBody>();
     generator.subschema_for::<CacheList>();
     generator.subschema_for::<ImageList>();
+    generator.subschema_for::<ImagesPruned>();
     generator.subschema_for::<SandboxStats>();
     generator.subschema_for::<SignalRequest>();
     let mut schemas = generator.take_definitions(true);
@@ -305,6 +306,28 @@ pub fn document() -> Value {
                         ("413", "The archive or its unpacked tree is over crucible serve --image-max-mib (code image_too_large)."),
                         ("507", "The import would take the daemon past its disk budget (code insufficient_storage)."),
                     ]), json!({ "201": json_response("The image, imported.", "ImageInfo") }))
+                },
+                "delete": {
+                    "summary": "Prune: remove the caller's images that no sandbox uses, as docker image prune -a.",
+                    "description": "Narrowed to images no sandbox has taken or released (and nobody \
+                        imported) for `unused_for_s` seconds, and to names starting with \
+                        `prefix`. Their layers and trees go where no other image has them. \
+                        The containerd shim prunes its idle `containerd-` images this way.",
+                    "parameters": [
+                        {
+                            "name": "unused_for_s", "in": "query", "required": false,
+                            "description": "Only images idle this many seconds (default 0: any not in use).",
+                            "schema": { "type": "integer", "minimum": 0, "format": "int64" }
+                        },
+                        {
+                            "name": "prefix", "in": "query", "required": false,
+                            "description": "Only images whose name starts with this (default: all).",
+                            "schema": { "type": "string", "maxLength": 128 }
+                        }
+                    ],
+                    "responses": with(errors(&[
+                        ("400", "A query parameter is malformed or unknown."),
+                    ]), json!({ "200": json_response("What was removed.", "ImagesPruned") }))
                 }
             },
             "/images/{name}": {

@@ -87,7 +87,10 @@ pub fn app(state: Arc<AppState>) -> Router {
         .route("/sandboxes/{id}/stats", get(sandbox_stats))
         .route("/caches", get(list_caches).delete(clear_caches))
         .route("/caches/{name}", axum::routing::delete(delete_cache))
-        .route("/images", get(list_images).post(import_image))
+        .route(
+            "/images",
+            get(list_images).post(import_image).delete(prune_images),
+        )
         .route("/images/{*name}", get(get_image).delete(delete_image))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
@@ -391,6 +394,33 @@ async fn import_image(
         .ok_or_else(|| ApiError::invalid("name: missing (POST /images?name=NAME)"))?;
     let info = images::import(state, caller.owner(), name, body).await?;
     Ok((StatusCode::CREATED, Json(info)).into_response())
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PruneQuery {
+    /// Only images not taken or released by a sandbox (nor imported) for this long.
+    #[serde(default)]
+    unused_for_s: u64,
+    /// Only images whose name starts with this (`containerd-` for the shim's).
+    #[serde(default)]
+    prefix: String,
+}
+
+/// `DELETE /images`: removes the caller's images that no sandbox uses (`docker image prune
+/// -a`), narrowed by `unused_for_s` and `prefix`; says which, and what that gave back.
+async fn prune_images(
+    State(state): State<Arc<AppState>>,
+    caller: Caller,
+    Query(query): Query<PruneQuery>,
+) -> Result<Json<wire::ImagesPruned>, ApiError> {
+    let unused_for = std::time::Duration::from_secs(query.unused_for_s);
+    let pruned = state
+        .storage()?
+        .images
+        .prune(&caller.owner(), &query.prefix, unused_for)
+        .await?;
+    Ok(Json(pruned))
 }
 
 async fn get_image(

@@ -201,7 +201,7 @@ impl AppState {
     /// Validates a create request, starts the sandbox for `owner` and waits for its agent.
     pub async fn create_sandbox(
         &self,
-        request: CreateSandbox,
+        mut request: CreateSandbox,
         owner: Owner,
     ) -> Result<SandboxInfo, CreateError> {
         let started = Instant::now();
@@ -313,6 +313,27 @@ impl AppState {
                  namespace or microvm backend)"
             )));
         }
+        // What the sandbox will be, whichever way it is made; a pool hit takes it as it is (a
+        // poolable request has no network, storage or image of its own), a cold create adds
+        // its network below.
+        let mut settings = SandboxSettings {
+            backend: kind,
+            image: image.clone(),
+            memory_mib,
+            vcpus,
+            ttl: Duration::from_secs(ttl_s),
+            idle: Duration::from_secs(limits.idle_timeout_s),
+            labels: std::mem::take(&mut request.labels),
+            env: request.env.clone(),
+            max_execs: limits.max_execs_per_sandbox,
+            owner,
+            caches: request.caches.clone(),
+            volumes: request.volumes.clone(),
+            disk_mib: request.disk_mib,
+            network: None,
+            image_defaults,
+            accounts,
+        };
         let poolable = policy.is_none()
             && imported.is_none()
             && request.user.is_none()
@@ -332,24 +353,6 @@ impl AppState {
                 vcpus,
             };
             if let Take::Hit(pooled) = self.pool.take(&shape) {
-                let settings = SandboxSettings {
-                    backend: kind,
-                    image,
-                    memory_mib,
-                    vcpus,
-                    ttl: Duration::from_secs(ttl_s),
-                    idle: Duration::from_secs(limits.idle_timeout_s),
-                    labels: request.labels,
-                    env: request.env,
-                    max_execs: limits.max_execs_per_sandbox,
-                    owner,
-                    caches: Vec::new(),
-                    volumes: Vec::new(),
-                    disk_mib: None,
-                    network: None,
-                    image_defaults: None,
-                    accounts,
-                };
                 return Ok(self.insert_pooled(pooled, settings, started));
             }
         } else {
@@ -371,13 +374,14 @@ impl AppState {
             let sink = egress::sink(context, egress::MAX_CONNECTIONS_PER_SANDBOX);
             (counters, sink)
         });
-        let mut request = request;
         if network.is_some() {
             for (name, value) in contract::egress::proxy_env() {
                 request.env.entry(name.to_string()).or_insert(value);
             }
         }
-        let (mut held, disk, mounts) = self.claim_storage(&request, &owner, &id, kind).await?;
+        let (mut held, disk, mounts) = self
+            .claim_storage(&request, &settings.owner, &id, kind)
+            .await?;
         let root = match imported {
             Some((record, lease)) => {
                 let images = &self.storage()?.images;
@@ -416,27 +420,11 @@ impl AppState {
                 },
             }
         })?;
-        let settings = SandboxSettings {
-            backend: kind,
-            image,
-            memory_mib,
-            vcpus,
-            ttl: Duration::from_secs(ttl_s),
-            idle: Duration::from_secs(limits.idle_timeout_s),
-            labels: request.labels,
-            env: spec_env,
-            max_execs: limits.max_execs_per_sandbox,
-            owner,
-            caches: request.caches,
-            volumes: request.volumes,
-            disk_mib: request.disk_mib,
-            network: network.map(|(counters, _)| SandboxNetwork {
-                allow: request.network.map(|n| n.allow).unwrap_or_default(),
-                counters,
-            }),
-            image_defaults,
-            accounts,
-        };
+        settings.env = spec_env;
+        settings.network = network.map(|(counters, _)| SandboxNetwork {
+            allow: request.network.map(|n| n.allow).unwrap_or_default(),
+            counters,
+        });
         let sandbox = Arc::new(Sandbox::new(
             id,
             settings,

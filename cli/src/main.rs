@@ -108,6 +108,9 @@ enum ImageCommand {
         #[arg(required = true)]
         names: Vec<String>,
     },
+    /// Remove every image of yours that no sandbox uses (as `docker image prune -a`),
+    /// optionally only those idle for a while or named with a prefix; prints their names.
+    Prune(commands::images::PruneArgs),
 }
 
 #[derive(Subcommand)]
@@ -185,6 +188,7 @@ fn dispatch(cli: Cli) -> anyhow::Result<i32> {
                         commands::images::inspect(&global, &name).await
                     }
                     ImageCommand::Rm { names } => commands::images::remove(&global, &names).await,
+                    ImageCommand::Prune(args) => commands::images::prune(&global, &args).await,
                 }
             })
             .map(|()| 0),

@@ -434,8 +434,26 @@ fn image_import_takes_directories_archives_and_stdin_and_ls_inspect_rm_manage_th
         text(&out.stderr)
     );
 
-    let out = run(crucible(&daemon).args(["image", "rm", "fromdir", "fromlayout", "fromstdin"]));
-    assert!(out.status.success(), "{}", text(&out.stderr));
+    // prune: nothing has been idle an hour; with a prefix, only those names; then the rest.
+    let out = run(crucible(&daemon).args(["image", "prune", "--unused-for", "1h"]));
+    assert_eq!(
+        (text(&out.stdout).as_str(), out.status.success()),
+        ("", true),
+        "{}",
+        text(&out.stderr)
+    );
+    let out = run(crucible(&daemon).args(["image", "prune", "--prefix", "fromd"]));
+    assert_eq!(text(&out.stdout), "fromdir\n", "{}", text(&out.stderr));
+    assert!(text(&out.stderr).contains("removed 1 image(s)"));
+    let out = run(crucible(&daemon).args(["--json", "image", "prune"]));
+    let pruned: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+    assert_eq!(
+        pruned["removed"],
+        serde_json::json!(["fromlayout", "fromstdin"])
+    );
+    assert!(pruned["reclaimed_bytes"].as_u64().is_some_and(|b| b > 0));
+    let out = run(crucible(&daemon).args(["image", "prune", "--unused-for", "soon"]));
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
     let out = run(crucible(&daemon).args(["image", "rm", "fromdir"]));
     assert!(!out.status.success());
     assert!(

@@ -247,6 +247,23 @@ impl Client {
         Ok(())
     }
 
+    /// `DELETE /images`: removes the caller's images that no sandbox uses, idle for at least
+    /// `unused_for_s` seconds and named `prefix…` (`docker image prune -a`).
+    pub async fn prune_images(
+        &self,
+        unused_for_s: u64,
+        prefix: &str,
+    ) -> Result<wire::ImagesPruned, ClientError> {
+        self.json(self.empty(
+            Method::DELETE,
+            &format!(
+                "/images?unused_for_s={unused_for_s}&prefix={}",
+                query_value(prefix)
+            ),
+        )?)
+        .await
+    }
+
     /// `POST /images?name=NAME`: imports the archive `archive` streams (an OCI layout tarred,
     /// an OCI archive, a `docker save` archive or a rootfs tarball, gzip or not) as `name`,
     /// replacing the caller's image of that name.

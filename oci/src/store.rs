@@ -232,6 +232,24 @@ pub struct ImageLease {
 impl Drop for ImageLease {
     fn drop(&mut self) {
         self.store.unpin(&self.keys);
+        for key in &self.keys {
+            if let Some(record) = key.strip_prefix("image:") {
+                mark_used(Path::new(record));
+            }
+        }
+    }
+}
+
+/// Records that a sandbox took or released the image whose record is at `record`: its
+/// modification time is the image's last use, which [`Store::prune`] reads (and which survives
+/// a daemon restart). Best effort: a record that cannot be touched only looks older.
+fn mark_used(record: &Path) {
+    let touched = fs::OpenOptions::new()
+        .write(true)
+        .open(record)
+        .and_then(|f| f.set_modified(std::time::SystemTime::now()));
+    if let Err(e) = touched {
+        tracing::debug!("cannot mark {} as used: {e}", record.display());
     }
 }
 
@@ -626,6 +644,7 @@ impl Store {
         let _commit = self.commit_lock();
         let record = self.get(owner, name)?;
         let key = self.record_path(owner, name);
+        mark_used(&key);
         let keys = vec![
             self.pin(format!("image:{}", key.display())),
             self.pin(format!("root:{}", record.root.hex())),
@@ -655,6 +674,44 @@ impl Store {
         fs::remove_file(&path).map_err(StoreError::io("remove", &path))?;
         self.gc_locked()?;
         Ok(record)
+    }
+
+    /// Removes `owner`'s images (every owner's with `None`) whose name starts with `prefix`,
+    /// that no sandbox holds, and that no sandbox has taken or released (and nobody imported)
+    /// within `unused_for`; then their layers and trees, where no other image has them.
+    /// Returns the removed images, by name.
+    pub fn prune(
+        &self,
+        owner: Option<&str>,
+        prefix: &str,
+        unused_for: std::time::Duration,
+    ) -> Result<Vec<ImageRecord>, StoreError> {
+        let _commit = self.commit_lock();
+        let now = std::time::SystemTime::now();
+        let mut removed = Vec::new();
+        for record in self.list(owner)? {
+            if !record.name.starts_with(prefix) {
+                continue;
+            }
+            let path = self.record_path(&record.owner, &record.name);
+            if self.pinned(&format!("image:{}", path.display())) > 0 {
+                continue;
+            }
+            let idle = fs::metadata(&path)
+                .and_then(|m| m.modified())
+                .ok()
+                .and_then(|used| now.duration_since(used).ok())
+                .unwrap_or_default();
+            if idle < unused_for {
+                continue;
+            }
+            fs::remove_file(&path).map_err(StoreError::io("remove", &path))?;
+            removed.push(record);
+        }
+        if !removed.is_empty() {
+            self.gc_locked()?;
+        }
+        Ok(removed)
     }
 
     /// Removes the blobs, trees and disks that no image names and nothing holds.

@@ -318,3 +318,76 @@ fn names_are_checked() {
         assert!(validate_name(bad).is_err(), "{bad:?}");
     }
 }
+
+#[test]
+fn prune_removes_only_idle_unheld_images_of_the_prefix_and_their_layers() {
+    let (_dir, store) = store();
+    let import = |owner: &str, name: &str| {
+        let path = upload(&store, |p| write::oci_archive(p, &two_layers()));
+        store.import(owner, name, &path, LIMITS).expect("import")
+    };
+    import("unix", "containerd-aaaa");
+    import("unix", "containerd-held");
+    import("unix", "mine");
+    import("bob", "containerd-bobs");
+    let (_record, lease) = store.lease("unix", "containerd-held").expect("lease");
+    let hour = std::time::Duration::from_secs(3600);
+    // Everything was used just now: nothing is an hour idle.
+    assert!(store
+        .prune(Some("unix"), "containerd-", hour)
+        .expect("prune")
+        .is_empty());
+    // Backdate the records two hours; the held one is still held.
+    let two_hours_ago = std::time::SystemTime::now() - 2 * hour;
+    for (owner, name) in [
+        ("unix", "containerd-aaaa"),
+        ("unix", "containerd-held"),
+        ("unix", "mine"),
+        ("bob", "containerd-bobs"),
+    ] {
+        fs::OpenOptions::new()
+            .write(true)
+            .open(store.record_path(owner, name))
+            .and_then(|f| f.set_modified(two_hours_ago))
+            .expect("backdate");
+    }
+    let removed: Vec<String> = store
+        .prune(Some("unix"), "containerd-", hour)
+        .expect("prune")
+        .into_iter()
+        .map(|r| r.name)
+        .collect();
+    assert_eq!(removed, ["containerd-aaaa"]);
+    let left: Vec<String> = store
+        .list(None)
+        .expect("list")
+        .into_iter()
+        .map(|r| r.name)
+        .collect();
+    assert_eq!(left, ["containerd-bobs", "containerd-held", "mine"]);
+    // Releasing marks it used now: not idle, kept.
+    drop(lease);
+    assert!(store
+        .prune(Some("unix"), "containerd-", hour)
+        .expect("prune")
+        .is_empty());
+    // With no idle time asked and no prefix: every unheld image of the owner; the layers stay
+    // while bob's image still names them, and go with the last.
+    let removed = store
+        .prune(Some("unix"), "", std::time::Duration::ZERO)
+        .expect("prune");
+    assert_eq!(removed.len(), 2);
+    assert!(fs::read_dir(store.dir.join("blobs/sha256"))
+        .expect("blobs")
+        .next()
+        .is_some());
+    store
+        .prune(None, "", std::time::Duration::ZERO)
+        .expect("prune");
+    assert_eq!(
+        fs::read_dir(store.dir.join("blobs/sha256"))
+            .expect("blobs")
+            .count(),
+        0
+    );
+}

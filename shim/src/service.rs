@@ -605,8 +605,37 @@ impl Inner {
         // Forgotten either way: what could not be released is still written in the bundle,
         // and `<shim> delete` tries again once this shim has exited.
         *slot = None;
+        drop(slot);
+        self.prune_idle_images().await;
         released?;
         Ok(response)
+    }
+
+    /// Removes this node's `containerd-` images that no sandbox has used for
+    /// `CRUCIBLE_SHIM_IMAGE_IDLE` (kubelet's image GC removes containerd's copy, never the
+    /// daemon's). Best effort: a failure is logged, the delete stands.
+    async fn prune_idle_images(&self) {
+        let idle = match crate::daemon::image_idle_from_env() {
+            Ok(Some(idle)) => idle,
+            Ok(None) => return,
+            Err(e) => {
+                log::warn!("not pruning images: {e}");
+                return;
+            }
+        };
+        let Ok(client) = self.client() else {
+            return;
+        };
+        match client.prune_images(idle, crate::rootfs::IMAGE_PREFIX).await {
+            Ok(pruned) if !pruned.removed.is_empty() => log::info!(
+                "pruned {} idle image(s), {} bytes: {:?}",
+                pruned.removed.len(),
+                pruned.reclaimed_bytes,
+                pruned.removed
+            ),
+            Ok(_) => {}
+            Err(e) => log::warn!("pruning idle images: {e}"),
+        }
     }
 
     async fn close_io(&self, req: CloseIORequest) -> Result<(), ShimError> {

@@ -52,6 +52,7 @@ impl Shim for CrucibleShim {
         if let Err(e) = &self.client {
             return Err(Error::InvalidArgument(e.clone()));
         }
+        crate::daemon::image_idle_from_env().map_err(Error::InvalidArgument)?;
         // One shim per container.
         let grouping = opts.id.clone();
         let address = spawn(opts, &grouping, Vec::new()).await?;

@@ -111,6 +111,11 @@ fn text(bytes: &[u8]) -> String {
 
 impl Containerd {
     fn start(daemon: &TestDaemon) -> Self {
+        Self::start_with_env(daemon, &[])
+    }
+
+    /// A containerd (and so its shims) with `env` added to its environment.
+    fn start_with_env(daemon: &TestDaemon, env: &[(&str, &str)]) -> Self {
         require_containerd();
         let dir = tempfile::Builder::new()
             .prefix("crucible-containerd-")
@@ -145,6 +150,8 @@ disabled_plugins = ["io.containerd.grpc.v1.cri"]
             .env("PATH", path)
             .env("CRUCIBLE_HOST", &daemon.socket)
             .env_remove("CRUCIBLE_API_KEY")
+            .env_remove("CRUCIBLE_SHIM_IMAGE_IDLE")
+            .envs(env.iter().copied())
             .stdin(Stdio::null())
             .stdout(log.try_clone().expect("log file"))
             .stderr(log)
@@ -351,6 +358,43 @@ async fn ctr_run_rm_prints_the_output_exits_zero_and_leaves_nothing() {
         1,
         "one image for one layer chain, reused: {images:?}"
     );
+    containerd.assert_nothing_left(&daemon).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn idle_containerd_images_are_pruned_at_a_delete_and_held_ones_kept() {
+    let daemon = TestDaemon::start();
+    let containerd = Containerd::start_with_env(&daemon, &[("CRUCIBLE_SHIM_IMAGE_IDLE", "0")]);
+    let c = daemon.client();
+    let containerd_images = || async {
+        c.images()
+            .await
+            .expect("list images")
+            .into_iter()
+            .map(|i| i.name)
+            .filter(|n| n.starts_with(shim::rootfs::IMAGE_PREFIX))
+            .collect::<Vec<_>>()
+    };
+    // A running container holds its image through a prune at another's delete.
+    let detached = containerd.spawn_container("held", &["-d"], &["sleep", "1000"]);
+    let detached = finish_within(detached, Duration::from_secs(60), "ctr run -d");
+    assert!(detached.status.success(), "{}", text(&detached.stderr));
+    let out = containerd.run_container("short", &[], &["echo", "hi"]);
+    assert_eq!(text(&out.stdout), "hi\n", "{}", text(&out.stderr));
+    assert_eq!(
+        containerd_images().await.len(),
+        1,
+        "held by the running one"
+    );
+    // Its own delete, with nothing left using the image (idle 0): pruned.
+    let kill = containerd.run(&["task", "kill", "-s", "SIGKILL", "held"]);
+    assert!(kill.status.success(), "{}", text(&kill.stderr));
+    containerd.wait_for_status("held", "STOPPED");
+    let delete = containerd.run(&["task", "delete", "held"]);
+    assert!(delete.status.success(), "{}", text(&delete.stderr));
+    assert_eq!(containerd_images().await, Vec::<String>::new());
+    let rm = containerd.run(&["container", "rm", "held"]);
+    assert!(rm.status.success(), "{}", text(&rm.stderr));
     containerd.assert_nothing_left(&daemon).await;
 }
 

@@ -66,6 +66,16 @@ pub struct ImageUser {
     pub groups: Vec<u32>,
 }
 
+/// The answer to `DELETE /images` (prune).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+pub struct ImagesPruned {
+    /// The names of the images removed.
+    pub removed: Vec<String>,
+    /// What the store took less on disk afterwards (layers and trees no other image shares).
+    pub reclaimed_bytes: u64,
+}
+
 /// The body of `GET /images`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]

@@ -28,7 +28,7 @@ mod async_io;
 pub use decoder::{DecodeError, Decoder, Direction, Frame};
 pub use encoder::{encode_exit_payload, encode_frames, encode_header};
 pub use frame::{FrameType, UnknownFrameType, HEADER_SIZE, MAX_PAYLOAD};
-pub use image::{ImageInfo, ImageList, ImageUser};
+pub use image::{ImageInfo, ImageList, ImageUser, ImagesPruned};
 pub use io::{FrameReader, FrameWriter, ReadError, READ_BUFFER_SIZE};
 pub use message::{encode_message, read_message, write_message, MessageError, MAX_MESSAGE_SIZE};
 pub use sandbox::{

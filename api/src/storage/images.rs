@@ -143,6 +143,31 @@ impl Images {
         Ok(())
     }
 
+    /// Removes `owner`'s images named `prefix…` that no sandbox holds and none has used for
+    /// `unused_for` (`docker image prune`); blocking work, on a blocking thread.
+    pub async fn prune(
+        &self,
+        owner: &Owner,
+        prefix: &str,
+        unused_for: std::time::Duration,
+    ) -> Result<wire::ImagesPruned, StorageError> {
+        let store = self.store.clone();
+        let (key, prefix) = (owner_dir_name(owner), prefix.to_string());
+        let pruned = tokio::task::spawn_blocking(move || {
+            let before = store.usage_bytes();
+            let removed = store.prune(Some(&key), &prefix, unused_for)?;
+            let after = store.usage_bytes();
+            Ok::<_, oci::StoreError>(wire::ImagesPruned {
+                removed: removed.into_iter().map(|r| r.name).collect(),
+                reclaimed_bytes: before.saturating_sub(after),
+            })
+        })
+        .await
+        .map_err(|e| StorageError::io("pruning images", std::io::Error::other(e)))??;
+        self.account();
+        Ok(pruned)
+    }
+
     /// Holds `owner`'s image `name` for a new sandbox.
     pub fn lease(
         &self,

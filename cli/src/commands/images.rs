@@ -221,3 +221,71 @@ pub async fn remove(global: &Global, names: &[String]) -> Result<()> {
         None => Ok(()),
     }
 }
+
+/// `crucible image prune`: which of your images to remove.
+#[derive(clap::Args)]
+pub struct PruneArgs {
+    /// Only images no sandbox has used (nor anyone imported) for this long: 90 (seconds),
+    /// 90s, 15m, 24h, 7d [default: 0, any image not in use].
+    #[arg(long, value_name = "DURATION", value_parser = duration_s, default_value = "0")]
+    pub unused_for: u64,
+    /// Only images whose name starts with this (`containerd-` for the containerd shim's).
+    #[arg(long, value_name = "PREFIX", default_value = "")]
+    pub prefix: String,
+}
+
+/// Seconds in `90`, `90s`, `15m`, `24h` or `7d`.
+fn duration_s(text: &str) -> Result<u64, String> {
+    let (digits, unit) = match text.find(|c: char| !c.is_ascii_digit()) {
+        Some(at) => text.split_at(at),
+        None => (text, "s"),
+    };
+    let scale = match unit {
+        "s" => 1,
+        "m" => 60,
+        "h" => 3600,
+        "d" => 86_400,
+        _ => return Err(format!("{text:?}: expected a number with s, m, h or d")),
+    };
+    digits
+        .parse::<u64>()
+        .ok()
+        .and_then(|n| n.checked_mul(scale))
+        .ok_or_else(|| format!("{text:?}: expected a number with s, m, h or d"))
+}
+
+pub async fn prune(global: &Global, args: &PruneArgs) -> Result<()> {
+    let pruned = global
+        .client()?
+        .prune_images(args.unused_for, &args.prefix)
+        .await?;
+    if global.json {
+        return output::print_json(&pruned);
+    }
+    for name in &pruned.removed {
+        println!("{name}");
+    }
+    eprintln!(
+        "removed {} image(s), reclaimed {:.1} MiB",
+        pruned.removed.len(),
+        pruned.reclaimed_bytes as f64 / (1024.0 * 1024.0)
+    );
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::duration_s;
+
+    #[test]
+    fn durations_take_seconds_or_a_unit() {
+        assert_eq!(duration_s("90"), Ok(90));
+        assert_eq!(duration_s("90s"), Ok(90));
+        assert_eq!(duration_s("15m"), Ok(900));
+        assert_eq!(duration_s("24h"), Ok(86_400));
+        assert_eq!(duration_s("7d"), Ok(604_800));
+        assert!(duration_s("1w").is_err());
+        assert!(duration_s("h").is_err());
+        assert!(duration_s("-5").is_err());
+    }
+}

@@ -272,6 +272,12 @@ class Client:
                 return json.loads(self._open("POST", path, body=f, headers=headers).read())
         return json.loads(self._open("POST", path, body=archive, headers=headers).read())
 
+    def prune_images(self, unused_for_s: int = 0, prefix: str = "") -> Dict:
+        """DELETE /images: removes the caller's images no sandbox uses, idle `unused_for_s`
+        seconds and named `prefix`...; returns {"removed": [names], "reclaimed_bytes": N}."""
+        query = urllib.parse.urlencode({"unused_for_s": unused_for_s, "prefix": prefix})
+        return self._json("DELETE", f"/images?{query}")
+
     def delete_image(self, name: str) -> None:
         """DELETE /images/{name}; an image in use raises CrucibleError (409)."""
         self._open("DELETE", f"/images/{urllib.parse.quote(name, safe='')}").read()

@@ -179,8 +179,13 @@ def test_an_imported_rootfs_image_runs_with_its_files(daemon):
         with pytest.raises(CrucibleError) as busy:
             client.delete_image("pytest-rootfs")
         assert busy.value.status == 409
+        assert client.prune_images(prefix="pytest-")["removed"] == [], "in use: kept"
     finally:
         client.delete(sb["id"])
+    assert client.prune_images(unused_for_s=3600, prefix="pytest-")["removed"] == []
+    client.import_image("pytest-other", buf.getvalue())
+    pruned = client.prune_images(prefix="pytest-o")
+    assert pruned["removed"] == ["pytest-other"], pruned
     client.delete_image("pytest-rootfs")
     with pytest.raises(CrucibleError) as gone:
         client.image("pytest-rootfs")
