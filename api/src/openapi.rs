@@ -317,7 +317,7 @@ pub fn document() -> Value {
                         {
                             "name": "unused_for_s", "in": "query", "required": false,
                             "description": "Only images idle this many seconds (default 0: any not in use).",
-                            "schema": { "type": "integer", "minimum": 0, "format": "int64" }
+                            "schema": { "type": "integer", "minimum": 0, "maximum": 315360000, "format": "int64" }
                         },
                         {
                             "name": "prefix", "in": "query", "required": false,
@@ -326,7 +326,7 @@ pub fn document() -> Value {
                         }
                     ],
                     "responses": with(errors(&[
-                        ("400", "A query parameter is malformed or unknown."),
+                        ("400", "A query parameter is malformed, unknown or out of range (unused_for_s at most ten years, prefix at most 128 bytes)."),
                     ]), json!({ "200": json_response("What was removed.", "ImagesPruned") }))
                 }
             },

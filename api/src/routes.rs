@@ -396,6 +396,11 @@ async fn import_image(
     Ok((StatusCode::CREATED, Json(info)).into_response())
 }
 
+/// Longest idle time a prune may ask for: ten years (anything longer prunes nothing).
+const MAX_PRUNE_IDLE_S: u64 = 10 * 365 * 86_400;
+/// Longest name prefix a prune may give: an image name's longest.
+const MAX_PRUNE_PREFIX: usize = 128;
+
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct PruneQuery {
@@ -414,6 +419,18 @@ async fn prune_images(
     caller: Caller,
     Query(query): Query<PruneQuery>,
 ) -> Result<Json<wire::ImagesPruned>, ApiError> {
+    if query.unused_for_s > MAX_PRUNE_IDLE_S {
+        return Err(ApiError::invalid(format!(
+            "unused_for_s: at most {MAX_PRUNE_IDLE_S} (ten years), got {}",
+            query.unused_for_s
+        )));
+    }
+    if query.prefix.len() > MAX_PRUNE_PREFIX {
+        return Err(ApiError::invalid(format!(
+            "prefix: at most {MAX_PRUNE_PREFIX} bytes (an image name's length), got {}",
+            query.prefix.len()
+        )));
+    }
     let unused_for = std::time::Duration::from_secs(query.unused_for_s);
     let pruned = state
         .storage()?

@@ -200,6 +200,16 @@ disabled_plugins = ["io.containerd.grpc.v1.cri"]
         command
     }
 
+    /// `ctr ARGS…` in the background, its output piped.
+    fn spawn(&self, args: &[&str], stdin: Stdio) -> Child {
+        self.ctr(args)
+            .stdin(stdin)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap_or_else(|e| panic!("spawn ctr {args:?}: {e}"))
+    }
+
     /// Runs `ctr ARGS…` to its end (at most a minute).
     fn run(&self, args: &[&str]) -> Output {
         output_within(self.ctr(args), Duration::from_secs(60))
@@ -232,12 +242,7 @@ disabled_plugins = ["io.containerd.grpc.v1.cri"]
         args.extend_from_slice(flags);
         args.extend_from_slice(&[IMAGE, id]);
         args.extend_from_slice(cmd);
-        self.ctr(&args)
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("spawn ctr run")
+        self.spawn(&args, Stdio::null())
     }
 
     /// The status `ctr task ls` shows for `id` (`RUNNING`, `STOPPED`, …), if listed.
@@ -484,8 +489,8 @@ async fn exec_metrics_and_kill_delete_rm_on_a_running_container() {
     assert_eq!(text(&exec.stdout), "4321\n1024\n1024\n");
 
     // `task kill --exec-id` ends that exec alone (143 for SIGTERM); the container runs on.
-    let long = containerd
-        .ctr(&[
+    let long = containerd.spawn(
+        &[
             "task",
             "exec",
             "--fifo-dir",
@@ -495,12 +500,9 @@ async fn exec_metrics_and_kill_delete_rm_on_a_running_container() {
             "c4",
             "sleep",
             "2000",
-        ])
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn ctr task exec");
+        ],
+        Stdio::null(),
+    );
     let sandboxes = daemon.client().list().await.expect("list sandboxes");
     let sandbox = &sandboxes.first().expect("the container's sandbox").id;
     harness::wait_for_process(&daemon.client(), sandbox, "sleep 2000").await;
@@ -633,8 +635,8 @@ async fn stdin_reaches_the_command_and_its_end_ends_it() {
     let containerd = Containerd::start(&daemon);
     let fifo = containerd.fifo_dir();
     containerd.note("c5");
-    let mut run = containerd
-        .ctr(&[
+    let mut run = containerd.spawn(
+        &[
             "run",
             "--rm",
             "--runtime",
@@ -644,12 +646,9 @@ async fn stdin_reaches_the_command_and_its_end_ends_it() {
             IMAGE,
             "c5",
             "cat",
-        ])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn ctr run");
+        ],
+        Stdio::piped(),
+    );
     // Fed once the task runs: ctr only closes the task's stdin (CloseIO) after its own start,
     // an early end-of-file is lost with runc too.
     containerd.wait_for_status("c5", "RUNNING");

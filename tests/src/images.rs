@@ -88,6 +88,18 @@ pub async fn import_file(
     client.import_image(name, file).await
 }
 
+/// Imports [`two_layer_image`] (an OCI archive with gzip layers, written to a temporary file)
+/// as `name` through `client`.
+pub async fn import_two_layer(
+    client: &client::Client,
+    name: &str,
+) -> Result<wire::ImageInfo, client::ClientError> {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let archive = dir.path().join("image.tar");
+    write::oci_archive(&archive, &two_layer_image(true)).expect("write the OCI archive");
+    import_file(client, name, &archive).await
+}
+
 /// What [`TWO_LAYER_PROBE`] prints in a sandbox of [`two_layer_image`]: the working directory,
 /// the user's ids and groups, the image's env and `HOME`, the opaque directory's contents, the
 /// whiteout applied, our agent (`init`) as PID 1 and no sign of the image's own `/init`.

@@ -770,10 +770,7 @@ async fn an_imported_two_layer_image_is_a_qemu_tcg_sandboxs_ext4_root() {
     let daemon = qemu_daemon();
     let data_dir = daemon.state.config.storage.data_dir.clone();
     let c = daemon.client();
-    let dir = tempfile::tempdir().expect("tempdir");
-    let archive = dir.path().join("image.tar");
-    oci::write::oci_archive(&archive, &harness::images::two_layer_image(true)).expect("archive");
-    harness::images::import_file(&c, "ci", &archive)
+    harness::images::import_two_layer(&c, "ci")
         .await
         .expect("import");
     let request = CreateSandbox {

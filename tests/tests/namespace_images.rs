@@ -184,10 +184,7 @@ async fn images_belong_to_the_key_that_imported_them() {
         Client::new(Endpoint::Tcp(daemon.tcp.expect("tcp").to_string())).with_api_key(key)
     };
     let (alice, bob) = (tcp(ALICE), tcp(BOB));
-    let dir = tempfile::tempdir().expect("tempdir");
-    let archive = dir.path().join("image.tar");
-    write::oci_archive(&archive, &images::two_layer_image(true)).expect("archive");
-    images::import_file(&alice, "app", &archive)
+    images::import_two_layer(&alice, "app")
         .await
         .expect("alice imports");
     // Bob neither sees nor uses alice's image, and his own of the same name is his.
@@ -206,6 +203,7 @@ async fn images_belong_to_the_key_that_imported_them() {
             .expect("layer")],
         ..ImageParts::default()
     };
+    let dir = tempfile::tempdir().expect("tempdir");
     let bobs = dir.path().join("bob.tar");
     write::oci_archive(&bobs, &minimal).expect("archive");
     images::import_file(&bob, "app", &bobs)
@@ -420,11 +418,8 @@ async fn hostile_images_are_refused_or_neutralised_with_nothing_written_outside_
 async fn imports_count_in_the_disk_budget_and_a_refusal_reaches_a_streaming_client() {
     let daemon = TestDaemon::start_with(|c| c.storage.disk_budget_mib = Some(48));
     let c = daemon.client();
-    let dir = tempfile::tempdir().expect("tempdir");
     // Small enough to fit: the budget bounds the tree, not the operator's 4 GiB limit.
-    let archive = dir.path().join("small.tar");
-    write::oci_archive(&archive, &images::two_layer_image(true)).expect("archive");
-    images::import_file(&c, "small", &archive)
+    images::import_two_layer(&c, "small")
         .await
         .expect("fits in 48 MiB");
     let budget = &daemon.state.storage().expect("storage").budget;
@@ -432,6 +427,7 @@ async fn imports_count_in_the_disk_budget_and_a_refusal_reaches_a_streaming_clie
     assert!(held > 0, "the store is counted in the budget");
     // 64 MiB of incompressible bytes cannot be spooled within what is left: 507, and the
     // client, still sending, gets the answer.
+    let dir = tempfile::tempdir().expect("tempdir");
     let big = dir.path().join("big.tar");
     let noise: Vec<u8> = (0..64u32 << 20)
         .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
@@ -477,12 +473,7 @@ async fn a_create_requests_user_overrides_the_images_as_docker_run_user_does() {
     assert_eq!((out.as_str(), code), ("1234\n5678\n/\n", 0), "{err}");
 
     // An imported image whose User is ci, run as root instead (and back to ci by name).
-    let dir = tempfile::tempdir().expect("tempdir");
-    let archive = dir.path().join("image.tar");
-    write::oci_archive(&archive, &images::two_layer_image(true)).expect("archive");
-    images::import_file(&c, "ci", &archive)
-        .await
-        .expect("import");
+    images::import_two_layer(&c, "ci").await.expect("import");
     let info = c.create(&as_user("ci", "root")).await.expect("create");
     assert_eq!(info.user.as_deref(), Some("0:0"));
     let (out, _, _) = sh(&c, &info.id, "id -u; echo $HOME; pwd").await;
@@ -507,12 +498,7 @@ async fn a_create_requests_user_overrides_the_images_as_docker_run_user_does() {
 async fn an_exec_requests_user_and_rlimits_apply_to_that_command_only() {
     let daemon = TestDaemon::start();
     let c = daemon.client();
-    let dir = tempfile::tempdir().expect("tempdir");
-    let archive = dir.path().join("image.tar");
-    write::oci_archive(&archive, &images::two_layer_image(true)).expect("archive");
-    images::import_file(&c, "ci", &archive)
-        .await
-        .expect("import");
+    images::import_two_layer(&c, "ci").await.expect("import");
     // A sandbox of the image run as root; one command as the image's ci (by name, with its
     // supplementary group and home), one as a bare uid:gid.
     let id = c

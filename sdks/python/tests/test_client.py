@@ -186,6 +186,9 @@ def test_an_imported_rootfs_image_runs_with_its_files(daemon):
     client.import_image("pytest-other", buf.getvalue())
     pruned = client.prune_images(prefix="pytest-o")
     assert pruned["removed"] == ["pytest-other"], pruned
+    with pytest.raises(CrucibleError) as bad:
+        client.prune_images(unused_for_s=10**12)
+    assert bad.value.status == 400 and "unused_for_s" in str(bad.value)
     client.delete_image("pytest-rootfs")
     with pytest.raises(CrucibleError) as gone:
         client.image("pytest-rootfs")
