@@ -137,6 +137,11 @@ impl ExecAccounts {
     pub fn resolve(&self, spec: &str) -> Result<oci::defaults::User, oci::defaults::DefaultsError> {
         oci::defaults::user(spec, &self.root)
     }
+
+    /// The gids of `groups` (numbers or the image's group names), as `docker --group-add`.
+    pub fn group_ids(&self, groups: &[String]) -> Result<Vec<u32>, oci::defaults::DefaultsError> {
+        oci::defaults::group_ids(groups, &self.root)
+    }
 }
 
 /// A sandbox's egress: what it may reach and what went through its proxy.
@@ -337,8 +342,9 @@ impl Sandbox {
     /// under both, `WorkingDir` when the request gives no `cwd`, `User` (Docker's order:
     /// what the caller says wins over what the image says). A request's own `user` wins over
     /// all of them, and brings its `HOME` unless the request, the sandbox or the image set
-    /// one; it is resolved here and taken off the request (the agent gets ids). Fails, with
-    /// the reason, only for a `user` that cannot be resolved.
+    /// one; it is resolved here and taken off the request (the agent gets ids), as is its
+    /// `group_add` (gids added to whoever it runs as, root included). Fails, with the reason,
+    /// only for a `user` or a group that cannot be resolved.
     pub fn apply_defaults(
         &self,
         request: &mut wire::ExecRequest,
@@ -377,11 +383,30 @@ impl Sandbox {
         let user = own_user
             .as_ref()
             .or_else(|| defaults.and_then(|d| d.user.as_ref()));
-        Ok(user.map(|user| wire::agent::RunAs {
+        let mut run_as = user.map(|user| wire::agent::RunAs {
             uid: user.uid,
             gid: user.gid,
             groups: user.groups.clone(),
-        }))
+        });
+        let added = std::mem::take(&mut request.group_add);
+        if !added.is_empty() {
+            let gids = self
+                .settings
+                .accounts
+                .group_ids(&added)
+                .map_err(|e| format!("group_add: {e}"))?;
+            let run_as = run_as.get_or_insert(wire::agent::RunAs {
+                uid: 0,
+                gid: 0,
+                groups: Vec::new(),
+            });
+            run_as.groups.extend(gids);
+            let primary = run_as.gid;
+            run_as.groups.retain(|g| *g != primary);
+            run_as.groups.sort_unstable();
+            run_as.groups.dedup();
+        }
+        Ok(run_as)
     }
 
     /// What it uses now; `None` where its backend does not measure it.

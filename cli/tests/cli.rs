@@ -480,6 +480,8 @@ fn exec_user_ulimit_and_kill_of_one_named_command() {
         "exec",
         "--user",
         "4321:99",
+        "--group-add",
+        "77",
         "--ulimit",
         "nofile=64:128",
         "--ulimit",
@@ -488,11 +490,11 @@ fn exec_user_ulimit_and_kill_of_one_named_command() {
         "--",
         "sh",
         "-c",
-        "id -u; id -g; ulimit -n; ulimit -Hn; ulimit -c",
+        "id -u; id -G; ulimit -n; ulimit -Hn; ulimit -c",
     ]));
     assert_eq!(
         (text(&out.stdout).as_str(), out.status.code()),
-        ("4321\n99\n64\n128\n0\n", Some(0)),
+        ("4321\n99 77\n64\n128\n0\n", Some(0)),
         "{}",
         text(&out.stderr)
     );

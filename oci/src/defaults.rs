@@ -25,6 +25,9 @@ pub enum DefaultsError {
         /// What is wrong.
         reason: String,
     },
+    /// A group to add names no group of the image.
+    #[error("group {0:?}: no such group in the image's /etc/group (a number needs none)")]
+    Group(String),
     /// An `Env` entry cannot be a variable.
     #[error("the image's Env entry {0:?} is not NAME=value with a valid name")]
     Env(String),
@@ -119,6 +122,31 @@ fn records(text: &str) -> impl Iterator<Item = Vec<&str>> {
         .map(|line| line.split(':').collect::<Vec<_>>())
 }
 
+/// The gid `group` names in the `/etc/group` text `groups`: a number as it is, else the entry of
+/// that name.
+fn group_id(groups: &str, group: &str) -> Option<u32> {
+    group.parse::<u32>().ok().or_else(|| {
+        records(groups)
+            .find(|f| f.len() >= 3 && f[0] == group)
+            .and_then(|f| f[2].parse::<u32>().ok())
+    })
+}
+
+/// The gids of `names` (numbers, or group names of the tree at `root`), as `docker run
+/// --group-add` resolves them.
+pub fn group_ids(names: &[String], root: &Path) -> Result<Vec<u32>, DefaultsError> {
+    if names.iter().all(|n| n.parse::<u32>().is_ok()) {
+        return Ok(names.iter().filter_map(|n| n.parse().ok()).collect());
+    }
+    let group = unpack::read_in_root(root, "/etc/group", MAX_ACCOUNT_FILE)?
+        .map(|b| String::from_utf8_lossy(&b).into_owned())
+        .unwrap_or_default();
+    names
+        .iter()
+        .map(|name| group_id(&group, name).ok_or_else(|| DefaultsError::Group(name.clone())))
+        .collect()
+}
+
 /// Resolves `spec` (`uid`, `uid:gid`, `name`, `name:group`, as Docker's `User` and `--user`)
 /// against the account files of the tree at `root`.
 pub fn user(spec: &str, root: &Path) -> Result<User, DefaultsError> {
@@ -160,15 +188,8 @@ pub fn user(spec: &str, root: &Path) -> Result<User, DefaultsError> {
         }
     };
     if let Some(group_part) = group_part {
-        gid = match group_part.parse::<u32>() {
-            Ok(gid) => gid,
-            Err(_) => records(&group)
-                .find(|f| f.len() >= 3 && f[0] == group_part)
-                .and_then(|f| f[2].parse::<u32>().ok())
-                .ok_or_else(|| {
-                    fail(format!("no group {group_part:?} in the image's /etc/group"))
-                })?,
-        };
+        gid = group_id(&group, group_part)
+            .ok_or_else(|| fail(format!("no group {group_part:?} in the image's /etc/group")))?;
     }
     // Supplementary groups: a named user's memberships, as login(1) would give.
     let mut groups: Vec<u32> = match (&name, group_part) {
@@ -208,6 +229,26 @@ mod tests {
         )
         .expect("group");
         dir
+    }
+
+    #[test]
+    fn groups_to_add_are_numbers_or_the_images_group_names() {
+        let dir = root_with_accounts();
+        let names = |n: &[&str]| n.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        assert_eq!(
+            group_ids(&names(&["wheel", "4242", "staff"]), dir.path()).expect("resolves"),
+            [10, 4242, 50]
+        );
+        assert!(matches!(
+            group_ids(&names(&["nosuch"]), dir.path()),
+            Err(DefaultsError::Group(g)) if g == "nosuch"
+        ));
+        // Numbers alone need no /etc/group at all.
+        let bare = tempfile::tempdir().expect("tempdir");
+        assert_eq!(
+            group_ids(&names(&["7"]), bare.path()).expect("numbers"),
+            [7]
+        );
     }
 
     fn run(user: &str) -> RunConfig {

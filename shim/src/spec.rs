@@ -1,6 +1,7 @@
 //! What of an OCI runtime spec a crucible sandbox takes: the process to run (args, env, cwd,
-//! user, rlimits), the memory and CPU limits. Everything else (capabilities, namespaces,
-//! mounts, supplementary groups) is the sandbox's own and documented in `docs/kubernetes.md`.
+//! user and its additional groups, rlimits), the memory and CPU limits. Everything else
+//! (capabilities, namespaces, mounts) is the sandbox's own and documented in
+//! `docs/kubernetes.md`.
 
 use std::collections::BTreeMap;
 
@@ -100,6 +101,12 @@ pub fn exec_request(process: &Process, exec_id: &str) -> Result<ExecRequest, Shi
         // Always explicit: an exec's spec names its own user, which may differ from the
         // container's.
         user: format!("{}:{}", user.uid(), user.gid()),
+        group_add: user
+            .additional_gids()
+            .iter()
+            .flatten()
+            .map(u32::to_string)
+            .collect(),
         rlimits: process
             .rlimits()
             .iter()
@@ -189,6 +196,7 @@ mod tests {
         .expect("an OCI process");
         let request = exec_request(&process, "").expect("a request");
         assert_eq!(request.user, "1000:50");
+        assert_eq!(request.group_add, ["7"]);
         assert_eq!(request.exec_id, "init");
         assert_eq!(
             request.rlimits,

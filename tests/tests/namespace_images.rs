@@ -531,6 +531,36 @@ async fn an_exec_requests_user_and_rlimits_apply_to_that_command_only() {
     request.env.insert("HOME".into(), "/elsewhere".into());
     let out = c.exec_collect(&id, &request).await.expect("exec");
     assert!(String::from_utf8_lossy(&out.stdout).ends_with("/elsewhere\n"));
+    // Groups added (`docker run --group-add`): by name or number, over the user's own.
+    let mut request = as_user("ci");
+    request.group_add = vec!["builders".into(), "4242".into(), "ci".into()];
+    let out = c.exec_collect(&id, &request).await.expect("exec");
+    assert!(
+        String::from_utf8_lossy(&out.stdout).starts_with("1000\n1000 2000 4242\n"),
+        "{:?} {:?}",
+        String::from_utf8_lossy(&out.stdout),
+        out.result
+    );
+    // Without a user of its own: added to whoever the command runs as (root here).
+    let request = ExecRequest {
+        group_add: vec!["4242".into()],
+        ..ExecRequest::new(["id", "-G"])
+    };
+    let out = c.exec_collect(&id, &request).await.expect("exec");
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "0 4242\n");
+    let request = ExecRequest {
+        group_add: vec!["nosuch".into()],
+        ..ExecRequest::new(["true"])
+    };
+    let refused = c
+        .exec_collect(&id, &request)
+        .await
+        .expect_err("unknown group");
+    assert!(
+        matches!(&refused, ClientError::Api { status: 400, .. })
+            && refused.to_string().contains("nosuch"),
+        "{refused}"
+    );
     // The sandbox's own user is untouched.
     let (out, _, _) = sh(&c, &id, "id -u").await;
     assert_eq!(out, "0\n");

@@ -38,6 +38,11 @@ pub struct ExecRequest {
     /// Empty: the sandbox's user (its `user`, else its image's `User`, else root).
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub user: String,
+    /// Supplementary groups added for this command, as `docker run --group-add`: gids, or group
+    /// names of the image's `/etc/group`; on top of the user's own memberships.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[cfg_attr(feature = "schema", schemars(length(max = 256)))]
+    pub group_add: Vec<String>,
     /// Resource limits the command starts with (`setrlimit`), as OCI's `process.rlimits` and
     /// `docker run --ulimit` give them. A limit not listed keeps the agent's default.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -226,6 +231,24 @@ impl ExecRequest {
                 "user",
                 "must be uid, uid:gid, name or name:group (at most 256 bytes, no NUL or newline)",
             ));
+        }
+        if self.group_add.len() > crate::agent::MAX_GROUPS {
+            return Err(ValidationError::new(
+                "group_add",
+                format!(
+                    "{} groups, more than the {} allowed",
+                    self.group_add.len(),
+                    crate::agent::MAX_GROUPS
+                ),
+            ));
+        }
+        for (i, group) in self.group_add.iter().enumerate() {
+            if group.is_empty() || group.len() > 64 || group.contains([':', '\n', '\0']) {
+                return Err(ValidationError::new(
+                    format!("group_add[{i}]"),
+                    "must be a gid or a group name (1 to 64 bytes, no ':', newline or NUL)",
+                ));
+            }
         }
         if self.rlimits.len() > RLIMIT_RESOURCES.len() {
             return Err(ValidationError::new(
@@ -568,6 +591,13 @@ mod tests {
                     ..ExecRequest::new(["true"])
                 },
                 "rlimits[1]",
+            ),
+            (
+                ExecRequest {
+                    group_add: vec!["wheel".into(), "a:b".into()],
+                    ..ExecRequest::new(["true"])
+                },
+                "group_add[1]",
             ),
             (
                 ExecRequest {

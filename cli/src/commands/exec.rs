@@ -19,6 +19,10 @@ pub struct ExecArgs {
     /// looked up in the image's /etc/passwd [default: the sandbox's user].
     #[arg(short, long, value_name = "USER")]
     pub user: Option<String>,
+    /// A supplementary group for this command: a gid or a group name of the image (as
+    /// `docker run --group-add`; repeatable).
+    #[arg(long, value_name = "GROUP")]
+    pub group_add: Vec<String>,
     #[command(flatten)]
     pub options: CommandOptions,
     /// The sandbox id.
@@ -198,6 +202,7 @@ pub async fn exec(global: &Global, args: ExecArgs) -> Result<i32> {
     let client = global.client()?;
     let mut request = args.options.request(&args.cmd, &args.env);
     request.user = args.user.unwrap_or_default();
+    request.group_add = args.group_add;
     if global.json && !args.interactive {
         let out = client.exec_collect(&args.id, &request).await?;
         output::print_json(&serde_json::json!({

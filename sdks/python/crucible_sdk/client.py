@@ -84,11 +84,12 @@ def _frames_to_events(frame: codec.Frame):
     raise codec.DecodeError("unknown_type", f"unexpected {frame.type_name} frame from the daemon")
 
 
-_EXEC_OPTIONS = ("user", "rlimits", "exec_id")
+_EXEC_OPTIONS = ("user", "group_add", "rlimits", "exec_id")
 
 
 def _request_body(cmd: List[str], env, cwd: str, timeout_s: int, options: Dict) -> bytes:
-    """The ExecRequest. `options` may hold `user` ("uid[:gid]" or "name[:group]"), `rlimits`
+    """The ExecRequest. `options` may hold `user` ("uid[:gid]" or "name[:group]"), `group_add`
+    (["wheel", "4242"]), `rlimits`
     ([{"type": "RLIMIT_NOFILE", "soft": 1024, "hard": 4096}]) and `exec_id` (a name for
     `signal(..., exec_id=...)`); None leaves one out."""
     unknown = set(options) - set(_EXEC_OPTIONS)

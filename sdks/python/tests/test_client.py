@@ -39,9 +39,10 @@ def test_exec_stream_yields_events_then_exit(sandbox):
 
 def test_exec_options_signal_by_exec_id_and_stats(sandbox):
     client, sid = sandbox
-    out = client.exec(sid, ["sh", "-c", "id -u; ulimit -n"], user="4321:4321",
+    out = client.exec(sid, ["sh", "-c", "id -u; id -G; ulimit -n"], user="4321:4321",
+                      group_add=["99"],
                       rlimits=[{"type": "RLIMIT_NOFILE", "soft": 77, "hard": 77}])
-    assert (out.stdout, out.exit_code) == (b"4321\n77\n", 0), out.result
+    assert (out.stdout, out.exit_code) == (b"4321\n4321 99\n77\n", 0), out.result
     with pytest.raises(TypeError):
         client.exec(sid, ["true"], users="x")
     # A named command, signalled alone while it runs.
