@@ -150,10 +150,12 @@ pub fn run(
     let spawned = crate::exec_ids::spawn_named(&req.exec_id, || {
         spawn::spawn(req, user, stdio, &ctx.spawn_context())
     });
-    let child = match spawned {
-        Ok(Ok(child)) => child,
-        Ok(Err(e)) => return write_exit(&mut conn, &ExecResult::failed(e.to_string())),
-        Err(e) => return write_exit(&mut conn, &ExecResult::failed(e.to_string())),
+    let child = match spawned
+        .map_err(|e| e.to_string())
+        .and_then(|spawned| spawned.map_err(|e| e.to_string()))
+    {
+        Ok(child) => child,
+        Err(why) => return write_exit(&mut conn, &ExecResult::failed(why)),
     };
     drop((out_w, err_w));
     let stdin_w = stdin_pipe.map(|(r, w)| {

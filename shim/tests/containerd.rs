@@ -56,6 +56,14 @@ fn shim_dir() -> PathBuf {
         .to_path_buf()
 }
 
+/// The value of `name` in `ctr task metrics`' table.
+fn metric(table: &str, name: &str) -> Option<u64> {
+    table.lines().find_map(|l| {
+        let mut fields = l.split_whitespace();
+        (fields.next() == Some(name)).then(|| fields.next()?.parse().ok())?
+    })
+}
+
 /// A `docker save` archive of the built image's busybox tree.
 fn busybox_archive(out: &Path) {
     let rootfs = harness::image_dir().join("rootfs");
@@ -213,6 +221,37 @@ disabled_plugins = ["io.containerd.grpc.v1.cri"]
     /// Runs `ctr ARGS…` to its end (at most a minute).
     fn run(&self, args: &[&str]) -> Output {
         output_within(self.ctr(args), Duration::from_secs(60))
+    }
+
+    /// [`Containerd::run`], which must succeed.
+    fn run_ok(&self, args: &[&str]) -> Output {
+        let out = self.run(args);
+        assert!(
+            out.status.success(),
+            "ctr {args:?}: {:?}, stderr {}",
+            out.status,
+            text(&out.stderr)
+        );
+        out
+    }
+
+    /// `ctr run -d` of `cmd` as container `id`, waited for (at most `limit`) until RUNNING.
+    fn start_detached(&self, id: &str, cmd: &[&str], limit: Duration) {
+        let detached = self.spawn_container(id, &["-d"], cmd);
+        let detached = finish_within(detached, limit, "ctr run -d");
+        assert!(
+            detached.status.success(),
+            "ctr run -d: {}",
+            text(&detached.stderr)
+        );
+        self.wait_for_status(id, "RUNNING");
+    }
+
+    /// `task kill -s SIGKILL`, waited for until STOPPED, then `task delete`.
+    fn kill_and_delete_task(&self, id: &str) {
+        self.run_ok(&["task", "kill", "-s", "SIGKILL", id]);
+        self.wait_for_status(id, "STOPPED");
+        self.run_ok(&["task", "delete", id]);
     }
 
     fn fifo_dir(&self) -> String {
@@ -381,9 +420,7 @@ async fn idle_containerd_images_are_pruned_at_a_delete_and_held_ones_kept() {
             .collect::<Vec<_>>()
     };
     // A running container holds its image through a prune at another's delete.
-    let detached = containerd.spawn_container("held", &["-d"], &["sleep", "1000"]);
-    let detached = finish_within(detached, Duration::from_secs(60), "ctr run -d");
-    assert!(detached.status.success(), "{}", text(&detached.stderr));
+    containerd.start_detached("held", &["sleep", "1000"], Duration::from_secs(60));
     let out = containerd.run_container("short", &[], &["echo", "hi"]);
     assert_eq!(text(&out.stdout), "hi\n", "{}", text(&out.stderr));
     assert_eq!(
@@ -392,14 +429,9 @@ async fn idle_containerd_images_are_pruned_at_a_delete_and_held_ones_kept() {
         "held by the running one"
     );
     // Its own delete, with nothing left using the image (idle 0): pruned.
-    let kill = containerd.run(&["task", "kill", "-s", "SIGKILL", "held"]);
-    assert!(kill.status.success(), "{}", text(&kill.stderr));
-    containerd.wait_for_status("held", "STOPPED");
-    let delete = containerd.run(&["task", "delete", "held"]);
-    assert!(delete.status.success(), "{}", text(&delete.stderr));
+    containerd.kill_and_delete_task("held");
     assert_eq!(containerd_images().await, Vec::<String>::new());
-    let rm = containerd.run(&["container", "rm", "held"]);
-    assert!(rm.status.success(), "{}", text(&rm.stderr));
+    containerd.run_ok(&["container", "rm", "held"]);
     containerd.assert_nothing_left(&daemon).await;
 }
 
@@ -444,14 +476,7 @@ async fn a_killed_task_reports_128_plus_the_signal() {
 async fn exec_metrics_and_kill_delete_rm_on_a_running_container() {
     let daemon = TestDaemon::start();
     let containerd = Containerd::start(&daemon);
-    let detached = containerd.spawn_container("c4", &["-d"], &["sleep", "1000"]);
-    let detached = finish_within(detached, Duration::from_secs(60), "ctr run -d");
-    assert!(
-        detached.status.success(),
-        "ctr run -d: {}",
-        text(&detached.stderr)
-    );
-    containerd.wait_for_status("c4", "RUNNING");
+    containerd.start_detached("c4", &["sleep", "1000"], Duration::from_secs(60));
 
     let fifo = containerd.fifo_dir();
     let exec = containerd.run(&[
@@ -518,47 +543,18 @@ async fn exec_metrics_and_kill_delete_rm_on_a_running_container() {
     let (ps, _, _) = harness::sh(&daemon.client(), sandbox, "ps -o args").await;
     assert!(ps.contains("sleep 1000"), "the container's process: {ps}");
 
-    let metrics = containerd.run(&["task", "metrics", "c4"]);
+    let table = text(&containerd.run_ok(&["task", "metrics", "c4"]).stdout);
     assert!(
-        metrics.status.success(),
-        "ctr task metrics: {}",
-        text(&metrics.stderr)
-    );
-    let table = text(&metrics.stdout);
-    let value = |name: &str| -> Option<u64> {
-        table.lines().find_map(|l| {
-            let mut fields = l.split_whitespace();
-            (fields.next() == Some(name)).then(|| fields.next()?.parse().ok())?
-        })
-    };
-    assert!(
-        value("memory.usage_in_bytes").is_some_and(|v| v > 0),
+        metric(&table, "memory.usage_in_bytes").is_some_and(|v| v > 0),
         "no memory usage in:\n{table}"
     );
     assert!(
-        value("cpuacct.usage").is_some_and(|v| v > 0),
+        metric(&table, "cpuacct.usage").is_some_and(|v| v > 0),
         "no CPU usage in:\n{table}"
     );
 
-    let kill = containerd.run(&["task", "kill", "-s", "SIGKILL", "c4"]);
-    assert!(
-        kill.status.success(),
-        "ctr task kill: {}",
-        text(&kill.stderr)
-    );
-    containerd.wait_for_status("c4", "STOPPED");
-    let delete = containerd.run(&["task", "delete", "c4"]);
-    assert!(
-        delete.status.success(),
-        "ctr task delete: {}",
-        text(&delete.stderr)
-    );
-    let rm = containerd.run(&["container", "rm", "c4"]);
-    assert!(
-        rm.status.success(),
-        "ctr container rm: {}",
-        text(&rm.stderr)
-    );
+    containerd.kill_and_delete_task("c4");
+    containerd.run_ok(&["container", "rm", "c4"]);
     containerd.assert_nothing_left(&daemon).await;
 }
 
@@ -707,36 +703,15 @@ async fn a_container_runs_as_a_qemu_tcg_microvm_with_its_output_status_and_metri
         text(&out.stdout)
     );
 
-    let detached = containerd.spawn_container("vm2", &["-d"], &["sleep", "1000"]);
-    let detached = finish_within(detached, Duration::from_secs(120), "ctr run -d");
-    assert!(
-        detached.status.success(),
-        "ctr run -d: {}",
-        text(&detached.stderr)
-    );
-    containerd.wait_for_status("vm2", "RUNNING");
-    let metrics = containerd.run(&["task", "metrics", "vm2"]);
-    assert!(
-        metrics.status.success(),
-        "ctr task metrics: {}",
-        text(&metrics.stderr)
-    );
-    let table = text(&metrics.stdout);
-    for metric in ["memory.usage_in_bytes", "cpuacct.usage"] {
-        let value = table.lines().find_map(|l| {
-            let mut fields = l.split_whitespace();
-            (fields.next() == Some(metric)).then(|| fields.next()?.parse::<u64>().ok())?
-        });
-        assert!(value.is_some_and(|v| v > 0), "no {metric} in:\n{table}");
+    containerd.start_detached("vm2", &["sleep", "1000"], Duration::from_secs(120));
+    let table = text(&containerd.run_ok(&["task", "metrics", "vm2"]).stdout);
+    for name in ["memory.usage_in_bytes", "cpuacct.usage"] {
+        assert!(
+            metric(&table, name).is_some_and(|v| v > 0),
+            "no {name} in:\n{table}"
+        );
     }
-    let kill = containerd.run(&["task", "kill", "-s", "SIGKILL", "vm2"]);
-    assert!(
-        kill.status.success(),
-        "ctr task kill: {}",
-        text(&kill.stderr)
-    );
-    containerd.wait_for_status("vm2", "STOPPED");
-    assert!(containerd.run(&["task", "delete", "vm2"]).status.success());
-    assert!(containerd.run(&["container", "rm", "vm2"]).status.success());
+    containerd.kill_and_delete_task("vm2");
+    containerd.run_ok(&["container", "rm", "vm2"]);
     containerd.assert_nothing_left(&daemon).await;
 }
