@@ -90,6 +90,47 @@ def http_exec_request():
           b"POST /sandboxes/sb-1/exec?stdin=1 HTTP/1.1\r\nHost: x\r\n\r\n{\"cmd\":[\"true\"]}")
 
 
+def http1_head():
+    # [split][flags][bytes]: flags' bits 0-5 are the most header fields, bit 6 a 256-byte
+    # head limit. Requests and responses of every shape the three readers see, and the
+    # shapes a smuggler would send.
+    heads = {
+        "hijack": b"POST /sandboxes/sb-0123456789abcdef/exec?stdin=1 HTTP/1.1\r\nHost: x\r\n"
+                  b"Authorization: Bearer k\r\nContent-Length: 5\r\n\r\n{\"a\"}",
+        "one_shot_close": b"POST /sandboxes/sb-1/exec HTTP/1.1\r\nContent-Length: 2\r\n"
+                          b"Connection: keep-alive, close\r\n\r\n{}",
+        "chunked_expect": b"POST /x HTTP/1.1\r\nTransfer-Encoding: gzip, chunked\r\n"
+                          b"Expect: 100-continue\r\n\r\n",
+        "proxy_get": b"GET http://Example.ORG:8080/a/b?c=d HTTP/1.1\r\nHost: evil.example\r\n"
+                     b"Proxy-Connection: keep-alive\r\nConnection: keep-alive, X-Secret\r\n"
+                     b"X-Secret: hop\r\n\r\n",
+        "connect_ipv6": b"CONNECT [::1]:8443 HTTP/1.1\r\nHost: [::1]:8443\r\n\r\n\x16\x03\x01",
+        "options_star": b"OPTIONS * HTTP/1.0\r\nX-Tab:\ta\tb\t\r\n\r\n",
+        "bare_lf_upgrade": b"GET /x HTTP/1.1\nUpgrade: tcp\nConnection: Upgrade\n\n",
+        "leading_empty_line": b"\r\nGET / HTTP/1.1\r\nX-Obs: caf\xc3\xa9\r\n\r\n",
+        "response_chunked": b"HTTP/1.1 200 OK\r\ncontent-type: application/octet-stream\r\n"
+                            b"transfer-encoding: chunked\r\n\r\n5\r\n",
+        "response_error": b"HTTP/1.1 404 Not Found\r\nContent-Type: application/json\r\n"
+                          b"Content-Length: 12\r\nConnection: close\r\n\r\n{\"e\":\"x\"}",
+        "response_101": b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: tcp\r\n"
+                        b"Connection: Upgrade\r\n\r\n\x01\x00",
+        "response_no_reason": b"HTTP/1.0 204\r\n\r\n",
+        "length_and_chunked": b"POST / HTTP/1.1\r\nContent-Length: 5\r\n"
+                              b"Transfer-Encoding: chunked\r\n\r\n",
+        "two_lengths": b"POST / HTTP/1.1\r\nContent-Length: 5\r\ncontent-length: 5\r\n\r\n",
+        "obs_fold": b"POST / HTTP/1.1\r\nContent-Length: 5\r\n ignored: 6\r\n\r\n",
+        "space_before_colon": b"POST / HTTP/1.1\r\nTransfer-Encoding : chunked\r\n\r\n",
+        "http2_preface": b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n",
+    }
+    for i, (name, head) in enumerate(heads.items()):
+        write("http1_head", name, bytes([(37 * i + 11) % 256, 0x20]) + head)
+    # Over a 256-byte limit, and over a 2-field limit.
+    write("http1_head", "over_256_bytes",
+          bytes([128, 0x40 | 0x20]) + b"GET / HTTP/1.1\r\nX-Big: " + b"a" * 300 + b"\r\n\r\n")
+    write("http1_head", "over_2_fields",
+          bytes([200, 2]) + b"GET / HTTP/1.1\r\nA: 1\r\nB: 2\r\nC: 3\r\n\r\n")
+
+
 def tar_bytes(members):
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w", format=tarfile.GNU_FORMAT) as tar:
@@ -228,6 +269,7 @@ if __name__ == "__main__":
     frame_decoder()
     agent_request()
     http_exec_request()
+    http1_head()
     tar_extract()
     virtqueue_chain()
     vsock_packet()

@@ -1,14 +1,14 @@
 //! Builds `probe/escape_probe.c` as a static binary for the escape tests, which upload it into a
 //! sandbox: the image has no compiler, and a static binary needs nothing of it. A missing C
 //! compiler or static libc fails the build, saying so (the tests never skip). Also sets the cfgs
-//! that decide which microVM tests run on this host (`contract::kvm_tests`): where the host
+//! that decide which microVM tests run on this host (`host_probe::kvm_tests`): where the host
 //! cannot run one it is `#[ignore]`d with the reason; `CRUCIBLE_REQUIRE_KVM=1` runs them anyway.
 
 use std::path::PathBuf;
 use std::process::Command;
 
 fn main() {
-    contract::kvm_tests::KvmTestGate::emit_for_build_script();
+    host_probe::kvm_tests::KvmTestGate::emit_for_build_script();
     let source = "probe/escape_probe.c";
     println!("cargo:rerun-if-changed={source}");
     println!("cargo:rerun-if-env-changed=CC");

@@ -1,4 +1,5 @@
-//! Bearer-key authentication and sandbox ownership.
+//! Bearer-key authentication: who a request comes from (`engine::owner` says what that
+//! caller may see).
 //!
 //! Keys are named (`ci:KEY1,dev:KEY2`); a sandbox belongs to the key that created it, and
 //! other keys cannot tell it from a missing one. One key may be the admin, which sees every
@@ -8,14 +9,9 @@ use std::fmt;
 use std::io::Read;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 
-/// The owner name of sandboxes created over the Unix socket without a key. No key may take it,
-/// so that no key can be mistaken for the socket's root user in a listing.
-pub const UNIX_OWNER: &str = "unix";
-
-/// Longest key name.
-const MAX_NAME: usize = 64;
+pub(crate) use engine::owner::{is_valid_name, KeyIdentity, MAX_NAME, UNIX_OWNER};
+pub use engine::owner::{Caller, Owner};
 
 /// Why the configured keys were refused at startup. Messages name the entry by its place
 /// (`CRUCIBLE_API_KEYS entry 3`, `FILE line 5`) and never repeat a key.
@@ -107,81 +103,14 @@ pub enum KeysError {
     },
 }
 
-/// Who a key is: its name, and whether it is the admin key.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct KeyIdentity {
-    /// The key's name (never the key).
-    pub name: Arc<str>,
-    /// Whether it sees and may act on every sandbox.
-    pub admin: bool,
-}
-
-/// Who a sandbox belongs to.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Owner {
-    /// Created over the Unix socket without a key; shown as [`UNIX_OWNER`].
-    Unix,
-    /// Created with the key of this name.
-    Key(Arc<str>),
-}
-
-impl fmt::Display for Owner {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Owner::Unix => f.write_str(UNIX_OWNER),
-            Owner::Key(name) => f.write_str(name),
-        }
-    }
-}
-
 /// Which listener a connection came from: TCP always requires an API key; the Unix socket,
 /// which only root can open, does not.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Transport {
+pub(crate) enum Transport {
     /// The Unix socket.
     Unix,
     /// TCP.
     Tcp,
-}
-
-/// Who sent a request.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Caller {
-    /// The Unix socket without a key: whoever can open the socket (root) sees everything.
-    Unix,
-    /// A request that presented this key.
-    Key(KeyIdentity),
-}
-
-impl Caller {
-    /// Whether it sees and may act on every sandbox (the Unix socket, the admin key).
-    pub fn sees_all(&self) -> bool {
-        match self {
-            Caller::Unix => true,
-            Caller::Key(key) => key.admin,
-        }
-    }
-
-    /// The owner of the sandboxes it creates.
-    pub fn owner(&self) -> Owner {
-        match self {
-            Caller::Unix => Owner::Unix,
-            Caller::Key(key) => Owner::Key(key.name.clone()),
-        }
-    }
-
-    /// Whether it may see and use a sandbox of `owner`. Matching is on the owner itself, not
-    /// its display name, so that even a key named like [`UNIX_OWNER`] could not reach the
-    /// socket's sandboxes.
-    pub fn may_use(&self, owner: &Owner) -> bool {
-        if self.sees_all() {
-            return true;
-        }
-        match (self, owner) {
-            (Caller::Key(key), Owner::Key(name)) => key.name == *name,
-            _ => false,
-        }
-    }
 }
 
 #[derive(Clone)]
@@ -206,14 +135,6 @@ impl fmt::Debug for ApiKeys {
             .entries(self.entries.iter().map(|e| &e.identity))
             .finish()
     }
-}
-
-/// Whether `name` may name a key: 1 to 64 of `[A-Za-z0-9_.-]`.
-pub fn is_valid_name(name: &str) -> bool {
-    (1..=MAX_NAME).contains(&name.len())
-        && name
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b'-'))
 }
 
 impl ApiKeys {
@@ -342,7 +263,7 @@ impl ApiKeys {
     /// configured key is compared in full, in time independent of where the bytes differ and
     /// of which key matched: no early exit, and the match is selected with a mask rather than
     /// a branch.
-    pub fn authenticate(&self, authorization: Option<&[u8]>) -> Option<&KeyIdentity> {
+    pub(crate) fn authenticate(&self, authorization: Option<&[u8]>) -> Option<&KeyIdentity> {
         let presented = authorization?.strip_prefix(b"Bearer ")?.trim_ascii();
         // 1 + the index of the matching key; 0 for none. Keys are unique, so at most one does.
         let mut found = 0usize;
@@ -360,7 +281,11 @@ impl ApiKeys {
     /// keys). Otherwise a presented key must be valid on either transport — a wrong key is
     /// refused, never taken as the socket's root — and no key at all is the root user on the
     /// Unix socket and refused on TCP.
-    pub fn identify(&self, transport: Transport, authorization: Option<&[u8]>) -> Option<Caller> {
+    pub(crate) fn identify(
+        &self,
+        transport: Transport,
+        authorization: Option<&[u8]>,
+    ) -> Option<Caller> {
         if self.is_empty() {
             return (transport == Transport::Unix).then_some(Caller::Unix);
         }

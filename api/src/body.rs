@@ -10,7 +10,7 @@ use crate::error::ApiError;
 
 /// Reads a JSON body whole: at most [`JSON_BODY_LIMIT`] bytes (a larger declared
 /// Content-Length is refused before any of it is read), all of it within `timeout`.
-pub async fn read(body: Body, timeout: Duration) -> Result<Bytes, ApiError> {
+pub(crate) async fn read(body: Body, timeout: Duration) -> Result<Bytes, ApiError> {
     let declared = body.size_hint().lower();
     if declared > JSON_BODY_LIMIT as u64 {
         return Err(ApiError::new(

@@ -7,13 +7,13 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use wire::ErrorBody;
 
-use crate::backend::BackendError;
 use crate::config::{MAX_HEAD, MAX_HEADERS};
-use crate::exec::AdmitError;
 use crate::json::InvalidJson;
-use crate::sandbox::SandboxError;
-use crate::state::CreateError;
-use crate::storage::StorageError;
+use engine::backend::BackendError;
+use engine::exec::AdmitError;
+use engine::sandbox::SandboxError;
+use engine::state::CreateError;
+use engine::storage::StorageError;
 
 /// An API failure as the client sees it.
 #[derive(Debug, Clone, thiserror::Error)]
@@ -22,7 +22,7 @@ pub struct ApiError {
     /// HTTP status.
     pub status: StatusCode,
     /// Stable machine-readable code.
-    pub code: &'static str,
+    pub(crate) code: &'static str,
     /// What failed, and on which input.
     pub message: String,
 }
@@ -38,12 +38,12 @@ impl ApiError {
     }
 
     /// 400: the request is malformed or fails validation.
-    pub fn invalid(message: impl Into<String>) -> Self {
+    pub(crate) fn invalid(message: impl Into<String>) -> Self {
         Self::new(StatusCode::BAD_REQUEST, "invalid_request", message)
     }
 
     /// 431: the request head is over the limits.
-    pub fn head_too_large() -> Self {
+    pub(crate) fn head_too_large() -> Self {
         Self::new(
             StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
             "headers_too_large",
@@ -52,7 +52,7 @@ impl ApiError {
     }
 
     /// 503: the daemon holds as many connections as it may.
-    pub fn too_many_connections(limit: usize) -> Self {
+    pub(crate) fn too_many_connections(limit: usize) -> Self {
         Self::new(
             StatusCode::SERVICE_UNAVAILABLE,
             "too_many_connections",
@@ -61,7 +61,7 @@ impl ApiError {
     }
 
     /// 401: missing or wrong API key.
-    pub fn unauthorized() -> Self {
+    pub(crate) fn unauthorized() -> Self {
         Self::new(
             StatusCode::UNAUTHORIZED,
             "unauthorized",
@@ -70,17 +70,17 @@ impl ApiError {
     }
 
     /// 409: the sandbox cannot take this request in its current state.
-    pub fn conflict(message: impl Into<String>) -> Self {
+    pub(crate) fn conflict(message: impl Into<String>) -> Self {
         Self::new(StatusCode::CONFLICT, "conflict", message)
     }
 
     /// 429: a limit was reached.
-    pub fn too_many(message: impl Into<String>) -> Self {
+    pub(crate) fn too_many(message: impl Into<String>) -> Self {
         Self::new(StatusCode::TOO_MANY_REQUESTS, "too_many_requests", message)
     }
 
     /// 500: the daemon failed.
-    pub fn internal(message: impl Into<String>) -> Self {
+    pub(crate) fn internal(message: impl Into<String>) -> Self {
         Self::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", message)
     }
 
@@ -122,7 +122,7 @@ impl From<SandboxError> for ApiError {
 
 impl From<StorageError> for ApiError {
     fn from(e: StorageError) -> Self {
-        let message = chain(&e);
+        let message = report::chain(&e);
         match e {
             StorageError::Invalid(_) | StorageError::NoVolume { .. } => ApiError::invalid(message),
             StorageError::NoCache(_) => Self::new(StatusCode::NOT_FOUND, "not_found", message),
@@ -180,23 +180,10 @@ impl From<CreateError> for ApiError {
             CreateError::Failed {
                 source: BackendError::Exhausted(_),
                 ..
-            } => ApiError::too_many(chain(&e)),
-            CreateError::Failed { .. } => ApiError::internal(chain(&e)),
+            } => ApiError::too_many(report::chain(&e)),
+            CreateError::Failed { .. } => ApiError::internal(report::chain(&e)),
         }
     }
-}
-
-/// An error and its sources, `: `-separated (the envelope's message has no other place for
-/// them).
-pub(crate) fn chain(error: &dyn std::error::Error) -> String {
-    let mut text = error.to_string();
-    let mut source = error.source();
-    while let Some(e) = source {
-        text.push_str(": ");
-        text.push_str(&e.to_string());
-        source = e.source();
-    }
-    text
 }
 
 impl IntoResponse for ApiError {

@@ -13,10 +13,10 @@ use tokio_util::io::ReaderStream;
 use wire::agent::{AgentReply, AgentRequest};
 use wire::{ErrorBody, FilesPutResult};
 
-use crate::agent::AgentError;
+use crate::edge::Edge;
 use crate::error::ApiError;
-use crate::sandbox::ActivityGuard;
-use crate::state::AppState;
+use engine::agent::AgentError;
+use engine::sandbox::ActivityGuard;
 
 /// How long the rest of an upload the agent stopped taking is read and dropped, so that the
 /// client gets the answer (`refused_entry`, `agent_error`) rather than a broken pipe.
@@ -27,7 +27,7 @@ const UPLOAD_LINGER: std::time::Duration = std::time::Duration::from_secs(2);
 const DOWNLOAD_CHUNK: usize = 256 * 1024;
 
 /// Checks a guest path from `?path=`.
-pub fn validate_path(path: Option<&str>, what: &str) -> Result<String, ApiError> {
+pub(crate) fn validate_path(path: Option<&str>, what: &str) -> Result<String, ApiError> {
     let path = path.ok_or_else(|| {
         ApiError::invalid(format!("path: missing; pass ?path=<absolute guest {what}>"))
     })?;
@@ -58,22 +58,24 @@ async fn request(
     guard: &ActivityGuard,
     message: &AgentRequest,
 ) -> Result<tokio::net::UnixStream, ApiError> {
-    guard
-        .sandbox()
-        .send_to_agent(message)
-        .await
-        .map_err(|e| ApiError::agent(format!("sandbox {}: {e}", guard.sandbox().id)))
+    guard.sandbox().send_to_agent(message).await.map_err(|e| {
+        ApiError::agent(format!(
+            "sandbox {}: {}",
+            guard.sandbox().id,
+            report::chain(&e)
+        ))
+    })
 }
 
 /// `POST /sandboxes/{id}/files?path=DIR`: streams the tar body to the agent.
-pub async fn put(
-    state: Arc<AppState>,
+pub(crate) async fn put(
+    state: Arc<Edge>,
     guard: ActivityGuard,
     path: String,
     body: Body,
 ) -> Result<FilesPutResult, ApiError> {
     let mut body = body.into_data_stream();
-    let idle = state.config.header_timeout;
+    let idle = state.http.header_timeout;
     let stalled = || {
         ApiError::new(
             StatusCode::REQUEST_TIMEOUT,
@@ -128,7 +130,7 @@ pub async fn put(
     let _ = agent.shutdown().await;
     let reply: AgentReply = wire::read_message_async(&mut agent)
         .await
-        .map_err(|e| ApiError::agent(AgentError::Reply(e).to_string()))?;
+        .map_err(|e| ApiError::agent(report::chain(&AgentError::Reply(e))))?;
     match reply {
         AgentReply::Files(result) => match &result.refused {
             Some(refused) => Err(ApiError::new(
@@ -149,15 +151,15 @@ pub async fn put(
 }
 
 /// `GET /sandboxes/{id}/files?path=FILE`: the file's bytes, streamed with their length.
-pub async fn get(
-    state: Arc<AppState>,
+pub(crate) async fn get(
+    state: Arc<Edge>,
     guard: ActivityGuard,
     path: String,
 ) -> Result<Response, ApiError> {
     let mut agent = request(&guard, &AgentRequest::GetFile { path }).await?;
     let reply: AgentReply = wire::read_message_async(&mut agent)
         .await
-        .map_err(|e| ApiError::agent(AgentError::Reply(e).to_string()))?;
+        .map_err(|e| ApiError::agent(report::chain(&AgentError::Reply(e))))?;
     let size = match reply {
         AgentReply::File { size } => size,
         AgentReply::Error(body) => return Err(agent_error(body)),

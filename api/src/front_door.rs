@@ -1,6 +1,8 @@
 //! The connection front door: every accepted connection starts here. It reads the first
-//! request head (bounded in size and time) and parses it once, answering a malformed one
-//! itself, with the JSON envelope (hyper would send a bare 400). An exec — the hot path — is
+//! request head (bounded in size and time) and parses it once with `http1`, the head parser
+//! the egress proxy and the client share, answering a malformed one itself, with the JSON
+//! envelope (hyper would send a bare 400). Framing a proxy and hyper could read differently
+//! (two Content-Lengths, one beside Transfer-Encoding, ...) is refused here, for every route. An exec — the hot path — is
 //! served right here from that parse:
 //! - the hijacked interactive exec (`POST /sandboxes/{id}/exec?stdin=1` without an `Upgrade`
 //!   header): a bare `HTTP/1.1 200 OK` header block, after which the connection is a raw frame
@@ -23,28 +25,12 @@ use tower::ServiceExt;
 
 use crate::auth::Transport;
 use crate::config::{JSON_BODY_LIMIT, MAX_HEAD, MAX_HEADERS};
+use crate::edge::Edge;
 use crate::error::ApiError;
-use crate::exec;
 use crate::raw_stream::{RawReader, RawWriter};
 use crate::rewind::Rewind;
-use crate::state::AppState;
-
-/// Where the request head in `buf` ends (just past its empty line), if it is complete,
-/// searching from `from` (a byte offset known not to start the terminator, so that a head
-/// dribbled a byte at a time costs linear time). Line ends may be CRLF or a bare LF, as httparse
-/// and hyper accept both: looking for CRLFCRLF only left a bare-LF request waiting for the
-/// header timeout. Public for the fuzz target.
-pub fn head_end(buf: &[u8], from: usize) -> Option<usize> {
-    let from = from.min(buf.len());
-    buf[from..]
-        .windows(2)
-        .enumerate()
-        .find_map(|(i, w)| match w {
-            b"\n\n" => Some(from + i + 2),
-            b"\n\r" if buf.get(from + i + 2) == Some(&b'\n') => Some(from + i + 3),
-            _ => None,
-        })
-}
+use engine::exec;
+use http1::{HeadError, HeadScanner, Limits, LineEnds, RequestHead, RequestTarget, Version};
 
 /// A first request the front door serves itself: an exec.
 #[derive(Debug)]
@@ -53,71 +39,64 @@ pub struct ExecHead {
     pub id: String,
     /// `?stdin=1`: the hijacked interactive transport; else a one-shot exec.
     pub interactive: bool,
-    /// Whether the connection stays open after a one-shot exec's response (HTTP/1.1 without
-    /// `Connection: close`).
-    pub keep_alive: bool,
+    /// Whether the connection stays open after a one-shot exec's response (a one-shot served
+    /// here is HTTP/1.1: without `Connection: close`).
+    pub(crate) keep_alive: bool,
     /// The `Authorization` header's value.
     pub authorization: Option<Vec<u8>>,
-    /// The `Content-Length` header's value.
+    /// The `Content-Length` header's value (there is at most one).
     pub content_length: Option<usize>,
-    /// Whether `Transfer-Encoding` names `chunked`.
+    /// Whether `chunked` is the final transfer coding.
     pub chunked: bool,
 }
 
-/// Returns the exec in `head` if it is one the front door serves itself (a hijack, or a
-/// one-shot with a `Content-Length` body over HTTP/1.1, without `Expect` or `Upgrade`); `None`
-/// for everything hyper serves. A head that does not parse is answered here, with the JSON
-/// envelope (hyper would answer a bare 400). Public for the fuzz target.
+/// The limits the first request head is read under: bare LF line ends are accepted, as hyper
+/// (httparse) accepts them, so that the front door and hyper read every head alike.
+const HEAD_LIMITS: Limits = Limits {
+    max_head_bytes: MAX_HEAD,
+    max_headers: MAX_HEADERS,
+    line_ends: LineEnds::CrlfOrBareLf,
+};
+
+/// The answer to a head `http1` refuses: 431 over a limit, 505 for a version other than
+/// HTTP/1.0 and 1.1 (as hyper answers), 400 for the rest, each saying what is wrong.
+fn head_error(error: &HeadError) -> ApiError {
+    match error.status() {
+        431 => ApiError::new(
+            StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+            "headers_too_large",
+            format!("the request head is refused: {error}"),
+        ),
+        505 => ApiError::new(
+            StatusCode::HTTP_VERSION_NOT_SUPPORTED,
+            "http_version_not_supported",
+            format!("the request is refused: {error}"),
+        ),
+        _ => ApiError::invalid(format!("the request head is not valid HTTP/1.1: {error}")),
+    }
+}
+
+/// Returns the exec in `head` (exactly one request head, as [`http1::head_end`] delimits it)
+/// if it is one the front door serves itself (a hijack, or a one-shot with a `Content-Length`
+/// body over HTTP/1.1, without `Expect` or `Upgrade`); `None` for everything hyper serves. A
+/// head that does not parse is answered here, with the JSON envelope (hyper would answer a
+/// bare 400). Public for the fuzz target.
 pub fn parse_first_head(head: &[u8]) -> Result<Option<ExecHead>, ApiError> {
-    let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
-    let mut request = httparse::Request::new(&mut headers);
-    match request.parse(head) {
-        Ok(httparse::Status::Complete(_)) => {}
-        Ok(httparse::Status::Partial) => return Ok(None),
-        Err(httparse::Error::TooManyHeaders) => return Err(ApiError::head_too_large()),
-        Err(e) => {
-            return Err(ApiError::invalid(format!(
-                "the request head is not valid HTTP/1.1: {e}"
-            )))
-        }
-    }
-    let Some(target) = request.path else {
-        return Ok(None);
-    };
-    let has = |name: &str| {
-        request
-            .headers
-            .iter()
-            .any(|h| h.name.eq_ignore_ascii_case(name))
-    };
-    let mut lengths = request
-        .headers
-        .iter()
-        .filter(|h| h.name.eq_ignore_ascii_case("content-length"))
-        .map(|h| h.value.trim_ascii());
-    if let Some(first) = lengths.next() {
-        if lengths.any(|other| other != first) {
-            return Err(ApiError::invalid(
-                "the request has Content-Length headers that disagree",
-            ));
-        }
-    }
-    if has("content-length") && has("transfer-encoding") {
-        // RFC 9112 §6.1: the framing is ambiguous (the request-smuggling shape); refuse it.
-        return Err(ApiError::invalid(
-            "the request has both Content-Length and Transfer-Encoding: send one",
-        ));
-    }
-    // httparse lets bytes through that hyper's URI parser refuses (non-ASCII, say).
+    let request = RequestHead::parse(head, &HEAD_LIMITS).map_err(|e| head_error(&e))?;
+    let target = request.target();
+    // hyper's URI parser refuses some visible ASCII that `http1` lets through (`<`, `>` and
+    // a backtick in a path, say): refused here too, with the envelope.
     if let Err(e) = target.parse::<axum::http::Uri>() {
         return Err(ApiError::invalid(format!(
             "the request target {target:?} is not a valid URI: {e}"
         )));
     }
-    if request.method != Some("POST") {
+    if request.method() != "POST" {
         return Ok(None);
     }
-    let (path, query) = target.split_once('?').unwrap_or((target, ""));
+    let RequestTarget::Origin { path, query } = request.target_form() else {
+        return Ok(None);
+    };
     let Some(id) = path
         .strip_prefix("/sandboxes/")
         .and_then(|rest| rest.strip_suffix("/exec"))
@@ -125,57 +104,42 @@ pub fn parse_first_head(head: &[u8]) -> Result<Option<ExecHead>, ApiError> {
         return Ok(None);
     };
     let stdin = query
+        .unwrap_or("")
         .split('&')
         .find_map(|pair| pair.strip_prefix("stdin="));
     let interactive = exec::wants_stdin(stdin)?;
-    let header = |name: &str| {
-        request
-            .headers
-            .iter()
-            .find(|h| h.name.eq_ignore_ascii_case(name))
-            .map(|h| h.value)
-    };
-    if header("upgrade").is_some() {
-        // Docker's `Upgrade: tcp` variant: hyper answers it with a 101.
+    let headers = request.headers();
+    if headers.contains("upgrade") {
+        // Docker's `Upgrade: tcp` variant: hyper answers it with a 101. Any Upgrade header,
+        // not only a complete upgrade request, goes to hyper: no such request is hijacked.
         return Ok(None);
     }
-    let http11 = request.version == Some(1);
     if !interactive
-        && (!http11 || has("expect") || !has("content-length") || has("transfer-encoding"))
+        && (request.version() != Version::Http11
+            || headers.contains("expect")
+            || headers.content_length().is_none()
+            || headers.has_transfer_encoding())
     {
         // Rarer shapes of a one-shot exec (HTTP/1.0, `Expect: 100-continue`, a chunked body):
         // hyper knows them all.
         return Ok(None);
     }
-    let keep_alive = http11
-        && !header("connection").is_some_and(|v| {
-            v.split(|b| *b == b',')
-                .any(|token| token.trim_ascii().eq_ignore_ascii_case(b"close"))
-        });
-    let content_length = match header("content-length") {
-        None => None,
-        Some(v) => Some(
-            std::str::from_utf8(v)
-                .ok()
-                .and_then(|v| v.trim().parse().ok())
-                .ok_or_else(|| ApiError::invalid("Content-Length is not a number"))?,
-        ),
-    };
-    let chunked = header("transfer-encoding")
-        .is_some_and(|v| v.to_ascii_lowercase().windows(7).any(|w| w == b"chunked"));
     Ok(Some(ExecHead {
         id: id.to_string(),
         interactive,
-        keep_alive,
-        authorization: header("authorization").map(<[u8]>::to_vec),
-        content_length,
-        chunked,
+        keep_alive: request.keep_alive(),
+        authorization: headers.get("authorization").map(<[u8]>::to_vec),
+        // Beyond the address space is beyond every limit.
+        content_length: headers
+            .content_length()
+            .map(|n| usize::try_from(n).unwrap_or(usize::MAX)),
+        chunked: headers.is_chunked(),
     }))
 }
 
 /// Serves one accepted connection; `router` is the daemon's, built once.
-pub async fn serve_connection<S>(
-    state: Arc<AppState>,
+pub(crate) async fn serve_connection<S>(
+    state: Arc<Edge>,
     router: Router,
     mut stream: S,
     transport: Transport,
@@ -183,18 +147,14 @@ pub async fn serve_connection<S>(
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
     let mut buf = Vec::with_capacity(4096);
-    let header_timeout = state.config.header_timeout;
+    let header_timeout = state.http.header_timeout;
     let deadline = tokio::time::Instant::now() + header_timeout;
-    let mut searched = 0;
+    let mut scanner = HeadScanner::new(MAX_HEAD);
     let head_len = loop {
-        let end = head_end(&buf, searched);
-        searched = buf.len().saturating_sub(3);
-        if let Some(end) = end.filter(|&end| end <= MAX_HEAD) {
-            break end;
-        }
-        // A head that ended past the limit in the same read counts as too large too.
-        if end.is_some() || buf.len() > MAX_HEAD {
-            return respond_error(&state, &mut stream, &ApiError::head_too_large()).await;
+        match scanner.scan(&buf) {
+            Ok(Some(end)) => break end,
+            Ok(None) => {}
+            Err(e) => return respond_error(&state, &mut stream, &head_error(&e)).await,
         }
         let mut chunk = [0u8; 4096];
         match tokio::time::timeout_at(deadline, stream.read(&mut chunk)).await {
@@ -216,7 +176,7 @@ pub async fn serve_connection<S>(
             serve_exec(state, router, stream, head, rest, transport).await
         }
         Ok(None) => {
-            let header_timeout = state.config.header_timeout;
+            let header_timeout = state.http.header_timeout;
             let stream = Rewind::new(Bytes::from(buf), stream);
             serve_http(router, header_timeout, stream, transport).await
         }
@@ -257,7 +217,7 @@ const LINGER_BYTES: usize = 1024 * 1024;
 /// head, say) would otherwise get a reset instead of the answer: its unread bytes are drained
 /// for a moment first (nginx's lingering close).
 async fn respond_error<S: AsyncRead + AsyncWrite + Unpin>(
-    state: &AppState,
+    state: &Edge,
     stream: &mut S,
     error: &ApiError,
 ) {
@@ -289,7 +249,7 @@ async fn respond_error<S: AsyncRead + AsyncWrite + Unpin>(
 /// itself, by the same rules as `routes::authenticate`, and looks the sandbox up for that
 /// caller: one that is not the caller's is the same 404 as a missing one.
 async fn serve_exec<S>(
-    state: Arc<AppState>,
+    state: Arc<Edge>,
     router: Router,
     mut stream: S,
     head: ExecHead,
@@ -299,8 +259,7 @@ async fn serve_exec<S>(
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
     let caller = match state
-        .config
-        .api_keys
+        .keys
         .identify(transport, head.authorization.as_deref())
     {
         Some(caller) => caller,
@@ -325,7 +284,7 @@ async fn serve_exec<S>(
             return respond_error(&state, &mut stream, &error).await;
         }
     };
-    let deadline = tokio::time::Instant::now() + state.config.header_timeout;
+    let deadline = tokio::time::Instant::now() + state.http.header_timeout;
     while rest.len() < length {
         let mut chunk = vec![0u8; (length - rest.len()).min(64 * 1024)];
         match tokio::time::timeout_at(deadline, stream.read(&mut chunk)).await {
@@ -347,7 +306,11 @@ async fn serve_exec<S>(
         Ok(sandbox) => sandbox,
         Err(e) => return respond_error(&state, &mut stream, &e.into()).await,
     };
-    let session = match exec::admit(&state, &sandbox, &rest, head.interactive).await {
+    let request = match crate::json::parse_exec_request(&rest) {
+        Ok(request) => request,
+        Err(e) => return respond_error(&state, &mut stream, &e.into()).await,
+    };
+    let session = match exec::admit(&state.metrics, &sandbox, request, head.interactive).await {
         Ok(session) => session,
         Err(e) => return respond_error(&state, &mut stream, &e.into()).await,
     };
@@ -365,7 +328,7 @@ async fn serve_exec<S>(
         return;
     }
     if head.keep_alive {
-        let header_timeout = state.config.header_timeout;
+        let header_timeout = state.http.header_timeout;
         serve_http(
             router,
             header_timeout,
@@ -385,14 +348,19 @@ const HEAD_GRACE: Duration = Duration::from_millis(1);
 /// the head going out with the first frames (if they come within [`HEAD_GRACE`]) and the last
 /// chunk with the terminator, so that a short command's whole response is one write. Meanwhile the connection is watched: a client
 /// that hangs up (while the command is silent, say) ends the session, which kills the
-/// command. Returns what the client sent meanwhile (a kept-alive client's next request).
+/// command (unless it outlives its connection). Returns what the client sent meanwhile (a kept-alive client's next request).
 async fn write_one_shot<S: AsyncRead + AsyncWrite + Unpin>(
     mut session: exec::Session,
     stream: &mut S,
 ) -> std::io::Result<Vec<u8>> {
-    const HEAD: &[u8] = b"HTTP/1.1 200 OK\r\ncontent-type: application/octet-stream\r\n\
-                          transfer-encoding: chunked\r\n\r\n";
-    let mut head: &[u8] = HEAD;
+    // The exec id is `[A-Za-z0-9._-]` only (validated, or generated): safe in a header.
+    let head_bytes = format!(
+        "HTTP/1.1 200 OK\r\ncontent-type: application/octet-stream\r\n{}: {}\r\n\
+         transfer-encoding: chunked\r\n\r\n",
+        crate::execs::EXEC_ID_HEADER,
+        session.exec_id()
+    );
+    let mut head: &[u8] = head_bytes.as_bytes();
     let mut early = Vec::new();
     let mut peek = [0u8; 4096];
     let head_deadline = tokio::time::Instant::now() + HEAD_GRACE;
@@ -469,6 +437,13 @@ async fn write_all_vectored<S: AsyncWrite + Unpin>(
 mod tests {
     use super::*;
 
+    /// Where the head ends in `buf`, as `serve_connection` finds it.
+    fn end_of(buf: &[u8]) -> Option<usize> {
+        HeadScanner::new(MAX_HEAD)
+            .scan(buf)
+            .expect("within the limit")
+    }
+
     #[test]
     fn recognises_the_execs_it_serves_itself() {
         let hijack = b"POST /sandboxes/sb-0123456789abcdef/exec?stdin=1 HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n\r\n";
@@ -476,11 +451,18 @@ mod tests {
         assert_eq!(head.id, "sb-0123456789abcdef");
         assert_eq!(head.content_length, Some(5));
         assert!(head.interactive && head.keep_alive);
-        let one_shot = b"POST /sandboxes/sb-0123456789abcdef/exec HTTP/1.1\r\nContent-Length: 2\r\nConnection: keep-alive, close\r\n\r\n";
+        let one_shot = b"POST /sandboxes/sb-0123456789abcdef/exec HTTP/1.1\r\nContent-Length: 2\r\nConnection: keep-alive, close\r\nAuthorization: Bearer k\r\n\r\n";
         let head = parse_first_head(one_shot)
             .expect("valid")
             .expect("a one-shot");
         assert!(!head.interactive && !head.keep_alive);
+        assert_eq!(head.authorization.as_deref(), Some(&b"Bearer k"[..]));
+        // A fragment is no part of the path or the query, as hyper's URI parser reads them.
+        let fragment = b"POST /sandboxes/sb-1/exec?stdin=1#x HTTP/1.1\r\nContent-Length: 2\r\n\r\n";
+        let head = parse_first_head(fragment)
+            .expect("valid")
+            .expect("a hijack");
+        assert!(head.interactive && head.id == "sb-1");
         for other in [
             // A one-shot exec hyper serves: no length, HTTP/1.0, Expect, a chunked body.
             &b"POST /sandboxes/sb-0123456789abcdef/exec HTTP/1.1\r\nHost: x\r\n\r\n"[..],
@@ -490,48 +472,132 @@ mod tests {
             b"POST /sandboxes/sb-0123456789abcdef/exec HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n",
             b"GET /sandboxes/sb-0123456789abcdef/exec?stdin=1 HTTP/1.1\r\n\r\n",
             b"POST /sandboxes/sb-0123456789abcdef/exec?stdin=1 HTTP/1.1\r\nUpgrade: tcp\r\nConnection: Upgrade\r\n\r\n",
+            // Any Upgrade header, even one RFC 9110 says to ignore, goes to hyper.
+            b"POST /sandboxes/sb-0123456789abcdef/exec?stdin=1 HTTP/1.1\r\nUpgrade: tcp\r\nContent-Length: 2\r\n\r\n",
+            b"POST /sandboxes/sb-0123456789abcdef/exec?stdin=1 HTTP/1.0\r\nUpgrade: tcp\r\nContent-Length: 2\r\n\r\n",
+            b"POST http://x/sandboxes/sb-0123456789abcdef/exec?stdin=1 HTTP/1.1\r\nContent-Length: 2\r\n\r\n",
             b"POST /sandboxes HTTP/1.1\r\n\r\n",
         ] {
-            assert!(parse_first_head(other).expect("valid").is_none());
+            assert!(
+                parse_first_head(other).expect("valid").is_none(),
+                "{:?}",
+                String::from_utf8_lossy(other)
+            );
         }
         assert!(parse_first_head(b"POST /sandboxes/x/exec?stdin=maybe HTTP/1.1\r\n\r\n").is_err());
+    }
+
+    #[test]
+    fn malformed_heads_are_answered_with_the_status_that_fits() {
         let malformed = parse_first_head(b"GET /\x00 HTTP/1.1\r\n\r\n").expect_err("malformed");
         assert_eq!(malformed.status, StatusCode::BAD_REQUEST);
+        assert!(malformed.message.contains("0x00"), "{}", malformed.message);
         let many: String = (0..=MAX_HEADERS).map(|i| format!("X-{i}: y\r\n")).collect();
         let many = format!("GET / HTTP/1.1\r\n{many}\r\n");
         let too_many = parse_first_head(many.as_bytes()).expect_err("too many headers");
         assert_eq!(too_many.status, StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE);
+        assert_eq!(too_many.code, "headers_too_large");
+        assert!(
+            too_many.message.contains("header fields"),
+            "{}",
+            too_many.message
+        );
+        let http2 = parse_first_head(b"PRI * HTTP/2.0\r\n\r\n").expect_err("HTTP/2");
+        assert_eq!(http2.status, StatusCode::HTTP_VERSION_NOT_SUPPORTED);
+        assert!(http2.message.contains("HTTP/2.0"), "{}", http2.message);
+        // Visible ASCII `http1` lets through but hyper's URI parser refuses.
+        let uri = parse_first_head(b"GET /a<b HTTP/1.1\r\n\r\n").expect_err("not a URI");
+        assert_eq!(uri.status, StatusCode::BAD_REQUEST);
+        assert!(uri.message.contains("not a valid URI"), "{}", uri.message);
     }
 
     #[test]
-    fn head_end_resumes_where_the_last_search_stopped() {
+    fn framing_a_proxy_and_hyper_could_read_differently_is_refused_on_every_route() {
+        for (head, says) in [
+            (
+                &b"POST /sandboxes HTTP/1.1\r\nContent-Length: 2\r\nTransfer-Encoding: chunked\r\n\r\n"[..],
+                "both Content-Length and Transfer-Encoding",
+            ),
+            (
+                b"POST /sandboxes/sb-1/exec HTTP/1.1\r\nContent-Length: 2\r\nContent-Length: 3\r\n\r\n",
+                "more than one Content-Length",
+            ),
+            // Even two that agree: nobody legitimate sends them.
+            (
+                b"POST /sandboxes/sb-1/exec?stdin=1 HTTP/1.1\r\nContent-Length: 2\r\ncontent-length: 2\r\n\r\n",
+                "more than one Content-Length",
+            ),
+            (
+                b"GET /sandboxes HTTP/1.1\r\nHost: a\r\nHost: b\r\n\r\n",
+                "more than one Host",
+            ),
+            (
+                b"GET /sandboxes HTTP/1.1\r\nAuthorization: Bearer a\r\nAuthorization: Bearer b\r\n\r\n",
+                "more than one Authorization",
+            ),
+            (
+                b"POST /sandboxes HTTP/1.0\r\nTransfer-Encoding: chunked\r\n\r\n",
+                "HTTP/1.0",
+            ),
+            (
+                b"POST /sandboxes HTTP/1.1\r\nTransfer-Encoding: chunked, gzip\r\n\r\n",
+                "after chunked",
+            ),
+            (
+                b"POST /sandboxes HTTP/1.1\r\nTransfer-Encoding: gzip\r\n\r\n",
+                "does not end with chunked",
+            ),
+            (
+                b"POST /sandboxes/sb-1/exec?stdin=1 HTTP/1.1\r\nContent-Length: 12abc\r\n\r\n",
+                "Content-Length",
+            ),
+            (
+                b"POST /sandboxes HTTP/1.1\r\nContent-Length: 2\r\n X: folded\r\n\r\n",
+                "folding",
+            ),
+        ] {
+            let error = parse_first_head(head).expect_err("ambiguous framing");
+            assert_eq!(error.status, StatusCode::BAD_REQUEST, "{}", error.message);
+            assert!(
+                error.message.contains(says),
+                "{:?}: {}",
+                String::from_utf8_lossy(head),
+                error.message
+            );
+        }
+    }
+
+    #[test]
+    fn the_scanner_finds_the_end_however_the_head_is_split() {
         let head = b"GET / HTTP/1.1\r\nHost: x\r\n\r\nbody";
         let end = head.len() - 4;
-        assert_eq!(head_end(head, 0), Some(end));
-        // Each byte arriving alone: searching from len - 3 still finds a split terminator.
-        let mut searched = 0;
-        let mut found = None;
-        for n in 1..=head.len() {
-            found = found.or(head_end(&head[..n], searched));
-            searched = n.saturating_sub(3);
-        }
+        assert_eq!(end_of(head), Some(end));
+        // Each byte arriving alone.
+        let mut scanner = HeadScanner::new(MAX_HEAD);
+        let found = (1..=head.len()).find_map(|n| scanner.scan(&head[..n]).expect("small"));
         assert_eq!(found, Some(end));
-        assert_eq!(head_end(b"GET / HTTP/1.1\r\n", 0), None);
+        assert_eq!(end_of(b"GET / HTTP/1.1\r\n"), None);
+        // A head that has not ended within the limit is over it.
+        let big = vec![b'a'; MAX_HEAD];
+        let error = HeadScanner::new(MAX_HEAD)
+            .scan(&big)
+            .expect_err("too large");
+        assert_eq!(
+            head_error(&error).status,
+            StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE
+        );
     }
 
     #[test]
     fn head_ends_at_the_first_empty_line_with_crlf_or_bare_lf() {
-        assert_eq!(
-            head_end(b"GET / HTTP/1.1\r\nHost: x\r\n\r\nbody", 0),
-            Some(27)
-        );
+        assert_eq!(end_of(b"GET / HTTP/1.1\r\nHost: x\r\n\r\nbody"), Some(27));
         // Found by the http_exec_request fuzz target: httparse accepts bare LF line ends, but
         // the head was only complete at a CRLFCRLF, so such a request hung until the timeout.
-        assert_eq!(head_end(b"GET / HTTP/1.1\nHost: x\n\nbody", 0), Some(24));
-        assert_eq!(head_end(b"GET / HTTP/1.1\r\nHost: x\n\r\n", 0), Some(26));
-        assert_eq!(head_end(b"GET / HTTP/1.1\r\nHost: x\r\n", 0), None);
+        assert_eq!(end_of(b"GET / HTTP/1.1\nHost: x\n\nbody"), Some(24));
+        assert_eq!(end_of(b"GET / HTTP/1.1\r\nHost: x\n\r\n"), Some(26));
+        assert_eq!(end_of(b"GET / HTTP/1.1\r\nHost: x\r\n"), None);
         let head = b"POST /sandboxes/sb-1/exec?stdin=1 HTTP/1.1\nContent-Length: 2\n\n{}";
-        let end = head_end(head, 0).expect("complete head");
+        let end = end_of(head).expect("complete head");
         let parsed = parse_first_head(&head[..end])
             .expect("valid")
             .expect("a hijack");

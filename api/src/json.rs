@@ -25,3 +25,11 @@ pub fn parse_json<T: serde::de::DeserializeOwned>(
     serde_json::from_slice(body)
         .map_err(|e| InvalidJson(format!("the request body is not a valid {what}: {e}")))
 }
+
+/// The ExecRequest in a request body, or why it is not one (refused before admission, as an
+/// invalid request).
+pub(crate) fn parse_exec_request(
+    body: &[u8],
+) -> Result<wire::ExecRequest, engine::exec::AdmitError> {
+    parse_json(body, "ExecRequest").map_err(|e| engine::exec::AdmitError::Invalid(e.to_string()))
+}

@@ -1,37 +1,32 @@
-//! `crucible serve`: the sandbox daemon. It owns sandbox state, starts each sandbox on a
-//! backend (a microVM, or Linux namespaces), and relays exec streams and files between HTTP /
-//! WebSocket clients and each sandbox's agent. See `docs/api.md`.
+//! `crucible serve`'s HTTP edge: the front door, routes, WebSocket, OpenAPI, authentication
+//! and the mapping of errors to statuses, over the engine (`engine`, which knows no HTTP) and
+//! the egress proxy (`egress`). [`server`] is the composition root that builds all three from
+//! a [`ServeConfig`]. See `docs/api.md` and `docs/architecture.md`.
 
 #![forbid(unsafe_code)]
 
-pub mod agent;
-pub mod auth;
-pub mod backend;
-pub mod body;
+mod auth;
+mod body;
 pub mod config;
-pub mod egress;
-pub mod error;
-pub mod exec;
+mod edge;
+mod error;
+mod execs;
+mod extract;
 mod files;
 pub mod front_door;
-pub mod host;
-mod images;
 pub mod json;
-pub mod metrics;
+mod oci_images;
 pub mod openapi;
-pub mod pool;
 mod raw_stream;
 mod rewind;
-pub mod routes;
-pub mod sandbox;
+mod routes;
 pub mod server;
-pub mod state;
-pub mod storage;
 mod ws;
 
-pub use auth::{ApiKeys, Caller, KeysError, Owner, Transport};
+pub use auth::{ApiKeys, Caller, KeysError, Owner};
 pub use config::{Limits, ServeConfig};
-pub use exec::DEBUG_EXEC_DELAY_ENV;
+pub use edge::Edge;
+pub use engine::DEBUG_EXEC_DELAY_ENV;
 pub use server::{shutdown_signal, ServeError, Server};
 
 /// Binds and serves until SIGTERM/SIGINT, then deletes every sandbox.

@@ -2,11 +2,13 @@
 //! below. Served at `GET /openapi.json` and written to `docs/openapi.json` by
 //! `cargo xtask gen-openapi` (CI fails when that file drifts from this code).
 
+use api_types::{
+    CacheList, CreateSandbox, ImageList, ImagesPruned, SandboxInfo, SandboxList, SignalRequest,
+};
 use schemars::generate::SchemaSettings;
 use serde_json::{json, Map, Value};
 use wire::{
-    CacheList, CreateSandbox, ErrorBody, ExecRequest, ExecResult, FilesPutResult, ImageList,
-    ImagesPruned, SandboxInfo, SandboxList, SandboxStats, SignalRequest,
+    ErrorBody, ExecList, ExecRequest, ExecResult, ExecStatus, FilesPutResult, SandboxStats,
 };
 
 fn schema_ref(name: &str) -> Value {
@@ -45,6 +47,14 @@ fn id_param() -> Value {
         "name": "id", "in": "path", "required": true,
         "description": "The sandbox id.",
         "schema": { "type": "string", "pattern": "^sb-[0-9a-f]{16}$" }
+    })
+}
+
+fn exec_id_param() -> Value {
+    json!({
+        "name": "exec_id", "in": "path", "required": true,
+        "description": "The command's exec_id (its request's, or the one the daemon gave it in X-Crucible-Exec-Id).",
+        "schema": { "type": "string", "pattern": "^[A-Za-z0-9._-]{1,128}$" }
     })
 }
 
@@ -108,7 +118,7 @@ fn constrain(schemas: &mut Map<String, Value>) {
         schemas,
         "CreateSandbox",
         "disk_mib",
-        json!({ "minimum": crate::state::MIN_DISK_MIB }),
+        json!({ "minimum": engine::state::MIN_DISK_MIB }),
     );
     set(
         schemas,
@@ -150,7 +160,7 @@ fn constrain(schemas: &mut Map<String, Value>) {
 const IMAGE_NAME_PATTERN: &str = "^[A-Za-z0-9][A-Za-z0-9._:/-]{0,127}$";
 
 /// The whole document.
-pub fn document() -> Value {
+pub(crate) fn document() -> Value {
     let mut generator = SchemaSettings::openapi3().into_generator();
     generator.subschema_for::<CreateSandbox>();
     generator.subschema_for::<SandboxInfo>();
@@ -164,6 +174,8 @@ pub fn document() -> Value {
     generator.subschema_for::<ImagesPruned>();
     generator.subschema_for::<SandboxStats>();
     generator.subschema_for::<SignalRequest>();
+    generator.subschema_for::<ExecStatus>();
+    generator.subschema_for::<ExecList>();
     let mut schemas = generator.take_definitions(true);
     constrain(&mut schemas);
 
@@ -267,6 +279,59 @@ pub fn document() -> Value {
                     ]), json!({ "204": { "description": "Sent." } }))
                 }
             },
+            "/sandboxes/{id}/execs": {
+                "parameters": [id_param()],
+                "get": {
+                    "summary": "The sandbox's commands that can be found by exec_id: those that run, and those that ended while no client was attached and whose result has not been collected.",
+                    "responses": with(errors(&[
+                        ("400", "The id is malformed."),
+                        ("404", "No sandbox with this id, as far as the caller can see."),
+                        ("409", "The sandbox is not running."),
+                        ("502", "The sandbox's agent could not be reached."),
+                    ]), json!({ "200": json_response("The commands, oldest first.", "ExecList") }))
+                }
+            },
+            "/sandboxes/{id}/execs/{exec_id}": {
+                "parameters": [id_param(), exec_id_param()],
+                "get": {
+                    "summary": "One command's status (and its result, once it has ended).",
+                    "responses": with(errors(&[
+                        ("400", "The id or the exec_id is malformed."),
+                        ("404", "No such sandbox, or no command with this exec_id (code exec_not_found: it never ran, it ended while attached, or its result was collected)."),
+                        ("409", "The sandbox is not running."),
+                        ("502", "The sandbox's agent could not be reached."),
+                    ]), json!({ "200": json_response("The command.", "ExecStatus") }))
+                }
+            },
+            "/sandboxes/{id}/execs/{exec_id}/attach": {
+                "parameters": [id_param(), exec_id_param()],
+                "post": {
+                    "summary": "Re-attach to a command whose connection dropped: its frame stream from output byte ?offset=, then live, then its one exit frame.",
+                    "description": "Output bytes are numbered in stream order across stdout and \
+                        stderr (payload bytes only). The agent keeps each command's latest \
+                        output (the daemon's --exec-tail-bytes, 1 MiB by default); what the \
+                        client asks for but is no longer kept is counted in the exit frame's \
+                        output_dropped_bytes. An ended command's result is collected by the \
+                        attach that delivers it. Headers: X-Crucible-Exec-Id, \
+                        X-Crucible-Output-Bytes (its output so far), \
+                        X-Crucible-Output-Kept-From (the oldest byte kept).",
+                    "parameters": [{
+                        "name": "offset", "in": "query", "required": false,
+                        "description": "The output bytes the client already has (default 0: everything still kept).",
+                        "schema": { "type": "integer", "minimum": 0, "maximum": u64::MAX }
+                    }],
+                    "responses": with(errors(&[
+                        ("400", "The id or exec_id is malformed, or the offset is past the command's output."),
+                        ("404", "No such sandbox, or no command with this exec_id (code exec_not_found)."),
+                        ("409", "Another client is attached, the command dies with its connection (on_disconnect: kill, interactive), or the sandbox is not running."),
+                        ("429", "The sandbox runs its maximum number of commands."),
+                        ("502", "The sandbox's agent could not be reached."),
+                    ]), json!({
+                        "200": { "description": "The frame stream.", "content": {
+                            "application/octet-stream": { "schema": { "type": "string", "format": "binary" } } } }
+                    }))
+                }
+            },
             "/sandboxes/{id}/stats": {
                 "parameters": [id_param()],
                 "get": {
@@ -290,7 +355,7 @@ pub fn document() -> Value {
                         archive, or a rootfs tarball; gzip or not. Layers are applied in order \
                         with whiteouts and opaque directories; device nodes are dropped; paths \
                         never leave the image. The caller's image of the same name is replaced \
-                        (sandboxes using it keep the old one). See docs/images.md.",
+                        (sandboxes using it keep the old one). See docs/oci-images.md.",
                     "parameters": [{
                         "name": "name", "in": "query", "required": true,
                         "description": "The image's name (not `default`).",
@@ -372,7 +437,12 @@ pub fn document() -> Value {
                         connection is hijacked after a bare `HTTP/1.1 200 OK` header block (or \
                         a 101 when the client sends `Connection: Upgrade` + `Upgrade: tcp`) \
                         and carries frames both ways. Failures after the 200 end the stream \
-                        with a synthesized exit frame (exit_code -1 and error).",
+                        with a synthesized exit frame (exit_code -1 and error). The response \
+                        header X-Crucible-Exec-Id names the command (the request's exec_id, or \
+                        one the daemon gave it). A one-shot command outlives its connection \
+                        unless it asks for on_disconnect: kill; re-attach with POST \
+                        /sandboxes/{id}/execs/{exec_id}/attach. An interactive one ends with \
+                        its connection.",
                     "parameters": [{ "name": "stdin", "in": "query", "required": false,
                         "description": "1 (or true) for an interactive (hijacked) session; 0, false or empty for a one-shot exec.",
                         "schema": { "type": "string", "enum": ["0", "1", "true", "false", ""] } }],

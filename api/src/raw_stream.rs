@@ -4,21 +4,21 @@
 use bytes::{Bytes, BytesMut};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
-use crate::exec::{ClientInput, ClientReader, ClientWriter, Ending};
+use engine::exec::{ClientInput, ClientReader, ClientWriter, Ending};
 
 /// Read in chunks of up to this much.
 const CHUNK: usize = 64 * 1024;
 
 /// The reading side.
 #[derive(Debug)]
-pub struct RawReader<R> {
+pub(crate) struct RawReader<R> {
     reader: R,
     buf: BytesMut,
 }
 
 impl<R> RawReader<R> {
     /// Reads from `reader`.
-    pub fn new(reader: R) -> Self {
+    pub(crate) fn new(reader: R) -> Self {
         RawReader {
             reader,
             buf: BytesMut::new(),
@@ -39,7 +39,7 @@ impl<R: AsyncRead + Unpin + Send> ClientReader for RawReader<R> {
 
 /// The writing side.
 #[derive(Debug)]
-pub struct RawWriter<W>(pub W);
+pub(crate) struct RawWriter<W>(pub W);
 
 impl<W: AsyncWrite + Unpin + Send> ClientWriter for RawWriter<W> {
     async fn send(&mut self, frames: Bytes) -> std::io::Result<()> {

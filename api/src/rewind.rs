@@ -9,14 +9,14 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
 /// `inner`, with `prefix` read back first.
 #[derive(Debug)]
-pub struct Rewind<S> {
+pub(crate) struct Rewind<S> {
     prefix: Bytes,
     inner: S,
 }
 
 impl<S> Rewind<S> {
     /// Replays `prefix`, then reads from `inner`.
-    pub fn new(prefix: Bytes, inner: S) -> Self {
+    pub(crate) fn new(prefix: Bytes, inner: S) -> Self {
         Rewind { prefix, inner }
     }
 }

@@ -3,10 +3,10 @@
 
 use std::sync::Arc;
 
+use api_types::{CreateSandbox, SandboxList};
 use axum::body::Body;
 use axum::extract::ws::WebSocketUpgrade;
 use axum::extract::{FromRequestParts, Request, State};
-use axum::http::request::Parts;
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
@@ -14,67 +14,20 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 use hyper_util::rt::TokioIo;
 use serde::Deserialize;
-use wire::{CreateSandbox, SandboxList};
 
-use crate::auth::{Caller, Transport};
+use crate::auth::Transport;
 use crate::body;
 use crate::config::{MAX_HEAD, MAX_HEADERS, WS_MESSAGE_LIMIT};
+use crate::edge::Edge;
 use crate::error::ApiError;
+use crate::extract::{Authenticated, Path, Query};
 use crate::json::parse_json;
 use crate::raw_stream::{RawReader, RawWriter};
-use crate::state::AppState;
-use crate::{exec, files, images, ws};
-
-/// `axum::extract::Path`, rejecting with the JSON error envelope (a path segment that is not
-/// UTF-8, say) instead of axum's plain-text answer.
-struct Path<T>(T);
-
-impl<S: Send + Sync, T: serde::de::DeserializeOwned + Send> FromRequestParts<S> for Path<T> {
-    type Rejection = ApiError;
-
-    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, ApiError> {
-        axum::extract::Path::<T>::from_request_parts(parts, state)
-            .await
-            .map(|axum::extract::Path(value)| Path(value))
-            .map_err(|e| ApiError::invalid(format!("the request path {:?}: {e}", parts.uri.path())))
-    }
-}
-
-/// `axum::extract::Query`, rejecting with the JSON error envelope.
-struct Query<T>(T);
-
-impl<S: Send + Sync, T: serde::de::DeserializeOwned> FromRequestParts<S> for Query<T> {
-    type Rejection = ApiError;
-
-    async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, ApiError> {
-        axum::extract::Query::<T>::try_from_uri(&parts.uri)
-            .map(|axum::extract::Query(value)| Query(value))
-            .map_err(|e| {
-                ApiError::invalid(format!(
-                    "the query string {:?}: {}",
-                    parts.uri.query().unwrap_or_default(),
-                    e.body_text()
-                ))
-            })
-    }
-}
-
-/// Who sent the request, as `authenticate` found it. Without it (a route outside the
-/// middleware, which there is none) the request is refused rather than trusted.
-impl<S: Send + Sync> FromRequestParts<S> for Caller {
-    type Rejection = ApiError;
-
-    async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, ApiError> {
-        parts
-            .extensions
-            .get::<Caller>()
-            .cloned()
-            .ok_or_else(ApiError::unauthorized)
-    }
-}
+use crate::{execs, files, oci_images, ws};
+use engine::exec;
 
 /// The router of every endpoint.
-pub fn app(state: Arc<AppState>) -> Router {
+pub(crate) fn app(state: Arc<Edge>) -> Router {
     Router::new()
         .route("/healthz", get(healthz))
         .route("/metrics", get(metrics))
@@ -84,6 +37,12 @@ pub fn app(state: Arc<AppState>) -> Router {
         .route("/sandboxes/{id}/exec", post(exec_post).get(exec_websocket))
         .route("/sandboxes/{id}/files", post(files_put).get(files_get))
         .route("/sandboxes/{id}/signal", post(signal_sandbox))
+        .route("/sandboxes/{id}/execs", get(execs::list))
+        .route("/sandboxes/{id}/execs/{exec_id}", get(execs::status))
+        .route(
+            "/sandboxes/{id}/execs/{exec_id}/attach",
+            post(execs::attach),
+        )
         .route("/sandboxes/{id}/stats", get(sandbox_stats))
         .route("/caches", get(list_caches).delete(clear_caches))
         .route("/caches/{name}", axum::routing::delete(delete_cache))
@@ -102,7 +61,7 @@ pub fn app(state: Arc<AppState>) -> Router {
 /// Holds every request to the head limits. The first request on a connection was already
 /// held to them while it was read (`front_door`); later ones on a kept-alive connection are read
 /// by hyper, which checks a head's size only while it is still incomplete.
-async fn limit_head(State(state): State<Arc<AppState>>, request: Request, next: Next) -> Response {
+async fn limit_head(State(state): State<Arc<Edge>>, request: Request, next: Next) -> Response {
     let headers = request.headers();
     let size = request.uri().to_string().len()
         + headers
@@ -119,7 +78,7 @@ async fn limit_head(State(state): State<Arc<AppState>>, request: Request, next: 
 /// Finds who sent the request (`ApiKeys::identify`) and hands it to the handlers as a
 /// [`Caller`]; rejects requests it does not admit. Counts errors.
 async fn authenticate(
-    State(state): State<Arc<AppState>>,
+    State(state): State<Arc<Edge>>,
     mut request: Request,
     next: Next,
 ) -> Response {
@@ -134,7 +93,7 @@ async fn authenticate(
             .headers()
             .get(header::AUTHORIZATION)
             .map(|v| v.as_bytes());
-        match state.config.api_keys.identify(transport, presented) {
+        match state.keys.identify(transport, presented) {
             Some(caller) => {
                 request.extensions_mut().insert(caller);
             }
@@ -171,7 +130,7 @@ async fn method_not_allowed(request: Request) -> ApiError {
     )
 }
 
-async fn healthz(State(state): State<Arc<AppState>>) -> Json<serde_json::Value> {
+async fn healthz(State(state): State<Arc<Edge>>) -> Json<serde_json::Value> {
     Json(serde_json::json!({
         "status": "ok",
         "sandboxes": state.registry.list().len(),
@@ -179,7 +138,10 @@ async fn healthz(State(state): State<Arc<AppState>>) -> Json<serde_json::Value> 
     }))
 }
 
-async fn metrics(State(state): State<Arc<AppState>>, caller: Caller) -> impl IntoResponse {
+async fn metrics(
+    State(state): State<Arc<Edge>>,
+    Authenticated(caller): Authenticated,
+) -> impl IntoResponse {
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], {
         let mut text = state.metrics.render(&state.registry, &caller);
         state.pool.render_metrics(&mut text);
@@ -195,11 +157,11 @@ async fn openapi() -> impl IntoResponse {
 }
 
 async fn create_sandbox(
-    State(state): State<Arc<AppState>>,
-    caller: Caller,
+    State(state): State<Arc<Edge>>,
+    Authenticated(caller): Authenticated,
     body: Body,
 ) -> Result<Response, ApiError> {
-    let body = body::read(body, state.config.header_timeout).await?;
+    let body = body::read(body, state.http.header_timeout).await?;
     let request: CreateSandbox = if body.iter().all(u8::is_ascii_whitespace) {
         CreateSandbox::default()
     } else {
@@ -217,7 +179,10 @@ async fn create_sandbox(
     Ok((StatusCode::CREATED, Json(info)).into_response())
 }
 
-async fn list_sandboxes(State(state): State<Arc<AppState>>, caller: Caller) -> Json<SandboxList> {
+async fn list_sandboxes(
+    State(state): State<Arc<Edge>>,
+    Authenticated(caller): Authenticated,
+) -> Json<SandboxList> {
     Json(SandboxList {
         sandboxes: state
             .registry
@@ -229,23 +194,23 @@ async fn list_sandboxes(State(state): State<Arc<AppState>>, caller: Caller) -> J
 }
 
 async fn get_sandbox(
-    State(state): State<Arc<AppState>>,
-    caller: Caller,
+    State(state): State<Arc<Edge>>,
+    Authenticated(caller): Authenticated,
     Path(id): Path<String>,
-) -> Result<Json<wire::SandboxInfo>, ApiError> {
+) -> Result<Json<api_types::SandboxInfo>, ApiError> {
     Ok(Json(state.registry.get(&id, &caller)?.info()))
 }
 
 async fn delete_sandbox(
-    State(state): State<Arc<AppState>>,
-    caller: Caller,
+    State(state): State<Arc<Edge>>,
+    Authenticated(caller): Authenticated,
     Path(id): Path<String>,
 ) -> Result<StatusCode, ApiError> {
     state.registry.get(&id, &caller)?;
     if state.registry.remove(&id).await {
         Ok(StatusCode::NO_CONTENT)
     } else {
-        Err(crate::sandbox::SandboxError::NotFound(id).into())
+        Err(engine::sandbox::SandboxError::NotFound(id).into())
     }
 }
 
@@ -253,14 +218,14 @@ async fn delete_sandbox(
 /// its agent (what `docker kill -s` and containerd's task kill need), or with `"exec_id"` to
 /// that running command's process group only.
 async fn signal_sandbox(
-    State(state): State<Arc<AppState>>,
-    caller: Caller,
+    State(state): State<Arc<Edge>>,
+    Authenticated(caller): Authenticated,
     Path(id): Path<String>,
     body: Body,
 ) -> Result<StatusCode, ApiError> {
     let sandbox = state.registry.get(&id, &caller)?;
-    let body = body::read(body, state.config.header_timeout).await?;
-    let request: wire::SignalRequest = parse_json(&body, "signal request")?;
+    let body = body::read(body, state.http.header_timeout).await?;
+    let request: api_types::SignalRequest = parse_json(&body, "signal request")?;
     if !(1..=64).contains(&request.signal) {
         return Err(ApiError::invalid(format!(
             "signal: must be 1 to 64, got {}",
@@ -284,7 +249,7 @@ async fn signal_sandbox(
     let mut agent = sandbox
         .send_to_agent(&message)
         .await
-        .map_err(|e| ApiError::agent(format!("sandbox {id}: {e}")))?;
+        .map_err(|e| ApiError::agent(format!("sandbox {id}: {}", report::chain(&e))))?;
     let reply: wire::agent::AgentReply = wire::read_message_async(&mut agent)
         .await
         .map_err(|e| ApiError::agent(format!("sandbox {id}: the agent's answer: {e}")))?;
@@ -308,8 +273,8 @@ async fn signal_sandbox(
 
 /// `GET /sandboxes/{id}/stats`: memory, CPU and processes, from the sandbox's cgroups.
 async fn sandbox_stats(
-    State(state): State<Arc<AppState>>,
-    caller: Caller,
+    State(state): State<Arc<Edge>>,
+    Authenticated(caller): Authenticated,
     Path(id): Path<String>,
 ) -> Result<Json<wire::SandboxStats>, ApiError> {
     let sandbox = state.registry.get(&id, &caller)?;
@@ -328,38 +293,40 @@ async fn sandbox_stats(
 }
 
 async fn list_caches(
-    State(state): State<Arc<AppState>>,
-    caller: Caller,
-) -> Result<Json<wire::CacheList>, ApiError> {
+    State(state): State<Arc<Edge>>,
+    Authenticated(caller): Authenticated,
+) -> Result<Json<api_types::CacheList>, ApiError> {
     let owner = (!caller.sees_all()).then(|| caller.owner());
     let caches = state.storage()?.caches.list(owner.as_ref())?;
-    Ok(Json(wire::CacheList { caches }))
+    Ok(Json(api_types::CacheList { caches }))
 }
 
 /// Removes every cache of the caller's that no sandbox uses; answers with those it kept.
 async fn clear_caches(
-    State(state): State<Arc<AppState>>,
-    caller: Caller,
-) -> Result<Json<wire::CacheList>, ApiError> {
+    State(state): State<Arc<Edge>>,
+    Authenticated(caller): Authenticated,
+) -> Result<Json<api_types::CacheList>, ApiError> {
     let owner = caller.owner();
     let store = &state.storage()?.caches;
     let mut kept = Vec::new();
     for cache in store.list(Some(&owner))? {
         match store.remove(&owner, &cache.name) {
             Ok(()) => {}
-            Err(crate::storage::StorageError::CacheBusy { by, .. }) => kept.push(wire::CacheInfo {
-                in_use_by: Some(by),
-                ..cache
-            }),
+            Err(engine::storage::StorageError::CacheBusy { by, .. }) => {
+                kept.push(api_types::CacheInfo {
+                    in_use_by: Some(by),
+                    ..cache
+                })
+            }
             Err(e) => return Err(e.into()),
         }
     }
-    Ok(Json(wire::CacheList { caches: kept }))
+    Ok(Json(api_types::CacheList { caches: kept }))
 }
 
 async fn delete_cache(
-    State(state): State<Arc<AppState>>,
-    caller: Caller,
+    State(state): State<Arc<Edge>>,
+    Authenticated(caller): Authenticated,
     Path(name): Path<String>,
 ) -> Result<StatusCode, ApiError> {
     state.storage()?.caches.remove(&caller.owner(), &name)?;
@@ -367,15 +334,15 @@ async fn delete_cache(
 }
 
 async fn list_images(
-    State(state): State<Arc<AppState>>,
-    caller: Caller,
-) -> Result<Json<wire::ImageList>, ApiError> {
+    State(state): State<Arc<Edge>>,
+    Authenticated(caller): Authenticated,
+) -> Result<Json<api_types::ImageList>, ApiError> {
     let owner = (!caller.sees_all()).then(|| caller.owner());
     let records = state.storage()?.images.list(owner.as_ref())?;
-    let images = std::iter::once(images::builtin())
-        .chain(records.iter().map(images::info))
+    let images = std::iter::once(oci_images::builtin())
+        .chain(records.iter().map(oci_images::info))
         .collect();
-    Ok(Json(wire::ImageList { images }))
+    Ok(Json(api_types::ImageList { images }))
 }
 
 #[derive(Debug, Deserialize)]
@@ -384,15 +351,15 @@ struct ImportQuery {
 }
 
 async fn import_image(
-    State(state): State<Arc<AppState>>,
-    caller: Caller,
+    State(state): State<Arc<Edge>>,
+    Authenticated(caller): Authenticated,
     Query(query): Query<ImportQuery>,
     body: Body,
 ) -> Result<Response, ApiError> {
     let name = query
         .name
         .ok_or_else(|| ApiError::invalid("name: missing (POST /images?name=NAME)"))?;
-    let info = images::import(state, caller.owner(), name, body).await?;
+    let info = oci_images::import(state, caller.owner(), name, body).await?;
     Ok((StatusCode::CREATED, Json(info)).into_response())
 }
 
@@ -415,10 +382,10 @@ struct PruneQuery {
 /// `DELETE /images`: removes the caller's images that no sandbox uses (`docker image prune
 /// -a`), narrowed by `unused_for_s` and `prefix`; says which, and what that gave back.
 async fn prune_images(
-    State(state): State<Arc<AppState>>,
-    caller: Caller,
+    State(state): State<Arc<Edge>>,
+    Authenticated(caller): Authenticated,
     Query(query): Query<PruneQuery>,
-) -> Result<Json<wire::ImagesPruned>, ApiError> {
+) -> Result<Json<api_types::ImagesPruned>, ApiError> {
     if query.unused_for_s > MAX_PRUNE_IDLE_S {
         return Err(ApiError::invalid(format!(
             "unused_for_s: at most {MAX_PRUNE_IDLE_S} (ten years), got {}",
@@ -441,23 +408,23 @@ async fn prune_images(
 }
 
 async fn get_image(
-    State(state): State<Arc<AppState>>,
-    caller: Caller,
+    State(state): State<Arc<Edge>>,
+    Authenticated(caller): Authenticated,
     Path(name): Path<String>,
-) -> Result<Json<wire::ImageInfo>, ApiError> {
-    if name == crate::state::DEFAULT_IMAGE {
-        return Ok(Json(images::builtin()));
+) -> Result<Json<api_types::ImageInfo>, ApiError> {
+    if name == engine::state::DEFAULT_IMAGE {
+        return Ok(Json(oci_images::builtin()));
     }
     let record = state.storage()?.images.get(&caller.owner(), &name)?;
-    Ok(Json(images::info(&record)))
+    Ok(Json(oci_images::info(&record)))
 }
 
 async fn delete_image(
-    State(state): State<Arc<AppState>>,
-    caller: Caller,
+    State(state): State<Arc<Edge>>,
+    Authenticated(caller): Authenticated,
     Path(name): Path<String>,
 ) -> Result<StatusCode, ApiError> {
-    if name == crate::state::DEFAULT_IMAGE {
+    if name == engine::state::DEFAULT_IMAGE {
         return Err(ApiError::conflict("the built-in image cannot be removed"));
     }
     state.storage()?.images.remove(&caller.owner(), &name)?;
@@ -478,8 +445,8 @@ fn asks_tcp_upgrade(headers: &HeaderMap) -> bool {
 }
 
 async fn exec_post(
-    State(state): State<Arc<AppState>>,
-    caller: Caller,
+    State(state): State<Arc<Edge>>,
+    Authenticated(caller): Authenticated,
     Path(id): Path<String>,
     Query(query): Query<ExecQuery>,
     mut request: Request,
@@ -494,8 +461,9 @@ async fn exec_post(
              send `Connection: Upgrade` and `Upgrade: tcp`",
         ));
     }
-    let body = body::read(request.into_body(), state.config.header_timeout).await?;
-    let session = exec::admit(&state, &sandbox, &body, interactive).await?;
+    let body = body::read(request.into_body(), state.http.header_timeout).await?;
+    let request = crate::json::parse_exec_request(&body)?;
+    let session = exec::admit(&state.metrics, &sandbox, request, interactive).await?;
     if let Some(on_upgrade) = on_upgrade {
         tokio::spawn(async move {
             match on_upgrade.await {
@@ -517,21 +485,14 @@ async fn exec_post(
             .into_response());
     }
     // Pulled by hyper: a slow client slows the agent (backpressure), and a client that goes
-    // away drops the session (which kills the command).
-    let output = futures_util::stream::unfold(session, |mut session| async move {
-        let frames = session.next_output().await?;
-        Some((Ok::<_, std::convert::Infallible>(frames), session))
-    });
-    Ok((
-        [(header::CONTENT_TYPE, "application/octet-stream")],
-        Body::from_stream(output),
-    )
-        .into_response())
+    // away drops the session (the command runs on detached, or is killed with
+    // `on_disconnect: kill`).
+    Ok(execs::frame_stream_response(session, &[]))
 }
 
 async fn exec_websocket(
-    State(state): State<Arc<AppState>>,
-    caller: Caller,
+    State(state): State<Arc<Edge>>,
+    Authenticated(caller): Authenticated,
     Path(id): Path<String>,
     request: Request,
 ) -> Result<Response, ApiError> {
@@ -569,8 +530,8 @@ struct FilesQuery {
 }
 
 async fn files_put(
-    State(state): State<Arc<AppState>>,
-    caller: Caller,
+    State(state): State<Arc<Edge>>,
+    Authenticated(caller): Authenticated,
     Path(id): Path<String>,
     Query(query): Query<FilesQuery>,
     body: Body,
@@ -582,8 +543,8 @@ async fn files_put(
 }
 
 async fn files_get(
-    State(state): State<Arc<AppState>>,
-    caller: Caller,
+    State(state): State<Arc<Edge>>,
+    Authenticated(caller): Authenticated,
     Path(id): Path<String>,
     Query(query): Query<FilesQuery>,
 ) -> Result<Response, ApiError> {

@@ -15,11 +15,12 @@ use tokio::net::{TcpListener, UnixListener};
 use tokio::sync::{oneshot, OwnedSemaphorePermit, Semaphore};
 
 use crate::auth::Transport;
-use crate::backend::{cgroup, Backends};
 use crate::config::ServeConfig;
+use crate::edge::{Edge, HttpSettings};
 use crate::error::ApiError;
 use crate::front_door::serve_connection;
-use crate::state::AppState;
+use engine::backend::{cgroup, Backends};
+use engine::Engine;
 
 const CGROUP_ROOT: &str = "/sys/fs/cgroup";
 
@@ -33,34 +34,20 @@ pub enum ServeError {
     #[error("nothing to listen on: give a Unix socket path or a TCP address")]
     NoListener,
     /// The sandboxes' host id ranges do not fit below the last valid id, or start at 0.
-    #[error(
-        "--uid-base {base} with --max-sandboxes {sandboxes} needs host ids up to {last}, past \
-         the last valid id {}; lower either",
-        u32::MAX - 1
-    )]
-    IdRangeOverflow {
-        /// The configured base.
-        base: u32,
-        /// The configured sandbox count.
-        sandboxes: usize,
-        /// The last id the ranges would need.
-        last: u64,
-    },
-    /// Sandbox root would be host root.
-    #[error("--uid-base must not be 0: a sandbox's root is never the host's")]
-    UidBaseZero,
+    #[error(transparent)]
+    IdRanges(#[from] engine::backend::namespace::IdRangeError),
     /// Another daemon owns the socket.
     #[error("another daemon is already listening on {0}")]
     SocketInUse(PathBuf),
     /// An --egress-allow rule is malformed.
-    #[error("--egress-allow: {0}")]
-    Egress(#[from] crate::egress::RuleError),
+    #[error("--egress-allow")]
+    Egress(#[from] egress::RuleError),
     /// The storage (data directory, caches) could not be opened.
-    #[error("opening the data directory: {0}")]
-    Storage(#[from] crate::storage::StorageError),
+    #[error("opening the data directory")]
+    Storage(#[from] engine::storage::StorageError),
     /// A `--pool` declaration is malformed, or the pools do not fit.
     #[error(transparent)]
-    Pool(#[from] crate::pool::PoolSpecError),
+    Pool(#[from] engine::pool::PoolSpecError),
     /// `--max-connections 0` would refuse every client.
     #[error("--max-connections must be at least 1")]
     NoConnections,
@@ -83,7 +70,7 @@ fn io_error(step: impl Into<String>) -> impl FnOnce(io::Error) -> ServeError {
 /// A bound daemon, ready to run.
 #[derive(Debug)]
 pub struct Server {
-    state: Arc<AppState>,
+    state: Arc<Edge>,
     router: Router,
     connections: Arc<Semaphore>,
     max_connections: usize,
@@ -116,19 +103,26 @@ fn default_max_connections(fd_limit: u64) -> usize {
 impl Server {
     /// Validates the configuration, cleans up after a previous daemon, and binds the listeners.
     pub async fn bind(config: ServeConfig) -> Result<Self, ServeError> {
-        let backends = AppState::default_backends(&config);
+        let backends = Engine::default_backends(&config.engine);
         Self::bind_with(config, backends).await
     }
 
     /// [`Server::bind`] with the given backends (tests inject the host-process backend).
-    pub async fn bind_with(config: ServeConfig, backends: Backends) -> Result<Self, ServeError> {
+    pub(crate) async fn bind_with(
+        config: ServeConfig,
+        backends: Backends,
+    ) -> Result<Self, ServeError> {
         if config.max_connections == Some(0) {
             return Err(ServeError::NoConnections);
         }
-        crate::backend::namespace::IdRanges::check(config.uid_base, config.limits.max_sandboxes)?;
-        crate::egress::Allowlist::parse(&config.egress_allow)?;
+        let settings = &config.engine;
+        engine::backend::namespace::IdRanges::check(
+            settings.uid_base,
+            settings.limits.max_sandboxes,
+        )?;
+        let egress = egress::Proxy::new(&config.egress_allow)?;
         // Checked before anything is bound or cleaned, like every other setting.
-        crate::state::pool_shapes(&config, &backends)?;
+        engine::state::pool_shapes(settings, &backends)?;
         if let Some(addr) = config.tcp {
             if config.api_keys.is_empty() {
                 return Err(ServeError::TcpWithoutKeys(addr));
@@ -137,7 +131,7 @@ impl Server {
         if config.unix_socket.is_none() && config.tcp.is_none() {
             return Err(ServeError::NoListener);
         }
-        create_dir(&config.state_dir)?;
+        create_dir(&settings.state_dir)?;
         let unix = match &config.unix_socket {
             Some(path) => Some((bind_unix(path).await?, path.clone())),
             None => None,
@@ -150,17 +144,42 @@ impl Server {
             ),
             None => None,
         };
-        clean_stale_sandboxes(&config.state_dir, &config.cgroup_parent).await;
+        let live_restore = settings.live_restore;
+        let (state_dir, cgroup_parent) =
+            (settings.state_dir.clone(), settings.cgroup_parent.clone());
+        if !live_restore {
+            clean_stale_sandboxes(&state_dir, &cgroup_parent, &[]).await;
+        }
         let fd_limit = raise_fd_limit();
         let max_connections = config
             .max_connections
             .unwrap_or_else(|| default_max_connections(fd_limit));
-        let storage = crate::storage::Storage::open(&config.storage)?;
-        let state = Arc::new(
-            AppState::with_backends(config, backends)
-                .with_storage(storage)
-                .with_pools()?,
-        );
+        let storage = engine::storage::Storage::open(&settings.storage)?;
+        let engine = Engine::with_backends(config.engine, backends)
+            .with_storage(storage)
+            .with_egress(Arc::new(egress))
+            .with_pools()?;
+        if live_restore {
+            // Before anything else is cleaned: what can be taken back is kept.
+            let started = std::time::Instant::now();
+            let adopted = engine.restore().await;
+            if !adopted.is_empty() {
+                tracing::info!(
+                    "live restore: took back {} sandboxes in {:.1?}",
+                    adopted.len(),
+                    started.elapsed()
+                );
+            }
+            clean_stale_sandboxes(&state_dir, &cgroup_parent, &adopted).await;
+        }
+        let state = Arc::new(Edge {
+            engine: Arc::new(engine),
+            http: HttpSettings {
+                header_timeout: config.header_timeout,
+                first_message_timeout: config.first_message_timeout,
+            },
+            keys: config.api_keys,
+        });
         Ok(Server {
             router: crate::routes::app(state.clone()),
             connections: Arc::new(Semaphore::new(max_connections)),
@@ -177,7 +196,7 @@ impl Server {
     }
 
     /// The shared state (tests use it to inspect the daemon).
-    pub fn state(&self) -> Arc<AppState> {
+    pub fn state(&self) -> Arc<Edge> {
         self.state.clone()
     }
 
@@ -216,9 +235,16 @@ impl Server {
         state.start_pool();
         shutdown.await;
         accepting.abort_all();
-        tracing::info!("shutting down: deleting every sandbox");
-        state.remove_all().await;
-        cgroup::remove_parent(Path::new(CGROUP_ROOT), &state.config.cgroup_parent);
+        if state.config.live_restore {
+            tracing::info!(
+                "shutting down with --live-restore: sandboxes keep running for the next daemon"
+            );
+            state.leave_all().await;
+        } else {
+            tracing::info!("shutting down: deleting every sandbox");
+            state.remove_all().await;
+            cgroup::remove_parent(Path::new(CGROUP_ROOT), &state.config.cgroup_parent);
+        }
         if let Some(path) = unix_path {
             let _ = std::fs::remove_file(path);
         }
@@ -227,7 +253,7 @@ impl Server {
 
 /// What the accept loops share: where connections go, and the cap on them.
 struct Front {
-    state: Arc<AppState>,
+    state: Arc<Edge>,
     router: Router,
     connections: Arc<Semaphore>,
     max_connections: usize,
@@ -316,7 +342,7 @@ pub struct BackgroundDaemon {
     /// Its TCP address, when it listens on TCP.
     pub tcp: Option<SocketAddr>,
     /// Its state, for inspection.
-    pub state: Arc<AppState>,
+    pub state: Arc<Edge>,
     shutdown: Option<oneshot::Sender<()>>,
     thread: Option<JoinHandle<()>>,
 }
@@ -433,19 +459,41 @@ async fn bind_unix(path: &Path) -> Result<UnixListener, ServeError> {
     Ok(listener)
 }
 
-/// A daemon that died leaves sandboxes behind; their init processes died with it (they are
-/// tied to the daemon), so what remains is cgroups and directories. Remove them.
-async fn clean_stale_sandboxes(state_dir: &Path, cgroup_parent: &str) {
-    let removed = cgroup::remove_stale(Path::new(CGROUP_ROOT), cgroup_parent).await;
-    let mut dirs = 0;
-    for sub in ["sandboxes", "logs"] {
-        let dir = state_dir.join(sub);
-        if dir.exists() && std::fs::remove_dir_all(&dir).is_ok() {
-            dirs += 1;
+/// A daemon that died leaves sandboxes behind. Without live restore their init processes died
+/// with it (they are tied to the daemon), so what remains is cgroups and directories; with it,
+/// whatever was not taken back (`keep`) still runs. Kill and remove all of it but `keep`.
+async fn clean_stale_sandboxes(state_dir: &Path, cgroup_parent: &str, keep: &[String]) {
+    let removed = cgroup::remove_stale(Path::new(CGROUP_ROOT), cgroup_parent, keep).await;
+    let kept = |name: &std::ffi::OsStr| {
+        let name = name.to_string_lossy();
+        let id = name
+            .strip_suffix(".log")
+            .or_else(|| name.strip_suffix(".json"))
+            .unwrap_or(&name);
+        keep.iter().any(|k| k == id)
+    };
+    let mut entries = 0;
+    for sub in ["sandboxes", "logs", "records"] {
+        let Ok(dir) = std::fs::read_dir(state_dir.join(sub)) else {
+            continue;
+        };
+        for entry in dir.flatten() {
+            if kept(&entry.file_name()) {
+                continue;
+            }
+            let path = entry.path();
+            let gone = if path.is_dir() {
+                std::fs::remove_dir_all(&path)
+            } else {
+                std::fs::remove_file(&path)
+            };
+            if gone.is_ok() {
+                entries += 1;
+            }
         }
     }
-    if removed > 0 || dirs > 0 {
-        tracing::info!("cleaned up {removed} stale sandbox cgroups and leftover state");
+    if removed > 0 || entries > 0 {
+        tracing::info!("cleaned up {removed} stale sandbox cgroups and {entries} leftover files");
     }
 }
 

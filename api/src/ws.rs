@@ -10,20 +10,20 @@ use bytes::Bytes;
 use futures_util::stream::{SplitSink, SplitStream};
 use futures_util::{SinkExt, StreamExt};
 
-use crate::exec::{self, AdmitError, ClientInput, ClientReader, ClientWriter, Ending};
-use crate::sandbox::{Sandbox, SandboxError};
-use crate::state::AppState;
+use crate::edge::Edge;
+use engine::exec::{self, AdmitError, ClientInput, ClientReader, ClientWriter, Ending};
+use engine::sandbox::{Sandbox, SandboxError};
 
 /// Close codes used by the session.
 mod close {
-    pub const NORMAL: u16 = 1000;
-    pub const PROTOCOL: u16 = 1002;
-    pub const INVALID_PAYLOAD: u16 = 1007;
-    pub const POLICY: u16 = 1008;
-    pub const TOO_BIG: u16 = 1009;
-    pub const GOING_AWAY: u16 = 1001;
-    pub const INTERNAL: u16 = 1011;
-    pub const TRY_AGAIN_LATER: u16 = 1013;
+    pub(super) const NORMAL: u16 = 1000;
+    pub(super) const PROTOCOL: u16 = 1002;
+    pub(super) const INVALID_PAYLOAD: u16 = 1007;
+    pub(super) const POLICY: u16 = 1008;
+    pub(super) const TOO_BIG: u16 = 1009;
+    pub(super) const GOING_AWAY: u16 = 1001;
+    pub(super) const INTERNAL: u16 = 1011;
+    pub(super) const TRY_AGAIN_LATER: u16 = 1013;
 }
 
 /// The close code for an exec the sandbox would not admit: a limit is "try again later", a
@@ -102,13 +102,17 @@ async fn first_request(
 }
 
 /// Runs one WebSocket exec session.
-pub async fn session(state: Arc<AppState>, sandbox: Arc<Sandbox>, mut socket: WebSocket) {
-    let request = match first_request(&mut socket, state.config.first_message_timeout).await {
+pub(crate) async fn session(state: Arc<Edge>, sandbox: Arc<Sandbox>, mut socket: WebSocket) {
+    let request = match first_request(&mut socket, state.http.first_message_timeout).await {
         Ok(request) => request,
         Err(Some((code, reason))) => return close_with(socket, code, &reason).await,
         Err(None) => return,
     };
-    let session = match exec::admit(&state, &sandbox, &request, true).await {
+    let admitted = match crate::json::parse_exec_request(&request) {
+        Ok(request) => exec::admit(&state.metrics, &sandbox, request, true).await,
+        Err(e) => Err(e),
+    };
+    let session = match admitted {
         Ok(session) => session,
         Err(AdmitError::Invalid(reason)) => {
             return close_with(socket, close::POLICY, &reason).await

@@ -8,15 +8,16 @@ use std::process::Command;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
-use api::backend::host_process::HostProcessBackend;
-use api::backend::Backends;
 use api::server::BackgroundDaemon;
 use api::ServeConfig;
+use api_types::{BackendKind, CreateSandbox};
+use engine::backend::host_process::HostProcessBackend;
+use engine::backend::Backends;
 use futures_util::{SinkExt, StreamExt};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::UnixStream;
 use tokio_tungstenite::tungstenite::Message;
-use wire::{BackendKind, CreateSandbox, Decoder, Direction, ExecRequest, ExecResult, FrameType};
+use wire::{Decoder, Direction, ExecRequest, ExecResult, FrameType};
 
 /// The agent binary: `$CRUCIBLE_AGENT_BINARY`, else built once per test run into this test's
 /// own target directory.
@@ -70,13 +71,13 @@ impl Daemon {
         let dir = tempfile::tempdir().expect("temp dir");
         let mut config = ServeConfig::new(dir.path().join("no-image"));
         config.unix_socket = Some(dir.path().join("crucible.sock"));
-        config.state_dir = dir.path().join("state");
-        config.storage.data_dir = dir.path().join("data");
-        config.default_backend = Some(BackendKind::Process);
+        config.engine.state_dir = dir.path().join("state");
+        config.engine.storage.data_dir = dir.path().join("data");
+        config.engine.default_backend = Some(BackendKind::Process);
         configure(&mut config);
         let backend = HostProcessBackend::new(
             agent_binary(),
-            config.state_dir.clone(),
+            config.engine.state_dir.clone(),
             Duration::from_secs(10),
         );
         let backends = Backends::new(vec![Arc::new(backend)]);
@@ -206,7 +207,7 @@ async fn every_transport_counts_its_exec_in_the_metrics() {
 
 #[tokio::test]
 async fn domain_errors_reach_http_as_statuses_and_websocket_as_close_codes() {
-    let daemon = Daemon::start(|c| c.limits.max_execs_per_sandbox = 1);
+    let daemon = Daemon::start(|c| c.engine.limits.max_execs_per_sandbox = 1);
     let id = daemon.sandbox().await;
     let client = daemon.client();
     let missing = "sb-0000000000000000";

@@ -3,24 +3,24 @@
 use std::path::PathBuf;
 
 use anyhow::Result;
-use wire::BackendKind;
+use api_types::BackendKind;
 
 #[derive(clap::Args)]
-pub struct Args {
+pub(crate) struct Args {
     /// The image directory to check.
     #[arg(long, env = "CRUCIBLE_IMAGE", default_value_os_t = crate::default_image_dir())]
     image: PathBuf,
     /// The hypervisor to check microVM support for, as `crucible serve --hypervisor` takes it.
     #[arg(long, value_parser = crate::serve::parse_hypervisor, default_value = "crucible-vmm")]
-    hypervisor: wire::Hypervisor,
+    hypervisor: api_types::Hypervisor,
 }
 
-pub fn run(args: &Args, json: bool) -> Result<()> {
+pub(crate) fn run(args: &Args, json: bool) -> Result<()> {
     let image = &args.image;
     // The daemon's own view, so doctor and `serve` can never disagree.
     let mut config = api::ServeConfig::new(image.clone());
-    config.hypervisor = args.hypervisor;
-    let state = api::state::AppState::new(config);
+    config.engine.hypervisor = args.hypervisor;
+    let state = engine::Engine::new(config.engine);
     let report = state.host().clone();
     let agent = image.join("rootfs/init");
     let kernel = image.join("vmlinux");
@@ -28,7 +28,7 @@ pub fn run(args: &Args, json: bool) -> Result<()> {
     let namespace = state.unavailable_reason(BackendKind::Namespace);
     let chosen = state.default_backend();
     let usable = state.unavailable_reason(chosen).is_none();
-    let storage = api::storage::HostSupport::inspect();
+    let storage = engine::storage::HostSupport::inspect();
     if json {
         let value = serde_json::json!({
             "host": report,

@@ -3,17 +3,17 @@
 use wire::ExecResult;
 
 /// Exit status when the command timed out (as `timeout(1)`).
-pub const TIMED_OUT: i32 = 124;
+pub(crate) const TIMED_OUT: i32 = 124;
 /// Exit status for a failure of crucible itself (daemon unreachable, API error).
-pub const CRUCIBLE_ERROR: i32 = 125;
+pub(crate) const CRUCIBLE_ERROR: i32 = 125;
 /// Exit status when the command was found but could not run.
-pub const CANNOT_RUN: i32 = 126;
+pub(crate) const CANNOT_RUN: i32 = 126;
 /// Exit status when the command was not found.
-pub const NOT_FOUND: i32 = 127;
+pub(crate) const NOT_FOUND: i32 = 127;
 
 /// The exit status for `result`: the command's own code; 124 on timeout; 128 + the signal
 /// number when signalled; 127 / 126 when it could not start; 125 when crucible lost it.
-pub fn code(result: &ExecResult) -> i32 {
+pub(crate) fn code(result: &ExecResult) -> i32 {
     if result.timed_out {
         return TIMED_OUT;
     }

@@ -73,6 +73,10 @@ enum Command {
     },
     /// Print the man page (roff).
     Man,
+    /// Print the API's OpenAPI document, as `GET /openapi.json` serves it (`cargo xtask
+    /// gen-openapi` writes docs/openapi.json from it).
+    #[command(hide = true)]
+    Openapi,
 }
 
 #[derive(Subcommand)]
@@ -136,11 +140,21 @@ enum SandboxCommand {
     /// Send a signal to every process of a sandbox but its agent, or (--exec-id) to one
     /// running command; the sandbox stays.
     Kill(commands::sandbox::KillArgs),
+    /// List a sandbox's commands that can be found by exec id: those that run, and those that
+    /// ended while nobody was attached and whose result was not collected yet.
+    Ps {
+        /// The sandbox id.
+        id: String,
+    },
+    /// Re-attach to a command whose connection dropped (a one-shot exec runs on without its
+    /// client): print the output it kept from --offset on, then follow it live; exits with its
+    /// status, as `sandbox exec` does. Attaching to an ended command collects its result.
+    Attach(commands::exec::AttachArgs),
 }
 
 impl Global {
     /// A client for the configured daemon.
-    pub fn client(&self) -> anyhow::Result<client::Client> {
+    pub(crate) fn client(&self) -> anyhow::Result<client::Client> {
         let endpoint: client::Endpoint = match &self.host {
             Some(host) => host.parse()?,
             None => client::Endpoint::Unix(api::config::default_socket()),
@@ -174,6 +188,10 @@ fn dispatch(cli: Cli) -> anyhow::Result<i32> {
         }
         Command::Man => {
             clap_mangen::Man::new(Cli::command()).render(&mut std::io::stdout())?;
+            Ok(0)
+        }
+        Command::Openapi => {
+            print!("{}", api::openapi::document_text());
             Ok(0)
         }
         Command::Serve(args) => runtime()?.block_on(serve::run(args)).map(|()| 0),
@@ -221,6 +239,8 @@ fn dispatch(cli: Cli) -> anyhow::Result<i32> {
                 SandboxCommand::Kill(args) => {
                     commands::sandbox::kill(&global, &args).await.map(|()| 0)
                 }
+                SandboxCommand::Ps { id } => commands::exec::ps(&global, &id).await.map(|()| 0),
+                SandboxCommand::Attach(args) => commands::exec::attach(&global, args).await,
             }
         }),
     }
@@ -247,6 +267,6 @@ fn main() {
 }
 
 /// The default image directory: `$CRUCIBLE_IMAGE`, else `target/crucible/image`.
-pub fn default_image_dir() -> PathBuf {
+pub(crate) fn default_image_dir() -> PathBuf {
     PathBuf::from("target/crucible/image")
 }

@@ -2,23 +2,16 @@
 
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use wire::{ExecResult, SandboxInfo};
+use api_types::SandboxInfo;
+use wire::ExecResult;
 
 /// One line for an error, with its causes, never a debug dump.
-pub fn error_line(error: &anyhow::Error) -> String {
-    let mut line = error.to_string();
-    for cause in error.chain().skip(1) {
-        let cause = cause.to_string();
-        if !line.contains(&cause) {
-            line.push_str(": ");
-            line.push_str(&cause);
-        }
-    }
-    line
+pub(crate) fn error_line(error: &anyhow::Error) -> String {
+    report::chain(error.as_ref())
 }
 
 /// Prints a value as pretty JSON.
-pub fn print_json<T: serde::Serialize>(value: &T) -> anyhow::Result<()> {
+pub(crate) fn print_json<T: serde::Serialize>(value: &T) -> anyhow::Result<()> {
     println!("{}", serde_json::to_string_pretty(value)?);
     Ok(())
 }
@@ -44,7 +37,7 @@ fn age(ms: u64) -> String {
 }
 
 /// The `sandbox ls` table.
-pub fn sandbox_table(sandboxes: &[SandboxInfo]) -> String {
+pub(crate) fn sandbox_table(sandboxes: &[SandboxInfo]) -> String {
     let mut out = format!(
         "{:<20} {:<9} {:<10} {:>7} {:>6} {:>8} {:>6}\n",
         "ID", "STATE", "BACKEND", "MEMORY", "AGE", "EXPIRES", "EXECS"
@@ -64,8 +57,36 @@ pub fn sandbox_table(sandboxes: &[SandboxInfo]) -> String {
     out
 }
 
+/// The `sandbox ps` table.
+pub(crate) fn exec_table(execs: &[wire::ExecStatus]) -> String {
+    let mut out = format!(
+        "{:<24} {:>7} {:<8} {:<9} {:>10} {:>10} {:>6}  {}\n",
+        "EXEC ID", "PID", "STATE", "ATTACHED", "OUTPUT", "KEPT FROM", "AGE", "COMMAND"
+    );
+    for e in execs {
+        let state = match (&e.state, &e.result) {
+            (wire::ExecState::Running, _) => "running".to_string(),
+            (wire::ExecState::Exited, Some(r)) if !r.signal.is_empty() => r.signal.clone(),
+            (wire::ExecState::Exited, Some(r)) => format!("exit {}", r.exit_code),
+            (wire::ExecState::Exited, None) => "exited".to_string(),
+        };
+        out.push_str(&format!(
+            "{:<24} {:>7} {:<8} {:<9} {:>10} {:>10} {:>6}  {}\n",
+            e.exec_id,
+            e.pid,
+            state,
+            if e.attached { "yes" } else { "no" },
+            e.output_bytes,
+            e.output_kept_from,
+            age(e.started_unix_ms),
+            e.cmd.join(" ")
+        ));
+    }
+    out
+}
+
 /// The `cache ls` table.
-pub fn cache_table(caches: &[wire::CacheInfo]) -> String {
+pub(crate) fn cache_table(caches: &[api_types::CacheInfo]) -> String {
     let mut out = format!(
         "{:<24} {:<12} {:<10} {:>9} {:>9} {:<20}\n",
         "NAME", "OWNER", "BACKEND", "SIZE", "USED", "IN USE BY"
@@ -85,7 +106,7 @@ pub fn cache_table(caches: &[wire::CacheInfo]) -> String {
 }
 
 /// `crucible image ls`.
-pub fn image_table(images: &[wire::ImageInfo]) -> String {
+pub(crate) fn image_table(images: &[api_types::ImageInfo]) -> String {
     let mut out = format!(
         "{:<32} {:<12} {:<12} {:>6} {:>10} {:<12} {:<20}\n",
         "NAME", "OWNER", "FORMAT", "LAYERS", "SIZE", "USER", "WORKDIR"
@@ -106,7 +127,7 @@ pub fn image_table(images: &[wire::ImageInfo]) -> String {
 }
 
 /// A sandbox's details.
-pub fn sandbox_details(s: &SandboxInfo) -> String {
+pub(crate) fn sandbox_details(s: &SandboxInfo) -> String {
     let mut out = format!(
         "id:       {}\nstate:    {}\nbackend:  {}\nimage:    {}\nmemory:   {} MiB\nvcpus:    {}\nage:      {}\nexpires:  in {}\nexecs:    {}\nready in: {:.1} ms\n",
         s.id,
@@ -153,7 +174,7 @@ pub fn sandbox_details(s: &SandboxInfo) -> String {
 }
 
 /// The `--stats` table.
-pub fn stats_table(result: &ExecResult) -> String {
+pub(crate) fn stats_table(result: &ExecResult) -> String {
     let mut out = format!("duration      {} ms\n", result.duration_ms);
     match &result.usage {
         None => out.push_str("usage         (not collected)\n"),
@@ -183,4 +204,26 @@ pub fn stats_table(result: &ExecResult) -> String {
         out.push_str("oom killed    yes\n");
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn unreachable() -> client::ClientError {
+        client::ClientError::Connect {
+            endpoint: "unix:/run/crucible.sock".into(),
+            source: std::io::Error::new(std::io::ErrorKind::NotFound, "no such socket"),
+        }
+    }
+
+    #[test]
+    fn an_error_line_names_each_cause_once() {
+        let line =
+            "cannot connect to the crucible daemon at unix:/run/crucible.sock: no such socket";
+        assert_eq!(error_line(&unreachable().into()), line);
+        assert_eq!(report::chain(&unreachable()), line);
+        let error = anyhow::Error::new(unreachable()).context("deleting sb-1");
+        assert_eq!(error_line(&error), format!("deleting sb-1: {line}"));
+    }
 }

@@ -4,10 +4,10 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
-use wire::BackendKind;
+use api_types::BackendKind;
 
 #[derive(clap::Args)]
-pub struct Args {
+pub(crate) struct Args {
     /// Unix socket to listen on (mode 0600).
     #[arg(long, env = "CRUCIBLE_SOCKET", default_value_os_t = api::config::default_socket())]
     socket: PathBuf,
@@ -22,7 +22,7 @@ pub struct Args {
     #[arg(long, env = "CRUCIBLE_IMAGE", default_value_os_t = crate::default_image_dir())]
     image: PathBuf,
     /// Where sandbox state lives.
-    #[arg(long, default_value_os_t = api::config::default_state_dir())]
+    #[arg(long, default_value_os_t = engine::settings::default_state_dir())]
     state_dir: PathBuf,
     /// A file of API keys, one `name:key` per line (`#` comments; mode 0600, owned by root or
     /// the daemon's user). Keys also come from CRUCIBLE_API_KEYS (`name:key` entries separated
@@ -41,7 +41,7 @@ pub struct Args {
     /// Host uid/gid of the first namespace sandbox's root. Each live sandbox gets 65,536 host
     /// ids of its own from here (its uids and gids 0-65535), never host root; the ranges of
     /// --max-sandboxes sandboxes must fit below 2^32.
-    #[arg(long, value_name = "UID", default_value_t = api::config::DEFAULT_UID_BASE)]
+    #[arg(long, value_name = "UID", default_value_t = engine::settings::DEFAULT_UID_BASE)]
     uid_base: u32,
     /// Backend for sandboxes that do not ask for one [default: the best this host offers].
     #[arg(long, value_parser = parse_backend)]
@@ -52,7 +52,7 @@ pub struct Args {
     /// a boot takes seconds and commands run several times slower). With `qemu-tcg` on such a
     /// host, `microvm` becomes the default backend unless --backend says otherwise
     #[arg(long, value_parser = parse_hypervisor, default_value = "crucible-vmm")]
-    hypervisor: wire::Hypervisor,
+    hypervisor: api_types::Hypervisor,
     /// Most sandboxes at once.
     #[arg(long, default_value_t = api::Limits::default().max_sandboxes)]
     max_sandboxes: usize,
@@ -64,7 +64,22 @@ pub struct Args {
     /// Most concurrent execs per sandbox.
     #[arg(long, default_value_t = api::Limits::default().max_execs_per_sandbox)]
     max_execs: usize,
-    /// Seconds without activity after which a sandbox is deleted.
+    /// Output bytes the agent keeps per command for a client that re-attaches after its
+    /// connection dropped (`crucible sandbox attach`); older output is dropped and reported
+    /// as dropped (at most 64 MiB).
+    #[arg(long, value_name = "BYTES", default_value_t = api::Limits::default().exec_tail_bytes,
+          value_parser = clap::value_parser!(u64).range(0..=wire::agent::MAX_TAIL_BYTES))]
+    exec_tail_bytes: u64,
+    /// Sandboxes outlive the daemon: a crash, a SIGKILL or a SIGTERM (an upgrade) leaves them
+    /// running, and the next daemon started with --live-restore on the same --state-dir and
+    /// --cgroup-parent takes back every one it can verify (today: namespace sandboxes on the
+    /// built-in image without network, caches, volumes or disk) and cleans up the rest, saying
+    /// why in its log. Off by default: without it SIGTERM deletes every sandbox, and a daemon
+    /// that dies takes its sandboxes with it.
+    #[arg(long)]
+    live_restore: bool,
+    /// Seconds without activity after which a sandbox is deleted (a command that runs with no
+    /// client attached is activity).
     #[arg(long, default_value_t = api::Limits::default().idle_timeout_s)]
     idle_timeout: u64,
     /// MiB a namespace sandbox can write (to `/`, `/tmp` and `/dev/shm` together; held in
@@ -73,7 +88,7 @@ pub struct Args {
     disk_mib: u64,
     /// Where caches, disk-backed writable layers (`"disk_mib"` in a create request) and
     /// microVM volume snapshots live.
-    #[arg(long, value_name = "DIR", default_value_os_t = api::storage::default_data_dir())]
+    #[arg(long, value_name = "DIR", default_value_os_t = engine::storage::default_data_dir())]
     data_dir: PathBuf,
     /// The most host disk, in MiB, that caches, disk-backed layers and microVM volume
     /// snapshots may take together (their images are sparse but counted at full size, so the
@@ -87,7 +102,7 @@ pub struct Args {
     cache_mib: u64,
     /// The largest image one import may bring: its archive, and its unpacked tree (each
     /// import holds twice this of the disk budget while it runs; past it, 413).
-    #[arg(long, value_name = "MIB", default_value_t = api::storage::DEFAULT_IMAGE_MAX_MIB)]
+    #[arg(long, value_name = "MIB", default_value_t = engine::storage::DEFAULT_IMAGE_MAX_MIB)]
     image_max_mib: u64,
     /// Declare a read-only volume NAME=DIR[:ro] that sandboxes may ask for by name
     /// (`"volumes": [{"name": NAME, "path": "/inside"}]`); repeatable. Volumes are never
@@ -110,18 +125,18 @@ pub struct Args {
     /// create is made as usual. Pooled sandboxes count toward --max-sandboxes and must leave
     /// room under it. Example: --pool default=4,memory=512,vcpus=1
     #[arg(long, value_name = "IMAGE=N[,memory=MIB,vcpus=N,backend=KIND]", value_parser = parse_pool)]
-    pool: Vec<api::pool::PoolSpec>,
+    pool: Vec<engine::pool::PoolSpec>,
     /// Pools from a file: one --pool value per line (`#` comments), added to any --pool.
     #[arg(long, value_name = "FILE")]
     pool_file: Option<PathBuf>,
 }
 
-pub fn parse_pool(text: &str) -> Result<api::pool::PoolSpec, String> {
+pub(crate) fn parse_pool(text: &str) -> Result<engine::pool::PoolSpec, String> {
     text.parse()
-        .map_err(|e: api::pool::PoolSpecError| e.to_string())
+        .map_err(|e: engine::pool::PoolSpecError| e.to_string())
 }
 
-pub fn parse_backend(text: &str) -> Result<BackendKind, String> {
+pub(crate) fn parse_backend(text: &str) -> Result<BackendKind, String> {
     match text {
         "microvm" => Ok(BackendKind::Microvm),
         "namespace" => Ok(BackendKind::Namespace),
@@ -131,10 +146,10 @@ pub fn parse_backend(text: &str) -> Result<BackendKind, String> {
     }
 }
 
-pub fn parse_hypervisor(text: &str) -> Result<wire::Hypervisor, String> {
+pub(crate) fn parse_hypervisor(text: &str) -> Result<api_types::Hypervisor, String> {
     match text {
-        "crucible-vmm" => Ok(wire::Hypervisor::CrucibleVmm),
-        "qemu-tcg" => Ok(wire::Hypervisor::QemuTcg),
+        "crucible-vmm" => Ok(api_types::Hypervisor::CrucibleVmm),
+        "qemu-tcg" => Ok(api_types::Hypervisor::QemuTcg),
         other => Err(format!(
             "unknown hypervisor {other:?}: expected crucible-vmm or qemu-tcg"
         )),
@@ -157,44 +172,48 @@ fn api_keys(keys_file: Option<&Path>, admin: Option<&str>) -> Result<api::ApiKey
     Ok(keys)
 }
 
-pub async fn run(args: Args) -> Result<()> {
+pub(crate) async fn run(args: Args) -> Result<()> {
     let mut config = api::ServeConfig::new(args.image);
     config.unix_socket = (!args.no_socket).then_some(args.socket);
     config.tcp = args.listen;
-    config.state_dir = args.state_dir;
+    config.engine.state_dir = args.state_dir;
     config.api_keys = api_keys(
         args.api_keys_file.as_deref(),
         args.admin_key_name.as_deref(),
     )
     .context("API keys")?;
-    config.default_backend = args.backend;
-    config.hypervisor = args.hypervisor;
-    config.cgroup_parent = args.cgroup_parent;
-    config.uid_base = args.uid_base;
-    config.limits.max_sandboxes = args.max_sandboxes;
-    config.limits.max_execs_per_sandbox = args.max_execs;
+    config.engine.default_backend = args.backend;
+    config.engine.hypervisor = args.hypervisor;
+    config.engine.cgroup_parent = args.cgroup_parent;
+    config.engine.uid_base = args.uid_base;
+    config.engine.limits.max_sandboxes = args.max_sandboxes;
+    config.engine.limits.max_execs_per_sandbox = args.max_execs;
+    config.engine.limits.exec_tail_bytes = args.exec_tail_bytes;
+    config.engine.live_restore = args.live_restore;
     config.max_connections = args.max_connections;
-    config.limits.idle_timeout_s = args.idle_timeout;
-    config.limits.scratch_mib = args.disk_mib;
-    config.storage.data_dir = args.data_dir;
-    config.storage.disk_budget_mib = args.disk_budget_mib;
-    config.storage.default_cache_mib = args.cache_mib;
-    config.storage.image_max_mib = args.image_max_mib;
+    config.engine.limits.idle_timeout_s = args.idle_timeout;
+    config.engine.limits.scratch_mib = args.disk_mib;
+    config.engine.storage.data_dir = args.data_dir;
+    config.engine.storage.disk_budget_mib = args.disk_budget_mib;
+    config.engine.storage.default_cache_mib = args.cache_mib;
+    config.engine.storage.image_max_mib = args.image_max_mib;
     for volume in &args.volume {
-        config.storage.volumes.declare(volume)?;
+        config.engine.storage.volumes.declare(volume)?;
     }
     config.egress_allow = args.egress_allow;
-    config.pools = args.pool;
+    config.engine.pools = args.pool;
     if let Some(path) = &args.pool_file {
         let text = std::fs::read_to_string(path)
             .with_context(|| format!("reading --pool-file {}", path.display()))?;
-        config
-            .pools
-            .extend(api::pool::parse_file(&text, &path.display().to_string())?);
+        config.engine.pools.extend(engine::pool::parse_file(
+            &text,
+            &path.display().to_string(),
+        )?);
     }
+    let unix_socket = config.unix_socket.clone();
     let server = api::Server::bind(config).await?;
     let state = server.state();
-    if let Some(path) = &state.config.unix_socket {
+    if let Some(path) = &unix_socket {
         eprintln!("crucible: listening on {}", path.display());
     }
     if let Some(addr) = server.tcp_addr() {
@@ -204,11 +223,10 @@ pub async fn run(args: Args) -> Result<()> {
         "crucible: at most {} connections at once",
         server.max_connections()
     );
-    if !state.config.api_keys.is_empty() {
+    if !state.keys.is_empty() {
         // Names only: keys never reach a log.
         let names: Vec<String> = state
-            .config
-            .api_keys
+            .keys
             .names()
             .map(|name| match args.admin_key_name.as_deref() {
                 Some(admin) if admin == name => format!("{name} (admin)"),

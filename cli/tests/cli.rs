@@ -3,8 +3,8 @@
 use std::io::Write;
 use std::process::{Command, Output, Stdio};
 
+use api_types::CreateSandbox;
 use harness::TestDaemon;
-use wire::CreateSandbox;
 
 fn crucible(daemon: &TestDaemon) -> Command {
     let mut command = Command::new(env!("CARGO_BIN_EXE_crucible"));
@@ -152,6 +152,12 @@ fn errors_are_one_clear_line() {
             "no debug dump: {stderr}"
         );
     }
+    // The cause follows the message, once.
+    assert_eq!(
+        text(&unreachable.stderr),
+        "crucible: error: cannot connect to the crucible daemon at \
+         unix:/nonexistent/crucible.sock: No such file or directory (os error 2)\n"
+    );
 }
 
 #[test]
@@ -546,4 +552,121 @@ fn exec_user_ulimit_and_kill_of_one_named_command() {
     );
     let bad = run(crucible(&daemon).args(["sandbox", "kill", "-s", "NOPE", &id]));
     assert_eq!(bad.status.code(), Some(2), "{}", text(&bad.stderr));
+}
+
+#[test]
+fn a_command_whose_client_dies_is_listed_by_ps_and_finished_by_attach() {
+    use std::io::{BufRead, BufReader};
+    let daemon = TestDaemon::start();
+    let id = sandbox(&daemon);
+    let mut client = crucible(&daemon)
+        .args(["sandbox", "exec", "--exec-id", "job-1", &id, "--"])
+        .args(["sh", "-c", "echo first; sleep 1; echo second; exit 4"])
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("crucible runs");
+    let mut first = String::new();
+    BufReader::new(client.stdout.take().expect("piped"))
+        .read_line(&mut first)
+        .expect("the first line");
+    assert_eq!(first, "first\n");
+    client.kill().expect("kill the client");
+    client.wait().expect("reaped");
+
+    let ps = run(crucible(&daemon).args(["sandbox", "ps", &id]));
+    assert!(ps.status.success(), "{}", text(&ps.stderr));
+    let table = text(&ps.stdout);
+    assert!(table.starts_with("EXEC ID"), "{table}");
+    let row = table
+        .lines()
+        .find(|l| l.starts_with("job-1"))
+        .unwrap_or_else(|| panic!("job-1 is listed: {table}"));
+    assert!(row.contains("sh -c echo first"), "{row}");
+
+    let attached =
+        run(crucible(&daemon).args(["sandbox", "attach", &id, "job-1", "--offset", "6"]));
+    assert_eq!(
+        text(&attached.stdout),
+        "second\n",
+        "{}",
+        text(&attached.stderr)
+    );
+    assert_eq!(attached.status.code(), Some(4));
+    let again = run(crucible(&daemon).args(["sandbox", "attach", &id, "job-1"]));
+    assert_eq!(
+        again.status.code(),
+        Some(125),
+        "collected: {}",
+        text(&again.stderr)
+    );
+    assert!(
+        text(&again.stderr).contains("no command has exec_id \"job-1\""),
+        "{}",
+        text(&again.stderr)
+    );
+}
+
+/// A Unix-socket proxy to `daemon`'s socket that cuts its first connection after `cut` bytes
+/// of the daemon's answer (a network blip mid-stream) and passes every later one through.
+fn cutting_proxy(daemon: &TestDaemon, dir: &std::path::Path, cut: usize) -> std::path::PathBuf {
+    use std::io::Read;
+    use std::os::unix::net::{UnixListener, UnixStream};
+    let path = dir.join("proxy.sock");
+    let listener = UnixListener::bind(&path).expect("bind the proxy");
+    let upstream = daemon.socket.clone();
+    std::thread::spawn(move || {
+        for (n, client) in listener.incoming().enumerate() {
+            let Ok(mut client) = client else { return };
+            let Ok(mut server) = UnixStream::connect(&upstream) else {
+                return;
+            };
+            let (mut client_in, mut server_out) = (
+                client.try_clone().expect("clone"),
+                server.try_clone().expect("clone"),
+            );
+            std::thread::spawn(move || {
+                let _ = std::io::copy(&mut client_in, &mut server_out);
+            });
+            std::thread::spawn(move || {
+                let mut left = if n == 0 { cut } else { usize::MAX };
+                let mut buf = [0u8; 4096];
+                while left > 0 {
+                    let got = match server.read(&mut buf) {
+                        Ok(0) | Err(_) => break,
+                        Ok(got) => got.min(left),
+                    };
+                    if client.write_all(&buf[..got]).is_err() {
+                        break;
+                    }
+                    left -= got;
+                }
+                let _ = client.shutdown(std::net::Shutdown::Both);
+                let _ = server.shutdown(std::net::Shutdown::Both);
+            });
+        }
+    });
+    path
+}
+
+#[test]
+fn exec_re_attaches_by_itself_when_its_connection_breaks_mid_stream() {
+    let daemon = TestDaemon::start();
+    let id = sandbox(&daemon);
+    let dir = tempfile::tempdir().expect("temp dir");
+    // The first answer is cut after 600 bytes: its head and a few lines.
+    let proxy = cutting_proxy(&daemon, dir.path(), 600);
+    let out = run(Command::new(env!("CARGO_BIN_EXE_crucible"))
+        .arg("--host")
+        .arg(&proxy)
+        .env_remove("CRUCIBLE_API_KEY")
+        .args(["sandbox", "exec", &id, "--", "sh", "-c"])
+        .arg("for i in $(seq 1 300); do echo line$i; sleep 0.002; done; exit 3"));
+    let expected: String = (1..=300).map(|i| format!("line{i}\n")).collect();
+    assert_eq!(text(&out.stdout), expected, "nothing lost, nothing twice");
+    assert_eq!(out.status.code(), Some(3), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("re-attaching to ex-"),
+        "{}",
+        text(&out.stderr)
+    );
 }

@@ -3,7 +3,7 @@
 
 /// Why a chunked body is malformed.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum ChunkedError {
+pub(crate) enum ChunkedError {
     /// A chunk-size line that is not hexadecimal, or too long.
     #[error("bad chunk size line")]
     BadSize,
@@ -41,7 +41,7 @@ enum State {
 
 /// Turns chunked bytes into the body's bytes.
 #[derive(Debug, Clone)]
-pub struct Dechunker {
+pub(crate) struct Dechunker {
     state: State,
 }
 
@@ -59,13 +59,17 @@ impl Default for Dechunker {
 
 impl Dechunker {
     /// Whether the terminating chunk and trailers were read.
-    pub fn is_done(&self) -> bool {
+    pub(crate) fn is_done(&self) -> bool {
         self.state == State::Done
     }
 
     /// Decodes `input`, appending body bytes to `out`; returns how many input bytes it used
     /// (all of them, unless the body ended within them).
-    pub fn decode(&mut self, input: &[u8], out: &mut Vec<u8>) -> Result<usize, ChunkedError> {
+    pub(crate) fn decode(
+        &mut self,
+        input: &[u8],
+        out: &mut Vec<u8>,
+    ) -> Result<usize, ChunkedError> {
         let mut i = 0;
         while i < input.len() {
             let byte = input[i];

@@ -4,7 +4,7 @@
 #[derive(Debug, thiserror::Error)]
 pub enum ClientError {
     /// The daemon could not be reached.
-    #[error("cannot connect to the crucible daemon at {endpoint}: {source}")]
+    #[error("cannot connect to the crucible daemon at {endpoint}")]
     Connect {
         /// Where it was looked for.
         endpoint: String,

@@ -51,6 +51,11 @@ pub(crate) fn event_from(frame_type: FrameType, payload: &[u8]) -> Result<ExecEv
 /// The events of a running one-shot exec.
 #[derive(Debug)]
 pub struct ExecStream {
+    /// The command's name (the response's `X-Crucible-Exec-Id`).
+    exec_id: Option<String>,
+    /// Where the stream starts in the command's output (`X-Crucible-Output-Kept-From` of an
+    /// attach), when the daemon said.
+    kept_from: Option<u64>,
     body: raw::Reader,
     /// The response's chunked coding, when it has one (the daemon always sends one).
     dechunker: Option<Dechunker>,
@@ -64,7 +69,13 @@ pub struct ExecStream {
 impl ExecStream {
     pub(crate) fn new(response: raw::Response) -> Self {
         let chunked = response.chunked;
+        let exec_id = response.header("x-crucible-exec-id").map(str::to_string);
+        let kept_from = response
+            .header("x-crucible-output-kept-from")
+            .and_then(|v| v.parse().ok());
         ExecStream {
+            exec_id,
+            kept_from,
             body: response.into_body(),
             dechunker: chunked.then(Dechunker::default),
             read_buf: vec![0u8; 64 * 1024],
@@ -73,6 +84,17 @@ impl ExecStream {
             queue: VecDeque::new(),
             finished: false,
         }
+    }
+
+    /// The command's `exec_id` (given in the request or by the daemon): what
+    /// [`Client::attach`](crate::Client::attach) takes after the connection drops.
+    pub fn exec_id(&self) -> Option<&str> {
+        self.exec_id.as_deref()
+    }
+
+    /// For an attach: the oldest output byte the agent still kept when the stream started.
+    pub fn output_kept_from(&self) -> Option<u64> {
+        self.kept_from
     }
 
     /// The next event; `None` after the exit event. A stream that breaks off early is an

@@ -21,13 +21,14 @@ mod session;
 
 use std::path::Path;
 
+use api_types::{CreateSandbox, SandboxInfo, SandboxList};
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use hyper::{Method, Request, Response, StatusCode};
 use serde::de::DeserializeOwned;
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
-use wire::{CreateSandbox, ErrorBody, ExecRequest, FilesPutResult, SandboxInfo, SandboxList};
+use wire::{ErrorBody, ExecRequest, FilesPutResult};
 
 pub use connection::Endpoint;
 pub use error::ClientError;
@@ -156,7 +157,7 @@ impl Client {
     pub async fn signal(&self, id: &str, signal: i32) -> Result<(), ClientError> {
         self.send_signal(
             id,
-            wire::SignalRequest {
+            api_types::SignalRequest {
                 signal,
                 exec_id: None,
             },
@@ -174,7 +175,7 @@ impl Client {
     ) -> Result<(), ClientError> {
         self.send_signal(
             id,
-            wire::SignalRequest {
+            api_types::SignalRequest {
                 signal,
                 exec_id: Some(exec_id.to_string()),
             },
@@ -182,7 +183,11 @@ impl Client {
         .await
     }
 
-    async fn send_signal(&self, id: &str, request: wire::SignalRequest) -> Result<(), ClientError> {
+    async fn send_signal(
+        &self,
+        id: &str,
+        request: api_types::SignalRequest,
+    ) -> Result<(), ClientError> {
         let body =
             serde_json::to_vec(&request).map_err(|e| ClientError::Protocol(e.to_string()))?;
         let request = self
@@ -208,8 +213,8 @@ impl Client {
 
     /// `GET /caches`: the caller's named caches (every one for the admin key and the Unix
     /// socket).
-    pub async fn caches(&self) -> Result<Vec<wire::CacheInfo>, ClientError> {
-        let list: wire::CacheList = self.json(self.empty(Method::GET, "/caches")?).await?;
+    pub async fn caches(&self) -> Result<Vec<api_types::CacheInfo>, ClientError> {
+        let list: api_types::CacheList = self.json(self.empty(Method::GET, "/caches")?).await?;
         Ok(list.caches)
     }
 
@@ -221,20 +226,20 @@ impl Client {
     }
 
     /// `DELETE /caches`: deletes every cache of the caller's not in use; returns those kept.
-    pub async fn clear_caches(&self) -> Result<Vec<wire::CacheInfo>, ClientError> {
-        let list: wire::CacheList = self.json(self.empty(Method::DELETE, "/caches")?).await?;
+    pub async fn clear_caches(&self) -> Result<Vec<api_types::CacheInfo>, ClientError> {
+        let list: api_types::CacheList = self.json(self.empty(Method::DELETE, "/caches")?).await?;
         Ok(list.caches)
     }
 
     /// `GET /images`: the built-in image, then the caller's imported images (every owner's
     /// for the admin key and the Unix socket).
-    pub async fn images(&self) -> Result<Vec<wire::ImageInfo>, ClientError> {
-        let list: wire::ImageList = self.json(self.empty(Method::GET, "/images")?).await?;
+    pub async fn images(&self) -> Result<Vec<api_types::ImageInfo>, ClientError> {
+        let list: api_types::ImageList = self.json(self.empty(Method::GET, "/images")?).await?;
         Ok(list.images)
     }
 
     /// `GET /images/{name}`: one of the caller's images.
-    pub async fn image(&self, name: &str) -> Result<wire::ImageInfo, ClientError> {
+    pub async fn image(&self, name: &str) -> Result<api_types::ImageInfo, ClientError> {
         self.json(self.empty(Method::GET, &format!("/images/{}", path_segment(name)))?)
             .await
     }
@@ -253,7 +258,7 @@ impl Client {
         &self,
         unused_for_s: u64,
         prefix: &str,
-    ) -> Result<wire::ImagesPruned, ClientError> {
+    ) -> Result<api_types::ImagesPruned, ClientError> {
         self.json(self.empty(
             Method::DELETE,
             &format!(
@@ -271,7 +276,7 @@ impl Client {
         &self,
         name: &str,
         archive: R,
-    ) -> Result<wire::ImageInfo, ClientError>
+    ) -> Result<api_types::ImageInfo, ClientError>
     where
         R: AsyncRead + Send + 'static,
     {
@@ -284,6 +289,54 @@ impl Client {
         let target = format!("/sandboxes/{}/exec", path_segment(id));
         let body = serde_json::to_vec(request).map_err(|e| ClientError::Protocol(e.to_string()))?;
         let response = raw::post(&self.endpoint, self.api_key.as_deref(), &target, &body).await?;
+        Ok(ExecStream::new(response))
+    }
+
+    /// `GET /sandboxes/{id}/execs`: the sandbox's commands that can be found by `exec_id`
+    /// (running, or ended with a result not yet collected), oldest first.
+    pub async fn execs(&self, id: &str) -> Result<Vec<wire::ExecStatus>, ClientError> {
+        let list: wire::ExecList = self
+            .json(self.empty(
+                Method::GET,
+                &format!("/sandboxes/{}/execs", path_segment(id)),
+            )?)
+            .await?;
+        Ok(list.execs)
+    }
+
+    /// `GET /sandboxes/{id}/execs/{exec_id}`: one command's status.
+    pub async fn exec_status(
+        &self,
+        id: &str,
+        exec_id: &str,
+    ) -> Result<wire::ExecStatus, ClientError> {
+        self.json(self.empty(
+            Method::GET,
+            &format!(
+                "/sandboxes/{}/execs/{}",
+                path_segment(id),
+                path_segment(exec_id)
+            ),
+        )?)
+        .await
+    }
+
+    /// `POST /sandboxes/{id}/execs/{exec_id}/attach?offset=N`: re-attaches to a command whose
+    /// connection dropped, from output byte `offset` (the stdout and stderr bytes already
+    /// received); the stream ends with its one exit frame, whose `output_dropped_bytes` counts
+    /// what was no longer kept.
+    pub async fn attach(
+        &self,
+        id: &str,
+        exec_id: &str,
+        offset: u64,
+    ) -> Result<ExecStream, ClientError> {
+        let target = format!(
+            "/sandboxes/{}/execs/{}/attach?offset={offset}",
+            path_segment(id),
+            path_segment(exec_id)
+        );
+        let response = raw::post(&self.endpoint, self.api_key.as_deref(), &target, b"").await?;
         Ok(ExecStream::new(response))
     }
 

@@ -127,11 +127,15 @@ pub struct VmConfig {
     pub serial: bool,
     /// Stop the VM (KVM error) if the guest has neither written the boot-complete marker nor
     /// exited by then; `Some(0)` never. Default: 10 s on hosts that cannot vouch for a stock
-    /// kernel ([`HostKind::boots_stock_kernel`](crate::host::HostKind::boots_stock_kernel) is
+    /// kernel (`host_probe::HostKind::boots_stock_kernel` is
     /// false: kvm_pvm, where it would crawl through the instruction emulator, or an unknown
     /// module), none on hardware KVM.
     #[serde(default)]
     pub boot_timeout_ms: Option<u64>,
+    /// End the VM (SIGKILL) when the process that started the VMM dies, as a daemon's
+    /// sandboxes die with it: a daemon killed outright must not leave VMs running unowned.
+    #[serde(default)]
+    pub die_with_parent: bool,
 }
 
 fn default_mem() -> u32 {
@@ -186,6 +190,7 @@ impl VmConfig {
             console_input: None,
             serial: false,
             boot_timeout_ms: None,
+            die_with_parent: false,
         }
     }
 

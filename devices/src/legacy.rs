@@ -1,8 +1,8 @@
 //! The port-I/O devices a boot needs: the 8250 serial (early-boot debugging only), the i8042
-//! reset line, and the boot-complete marker the guest agent writes.
+//! reset line, and the port the guest agent writes its markers to (ready, stopping).
 
 use std::io::Write;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -12,8 +12,7 @@ use vmm_sys_util::eventfd::EventFd;
 
 use crate::bus::BusDevice;
 
-/// The value the guest agent writes (`contract::boot_marker`).
-const BOOT_MARKER_VALUE: u8 = contract::boot_marker::VALUE;
+use contract::boot_marker::{Stop, READY};
 
 /// The i8042 command port.
 pub const I8042_COMMAND_PORT: u64 = 0x64;
@@ -94,17 +93,42 @@ impl BusDevice for SerialPort {
     }
 }
 
-/// Records when the guest agent wrote the boot-complete marker (microseconds since `start`).
+/// What the guest agent's markers (`contract::boot_marker`) said so far: when it was ready,
+/// and the last stop marker. Shared by the marker device and the VMM, which judges the VM's
+/// end by it.
+#[derive(Debug, Default)]
+pub struct AgentMarkers {
+    /// Microseconds since the VMM's start when READY was first written; 0 = not yet.
+    ready_us: AtomicU64,
+    /// The last stop marker's value; 0 = none.
+    stop: AtomicU8,
+}
+
+impl AgentMarkers {
+    /// When the agent said it was ready (microseconds since the VMM's start), if it has.
+    pub fn ready_us(&self) -> Option<u64> {
+        let us = self.ready_us.load(Ordering::SeqCst);
+        (us > 0).then_some(us)
+    }
+
+    /// The last stop marker the agent wrote, if any.
+    pub fn stop(&self) -> Option<Stop> {
+        Stop::from_value(self.stop.load(Ordering::SeqCst))
+    }
+}
+
+/// The marker port: records the agent's markers into [`AgentMarkers`], timing READY from
+/// `start`. Other values are ignored; reads return 0.
 #[derive(Debug)]
 pub struct BootMarker {
     start: Instant,
-    at_us: Arc<AtomicU64>,
+    markers: Arc<AgentMarkers>,
 }
 
 impl BootMarker {
-    /// A marker timing from `start`, storing into `at_us` (0 = not yet).
-    pub fn new(start: Instant, at_us: Arc<AtomicU64>) -> Self {
-        BootMarker { start, at_us }
+    /// A marker port timing from `start`, recording into `markers`.
+    pub fn new(start: Instant, markers: Arc<AgentMarkers>) -> Self {
+        BootMarker { start, markers }
     }
 }
 
@@ -114,11 +138,20 @@ impl BusDevice for BootMarker {
     }
 
     fn write(&mut self, _offset: u64, data: &[u8]) {
-        if data.first() == Some(&BOOT_MARKER_VALUE) {
-            let us = u64::try_from(self.start.elapsed().as_micros()).unwrap_or(u64::MAX);
-            let _ = self
-                .at_us
-                .compare_exchange(0, us.max(1), Ordering::SeqCst, Ordering::SeqCst);
+        match data.first() {
+            Some(&READY) => {
+                let us = u64::try_from(self.start.elapsed().as_micros()).unwrap_or(u64::MAX);
+                let _ = self.markers.ready_us.compare_exchange(
+                    0,
+                    us.max(1),
+                    Ordering::SeqCst,
+                    Ordering::SeqCst,
+                );
+            }
+            Some(&value) if Stop::from_value(value).is_some() => {
+                self.markers.stop.store(value, Ordering::SeqCst);
+            }
+            _ => {}
         }
     }
 }
@@ -144,17 +177,21 @@ mod tests {
     }
 
     #[test]
-    fn boot_marker_records_the_first_write_of_the_marker_value() {
-        let at = Arc::new(AtomicU64::new(0));
-        let mut m = BootMarker::new(Instant::now(), at.clone());
+    fn marker_port_records_the_first_ready_and_the_last_stop() {
+        let markers = Arc::new(AgentMarkers::default());
+        let mut m = BootMarker::new(Instant::now(), markers.clone());
         m.write(0, &[1]);
-        assert_eq!(at.load(Ordering::SeqCst), 0);
-        m.write(0, &[BOOT_MARKER_VALUE]);
-        let first = at.load(Ordering::SeqCst);
-        assert!(first > 0);
+        assert_eq!((markers.ready_us(), markers.stop()), (None, None));
+        m.write(0, &[READY]);
+        let first = markers.ready_us().unwrap();
         std::thread::sleep(std::time::Duration::from_millis(2));
-        m.write(0, &[BOOT_MARKER_VALUE]);
-        assert_eq!(at.load(Ordering::SeqCst), first);
+        m.write(0, &[READY]);
+        assert_eq!(markers.ready_us(), Some(first));
+        assert_eq!(markers.stop(), None);
+        m.write(0, &[Stop::Failed.value()]);
+        m.write(0, &[Stop::Requested.value()]);
+        m.write(0, &[7]);
+        assert_eq!(markers.stop(), Some(Stop::Requested));
     }
 
     #[test]

@@ -71,6 +71,7 @@ fn main() {
     // A lean client, so that the figure is the agent's and not the test client's allocations:
     // the request is encoded once and the response read into one reused buffer.
     let request = wire::encode_message(&wire::agent::AgentRequest::Exec {
+        tail_bytes: None,
         request: ExecRequest::new(["true"]),
         interactive: false,
         user: None,

@@ -88,6 +88,7 @@ fn main() {
     let bytes = mib * 1024 * 1024;
     let agent = common::Agent::start();
     let request = wire::encode_message(&wire::agent::AgentRequest::Exec {
+        tail_bytes: None,
         request: ExecRequest::new(dd(mib)),
         interactive: false,
         user: None,

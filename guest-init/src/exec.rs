@@ -11,11 +11,18 @@
 //! The stream ends with exactly one exit frame: after the command has exited, the agent forwards
 //! what its pipes already hold (a snapshot of their fill level, so a background grandchild that
 //! keeps writing cannot hold the exit back), then writes the exit frame and closes.
+//!
+//! A named command that outlives its connection (`on_disconnect: keep`, [`crate::exec_registry`])
+//! also copies its output into its tail. When the connection drops, the loop goes on without
+//! one: the pipes are still read (into the tail only), the deadline still holds, and an
+//! eventfd wakes it when an `attach` hands it a new connection, to which it first replays
+//! the tail from the offset the client asked for, then goes live again.
 
 use std::fs::File;
 use std::io::{self, Read, Write};
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::os::unix::net::UnixStream;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use wire::agent::{RunAs, MAX_GROUPS};
@@ -23,6 +30,7 @@ use wire::{
     Decoder, Direction, ExecRequest, ExecResult, FrameType, Usage, HEADER_SIZE, MAX_PAYLOAD,
 };
 
+use crate::exec_registry::{self, Tracked};
 use crate::reaper::{Child, ExitInfo};
 use crate::spawn::{self, ChildStdio, SpawnContext};
 use crate::sys;
@@ -111,6 +119,7 @@ pub fn run(
     req: &ExecRequest,
     interactive: bool,
     user: Option<&RunAs>,
+    tail_bytes: Option<u64>,
     ctx: &ExecContext,
 ) -> Result<(), ExecError> {
     let mut conn = conn;
@@ -151,8 +160,8 @@ pub fn run(
         spawn::spawn(req, user, stdio, &ctx.spawn_context())
     });
     let child = match spawned
-        .map_err(|e| e.to_string())
-        .and_then(|spawned| spawned.map_err(|e| e.to_string()))
+        .map_err(|e| report::chain(&e))
+        .and_then(|spawned| spawned.map_err(|e| report::chain(&e)))
     {
         Ok(child) => child,
         Err(why) => return write_exit(&mut conn, &ExecResult::failed(why)),
@@ -162,9 +171,28 @@ pub fn run(
         drop(r);
         w
     });
+    // Only a named command can be found again; an interactive one ends with its connection.
+    let tracked = (!req.exec_id.is_empty()).then(|| {
+        let keep = !interactive && req.on_disconnect != Some(wire::OnDisconnect::Kill);
+        let tail = tail_bytes
+            .unwrap_or(wire::agent::DEFAULT_TAIL_BYTES)
+            .min(wire::agent::MAX_TAIL_BYTES);
+        exec_registry::register(
+            &req.exec_id,
+            &req.cmd,
+            child.pid(),
+            keep,
+            usize::try_from(tail).unwrap_or(usize::MAX),
+        )
+    });
 
     let mut session = Session {
-        conn,
+        conn: Some(conn),
+        tracked,
+        wake: None,
+        cursor: 0,
+        live: true,
+        skipped: 0,
         child,
         streams: [
             Stream::new(FrameType::Stdout, out_r),
@@ -186,7 +214,11 @@ pub fn run(
         Err(e) => {
             // The host is gone or spoke nonsense: kill the whole group and reap the command.
             session.child.signal_group(libc::SIGKILL);
-            let info = session.child.wait()?;
+            let info = session.child.wait();
+            if let Some(tracked) = &session.tracked {
+                tracked.finish(&ExecResult::failed("killed: its connection ended"), true);
+            }
+            let info = info?;
             if let ExecError::Protocol(msg) = &e {
                 let mut result = ExecResult::default();
                 fill_result(&mut result, &info, started, false, None, ctx);
@@ -248,6 +280,25 @@ fn fill_result(
             (Some(before), Some(after)) => after > before,
             _ => ctx.mem_total_bytes > 0 && peak >= ctx.mem_total_bytes / 100 * 95,
         };
+}
+
+/// Records the frames in `frames` (whole frames of one stream, as a read produced them) into
+/// `tracked`'s tail; returns their payload bytes.
+fn record_frames(tracked: &Tracked, mut frames: &[u8]) -> u64 {
+    let mut total = 0u64;
+    while frames.len() >= HEADER_SIZE {
+        let Ok(kind) = FrameType::try_from(frames[0]) else {
+            break;
+        };
+        let len = u32::from_be_bytes([frames[4], frames[5], frames[6], frames[7]]) as usize;
+        let Some(payload) = frames.get(HEADER_SIZE..HEADER_SIZE + len) else {
+            break;
+        };
+        tracked.record(kind, payload);
+        total += len as u64;
+        frames = &frames[HEADER_SIZE + len..];
+    }
+    total
 }
 
 /// Writes the exit frame on a blocking connection.
@@ -516,7 +567,19 @@ impl StdinPump {
 
 #[derive(Debug)]
 struct Session {
-    conn: UnixStream,
+    /// The client; `None` while a command that outlives its connection has none.
+    conn: Option<UnixStream>,
+    /// Its entry, when it has a name.
+    tracked: Option<Arc<Tracked>>,
+    /// Wakes the loop when an `attach` hands over a connection (made when it detaches).
+    wake: Option<Arc<OwnedFd>>,
+    /// The next output byte the client needs.
+    cursor: u64,
+    /// Whether the client has everything up to the output's end (else the tail is replayed
+    /// before the pipes are read again).
+    live: bool,
+    /// Output bytes this client asked for that were no longer kept.
+    skipped: u64,
     child: Child,
     streams: [Stream; 2],
     stdin: Option<StdinPump>,
@@ -532,14 +595,21 @@ const EXIT: usize = 1;
 const OUT: usize = 2;
 const ERR: usize = 3;
 const STDIN: usize = 4;
+const WAKE: usize = 5;
 
 impl Session {
     /// Moves data until the command has exited and its output is forwarded.
     fn pump(&mut self) -> Result<ExitInfo, ExecError> {
         // The connection stays blocking; the loop uses MSG_DONTWAIT sends and receives.
         loop {
+            if self.conn.is_some() && !self.live && self.pending_empty() {
+                self.replay_some();
+            }
             if let Some(exit) = self.exit {
-                if self.pending_empty() && self.streams.iter().all(|s| s.pipe.is_none()) {
+                if self.pending_empty()
+                    && self.streams.iter().all(|s| s.pipe.is_none())
+                    && (self.live || self.conn.is_none())
+                {
                     return Ok(exit);
                 }
             }
@@ -547,21 +617,37 @@ impl Session {
                 fd: -1,
                 events: 0,
                 revents: 0,
-            }; 5];
+            }; 6];
             // The connection: always watched for hang-up; for writing when frames wait; for
-            // reading when interactive input is wanted.
-            fds[CONN].fd = self.conn.as_raw_fd();
-            if !self.pending_empty() {
-                fds[CONN].events |= libc::POLLOUT;
-            }
-            if self.stdin.as_ref().is_some_and(StdinPump::wants_host_input) {
-                fds[CONN].events |= libc::POLLIN;
+            // reading when interactive input is wanted. Without one: the hand-off's eventfd.
+            match (&self.conn, &self.wake) {
+                (Some(conn), _) => {
+                    fds[CONN].fd = conn.as_raw_fd();
+                    if self.stdin.is_none() {
+                        // The host sends nothing after a one-shot request, so the end of its
+                        // side means it is gone. A vsock peer's close arrives as a SHUTDOWN
+                        // that Linux reports as POLLRDHUP only, never POLLHUP: without this a
+                        // silent command never noticed its client leave.
+                        fds[CONN].events |= libc::POLLRDHUP;
+                    }
+                    if !self.pending_empty() {
+                        fds[CONN].events |= libc::POLLOUT;
+                    }
+                    if self.stdin.as_ref().is_some_and(StdinPump::wants_host_input) {
+                        fds[CONN].events |= libc::POLLIN;
+                    }
+                }
+                (None, Some(wake)) => {
+                    fds[WAKE].fd = wake.as_raw_fd();
+                    fds[WAKE].events = libc::POLLIN;
+                }
+                (None, None) => {}
             }
             if self.exit.is_none() {
                 fds[EXIT].fd = self.child.exit_fd().as_raw_fd();
                 fds[EXIT].events = libc::POLLIN;
             }
-            if self.pending_empty() {
+            if self.pending_empty() && (self.live || self.conn.is_none()) {
                 for (i, s) in [OUT, ERR].into_iter().zip(self.streams.iter()) {
                     if let Some(p) = &s.pipe {
                         fds[i].fd = p.as_raw_fd();
@@ -587,14 +673,25 @@ impl Session {
             };
             sys::poll(&mut fds, timeout)?;
 
-            if fds[CONN].revents & (libc::POLLHUP | libc::POLLERR) != 0 {
-                return Err(ExecError::HostGone(None));
+            if fds[WAKE].revents != 0 {
+                self.take_handoff();
+            }
+            let hung_up = libc::POLLHUP | libc::POLLERR | (fds[CONN].events & libc::POLLRDHUP);
+            if fds[CONN].revents & hung_up != 0 {
+                self.host_gone(ExecError::HostGone(None))?;
+                continue;
             }
             if fds[CONN].revents & libc::POLLIN != 0 {
-                self.read_host_input()?;
+                if let Err(e) = self.read_host_input() {
+                    self.host_gone(e)?;
+                    continue;
+                }
             }
             if fds[CONN].revents & libc::POLLOUT != 0 {
-                self.flush_pending()?;
+                if let Err(e) = self.flush_pending() {
+                    self.host_gone(e)?;
+                    continue;
+                }
             }
             if fds[STDIN].revents != 0 {
                 if let Some(stdin) = self.stdin.as_mut() {
@@ -603,12 +700,27 @@ impl Session {
             }
             for (i, s) in [OUT, ERR].into_iter().zip(self.streams.iter_mut()) {
                 if fds[i].revents != 0 {
+                    let start = self.pending.len;
                     s.read_into(&mut self.pending)?;
+                    if let Some(tracked) = &self.tracked {
+                        let recorded =
+                            record_frames(tracked, &self.pending.buf[start..self.pending.len]);
+                        if self.live {
+                            self.cursor += recorded;
+                        }
+                    }
                 }
+            }
+            if self.conn.is_none() {
+                // Nobody to send to: the tail has it.
+                self.pending.clear();
             }
             if !self.pending_empty() {
                 // Most of the time the socket has room: skip a poll round trip.
-                self.flush_pending()?;
+                if let Err(e) = self.flush_pending() {
+                    self.host_gone(e)?;
+                    continue;
+                }
             }
             if fds[EXIT].revents != 0 {
                 self.on_exit()?;
@@ -644,11 +756,71 @@ impl Session {
         Ok(())
     }
 
+    /// The client went away (`why`): a command that outlives its connection goes on without
+    /// one; any other ends with `why`.
+    fn host_gone(&mut self, why: ExecError) -> Result<(), ExecError> {
+        let Some(tracked) = self.tracked.as_ref().filter(|t| t.keeps_running()) else {
+            return Err(why);
+        };
+        if !matches!(why, ExecError::HostGone(_)) {
+            return Err(why);
+        }
+        let wake = Arc::new(sys::eventfd()?);
+        self.conn = None;
+        self.pending.clear();
+        tracked.detach(wake.clone());
+        self.wake = Some(wake);
+        crate::log::debug(format_args!(
+            "exec {:?}: its connection dropped; it runs on detached",
+            self.child.pid()
+        ));
+        // An attach may have come between the hang-up and now.
+        self.take_handoff();
+        Ok(())
+    }
+
+    /// Takes the connection an `attach` handed over, if one waits.
+    fn take_handoff(&mut self) {
+        let Some(wake) = &self.wake else {
+            return;
+        };
+        sys::eventfd_drain(wake.as_fd());
+        let Some(handoff) = self.tracked.as_ref().and_then(|t| t.take_handoff()) else {
+            return;
+        };
+        self.conn = Some(handoff.conn);
+        self.wake = None;
+        self.cursor = handoff.offset;
+        self.live = false;
+        self.skipped = 0;
+    }
+
+    /// Fills the empty output buffer with the next kept output the re-attached client has not
+    /// had; once there is none, the client is live again.
+    fn replay_some(&mut self) {
+        let Some(tracked) = &self.tracked else {
+            self.live = true;
+            return;
+        };
+        let mut frames = Vec::new();
+        let (next, skipped) =
+            tracked.replay_into(self.cursor, FRAMES_PER_READ * MAX_PAYLOAD, &mut frames);
+        self.skipped += skipped;
+        self.cursor = next;
+        if frames.is_empty() {
+            self.live = true;
+            return;
+        }
+        self.pending.clear();
+        self.pending.buf[..frames.len()].copy_from_slice(&frames);
+        self.pending.len = frames.len();
+    }
+
     fn read_host_input(&mut self) -> Result<(), ExecError> {
-        let Some(stdin) = self.stdin.as_mut() else {
+        let (Some(stdin), Some(conn)) = (self.stdin.as_mut(), self.conn.as_ref()) else {
             return Ok(());
         };
-        match sys::recv_nowait(self.conn.as_fd(), stdin.decoder.unfilled_mut()) {
+        match sys::recv_nowait(conn.as_fd(), stdin.decoder.unfilled_mut()) {
             Ok(0) => {
                 // The host half-closed its side: once the frames already received are
                 // delivered, that ends stdin (see `advance`).
@@ -670,8 +842,12 @@ impl Session {
     }
 
     fn flush_pending(&mut self) -> Result<(), ExecError> {
+        let Some(conn) = self.conn.as_ref() else {
+            self.pending.clear();
+            return Ok(());
+        };
         while !self.pending.is_empty() {
-            match sys::send_nowait(self.conn.as_fd(), self.pending.unsent()) {
+            match sys::send_nowait(conn.as_fd(), self.pending.unsent()) {
                 Ok(0) => return Err(ExecError::HostGone(None)),
                 Ok(n) => self.pending.written += n,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
@@ -683,15 +859,33 @@ impl Session {
         Ok(())
     }
 
-    /// Writes the exit frame (after any pending output) and closes the stream.
+    /// Writes the exit frame (after any pending output) and closes the stream. Without a
+    /// client (or when writing fails) a command that outlives its connection keeps its result
+    /// for the next `attach`.
     fn finish_with(&mut self, result: &ExecResult) -> Result<(), ExecError> {
-        self.conn
-            .write_all(self.pending.unsent())
-            .map_err(|e| ExecError::HostGone(Some(e)))?;
+        let mut result = result.clone();
+        result.output_dropped_bytes = self.skipped;
+        let keep = self.tracked.as_ref().is_some_and(|t| t.keeps_running());
+        let written = match self.conn.as_mut() {
+            None => Err(ExecError::HostGone(None)),
+            Some(conn) => conn
+                .write_all(self.pending.unsent())
+                .map_err(|e| ExecError::HostGone(Some(e)))
+                .and_then(|()| write_exit(conn, &result))
+                .map(|()| {
+                    let _ = conn.shutdown(std::net::Shutdown::Write);
+                }),
+        };
         self.pending.clear();
-        write_exit(&mut self.conn, result)?;
-        let _ = self.conn.shutdown(std::net::Shutdown::Write);
-        Ok(())
+        if let Some(tracked) = &self.tracked {
+            // A result that did not go out waits, with the output the client did not have.
+            result.output_dropped_bytes = 0;
+            tracked.finish(&result, written.is_ok() || !keep);
+        }
+        match written {
+            Err(_) if keep => Ok(()),
+            other => other,
+        }
     }
 }
 

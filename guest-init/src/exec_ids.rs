@@ -10,7 +10,6 @@ use std::collections::HashMap;
 use std::io;
 use std::sync::{LazyLock, Mutex, MutexGuard};
 
-use crate::reaper::Child;
 use crate::sys;
 
 /// Why a named spawn or a signal was refused.
@@ -23,7 +22,7 @@ pub enum ExecIdError {
     #[error("no running command has exec_id {0:?}")]
     NotRunning(String),
     /// kill(2) refused.
-    #[error("signal {signal} to exec_id {exec_id:?}: {source}")]
+    #[error("signal {signal} to exec_id {exec_id:?}")]
     Signal {
         /// The name.
         exec_id: String,
@@ -44,12 +43,21 @@ fn lock() -> MutexGuard<'static, Running> {
     RUNNING.lock().unwrap_or_else(|p| p.into_inner())
 }
 
+/// A child that can carry its exec id (the reaper's `Child`, which drops the name when it is
+/// reaped, through [`reap_named`]).
+pub trait Named {
+    /// Its pid, which is also its process group.
+    fn pid(&self) -> libc::pid_t;
+    /// Records the name it runs under.
+    fn set_exec_id(&mut self, exec_id: String);
+}
+
 /// Runs `spawn` and records its child under `exec_id` (an empty name records nothing). The
 /// name is checked and recorded under the lock, so two commands never get the same one.
-pub fn spawn_named<E>(
+pub fn spawn_named<C: Named, E>(
     exec_id: &str,
-    spawn: impl FnOnce() -> Result<Child, E>,
-) -> Result<Result<Child, E>, ExecIdError> {
+    spawn: impl FnOnce() -> Result<C, E>,
+) -> Result<Result<C, E>, ExecIdError> {
     if exec_id.is_empty() {
         return Ok(spawn());
     }
@@ -100,6 +108,7 @@ pub fn signal(exec_id: &str, signal: libc::c_int) -> Result<(), ExecIdError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::reaper::Child;
     use crate::spawn::{self, ChildStdio, SpawnContext};
     use std::os::fd::AsFd;
     use wire::ExecRequest;

@@ -42,7 +42,7 @@ pub enum FilesError {
     #[error("the archive is malformed or truncated: {0}")]
     BadArchive(String),
     /// A filesystem operation failed.
-    #[error("{what}: {source}")]
+    #[error("{what}")]
     Io {
         /// What was being done.
         what: String,
@@ -77,7 +77,7 @@ impl FilesError {
                 _ => "io_error",
             },
         };
-        ErrorBody::new(code, self.to_string())
+        ErrorBody::new(code, report::chain(self))
     }
 }
 

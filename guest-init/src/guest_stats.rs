@@ -11,8 +11,13 @@ use wire::{CpuStats, MemoryStats, PidsStats, SandboxStats};
 /// Clock ticks per second of `/proc/stat`'s CPU times (`USER_HZ`, 100 on Linux).
 const USER_HZ: u64 = 100;
 
-/// The guest's stats from the `/proc` at `proc`.
-pub fn read(proc: &Path) -> io::Result<SandboxStats> {
+/// The commands cgroup's `memory.events` in a microVM (`init::commands_cgroup`).
+pub const COMMANDS_MEMORY_EVENTS: &str = "/sys/fs/cgroup/commands/memory.events";
+
+/// The guest's stats from the `/proc` at `proc`. OOM kills are the larger of the kernel's own
+/// count (`/proc/vmstat`, which our minimal guest kernel may not keep) and the commands
+/// cgroup's (`memory_events`, where every command runs).
+pub fn read(proc: &Path, memory_events: &Path) -> io::Result<SandboxStats> {
     let meminfo = fs::read_to_string(proc.join("meminfo"))?;
     let kib = |key: &str| -> u64 {
         meminfo
@@ -26,11 +31,14 @@ pub fn read(proc: &Path) -> io::Result<SandboxStats> {
     };
     let total = kib("MemTotal");
     let available = kib("MemAvailable");
-    let vmstat = fs::read_to_string(proc.join("vmstat")).unwrap_or_default();
-    let oom_kills = vmstat
-        .lines()
-        .find_map(|line| line.strip_prefix("oom_kill ")?.trim().parse().ok())
-        .unwrap_or(0);
+    let oom_kill_in = |path: &Path| -> u64 {
+        fs::read_to_string(path)
+            .unwrap_or_default()
+            .lines()
+            .find_map(|line| line.strip_prefix("oom_kill ")?.trim().parse().ok())
+            .unwrap_or(0)
+    };
+    let oom_kills = oom_kill_in(&proc.join("vmstat")).max(oom_kill_in(memory_events));
     let memory = MemoryStats {
         usage_bytes: total.saturating_sub(available),
         limit_bytes: total,
@@ -93,7 +101,8 @@ mod tests {
         for pid in ["1", "42", "self"] {
             fs::create_dir(dir.path().join(pid)).expect("pid dir");
         }
-        let stats = read(dir.path()).expect("stats");
+        let events = dir.path().join("memory.events");
+        let stats = read(dir.path(), &events).expect("stats");
         assert_eq!(stats.memory.limit_bytes, 512_000 * 1024);
         assert_eq!(stats.memory.usage_bytes, 200_000 * 1024);
         assert_eq!(stats.memory.cache_bytes, 50_000 * 1024);
@@ -101,5 +110,12 @@ mod tests {
         // user + nice + system + irq + softirq + steal = 158 ticks of 10 ms.
         assert_eq!(stats.cpu.usage_ns, 158 * 10_000_000);
         assert_eq!(stats.pids.current, 2);
+        // A kernel without vmstat's counter: the commands cgroup's count.
+        fs::write(dir.path().join("vmstat"), "nr_free_pages 1\n").expect("vmstat");
+        fs::write(&events, "low 0\nhigh 0\nmax 9\noom 3\noom_kill 3\n").expect("events");
+        assert_eq!(
+            read(dir.path(), &events).expect("stats").memory.oom_kills,
+            3
+        );
     }
 }

@@ -4,15 +4,16 @@
 //! names ([`vm_root`]: the ext4 root, the scratch disk, caches), set the hostname and bring up
 //! `lo`, start the egress proxy when asked (`crucible.egress_port=`), protect the agent
 //! from the OOM killer, create the `commands` cgroup, listen on vsock, announce readiness
-//! (hello to the host, optional boot marker, the console line), then serve. PID 1 never exits:
-//! every way out goes through [`end_vm`] (sync, then reset).
+//! (hello to the host, optional ready marker, the console line), then serve. PID 1 never exits:
+//! every way out goes through [`power::end_vm`] (the stop marker, sync, then reset), so the
+//! VMM can tell an end the agent chose from a kernel panic.
 
 use std::fs;
 use std::io::{self, Write};
 use std::os::fd::{FromRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
 
-use contract::boot_marker;
+use contract::boot_marker::{self, Stop};
 use contract::cmdline::BootConfig;
 use contract::DEFAULT_PATH;
 
@@ -21,7 +22,7 @@ use crate::exec::{self, ExecContext};
 use crate::log;
 use crate::mount::{mount, MountError};
 use crate::server::{self, Address, Agent, Listener, ShutdownAction};
-use crate::{selftest, sys, vm_root};
+use crate::{power, selftest, sys, vm_root};
 
 /// Why a boot step failed. Most are logged and survived; see [`vm_main`].
 #[derive(Debug, thiserror::Error)]
@@ -78,20 +79,9 @@ fn mount_basics() {
     ];
     for (src, target, fstype, flags, data) in mounts {
         if let Err(e) = mount(src, target, fstype, flags, data) {
-            log::error(format_args!("{e}: {}", source_of(&e)));
+            log::error(format_args!("{}", report::chain(&e)));
         }
     }
-}
-
-/// What caused `e`, for the log line that names it.
-fn source_of(e: &dyn std::error::Error) -> String {
-    let mut causes = Vec::new();
-    let mut source = e.source();
-    while let Some(cause) = source {
-        causes.push(cause.to_string());
-        source = cause.source();
-    }
-    causes.join(": ")
 }
 
 fn set_hostname(name: &str) -> Result<(), InitError> {
@@ -141,7 +131,7 @@ fn commands_cgroup(cfg: &BootConfig) -> Option<(OwnedFd, PathBuf)> {
     ) {
         log::info(format_args!(
             "no cgroup2, commands run without limits: {}",
-            source_of(&e)
+            report::chain(&e)
         ));
         return None;
     }
@@ -150,6 +140,7 @@ fn commands_cgroup(cfg: &BootConfig) -> Option<(OwnedFd, PathBuf)> {
             log::info(format_args!("cgroup controller {ctl} unavailable: {e}"));
         }
     }
+    // Its memory.events is also where the stats op counts OOM kills.
     let group = root.join("commands");
     if let Err(e) = fs::create_dir_all(&group) {
         log::error(format_args!("cannot create the commands cgroup: {e}"));
@@ -174,43 +165,6 @@ fn commands_cgroup(cfg: &BootConfig) -> Option<(OwnedFd, PathBuf)> {
     Some((procs.into(), group.join("memory.events")))
 }
 
-/// Writes the boot marker (`contract::boot_marker`: `outb(123, 0x3f0)`), trapped by the VMM.
-#[cfg(target_arch = "x86_64")]
-fn write_boot_marker() {
-    // SAFETY: ioperm changes only this process's I/O permission bitmap for one port.
-    if unsafe { libc::ioperm(libc::c_ulong::from(boot_marker::PORT), 1, 1) } != 0 {
-        log::error(format_args!(
-            "boot marker: ioperm failed: {}",
-            io::Error::last_os_error()
-        ));
-        return;
-    }
-    // SAFETY: a single port write that touches no memory; the port was granted above and the
-    // VMM traps it (on real hardware 0x3f0 is the legacy floppy controller, harmless to poke).
-    unsafe {
-        std::arch::asm!("out dx, al", in("dx") boot_marker::PORT, in("al") boot_marker::VALUE,
-            options(nomem, nostack, preserves_flags));
-    }
-}
-
-#[cfg(not(target_arch = "x86_64"))]
-fn write_boot_marker() {
-    log::error(format_args!(
-        "boot marker: not supported on this architecture"
-    ));
-}
-
-/// Ends the VM: sync, then reset. Never returns.
-pub fn end_vm() -> ! {
-    sys::sync();
-    let e = sys::reboot();
-    log::error(format_args!("reboot failed: {e}"));
-    loop {
-        // SAFETY: pause takes no arguments; PID 1 must never return.
-        unsafe { libc::pause() };
-    }
-}
-
 /// The console line that says the agent is ready (a contract: see docs/agent-protocol.md).
 pub fn print_ready_line(uptime_ms: u64) {
     log::console(format_args!(
@@ -221,16 +175,42 @@ pub fn print_ready_line(uptime_ms: u64) {
     ));
 }
 
-/// PID 1 of the microVM. Never returns.
-pub fn vm_main() -> ! {
-    let outcome = std::panic::catch_unwind(boot_and_serve);
-    if outcome.is_err() {
-        log::error(format_args!("the agent panicked; ending the VM"));
-    }
-    end_vm()
+/// PID 1 of the microVM. `forwarded` is what the kernel passed as arguments: boot parameters
+/// it did not know, logged and ignored. Never returns.
+pub fn vm_main(forwarded: &[String]) -> ! {
+    // CRUCIBLE_CMDLINE stands in for /proc/cmdline, to exercise VM mode as PID 1 of a
+    // namespace (see docs/agent-protocol.md); read before the environment is replaced.
+    let cmdline = std::env::var("CRUCIBLE_CMDLINE").ok();
+    let stop =
+        std::panic::catch_unwind(|| boot_and_serve(cmdline, forwarded)).unwrap_or_else(|_| {
+            log::error(format_args!("the agent panicked; ending the VM"));
+            Stop::Failed
+        });
+    power::end_vm(stop)
 }
 
-fn boot_and_serve() {
+/// Replaces the environment the kernel gave init (`HOME=/`, `TERM=linux` and every unknown
+/// `key=value` boot parameter, such as `pci=off` on a kernel without PCI) with the agent's
+/// own, as in a namespace sandbox: `PATH`, `HOME` (see [`contract::AGENT_HOME`]) and
+/// `HOSTNAME`. Commands inherit it. Returns the names it dropped. Called while the process
+/// has one thread, as changing the environment requires.
+fn reset_environment(hostname: &str) -> Vec<String> {
+    let mut dropped = Vec::new();
+    for (name, _) in std::env::vars_os() {
+        // The kernel always sets these three; only the others are worth a log line.
+        if !matches!(name.to_str(), Some("PATH" | "HOME" | "TERM" | "HOSTNAME")) {
+            dropped.push(name.to_string_lossy().into_owned());
+        }
+        std::env::remove_var(&name);
+    }
+    std::env::set_var("PATH", DEFAULT_PATH);
+    std::env::set_var("HOME", contract::AGENT_HOME);
+    std::env::set_var("HOSTNAME", hostname);
+    dropped
+}
+
+/// Boots and serves until the agent must end the VM; says why.
+fn boot_and_serve(cmdline: Option<String>, forwarded: &[String]) -> Stop {
     // The kernel hands init the console as 0/1/2 when the initramfs has /dev/console; then
     // stderr is the console. Otherwise open it once devtmpfs is mounted.
     let have_stderr = sys::fd_is_open(2);
@@ -245,44 +225,47 @@ fn boot_and_serve() {
             log::set_sink(Box::new(console));
         }
     }
-    if std::env::var_os("PATH").is_none() {
-        // Before any thread exists, so setting the environment is sound.
-        std::env::set_var("PATH", DEFAULT_PATH);
+    let cmdline = cmdline
+        .or_else(|| fs::read_to_string("/proc/cmdline").ok())
+        .unwrap_or_default();
+    let cfg = BootConfig::parse(&cmdline);
+    // Still one thread: the reaper starts next.
+    let ignored_env = reset_environment(&cfg.hostname);
+    if !forwarded.is_empty() || !ignored_env.is_empty() {
+        log::info(format_args!(
+            "ignoring what the kernel handed init: arguments {forwarded:?}, environment \
+             {ignored_env:?}"
+        ));
     }
     if let Err(e) = crate::reaper::start_orphan_reaper() {
         log::error(format_args!("cannot start the orphan reaper: {e}"));
     }
-    // CRUCIBLE_CMDLINE stands in for /proc/cmdline, to exercise VM mode as PID 1 of a
-    // namespace (see docs/agent-protocol.md).
-    let cmdline = std::env::var("CRUCIBLE_CMDLINE")
-        .or_else(|_| fs::read_to_string("/proc/cmdline"))
-        .unwrap_or_default();
-    let cfg = BootConfig::parse(&cmdline);
+    power::enable_markers(cfg.boot_marker);
     if let Some(level) = cfg.log {
         log::set_level(level);
     }
     if let Err(e) = vm_root::prepare(&cfg) {
         log::error(format_args!(
-            "cannot set up the root and disks: {e}: {}",
-            source_of(&e)
+            "cannot set up the root and disks: {}",
+            report::chain(&e)
         ));
         if cfg.scratch.is_some() || !cfg.mounts.is_empty() {
             // The sandbox was created with this storage (a cache, a disk-backed layer):
             // running without it would lose what its commands write. No hello: the host sees
             // the VM end before it was ready, and says so.
             log::error(format_args!("ending the VM: its storage is not there"));
-            return;
+            return Stop::Failed;
         }
     }
     for step in [set_hostname(&cfg.hostname), loopback_up()] {
         if let Err(e) = step {
-            log::error(format_args!("{e}: {}", source_of(&e)));
+            log::error(format_args!("{}", report::chain(&e)));
         }
     }
     if let Some(port) = cfg.egress_port {
         // Before any command runs, so none can take the proxy's address first.
         if let Err(e) = egress::start(Uplink::Vsock(port)) {
-            log::error(format_args!("{e}: {}", source_of(&e)));
+            log::error(format_args!("{}", report::chain(&e)));
         }
     }
     if let Err(e) = fs::write("/proc/self/oom_score_adj", "-1000") {
@@ -293,7 +276,7 @@ fn boot_and_serve() {
         Ok(c) => c,
         Err(e) => {
             log::error(format_args!("cannot open /dev/null: {e}"));
-            return;
+            return Stop::Failed;
         }
     };
     exec_ctx.reset_oom_score = true;
@@ -339,15 +322,13 @@ fn boot_and_serve() {
                 log::info(format_args!("{e} ({cause}); continuing without it"));
             }
         });
-    if cfg.boot_marker {
-        write_boot_marker();
-    }
+    power::write_marker(boot_marker::READY);
     print_ready_line(uptime_ms);
 
     if cfg.selftest {
         selftest::run(agent, &cfg.selftest_block);
         let _ = io::stdout().flush();
-        return; // vm_main ends the VM.
+        return Stop::Requested; // vm_main ends the VM.
     }
     match listener {
         Some(l) => {
@@ -356,6 +337,7 @@ fn boot_and_serve() {
         }
         None => log::error(format_args!("nothing to serve on; ending the VM")),
     }
+    Stop::Failed
 }
 
 /// `O_NOCTTY` for opening the console without making it our controlling terminal.

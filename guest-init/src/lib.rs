@@ -14,11 +14,14 @@
 pub mod egress;
 pub mod exec;
 pub mod exec_ids;
+pub mod exec_registry;
+pub mod exec_tail;
 pub mod files;
 pub mod guest_stats;
 pub mod init;
 pub mod log;
 pub mod mount;
+pub mod power;
 pub mod reaper;
 pub mod selftest;
 pub mod server;

@@ -103,9 +103,32 @@ fn number(flag: &str, text: &str) -> Result<u64, String> {
         .map_err(|_| format!("{flag} needs a number, got {text:?}"))
 }
 
-fn parse_args() -> Result<Option<Args>, String> {
+/// Whether this process is a microVM's init: PID 1, started by the kernel. Its arguments, if
+/// any, are then boot parameters the kernel did not know and handed on (`nomodule`, `single`,
+/// …), never ours, and must not stop the VM from booting. Every other way to run the agent
+/// names itself: a subcommand first, or `--listen` / `--selftest`.
+fn is_vm_init(pid: u32, args: &[String]) -> bool {
+    let names_a_mode =
+        |a: &str| matches!(a, "--listen" | "--selftest") || a.starts_with("--listen=");
+    let subcommand = matches!(
+        args.first().map(String::as_str),
+        Some("sandbox" | "sandbox-pid1")
+    );
+    pid == 1 && !subcommand && !args.iter().any(|a| names_a_mode(a))
+}
+
+/// The arguments after the program name; bytes that are not UTF-8 (a kernel hands init
+/// whatever the boot loader wrote) become U+FFFD rather than a panic.
+fn arguments() -> Vec<String> {
+    std::env::args_os()
+        .skip(1)
+        .map(|a| a.to_string_lossy().into_owned())
+        .collect()
+}
+
+fn parse_args(argv: Vec<String>) -> Result<Option<Args>, String> {
     let mut args = Args::default();
-    let mut it = std::env::args().skip(1).peekable();
+    let mut it = argv.into_iter().peekable();
     match it.peek().map(String::as_str) {
         Some("sandbox") => args.mode = Mode::Sandbox(Box::default()),
         Some("sandbox-pid1") => args.mode = Mode::SandboxPid1,
@@ -188,7 +211,11 @@ fn parse_args() -> Result<Option<Args>, String> {
 fn main() -> ExitCode {
     // First, before any thread or child exists (see the reaper module).
     reaper::block_sigchld();
-    let args = match parse_args() {
+    let argv = arguments();
+    if is_vm_init(sys::getpid(), &argv) {
+        init::vm_main(&argv);
+    }
+    let args = match parse_args(argv) {
         Ok(Some(a)) => a,
         Ok(None) => return ExitCode::SUCCESS,
         Err(e) => {
@@ -203,21 +230,21 @@ fn main() -> ExitCode {
         Mode::Sandbox(spec) => {
             // Still single-threaded here, as entering requires. Returns only on failure.
             let Err(e) = namespace::enter(spec, &pid1_argv(&args));
-            eprintln!("guest-init: making the sandbox failed: {}", chain(&e));
+            eprintln!(
+                "guest-init: making the sandbox failed: {}",
+                report::chain(&e)
+            );
             return ExitCode::FAILURE;
         }
         Mode::SandboxPid1 => {
             if let Err(e) = namespace::harden_pid1() {
-                eprintln!("guest-init: {}", chain(&e));
+                eprintln!("guest-init: {}", report::chain(&e));
                 return ExitCode::FAILURE;
             }
         }
         Mode::Plain => {}
     }
     if args.listen.is_none() && !args.selftest {
-        if sys::getpid() == 1 {
-            init::vm_main();
-        }
         eprintln!(
             "guest-init: not PID 1; use --listen unix:PATH to serve as a process (see --help)"
         );
@@ -279,7 +306,7 @@ fn host_main(args: Args) -> ExitCode {
         };
         let started = uplink
             .map_err(|e| e.to_string())
-            .and_then(|uplink| egress::start(uplink).map_err(|e| chain(&e)));
+            .and_then(|uplink| egress::start(uplink).map_err(|e| report::chain(&e)));
         if let Err(e) = started {
             eprintln!("guest-init: {e}");
             return ExitCode::FAILURE;
@@ -288,19 +315,19 @@ fn host_main(args: Args) -> ExitCode {
     let listener = match Listener::bind(&addr) {
         Ok(l) => l,
         Err(e) => {
-            eprintln!("guest-init: {}", chain(&e));
+            eprintln!("guest-init: {}", report::chain(&e));
             return ExitCode::FAILURE;
         }
     };
     if let Some(ready) = &args.ready {
         if let Err(e) = server::send_hello(ready, &agent.hello()) {
-            eprintln!("guest-init: {}", chain(&e));
+            eprintln!("guest-init: {}", report::chain(&e));
             return ExitCode::FAILURE;
         }
     }
     init::print_ready_line(agent.ready_uptime_ms);
     let e = server::serve(listener, agent);
-    eprintln!("guest-init: {}", chain(&e));
+    eprintln!("guest-init: {}", report::chain(&e));
     ExitCode::FAILURE
 }
 
@@ -333,13 +360,41 @@ fn pid1_argv(args: &Args) -> Vec<std::ffi::CString> {
         .collect()
 }
 
-fn chain(e: &dyn std::error::Error) -> String {
-    let mut s = e.to_string();
-    let mut cur = e.source();
-    while let Some(c) = cur {
-        s.push_str(": ");
-        s.push_str(&c.to_string());
-        cur = c.source();
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+
+    fn words(s: &str) -> Vec<String> {
+        s.split_whitespace().map(String::from).collect()
     }
-    s
+
+    #[test]
+    fn pid_1_with_what_a_kernel_forwards_is_the_vm_init() {
+        for forwarded in ["", "nomodule", "nomodule single -s", "--bogus x"] {
+            assert!(is_vm_init(1, &words(forwarded)), "{forwarded:?}");
+        }
+        // The same words anywhere but PID 1 are not an init's.
+        assert!(!is_vm_init(42, &words("nomodule")));
+    }
+
+    #[test]
+    fn pid_1_that_names_a_mode_is_not_the_vm_init() {
+        for own in [
+            "sandbox-pid1 --listen fd:3",
+            "sandbox --rootfs /r",
+            "--listen unix:/tmp/a",
+            "--listen=unix:/tmp/a",
+            "--selftest",
+        ] {
+            assert!(!is_vm_init(1, &words(own)), "{own:?}");
+        }
+    }
+
+    #[test]
+    fn outside_the_vm_init_an_unknown_argument_is_still_an_error() {
+        let e = parse_args(words("--listen unix:/tmp/a nomodule")).unwrap_err();
+        assert!(e.contains("nomodule"), "{e}");
+    }
 }

@@ -113,15 +113,21 @@ pub struct Child {
     exec_id: Option<String>,
 }
 
-impl Child {
-    /// The child's pid, which is also its process group and session id.
-    pub fn pid(&self) -> libc::pid_t {
+impl crate::exec_ids::Named for Child {
+    fn pid(&self) -> libc::pid_t {
         self.pid
     }
 
     /// Names it in [`crate::exec_ids`] (which calls this under its lock).
-    pub(crate) fn set_exec_id(&mut self, exec_id: String) {
+    fn set_exec_id(&mut self, exec_id: String) {
         self.exec_id = Some(exec_id);
+    }
+}
+
+impl Child {
+    /// The child's pid, which is also its process group and session id.
+    pub fn pid(&self) -> libc::pid_t {
+        self.pid
     }
 
     /// Becomes readable once the child has exited.

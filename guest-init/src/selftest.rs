@@ -37,6 +37,7 @@ pub fn exec(agent: &'static Agent, req: ExecRequest) -> io::Result<Outcome> {
     wire::write_message(
         &mut client,
         &AgentRequest::Exec {
+            tail_bytes: None,
             request: req,
             interactive: false,
             user: None,

@@ -290,7 +290,7 @@ impl Agent {
         sys::sync();
         match self.shutdown {
             ShutdownAction::Exit => std::process::exit(0),
-            ShutdownAction::Reboot => crate::init::end_vm(),
+            ShutdownAction::Reboot => crate::power::end_vm(contract::boot_marker::Stop::Requested),
         }
     }
 }
@@ -396,10 +396,22 @@ pub fn handle(mut conn: UnixStream, agent: &Agent) {
             request,
             interactive,
             user,
+            tail_bytes,
         } => {
             log::debug(format_args!("exec {:?}", request.cmd));
-            if let Err(e) = exec::run(conn, &request, interactive, user.as_ref(), &agent.exec) {
-                log::debug(format_args!("exec {:?}: {e}", request.cmd));
+            if let Err(e) = exec::run(
+                conn,
+                &request,
+                interactive,
+                user.as_ref(),
+                tail_bytes,
+                &agent.exec,
+            ) {
+                log::debug(format_args!(
+                    "exec {:?}: {}",
+                    request.cmd,
+                    report::chain(&e)
+                ));
             }
         }
         AgentRequest::PutFiles { path } => put_files(conn, &path),
@@ -418,11 +430,37 @@ pub fn handle(mut conn: UnixStream, agent: &Agent) {
             };
             let _ = wire::write_message(&mut conn, &reply);
         }
+        AgentRequest::Attach { exec_id, offset } => {
+            let Ok(reply_conn) = conn.try_clone() else {
+                return;
+            };
+            if let Err(e) = crate::exec_registry::attach(&exec_id, conn, offset) {
+                log::debug(format_args!("attach {exec_id:?}: {}", report::chain(&e)));
+                let mut reply_conn = reply_conn;
+                let _ = wire::write_message(&mut reply_conn, &AgentReply::Error(e.to_body()));
+            }
+        }
+        AgentRequest::Execs { exec_id } => {
+            let execs = crate::exec_registry::statuses(exec_id.as_deref());
+            let reply = match exec_id {
+                Some(id) if execs.is_empty() => AgentReply::Error(ErrorBody::new(
+                    "not_found",
+                    format!(
+                        "no command has exec_id {id:?} (it never ran, or its result was collected)"
+                    ),
+                )),
+                _ => AgentReply::Execs(wire::ExecList { execs }),
+            };
+            let _ = wire::write_message(&mut conn, &reply);
+        }
         AgentRequest::Ping => {
             let _ = wire::write_message(&mut conn, &AgentReply::Pong(agent.hello()));
         }
         AgentRequest::Stats => {
-            let reply = match crate::guest_stats::read(std::path::Path::new("/proc")) {
+            let reply = match crate::guest_stats::read(
+                std::path::Path::new("/proc"),
+                std::path::Path::new(crate::guest_stats::COMMANDS_MEMORY_EVENTS),
+            ) {
                 Ok(stats) => AgentReply::Stats(stats),
                 Err(e) => AgentReply::Error(ErrorBody::new("io_error", format!("stats: {e}"))),
             };
@@ -433,9 +471,11 @@ pub fn handle(mut conn: UnixStream, agent: &Agent) {
                 Some(exec_id) => match crate::exec_ids::signal(&exec_id, signal) {
                     Ok(()) => AgentReply::Signaled,
                     Err(e @ crate::exec_ids::ExecIdError::NotRunning(_)) => {
-                        AgentReply::Error(ErrorBody::new("not_found", e.to_string()))
+                        AgentReply::Error(ErrorBody::new("not_found", report::chain(&e)))
                     }
-                    Err(e) => AgentReply::Error(ErrorBody::new("invalid_request", e.to_string())),
+                    Err(e) => {
+                        AgentReply::Error(ErrorBody::new("invalid_request", report::chain(&e)))
+                    }
                 },
                 None => match crate::sys::signal_all_but_self(signal) {
                     Ok(()) => AgentReply::Signaled,
@@ -451,8 +491,31 @@ pub fn handle(mut conn: UnixStream, agent: &Agent) {
             log::info(format_args!("shutdown requested"));
             let _ = wire::write_message(&mut conn, &AgentReply::ShuttingDown);
             let _ = conn.shutdown(std::net::Shutdown::Write);
+            await_hang_up(&mut conn, SHUTDOWN_LINGER);
             drop(conn);
             agent.end();
+        }
+    }
+}
+
+/// How long the agent waits, once it has answered `shutdown`, for the host to hang up.
+const SHUTDOWN_LINGER: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// Waits (at most `limit`) until the peer closes `conn`. In a VM the answer to `shutdown`
+/// travels through the vsock driver's queue after `write` returns; resetting the machine at
+/// once could drop it (the host then saw the connection close without an answer). The host
+/// closes once it has read the answer, so its hang-up is the acknowledgement.
+fn await_hang_up(conn: &mut UnixStream, limit: std::time::Duration) {
+    let deadline = std::time::Instant::now() + limit;
+    let mut sink = [0u8; 256];
+    loop {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        if left.is_zero() || conn.set_read_timeout(Some(left)).is_err() {
+            return;
+        }
+        match std::io::Read::read(conn, &mut sink) {
+            Ok(0) | Err(_) => return,
+            Ok(_) => {}
         }
     }
 }

@@ -34,7 +34,7 @@ pub enum SpawnError {
     #[error("permission denied: {0}")]
     PermissionDenied(String),
     /// `cwd` could not be entered.
-    #[error("bad cwd {cwd:?}: {source}")]
+    #[error("bad cwd {cwd:?}")]
     BadCwd {
         /// The requested directory.
         cwd: String,
@@ -42,7 +42,7 @@ pub enum SpawnError {
         source: io::Error,
     },
     /// execve failed for another reason (bad format, too many files, …).
-    #[error("cannot execute {program}: {source}")]
+    #[error("cannot execute {program}")]
     Exec {
         /// The resolved program.
         program: String,
@@ -51,7 +51,7 @@ pub enum SpawnError {
     },
     /// A requested resource limit could not be set (raising a hard limit needs a privilege
     /// the namespace backend's root does not have).
-    #[error("cannot set the {resource} limit to soft {soft} hard {hard}: {source}")]
+    #[error("cannot set the {resource} limit to soft {soft} hard {hard}")]
     Rlimit {
         /// The resource's short name (`nofile`).
         resource: String,
@@ -63,7 +63,7 @@ pub enum SpawnError {
         source: io::Error,
     },
     /// Switching to the image's user failed.
-    #[error("cannot run the command as uid {uid} gid {gid}: {source}")]
+    #[error("cannot run the command as uid {uid} gid {gid}")]
     User {
         /// The user id asked for.
         uid: u32,
@@ -73,7 +73,7 @@ pub enum SpawnError {
         source: io::Error,
     },
     /// Setting the child up or forking failed.
-    #[error("cannot start the command: {0}")]
+    #[error("cannot start the command")]
     Io(#[from] io::Error),
     /// An argument or variable held a NUL byte (validation should have caught it).
     #[error("argument or variable contains a NUL byte")]
@@ -594,6 +594,18 @@ mod tests {
         assert_eq!(
             program_candidates("./x", OsStr::new("/bin")),
             [PathBuf::from("./x")]
+        );
+    }
+
+    #[test]
+    fn a_spawn_error_names_its_cause_once() {
+        let error = SpawnError::BadCwd {
+            cwd: "/x".into(),
+            source: std::io::Error::from_raw_os_error(libc::ENOENT),
+        };
+        assert_eq!(
+            report::chain(&error),
+            "bad cwd \"/x\": No such file or directory (os error 2)"
         );
     }
 }

@@ -101,6 +101,14 @@ pub fn eventfd_signal(fd: BorrowedFd<'_>) {
     unsafe { libc::write(fd.as_raw_fd(), (&one as *const u64).cast(), 8) };
 }
 
+/// Resets a non-blocking eventfd's counter (after its pollers woke).
+pub fn eventfd_drain(fd: BorrowedFd<'_>) {
+    let mut count: u64 = 0;
+    // SAFETY: reads at most 8 bytes into a live u64; a non-blocking eventfd at zero answers
+    // EAGAIN, which leaves it as it is.
+    unsafe { libc::read(fd.as_raw_fd(), (&mut count as *mut u64).cast(), 8) };
+}
+
 /// Sets or clears `O_NONBLOCK` (one ioctl rather than fcntl's get-then-set).
 pub fn set_nonblocking(fd: BorrowedFd<'_>, on: bool) -> io::Result<()> {
     let mut on = libc::c_int::from(on);

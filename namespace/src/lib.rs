@@ -46,13 +46,7 @@ pub use loop_device::LoopError;
 pub use spec::{SandboxSpec, SpecError};
 pub use sys::{recv_stream, send_stream, SysError};
 
-/// In the sandbox's PID 1: the listening agent socket (bound on the host before entering).
-pub const PID1_LISTEN_FD: i32 = 3;
-/// In the sandbox's PID 1: the connection to the daemon's ready socket, for the hello.
-pub const PID1_READY_FD: i32 = 4;
-/// In the sandbox's PID 1, when the spec has an egress socket: the connection to it, over
-/// which the agent hands the daemon connections ([`send_stream`]).
-pub const PID1_EGRESS_FD: i32 = 5;
+pub use contract::namespace_fds::{PID1_EGRESS_FD, PID1_LISTEN_FD, PID1_READY_FD};
 
 /// Why the sandbox could not be entered.
 #[derive(Debug, thiserror::Error)]
@@ -127,7 +121,10 @@ pub fn enter(
         sys::Forked::Child => {
             drop(parent_end);
             let e = inside(spec, &host_side, &child_end, pid1_argv);
-            eprintln!("guest-init: making the sandbox failed: {}", chain(&e));
+            eprintln!(
+                "guest-init: making the sandbox failed: {}",
+                report::chain(&e)
+            );
             sys::exit_now(125)
         }
     }
@@ -181,15 +178,4 @@ fn inside(
 pub fn harden_pid1() -> Result<(), SysError> {
     sys::set_undumpable()?;
     sys::keep_from_commands(PID1_EGRESS_FD)
-}
-
-fn chain(e: &dyn std::error::Error) -> String {
-    let mut s = e.to_string();
-    let mut cur = e.source();
-    while let Some(c) = cur {
-        s.push_str(": ");
-        s.push_str(&c.to_string());
-        cur = c.source();
-    }
-    s
 }

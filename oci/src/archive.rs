@@ -16,7 +16,7 @@ const MAX_LINK_HOPS: usize = 8;
 #[derive(Debug, thiserror::Error)]
 pub enum ArchiveError {
     /// Reading the spooled archive failed.
-    #[error("reading the archive: {0}")]
+    #[error("reading the archive")]
     Io(#[from] io::Error),
     /// Too many members.
     #[error("the archive has more than {MAX_MEMBERS} members")]

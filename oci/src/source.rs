@@ -39,7 +39,7 @@ pub enum SourceError {
     #[error(transparent)]
     Archive(#[from] ArchiveError),
     /// A JSON document is malformed.
-    #[error("{what} is not valid: {source}")]
+    #[error("{what} is not valid")]
     Json {
         /// Which document.
         what: String,

@@ -39,7 +39,7 @@ pub const MAX_NAME: usize = 128;
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
     /// A file operation on the store failed.
-    #[error("{what} {}: {source}", path.display())]
+    #[error("{what} {}", path.display())]
     Io {
         /// What was being done.
         what: &'static str,
@@ -72,7 +72,7 @@ pub enum StoreError {
         max_bytes: u64,
     },
     /// A layer could not be applied (hostile or malformed content, or a limit reached).
-    #[error("layer {index} of {total} ({digest}): {source}")]
+    #[error("layer {index} of {total} ({digest})")]
     Layer {
         /// Its position, from 1.
         index: usize,

@@ -12,11 +12,11 @@ use serde::{Deserialize, Serialize};
 use crate::error::ShimError;
 
 /// The file's name in the bundle.
-pub const FILE: &str = "crucible-shim.json";
+pub(crate) const FILE: &str = "crucible-shim.json";
 
 /// What one container holds.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct BundleState {
+pub(crate) struct BundleState {
     /// The sandbox, once created.
     pub sandbox: Option<String>,
     /// Where the shim mounted the rootfs, while it is mounted.
@@ -27,12 +27,12 @@ pub struct BundleState {
 
 impl BundleState {
     /// Whether nothing is held any more.
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.sandbox.is_none() && self.rootfs.is_none() && self.private_image.is_none()
     }
 
     /// Reads the bundle's state; a bundle without the file holds nothing.
-    pub fn read(bundle: &Path) -> Result<Self, ShimError> {
+    pub(crate) fn read(bundle: &Path) -> Result<Self, ShimError> {
         let path = bundle.join(FILE);
         match std::fs::read(&path) {
             Ok(bytes) => serde_json::from_slice(&bytes).map_err(|e| {
@@ -45,7 +45,7 @@ impl BundleState {
 
     /// Writes it (atomically: a crash leaves the old or the new file, never half of one), or
     /// removes the file when nothing is held.
-    pub fn write(&self, bundle: &Path) -> Result<(), ShimError> {
+    pub(crate) fn write(&self, bundle: &Path) -> Result<(), ShimError> {
         let path = bundle.join(FILE);
         if self.is_empty() {
             return match std::fs::remove_file(&path) {
@@ -66,7 +66,7 @@ impl BundleState {
 /// Releases what `state` holds: deletes the sandbox, unmounts the rootfs, removes the private
 /// image, recording each step in the bundle as it succeeds. What is already gone counts as
 /// done. Returns the first failure after trying every step.
-pub async fn release(
+pub(crate) async fn release(
     client: &client::Client,
     bundle: &Path,
     state: &mut BundleState,

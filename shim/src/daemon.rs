@@ -4,17 +4,17 @@
 //! starts shims with its own environment, so these are set on containerd.
 
 /// The root daemon's socket.
-pub const DEFAULT_SOCKET: &str = "/run/crucible/crucible.sock";
+pub(crate) const DEFAULT_SOCKET: &str = "/run/crucible/crucible.sock";
 
 /// A client for the daemon the environment names, or why it cannot be made.
-pub fn client_from_env() -> Result<client::Client, String> {
+pub(crate) fn client_from_env() -> Result<client::Client, String> {
     let host = std::env::var("CRUCIBLE_HOST").unwrap_or_else(|_| DEFAULT_SOCKET.into());
     client_for(&host, std::env::var("CRUCIBLE_API_KEY").ok())
 }
 
 /// How long an imported `containerd-` image may go unused before the shim prunes it (at a
 /// container's delete): `CRUCIBLE_SHIM_IMAGE_IDLE` in seconds, default a day; `off` never.
-pub fn image_idle_from_env() -> Result<Option<u64>, String> {
+pub(crate) fn image_idle_from_env() -> Result<Option<u64>, String> {
     image_idle(std::env::var("CRUCIBLE_SHIM_IMAGE_IDLE").ok().as_deref())
 }
 

@@ -32,7 +32,7 @@ pub enum ShimError {
     #[error("{0}")]
     Precondition(String),
     /// The crucible daemon refused or failed a call.
-    #[error("crucible daemon: {0}")]
+    #[error("crucible daemon")]
     Daemon(#[from] client::ClientError),
     /// A local file or mount operation failed.
     #[error("{context}")]
@@ -90,21 +90,9 @@ impl ShimError {
     }
 }
 
-/// The message with its causes, `: `-separated: a ttrpc status carries one string.
-pub fn full_message(error: &dyn std::error::Error) -> String {
-    let mut message = error.to_string();
-    let mut source = error.source();
-    while let Some(cause) = source {
-        message.push_str(": ");
-        message.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    message
-}
-
 impl From<ShimError> for ttrpc::Error {
     fn from(error: ShimError) -> Self {
-        ttrpc::Error::RpcStatus(ttrpc::get_status(error.code(), full_message(&error)))
+        ttrpc::Error::RpcStatus(ttrpc::get_status(error.code(), report::chain(&error)))
     }
 }
 
@@ -138,8 +126,22 @@ mod tests {
             "opening /b/config.json",
             std::io::Error::from_raw_os_error(libc::ENOENT),
         );
-        let message = full_message(&error);
+        let message = report::chain(&error);
         assert!(message.starts_with("opening /b/config.json: "), "{message}");
         assert!(message.contains("No such file"), "{message}");
+    }
+
+    #[test]
+    fn the_status_message_names_each_cause_once() {
+        let error = ShimError::Daemon(client::ClientError::Connect {
+            endpoint: "unix:/run/crucible.sock".into(),
+            source: std::io::Error::new(std::io::ErrorKind::NotFound, "no such socket"),
+        });
+        assert_eq!(error.to_string(), "crucible daemon");
+        assert_eq!(
+            report::chain(&error),
+            "crucible daemon: cannot connect to the crucible daemon at unix:/run/crucible.sock: \
+             no such socket"
+        );
     }
 }

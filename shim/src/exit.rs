@@ -4,11 +4,11 @@ use wire::ExecResult;
 
 /// What containerd itself reports for a process whose end is unknown (`cleanupAfterDeadShim`):
 /// the exec was lost (the sandbox died, the daemon restarted) or never started.
-pub const UNKNOWN_EXIT: u32 = 255;
+pub(crate) const UNKNOWN_EXIT: u32 = 255;
 
 /// The shell convention runc follows: the exit code, or 128 + the signal that killed the
 /// process.
-pub fn exit_status(result: &ExecResult) -> u32 {
+pub(crate) fn exit_status(result: &ExecResult) -> u32 {
     if !result.signal.is_empty() {
         return wire::signal_number(&result.signal)
             .and_then(|n| u32::try_from(n).ok())

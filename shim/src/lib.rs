@@ -4,18 +4,21 @@
 
 #![forbid(unsafe_code)]
 
-pub mod bundle_state;
-pub mod daemon;
-pub mod error;
-pub mod events;
-pub mod exit;
-pub mod metrics;
-pub mod process;
-pub mod rootfs;
-pub mod service;
-pub mod shim;
-pub mod spec;
-pub mod stdio;
+mod bundle_state;
+mod daemon;
+mod error;
+mod events;
+mod exit;
+mod metrics;
+mod process;
+mod rootfs;
+mod service;
+mod shim;
+mod spec;
+mod stdio;
+
+pub use rootfs::IMAGE_PREFIX;
+pub use shim::CrucibleShim;
 
 /// The runtime name containerd is configured with (`runtime_type`); the binary's name,
 /// `containerd-shim-crucible-v2`, follows from it.

@@ -11,5 +11,5 @@ async fn main() {
         no_sub_reaper: true,
         ..Config::default()
     };
-    containerd_shim::run::<shim::shim::CrucibleShim>(shim::RUNTIME_ID, Some(config)).await;
+    containerd_shim::run::<shim::CrucibleShim>(shim::RUNTIME_ID, Some(config)).await;
 }

@@ -8,12 +8,14 @@ use containerd_shim::protos::protobuf::MessageField;
 
 use crate::error::ShimError;
 
-/// The type URL `ctr task metrics` and the CRI plugin accept (no `type.googleapis.com/`).
-pub const METRICS_TYPE_URL: &str = "io.containerd.cgroups.v1.Metrics";
+/// The type URL `ctr task metrics` and the CRI plugin accept (no `type.googleapis.com/`):
+/// `convert_to_any` sets it; the test checks it does.
+#[cfg(test)]
+const METRICS_TYPE_URL: &str = "io.containerd.cgroups.v1.Metrics";
 
 /// The metrics for `stats`. Memory and CPU usage are always set: `ctr task metrics` reads both
 /// without checking.
-pub fn metrics(stats: &wire::SandboxStats) -> Metrics {
+pub(crate) fn metrics(stats: &wire::SandboxStats) -> Metrics {
     Metrics {
         memory: MessageField::some(MemoryStat {
             usage: MessageField::some(MemoryEntry {
@@ -47,7 +49,7 @@ pub fn metrics(stats: &wire::SandboxStats) -> Metrics {
 }
 
 /// [`metrics`] packed as the `Any` a `StatsResponse` carries.
-pub fn metrics_any(stats: &wire::SandboxStats) -> Result<Any, ShimError> {
+pub(crate) fn metrics_any(stats: &wire::SandboxStats) -> Result<Any, ShimError> {
     containerd_shim::util::convert_to_any(Box::new(metrics(stats)))
         .map_err(|e| ShimError::shim("encoding the metrics", e))
 }

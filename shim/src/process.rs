@@ -12,7 +12,7 @@ use crate::stdio::Output;
 
 /// The stdio paths containerd gave for a process.
 #[derive(Debug, Clone, Default)]
-pub struct StdioPaths {
+pub(crate) struct StdioPaths {
     /// The stdin FIFO, or empty.
     pub stdin: String,
     /// The stdout FIFO (or `file://` URI), or empty.
@@ -23,7 +23,7 @@ pub struct StdioPaths {
 
 /// How a process ended.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Exited {
+pub(crate) struct Exited {
     /// The status containerd reports (exit code, or 128 + signal).
     pub status: u32,
     /// When.
@@ -32,7 +32,7 @@ pub struct Exited {
 
 /// A process of the container.
 #[derive(Debug)]
-pub struct Process {
+pub(crate) struct Process {
     /// What it runs.
     pub request: ExecRequest,
     /// Its stdio.
@@ -47,7 +47,7 @@ pub struct Process {
 
 impl Process {
     /// A process not started yet.
-    pub fn new(request: ExecRequest, stdio: StdioPaths) -> Self {
+    pub(crate) fn new(request: ExecRequest, stdio: StdioPaths) -> Self {
         Process {
             request,
             stdio,
@@ -58,17 +58,17 @@ impl Process {
     }
 
     /// How it ended, once it has.
-    pub fn exited(&self) -> Option<Exited> {
+    pub(crate) fn exited(&self) -> Option<Exited> {
         self.exited.borrow().clone()
     }
 
     /// A receiver that sees the end.
-    pub fn subscribe(&self) -> watch::Receiver<Option<Exited>> {
+    pub(crate) fn subscribe(&self) -> watch::Receiver<Option<Exited>> {
         self.exited.subscribe()
     }
 
     /// Records the end and wakes every waiter.
-    pub fn set_exited(&mut self, exited: Exited) {
+    pub(crate) fn set_exited(&mut self, exited: Exited) {
         self.status = Status::STOPPED;
         self.stdin_hold = None;
         self.exited.send_replace(Some(exited));
@@ -76,7 +76,7 @@ impl Process {
 }
 
 /// What a started process is connected to.
-pub struct Io {
+pub(crate) struct Io {
     /// The interactive exec session.
     pub session: client::Session,
     /// Where stdout goes.
@@ -101,7 +101,7 @@ impl std::fmt::Debug for Io {
 /// becomes a lost exec (`exit_code: -1` and `error`). Output is written with backpressure: a
 /// client that reads slowly slows the command. When this returns, stdout and stderr are
 /// closed (the client waits for their end-of-file before it deletes the process).
-pub async fn relay(io: Io) -> ExecResult {
+pub(crate) async fn relay(io: Io) -> ExecResult {
     let Io {
         session,
         mut stdout,
@@ -125,7 +125,10 @@ pub async fn relay(io: Io) -> ExecResult {
                     }
                     Some(Ok(client::ExecEvent::Exit(result))) => break result,
                     Some(Err(e)) => {
-                        break ExecResult::failed(format!("the exec session broke off: {e}"))
+                        break ExecResult::failed(format!(
+                            "the exec session broke off: {}",
+                            report::chain(&e)
+                        ))
                     }
                     None => break ExecResult::failed("the exec session ended without an exit"),
                 }

@@ -16,14 +16,14 @@ use sha2::{Digest, Sha256};
 use crate::error::ShimError;
 
 /// Where the shim mounts the rootfs, inside the bundle (as runc's shim does).
-pub const ROOTFS_DIR: &str = "rootfs";
+pub(crate) const ROOTFS_DIR: &str = "rootfs";
 /// Every image the shim makes starts with this, so an operator can tell them apart.
 pub const IMAGE_PREFIX: &str = "containerd-";
 
 /// The read-only layer directories a rootfs is made of, top first, and the container's own
 /// writable directory on top of them, when the mounts are that simple.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Layers {
+pub(crate) struct Layers {
     /// The committed layers (overlay `lowerdir=`, top first; or a read-only bind's source).
     pub lower: Vec<PathBuf>,
     /// The container's writable layer (`upperdir=`), if any.
@@ -33,7 +33,7 @@ pub struct Layers {
 /// The layers of `mounts` when they are one overlay (or one read-only bind) of absolute
 /// directories; `None` for anything else (several mounts, other filesystems, relative paths),
 /// which then gets an image of its own.
-pub fn layers(mounts: &[Mount]) -> Option<Layers> {
+pub(crate) fn layers(mounts: &[Mount]) -> Option<Layers> {
     let [mount] = mounts else {
         return None;
     };
@@ -66,7 +66,7 @@ pub fn layers(mounts: &[Mount]) -> Option<Layers> {
 
 /// The image name for layers known by `identities` (one line per layer, top first):
 /// `containerd-` and 32 hex digits of their SHA-256.
-pub fn image_name(identities: &[String]) -> String {
+pub(crate) fn image_name(identities: &[String]) -> String {
     let mut hash = Sha256::new();
     for identity in identities {
         hash.update(identity.as_bytes());
@@ -94,7 +94,7 @@ fn layer_identity(dir: &Path) -> Result<String, ShimError> {
 
 /// Which image a container's rootfs becomes.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ImageChoice {
+pub(crate) struct ImageChoice {
     /// The image's name in the daemon.
     pub name: String,
     /// Whether other containers may share it (made of committed layers only): then it is kept
@@ -105,7 +105,11 @@ pub struct ImageChoice {
 /// The image for a container with these rootfs mounts. A container whose writable layer
 /// already holds files (a restarted container's snapshot) gets an image of its own, as does
 /// anything [`layers`] does not understand.
-pub fn choose_image(mounts: &[Mount], namespace: &str, id: &str) -> Result<ImageChoice, ShimError> {
+pub(crate) fn choose_image(
+    mounts: &[Mount],
+    namespace: &str,
+    id: &str,
+) -> Result<ImageChoice, ShimError> {
     if let Some(layers) = layers(mounts) {
         let upper_empty = match &layers.upper {
             None => true,
@@ -133,7 +137,7 @@ pub fn choose_image(mounts: &[Mount], namespace: &str, id: &str) -> Result<Image
 }
 
 /// Mounts `mounts` in order at `target` (created `0711`, as runc's shim does).
-pub async fn mount(mounts: &[Mount], target: &Path) -> Result<(), ShimError> {
+pub(crate) async fn mount(mounts: &[Mount], target: &Path) -> Result<(), ShimError> {
     containerd_shim::util::mkdir(target, 0o711)
         .await
         .map_err(|e| ShimError::shim(format!("creating {}", target.display()), e))?;
@@ -156,7 +160,7 @@ pub async fn mount(mounts: &[Mount], target: &Path) -> Result<(), ShimError> {
 }
 
 /// Unmounts everything at and below `target`; nothing mounted there is fine.
-pub async fn unmount(target: &Path) -> Result<(), ShimError> {
+pub(crate) async fn unmount(target: &Path) -> Result<(), ShimError> {
     let path = target
         .to_str()
         .ok_or_else(|| ShimError::Invalid(format!("{} is not UTF-8", target.display())))?
@@ -170,7 +174,11 @@ pub async fn unmount(target: &Path) -> Result<(), ShimError> {
 
 /// Streams the tree at `dir` to the daemon as image `name` (a rootfs tarball: owners, modes,
 /// links kept; device nodes and sockets left out, a sandbox has its own `/dev`).
-pub async fn import(client: &client::Client, name: &str, dir: &Path) -> Result<(), ShimError> {
+pub(crate) async fn import(
+    client: &client::Client,
+    name: &str,
+    dir: &Path,
+) -> Result<(), ShimError> {
     let (writer, reader) = tokio::io::duplex(256 * 1024);
     let root = dir.to_path_buf();
     let tarring = tokio::task::spawn_blocking(move || -> std::io::Result<()> {

@@ -5,6 +5,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
 use std::sync::Arc;
 
+use api_types::CreateSandbox;
 use async_trait::async_trait;
 use containerd_shim::api::{
     CloseIORequest, ConnectRequest, ConnectResponse, CreateTaskRequest, CreateTaskResponse,
@@ -22,7 +23,7 @@ use containerd_shim::protos::protobuf::MessageField;
 use containerd_shim::protos::shim_async::Task;
 use containerd_shim::{ExitSignal, TtrpcContext, TtrpcResult};
 use tokio::sync::Mutex;
-use wire::{CreateSandbox, ExecRequest};
+use wire::ExecRequest;
 
 use crate::bundle_state::{self, BundleState};
 use crate::error::ShimError;
@@ -35,11 +36,11 @@ use crate::{rootfs, spec, stdio};
 /// the daemon; containerd then sees its processes exit.
 const SANDBOX_TTL_S: u64 = 7 * 24 * 3600;
 /// Labels the shim puts on its sandboxes, so an operator (and `delete`) can find them.
-pub const LABEL_ID: &str = "containerd.id";
+pub(crate) const LABEL_ID: &str = "containerd.id";
 /// The containerd namespace.
-pub const LABEL_NAMESPACE: &str = "containerd.namespace";
+pub(crate) const LABEL_NAMESPACE: &str = "containerd.namespace";
 /// The bundle: unique per containerd state directory and container.
-pub const LABEL_BUNDLE: &str = "containerd.bundle";
+pub(crate) const LABEL_BUNDLE: &str = "containerd.bundle";
 
 /// The container of this shim.
 #[derive(Debug)]
@@ -399,7 +400,10 @@ impl Inner {
         if orphans {
             if let Ok(client) = self.client() {
                 if let Err(e) = client.signal(&sandbox, libc::SIGKILL).await {
-                    log::warn!("killing the processes left in {sandbox}: {e}");
+                    log::warn!(
+                        "killing the processes left in {sandbox}: {}",
+                        report::chain(&e)
+                    );
                 }
             }
         }
@@ -634,7 +638,7 @@ impl Inner {
                 pruned.removed
             ),
             Ok(_) => {}
-            Err(e) => log::warn!("pruning idle images: {e}"),
+            Err(e) => log::warn!("pruning idle images: {}", report::chain(&e)),
         }
     }
 

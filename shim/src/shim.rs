@@ -101,11 +101,11 @@ impl Shim for CrucibleShim {
 /// and containerd runs this again only if it runs the shim again.
 async fn clean_up(client: &client::Client, bundle: &std::path::Path) {
     let mut held = BundleState::read(bundle).unwrap_or_else(|e| {
-        log::warn!("{e}");
+        log::warn!("{}", report::chain(&e));
         BundleState::default()
     });
     if let Err(e) = bundle_state::release(client, bundle, &mut held).await {
-        log::warn!("cleaning up {}: {e}", bundle.display());
+        log::warn!("cleaning up {}: {}", bundle.display(), report::chain(&e));
     }
     let bundle_label = bundle.display().to_string();
     match client.list().await {
@@ -116,10 +116,10 @@ async fn clean_up(client: &client::Client, bundle: &std::path::Path) {
             {
                 match client.delete(&sandbox.id).await {
                     Ok(()) | Err(client::ClientError::Api { status: 404, .. }) => {}
-                    Err(e) => log::warn!("deleting sandbox {}: {e}", sandbox.id),
+                    Err(e) => log::warn!("deleting sandbox {}: {}", sandbox.id, report::chain(&e)),
                 }
             }
         }
-        Err(e) => log::warn!("listing sandboxes: {e}"),
+        Err(e) => log::warn!("listing sandboxes: {}", report::chain(&e)),
     }
 }

@@ -19,14 +19,14 @@ const VCPUS: (u32, u32) = (1, 16);
 /// `memory_mib` for a cgroup memory limit in bytes: rounded up to whole MiB and clamped to what
 /// the daemon accepts. No limit (absent, 0 or negative, as `-1` means unlimited) leaves the
 /// daemon's default.
-pub fn memory_mib(limit_bytes: Option<i64>) -> Option<u64> {
+pub(crate) fn memory_mib(limit_bytes: Option<i64>) -> Option<u64> {
     let limit = u64::try_from(limit_bytes?).ok().filter(|&l| l > 0)?;
     Some(limit.div_ceil(MIB).clamp(MEMORY_MIB.0, MEMORY_MIB.1))
 }
 
 /// `vcpus` for a CFS quota and period: whole CPUs, rounded up (`--cpus 0.5` → 1). No quota (or
 /// `-1`, unlimited) leaves the daemon's default.
-pub fn vcpus(quota: Option<i64>, period: Option<u64>) -> Option<u32> {
+pub(crate) fn vcpus(quota: Option<i64>, period: Option<u64>) -> Option<u32> {
     let quota = u64::try_from(quota?).ok().filter(|&q| q > 0)?;
     let period = period.filter(|&p| p > 0).unwrap_or(100_000);
     let cpus = u32::try_from(quota.div_ceil(period)).unwrap_or(u32::MAX);
@@ -34,7 +34,7 @@ pub fn vcpus(quota: Option<i64>, period: Option<u64>) -> Option<u32> {
 }
 
 /// The limits of a container's spec, as `(memory_mib, vcpus)`.
-pub fn limits(spec: &Spec) -> (Option<u64>, Option<u32>) {
+pub(crate) fn limits(spec: &Spec) -> (Option<u64>, Option<u32>) {
     let resources = spec.linux().as_ref().and_then(|l| l.resources().as_ref());
     let memory = resources
         .and_then(|r| r.memory().as_ref())
@@ -49,14 +49,14 @@ pub fn limits(spec: &Spec) -> (Option<u64>, Option<u32>) {
 /// The sandbox's `user` for the spec's process user: `uid:gid`, or `None` for root (the
 /// default). Supplementary groups (`additionalGids`) are not carried: the daemon's `user`
 /// takes a user and a group.
-pub fn user(spec: &Spec) -> Option<String> {
+pub(crate) fn user(spec: &Spec) -> Option<String> {
     let user = spec.process().as_ref()?.user();
     (user.uid() != 0 || user.gid() != 0).then(|| format!("{}:{}", user.uid(), user.gid()))
 }
 
 /// `KEY=value` entries as a map; an entry without `=` or with an empty key is left out (it
 /// cannot be set with `execve`'s environment either). A later duplicate wins, as with `env`.
-pub fn env_map(entries: &[String]) -> BTreeMap<String, String> {
+pub(crate) fn env_map(entries: &[String]) -> BTreeMap<String, String> {
     entries
         .iter()
         .filter_map(|entry| entry.split_once('='))
@@ -67,7 +67,7 @@ pub fn env_map(entries: &[String]) -> BTreeMap<String, String> {
 
 /// The daemon's `exec_id` for a container's process: `init` for the container's own, `x.` and
 /// containerd's exec id for the others (so the two never collide).
-pub fn daemon_exec_id(exec_id: &str) -> String {
+pub(crate) fn daemon_exec_id(exec_id: &str) -> String {
     if exec_id.is_empty() {
         "init".to_string()
     } else {
@@ -77,7 +77,7 @@ pub fn daemon_exec_id(exec_id: &str) -> String {
 
 /// The exec request that runs an OCI process in the sandbox as containerd's `exec_id` (empty
 /// for the container's own process). A terminal is refused: the agent's sessions are pipes.
-pub fn exec_request(process: &Process, exec_id: &str) -> Result<ExecRequest, ShimError> {
+pub(crate) fn exec_request(process: &Process, exec_id: &str) -> Result<ExecRequest, ShimError> {
     if process.terminal() == Some(true) {
         return Err(ShimError::Unsupported("terminals are"));
     }
@@ -94,6 +94,7 @@ pub fn exec_request(process: &Process, exec_id: &str) -> Result<ExecRequest, Shi
         .to_string();
     let user = process.user();
     let request = ExecRequest {
+        on_disconnect: None,
         cmd: args,
         env: env_map(process.env().as_deref().unwrap_or_default()),
         cwd,
@@ -127,7 +128,7 @@ pub fn exec_request(process: &Process, exec_id: &str) -> Result<ExecRequest, Shi
 
 /// The process of an exec request's spec (`ExecProcessRequest.spec`: JSON, as containerd
 /// registers `specs.Process`).
-pub fn exec_process(json: &[u8]) -> Result<Process, ShimError> {
+pub(crate) fn exec_process(json: &[u8]) -> Result<Process, ShimError> {
     serde_json::from_slice(json)
         .map_err(|e| ShimError::Invalid(format!("the exec spec is not an OCI process: {e}")))
 }

@@ -9,12 +9,12 @@ use tokio::net::unix::pipe;
 use crate::error::ShimError;
 
 /// Where one output stream goes.
-pub type Output = Box<dyn AsyncWrite + Send + Unpin>;
+pub(crate) type Output = Box<dyn AsyncWrite + Send + Unpin>;
 
 /// Opens an output destination. A FIFO is opened read-write, as runc's shim keeps a read end:
 /// the open never waits for the client, and a client that goes away (containerd restarting)
 /// does not turn the command's next write into `EPIPE`. Empty means none.
-pub async fn open_output(uri: &str) -> Result<Option<Output>, ShimError> {
+pub(crate) async fn open_output(uri: &str) -> Result<Option<Output>, ShimError> {
     if uri.is_empty() {
         return Ok(None);
     }
@@ -43,7 +43,7 @@ pub async fn open_output(uri: &str) -> Result<Option<Output>, ShimError> {
 /// The read side of a stdin FIFO, and the write end the shim holds so that the command does
 /// not see end-of-file before containerd says so (`CloseIO`): the client may open and close
 /// its own end at any time.
-pub struct Stdin {
+pub(crate) struct Stdin {
     /// What the command reads.
     pub reader: Box<dyn AsyncRead + Send + Unpin>,
     /// Dropping it (at `CloseIO`) lets the reader reach end-of-file once the client's end
@@ -58,7 +58,7 @@ impl std::fmt::Debug for Stdin {
 }
 
 /// Opens a stdin FIFO; empty means none.
-pub fn open_stdin(path: &str) -> Result<Option<Stdin>, ShimError> {
+pub(crate) fn open_stdin(path: &str) -> Result<Option<Stdin>, ShimError> {
     if path.is_empty() {
         return Ok(None);
     }

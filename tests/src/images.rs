@@ -83,7 +83,7 @@ pub async fn import_file(
     client: &client::Client,
     name: &str,
     path: &Path,
-) -> Result<wire::ImageInfo, client::ClientError> {
+) -> Result<api_types::ImageInfo, client::ClientError> {
     let file = tokio::fs::File::open(path).await.expect("open the archive");
     client.import_image(name, file).await
 }
@@ -93,7 +93,7 @@ pub async fn import_file(
 pub async fn import_two_layer(
     client: &client::Client,
     name: &str,
-) -> Result<wire::ImageInfo, client::ClientError> {
+) -> Result<api_types::ImageInfo, client::ClientError> {
     let dir = tempfile::tempdir().expect("tempdir");
     let archive = dir.path().join("image.tar");
     write::oci_archive(&archive, &two_layer_image(true)).expect("write the OCI archive");

@@ -102,7 +102,7 @@ pub fn mounts_under(dir: &Path) -> Vec<String> {
 /// Files left under a daemon's per-sandbox state: runtime directories (with their sockets) and
 /// logs.
 pub fn state_files(state_dir: &Path) -> Vec<PathBuf> {
-    ["sandboxes", "logs"]
+    ["sandboxes", "logs", "records"]
         .iter()
         .filter_map(|sub| std::fs::read_dir(state_dir.join(sub)).ok())
         .flat_map(|d| d.flatten().map(|e| e.path()))
@@ -229,7 +229,7 @@ pub async fn assert_nothing_held(state_dir: &Path, parent: &str) {
 /// the new sandbox's id.
 pub async fn assert_a_new_sandbox_works(c: &client::Client) -> String {
     let fresh = c
-        .create(&wire::CreateSandbox::default())
+        .create(&api_types::CreateSandbox::default())
         .await
         .expect("a new sandbox can be created")
         .id;

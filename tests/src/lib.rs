@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use api::server::BackgroundDaemon;
-use api::state::AppState;
+use api::Edge;
 use api::{ApiKeys, ServeConfig};
 
 pub mod host_net;
@@ -31,6 +31,23 @@ pub fn image_dir() -> PathBuf {
     dir
 }
 
+/// The `crucible-vmm` the microVM tests run: `$CRUCIBLE_VMM` when set (the nested tier may
+/// point it at the static build), else the one `cargo test --workspace` built. Fails, saying
+/// how to build it, when it is missing.
+pub fn vmm_binary() -> PathBuf {
+    let vmm = std::env::var_os("CRUCIBLE_VMM")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/debug/crucible-vmm")
+        });
+    assert!(
+        vmm.is_file(),
+        "{} missing: cargo build -p crucible-vmm (cargo test --workspace builds it)",
+        vmm.display()
+    );
+    vmm
+}
+
 /// Whether this host can run namespace sandboxes; the tests require it and fail otherwise.
 pub fn require_root() {
     let uid = std::fs::metadata("/proc/self")
@@ -51,7 +68,7 @@ pub struct TestDaemon {
     /// The TCP address, when configured.
     pub tcp: Option<SocketAddr>,
     /// The daemon's state, for inspection.
-    pub state: Arc<AppState>,
+    pub state: Arc<Edge>,
     daemon: BackgroundDaemon,
     _dir: tempfile::TempDir,
 }
@@ -71,9 +88,9 @@ impl TestDaemon {
             .expect("temp dir");
         let mut config = ServeConfig::new(image_dir());
         config.unix_socket = Some(dir.path().join("crucible.sock"));
-        config.state_dir = dir.path().join("state");
-        config.storage.data_dir = dir.path().join("data");
-        config.cgroup_parent = format!(
+        config.engine.state_dir = dir.path().join("state");
+        config.engine.storage.data_dir = dir.path().join("data");
+        config.engine.cgroup_parent = format!(
             "crucible-test-{}-{}",
             std::process::id(),
             NEXT.fetch_add(1, Ordering::Relaxed)
@@ -94,22 +111,27 @@ impl TestDaemon {
     /// `configure`. Fails, saying how to build them, without the image's kernel or
     /// `crucible-vmm`.
     pub fn start_qemu_tcg(configure: impl FnOnce(&mut ServeConfig)) -> Self {
+        Self::start_microvm(api_types::Hypervisor::QemuTcg, configure)
+    }
+
+    /// A daemon whose sandboxes are microVMs on `hypervisor` (our own `crucible-vmm` needs
+    /// hardware KVM, or the nested tier), adjusted by `configure`. Fails, saying how to build
+    /// them, without the image's kernel or `crucible-vmm`.
+    pub fn start_microvm(
+        hypervisor: api_types::Hypervisor,
+        configure: impl FnOnce(&mut ServeConfig),
+    ) -> Self {
         let kernel = image_dir().join("vmlinux");
         assert!(
             kernel.is_file(),
-            "{} missing: the qemu-tcg tests boot the image's kernel; run `cargo xtask build-image`",
+            "{} missing: the microVM tests boot the image's kernel; run `cargo xtask build-image`",
             kernel.display()
         );
-        let vmm = Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/debug/crucible-vmm");
-        assert!(
-            vmm.is_file(),
-            "{} missing: cargo build -p crucible-vmm (cargo test --workspace builds it)",
-            vmm.display()
-        );
+        let vmm = vmm_binary();
         Self::start_with(|c| {
-            c.vmm_binary = vmm;
-            c.hypervisor = wire::Hypervisor::QemuTcg;
-            c.default_backend = Some(wire::BackendKind::Microvm);
+            c.engine.vmm_binary = vmm;
+            c.engine.hypervisor = hypervisor;
+            c.engine.default_backend = Some(api_types::BackendKind::Microvm);
             configure(c);
         })
     }
@@ -122,7 +144,7 @@ impl TestDaemon {
     /// Creates a sandbox with the defaults and returns its id.
     pub async fn sandbox(&self) -> String {
         self.client()
-            .create(&wire::CreateSandbox::default())
+            .create(&api_types::CreateSandbox::default())
             .await
             .expect("creating a sandbox")
             .id

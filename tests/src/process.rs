@@ -88,15 +88,28 @@ impl DaemonProcess {
 
     /// A daemon in `home`, which may hold what an earlier daemon left.
     pub async fn start_in(home: &DaemonHome, options: &[&str]) -> Self {
+        Self::start_logging(home, options, None).await
+    }
+
+    /// [`DaemonProcess::start_in`], its log (stderr, `info` and up) appended to `log` when given.
+    pub async fn start_logging(home: &DaemonHome, options: &[&str], log: Option<&Path>) -> Self {
         let socket = home.socket();
-        let child = Command::new(daemon_binary())
+        let mut command = Command::new(daemon_binary());
+        command
             .arg(&socket)
             .arg(home.state_dir())
             .arg(&home.cgroup_parent)
             .args(options)
-            .env("CRUCIBLE_LOG", "warn")
-            .spawn()
-            .expect("start crucible-test-daemon");
+            .env("CRUCIBLE_LOG", "warn");
+        if let Some(log) = log {
+            let file = std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(log)
+                .expect("the daemon's log");
+            command.stderr(file).env("CRUCIBLE_LOG", "info");
+        }
+        let child = command.spawn().expect("start crucible-test-daemon");
         let daemon = DaemonProcess {
             child,
             socket: socket.clone(),

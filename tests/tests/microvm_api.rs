@@ -1,18 +1,25 @@
-//! The daemon on the microVM backend. The full run needs a host whose KVM can boot our kernel
-//! (hardware KVM); the clear refusal can be checked only where it cannot. `tests/build.rs` sets
-//! `crucible_hardware_kvm` from the host probe, so on each host exactly one of the two runs and
-//! the other is reported as ignored, with its reason; `CRUCIBLE_REQUIRE_KVM=1` sets it whatever
-//! the host, so the full run is mandatory (and fails on a host without hardware KVM).
+//! The daemon on the microVM backend with our own `crucible-vmm`: the microVM suite
+//! (`microvm_suite/mod.rs`, which `microvm_qemu_tcg.rs` runs on QEMU TCG). It needs a host
+//! whose KVM boots our kernel (hardware KVM); on any other host `cargo xtask nested` runs this
+//! binary inside an L1 Linux with `kvm_amd` under QEMU TCG, every case included. The clear
+//! refusal can be checked only where KVM cannot boot the image. `tests/build.rs` sets
+//! `crucible_hardware_kvm` from the host probe, so on each host one side runs and the other is
+//! reported as ignored, with its reason; `CRUCIBLE_REQUIRE_KVM=1` sets it whatever the host, so
+//! the suite is mandatory (and fails on a host without hardware KVM).
 
-use std::path::Path;
+mod microvm_suite;
 
+use api_types::{BackendKind, CreateSandbox, Hypervisor};
 use client::ClientError;
 use harness::TestDaemon;
-use wire::{BackendKind, CreateSandbox, ExecRequest, SandboxState};
 
-fn vmm_binary() -> std::path::PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/debug/crucible-vmm")
-}
+microvm_suite::microvm_suite!(
+    Hypervisor::CrucibleVmm,
+    #[cfg_attr(
+        not(crucible_hardware_kvm),
+        ignore = "needs hardware KVM (kvm_intel/kvm_amd) to boot the image; on other hosts `cargo xtask nested` runs it inside a nested-KVM L1"
+    )]
+);
 
 #[tokio::test]
 #[cfg_attr(
@@ -20,8 +27,8 @@ fn vmm_binary() -> std::path::PathBuf {
     ignore = "this host boots the image (hardware KVM, or CRUCIBLE_REQUIRE_KVM=1): nothing is refused"
 )]
 async fn microvm_requests_are_refused_clearly_where_kvm_cannot_boot_the_image() {
-    let report = api::host::inspect();
-    let reason = api::host::kvm_unavailable_reason(&report).unwrap_or_else(|| {
+    let report = engine::host::inspect();
+    let reason = engine::host::kvm_unavailable_reason(&report).unwrap_or_else(|| {
         panic!(
             "built for a host without hardware KVM, but this one is {}: rebuild the tests",
             report.kvm
@@ -53,56 +60,4 @@ async fn microvm_requests_are_refused_clearly_where_kvm_cannot_boot_the_image() 
         .await
         .expect("create");
     assert_eq!(sandbox.backend, BackendKind::Namespace);
-}
-
-#[tokio::test]
-#[cfg_attr(
-    not(crucible_hardware_kvm),
-    ignore = "needs hardware KVM (kvm_intel/kvm_amd) to boot the image; CRUCIBLE_REQUIRE_KVM=1 runs it anyway"
-)]
-async fn microvm_sandbox_runs_commands_end_to_end() {
-    let report = api::host::inspect();
-    if let Some(reason) = api::host::kvm_unavailable_reason(&report) {
-        panic!("the microVM backend cannot run here: {reason}");
-    }
-    let binary = vmm_binary();
-    assert!(
-        binary.is_file(),
-        "{} missing: cargo build -p crucible-vmm",
-        binary.display()
-    );
-    let daemon = TestDaemon::start_with(|c| c.vmm_binary = binary);
-    let c = daemon.client();
-    let sandbox = c
-        .create(&CreateSandbox {
-            backend: Some(BackendKind::Microvm),
-            env: [("FROM_SANDBOX".into(), "vm".into())].into(),
-            ..Default::default()
-        })
-        .await
-        .expect("a microVM sandbox boots");
-    assert_eq!(sandbox.state, SandboxState::Running);
-    let out = c
-        .exec_collect(
-            &sandbox.id,
-            &ExecRequest::new(["sh", "-c", "echo $FROM_SANDBOX; cat /proc/1/comm; exit 3"]),
-        )
-        .await
-        .expect("exec");
-    assert_eq!(String::from_utf8_lossy(&out.stdout), "vm\ninit\n");
-    assert_eq!(out.result.exit_code, 3);
-    let mut session = c
-        .interactive(&sandbox.id, &ExecRequest::new(["cat"]))
-        .await
-        .expect("session");
-    session.send_stdin(b"over vsock\n").await.expect("stdin");
-    session.close_stdin().await.expect("close");
-    let mut echoed = Vec::new();
-    while let Some(event) = session.next_event().await {
-        if let client::ExecEvent::Stdout(b) = event.expect("event") {
-            echoed.extend_from_slice(&b);
-        }
-    }
-    assert_eq!(echoed, b"over vsock\n");
-    c.delete(&sandbox.id).await.expect("delete");
 }

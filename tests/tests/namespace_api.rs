@@ -2,14 +2,12 @@
 
 use std::time::Duration;
 
+use api_types::{BackendKind, CreateSandbox, SandboxState};
 use client::{ClientError, ExecEvent};
 use harness::TestDaemon;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::UnixStream;
-use wire::{
-    encode_frames, BackendKind, CreateSandbox, Decoder, Direction, ExecRequest, ExecResult,
-    FrameType, SandboxState,
-};
+use wire::{encode_frames, Decoder, Direction, ExecRequest, ExecResult, FrameType};
 
 /// Sends raw bytes on a new connection and returns everything the daemon sent back.
 async fn raw_exchange(daemon: &TestDaemon, request: &[u8]) -> String {
@@ -364,7 +362,7 @@ async fn docker_style_upgrade_tcp_gets_101_then_the_raw_stream() {
 
 #[tokio::test]
 async fn exec_over_the_concurrency_cap_is_429() {
-    let daemon = TestDaemon::start_with(|c| c.limits.max_execs_per_sandbox = 1);
+    let daemon = TestDaemon::start_with(|c| c.engine.limits.max_execs_per_sandbox = 1);
     let c = daemon.client();
     let id = daemon.sandbox().await;
     let mut first = c

@@ -7,9 +7,10 @@
 
 use std::path::Path;
 
+use api_types::CreateSandbox;
 use harness::TestDaemon;
 use sha2::{Digest, Sha256};
-use wire::{CreateSandbox, ExecRequest};
+use wire::ExecRequest;
 
 const BUILD_SH: &str = r#"set -eu
 mkdir -p out

@@ -4,8 +4,8 @@
 
 use std::path::PathBuf;
 
+use api_types::CreateSandbox;
 use harness::{sh, TestDaemon};
-use wire::CreateSandbox;
 
 /// The debootstrapped tree the CI's Debian image build recorded in its manifest
 /// (`$CRUCIBLE_DEBIAN_IMAGE`, else `target/crucible/debian`). Fails, saying how to build it,

@@ -5,10 +5,10 @@
 
 use std::sync::Arc;
 
+use api_types::{CreateSandbox, NetworkRequest};
 use harness::host_net::{http_response, random_bytes, HostServer};
 use harness::{sh, TestDaemon};
 use sha2::{Digest, Sha256};
-use wire::{CreateSandbox, NetworkRequest};
 
 fn hex_sha256(data: &[u8]) -> String {
     Sha256::digest(data)
@@ -242,7 +242,7 @@ async fn a_hostile_sandbox_cannot_take_the_uplink_or_exhaust_the_daemon() {
         "for i in $(seq {n}); do sleep 4 | nc 127.0.0.1 3128 > /tmp/c$i 2>&1 & done; \
          sleep 2; grep -l '^HTTP/1.1 429' /tmp/c* | wc -l; wait; \
          wget -q -O- http://127.0.0.1:{port}/",
-        n = api::egress::MAX_CONNECTIONS_PER_SANDBOX + 20,
+        n = egress::MAX_CONNECTIONS_PER_SANDBOX + 20,
         port = server.port
     );
     let (out, err, code) = sh(&c, &id, &script).await;

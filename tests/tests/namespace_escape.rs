@@ -12,8 +12,9 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
+use api_types::CreateSandbox;
 use harness::TestDaemon;
-use wire::{CreateSandbox, ExecRequest};
+use wire::ExecRequest;
 
 struct Sandbox {
     daemon: TestDaemon,
@@ -269,7 +270,7 @@ async fn sandbox_root_is_an_unprivileged_host_user_of_a_range_of_its_own() {
 
 #[tokio::test]
 async fn nothing_a_sandbox_writes_reaches_the_host_disk() {
-    let daemon = TestDaemon::start_with(|c| c.limits.scratch_mib = 256);
+    let daemon = TestDaemon::start_with(|c| c.engine.limits.scratch_mib = 256);
     let state_dir = daemon.state.config.state_dir.clone();
     let sb = Sandbox::with_daemon(daemon).await;
     // Every writable mount is memory (tmpfs, or the overlay whose upper layer is the tmpfs),

@@ -11,6 +11,7 @@
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
+use api_types::{CreateSandbox, SandboxState};
 use client::ExecEvent;
 use harness::leaks::{
     agent_pid, assert_a_new_sandbox_works, assert_sandbox_released, assert_stall_buffered_nothing,
@@ -21,7 +22,7 @@ use harness::TestDaemon;
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 use sha2::{Digest, Sha256};
-use wire::{CreateSandbox, ExecRequest, SandboxState};
+use wire::ExecRequest;
 
 #[tokio::test]
 async fn killing_the_sandbox_mid_exec_ends_the_stream_with_a_synthesized_exit_frame() {
@@ -80,34 +81,65 @@ async fn killing_the_sandbox_mid_exec_ends_the_stream_with_a_synthesized_exit_fr
 }
 
 #[tokio::test]
-async fn a_client_that_disconnects_mid_stream_kills_the_command() {
+async fn a_client_that_disconnects_mid_stream_leaves_the_command_running_unless_it_asked_to_kill() {
     let daemon = TestDaemon::start();
     let c = daemon.client();
     let id = daemon.sandbox().await;
     let cgroup = memory_cgroup(daemon.cgroup_parent(), &id);
     let before = pids_in(&cgroup).len();
-    let mut stream = c
-        .exec(
-            &id,
-            &ExecRequest::new(["sh", "-c", "echo started; exec sleep 1000"]),
-        )
-        .await
-        .expect("exec");
-    assert!(matches!(
-        stream.next_event().await,
-        Some(Ok(ExecEvent::Stdout(_)))
-    ));
+    let start = |on_disconnect| {
+        let c = c.clone();
+        let id = id.clone();
+        async move {
+            let request = ExecRequest {
+                on_disconnect,
+                ..ExecRequest::new(["sh", "-c", "echo started; exec sleep 1000"])
+            };
+            let mut stream = c.exec(&id, &request).await.expect("exec");
+            assert!(matches!(
+                stream.next_event().await,
+                Some(Ok(ExecEvent::Stdout(_)))
+            ));
+            stream
+        }
+    };
+
+    // `kill`: the command dies with its connection.
+    let stream = start(Some(wire::OnDisconnect::Kill)).await;
     assert!(pids_in(&cgroup).len() > before, "the command runs");
     drop(stream);
     eventually("the command to be killed", || {
         pids_in(&cgroup).len() == before
     })
     .await;
+
+    // The default: it runs on, detached, until the sandbox goes.
+    let stream = start(None).await;
+    let exec_id = stream.exec_id().expect("named").to_string();
+    drop(stream);
+    for _ in 0..200 {
+        if c.exec_status(&id, &exec_id)
+            .await
+            .is_ok_and(|s| !s.attached)
+        {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    let status = c.exec_status(&id, &exec_id).await.expect("still there");
+    assert_eq!(
+        (status.state, status.attached),
+        (wire::ExecState::Running, false)
+    );
+    assert!(pids_in(&cgroup).len() > before, "the command runs on");
+    c.delete(&id).await.expect("delete");
+    let state_dir = daemon.state.config.state_dir.clone();
+    assert_sandbox_released(&state_dir, daemon.cgroup_parent(), &id).await;
 }
 
 #[tokio::test]
 async fn ttl_and_idle_timeout_delete_sandboxes() {
-    let daemon = TestDaemon::start_with(|c| c.limits.idle_timeout_s = 2);
+    let daemon = TestDaemon::start_with(|c| c.engine.limits.idle_timeout_s = 2);
     let c = daemon.client();
     let short = c
         .create(&CreateSandbox {

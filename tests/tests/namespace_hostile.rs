@@ -579,7 +579,7 @@ async fn tar_bombs_are_bounded_and_reported() {
     // A small disk, so that "bigger than the disk" is cheap to send.
     let daemon = TestDaemon::start_with(|c| {
         c.header_timeout = HEADER_TIMEOUT;
-        c.limits.scratch_mib = 16;
+        c.engine.limits.scratch_mib = 16;
     });
     let id = daemon.sandbox().await;
 

@@ -6,11 +6,12 @@
 
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 
+use api_types::CreateSandbox;
 use client::{Client, ClientError, Endpoint};
 use harness::images::{self, REPLACED};
 use harness::{sh, TestDaemon};
 use oci::write::{self, ImageParts, LayerBuilder};
-use wire::{CreateSandbox, ExecRequest};
+use wire::ExecRequest;
 
 fn with_image(name: &str) -> CreateSandbox {
     CreateSandbox {
@@ -188,7 +189,8 @@ async fn images_belong_to_the_key_that_imported_them() {
         .await
         .expect("alice imports");
     // Bob neither sees nor uses alice's image, and his own of the same name is his.
-    let names = |list: Vec<wire::ImageInfo>| list.into_iter().map(|i| i.name).collect::<Vec<_>>();
+    let names =
+        |list: Vec<api_types::ImageInfo>| list.into_iter().map(|i| i.name).collect::<Vec<_>>();
     assert_eq!(names(bob.images().await.expect("list")), ["default"]);
     let refused = bob.create(&with_image("app")).await.expect_err("not his");
     assert!(refused.to_string().contains("unknown image"), "{refused}");
@@ -246,7 +248,7 @@ fn raw_layer(members: &[(&str, tar::EntryType, &[u8], &str)]) -> Vec<u8> {
 
 #[tokio::test]
 async fn hostile_images_are_refused_or_neutralised_with_nothing_written_outside_the_store() {
-    let daemon = TestDaemon::start_with(|c| c.storage.image_max_mib = 64);
+    let daemon = TestDaemon::start_with(|c| c.engine.storage.image_max_mib = 64);
     let c = daemon.client();
     let dir = tempfile::tempdir().expect("tempdir");
     // A host directory an image tries to reach, and a file in it to delete.
@@ -416,7 +418,7 @@ async fn hostile_images_are_refused_or_neutralised_with_nothing_written_outside_
 
 #[tokio::test]
 async fn imports_count_in_the_disk_budget_and_a_refusal_reaches_a_streaming_client() {
-    let daemon = TestDaemon::start_with(|c| c.storage.disk_budget_mib = Some(48));
+    let daemon = TestDaemon::start_with(|c| c.engine.storage.disk_budget_mib = Some(48));
     let c = daemon.client();
     // Small enough to fit: the budget bounds the tree, not the operator's 4 GiB limit.
     images::import_two_layer(&c, "small")

@@ -1,7 +1,8 @@
 //! Escape attempts from inside a namespace sandbox; every one must fail.
 
+use api_types::CreateSandbox;
 use harness::TestDaemon;
-use wire::{CreateSandbox, ExecRequest};
+use wire::ExecRequest;
 
 async fn sh(c: &client::Client, id: &str, script: &str) -> (String, i32) {
     let out = c

@@ -5,6 +5,7 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
+use api_types::CreateSandbox;
 use client::{Client, ClientError, Endpoint, ExecEvent};
 use futures_util::{SinkExt, StreamExt};
 use harness::TestDaemon;
@@ -12,7 +13,7 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpStream, UnixStream};
 use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 use tokio_tungstenite::tungstenite::{self, Message};
-use wire::{CreateSandbox, Decoder, Direction, ExecRequest, ExecResult, FrameType};
+use wire::{Decoder, Direction, ExecRequest, ExecResult, FrameType};
 
 const ALICE: &str = "alice-key-3f9a1c0e7d";
 const BOB: &str = "bob-key-8e21b4d6aa";
@@ -134,6 +135,22 @@ fn raw_requests(id: &str, key: &str) -> Vec<(&'static str, String)> {
                 "POST /sandboxes/{id}/files?path=/tmp HTTP/1.1\r\nHost: x\r\n{auth}Content-Length: 0\r\nConnection: close\r\n\r\n"
             ),
         ),
+        (
+            "execs",
+            format!("GET /sandboxes/{id}/execs HTTP/1.1\r\nHost: x\r\n{auth}Connection: close\r\n\r\n"),
+        ),
+        (
+            "exec status",
+            format!(
+                "GET /sandboxes/{id}/execs/owned-job HTTP/1.1\r\nHost: x\r\n{auth}Connection: close\r\n\r\n"
+            ),
+        ),
+        (
+            "exec attach",
+            format!(
+                "POST /sandboxes/{id}/execs/owned-job/attach HTTP/1.1\r\nHost: x\r\n{auth}Content-Length: 0\r\nConnection: close\r\n\r\n"
+            ),
+        ),
     ]
 }
 
@@ -233,6 +250,12 @@ async fn another_key_cannot_tell_a_sandbox_from_a_missing_one() {
     let id = info.id.clone();
     assert_ne!(id, MISSING);
     assert_eq!(info.owner.as_deref(), Some("alice"));
+    // A command of alice's that outlived its connection: bob must not find or attach to it.
+    let job = ExecRequest {
+        exec_id: "owned-job".into(),
+        ..ExecRequest::new(["sleep", "600"])
+    };
+    drop(alice.exec(&id, &job).await.expect("alice starts a job"));
 
     // Through the client, on every endpoint: the 404 of a missing id, word for word.
     let exec = ExecRequest::new(["echo", "bob was here"]);
@@ -252,6 +275,9 @@ async fn another_key_cannot_tell_a_sandbox_from_a_missing_one() {
                 bob.get_file(target, "/etc/hostname", &mut sink).await,
                 "files GET",
             ),
+            expect_not_found(bob.execs(target).await, "execs"),
+            expect_not_found(bob.exec_status(target, "owned-job").await, "exec status"),
+            expect_not_found(bob.attach(target, "owned-job", 0).await, "exec attach"),
         ];
         for message in messages {
             assert_eq!(message, expected);
@@ -303,6 +329,11 @@ async fn another_key_cannot_tell_a_sandbox_from_a_missing_one() {
         1,
         "bob's DELETE deleted it"
     );
+    let job = alice
+        .exec_status(&id, "owned-job")
+        .await
+        .expect("alice still finds her job");
+    assert_eq!((job.state, job.attached), (wire::ExecState::Running, false));
 }
 
 #[tokio::test]

@@ -6,19 +6,20 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use api_types::{BackendKind, CreateSandbox};
 use client::{Client, Endpoint};
 use harness::leaks::{agent_pid, assert_nothing_held, assert_sandbox_released, eventually};
 use harness::TestDaemon;
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
-use wire::{BackendKind, CreateSandbox, ExecRequest};
+use wire::ExecRequest;
 
 /// A namespace daemon keeping `spec` (`--pool` syntax) ready.
 fn pooled_daemon(spec: &str) -> TestDaemon {
-    let spec: api::pool::PoolSpec = spec.parse().expect("a valid pool");
+    let spec: engine::pool::PoolSpec = spec.parse().expect("a valid pool");
     TestDaemon::start_with(move |c| {
-        c.default_backend = Some(BackendKind::Namespace);
-        c.pools = vec![spec];
+        c.engine.default_backend = Some(BackendKind::Namespace);
+        c.engine.pools = vec![spec];
     })
 }
 
@@ -146,10 +147,10 @@ async fn concurrent_creates_never_get_the_same_instance() {
 #[tokio::test]
 async fn a_hit_carries_the_requests_owner_labels_ttl_and_env() {
     const ALICE: &str = "alice-key-0123456789abcdef";
-    let spec: api::pool::PoolSpec = "default=1".parse().expect("valid");
+    let spec: engine::pool::PoolSpec = "default=1".parse().expect("valid");
     let daemon = TestDaemon::start_with(move |c| {
-        c.default_backend = Some(BackendKind::Namespace);
-        c.pools = vec![spec];
+        c.engine.default_backend = Some(BackendKind::Namespace);
+        c.engine.pools = vec![spec];
         c.tcp = Some("127.0.0.1:0".parse().expect("addr"));
         c.api_keys = api::ApiKeys::parse(&format!("alice:{ALICE}")).expect("valid keys");
     });
@@ -337,12 +338,12 @@ async fn pools_that_leave_no_room_under_the_cap_are_refused_at_startup() {
     let mut config = api::ServeConfig::new(harness::image_dir());
     let socket = dir.path().join("crucible.sock");
     config.unix_socket = Some(socket.clone());
-    config.state_dir = dir.path().join("state");
-    config.storage.data_dir = dir.path().join("data");
-    config.cgroup_parent = format!("crucible-test-pool-cap-{}", std::process::id());
-    config.default_backend = Some(BackendKind::Namespace);
-    config.limits.max_sandboxes = 4;
-    config.pools = vec![
+    config.engine.state_dir = dir.path().join("state");
+    config.engine.storage.data_dir = dir.path().join("data");
+    config.engine.cgroup_parent = format!("crucible-test-pool-cap-{}", std::process::id());
+    config.engine.default_backend = Some(BackendKind::Namespace);
+    config.engine.limits.max_sandboxes = 4;
+    config.engine.pools = vec![
         "default=2".parse().expect("valid"),
         "default=2,memory=256".parse().expect("valid"),
     ];
@@ -359,7 +360,7 @@ async fn pools_that_leave_no_room_under_the_cap_are_refused_at_startup() {
 #[test]
 fn an_unknown_pool_key_is_refused_with_the_key_named() {
     let error = "default=1,gpu=1"
-        .parse::<api::pool::PoolSpec>()
+        .parse::<engine::pool::PoolSpec>()
         .expect_err("unknown key")
         .to_string();
     assert!(error.contains("unknown key \"gpu\""), "{error}");

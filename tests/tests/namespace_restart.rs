@@ -5,6 +5,7 @@
 
 use std::time::Duration;
 
+use api_types::CreateSandbox;
 use client::ExecEvent;
 use harness::leaks::{
     agent_pid, assert_a_new_sandbox_works, assert_nothing_held, eventually, parent_cgroups,
@@ -12,7 +13,7 @@ use harness::leaks::{
 };
 use harness::process::{DaemonHome, DaemonProcess};
 use nix::sys::signal::Signal;
-use wire::{CreateSandbox, ExecRequest};
+use wire::ExecRequest;
 
 /// Starts a daemon in `home` with two sandboxes, one streaming a command, and returns them.
 async fn daemon_with_work(home: &DaemonHome) -> (DaemonProcess, Vec<String>, client::ExecStream) {
@@ -61,7 +62,7 @@ async fn daemon_with_work(home: &DaemonHome) -> (DaemonProcess, Vec<String>, cli
 fn with_storage() -> CreateSandbox {
     CreateSandbox {
         disk_mib: Some(64),
-        caches: vec![wire::CacheMount {
+        caches: vec![api_types::CacheMount {
             name: "restart".into(),
             path: "/cache".into(),
             size_mib: Some(16),

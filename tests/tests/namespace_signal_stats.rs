@@ -63,9 +63,9 @@ async fn stats_report_the_sandboxs_memory_cpu_and_processes() {
     let daemon = TestDaemon::start();
     let c = daemon.client();
     let id = c
-        .create(&wire::CreateSandbox {
+        .create(&api_types::CreateSandbox {
             memory_mib: Some(256),
-            ..wire::CreateSandbox::default()
+            ..api_types::CreateSandbox::default()
         })
         .await
         .expect("create")

@@ -12,6 +12,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use api_types::CreateSandbox;
 use client::{Client, ExecEvent};
 use futures_util::StreamExt;
 use harness::leaks::{
@@ -19,7 +20,7 @@ use harness::leaks::{
 };
 use harness::process::DaemonProcess;
 use sha2::{Digest, Sha256};
-use wire::{CreateSandbox, ExecRequest};
+use wire::ExecRequest;
 
 /// Requests in flight at once: enough to overlap execs in one sandbox and across sandboxes on
 /// a small host.
@@ -159,8 +160,13 @@ async fn cancelled_exec(
     } else {
         format!("yes '{}'", line.trim_end())
     };
+    // A cancellation that kills: a command left to run on is `namespace_attach.rs`'s case.
+    let request = ExecRequest {
+        on_disconnect: Some(wire::OnDisconnect::Kill),
+        ..ExecRequest::new(["sh", "-c", &script])
+    };
     let mut stream = c
-        .exec(id, &ExecRequest::new(["sh", "-c", &script]))
+        .exec(id, &request)
         .await
         .unwrap_or_else(|e| panic!("exec {index}: {e}"));
     if !quiet {

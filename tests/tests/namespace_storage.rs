@@ -4,8 +4,8 @@
 //! cannot be written or remounted; a disk-backed layer holds more than the sandbox's memory
 //! and goes with the sandbox. Each check looks at the host too.
 
+use api_types::{CacheMount, CreateSandbox, VolumeMount};
 use harness::{loops_backed_under, sh, TestDaemon};
-use wire::{CacheMount, CreateSandbox, VolumeMount};
 
 fn cache(name: &str, path: &str, size_mib: Option<u64>) -> CacheMount {
     CacheMount {
@@ -114,7 +114,12 @@ async fn a_volume_is_read_only_whatever_root_inside_tries() {
     std::fs::write(volume.path().join("toolchain.txt"), "gcc 12\n").expect("write");
     let declared = format!("tools={}:ro", volume.path().display());
     let daemon = TestDaemon::start_with(|config| {
-        config.storage.volumes.declare(&declared).expect("declare");
+        config
+            .engine
+            .storage
+            .volumes
+            .declare(&declared)
+            .expect("declare");
     });
     let c = daemon.client();
     let undeclared = c
@@ -229,7 +234,7 @@ async fn a_disk_backed_layer_holds_more_than_memory_and_goes_with_its_sandbox() 
 
 #[tokio::test]
 async fn storage_requests_past_the_budget_or_malformed_are_refused_and_hold_nothing() {
-    let daemon = TestDaemon::start_with(|config| config.storage.disk_budget_mib = Some(256));
+    let daemon = TestDaemon::start_with(|config| config.engine.storage.disk_budget_mib = Some(256));
     let c = daemon.client();
     let over = c
         .create(&CreateSandbox {

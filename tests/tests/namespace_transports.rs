@@ -2,6 +2,7 @@
 
 use std::time::Duration;
 
+use api_types::CreateSandbox;
 use client::{ClientError, Endpoint};
 use futures_util::{SinkExt, StreamExt};
 use harness::TestDaemon;
@@ -9,7 +10,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpStream, UnixStream};
 use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
 use tokio_tungstenite::tungstenite::{self, Message};
-use wire::{encode_frames, CreateSandbox, Decoder, Direction, ExecRequest, ExecResult, FrameType};
+use wire::{encode_frames, Decoder, Direction, ExecRequest, ExecResult, FrameType};
 
 type Ws = tokio_tungstenite::WebSocketStream<UnixStream>;
 
@@ -279,7 +280,7 @@ fn tcp_without_keys_is_refused_at_startup() {
     let dir = tempfile::tempdir().expect("tempdir");
     let mut config = api::ServeConfig::new(harness::image_dir());
     config.unix_socket = Some(dir.path().join("s.sock"));
-    config.state_dir = dir.path().join("state");
+    config.engine.state_dir = dir.path().join("state");
     config.tcp = Some("127.0.0.1:0".parse().expect("addr"));
     let runtime = tokio::runtime::Runtime::new().expect("runtime");
     match runtime.block_on(api::Server::bind(config)) {

@@ -224,6 +224,30 @@ pub fn write_page_tables(mem: &GuestMemoryMmap) -> Result<(), BootError> {
     Ok(())
 }
 
-/// The default command line, before the device entries and the user's words.
+/// The default command line, before the device entries and the user's words. Only what the
+/// guest kernel consumes itself: a word it does not know goes to `/init`, as an argument
+/// (`nomodule` on a kernel without modules) or an environment variable (`pci=off` on one
+/// without PCI). Dotted `module.param` words never do.
 pub const DEFAULT_CMDLINE: &str =
-    "reboot=k panic=1 pci=off nomodule i8042.noaux i8042.nomux i8042.dumbkbd tsc=reliable";
+    "reboot=k panic=1 i8042.noaux i8042.nomux i8042.dumbkbd tsc=reliable";
+
+/// The undotted boot parameters of [`DEFAULT_CMDLINE`] and of the console words the VMM adds,
+/// each one the guest kernel's own (`reboot=`, `panic=`, `tsc=`: x86 core; `console=`,
+/// `quiet`: printk), so none reaches `/init`.
+pub const KERNEL_OWN_PARAMS: &[&str] = &["reboot", "panic", "tsc", "console", "quiet"];
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_default_command_line_holds_nothing_the_kernel_would_hand_to_init() {
+        for word in DEFAULT_CMDLINE.split_whitespace() {
+            let key = word.split('=').next().unwrap_or(word);
+            assert!(
+                key.contains('.') || KERNEL_OWN_PARAMS.contains(&key),
+                "{word:?} is not a parameter the guest kernel consumes: it would reach /init"
+            );
+        }
+    }
+}

@@ -36,14 +36,28 @@ pub fn supported_cpuid(kvm_fd: &Kvm) -> Result<CpuId, CpuError> {
         .map_err(kvm("get supported CPUID"))
 }
 
-/// Per-vCPU CPUID: APIC id, logical count, the hypervisor bit.
-pub fn vcpu_cpuid(base: &CpuId, id: u8, count: u8) -> CpuId {
+/// CPUID leaf 1, ECX: the local APIC's TSC-deadline timer mode.
+const TSC_DEADLINE_BIT: u32 = 1 << 24;
+
+/// Whether this KVM's local APIC emulates the TSC-deadline timer. KVM leaves the bit out of its
+/// supported CPUID and reports it as a capability instead.
+pub fn has_tsc_deadline(kvm_fd: &Kvm) -> bool {
+    kvm_fd.check_extension(kvm_ioctls::Cap::TscDeadlineTimer)
+}
+
+/// Per-vCPU CPUID: APIC id, logical count, the hypervisor bit and, where KVM emulates it, the
+/// TSC-deadline timer (the guest then arms its timer with one MSR write KVM handles itself,
+/// not through the APIC's registers).
+pub fn vcpu_cpuid(base: &CpuId, id: u8, count: u8, tsc_deadline: bool) -> CpuId {
     let mut c = base.clone();
     for e in c.as_mut_slice() {
         match e.function {
             1 => {
                 e.ebx = (e.ebx & 0x0000_ffff) | (u32::from(id) << 24) | (u32::from(count) << 16);
                 e.ecx |= 1 << 31; // hypervisor present
+                if tsc_deadline {
+                    e.ecx |= TSC_DEADLINE_BIT;
+                }
                 if count > 1 {
                     e.edx |= 1 << 28; // HTT: the logical count is valid
                 }
@@ -192,6 +206,24 @@ fn set_lint(vcpu: &VcpuFd) -> Result<(), CpuError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_tsc_deadline_timer_is_advertised_only_where_kvm_emulates_it() {
+        let leaf1 = kvm_bindings::kvm_cpuid_entry2 {
+            function: 1,
+            ..Default::default()
+        };
+        let base = CpuId::from_entries(&[leaf1]).expect("one entry fits");
+        let ecx = |c: &CpuId| c.as_slice()[0].ecx;
+        assert_eq!(
+            ecx(&vcpu_cpuid(&base, 0, 1, true)) & TSC_DEADLINE_BIT,
+            TSC_DEADLINE_BIT
+        );
+        assert_eq!(ecx(&vcpu_cpuid(&base, 0, 1, false)) & TSC_DEADLINE_BIT, 0);
+        let c = vcpu_cpuid(&base, 1, 2, false);
+        assert_eq!(c.as_slice()[0].ebx >> 24, 1, "APIC id");
+        assert_eq!(ecx(&c) >> 31, 1, "hypervisor bit");
+    }
 
     #[test]
     fn gdt_entries_decode_to_flat_segments() {

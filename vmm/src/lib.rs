@@ -24,7 +24,8 @@ use std::sync::atomic::{AtomicI32, AtomicU64, Ordering};
 use std::sync::{Arc, Barrier, Mutex};
 use std::time::{Duration, Instant};
 
-use devices::legacy::{BootMarker, SerialPort, I8042};
+use contract::boot_marker::Verdict;
+use devices::legacy::{AgentMarkers, BootMarker, SerialPort, I8042};
 use devices::virtio::block::Block;
 use devices::virtio::console::{Console, ConsoleInput};
 use devices::virtio::mmio::{MmioTransport, MMIO_WINDOW_SIZE};
@@ -45,8 +46,8 @@ use vmm_sys_util::eventfd::EventFd;
 use vmm_sys_util::timerfd::TimerFd;
 
 pub use config::{BlockConfig, ConsoleOutput, VmConfig, VsockConfig};
-pub use contract::host::HostKind;
 pub use contract::vm::VmmExitCode;
+pub use host_probe::host::HostKind;
 pub use metrics::VmMetrics;
 pub use vcpu::VmExit;
 
@@ -150,12 +151,18 @@ pub struct Timings {
     pub kvm_ready_us: u64,
     /// The boot vCPU's first KVM_RUN.
     pub kernel_entry_us: u64,
-    /// The guest agent wrote the boot-complete marker (absent if it never did).
+    /// The guest agent wrote its ready marker (absent if it never did).
     pub boot_complete_us: Option<u64>,
+    /// The command line asked the agent for its markers (`crucible.boot_marker=1`): a guest
+    /// that resets without the agent's stop marker then counts as crashed.
+    pub markers_expected: bool,
     /// The VM ended.
     pub exit_us: u64,
     /// How it ended.
     pub exit: String,
+    /// The VM exits that reached the VMM's vCPU loop over the VM's life, by reason (the ones
+    /// KVM handled in the kernel are not here).
+    pub exits: std::collections::BTreeMap<&'static str, u64>,
 }
 
 /// A built VM, ready to run.
@@ -173,7 +180,8 @@ pub struct Vmm {
     devices: Vec<Arc<Mutex<dyn VirtioDevice>>>,
     metrics: VmMetrics,
     reset_evt: EventFd,
-    boot_marker_us: Arc<AtomicU64>,
+    markers: Arc<AgentMarkers>,
+    markers_expected: bool,
     kvm_ready_us: u64,
     boot_timeout: Option<Duration>,
     next_mmio: u64,
@@ -339,7 +347,6 @@ impl Vmm {
             .map_err(|e| VmmError::Boot(boot::BootError::Cmdline(e)))?;
 
         let reset_evt = EventFd::new(libc::EFD_NONBLOCK).map_err(dev_err("reset eventfd"))?;
-        let boot_marker_us = Arc::new(AtomicU64::new(0));
         let mut vmm = Vmm {
             start,
             host,
@@ -353,7 +360,8 @@ impl Vmm {
             devices: Vec::new(),
             metrics: VmMetrics::default(),
             reset_evt,
-            boot_marker_us,
+            markers: Arc::new(AgentMarkers::default()),
+            markers_expected: contract::cmdline::BootConfig::parse(&cfg.cmdline).boot_marker,
             kvm_ready_us: 0,
             boot_timeout: match (cfg.boot_timeout_ms, host) {
                 (Some(0), _) => None,
@@ -413,10 +421,12 @@ impl Vmm {
                 boot::write_zero_page(&vmm.mem, mem_bytes, &vmm.cmdline, initramfs)?;
             }
         }
-        if cfg.vcpus > 1 {
-            mptable::write(&vmm.mem, cfg.vcpus)?;
-        }
+        // Always, one vCPU included: without it a kernel without ACPI finds no I/O APIC, runs in
+        // virtual wire mode and keeps the PIT behind the 8259 as its timer (every tick a mask,
+        // an EOI and a reprogramming, each a port exit), never the local APIC timer.
+        mptable::write(&vmm.mem, cfg.vcpus)?;
         let cpuid = cpu::supported_cpuid(&vmm.kvm)?;
+        let tsc_deadline = cpu::has_tsc_deadline(&vmm.kvm);
         for id in 0..cfg.vcpus {
             let vcpu = vmm
                 .vm
@@ -424,7 +434,7 @@ impl Vmm {
                 .map_err(kvm_err("create vCPU"))?;
             cpu::configure(
                 &vcpu,
-                &cpu::vcpu_cpuid(&cpuid, id, cfg.vcpus),
+                &cpu::vcpu_cpuid(&cpuid, id, cfg.vcpus, tsc_deadline),
                 id,
                 Some(entry),
             )?;
@@ -439,7 +449,7 @@ impl Vmm {
         self.pio
             .insert(Arc::new(Mutex::new(i8042)), u64::from(I8042_PORT), 5)
             .map_err(dev_err("i8042"))?;
-        let marker = BootMarker::new(self.start, self.boot_marker_us.clone());
+        let marker = BootMarker::new(self.start, self.markers.clone());
         self.pio
             .insert(
                 Arc::new(Mutex::new(marker)),
@@ -492,39 +502,46 @@ impl Vmm {
             mmio,
             devices,
             reset_evt,
-            boot_marker_us,
+            markers,
+            markers_expected,
             kvm_ready_us,
             boot_timeout,
             socket_files,
             ..
         } = self;
+        let ended = |exit: VmExit, kernel_entry_us: u64, exits| {
+            finish(
+                Started {
+                    start,
+                    host,
+                    kvm_ready_us,
+                    kernel_entry_us,
+                },
+                &markers,
+                markers_expected,
+                exit,
+                exits,
+            )
+        };
         // Dropped on every return below: the socket files go with the VM (normal exit, guest
         // reset or poweroff, SIGTERM, errors).
         let _socket_files = socket_files;
         let exit_evt = match EventFd::new(libc::EFD_NONBLOCK) {
             Ok(e) => e,
-            Err(e) => {
-                return finish(
-                    start,
-                    host,
-                    kvm_ready_us,
-                    0,
-                    &boot_marker_us,
-                    VmExit::Kvm(e.to_string()),
-                )
-            }
+            Err(e) => return ended(VmExit::Kvm(e.to_string()), 0, Default::default()),
         };
         let shared = Arc::new(Shared {
             exit: Mutex::new(None),
             exit_evt,
             kernel_entry_us: AtomicU64::new(0),
             stop: Default::default(),
+            exits: Default::default(),
         });
         let mut em = match EventManager::<Box<dyn MutEventSubscriber + Send>>::new() {
             Ok(em) => em,
             Err(e) => {
                 let exit = VmExit::Kvm(format!("event manager: {e:?}"));
-                return finish(start, host, kvm_ready_us, 0, &boot_marker_us, exit);
+                return ended(exit, 0, Default::default());
             }
         };
         for d in devices {
@@ -548,7 +565,7 @@ impl Vmm {
             signal_evt,
             watchdog,
             host,
-            boot_marker_us: boot_marker_us.clone(),
+            markers: markers.clone(),
         }));
         let filters = filters.map(Arc::new);
         // Every vCPU thread and the main thread meet here once their filters are on.
@@ -592,8 +609,11 @@ impl Vmm {
                 .unwrap_or_else(|p| p.into_inner())
                 .clone()
             {
-                let entry = shared.kernel_entry_us.load(Ordering::SeqCst);
-                return finish(start, host, kvm_ready_us, entry, &boot_marker_us, exit);
+                return ended(
+                    exit,
+                    shared.kernel_entry_us.load(Ordering::SeqCst),
+                    shared.exits.snapshot(),
+                );
             }
             if let Err(e) = em.run() {
                 shared.report(VmExit::Kvm(format!("event loop: {e:?}")));
@@ -602,44 +622,54 @@ impl Vmm {
     }
 }
 
-/// `e` and each of its causes, joined by ": ".
-pub fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut s = e.to_string();
-    let mut cause = e.source();
-    while let Some(c) = cause {
-        s.push_str(": ");
-        s.push_str(&c.to_string());
-        cause = c.source();
-    }
-    s
-}
+pub use report::chain as error_chain;
 
 fn micros(start: Instant) -> u64 {
     u64::try_from(start.elapsed().as_micros()).unwrap_or(u64::MAX)
 }
 
-fn finish(
+/// When the VM started and what it got to, for its [`Timings`].
+struct Started {
     start: Instant,
     host: HostKind,
     kvm_ready_us: u64,
     kernel_entry_us: u64,
-    boot_marker_us: &AtomicU64,
+}
+
+/// How the VM ended, judged by the agent's markers (a reset the agent did not ask for is a
+/// crash, not a clean stop), with its timings.
+fn finish(
+    started: Started,
+    markers: &AgentMarkers,
+    markers_expected: bool,
     exit: VmExit,
+    exits: std::collections::BTreeMap<&'static str, u64>,
 ) -> (VmExit, Timings) {
-    let marker = boot_marker_us.load(Ordering::SeqCst);
+    let ready_us = markers.ready_us();
+    let exit = match exit {
+        VmExit::GuestStop => {
+            match Verdict::judge(markers_expected, ready_us.is_some(), markers.stop()) {
+                Verdict::Clean => VmExit::GuestStop,
+                Verdict::Crashed(why) => VmExit::GuestCrash(why.to_string()),
+            }
+        }
+        other => other,
+    };
     let t = Timings {
-        host: host.name(),
+        host: started.host.name(),
         process_start_us: 0,
-        kvm_ready_us,
-        kernel_entry_us,
-        boot_complete_us: (marker > 0).then_some(marker),
-        exit_us: micros(start),
+        kvm_ready_us: started.kvm_ready_us,
+        kernel_entry_us: started.kernel_entry_us,
+        boot_complete_us: ready_us,
+        markers_expected,
+        exit_us: micros(started.start),
         exit: match &exit {
             VmExit::GuestStop => "guest_stop".into(),
             VmExit::Signal => "signal".into(),
             VmExit::GuestCrash(_) => "guest_crash".into(),
             VmExit::Kvm(_) => "kvm_error".into(),
         },
+        exits,
     };
     (exit, t)
 }
@@ -651,7 +681,7 @@ struct ExitHandler {
     signal_evt: Option<EventFd>,
     watchdog: Option<(TimerFd, Duration)>,
     host: HostKind,
-    boot_marker_us: Arc<AtomicU64>,
+    markers: Arc<AgentMarkers>,
 }
 
 const EV_RESET: u32 = 1;
@@ -687,7 +717,7 @@ impl MutEventSubscriber for ExitHandler {
                     return;
                 };
                 let _ = w.wait();
-                if self.boot_marker_us.load(Ordering::SeqCst) == 0 {
+                if self.markers.ready_us().is_none() {
                     let why = match self.host {
                         h if !h.boots_stock_kernel() => format!("; host is {}", h.describe()),
                         _ => String::new(),

@@ -92,6 +92,9 @@ struct Args {
     /// Run without the per-thread seccomp filters (debugging only).
     #[arg(long)]
     no_seccomp: bool,
+    /// SIGKILL the VMM (and so the VM) when the process that started it dies.
+    #[arg(long)]
+    die_with_parent: bool,
     /// Drop to this uid once the VM is built.
     #[arg(long)]
     uid: Option<u32>,
@@ -233,6 +236,7 @@ fn config_from(args: &Args) -> Result<VmConfig, String> {
     c.hugepages = args.hugepages;
     c.serial = args.serial;
     c.boot_timeout_ms = args.boot_timeout_ms;
+    c.die_with_parent = args.die_with_parent;
     c.block = args.block.iter().map(|b| block_config(b)).collect();
     if let (Some(cid), Some(uds)) = (args.vsock_cid, &args.vsock_uds) {
         let mut v = VsockConfig::new(cid, uds.clone());
@@ -291,6 +295,7 @@ fn write_json(mut file: &File, path: &Path, what: &str, value: &impl serde::Seri
 
 fn main() {
     let start = Instant::now();
+    let parent = std::os::unix::process::parent_id();
     let args = match Args::try_parse() {
         Ok(a) => a,
         Err(e) => {
@@ -328,6 +333,7 @@ fn main() {
             std::process::exit(EXIT_CONFIG);
         }
     };
+
     // Opened now: a bad path is a configuration error before anything runs, and neither the
     // seccomp filters nor a dropped uid can stop the write at the end.
     let metrics_file = create_output(args.metrics.as_deref(), "metrics");
@@ -355,6 +361,13 @@ fn main() {
     if let Err(e) = privileges::drop_privileges(args.uid, args.gid) {
         eprintln!("crucible-vmm: cannot drop privileges: {e}");
         std::process::exit(EXIT_CONFIG);
+    }
+    // After the drop: a change of credentials clears the parent-death signal.
+    if cfg.die_with_parent {
+        if let Err(e) = privileges::die_with_parent(parent) {
+            eprintln!("crucible-vmm: {e}");
+            std::process::exit(EXIT_INTERNAL);
+        }
     }
     let filters = if args.no_seccomp {
         None

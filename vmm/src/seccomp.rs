@@ -80,6 +80,11 @@ fn always(nr: libc::c_long) -> Allowed {
     Allowed { nr, rules: vec![] }
 }
 
+/// `FIONBIO` as a seccomp argument: libc declares it `c_ulong` on glibc and `c_int` on musl,
+/// and the static (musl) build must compile too.
+#[allow(clippy::unnecessary_cast)] // a no-op on glibc, a widening on musl
+const FIONBIO: u64 = libc::FIONBIO as u64;
+
 fn when(nr: libc::c_long, rules: &[&[Arg]]) -> Allowed {
     Allowed {
         nr,
@@ -176,16 +181,20 @@ pub fn allowlist(thread: VmmThread, pid: u32) -> Vec<Allowed> {
             always(libc::SYS_timerfd_settime),
             always(libc::SYS_timerfd_gettime),
             // The vsock socket file, removed at exit if it is still ours (same device and
-            // inode as the one we bound: a stat, then the unlink).
+            // inode as the one we bound: a stat, then the unlink). Rust's std on glibc stats
+            // with statx (newfstatat as a fallback); on musl (the static build) the same call
+            // is musl's lstat, which is SYS_lstat on x86_64.
             always(libc::SYS_statx),
             always(libc::SYS_newfstatat),
+            always(libc::SYS_lstat),
+            always(libc::SYS_stat),
             always(libc::SYS_unlink),
             always(libc::SYS_unlinkat),
             always(libc::SYS_recvfrom),
             always(libc::SYS_sendto),
             always(libc::SYS_shutdown),
             // `set_nonblocking` on a vsock socket; no KVM ioctl at all.
-            when(libc::SYS_ioctl, &[&[Arg::Eq(1, libc::FIONBIO)]]),
+            when(libc::SYS_ioctl, &[&[Arg::Eq(1, FIONBIO)]]),
             // virtio-block.
             always(libc::SYS_pread64),
             always(libc::SYS_pwrite64),
@@ -362,7 +371,7 @@ mod tests {
             KVM_SET_USER_MEMORY_REGION,
             KVM_IRQFD,
             KVM_SET_REGS,
-            libc::FIONBIO,
+            FIONBIO,
             libc::TIOCSTI,
             0,
         ] {
@@ -373,7 +382,7 @@ mod tests {
     #[test]
     fn the_event_loop_may_ioctl_only_fionbio_and_no_kvm_request() {
         let event_loop = Filter::of(VmmThread::EventLoop);
-        assert!(event_loop.allows(libc::SYS_ioctl, &[9, libc::FIONBIO]));
+        assert!(event_loop.allows(libc::SYS_ioctl, &[9, FIONBIO]));
         for request in [
             KVM_RUN(),
             KVM_CREATE_VM,
@@ -541,7 +550,7 @@ mod tests {
             (libc::SYS_read, &[17, 0, 8]),
             (libc::SYS_write, &[15, 0, 8]),
             (libc::SYS_accept4, &[7, 0, 0, libc::SOCK_CLOEXEC as u64]),
-            (libc::SYS_ioctl, &[19, libc::FIONBIO, 0]),
+            (libc::SYS_ioctl, &[19, FIONBIO, 0]),
             (libc::SYS_recvfrom, &[19, 0, 1, 0, 0, 0]),
             (libc::SYS_epoll_ctl, &[8, libc::EPOLL_CTL_ADD as u64, 19, 0]),
             // Console input: read when a receive buffer waits, unwatched when none does.

@@ -21,6 +21,8 @@ pub const IO_GUEST: &[u8] = include_bytes!("../tests/guest/io_guest.bin");
 pub const IO_GUEST_HOST_SECTOR0: &[u8] = b"crucible host sector 0";
 /// The vsock host port the I/O guest connects to.
 pub const IO_GUEST_VSOCK_PORT: u32 = 7000;
+/// How long the I/O guest's vsock peer waits for each step of the guest.
+pub const IO_GUEST_PEER_LIMIT: std::time::Duration = std::time::Duration::from_secs(60);
 /// Where the guests are linked to run.
 pub const LOAD_ADDR: u64 = 0x10_0000;
 
@@ -84,14 +86,34 @@ pub type IoGuestVsockPeer = JoinHandle<io::Result<([u8; 19], Vec<u8>)>>;
 /// `--block dir/disk.img --vsock-uds dir/v.sock`: a 1 MiB `disk.img` whose sector 0 holds
 /// [`IO_GUEST_HOST_SECTOR0`], and a listener on vsock host port [`IO_GUEST_VSOCK_PORT`]
 /// (`v.sock_7000`) that reads the guest's 19-byte ping, answers, and returns the ping and
-/// whatever followed it until the guest shut the connection down.
+/// whatever followed it until the guest shut the connection down. Every wait has a deadline
+/// ([`IO_GUEST_PEER_LIMIT`]): a guest that never connects, or stops talking, ends the thread
+/// with a `TimedOut` error instead of hanging whoever joins it.
 pub fn serve_io_guest_host(dir: &Path) -> io::Result<IoGuestVsockPeer> {
     let mut disk = vec![0u8; 1 << 20];
     disk[..IO_GUEST_HOST_SECTOR0.len()].copy_from_slice(IO_GUEST_HOST_SECTOR0);
     std::fs::write(dir.join("disk.img"), &disk)?;
     let listener = UnixListener::bind(dir.join(format!("v.sock_{IO_GUEST_VSOCK_PORT}")))?;
+    listener.set_nonblocking(true)?;
     Ok(std::thread::spawn(move || {
-        let (mut c, _) = listener.accept()?;
+        let deadline = std::time::Instant::now() + IO_GUEST_PEER_LIMIT;
+        let mut c = loop {
+            match listener.accept() {
+                Ok((c, _)) => break c,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    if std::time::Instant::now() > deadline {
+                        return Err(io::Error::new(
+                            io::ErrorKind::TimedOut,
+                            "the I/O guest never connected to vsock port 7000",
+                        ));
+                    }
+                    std::thread::sleep(std::time::Duration::from_millis(10));
+                }
+                Err(e) => return Err(e),
+            }
+        };
+        c.set_nonblocking(false)?;
+        c.set_read_timeout(Some(IO_GUEST_PEER_LIMIT))?;
         let mut ping = [0u8; 19];
         c.read_exact(&mut ping)?;
         c.write_all(b"pong from the host")?;

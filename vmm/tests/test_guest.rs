@@ -10,16 +10,21 @@
 
 #![allow(clippy::unwrap_used)]
 
+mod common;
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
+use std::time::Duration;
+
+use common::vmm_binary;
 
 use crucible_vmm::test_guest::{build_elf, serve_io_guest_host, GUEST32, GUEST64, IO_GUEST};
 
 /// Fails the test, saying why, where `/dev/kvm` does not open: the test only runs here because
 /// `CRUCIBLE_REQUIRE_KVM=1` (or the host changed since the build).
 fn assert_kvm_usable() {
-    let dev_kvm = Path::new(contract::host::DEV_KVM);
-    if let Err(e) = contract::host::dev_kvm_access(dev_kvm) {
+    let dev_kvm = Path::new(host_probe::host::DEV_KVM);
+    if let Err(e) = host_probe::host::dev_kvm_access(dev_kvm) {
         panic!("this test needs a usable /dev/kvm: {e}");
     }
 }
@@ -42,7 +47,7 @@ fn run_vmm(dir: &Path, kernel: &Path, block: bool, extra: &[&str]) -> Run {
 /// guest RAM; timings on stderr unless `extra` sends them elsewhere.
 fn vmm_command(dir: &Path, kernel: &Path, block: bool, extra: &[&str]) -> Command {
     let img = dir.join("disk.img");
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_crucible-vmm"));
+    let mut cmd = Command::new(vmm_binary());
     if !extra.contains(&"--timings") {
         cmd.arg("--timings");
     }
@@ -60,8 +65,12 @@ fn vmm_command(dir: &Path, kernel: &Path, block: bool, extra: &[&str]) -> Comman
     cmd
 }
 
+/// How long one test guest's VM may run: seconds on any KVM, and still well under a minute in
+/// the nested tier (`cargo xtask nested`), where L1 itself runs under emulation.
+const VM_LIMIT: Duration = Duration::from_secs(120);
+
 fn run(mut cmd: Command) -> Run {
-    let out = cmd.output().unwrap();
+    let out = testkit::output_within(&mut cmd, VM_LIMIT).unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
     let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
     eprintln!("--- stdout\n{stdout}--- stderr\n{stderr}---");
@@ -119,6 +128,11 @@ fn test_guest_boots_via_64bit_boot_protocol_probes_devices_and_resets_cleanly() 
     let entry = t["kernel_entry_us"].as_u64().unwrap();
     let marker = t["boot_complete_us"].as_u64().unwrap();
     assert!(0 < ready && ready <= entry && entry <= marker, "{t}");
+    // The guest's serial output and marker are port writes, its device probes MMIO reads: the
+    // vCPU loop counted them.
+    let exits = &t["exits"];
+    assert!(exits["io_out"].as_u64().unwrap() > 10, "{t}");
+    assert!(exits["mmio_read"].as_u64().unwrap() > 0, "{t}");
 }
 
 #[test]
@@ -160,11 +174,13 @@ fn metrics_file_lists_each_virtio_device_and_a_well_behaved_guest_has_no_violati
 #[test]
 fn vmm_exits_with_the_config_code_when_the_metrics_file_cannot_be_created() {
     let dir = tempfile::tempdir().unwrap();
-    let out = Command::new(env!("CARGO_BIN_EXE_crucible-vmm"))
-        .args(["--kernel", "/k", "--metrics"])
-        .arg(dir.path().join("no/such/dir/metrics.json"))
-        .output()
-        .unwrap();
+    let out = testkit::output_within(
+        Command::new(vmm_binary())
+            .args(["--kernel", "/k", "--metrics"])
+            .arg(dir.path().join("no/such/dir/metrics.json")),
+        VM_LIMIT,
+    )
+    .unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(crucible_vmm::EXIT_CONFIG), "{err}");
     assert!(err.contains("cannot create the metrics file"), "{err}");
@@ -217,11 +233,13 @@ fn test_guest_failing_a_check_makes_the_vmm_exit_with_the_guest_crash_code() {
 fn vmm_exits_with_the_config_code_for_a_missing_kernel() {
     assert_kvm_usable();
     let dir = tempfile::tempdir().unwrap();
-    let out = Command::new(env!("CARGO_BIN_EXE_crucible-vmm"))
-        .arg("--kernel")
-        .arg(dir.path().join("nope"))
-        .output()
-        .unwrap();
+    let out = testkit::output_within(
+        Command::new(vmm_binary())
+            .arg("--kernel")
+            .arg(dir.path().join("nope")),
+        VM_LIMIT,
+    )
+    .unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(crucible_vmm::EXIT_CONFIG), "{err}");
     assert!(err.contains("cannot open the kernel"), "{err}");
@@ -229,20 +247,19 @@ fn vmm_exits_with_the_config_code_for_a_missing_kernel() {
 
 #[test]
 fn vmm_exits_with_the_config_code_for_bad_flags() {
-    let out = Command::new(env!("CARGO_BIN_EXE_crucible-vmm"))
-        .args(["--kernel", "/k", "--vcpus", "nope"])
-        .output()
-        .unwrap();
+    let out = testkit::output_within(
+        Command::new(vmm_binary()).args(["--kernel", "/k", "--vcpus", "nope"]),
+        VM_LIMIT,
+    )
+    .unwrap();
     assert_eq!(out.status.code(), Some(crucible_vmm::EXIT_CONFIG));
     assert!(String::from_utf8_lossy(&out.stderr).contains("--vcpus"));
 }
 
 #[test]
 fn host_info_needs_no_kernel_and_prints_the_shared_probe() {
-    let out = Command::new(env!("CARGO_BIN_EXE_crucible-vmm"))
-        .arg("--host-info")
-        .output()
-        .unwrap();
+    let out =
+        testkit::output_within(Command::new(vmm_binary()).arg("--host-info"), VM_LIMIT).unwrap();
     assert_eq!(out.status.code(), Some(crucible_vmm::EXIT_OK));
     let host = crucible_vmm::HostKind::detect();
     assert_eq!(
@@ -303,7 +320,7 @@ fn sigterm_stops_a_running_vm_cleanly_with_vsock_traffic_under_seccomp() {
     let sock = dir.path().join("v.sock");
     // A stale socket file from a VMM that was killed: replaced, not an error.
     drop(UnixListener::bind(&sock).unwrap());
-    let mut child = Command::new(env!("CARGO_BIN_EXE_crucible-vmm"))
+    let mut child = Command::new(vmm_binary())
         .arg("--kernel")
         .arg(&k)
         .args(["--mem-mib", "64", "--timings", "--boot-timeout-ms", "0"])
@@ -344,7 +361,7 @@ fn sigterm_stops_a_running_vm_cleanly_with_vsock_traffic_under_seccomp() {
     std::thread::sleep(std::time::Duration::from_millis(50));
     // SAFETY: kill(2) on our own child's pid.
     assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGTERM) }, 0);
-    let status = child.wait().unwrap();
+    let status = testkit::wait_within(&mut child, VM_LIMIT).unwrap();
     let mut err = String::new();
     child
         .stderr
@@ -373,14 +390,16 @@ fn vmm_refuses_to_replace_a_regular_file_at_the_vsock_path() {
     let k = write_kernel(dir.path(), "guest64.elf", GUEST64, false);
     let sock = dir.path().join("v.sock");
     std::fs::write(&sock, b"not a socket").unwrap();
-    let out = Command::new(env!("CARGO_BIN_EXE_crucible-vmm"))
-        .arg("--kernel")
-        .arg(&k)
-        .args(["--mem-mib", "64", "--console", "off", "--vsock-cid", "3"])
-        .arg("--vsock-uds")
-        .arg(&sock)
-        .output()
-        .unwrap();
+    let out = testkit::output_within(
+        Command::new(vmm_binary())
+            .arg("--kernel")
+            .arg(&k)
+            .args(["--mem-mib", "64", "--console", "off", "--vsock-cid", "3"])
+            .arg("--vsock-uds")
+            .arg(&sock),
+        VM_LIMIT,
+    )
+    .unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "{err}");
     assert!(err.contains("exists and is not a socket"), "{err}");
@@ -528,8 +547,8 @@ fn console_input_from_a_fifo_reaches_the_guest_which_echoes_it_under_seccomp() {
     let writer = {
         let fifo = fifo.clone();
         std::thread::spawn(move || {
-            // Blocks until the VMM has opened its end.
-            let mut w = std::fs::OpenOptions::new().write(true).open(fifo).unwrap();
+            // Waits (with a deadline) until the VMM has opened its end.
+            let mut w = open_fifo_writer(&fifo, VM_LIMIT);
             w.write_all(&line.as_bytes()[..10]).unwrap();
             w.write_all(&line.as_bytes()[10..]).unwrap();
         })
@@ -568,7 +587,7 @@ fn console_input_with_the_console_off_is_a_config_error() {
     let k = write_kernel(dir.path(), "guest64.elf", GUEST64, false);
     let input = dir.path().join("in.txt");
     std::fs::write(&input, "x\n").unwrap();
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_crucible-vmm"));
+    let mut cmd = Command::new(vmm_binary());
     cmd.arg("--kernel")
         .arg(&k)
         .args(["--console", "off", "--console-input"])
@@ -618,7 +637,7 @@ fn spinning_vm_threads(
 ) -> Vec<(String, String, String)> {
     let dir = tempfile::tempdir().unwrap();
     let k = write_kernel(dir.path(), "spin.elf", SPIN, false);
-    let mut child = Command::new(env!("CARGO_BIN_EXE_crucible-vmm"))
+    let mut child = Command::new(vmm_binary())
         .arg("--kernel")
         .arg(&k)
         .args(["--mem-mib", "32", "--vcpus", "2", "--boot-timeout-ms", "0"])
@@ -634,7 +653,10 @@ fn spinning_vm_threads(
     }
     // SAFETY: kill(2) on our own child's pid.
     assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGTERM) }, 0);
-    assert_eq!(child.wait().unwrap().code(), Some(0));
+    assert_eq!(
+        testkit::wait_within(&mut child, VM_LIMIT).unwrap().code(),
+        Some(0)
+    );
     seen
 }
 
@@ -689,11 +711,13 @@ fn timings_with_a_file_writes_the_json_there_and_not_on_stderr() {
     assert!(entry <= t["boot_complete_us"].as_u64().unwrap(), "{t}");
     assert!(t["boot_complete_us"].as_u64().unwrap() <= t["exit_us"].as_u64().unwrap());
 
-    let out = Command::new(env!("CARGO_BIN_EXE_crucible-vmm"))
-        .args(["--kernel", "/k", "--timings"])
-        .arg(dir.path().join("no/such/dir/t.json"))
-        .output()
-        .unwrap();
+    let out = testkit::output_within(
+        Command::new(vmm_binary())
+            .args(["--kernel", "/k", "--timings"])
+            .arg(dir.path().join("no/such/dir/t.json")),
+        VM_LIMIT,
+    )
+    .unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(crucible_vmm::EXIT_CONFIG), "{err}");
     assert!(err.contains("cannot create the timings file"), "{err}");
@@ -708,7 +732,6 @@ const OVERHEAD_GOAL_KIB: u64 = 3 * 1024;
     ignore = "needs a /dev/kvm this user can open; CRUCIBLE_REQUIRE_KVM=1 runs it anyway"
 )]
 fn vmm_private_memory_beside_guest_ram_stays_within_3_mib_with_every_device_in_use() {
-    use std::io::BufRead;
     assert_kvm_usable();
     let dir = tempfile::tempdir().unwrap();
     let k = write_kernel(dir.path(), "io_guest.elf", IO_GUEST, false);
@@ -717,18 +740,24 @@ fn vmm_private_memory_beside_guest_ram_stays_within_3_mib_with_every_device_in_u
     cmd.stdout(std::process::Stdio::piped());
     let mut child = cmd.spawn().unwrap();
     // Measured once the guest has used every device and stays halted with them live.
-    let mut serial = std::io::BufReader::new(child.stdout.take().unwrap());
-    let mut line = String::new();
-    while !line.contains("test-guest: staying") {
-        line.clear();
-        let n = serial.read_line(&mut line).unwrap();
+    let serial = testkit::Lines::new(child.stdout.take().unwrap());
+    loop {
+        let line = serial
+            .next_within(VM_LIMIT)
+            .unwrap()
+            .expect("the VMM ended before the guest finished its I/O");
         eprint!("{line}");
-        assert!(n > 0, "the VMM ended before the guest finished its I/O");
+        if line.contains("test-guest: staying") {
+            break;
+        }
     }
     let measured = crucible_vmm::overhead::measure(child.id(), 64 << 20);
     // SAFETY: kill(2) on our own child's pid.
     assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGTERM) }, 0);
-    assert_eq!(child.wait().unwrap().code(), Some(0));
+    assert_eq!(
+        testkit::wait_within(&mut child, VM_LIMIT).unwrap().code(),
+        Some(0)
+    );
     let m = measured.unwrap();
     eprintln!("overhead: {}", serde_json::to_string(&m).unwrap());
     assert!(m.guest_ram_rss_kib > 0, "the guest touched its RAM: {m:?}");
@@ -737,4 +766,135 @@ fn vmm_private_memory_beside_guest_ram_stays_within_3_mib_with_every_device_in_u
         "{} KiB private beside guest RAM (less shared file pages): {m:?}",
         m.per_vm_kib()
     );
+}
+
+/// Opens the write end of `fifo` once a reader has its read end, at most `limit` later: a
+/// non-blocking open fails with ENXIO until then, where a blocking one would wait forever for
+/// a VMM that died first.
+fn open_fifo_writer(fifo: &Path, limit: Duration) -> std::fs::File {
+    use std::os::unix::fs::OpenOptionsExt;
+    let deadline = std::time::Instant::now() + limit;
+    loop {
+        match std::fs::OpenOptions::new()
+            .write(true)
+            .custom_flags(libc::O_NONBLOCK)
+            .open(fifo)
+        {
+            Ok(f) => return f,
+            Err(e) if e.raw_os_error() == Some(libc::ENXIO) => {
+                assert!(
+                    std::time::Instant::now() < deadline,
+                    "nobody opened {} for reading within {limit:?}",
+                    fifo.display()
+                );
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            Err(e) => panic!("opening {}: {e}", fifo.display()),
+        }
+    }
+}
+
+/// Guest code (64-bit) that writes each of `markers` to the agent's marker port
+/// (`contract::boot_marker`), then resets through the i8042 and halts: a stand-in for the
+/// agent's ways to end a VM, and for a kernel that panics.
+fn marker_guest(markers: &[u8]) -> Vec<u8> {
+    let [lo, hi] = contract::boot_marker::PORT.to_le_bytes();
+    let mut code = vec![0x66, 0xba, lo, hi]; // mov dx, PORT
+    for &m in markers {
+        code.extend([0xb0, m, 0xee]); // mov al, m; out dx, al
+    }
+    code.extend([0xb0, 0xfe, 0xe6, 0x64]); // mov al, 0xfe; out 0x64, al (reset)
+    code.extend([0xf4, 0xeb, 0xfd]); // hlt; jmp hlt
+    code
+}
+
+/// Boots `marker_guest(markers)` with the agent's markers asked for (or not) on the command
+/// line; returns the run.
+fn run_marker_guest(markers: &[u8], expected: bool) -> Run {
+    let dir = tempfile::tempdir().unwrap();
+    let k = write_kernel(dir.path(), "markers.elf", &marker_guest(markers), false);
+    let mut extra = vec!["--console", "off"];
+    if expected {
+        extra.extend(["--cmdline", "crucible.boot_marker=1"]);
+    }
+    let mut cmd = Command::new(vmm_binary());
+    cmd.arg("--kernel")
+        .arg(&k)
+        .args(["--mem-mib", "32", "--timings"])
+        .args(&extra);
+    run(cmd)
+}
+
+#[test]
+#[cfg_attr(
+    not(crucible_kvm),
+    ignore = "needs a /dev/kvm this user can open; CRUCIBLE_REQUIRE_KVM=1 runs it anyway"
+)]
+fn a_guest_that_resets_before_its_agent_is_ready_is_a_crash_not_a_clean_stop() {
+    assert_kvm_usable();
+    // A kernel that panics (or whose /init exits) before the agent's READY: exit 4, saying so.
+    let r = run_marker_guest(&[], true);
+    assert_eq!(
+        r.out.status.code(),
+        Some(crucible_vmm::EXIT_GUEST_CRASH),
+        "{}",
+        r.stderr
+    );
+    assert!(
+        r.stderr
+            .contains("guest crashed: the guest stopped before its agent was ready"),
+        "{}",
+        r.stderr
+    );
+    let t = timings(&r.stderr);
+    assert_eq!(
+        (t["exit"].as_str(), t["boot_complete_us"].is_null()),
+        (Some("guest_crash"), true),
+        "{t}"
+    );
+    // The same reset from a guest nobody asked for markers is a clean stop, as before.
+    let r = run_marker_guest(&[], false);
+    assert_eq!(
+        r.out.status.code(),
+        Some(crucible_vmm::EXIT_OK),
+        "{}",
+        r.stderr
+    );
+}
+
+#[test]
+#[cfg_attr(
+    not(crucible_kvm),
+    ignore = "needs a /dev/kvm this user can open; CRUCIBLE_REQUIRE_KVM=1 runs it anyway"
+)]
+fn only_a_stop_the_agent_asked_for_ends_a_ready_vm_cleanly() {
+    use contract::boot_marker::{READY, STOP_FAILED, STOP_REQUESTED};
+    assert_kvm_usable();
+    let r = run_marker_guest(&[READY, STOP_REQUESTED], true);
+    assert_eq!(
+        r.out.status.code(),
+        Some(crucible_vmm::EXIT_OK),
+        "{}",
+        r.stderr
+    );
+    let t = timings(&r.stderr);
+    assert_eq!(t["exit"], "guest_stop", "{t}");
+    assert!(t["boot_complete_us"].as_u64().unwrap() > 0, "{t}");
+    assert_eq!(t["markers_expected"], true, "{t}");
+    for (markers, says) in [
+        (&[READY][..], "although its agent did not end it"),
+        (
+            &[READY, STOP_FAILED][..],
+            "the agent ended the VM after a failure",
+        ),
+    ] {
+        let r = run_marker_guest(markers, true);
+        assert_eq!(
+            r.out.status.code(),
+            Some(crucible_vmm::EXIT_GUEST_CRASH),
+            "{markers:?}: {}",
+            r.stderr
+        );
+        assert!(r.stderr.contains(says), "{markers:?}: {}", r.stderr);
+    }
 }

@@ -20,8 +20,8 @@ mod common;
 
 use common::{image_files, Backend};
 use contract::block_selftest::{self, GUEST_SALT, HOST_SALT};
-use crucible_image::progress::Plain;
-use crucible_image::smoke::{self, SmokeOptions};
+use guest_image::progress::Plain;
+use guest_image::smoke::{self, SmokeOptions};
 
 /// The QEMU boot's limit (it takes ~5 s here); the whole test stays under a minute.
 const BOOT_TIMEOUT: Duration = Duration::from_secs(45);

@@ -210,6 +210,7 @@ struct ExecOutput {
 fn exec(uds: &Path, cmd: &[&str], stdin: Option<Vec<u8>>) -> ExecOutput {
     let mut stream = connect_agent(uds);
     let request = AgentRequest::Exec {
+        tail_bytes: None,
         request: ExecRequest::new(cmd.iter().copied()),
         interactive: stdin.is_some(),
         user: None,
@@ -568,6 +569,7 @@ fn slow_reader(uds: &Path) {
     let cmd = ["sh", "-c", script.as_str()];
     let mut stream = connect_agent(uds);
     let request = AgentRequest::Exec {
+        tail_bytes: None,
         request: ExecRequest::new(cmd.iter().copied()),
         interactive: false,
         user: None,

@@ -5,11 +5,14 @@
 //! length-prefixed JSON message ([`write_message`](crate::write_message)); then:
 //! - `exec`: the agent answers with a frame stream (stdout/stderr, then exactly one exit frame).
 //!   With `interactive`, the host sends stdin/stdin_close frames; otherwise the command's stdin
-//!   is `/dev/null`. Closing the connection kills the command's process group.
+//!   is `/dev/null`. Closing the connection kills the command's process group, unless the
+//!   request says `on_disconnect: keep` (then it runs on and a later `attach` finds it).
 //! - `put_files`: the host streams a tar archive and closes its write half (or simply ends the
 //!   archive); the agent answers with one [`AgentReply`] (`files` or `error`).
 //! - `get_file`: the agent answers with one [`AgentReply`]: `file` with the size, followed by
 //!   exactly that many raw bytes, or `error`.
+//! - `attach`: [`AgentReply::Attached`], then the named command's frame stream, as for `exec`.
+//! - `execs`: [`AgentReply::Execs`], the commands that can be found by name.
 //! - `ping`: [`AgentReply::Pong`] with the agent's [`Hello`]. `shutdown`: `shutting_down`, then
 //!   the agent syncs and ends the VM.
 //!
@@ -18,7 +21,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::types::{ErrorBody, ExecRequest, FilesPutResult};
+use crate::types::{ErrorBody, ExecList, ExecRequest, ExecStatus, FilesPutResult};
 
 /// Version of this host↔agent protocol, sent in the hello.
 pub const PROTOCOL_VERSION: u32 = 1;
@@ -26,6 +29,11 @@ pub const PROTOCOL_VERSION: u32 = 1;
 /// One request, the first message on a connection.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "op", rename_all = "snake_case", deny_unknown_fields)]
+#[expect(
+    clippy::large_enum_variant,
+    reason = "one request per connection, read once and never stored in bulk: boxing the \
+              ExecRequest would only add an allocation to every exec"
+)]
 pub enum AgentRequest {
     /// Run a command and stream its output as frames.
     Exec {
@@ -37,6 +45,30 @@ pub enum AgentRequest {
         /// Who the command runs as (an image's `User`); absent, the agent's own user (root).
         #[serde(default, skip_serializing_if = "Option::is_none")]
         user: Option<RunAs>,
+        /// How many of the latest output bytes the agent keeps for a client that re-attaches
+        /// (a command that outlives its connection); absent: [`DEFAULT_TAIL_BYTES`].
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        tail_bytes: Option<u64>,
+    },
+    /// Re-attach to the command named `exec_id`: answered with `attached` (its status as the
+    /// stream starts) and then its frame stream from output byte `offset` on (what is still
+    /// kept of it), ending with its one exit frame; or with `error` (`not_found`, `conflict`
+    /// when another connection is attached, `invalid_request` for an offset beyond its
+    /// output). Closing the connection detaches again.
+    Attach {
+        /// The command's name.
+        exec_id: String,
+        /// The first output byte the client wants (the bytes it has already received).
+        #[serde(default)]
+        offset: u64,
+    },
+    /// Answer with `execs`: the commands that can be found by name (running, or exited with
+    /// a result not yet collected); with `exec_id`, that one only (`error` `not_found` when
+    /// there is none).
+    Execs {
+        /// One command's name.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        exec_id: Option<String>,
     },
     /// Extract the tar archive that follows beneath `path`.
     PutFiles {
@@ -81,9 +113,7 @@ pub struct RunAs {
     pub groups: Vec<u32>,
 }
 
-/// Most supplementary groups a command may be given (the kernel's `NGROUPS_MAX` is 65536;
-/// an image needing more is a mistake).
-pub const MAX_GROUPS: usize = 256;
+pub use crate::types::MAX_GROUPS;
 
 /// The agent's JSON answer to the requests that have one (not `exec`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -107,7 +137,18 @@ pub enum AgentReply {
     Signaled,
     /// The answer to `stats`.
     Stats(crate::SandboxStats),
+    /// The answer to `attach`: the command's status as its frame stream starts.
+    Attached(ExecStatus),
+    /// The answer to `execs`.
+    Execs(ExecList),
 }
+
+/// The output an agent keeps per command for a client that re-attaches, unless the host asks
+/// for another size: enough for a build log's last screens, small beside a sandbox's memory.
+pub const DEFAULT_TAIL_BYTES: u64 = 1024 * 1024;
+
+/// The most a host may ask an agent to keep per command.
+pub const MAX_TAIL_BYTES: u64 = 64 * 1024 * 1024;
 
 /// What the agent says when it is ready (and in answer to `ping`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -145,6 +186,7 @@ mod tests {
                 request: ExecRequest::new(["true"]),
                 interactive: false,
                 user: None,
+                tail_bytes: None,
             }
         );
     }

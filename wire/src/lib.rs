@@ -1,5 +1,6 @@
 //! crucible's wire protocol: the length-prefixed frame codec that carries exec output and
-//! interactive input, and the JSON types that travel beside it.
+//! interactive input, the exec request and result that travel beside it, and the agent
+//! protocol (what the guest compiles). The REST API's own types are `api-types`.
 //!
 //! Every frame is an 8-byte header — `[type:1][reserved:3][size:4 big-endian]` — followed by
 //! `size` payload bytes, at most [`MAX_PAYLOAD`]. A response stream (guest to host) ends with
@@ -15,11 +16,10 @@ pub mod agent;
 mod decoder;
 mod encoder;
 mod frame;
-mod image;
 mod io;
 mod message;
-mod sandbox;
 mod signal;
+mod stats;
 mod types;
 
 #[cfg(feature = "tokio")]
@@ -28,19 +28,14 @@ mod async_io;
 pub use decoder::{DecodeError, Decoder, Direction, Frame};
 pub use encoder::{encode_exit_payload, encode_frames, encode_header};
 pub use frame::{FrameType, UnknownFrameType, HEADER_SIZE, MAX_PAYLOAD};
-pub use image::{ImageInfo, ImageList, ImageUser, ImagesPruned};
 pub use io::{FrameReader, FrameWriter, ReadError, READ_BUFFER_SIZE};
 pub use message::{encode_message, read_message, write_message, MessageError, MAX_MESSAGE_SIZE};
-pub use sandbox::{
-    BackendKind, CacheInfo, CacheList, CacheMount, CpuStats, CreateSandbox, Hypervisor,
-    MemoryStats, NetworkInfo, NetworkRequest, PidsStats, SandboxInfo, SandboxList, SandboxState,
-    SandboxStats, SandboxTimings, SignalRequest, VolumeMount,
-};
 pub use signal::signal_number;
+pub use stats::{CpuStats, MemoryStats, PidsStats, SandboxStats};
 pub use types::{
-    valid_exec_id, ErrorBody, ExecRequest, ExecResult, FilesPutResult, RefusedEntry, Rlimit, Usage,
-    ValidationError, MAX_ARGS, MAX_ENV, MAX_EXEC_ID, MAX_REQUEST_BYTES, MAX_TIMEOUT_S,
-    RLIMIT_RESOURCES,
+    valid_exec_id, ErrorBody, ExecList, ExecRequest, ExecResult, ExecState, ExecStatus,
+    FilesPutResult, OnDisconnect, RefusedEntry, Rlimit, Usage, ValidationError, MAX_ARGS, MAX_ENV,
+    MAX_EXEC_ID, MAX_REQUEST_BYTES, MAX_TIMEOUT_S, RLIMIT_RESOURCES,
 };
 
 #[cfg(feature = "tokio")]

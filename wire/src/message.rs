@@ -108,6 +108,7 @@ mod tests {
         let request = ExecRequest::new(["x".to_string(), arg]);
         request.validate().expect("within the request limits");
         let message = encode_message(&AgentRequest::Exec {
+            tail_bytes: None,
             request,
             interactive: false,
             user: None,

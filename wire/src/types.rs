@@ -4,6 +4,10 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
+/// Most supplementary groups a command may be given (the kernel's `NGROUPS_MAX` is 65536;
+/// an image needing more is a mistake).
+pub const MAX_GROUPS: usize = 256;
+
 /// Longest accepted `timeout_s`: one week. Anything longer is a mistake, not a CI job.
 pub const MAX_TIMEOUT_S: i64 = 7 * 24 * 3600;
 /// Most arguments accepted in `cmd`.
@@ -57,6 +61,74 @@ pub struct ExecRequest {
         schemars(regex(pattern = r"^[A-Za-z0-9._-]{0,128}$"))
     )]
     pub exec_id: String,
+    /// What happens to the command when the connection that started it drops (the client
+    /// went away, a proxy timed out, the daemon restarted): `keep` runs it on, its output kept
+    /// in a bounded tail, and a client re-attaches by `exec_id`; `kill` kills its process
+    /// group. Absent: `keep` for a one-shot exec, `kill` for an interactive session (closing
+    /// its connection ends it, as the protocol says; it may not ask for `keep`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub on_disconnect: Option<OnDisconnect>,
+}
+
+/// What a command does when the connection that started it drops.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[serde(rename_all = "snake_case")]
+pub enum OnDisconnect {
+    /// Runs on; a client re-attaches by `exec_id`.
+    Keep,
+    /// Its process group is killed.
+    Kill,
+}
+
+/// Whether a command still runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[serde(rename_all = "snake_case")]
+pub enum ExecState {
+    /// It runs.
+    Running,
+    /// It has exited; `result` says how.
+    Exited,
+}
+
+/// A command the agent can find by `exec_id`: one that runs, or one that ended while no client
+/// was attached and whose result has not been collected yet.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+pub struct ExecStatus {
+    /// Its name.
+    pub exec_id: String,
+    /// The command and its arguments.
+    pub cmd: Vec<String>,
+    /// Running or exited.
+    pub state: ExecState,
+    /// Its process id inside the sandbox (also its process group).
+    pub pid: i32,
+    /// When it started, in milliseconds since the Unix epoch (the guest's clock).
+    pub started_unix_ms: u64,
+    /// Whether a client is attached to its output now.
+    pub attached: bool,
+    /// Whether it outlives its connection (`on_disconnect: keep`).
+    pub keep: bool,
+    /// Output bytes (stdout and stderr payload, in stream order) produced so far: the end of
+    /// its output stream, where an attach with `offset` equal to it starts live.
+    pub output_bytes: u64,
+    /// The oldest output byte still kept: an attach from an earlier offset misses the bytes
+    /// in between (reported as dropped).
+    pub output_kept_from: u64,
+    /// How it ended, once it has.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub result: Option<ExecResult>,
+}
+
+/// The commands of a sandbox that can be found by `exec_id`: the answer to
+/// `GET /sandboxes/{id}/execs` (and the agent's to `execs`).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+pub struct ExecList {
+    /// The commands, oldest first.
+    pub execs: Vec<ExecStatus>,
 }
 
 /// One resource limit: `setrlimit(type, {soft, hard})`.
@@ -232,13 +304,13 @@ impl ExecRequest {
                 "must be uid, uid:gid, name or name:group (at most 256 bytes, no NUL or newline)",
             ));
         }
-        if self.group_add.len() > crate::agent::MAX_GROUPS {
+        if self.group_add.len() > MAX_GROUPS {
             return Err(ValidationError::new(
                 "group_add",
                 format!(
                     "{} groups, more than the {} allowed",
                     self.group_add.len(),
-                    crate::agent::MAX_GROUPS
+                    MAX_GROUPS
                 ),
             ));
         }
@@ -362,6 +434,14 @@ pub struct ExecResult {
     /// Resource usage; `null` when the agent collected none ("no data", not zeroes).
     #[serde(default)]
     pub usage: Option<Usage>,
+    /// Output bytes this stream never carried: its command outlived a dropped connection and
+    /// produced more than the agent keeps before this client attached (absent when none).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub output_dropped_bytes: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 impl ExecResult {

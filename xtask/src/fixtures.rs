@@ -19,7 +19,7 @@ use wire::{
 use crate::util::workspace_root;
 
 #[derive(clap::Args)]
-pub struct Args {
+pub(crate) struct Args {
     /// Directory to write into (default: `fixtures/` in the workspace).
     #[arg(long)]
     out: Option<PathBuf>,
@@ -400,7 +400,7 @@ fn describe_frames(bytes: &[u8], direction: Direction) -> Result<Vec<FrameEntry>
     Ok(frames)
 }
 
-pub fn run(args: Args) -> Result<()> {
+pub(crate) fn run(args: Args) -> Result<()> {
     let out = args
         .out
         .unwrap_or_else(|| workspace_root().join("fixtures"));

@@ -16,15 +16,17 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
-use crucible_image::cache::Cache;
+use guest_image::cache::Cache;
+use xshell::{cmd, Shell};
 
 use crate::util::{describe, run_step, workspace_root};
 
 /// Every fuzz target, in the order they run (cheapest first, so a short run fails fast).
-pub const TARGETS: &[&str] = &[
+pub(crate) const TARGETS: &[&str] = &[
     "frame_decoder",
     "agent_request",
     "http_exec_request",
+    "http1_head",
     "tar_extract",
     "virtqueue_chain",
     "vsock_packet",
@@ -37,7 +39,7 @@ const PROGRESS_EVERY: Duration = Duration::from_secs(15);
 const INPUT_TIMEOUT_S: u32 = 20;
 
 #[derive(clap::Args)]
-pub struct Args {
+pub(crate) struct Args {
     /// How long to run each target, in seconds.
     #[arg(long, default_value_t = 60)]
     seconds: u32,
@@ -60,7 +62,7 @@ struct Stats {
     peak_rss_mb: u64,
 }
 
-pub fn run(args: Args) -> Result<()> {
+pub(crate) fn run(sh: &Shell, args: Args) -> Result<()> {
     let targets: Vec<&str> = if args.targets.is_empty() {
         TARGETS.to_vec()
     } else {
@@ -74,8 +76,7 @@ pub fn run(args: Args) -> Result<()> {
         }
         args.targets.iter().map(String::as_str).collect()
     };
-    ensure_nightly()?;
-    ensure_cargo_fuzz()?;
+    ensure_tools(sh)?;
 
     let root = workspace_root();
     // Outside the checkout, beside the kernel cache, so that fresh CI clones only rebuild
@@ -84,9 +85,7 @@ pub fn run(args: Args) -> Result<()> {
     eprintln!("==> fuzz: building in {}", build_dir.display());
     run_step(
         "fuzz build",
-        Command::new("cargo")
-            .args(["+nightly", "fuzz", "build", "--target-dir"])
-            .arg(&build_dir),
+        cmd!(sh, "cargo +nightly fuzz build --target-dir {build_dir}"),
     )?;
     if args.build_only {
         return Ok(());
@@ -135,6 +134,8 @@ fn run_target(
         File::create(&log_path).with_context(|| format!("creating {}", log_path.display()))?;
 
     let seeds = root.join("fuzz/corpus").join(target);
+    // why std::process::Command: libFuzzer's stderr is read line by line while it runs (the
+    // log, the progress echo, the crash artifact), which xshell cannot do.
     let mut cmd = Command::new("cargo");
     cmd.current_dir(root)
         .args(["+nightly", "fuzz", "run", "--target-dir"])
@@ -236,46 +237,42 @@ fn parse_line(line: &str, stats: &mut Stats) {
     }
 }
 
-fn ensure_nightly() -> Result<()> {
-    let have = Command::new("rustup")
-        .args(["run", "nightly", "rustc", "--version"])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success());
+/// The nightly toolchain and cargo-fuzz, installed when missing (the provisioning step calls
+/// it too).
+pub(crate) fn ensure_tools(sh: &Shell) -> Result<()> {
+    ensure_nightly(sh)?;
+    ensure_cargo_fuzz(sh)
+}
+
+fn ensure_nightly(sh: &Shell) -> Result<()> {
+    let have = succeeds_silently(cmd!(sh, "rustup run nightly rustc --version"));
     if !have {
         eprintln!(
             "==> the nightly toolchain is missing: installing it with rustup (cargo-fuzz needs it)"
         );
         run_step(
             "rustup toolchain install nightly",
-            Command::new("rustup").args([
-                "toolchain",
-                "install",
-                "nightly",
-                "--profile",
-                "minimal",
-            ]),
+            cmd!(sh, "rustup toolchain install nightly --profile minimal"),
         )?;
     }
     Ok(())
 }
 
-fn ensure_cargo_fuzz() -> Result<()> {
-    let have = Command::new("cargo")
-        .args(["fuzz", "--version"])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success());
+fn ensure_cargo_fuzz(sh: &Shell) -> Result<()> {
+    let have = succeeds_silently(cmd!(sh, "cargo fuzz --version"));
     if !have {
         eprintln!("==> cargo-fuzz is missing: installing it (cargo install cargo-fuzz --locked)");
         run_step(
             "cargo install cargo-fuzz",
-            Command::new("cargo").args(["install", "cargo-fuzz", "--locked"]),
+            cmd!(sh, "cargo install cargo-fuzz --locked"),
         )?;
     }
     Ok(())
+}
+
+/// Whether `cmd` starts and exits 0, its output thrown away.
+fn succeeds_silently(cmd: xshell::Cmd<'_>) -> bool {
+    cmd.quiet().ignore_stdout().ignore_stderr().run().is_ok()
 }
 
 #[cfg(test)]

@@ -11,14 +11,15 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
+use xshell::{cmd, Shell};
 
-use crate::util::{describe, run_step, workspace_root};
+use crate::util::{cargo, describe, run_step, workspace_root};
 
 /// The schemathesis versions whose CLI and config file this step speaks.
 const SCHEMATHESIS: &str = "schemathesis>=4.32,<5";
 
 #[derive(clap::Args)]
-pub struct Args {
+pub(crate) struct Args {
     /// Test cases per operation and phase; CI's short form uses the default. Try 100+ for a
     /// longer hunt.
     #[arg(long, default_value_t = 10)]
@@ -31,14 +32,14 @@ pub struct Args {
     pub request_timeout: u32,
 }
 
-pub fn run(args: Args) -> Result<()> {
+pub(crate) fn run(sh: &Shell, args: Args) -> Result<()> {
     let started = Instant::now();
     let root = workspace_root();
-    let schemathesis = ensure_schemathesis()?;
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let schemathesis = ensure_schemathesis(sh)?;
+    let cargo = cargo();
     run_step(
         "build crucible",
-        Command::new(&cargo).args(["build", "-p", "crucible-cli", "--bin", "crucible"]),
+        cmd!(sh, "{cargo} build -p crucible-cli --bin crucible"),
     )?;
     let target = std::env::var_os("CARGO_TARGET_DIR")
         .map(PathBuf::from)
@@ -59,7 +60,7 @@ pub fn run(args: Args) -> Result<()> {
         .tempdir()
         .context("creating a temporary directory")?;
     let mut daemon = Daemon::start(&crucible, &image, dir.path())?;
-    let outcome = fuzz(&mut daemon, &schemathesis, &args, dir.path());
+    let outcome = fuzz(sh, &mut daemon, &schemathesis, &args, dir.path());
     let stopped = daemon.stop();
     let (figures, passed) = match outcome {
         Ok(result) => result,
@@ -84,7 +85,7 @@ pub fn run(args: Args) -> Result<()> {
 }
 
 /// The venv under `~/.cache/crucible/venv`, with schemathesis installed in it if missing.
-fn ensure_schemathesis() -> Result<PathBuf> {
+pub(crate) fn ensure_schemathesis(sh: &Shell) -> Result<PathBuf> {
     let home = std::env::var_os("HOME").context("HOME is not set")?;
     let venv = Path::new(&home).join(".cache/crucible/venv");
     let bin = venv.join("bin/schemathesis");
@@ -96,13 +97,11 @@ fn ensure_schemathesis() -> Result<PathBuf> {
          the hostile-input step)",
         venv.display()
     );
-    run_step(
-        "python venv",
-        Command::new("python3").arg("-m").arg("venv").arg(&venv),
-    )?;
+    run_step("python venv", cmd!(sh, "python3 -m venv {venv}"))?;
+    let pip = venv.join("bin/pip");
     run_step(
         "pip install schemathesis",
-        Command::new(venv.join("bin/pip")).args(["install", "--quiet", SCHEMATHESIS]),
+        cmd!(sh, "{pip} install --quiet {SCHEMATHESIS}"),
     )?;
     if !bin.is_file() {
         bail!(
@@ -126,6 +125,7 @@ parameters = { "path.id" = "${CRUCIBLE_SANDBOX_ID}" }
 /// Runs schemathesis (the stateless phases against a live sandbox, then the stateful phase);
 /// returns the figures and whether both runs passed.
 fn fuzz(
+    sh: &Shell,
     daemon: &mut Daemon,
     schemathesis: &Path,
     args: &Args,
@@ -152,31 +152,30 @@ fn fuzz(
 
     let mut passed = true;
     let mut figures = Vec::new();
+    let spec = root.join("docs/openapi.json");
+    let url = format!("http://{}", daemon.addr);
+    let header = format!("Authorization: Bearer {}", daemon.key);
+    let request_timeout = args.request_timeout.to_string();
+    let max_examples = args.max_examples.to_string();
+    let seed = args.seed.to_string();
     for (phases, config) in [("examples,coverage,fuzzing", &live), ("stateful", &base)] {
-        let mut cmd = Command::new(schemathesis);
-        cmd.current_dir(dir)
-            .env("SCHEMATHESIS_HOOKS", "hooks")
-            .env("PYTHONPATH", &scripts)
-            .env("CRUCIBLE_SANDBOX_ID", &id)
-            .arg("--no-color")
-            .arg("--config-file")
-            .arg(config)
-            .arg("run")
-            .arg(root.join("docs/openapi.json"))
-            .arg("--url")
-            .arg(format!("http://{}", daemon.addr))
-            .arg("--header")
-            .arg(format!("Authorization: Bearer {}", daemon.key))
-            .args(["--checks", "all", "--exclude-checks", "not_a_server_error"])
-            .arg(format!("--phases={phases}"))
-            .arg(format!("--request-timeout={}", args.request_timeout))
-            .arg(format!("--max-examples={}", args.max_examples))
-            .arg(format!("--seed={}", args.seed))
-            .args(["--workers", "1"])
-            .stdout(Stdio::piped());
-        let shown = describe(&cmd).replace(&daemon.key, "<temporary key>");
+        let _in_dir = sh.push_dir(dir);
+        let cmd = cmd!(
+            sh,
+            "{schemathesis} --no-color --config-file {config} run {spec} --url {url}
+             --header {header} --checks all --exclude-checks not_a_server_error
+             --phases={phases} --request-timeout={request_timeout}
+             --max-examples={max_examples} --seed={seed} --workers 1"
+        )
+        .env("SCHEMATHESIS_HOOKS", "hooks")
+        .env("PYTHONPATH", &scripts)
+        .env("CRUCIBLE_SANDBOX_ID", &id);
+        let shown = cmd.to_string().replace(&daemon.key, "<temporary key>");
         eprintln!("==> schemathesis ({phases}): {shown}");
+        // Its report (stdout) is printed below; its stderr is captured and dropped, as before;
+        // its status is checked below, so that a failing run still reports its figures.
         let output = cmd
+            .ignore_status()
             .output()
             .with_context(|| format!("could not start {}", schemathesis.display()))?;
         let report = String::from_utf8_lossy(&output.stdout);
@@ -241,6 +240,8 @@ impl Daemon {
         let log = dir.join("daemon.log");
         let log_file =
             std::fs::File::create(&log).with_context(|| format!("creating {}", log.display()))?;
+        // why std::process::Command: the daemon runs alongside the fuzzing, supervised (polled,
+        // signalled, killed), its output sent to a log file; xshell only runs to completion.
         let mut cmd = Command::new(crucible);
         cmd.arg("serve")
             .arg("--socket")

@@ -1,4 +1,4 @@
-//! `cargo xtask build-image` and `cargo xtask smoke-image`: thin front ends to `crucible-image`.
+//! `cargo xtask build-image` and `cargo xtask smoke-image`: thin front ends to `crucible-guest-image`.
 
 use std::io::IsTerminal;
 use std::path::PathBuf;
@@ -6,9 +6,9 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
-use crucible_image::progress::{format_duration, format_size};
-use crucible_image::smoke::{self, SmokeOptions};
-use crucible_image::{
+use guest_image::progress::{format_duration, format_size};
+use guest_image::smoke::{self, SmokeOptions};
+use guest_image::{
     AgentSource, Compression, ImageBuilder, ImageOptions, KernelSource, Manifest, Progress,
     RootfsSource,
 };
@@ -21,7 +21,7 @@ fn default_out() -> PathBuf {
 }
 
 #[derive(clap::Args)]
-pub struct BuildArgs {
+pub(crate) struct BuildArgs {
     /// Output directory [default: target/crucible/image].
     #[arg(long, value_name = "DIR")]
     out: Option<PathBuf>,
@@ -61,7 +61,7 @@ enum CompressionArg {
 }
 
 #[derive(clap::Args)]
-pub struct SmokeArgs {
+pub(crate) struct SmokeArgs {
     /// Directory holding the built image [default: target/crucible/image].
     #[arg(long, value_name = "DIR")]
     dir: Option<PathBuf>,
@@ -155,7 +155,7 @@ impl Progress for Reporter {
     }
 }
 
-pub fn build(args: BuildArgs) -> Result<()> {
+pub(crate) fn build(args: BuildArgs) -> Result<()> {
     let out = args.out.unwrap_or_else(default_out);
     let mut opts = ImageOptions::new(out.clone(), workspace_root());
     opts.kernel = if args.no_kernel {
@@ -230,7 +230,7 @@ fn print_summary(m: &Manifest, out: &std::path::Path) {
     println!();
     println!(
         "wrote {} in {:.1}s",
-        out.join(crucible_image::manifest::FILE_NAME).display(),
+        out.join(guest_image::manifest::FILE_NAME).display(),
         m.build_seconds
     );
     if let Some(rootfs) = &m.rootfs_info {
@@ -243,7 +243,7 @@ fn print_summary(m: &Manifest, out: &std::path::Path) {
     }
 }
 
-pub fn smoke(args: SmokeArgs) -> Result<()> {
+pub(crate) fn smoke(args: SmokeArgs) -> Result<()> {
     let dir = args.dir.unwrap_or_else(default_out);
     let manifest = Manifest::read(&dir)?;
     let changed = manifest.verify(&dir)?;

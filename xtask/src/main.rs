@@ -3,12 +3,15 @@
 use anyhow::Result;
 use clap::{Parser, Subcommand};
 
+mod architecture;
 mod bench;
 mod ci;
+mod doc_paths;
 mod fixtures;
 mod fuzz;
 mod hostile;
 mod image;
+mod nested;
 mod openapi;
 mod soak;
 mod util;
@@ -22,8 +25,17 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Everything CI checks: fmt, clippy, tests, generated files up to date.
+    /// Everything CI checks, in tiers: provision, fast, e2e, nested, slow (none given: all).
+    ///
+    /// `fast` (fmt, clippy, the architecture's rules, generated files, unit tests) runs in a
+    /// few minutes; `e2e` builds the guest images and runs every integration test through the
+    /// real daemon and the Python SDK; `nested` the hardware-KVM tests in a nested-KVM L1;
+    /// `slow` fuzzing, the benchmark gate and schemathesis. `provision` installs what they
+    /// need, saying what. Each step's time is printed, and a table of them at the end.
     Ci(ci::Args),
+    /// The architecture's rules: no module cycle in any crate, the engine knows no HTTP, no
+    /// error message repeats its cause.
+    Architecture,
     /// Build the cargo-fuzz targets (nightly) and run each for --seconds.
     ///
     /// Builds the targets in fuzz/ with nightly and AddressSanitizer, then runs each for
@@ -34,8 +46,8 @@ enum Command {
     /// Reports executions and execs/s per target; fails with the crash artifact's path if a
     /// target crashes.
     ///
-    /// Targets: frame_decoder, agent_request, http_exec_request, tar_extract, virtqueue_chain,
-    /// vsock_packet.
+    /// Targets: frame_decoder, agent_request, http_exec_request, http1_head, tar_extract,
+    /// virtqueue_chain, vsock_packet.
     Fuzz(fuzz::Args),
     /// Regenerate the conformance fixtures (`fixtures/*.bin` + `manifest.json`) from the codec.
     GenFixtures(fixtures::Args),
@@ -47,32 +59,44 @@ enum Command {
     BuildImage(image::BuildArgs),
     /// Boot the built image under QEMU microvm and check the agent's selftests.
     SmokeImage(image::SmokeArgs),
+    /// The nested-KVM tier: real Linux under crucible-vmm on any host.
+    ///
+    /// QEMU TCG emulates an AMD CPU with SVM and nested paging; Debian's stock kernel
+    /// (`linux-image-amd64`, fetched once with apt-get download into ~/.cache/crucible/nested)
+    /// runs in it as L1 and loads kvm_amd; inside L1 the test binaries `cargo test` built run
+    /// with every KVM test included: the VMM's real-kernel and test-guest tests (with the static
+    /// crucible-vmm) and the daemon's microVM suite on crucible-vmm. Each step has a deadline;
+    /// a failed step fails the tier. A run the emulator spoiled (L1 panicked or froze, QEMU
+    /// died) is retried up to --retries times, each retry printed. Logs: target/crucible/nested.
+    Nested(nested::Args),
     /// The soak test's long form: 10,000 execs across 20 sandboxes with random cancellations
     /// and file transfers, nothing lost, memory steady (the short form runs in `cargo test`).
     Soak(soak::Args),
     /// Run the benchmark suite against its peers; write docs/benchmarks.md, plots and JSON.
+    ///
+    /// Builds `crucible-bench` (the `bench/` crate) and crucible-vmm with --release and runs
+    /// the suite with the arguments given (`cargo xtask bench -- --help` lists them): `--quick`,
+    /// `--gate`, `--check-slowed`, `--only SECTION,…` (floor, vmm, create, exec, streaming,
+    /// files, concurrency, peers, footprint, tcg, egress, nested), `--update-baseline`.
+    #[command(disable_help_flag = true)]
     Bench(bench::Args),
-    /// The daemon for the footprint benchmark, in its own process (internal).
-    #[command(hide = true)]
-    BenchDaemon(bench::ChildArgs),
-    /// The fork+exec floor helper of the benchmarks (internal).
-    #[command(hide = true)]
-    BenchFloor(bench::FloorArgs),
 }
 
 fn main() -> Result<()> {
     let cli = Cli::parse();
+    // The one shell every external command runs through, in the workspace root.
+    let sh = &util::shell()?;
     match cli.command {
-        Command::Ci(args) => ci::run(args),
-        Command::Fuzz(args) => fuzz::run(args),
+        Command::Ci(args) => ci::run(sh, args),
+        Command::Architecture => architecture::run(sh),
+        Command::Fuzz(args) => fuzz::run(sh, args),
         Command::GenFixtures(args) => fixtures::run(args),
-        Command::GenOpenapi => openapi::run(),
-        Command::Hostile(args) => hostile::run(args),
+        Command::GenOpenapi => openapi::run(sh),
+        Command::Hostile(args) => hostile::run(sh, args),
         Command::BuildImage(args) => image::build(args),
         Command::SmokeImage(args) => image::smoke(args),
-        Command::Soak(args) => soak::run(args),
-        Command::Bench(args) => bench::run(args),
-        Command::BenchDaemon(args) => bench::run_child(args),
-        Command::BenchFloor(args) => bench::run_floor(args),
+        Command::Nested(args) => nested::run(sh, args),
+        Command::Soak(args) => soak::run(sh, args),
+        Command::Bench(args) => bench::run(sh, args),
     }
 }

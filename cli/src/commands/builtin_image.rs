@@ -4,7 +4,7 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
-use crucible_image::{AgentSource, ImageBuilder, ImageOptions};
+use guest_image::{AgentSource, ImageBuilder, ImageOptions};
 
 /// Where the agent can come from: built from a crucible checkout containing the current
 /// directory, or a static `guest-init` installed beside this binary.
@@ -32,7 +32,7 @@ fn agent_source() -> Result<AgentSource> {
 
 /// Makes sure `image_dir` holds what the namespace backend runs (the root tree with the
 /// agent), building it with progress when it is missing.
-pub fn ensure_for_namespace(image_dir: &Path) -> Result<()> {
+pub(crate) fn ensure_for_namespace(image_dir: &Path) -> Result<()> {
     if image_dir.join("rootfs/init").is_file() {
         return Ok(());
     }
@@ -56,7 +56,7 @@ pub fn ensure_for_namespace(image_dir: &Path) -> Result<()> {
 
 fn build(options: ImageOptions) -> Result<()> {
     let manifest = ImageBuilder::new(options)
-        .build(&crucible_image::progress::Plain)
+        .build(&guest_image::progress::Plain)
         .context("building the image")?;
     eprintln!("crucible: image ready ({} s)", manifest.build_seconds);
     Ok(())

@@ -5,17 +5,17 @@ use anyhow::Result;
 use crate::output;
 use crate::Global;
 
-pub async fn list(global: &Global) -> Result<()> {
+pub(crate) async fn list(global: &Global) -> Result<()> {
     let caches = global.client()?.caches().await?;
     if global.json {
-        return output::print_json(&wire::CacheList { caches });
+        return output::print_json(&api_types::CacheList { caches });
     }
     print!("{}", output::cache_table(&caches));
     Ok(())
 }
 
 /// Deletes the named caches, or with `all` every one not in use (saying which were kept).
-pub async fn remove(global: &Global, names: &[String], all: bool) -> Result<()> {
+pub(crate) async fn remove(global: &Global, names: &[String], all: bool) -> Result<()> {
     let client = global.client()?;
     if all {
         let kept = client.clear_caches().await?;
@@ -36,7 +36,7 @@ pub async fn remove(global: &Global, names: &[String], all: bool) -> Result<()> 
     let mut failed = None;
     for name in names {
         if let Err(e) = client.delete_cache(name).await {
-            eprintln!("crucible: cache {name}: {e}");
+            eprintln!("crucible: cache {name}: {}", report::chain(&e));
             failed = Some(e);
         }
     }

@@ -8,7 +8,7 @@ use tokio::io::AsyncWriteExt;
 use crate::{output, Global};
 
 #[derive(clap::Args)]
-pub struct Args {
+pub(crate) struct Args {
     /// LOCAL path to upload, or ID:FILE to download.
     pub source: String,
     /// ID:DIR to upload into, or LOCAL path (file, directory, or `-` for stdout).
@@ -21,7 +21,7 @@ fn remote(text: &str) -> Option<(&str, &str)> {
     (id.starts_with("sb-") && !id.contains('/')).then_some((id, path))
 }
 
-pub async fn run(global: &Global, args: Args) -> Result<()> {
+pub(crate) async fn run(global: &Global, args: Args) -> Result<()> {
     let client = global.client()?;
     match (remote(&args.source), remote(&args.destination)) {
         (None, Some((id, dir))) => {

@@ -8,7 +8,7 @@ use wire::{ExecRequest, ExecResult};
 use crate::{exit, output, Global};
 
 #[derive(clap::Args)]
-pub struct ExecArgs {
+pub(crate) struct ExecArgs {
     /// Interactive: forward this process's stdin to the command (line-buffered, no PTY).
     #[arg(short, long)]
     pub interactive: bool,
@@ -33,7 +33,7 @@ pub struct ExecArgs {
 }
 
 #[derive(clap::Args)]
-pub struct ShellArgs {
+pub(crate) struct ShellArgs {
     /// The sandbox id.
     pub id: String,
     /// The shell to run.
@@ -43,7 +43,7 @@ pub struct ShellArgs {
 
 /// How a command runs: the options `sandbox exec` and `run` share.
 #[derive(clap::Args)]
-pub struct CommandOptions {
+pub(crate) struct CommandOptions {
     /// Working directory (absolute) [default: the agent's].
     #[arg(long, value_name = "DIR")]
     pub cwd: Option<String>,
@@ -58,14 +58,43 @@ pub struct CommandOptions {
     #[arg(long, value_name = "NAME=SOFT[:HARD]", value_parser = ulimit)]
     pub ulimit: Vec<wire::Rlimit>,
     /// Name the running command, so that `crucible sandbox kill ID --exec-id NAME` signals it
-    /// alone (letters, digits, '.', '_', '-').
+    /// alone and `crucible sandbox attach ID NAME` finds it again (letters, digits, '.', '_',
+    /// '-') [default: a name the daemon makes up].
     #[arg(long, value_name = "NAME")]
     pub exec_id: Option<String>,
+    /// What happens to the command if this client goes away (Ctrl-C, a dropped connection):
+    /// `keep` runs it on (re-attach with `crucible sandbox attach`), `kill` kills it
+    /// [default: keep; an interactive session always ends with its connection].
+    #[arg(long, value_name = "POLICY", value_parser = on_disconnect)]
+    pub on_disconnect: Option<wire::OnDisconnect>,
+}
+
+fn on_disconnect(text: &str) -> Result<wire::OnDisconnect, String> {
+    match text {
+        "keep" => Ok(wire::OnDisconnect::Keep),
+        "kill" => Ok(wire::OnDisconnect::Kill),
+        other => Err(format!("expected keep or kill, got {other:?}")),
+    }
+}
+
+#[derive(clap::Args)]
+pub(crate) struct AttachArgs {
+    /// The output bytes (stdout and stderr together) you already have: the stream starts
+    /// after them [default: 0, everything the agent still keeps].
+    #[arg(long, value_name = "BYTES", default_value_t = 0)]
+    pub offset: u64,
+    /// Print the command's resource usage to stderr when it ends.
+    #[arg(long)]
+    pub stats: bool,
+    /// The sandbox id.
+    pub id: String,
+    /// The command's exec id (`crucible sandbox ps ID` lists them).
+    pub exec_id: String,
 }
 
 impl CommandOptions {
     /// The request to run `cmd` with `env` under these options.
-    pub fn request(&self, cmd: &[String], env: &[(String, String)]) -> ExecRequest {
+    pub(crate) fn request(&self, cmd: &[String], env: &[(String, String)]) -> ExecRequest {
         ExecRequest {
             cmd: cmd.to_vec(),
             env: env.iter().cloned().collect(),
@@ -73,6 +102,7 @@ impl CommandOptions {
             timeout_s: self.timeout.unwrap_or(0),
             rlimits: self.ulimit.clone(),
             exec_id: self.exec_id.clone().unwrap_or_default(),
+            on_disconnect: self.on_disconnect,
             ..ExecRequest::default()
         }
     }
@@ -112,7 +142,7 @@ fn ulimit(text: &str) -> Result<wire::Rlimit, String> {
 }
 
 /// Writes one output event where it belongs; returns the result at the exit event.
-pub async fn print_event(event: ExecEvent) -> Result<Option<ExecResult>> {
+pub(crate) async fn print_event(event: ExecEvent) -> Result<Option<ExecResult>> {
     match event {
         ExecEvent::Stdout(bytes) => {
             let mut out = tokio::io::stdout();
@@ -134,23 +164,114 @@ fn lost() -> anyhow::Error {
 }
 
 /// Streams a one-shot exec's output live; returns its result.
-pub async fn stream(
+pub(crate) async fn stream(
     client: &client::Client,
     id: &str,
     request: &ExecRequest,
 ) -> Result<ExecResult> {
-    let mut stream = client.exec(id, request).await?;
-    while let Some(event) = stream.next_event().await {
-        if let Some(result) = print_event(event?).await? {
-            return Ok(result);
-        }
+    let stream = client.exec(id, request).await?;
+    let keeps_running = request.on_disconnect != Some(wire::OnDisconnect::Kill);
+    follow(client, id, stream, 0, keeps_running).await
+}
+
+/// How many times a broken stream is re-attached before the command gives up.
+const MAX_RESUMES: u32 = 5;
+
+/// Prints a frame stream's output live from output byte `offset`; returns its result. When
+/// the connection breaks and the command runs on, it re-attaches from the bytes already
+/// printed (nothing twice, nothing lost) up to [`MAX_RESUMES`] times, waiting longer each
+/// time (a restarting daemon, a network blip); past that, the error says how to re-attach.
+async fn follow(
+    client: &client::Client,
+    id: &str,
+    mut stream: client::ExecStream,
+    offset: u64,
+    keeps_running: bool,
+) -> Result<ExecResult> {
+    let mut received = offset;
+    let mut resumes = 0;
+    loop {
+        let broken = loop {
+            let event = match stream.next_event().await {
+                Some(Ok(event)) => event,
+                Some(Err(e)) => break anyhow::Error::from(e),
+                None => break lost(),
+            };
+            if let ExecEvent::Stdout(bytes) | ExecEvent::Stderr(bytes) = &event {
+                received += bytes.len() as u64;
+            }
+            if let Some(result) = print_event(event).await? {
+                if result.output_dropped_bytes > 0 {
+                    eprintln!(
+                        "crucible: {} bytes of output are missing: the agent keeps only the \
+                         latest (the daemon's --exec-tail-bytes)",
+                        result.output_dropped_bytes
+                    );
+                }
+                return Ok(result);
+            }
+        };
+        let exec_id = match stream.exec_id() {
+            Some(exec_id) if keeps_running => exec_id.to_string(),
+            _ => return Err(broken),
+        };
+        let mut last = broken;
+        stream = loop {
+            if resumes == MAX_RESUMES {
+                return Err(reattach_hint(&last, id, &exec_id, received));
+            }
+            resumes += 1;
+            eprintln!(
+                "crucible: the stream broke ({}); re-attaching to {exec_id} at byte {received}",
+                output::error_line(&last)
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(100 << resumes)).await;
+            match client.attach(id, &exec_id, received).await {
+                Ok(stream) => break stream,
+                // The daemon answered: the command is not there to follow (collected,
+                // attached elsewhere). Retrying cannot change that.
+                Err(e @ ClientError::Api { .. }) => {
+                    return Err(reattach_hint(&e.into(), id, &exec_id, received))
+                }
+                Err(e) => last = e.into(),
+            }
+        };
     }
-    Err(lost())
+}
+
+/// `error`, with the command that re-attaches to the command, which runs on.
+fn reattach_hint(error: &anyhow::Error, id: &str, exec_id: &str, received: u64) -> anyhow::Error {
+    anyhow::anyhow!(
+        "{}; the command may run on: `crucible sandbox attach {id} {exec_id} --offset \
+         {received}` follows it from where this stopped",
+        output::error_line(error)
+    )
+}
+
+/// `crucible sandbox attach ID EXEC_ID`.
+pub(crate) async fn attach(global: &Global, args: AttachArgs) -> Result<i32> {
+    let client = global.client()?;
+    let stream = client.attach(&args.id, &args.exec_id, args.offset).await?;
+    let result = follow(&client, &args.id, stream, args.offset, true).await?;
+    if global.json {
+        output::print_json(&result)?;
+    }
+    finish(global, &result, args.stats)
+}
+
+/// `crucible sandbox ps ID`.
+pub(crate) async fn ps(global: &Global, id: &str) -> Result<()> {
+    let execs = global.client()?.execs(id).await?;
+    if global.json {
+        return output::print_json(&wire::ExecList { execs });
+    }
+    print!("{}", output::exec_table(&execs));
+    Ok(())
 }
 
 /// Runs an interactive session: this process's stdin goes to the command until EOF (then
 /// stdin_close), the command's output comes back live.
-pub async fn interactive(
+pub(crate) async fn interactive(
     client: &client::Client,
     id: &str,
     request: &ExecRequest,
@@ -198,7 +319,7 @@ fn finish(global: &Global, result: &ExecResult, stats: bool) -> Result<i32> {
     Ok(exit::code(result))
 }
 
-pub async fn exec(global: &Global, args: ExecArgs) -> Result<i32> {
+pub(crate) async fn exec(global: &Global, args: ExecArgs) -> Result<i32> {
     let client = global.client()?;
     let mut request = args.options.request(&args.cmd, &args.env);
     request.user = args.user.unwrap_or_default();
@@ -223,7 +344,7 @@ pub async fn exec(global: &Global, args: ExecArgs) -> Result<i32> {
     finish(global, &result, args.options.stats)
 }
 
-pub async fn shell(global: &Global, args: ShellArgs) -> Result<i32> {
+pub(crate) async fn shell(global: &Global, args: ShellArgs) -> Result<i32> {
     let client = global.client()?;
     let request = ExecRequest::new([args.shell.as_str(), "-i"]);
     let result = interactive(&client, &args.id, &request).await?;

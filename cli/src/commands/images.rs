@@ -15,7 +15,7 @@ use crate::Global;
 
 /// `crucible image import NAME SOURCE`.
 #[derive(clap::Args)]
-pub struct ImportArgs {
+pub(crate) struct ImportArgs {
     /// The image's name, as `--image NAME` and `{"image": NAME}` give it (letters, digits and
     /// `._:/-`; `rust:1.80` and `ghcr.io/org/ci:latest` are names). An image of yours with the
     /// same name is replaced; sandboxes already using it keep the old one.
@@ -95,7 +95,7 @@ fn tar_directory(dir: &Path, oci_layout: bool, writer: impl std::io::Write) -> R
     Ok(())
 }
 
-pub async fn import(global: &Global, args: ImportArgs) -> Result<()> {
+pub(crate) async fn import(global: &Global, args: ImportArgs) -> Result<()> {
     let client = global.client()?;
     let source = source(&args.source)?;
     let sent = Arc::new(AtomicU64::new(0));
@@ -193,26 +193,26 @@ fn progress_bar(total: Option<u64>, name: &str, what: &str) -> indicatif::Progre
     bar
 }
 
-pub async fn list(global: &Global) -> Result<()> {
+pub(crate) async fn list(global: &Global) -> Result<()> {
     let images = global.client()?.images().await?;
     if global.json {
-        return output::print_json(&wire::ImageList { images });
+        return output::print_json(&api_types::ImageList { images });
     }
     print!("{}", output::image_table(&images));
     Ok(())
 }
 
-pub async fn inspect(global: &Global, name: &str) -> Result<()> {
+pub(crate) async fn inspect(global: &Global, name: &str) -> Result<()> {
     let image = global.client()?.image(name).await?;
     output::print_json(&image)
 }
 
-pub async fn remove(global: &Global, names: &[String]) -> Result<()> {
+pub(crate) async fn remove(global: &Global, names: &[String]) -> Result<()> {
     let client = global.client()?;
     let mut failed = None;
     for name in names {
         if let Err(e) = client.delete_image(name).await {
-            eprintln!("crucible: image {name}: {e}");
+            eprintln!("crucible: image {name}: {}", report::chain(&e));
             failed = Some(e);
         }
     }
@@ -224,7 +224,7 @@ pub async fn remove(global: &Global, names: &[String]) -> Result<()> {
 
 /// `crucible image prune`: which of your images to remove.
 #[derive(clap::Args)]
-pub struct PruneArgs {
+pub(crate) struct PruneArgs {
     /// Only images no sandbox has used (nor anyone imported) for this long: 90 (seconds),
     /// 90s, 15m, 24h, 7d [default: 0, any image not in use].
     #[arg(long, value_name = "DURATION", value_parser = duration_s, default_value = "0")]
@@ -254,7 +254,7 @@ fn duration_s(text: &str) -> Result<u64, String> {
         .ok_or_else(|| format!("{text:?}: expected a number with s, m, h or d"))
 }
 
-pub async fn prune(global: &Global, args: &PruneArgs) -> Result<()> {
+pub(crate) async fn prune(global: &Global, args: &PruneArgs) -> Result<()> {
     let pruned = global
         .client()?
         .prune_images(args.unused_for, &args.prefix)

@@ -11,7 +11,7 @@ use super::sandbox::CreateArgs;
 use crate::{exit, output, Global};
 
 #[derive(clap::Args)]
-pub struct Args {
+pub(crate) struct Args {
     #[command(flatten)]
     pub sandbox: CreateArgs,
     /// The image directory for an embedded daemon.
@@ -47,13 +47,13 @@ async fn start_embedded(image_dir: &Path, allow: &[String]) -> Result<(client::C
     let mut config = api::ServeConfig::new(image_dir.to_path_buf());
     let socket = dir.path().join("crucible.sock");
     config.unix_socket = Some(socket.clone());
-    config.state_dir = dir.path().join("state");
+    config.engine.state_dir = dir.path().join("state");
     // Its own data directory: a daemon may be using the default one. Caches made by an
     // embedded daemon therefore last only as long as the run (`crucible serve` keeps them).
-    config.storage.data_dir = dir.path().join("data");
+    config.engine.storage.data_dir = dir.path().join("data");
     // The user running it is its operator: what the sandbox asks to reach is allowed.
     config.egress_allow = allow.to_vec();
-    config.cgroup_parent = format!("crucible-run-{}", std::process::id());
+    config.engine.cgroup_parent = format!("crucible-run-{}", std::process::id());
     let server = api::Server::bind(config).await?;
     let (tx, rx) = oneshot::channel::<()>();
     let done = tokio::spawn(server.run(async {
@@ -94,7 +94,7 @@ async fn connect(
     }
 }
 
-pub async fn run(global: &Global, args: Args) -> Result<i32> {
+pub(crate) async fn run(global: &Global, args: Args) -> Result<i32> {
     let (client, embedded) = connect(global, &args.image_dir, &args.sandbox.allow).await?;
     let outcome = run_in_sandbox(global, &client, &args).await;
     if let Some(embedded) = embedded {
@@ -114,7 +114,11 @@ async fn run_in_sandbox(global: &Global, client: &client::Client, args: &Args) -
     if args.keep {
         eprintln!("crucible: kept sandbox {}", sandbox.id);
     } else if let Err(e) = client.delete(&sandbox.id).await {
-        eprintln!("crucible: warning: deleting sandbox {}: {e}", sandbox.id);
+        eprintln!(
+            "crucible: warning: deleting sandbox {}: {}",
+            sandbox.id,
+            report::chain(&e)
+        );
     }
     let Some(result) = result else {
         eprintln!("crucible: interrupted; sandbox deleted");

@@ -1,13 +1,13 @@
 //! `crucible sandbox create | ls | get | rm`.
 
 use anyhow::Result;
-use wire::{BackendKind, CreateSandbox};
+use api_types::{BackendKind, CreateSandbox};
 
 use crate::output;
 use crate::Global;
 
 #[derive(clap::Args, Clone, Default)]
-pub struct CreateArgs {
+pub(crate) struct CreateArgs {
     /// Memory limit in MiB.
     #[arg(long, value_name = "MIB")]
     pub memory: Option<u64>,
@@ -43,17 +43,17 @@ pub struct CreateArgs {
     /// with SIZE_MIB (else the daemon's default) if new. One sandbox at a time per cache. Kept
     /// by `crucible serve`; the daemon `crucible run` starts for itself keeps nothing.
     #[arg(long, value_name = "NAME:PATH[:SIZE_MIB]", value_parser = parse_cache)]
-    pub cache: Vec<wire::CacheMount>,
+    pub cache: Vec<api_types::CacheMount>,
     /// Mount the operator's read-only volume NAME at PATH (repeatable).
     #[arg(long, value_name = "NAME:PATH", value_parser = parse_volume)]
-    pub volume: Vec<wire::VolumeMount>,
+    pub volume: Vec<api_types::VolumeMount>,
     /// A disk-backed writable layer of MIB (on the host's disk, not in memory), for builds
     /// bigger than memory.
     #[arg(long = "disk", value_name = "MIB")]
     pub disk_mib: Option<u64>,
 }
 
-fn parse_cache(text: &str) -> Result<wire::CacheMount, String> {
+fn parse_cache(text: &str) -> Result<api_types::CacheMount, String> {
     let mut parts = text.splitn(3, ':');
     let (Some(name), Some(path)) = (parts.next(), parts.next()) else {
         return Err(format!("expected NAME:PATH[:SIZE_MIB], got {text:?}"));
@@ -65,25 +65,25 @@ fn parse_cache(text: &str) -> Result<wire::CacheMount, String> {
                 .map_err(|_| format!("SIZE_MIB must be a number of MiB, got {size:?}"))
         })
         .transpose()?;
-    Ok(wire::CacheMount {
+    Ok(api_types::CacheMount {
         name: name.to_string(),
         path: path.to_string(),
         size_mib,
     })
 }
 
-fn parse_volume(text: &str) -> Result<wire::VolumeMount, String> {
+fn parse_volume(text: &str) -> Result<api_types::VolumeMount, String> {
     let (name, path) = text
         .split_once(':')
         .ok_or_else(|| format!("expected NAME:PATH, got {text:?}"))?;
-    Ok(wire::VolumeMount {
+    Ok(api_types::VolumeMount {
         name: name.to_string(),
         path: path.to_string(),
     })
 }
 
 impl CreateArgs {
-    pub fn request(&self) -> CreateSandbox {
+    pub(crate) fn request(&self) -> CreateSandbox {
         CreateSandbox {
             memory_mib: self.memory,
             vcpus: self.vcpus,
@@ -93,7 +93,7 @@ impl CreateArgs {
             ttl_s: self.ttl,
             env: self.env.iter().cloned().collect(),
             labels: self.labels.iter().cloned().collect(),
-            network: (!self.allow.is_empty()).then(|| wire::NetworkRequest {
+            network: (!self.allow.is_empty()).then(|| api_types::NetworkRequest {
                 allow: self.allow.clone(),
             }),
             caches: self.cache.clone(),
@@ -103,7 +103,7 @@ impl CreateArgs {
     }
 }
 
-pub async fn create(global: &Global, args: CreateArgs) -> Result<()> {
+pub(crate) async fn create(global: &Global, args: CreateArgs) -> Result<()> {
     let info = global.client()?.create(&args.request()).await?;
     if global.json {
         output::print_json(&info)
@@ -113,16 +113,16 @@ pub async fn create(global: &Global, args: CreateArgs) -> Result<()> {
     }
 }
 
-pub async fn list(global: &Global) -> Result<()> {
+pub(crate) async fn list(global: &Global) -> Result<()> {
     let sandboxes = global.client()?.list().await?;
     if global.json {
-        return output::print_json(&wire::SandboxList { sandboxes });
+        return output::print_json(&api_types::SandboxList { sandboxes });
     }
     print!("{}", output::sandbox_table(&sandboxes));
     Ok(())
 }
 
-pub async fn get(global: &Global, id: &str) -> Result<()> {
+pub(crate) async fn get(global: &Global, id: &str) -> Result<()> {
     let info = global.client()?.get(id).await?;
     if global.json {
         return output::print_json(&info);
@@ -131,7 +131,7 @@ pub async fn get(global: &Global, id: &str) -> Result<()> {
     Ok(())
 }
 
-pub async fn remove(global: &Global, ids: &[String]) -> Result<()> {
+pub(crate) async fn remove(global: &Global, ids: &[String]) -> Result<()> {
     let client = global.client()?;
     let mut failed = None;
     for id in ids {
@@ -142,7 +142,7 @@ pub async fn remove(global: &Global, ids: &[String]) -> Result<()> {
                 }
             }
             Err(e) => {
-                eprintln!("crucible: error: {id}: {e}");
+                eprintln!("crucible: error: {id}: {}", report::chain(&e));
                 failed = Some(e);
             }
         }
@@ -155,7 +155,7 @@ pub async fn remove(global: &Global, ids: &[String]) -> Result<()> {
 
 /// `crucible sandbox kill`: a signal to every process of a sandbox, or to one named command.
 #[derive(clap::Args)]
-pub struct KillArgs {
+pub(crate) struct KillArgs {
     /// The sandbox id.
     pub id: String,
     /// The signal: a name (TERM, SIGTERM) or a number [default: KILL, as `docker kill`].
@@ -172,7 +172,7 @@ fn signal(text: &str) -> Result<i32, String> {
         .ok_or_else(|| format!("{text:?} is not a signal name (TERM, SIGKILL) or number 1 to 64"))
 }
 
-pub async fn kill(global: &Global, args: &KillArgs) -> Result<()> {
+pub(crate) async fn kill(global: &Global, args: &KillArgs) -> Result<()> {
     let client = global.client()?;
     match &args.exec_id {
         Some(exec_id) => client.signal_exec(&args.id, exec_id, args.signal).await?,

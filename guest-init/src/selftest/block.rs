@@ -17,7 +17,7 @@ use crate::sys;
 const CHUNK: usize = 64 * 1024;
 
 /// Checks `device`; on success, the facts the host compares (`serial=… sectors=… ro=…`).
-pub fn check(device: &str) -> Result<String, String> {
+pub(super) fn check(device: &str) -> Result<String, String> {
     let name = Path::new(device)
         .file_name()
         .ok_or_else(|| format!("{device} names no device"))?;

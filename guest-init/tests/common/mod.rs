@@ -18,10 +18,10 @@ static COUNTER: AtomicU32 = AtomicU32::new(0);
 
 /// A scratch directory removed on drop.
 #[derive(Debug)]
-pub struct TempDir(pub PathBuf);
+pub(crate) struct TempDir(pub PathBuf);
 
 impl TempDir {
-    pub fn new(tag: &str) -> TempDir {
+    pub(crate) fn new(tag: &str) -> TempDir {
         let n = COUNTER.fetch_add(1, Ordering::Relaxed);
         let path = std::env::temp_dir().join(format!("gi-{tag}-{}-{n}", std::process::id()));
         let _ = std::fs::remove_dir_all(&path);
@@ -29,7 +29,7 @@ impl TempDir {
         TempDir(path)
     }
 
-    pub fn path(&self) -> &Path {
+    pub(crate) fn path(&self) -> &Path {
         &self.0
     }
 }
@@ -42,7 +42,7 @@ impl Drop for TempDir {
 
 /// A running agent.
 #[derive(Debug)]
-pub struct Agent {
+pub(crate) struct Agent {
     child: Child,
     pub dir: TempDir,
     pub sock: PathBuf,
@@ -51,7 +51,7 @@ pub struct Agent {
 
 /// Everything an exec produced.
 #[derive(Debug, Default)]
-pub struct Output {
+pub(crate) struct Output {
     pub stdout: Vec<u8>,
     pub stderr: Vec<u8>,
     /// Frame types in arrival order (consecutive same-type frames kept separate).
@@ -61,22 +61,22 @@ pub struct Output {
 }
 
 impl Output {
-    pub fn stdout_str(&self) -> String {
+    pub(crate) fn stdout_str(&self) -> String {
         String::from_utf8_lossy(&self.stdout).into_owned()
     }
-    pub fn stderr_str(&self) -> String {
+    pub(crate) fn stderr_str(&self) -> String {
         String::from_utf8_lossy(&self.stderr).into_owned()
     }
 }
 
 impl Agent {
-    pub fn start() -> Agent {
+    pub(crate) fn start() -> Agent {
         Agent::start_with(|_| {})
     }
 
     /// Starts the agent as user and group 65534, so that the filesystem can refuse it
     /// something. Needs root (as the suite runs in CI): fails, never skips, otherwise.
-    pub fn start_as_nobody() -> Agent {
+    pub(crate) fn start_as_nobody() -> Agent {
         require_root("starting the agent as another user");
         Agent::start_with(|c| {
             use std::os::unix::process::CommandExt;
@@ -86,7 +86,7 @@ impl Agent {
 
     /// Starts the agent as PID 1 of a new PID (and mount) namespace, as the namespace backend
     /// will. Needs root and a working `unshare`: fails, never skips, otherwise.
-    pub fn start_in_pid_namespace() -> Agent {
+    pub(crate) fn start_in_pid_namespace() -> Agent {
         require_root("a PID namespace");
         let works = Command::new("unshare")
             .args(["-pf", "--mount-proc", "true"])
@@ -103,7 +103,7 @@ impl Agent {
     }
 
     /// Starts the agent, letting `setup` adjust the command (uid, env).
-    pub fn start_with(setup: impl FnOnce(&mut Command)) -> Agent {
+    pub(crate) fn start_with(setup: impl FnOnce(&mut Command)) -> Agent {
         Agent::launch(&[], setup)
     }
 
@@ -160,23 +160,24 @@ impl Agent {
         }
     }
 
-    pub fn pid(&self) -> u32 {
+    pub(crate) fn pid(&self) -> u32 {
         self.child.id()
     }
 
-    pub fn connect(&self) -> UnixStream {
+    pub(crate) fn connect(&self) -> UnixStream {
         UnixStream::connect(&self.sock).expect("connect to agent")
     }
 
     /// Opens a connection and sends `req` as its first message.
-    pub fn send(&self, req: &AgentRequest) -> UnixStream {
+    pub(crate) fn send(&self, req: &AgentRequest) -> UnixStream {
         let mut s = self.connect();
         wire::write_message(&mut s, req).expect("send request");
         s
     }
 
-    pub fn exec(&self, req: ExecRequest) -> Output {
+    pub(crate) fn exec(&self, req: ExecRequest) -> Output {
         let s = self.send(&AgentRequest::Exec {
+            tail_bytes: None,
             request: req,
             interactive: false,
             user: None,
@@ -185,13 +186,13 @@ impl Agent {
     }
 
     /// Runs a request that answers with one JSON reply.
-    pub fn reply(&self, req: &AgentRequest) -> AgentReply {
+    pub(crate) fn reply(&self, req: &AgentRequest) -> AgentReply {
         let mut s = self.send(req);
         wire::read_message(&mut s).expect("reply")
     }
 
     /// The agent's peak RSS (`VmHWM`) in bytes.
-    pub fn peak_rss(&self) -> u64 {
+    pub(crate) fn peak_rss(&self) -> u64 {
         let status =
             std::fs::read_to_string(format!("/proc/{}/status", self.pid())).expect("status");
         let line = status
@@ -207,7 +208,7 @@ impl Agent {
     }
 
     /// Waits for the agent to exit (after `shutdown`).
-    pub fn wait_exit(&mut self, limit: Duration) -> Option<std::process::ExitStatus> {
+    pub(crate) fn wait_exit(&mut self, limit: Duration) -> Option<std::process::ExitStatus> {
         let start = std::time::Instant::now();
         while start.elapsed() < limit {
             if let Some(status) = self.child.try_wait().expect("try_wait") {
@@ -228,7 +229,7 @@ impl Drop for Agent {
 
 /// Reads a whole exec response, checking it is a valid frame stream that ends with exactly one
 /// exit frame and then EOF.
-pub fn read_output<R: Read>(stream: R) -> Output {
+pub(crate) fn read_output<R: Read>(stream: R) -> Output {
     let mut out = Output::default();
     let mut reader = FrameReader::new(stream, Direction::GuestToHost);
     while let Some(frame) = reader.read_frame().expect("valid frame stream") {
@@ -249,18 +250,18 @@ pub fn read_output<R: Read>(stream: R) -> Output {
 }
 
 /// Writes one frame.
-pub fn write_frame<W: Write>(w: &mut W, t: FrameType, payload: &[u8]) {
+pub(crate) fn write_frame<W: Write>(w: &mut W, t: FrameType, payload: &[u8]) {
     let mut buf = Vec::new();
     wire::encode_frames(t, payload, &mut buf);
     w.write_all(&buf).expect("write frame");
 }
 
-pub fn sh(script: &str) -> ExecRequest {
+pub(crate) fn sh(script: &str) -> ExecRequest {
     ExecRequest::new(["sh", "-c", script])
 }
 
 /// Whether `pid` is gone (or a zombie nobody has reaped yet).
-pub fn process_gone(pid: u32) -> bool {
+pub(crate) fn process_gone(pid: u32) -> bool {
     match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
         Err(_) => true,
         Ok(stat) => stat
@@ -271,7 +272,7 @@ pub fn process_gone(pid: u32) -> bool {
 }
 
 /// Waits up to `limit` for `pid` to be gone.
-pub fn wait_gone(pid: u32, limit: Duration) -> bool {
+pub(crate) fn wait_gone(pid: u32, limit: Duration) -> bool {
     let start = std::time::Instant::now();
     while start.elapsed() < limit {
         if process_gone(pid) {
@@ -283,14 +284,14 @@ pub fn wait_gone(pid: u32, limit: Duration) -> bool {
 }
 
 /// Fails the test, saying why, unless it runs as root.
-pub fn require_root(what: &str) {
+pub(crate) fn require_root(what: &str) {
     assert!(
         is_root(),
         "{what} needs root: run the suite as root (`sudo cargo test`, as CI does)"
     );
 }
 
-pub fn is_root() -> bool {
+pub(crate) fn is_root() -> bool {
     // Reading our own uid from /proc avoids a libc dependency in the tests.
     std::fs::read_to_string("/proc/self/status")
         .ok()

@@ -16,6 +16,7 @@ import json
 import os
 import socket
 import tarfile
+import time
 import urllib.parse
 from dataclasses import dataclass, field
 from typing import IO, Dict, Iterator, List, Optional, Tuple, Union
@@ -40,6 +41,8 @@ class ExecOutput:
     stdout: bytes = b""
     stderr: bytes = b""
     result: Dict = field(default_factory=dict)
+    #: The command's exec_id (given, or made up by the daemon): what `attach` takes.
+    exec_id: str = ""
 
     @property
     def exit_code(self) -> int:
@@ -84,7 +87,38 @@ def _frames_to_events(frame: codec.Frame):
     raise codec.DecodeError("unknown_type", f"unexpected {frame.type_name} frame from the daemon")
 
 
-_EXEC_OPTIONS = ("user", "group_add", "rlimits", "exec_id")
+_EXEC_OPTIONS = ("user", "group_add", "rlimits", "exec_id", "on_disconnect")
+
+
+def _events(response: http.client.HTTPResponse) -> Iterator[Tuple[str, object]]:
+    """A frame stream's events; the connection is closed when the iteration ends or stops
+    (a command that outlives its connection then runs on)."""
+    try:
+        decoder = codec.Decoder(response=True)
+        while True:
+            chunk = response.read1(65536) if hasattr(response, "read1") else response.read(65536)
+            if not chunk:
+                break
+            for frame in decoder.feed(chunk):
+                yield _frames_to_events(frame)
+        decoder.close()
+    finally:
+        response.close()
+
+
+def _collect(response: http.client.HTTPResponse,
+             events: Iterator[Tuple[str, object]]) -> ExecOutput:
+    out = ExecOutput(exec_id=response.getheader("X-Crucible-Exec-Id") or "")
+    stdout, stderr = io.BytesIO(), io.BytesIO()
+    for kind, value in events:
+        if kind == "stdout":
+            stdout.write(value)
+        elif kind == "stderr":
+            stderr.write(value)
+        else:
+            out.result = value
+    out.stdout, out.stderr = stdout.getvalue(), stderr.getvalue()
+    return out
 
 
 def _request_body(cmd: List[str], env, cwd: str, timeout_s: int, options: Dict) -> bytes:
@@ -285,37 +319,95 @@ class Client:
 
     # -- exec -------------------------------------------------------------------------------
 
+    def _exec_response(self, sandbox_id: str, cmd: List[str], env, cwd: str, timeout_s: int,
+                       options: Dict) -> http.client.HTTPResponse:
+        return self._open("POST", self._sandbox_path(sandbox_id, "/exec"),
+                          body=_request_body(cmd, env, cwd, timeout_s, options),
+                          headers={"Content-Type": "application/json"})
+
     def exec_stream(self, sandbox_id: str, cmd: List[str], env=None, cwd: str = "",
-                    timeout_s: int = 0, **options) -> Iterator[Tuple[str, object]]:
+                    timeout_s: int = 0, resumes: int = 5,
+                    **options) -> Iterator[Tuple[str, object]]:
         """Runs a command; yields ("stdout", bytes) / ("stderr", bytes) as they arrive, then
-        ("exit", result dict). A stream that breaks off raises codec.DecodeError. `options`:
-        `user`, `rlimits`, `exec_id` (see docs/api.md)."""
-        response = self._open("POST", self._sandbox_path(sandbox_id, "/exec"),
-                              body=_request_body(cmd, env, cwd, timeout_s, options),
-                              headers={"Content-Type": "application/json"})
-        decoder = codec.Decoder(response=True)
-        while True:
-            chunk = response.read1(65536) if hasattr(response, "read1") else response.read(65536)
-            if not chunk:
-                break
-            for frame in decoder.feed(chunk):
-                yield _frames_to_events(frame)
-        decoder.close()
+        ("exit", result dict). `options`: `user`, `rlimits`, `exec_id`, `on_disconnect`
+        ("keep", the default: the command runs on if this client goes away, and `attach`
+        finds it; "kill") (see docs/api.md). When the connection breaks mid-stream and the
+        command runs on, the stream re-attaches from the bytes already yielded, up to
+        `resumes` times (waiting 0.2 s, 0.4 s, ... between tries); past that, or for a command
+        that dies with its connection, codec.DecodeError or the connection's error is raised."""
+        response = self._exec_response(sandbox_id, cmd, env, cwd, timeout_s, options)
+        keeps = options.get("on_disconnect") != "kill"
+        return self._resuming(sandbox_id, response, 0, resumes if keeps else 0)
 
     def exec(self, sandbox_id: str, cmd: List[str], env=None, cwd: str = "",
-             timeout_s: int = 0, **options) -> ExecOutput:
-        """Runs a command and collects its output (`options` as for exec_stream)."""
-        out = ExecOutput()
-        stdout, stderr = io.BytesIO(), io.BytesIO()
-        for kind, value in self.exec_stream(sandbox_id, cmd, env, cwd, timeout_s, **options):
-            if kind == "stdout":
-                stdout.write(value)
-            elif kind == "stderr":
-                stderr.write(value)
-            else:
-                out.result = value
-        out.stdout, out.stderr = stdout.getvalue(), stderr.getvalue()
-        return out
+             timeout_s: int = 0, resumes: int = 5, **options) -> ExecOutput:
+        """Runs a command and collects its output (`resumes` and `options` as for
+        exec_stream)."""
+        response = self._exec_response(sandbox_id, cmd, env, cwd, timeout_s, options)
+        keeps = options.get("on_disconnect") != "kill"
+        return _collect(response, self._resuming(sandbox_id, response, 0, resumes if keeps else 0))
+
+    def _resuming(self, sandbox_id: str, response: http.client.HTTPResponse, offset: int,
+                  resumes: int) -> Iterator[Tuple[str, object]]:
+        """`response`'s events from output byte `offset`; when the connection breaks,
+        re-attaches to its command from the bytes already yielded, up to `resumes` times."""
+        exec_id = response.getheader("X-Crucible-Exec-Id") or ""
+        received = offset
+        tries = 0
+        while True:
+            try:
+                for kind, value in _events(response):
+                    if kind != "exit":
+                        received += len(value)  # type: ignore[arg-type]
+                    yield kind, value
+                return
+            except (codec.DecodeError, OSError, http.client.HTTPException) as broken:
+                last: Exception = broken
+            while True:
+                if not exec_id or tries >= resumes:
+                    raise last
+                tries += 1
+                time.sleep(0.1 * 2 ** tries)
+                try:
+                    response = self._attach_response(sandbox_id, exec_id, received)
+                    break
+                except CrucibleError as e:
+                    if e.status:  # the daemon answered: the command is not there to follow
+                        raise
+                    last = e
+
+    # -- commands that outlive their connection ---------------------------------------------
+
+    def execs(self, sandbox_id: str) -> List[Dict]:
+        """GET /sandboxes/{id}/execs: the commands that can be found by exec_id (running, or
+        ended with a result nobody collected yet), oldest first."""
+        return self._json("GET", self._sandbox_path(sandbox_id, "/execs"))["execs"]
+
+    def exec_status(self, sandbox_id: str, exec_id: str) -> Dict:
+        """GET /sandboxes/{id}/execs/{exec_id}: one command's status (`state`, `attached`,
+        `output_bytes`, `output_kept_from`, and `result` once it has ended)."""
+        return self._json("GET", self._exec_path(sandbox_id, exec_id))
+
+    def attach_stream(self, sandbox_id: str, exec_id: str,
+                      offset: int = 0) -> Iterator[Tuple[str, object]]:
+        """POST /sandboxes/{id}/execs/{exec_id}/attach: re-attaches to a command whose
+        connection dropped, from output byte `offset` (the stdout and stderr bytes already
+        received); yields events as exec_stream does. The exit result's
+        `output_dropped_bytes` counts what the agent no longer kept."""
+        response = self._attach_response(sandbox_id, exec_id, offset)
+        return self._resuming(sandbox_id, response, offset, 5)
+
+    def attach(self, sandbox_id: str, exec_id: str, offset: int = 0) -> ExecOutput:
+        """attach_stream, collected."""
+        response = self._attach_response(sandbox_id, exec_id, offset)
+        return _collect(response, self._resuming(sandbox_id, response, offset, 5))
+
+    def _attach_response(self, sandbox_id: str, exec_id: str,
+                         offset: int) -> http.client.HTTPResponse:
+        return self._open("POST", f"{self._exec_path(sandbox_id, exec_id)}/attach?offset={int(offset)}")
+
+    def _exec_path(self, sandbox_id: str, exec_id: str) -> str:
+        return self._sandbox_path(sandbox_id, f"/execs/{urllib.parse.quote(exec_id, safe='')}")
 
     def interactive(self, sandbox_id: str, cmd: List[str], env=None, cwd: str = "",
                     timeout_s: int = 0, **options) -> Session:

@@ -1,14 +1,16 @@
 """The Python client and scripts/wsexec end to end against a real daemon."""
 
+import http.client
 import io
 import pathlib
 import subprocess
 import sys
 import tarfile
+import time
 
 import pytest
 
-from crucible_sdk import Client, CrucibleError
+from crucible_sdk import Client, CrucibleError, DecodeError
 
 WSEXEC = pathlib.Path(__file__).resolve().parents[3] / "scripts" / "wsexec"
 
@@ -58,6 +60,85 @@ def test_exec_options_signal_by_exec_id_and_stats(sandbox):
     assert gone.value.status == 404
     stats = client.stats(sid)
     assert stats["pids"]["current"] >= 1
+
+
+def test_a_command_outlives_its_client_and_attach_collects_the_rest(sandbox):
+    client, sid = sandbox
+    script = "echo first; while [ ! -e /tmp/go ]; do sleep 0.02; done; echo second; exit 6"
+    events = client.exec_stream(sid, ["sh", "-c", script], exec_id="py-keep")
+    assert next(events) == ("stdout", b"first\n")
+    events.close()  # the client goes away; the command runs on
+    for _ in range(200):
+        status = client.exec_status(sid, "py-keep")
+        if not status["attached"]:
+            break
+        time.sleep(0.02)
+    assert status["state"] == "running" and status["keep"], status
+    assert any(e["exec_id"] == "py-keep" for e in client.execs(sid))
+    client.exec(sid, ["touch", "/tmp/go"])
+    out = client.attach(sid, "py-keep", offset=len(b"first\n"))
+    assert (out.stdout, out.exit_code, out.exec_id) == (b"second\n", 6, "py-keep"), out
+    assert out.result.get("output_dropped_bytes", 0) == 0
+    with pytest.raises(CrucibleError) as gone:
+        client.attach(sid, "py-keep")
+    assert (gone.value.status, gone.value.code) == (404, "exec_not_found")
+    named = client.exec(sid, ["true"])
+    assert named.exec_id.startswith("ex-"), named
+
+
+def _cutting_proxy(upstream: str, path: str, cut: int) -> None:
+    """A Unix-socket proxy to `upstream` that cuts its first connection after `cut` bytes of
+    the daemon's answer (a network blip mid-stream) and passes later ones through."""
+    import socket
+    import threading
+
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(path)
+    listener.listen(8)
+
+    def pipe(src, dst, limit):
+        try:
+            while limit > 0:
+                data = src.recv(min(65536, limit))
+                if not data:
+                    break
+                dst.sendall(data)
+                limit -= len(data)
+        except OSError:
+            pass
+        for s in (src, dst):
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+    def serve():
+        n = 0
+        while True:
+            client, _ = listener.accept()
+            server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            server.connect(upstream)
+            threading.Thread(target=pipe, args=(client, server, 1 << 62), daemon=True).start()
+            limit = cut if n == 0 else 1 << 62
+            threading.Thread(target=pipe, args=(server, client, limit), daemon=True).start()
+            n += 1
+
+    threading.Thread(target=serve, daemon=True).start()
+
+
+def test_exec_re_attaches_when_its_connection_breaks_mid_stream(daemon, sandbox, tmp_path):
+    _, sid = sandbox
+    proxy = str(tmp_path / "proxy.sock")
+    _cutting_proxy(daemon, proxy, 600)
+    client = Client(proxy)
+    script = "for i in $(seq 1 300); do echo line$i; sleep 0.002; done; exit 3"
+    out = client.exec(sid, ["sh", "-c", script])
+    assert out.stdout == "".join(f"line{i}\n" for i in range(1, 301)).encode()
+    assert out.exit_code == 3, out.result
+    # Without resumes the break is the caller's to see.
+    _cutting_proxy(daemon, str(tmp_path / "proxy2.sock"), 600)
+    with pytest.raises((OSError, DecodeError, http.client.HTTPException)):
+        Client(str(tmp_path / "proxy2.sock")).exec(sid, ["sh", "-c", script], resumes=0)
 
 
 def test_interactive_session(sandbox):

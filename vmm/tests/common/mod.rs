@@ -3,18 +3,25 @@
 
 #![allow(dead_code, clippy::unwrap_used)]
 
-use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::mpsc;
 use std::time::Duration;
 
+/// The `crucible-vmm` under test: `$CRUCIBLE_VMM` when set (the nested tier points it at the
+/// static build, as shipped), else the one cargo built with these tests.
+pub(crate) fn vmm_binary() -> PathBuf {
+    std::env::var_os("CRUCIBLE_VMM")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_crucible-vmm")))
+}
+
 /// How long a backend may take to notice QEMU is gone.
-pub const BACKEND_EXIT_TIMEOUT: Duration = Duration::from_secs(5);
+pub(crate) const BACKEND_EXIT_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// The image's kernel and initramfs: `$CRUCIBLE_IMAGE`, else `target/crucible/image` in the
 /// workspace. Fails (never skips) when they are missing, saying how to build them.
-pub fn image_files() -> (PathBuf, PathBuf) {
+pub(crate) fn image_files() -> (PathBuf, PathBuf) {
     let dir = std::env::var_os("CRUCIBLE_IMAGE")
         .map(PathBuf::from)
         .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/crucible/image"));
@@ -31,7 +38,7 @@ pub fn image_files() -> (PathBuf, PathBuf) {
 }
 
 /// QEMU on `PATH`; fails saying which package to install.
-pub fn qemu_binary() -> PathBuf {
+pub(crate) fn qemu_binary() -> PathBuf {
     let (qemu, package) = (contract::qemu::BINARY, contract::qemu::PACKAGE);
     std::env::var_os("PATH")
         .iter()
@@ -48,7 +55,7 @@ pub fn qemu_binary() -> PathBuf {
 
 /// A running `crucible-vmm vhost-user <device> --socket S …`, listening; killed when dropped
 /// (a failing test must not leave it running).
-pub struct Backend {
+pub(crate) struct Backend {
     child: Option<Child>,
     socket: PathBuf,
 }
@@ -56,8 +63,8 @@ pub struct Backend {
 impl Backend {
     /// Starts `crucible-vmm vhost-user <device> --socket <socket> <args>` and waits for its
     /// `listening on` line (EOF instead means it died).
-    pub fn start(device: &str, socket: PathBuf, args: &[&std::ffi::OsStr]) -> Backend {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_crucible-vmm"))
+    pub(crate) fn start(device: &str, socket: PathBuf, args: &[&std::ffi::OsStr]) -> Backend {
+        let mut child = Command::new(vmm_binary())
             .args(["vhost-user", device, "--socket"])
             .arg(&socket)
             .args(args)
@@ -65,10 +72,10 @@ impl Backend {
             .stdout(Stdio::piped())
             .spawn()
             .unwrap();
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().unwrap())
-            .read_line(&mut line)
-            .unwrap();
+        let line = testkit::Lines::new(child.stdout.take().unwrap())
+            .next_within(Duration::from_secs(30))
+            .unwrap_or_else(|e| panic!("the {device} backend never said it listens: {e}"))
+            .unwrap_or_default();
         assert_eq!(
             line.trim_end(),
             format!(
@@ -85,13 +92,13 @@ impl Backend {
     }
 
     /// Its vhost-user socket.
-    pub fn socket(&self) -> &Path {
+    pub(crate) fn socket(&self) -> &Path {
         &self.socket
     }
 
     /// Waits for the backend to end by itself once its frontend is gone and requires exit 0;
     /// returns its socket path, for checks on what it left behind.
-    pub fn expect_clean_exit(self) -> PathBuf {
+    pub(crate) fn expect_clean_exit(self) -> PathBuf {
         let socket = self.socket.clone();
         let status = self.wait();
         assert!(
@@ -103,7 +110,7 @@ impl Backend {
     }
 
     /// Waits for the backend to end by itself once its frontend is gone.
-    pub fn wait(mut self) -> ExitStatus {
+    pub(crate) fn wait(mut self) -> ExitStatus {
         let mut child = self.child.take().unwrap();
         let pid = child.id();
         let (tx, rx) = mpsc::channel();

@@ -93,13 +93,13 @@ enum HostRead {
 
 /// Packets a connection owes the guest, in send order (lowest bit first).
 mod pending {
-    pub const RST: u8 = 1;
-    pub const REQUEST: u8 = 2;
-    pub const RESPONSE: u8 = 4;
-    pub const SHUTDOWN: u8 = 8;
-    pub const CREDIT_REQUEST: u8 = 16;
-    pub const CREDIT_UPDATE: u8 = 32;
-    pub const DATA: u8 = 64;
+    pub(super) const RST: u8 = 1;
+    pub(super) const REQUEST: u8 = 2;
+    pub(super) const RESPONSE: u8 = 4;
+    pub(super) const SHUTDOWN: u8 = 8;
+    pub(super) const CREDIT_REQUEST: u8 = 16;
+    pub(super) const CREDIT_UPDATE: u8 = 32;
+    pub(super) const DATA: u8 = 64;
 }
 
 /// The time bounds a connection lives under.

@@ -1,1 +1,0 @@
-hello: hello.c\n\tcc -O2 -o hello hello.c\n

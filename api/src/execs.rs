@@ -1,0 +1,121 @@
+//! Finding a command again: `GET /sandboxes/{id}/execs` (the commands that can be found),
+//! `GET …/execs/{exec_id}` (one), and `POST …/execs/{exec_id}/attach?offset=N` (its frame
+//! stream from output byte N: what the agent kept, then live, then its one exit frame). Also
+//! the response every frame stream shares, with the `X-Crucible-Exec-Id` header.
+
+use std::sync::Arc;
+
+use axum::body::Body;
+use axum::extract::State;
+use axum::http::{header, HeaderName, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde::Deserialize;
+
+use crate::edge::Edge;
+use crate::error::ApiError;
+use crate::extract::{Authenticated, Path, Query};
+use engine::exec::{self, FindError};
+
+/// The response header naming a frame stream's command: its `exec_id`, given or generated.
+pub(crate) const EXEC_ID_HEADER: &str = "x-crucible-exec-id";
+
+/// A 200 whose body is `session`'s frame stream, pulled by hyper: a slow client slows the
+/// agent (backpressure), and a client that goes away drops the session. `extra` headers go
+/// beside the content type and the exec id.
+pub(crate) fn frame_stream_response(
+    session: exec::Session,
+    extra: &[(&'static str, String)],
+) -> Response {
+    let exec_id = HeaderValue::from_str(session.exec_id()).ok();
+    let output = futures_util::stream::unfold(session, |mut session| async move {
+        let frames = session.next_output().await?;
+        Some((Ok::<_, std::convert::Infallible>(frames), session))
+    });
+    let mut response = (
+        [(header::CONTENT_TYPE, "application/octet-stream")],
+        Body::from_stream(output),
+    )
+        .into_response();
+    let headers = response.headers_mut();
+    if let Some(exec_id) = exec_id {
+        headers.insert(HeaderName::from_static(EXEC_ID_HEADER), exec_id);
+    }
+    for (name, value) in extra {
+        if let Ok(value) = HeaderValue::from_str(value) {
+            headers.insert(HeaderName::from_static(name), value);
+        }
+    }
+    response
+}
+
+impl From<FindError> for ApiError {
+    fn from(e: FindError) -> Self {
+        let message = report::chain(&e);
+        match e {
+            FindError::InvalidId(_) | FindError::Invalid { .. } => ApiError::invalid(message),
+            FindError::Sandbox(e) => e.into(),
+            FindError::NotFound { .. } => {
+                ApiError::new(StatusCode::NOT_FOUND, "exec_not_found", message)
+            }
+            FindError::Conflict { .. } => ApiError::conflict(message),
+            FindError::Agent { .. } => ApiError::agent(message),
+        }
+    }
+}
+
+/// `GET /sandboxes/{id}/execs`.
+pub(crate) async fn list(
+    State(state): State<Arc<Edge>>,
+    Authenticated(caller): Authenticated,
+    Path(id): Path<String>,
+) -> Result<Json<wire::ExecList>, ApiError> {
+    let sandbox = state.registry.get(&id, &caller)?;
+    let execs = exec::statuses(&sandbox, None).await?;
+    Ok(Json(wire::ExecList { execs }))
+}
+
+/// `GET /sandboxes/{id}/execs/{exec_id}`.
+pub(crate) async fn status(
+    State(state): State<Arc<Edge>>,
+    Authenticated(caller): Authenticated,
+    Path((id, exec_id)): Path<(String, String)>,
+) -> Result<Json<wire::ExecStatus>, ApiError> {
+    let sandbox = state.registry.get(&id, &caller)?;
+    let mut found = exec::statuses(&sandbox, Some(&exec_id)).await?;
+    found.pop().map(Json).ok_or_else(|| {
+        FindError::NotFound {
+            sandbox: id,
+            message: format!("no command has exec_id {exec_id:?}"),
+        }
+        .into()
+    })
+}
+
+#[derive(Debug, Deserialize)]
+pub(crate) struct AttachQuery {
+    /// The output bytes the client already has.
+    #[serde(default)]
+    offset: u64,
+}
+
+/// `POST /sandboxes/{id}/execs/{exec_id}/attach?offset=N`.
+pub(crate) async fn attach(
+    State(state): State<Arc<Edge>>,
+    Authenticated(caller): Authenticated,
+    Path((id, exec_id)): Path<(String, String)>,
+    Query(query): Query<AttachQuery>,
+) -> Result<Response, ApiError> {
+    let sandbox = state.registry.get(&id, &caller)?;
+    let (status, session) = exec::attach(&state.metrics, &sandbox, &exec_id, query.offset).await?;
+    Ok(frame_stream_response(
+        session,
+        &[
+            ("x-crucible-output-bytes", status.output_bytes.to_string()),
+            (
+                "x-crucible-output-kept-from",
+                status.output_kept_from.to_string(),
+            ),
+        ],
+    ))
+}

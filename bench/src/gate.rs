@@ -1,0 +1,220 @@
+//! The CI gate: each gated metric's cost ratio to its floor (measured in the same run) against
+//! the committed `bench-baseline.json`. Absolute times are too noisy on shared machines to gate
+//! on; ratios to a floor measured side by side are not. A ratio worse than `TOLERANCE` × its
+//! baseline fails, naming the metric.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use anyhow::{Context, Result};
+use serde::{Deserialize, Serialize};
+
+/// How much worse than its baseline a ratio may get before CI fails.
+pub(crate) const TOLERANCE: f64 = 2.0;
+
+/// `bench-baseline.json`.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub(crate) struct Baseline {
+    /// How it was made.
+    pub note: String,
+    /// The command that wrote it.
+    pub command: String,
+    /// Metric key → cost ratio to its floor (2.0 = twice the floor's cost), as `--quick`
+    /// measures it (what CI runs): the median over several quick runs.
+    pub ratios: BTreeMap<String, f64>,
+    /// The same ratios from the full run, for reference (not gated: N and sizes differ).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub full_run_ratios: BTreeMap<String, f64>,
+}
+
+/// Each metric's median over several runs' ratios (metrics missing from a run are taken over
+/// the runs that have them).
+pub(crate) fn median_ratios(runs: &[BTreeMap<String, f64>]) -> BTreeMap<String, f64> {
+    let mut all: BTreeMap<String, Vec<f64>> = BTreeMap::new();
+    for run in runs {
+        for (k, v) in run {
+            all.entry(k.clone()).or_default().push(*v);
+        }
+    }
+    all.into_iter()
+        .map(|(k, v)| (k, super::stats::median(&v)))
+        .collect()
+}
+
+/// One metric's verdict.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct Verdict {
+    /// The metric.
+    pub metric: String,
+    /// Its baseline ratio.
+    pub baseline: f64,
+    /// This run's ratio, `None` when it was not measured.
+    pub current: Option<f64>,
+}
+
+impl Verdict {
+    /// How many times worse than the baseline (`None` if not measured).
+    pub(crate) fn factor(&self) -> Option<f64> {
+        self.current.map(|c| c / self.baseline)
+    }
+
+    /// Whether it passes.
+    pub(crate) fn ok(&self, tolerance: f64) -> bool {
+        self.factor().is_some_and(|f| f <= tolerance)
+    }
+
+    /// One line for the log.
+    pub(crate) fn describe(&self, tolerance: f64) -> String {
+        match self.current {
+            None => format!(
+                "{}: not measured in this run (baseline ratio {:.2}×)",
+                self.metric, self.baseline
+            ),
+            Some(c) => format!(
+                "{}: {:.2}× its floor, baseline {:.2}× → {:.2}× the baseline ({}, limit {tolerance}×)",
+                self.metric,
+                c,
+                self.baseline,
+                c / self.baseline,
+                if self.ok(tolerance) { "ok" } else { "FAIL" },
+            ),
+        }
+    }
+}
+
+/// Compares this run's ratios with the baseline's: one verdict per baseline metric (metrics new
+/// in this run are not gated until the baseline is updated).
+pub(crate) fn compare(
+    baseline: &BTreeMap<String, f64>,
+    current: &BTreeMap<String, f64>,
+) -> Vec<Verdict> {
+    baseline
+        .iter()
+        .filter(|(_, &b)| b.is_finite() && b > 0.0)
+        .map(|(metric, &b)| Verdict {
+            metric: metric.clone(),
+            baseline: b,
+            current: current.get(metric).copied().filter(|c| c.is_finite()),
+        })
+        .collect()
+}
+
+/// The failing verdicts.
+pub(crate) fn failures(verdicts: &[Verdict], tolerance: f64) -> Vec<&Verdict> {
+    verdicts.iter().filter(|v| !v.ok(tolerance)).collect()
+}
+
+/// The metrics that fail in both a run and its confirmation run. A failing gate re-measures
+/// once before failing CI: a real regression fails both times, a burst of load on a shared
+/// machine rarely hits the same metric twice.
+pub(crate) fn confirmed(first: &[Verdict], second: &[Verdict], tolerance: f64) -> Vec<String> {
+    let again: Vec<&str> = failures(second, tolerance)
+        .iter()
+        .map(|v| v.metric.as_str())
+        .collect();
+    failures(first, tolerance)
+        .iter()
+        .filter(|v| again.contains(&v.metric.as_str()))
+        .map(|v| v.metric.clone())
+        .collect()
+}
+
+/// Reads the baseline.
+pub(crate) fn read(path: &Path) -> Result<Baseline> {
+    let text = std::fs::read_to_string(path).with_context(|| {
+        format!(
+            "reading {} (write one with `cargo xtask bench --update-baseline`)",
+            path.display()
+        )
+    })?;
+    serde_json::from_str(&text).with_context(|| format!("parsing {}", path.display()))
+}
+
+/// Writes the baseline.
+pub(crate) fn write(path: &Path, baseline: &Baseline) -> Result<()> {
+    let mut text = serde_json::to_string_pretty(baseline).context("serializing the baseline")?;
+    text.push('\n');
+    std::fs::write(path, text).with_context(|| format!("writing {}", path.display()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn map(pairs: &[(&str, f64)]) -> BTreeMap<String, f64> {
+        pairs.iter().map(|(k, v)| (k.to_string(), *v)).collect()
+    }
+
+    #[test]
+    fn within_tolerance_passes() {
+        let base = map(&[("exec_rtt_api", 2.0), ("stdout_throughput", 1.5)]);
+        let now = map(&[("exec_rtt_api", 3.9), ("stdout_throughput", 0.5)]);
+        let verdicts = compare(&base, &now);
+        assert!(failures(&verdicts, TOLERANCE).is_empty());
+    }
+
+    #[test]
+    fn a_ratio_past_twice_its_baseline_fails_by_name() {
+        let base = map(&[("exec_rtt_api", 2.0), ("create_ready", 10.0)]);
+        let now = map(&[("exec_rtt_api", 4.2), ("create_ready", 10.0)]);
+        let verdicts = compare(&base, &now);
+        let failed = failures(&verdicts, TOLERANCE);
+        assert_eq!(failed.len(), 1);
+        assert_eq!(failed[0].metric, "exec_rtt_api");
+        assert!(failed[0].describe(TOLERANCE).contains("exec_rtt_api"));
+        assert!(failed[0].describe(TOLERANCE).contains("FAIL"));
+    }
+
+    #[test]
+    fn a_metric_missing_from_the_run_fails_and_new_ones_are_not_gated() {
+        let base = map(&[("echo_rtt", 3.0)]);
+        let now = map(&[("brand_new", 100.0)]);
+        let verdicts = compare(&base, &now);
+        assert_eq!(verdicts.len(), 1);
+        assert_eq!(verdicts[0].current, None);
+        assert_eq!(failures(&verdicts, TOLERANCE).len(), 1);
+    }
+
+    #[test]
+    fn nonsense_baselines_are_ignored_and_nonsense_results_fail() {
+        let base = map(&[("a", 0.0), ("b", f64::NAN), ("c", 1.0)]);
+        let now = map(&[("a", 5.0), ("b", 5.0), ("c", f64::INFINITY)]);
+        let verdicts = compare(&base, &now);
+        assert_eq!(verdicts.len(), 1);
+        assert!(!verdicts[0].ok(TOLERANCE));
+    }
+
+    #[test]
+    fn only_failures_that_repeat_are_confirmed() {
+        let base = map(&[("a", 1.0), ("b", 1.0), ("c", 1.0)]);
+        let first = compare(&base, &map(&[("a", 3.0), ("b", 3.0), ("c", 1.0)]));
+        let second = compare(&base, &map(&[("a", 5.0), ("b", 1.5), ("c", 3.0)]));
+        assert_eq!(confirmed(&first, &second, TOLERANCE), vec!["a".to_string()]);
+        assert!(confirmed(&second, &compare(&base, &base), TOLERANCE).is_empty());
+    }
+
+    #[test]
+    fn baseline_ratios_are_medians_over_runs() {
+        let runs = [
+            map(&[("a", 1.0), ("b", 9.0)]),
+            map(&[("a", 3.0)]),
+            map(&[("a", 2.0), ("b", 7.0)]),
+        ];
+        assert_eq!(median_ratios(&runs), map(&[("a", 2.0), ("b", 7.0)]));
+    }
+
+    #[test]
+    fn baselines_round_trip() -> Result<()> {
+        let dir = tempfile::tempdir()?;
+        let path = dir.path().join("b.json");
+        let baseline = Baseline {
+            note: "n".into(),
+            command: "c".into(),
+            ratios: map(&[("x", 1.25)]),
+            full_run_ratios: BTreeMap::new(),
+        };
+        write(&path, &baseline)?;
+        assert_eq!(read(&path)?, baseline);
+        Ok(())
+    }
+}

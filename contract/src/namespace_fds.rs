@@ -1,0 +1,11 @@
+//! The descriptors a namespace sandbox's PID 1 (the agent, `guest-init sandbox-pid1`) is
+//! handed by the `sandbox` half that made it: opened on the host before entering, so the
+//! sandbox never sees their paths.
+
+/// The listening agent socket (bound on the host before entering).
+pub const PID1_LISTEN_FD: i32 = 3;
+/// The connection to the daemon's ready socket, for the hello.
+pub const PID1_READY_FD: i32 = 4;
+/// When the spec has an egress socket: the connection to it, over which the agent hands the
+/// daemon connections.
+pub const PID1_EGRESS_FD: i32 = 5;

@@ -1,0 +1,64 @@
+//! Sandbox egress, the daemon's half: a sandbox has no network; its agent serves an HTTP proxy
+//! on the sandbox's loopback and hands each accepted connection, as a raw byte stream, to
+//! `proxy::serve`, which checks the request against the sandbox's allowlist (bounded by the
+//! operator's), resolves the target once, checks every address, connects and relays.
+//! The engine reaches it only through [`engine::egress::EgressProxy`], which [`Proxy`]
+//! implements. See `docs/egress.md`.
+
+#![forbid(unsafe_code)]
+
+mod address;
+mod policy;
+mod proxy;
+mod request;
+mod rules;
+mod sink;
+
+pub use rules::RuleError;
+pub use sink::MAX_CONNECTIONS_PER_SANDBOX;
+
+use std::sync::Arc;
+
+use engine::egress::{EgressPlan, EgressRefused};
+
+use policy::{EgressPolicy, PolicyError};
+use proxy::{EgressContext, SystemResolver};
+use rules::Allowlist;
+use sink::sink;
+
+/// The egress proxy of one daemon: the operator's allowlist, which every sandbox's own rules
+/// must stay within.
+#[derive(Debug, Clone)]
+pub struct Proxy {
+    operator: Allowlist,
+}
+
+impl Proxy {
+    /// The proxy for the operator's rules (`--egress-allow`); an empty list allows nothing.
+    pub fn new(operator_rules: &[String]) -> Result<Self, RuleError> {
+        Ok(Proxy {
+            operator: Allowlist::parse(operator_rules)?,
+        })
+    }
+}
+
+impl engine::egress::EgressProxy for Proxy {
+    fn plan(&self, allow: &[String]) -> Result<EgressPlan, EgressRefused> {
+        let policy = EgressPolicy::new(allow, &self.operator).map_err(|e| match e {
+            PolicyError::Rule(_) => {
+                EgressRefused::Invalid(format!("network.allow: {}", report::chain(&e)))
+            }
+            e => EgressRefused::Forbidden(e.to_string()),
+        })?;
+        let policy = Arc::new(policy);
+        Ok(Box::new(move |sandbox_id, counters| {
+            let context = Arc::new(EgressContext {
+                sandbox_id: sandbox_id.to_string(),
+                policy,
+                counters,
+                resolver: Arc::new(SystemResolver),
+            });
+            sink(context, MAX_CONNECTIONS_PER_SANDBOX)
+        }))
+    }
+}

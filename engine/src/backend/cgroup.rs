@@ -1,0 +1,306 @@
+//! Per-sandbox cgroups: a memory limit, a process limit and a CPU quota, on cgroup v2 where it
+//! is mounted and on the v1 hierarchies otherwise (this project's CI host has only v1).
+
+use std::fs;
+use std::io;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+/// The limits to apply.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct CgroupLimits {
+    /// Memory limit in bytes (swap is not allowed on top).
+    pub(crate) memory_bytes: u64,
+    /// Most processes.
+    pub(crate) pids: u64,
+    /// CPU quota in whole CPUs.
+    pub(crate) cpus: u32,
+}
+
+/// The cgroups of one sandbox.
+#[derive(Debug)]
+pub(crate) struct SandboxCgroups {
+    dirs: Vec<PathBuf>,
+}
+
+const CFS_PERIOD_US: u64 = 100_000;
+
+fn write(path: &Path, value: &str) -> io::Result<()> {
+    fs::write(path, value).map_err(|e| {
+        io::Error::new(
+            e.kind(),
+            format!("write {value:?} to {}: {e}", path.display()),
+        )
+    })
+}
+
+fn mkdir(path: &Path) -> io::Result<()> {
+    fs::create_dir_all(path)
+        .map_err(|e| io::Error::new(e.kind(), format!("create cgroup {}: {e}", path.display())))
+}
+
+impl SandboxCgroups {
+    /// Creates the sandbox's cgroups under `root` (normally `/sys/fs/cgroup`), in the `parent`
+    /// group of each controller.
+    pub(crate) fn create(
+        root: &Path,
+        parent: &str,
+        id: &str,
+        limits: CgroupLimits,
+    ) -> io::Result<Self> {
+        if root.join("cgroup.controllers").exists() {
+            Self::create_v2(root, parent, id, limits)
+        } else {
+            Self::create_v1(root, parent, id, limits)
+        }
+    }
+
+    fn create_v2(root: &Path, parent: &str, id: &str, limits: CgroupLimits) -> io::Result<Self> {
+        let parent = root.join(parent);
+        mkdir(&parent)?;
+        // Delegate the controllers to our children; missing ones are simply not limited.
+        for controller in ["+memory", "+pids", "+cpu"] {
+            let _ = write(&root.join("cgroup.subtree_control"), controller);
+            let _ = write(&parent.join("cgroup.subtree_control"), controller);
+        }
+        let dir = parent.join(id);
+        mkdir(&dir)?;
+        let group = SandboxCgroups {
+            dirs: vec![dir.clone()],
+        };
+        write(&dir.join("memory.max"), &limits.memory_bytes.to_string())?;
+        let _ = write(&dir.join("memory.swap.max"), "0");
+        write(&dir.join("pids.max"), &limits.pids.to_string())?;
+        let _ = write(
+            &dir.join("cpu.max"),
+            &format!("{} {CFS_PERIOD_US}", u64::from(limits.cpus) * CFS_PERIOD_US),
+        );
+        Ok(group)
+    }
+
+    fn create_v1(root: &Path, parent: &str, id: &str, limits: CgroupLimits) -> io::Result<Self> {
+        let mut group = SandboxCgroups { dirs: Vec::new() };
+        let memory = root.join("memory");
+        if !memory.is_dir() {
+            return Err(io::Error::new(
+                io::ErrorKind::NotFound,
+                format!(
+                    "no cgroup memory controller under {} (neither v2 nor v1 is mounted)",
+                    root.display()
+                ),
+            ));
+        }
+        let dir = memory.join(parent).join(id);
+        mkdir(&dir)?;
+        group.dirs.push(dir.clone());
+        write(
+            &dir.join("memory.limit_in_bytes"),
+            &limits.memory_bytes.to_string(),
+        )?;
+        let memsw = dir.join("memory.memsw.limit_in_bytes");
+        if memsw.exists() {
+            write(&memsw, &limits.memory_bytes.to_string())?;
+        }
+        let pids = root.join("pids");
+        if pids.is_dir() {
+            let dir = pids.join(parent).join(id);
+            mkdir(&dir)?;
+            group.dirs.push(dir.clone());
+            write(&dir.join("pids.max"), &limits.pids.to_string())?;
+        }
+        let cpu = root.join("cpu");
+        if cpu.is_dir() {
+            let dir = cpu.join(parent).join(id);
+            mkdir(&dir)?;
+            group.dirs.push(dir.clone());
+            write(&dir.join("cpu.cfs_period_us"), &CFS_PERIOD_US.to_string())?;
+            write(
+                &dir.join("cpu.cfs_quota_us"),
+                &(u64::from(limits.cpus) * CFS_PERIOD_US).to_string(),
+            )?;
+        }
+        // Accounting only, for `GET /sandboxes/{id}/stats`: where cpuacct is a hierarchy of
+        // its own (not mounted with cpu, which made the group above already).
+        let cpuacct = root.join("cpuacct");
+        if cpuacct.is_dir() && !same_hierarchy(&cpuacct, &cpu) {
+            let dir = cpuacct.join(parent).join(id);
+            mkdir(&dir)?;
+            group.dirs.push(dir);
+        }
+        Ok(group)
+    }
+
+    /// The groups an earlier daemon made for sandbox `id` (live restore), found where
+    /// [`SandboxCgroups::create`] makes them, never created: each must exist and hold `pid`
+    /// (the sandbox's supervisor), or the sandbox is not as it was left.
+    pub(crate) fn adopt(root: &Path, parent: &str, id: &str, pid: i32) -> io::Result<Self> {
+        let dirs: Vec<PathBuf> = if root.join("cgroup.controllers").exists() {
+            vec![root.join(parent).join(id)]
+        } else {
+            ["memory", "pids", "cpu", "cpuacct"]
+                .iter()
+                .map(|c| root.join(c))
+                .filter(|c| c.is_dir())
+                .filter(|c| !(c.ends_with("cpuacct") && same_hierarchy(c, &root.join("cpu"))))
+                .map(|c| c.join(parent).join(id))
+                .collect()
+        };
+        for dir in &dirs {
+            let procs = fs::read_to_string(dir.join("cgroup.procs"))
+                .map_err(|e| io::Error::new(e.kind(), format!("cgroup {}: {e}", dir.display())))?;
+            if !procs.split_whitespace().any(|p| p == pid.to_string()) {
+                return Err(io::Error::other(format!(
+                    "cgroup {} does not hold its supervisor (pid {pid})",
+                    dir.display()
+                )));
+            }
+        }
+        Ok(SandboxCgroups { dirs })
+    }
+
+    /// What the sandbox uses now (fields the kernel does not report are 0).
+    pub(crate) fn stats(&self) -> wire::SandboxStats {
+        let value = |file: &str| -> Option<String> {
+            self.dirs
+                .iter()
+                .find_map(|dir| fs::read_to_string(dir.join(file)).ok())
+        };
+        let number =
+            |file: &str| -> u64 { value(file).and_then(|v| v.trim().parse().ok()).unwrap_or(0) };
+        let keyed = |file: &str, key: &str| -> u64 {
+            value(file)
+                .and_then(|text| {
+                    text.lines().find_map(|line| {
+                        let (k, v) = line.split_once(' ')?;
+                        (k == key).then(|| v.trim().parse().ok()).flatten()
+                    })
+                })
+                .unwrap_or(0)
+        };
+        let v2 = value("memory.current").is_some();
+        let memory = if v2 {
+            wire::MemoryStats {
+                usage_bytes: number("memory.current"),
+                limit_bytes: number("memory.max"),
+                max_usage_bytes: number("memory.peak"),
+                cache_bytes: keyed("memory.stat", "file"),
+                oom_kills: keyed("memory.events", "oom_kill"),
+            }
+        } else {
+            wire::MemoryStats {
+                usage_bytes: number("memory.usage_in_bytes"),
+                limit_bytes: number("memory.limit_in_bytes"),
+                max_usage_bytes: number("memory.max_usage_in_bytes"),
+                cache_bytes: keyed("memory.stat", "total_cache"),
+                oom_kills: keyed("memory.oom_control", "oom_kill"),
+            }
+        };
+        let cpu = wire::CpuStats {
+            usage_ns: if v2 {
+                keyed("cpu.stat", "usage_usec") * 1000
+            } else {
+                number("cpuacct.usage")
+            },
+        };
+        let pids = wire::PidsStats {
+            current: number("pids.current"),
+            // "max" (no limit) parses as nothing: 0.
+            limit: number("pids.max"),
+        };
+        wire::SandboxStats { memory, cpu, pids }
+    }
+
+    /// The `cgroup.procs` files a process writes its pid into to join every group.
+    pub(crate) fn procs_files(&self) -> Vec<PathBuf> {
+        self.dirs.iter().map(|d| d.join("cgroup.procs")).collect()
+    }
+
+    /// Removes the groups. Their processes must be dying: the daemon has killed the sandbox's
+    /// supervisor, but the kernel tears the PID namespace down after that, and on a loaded
+    /// host that can take seconds. So an in-use group is retried with a growing pause, for up
+    /// to about 15 s in all.
+    pub(crate) async fn remove(&self) -> io::Result<()> {
+        for dir in &self.dirs {
+            let mut pause = Duration::from_millis(2);
+            let mut waited = Duration::ZERO;
+            loop {
+                match fs::remove_dir(dir) {
+                    Ok(()) => break,
+                    Err(e) if e.kind() == io::ErrorKind::NotFound => break,
+                    Err(e) if waited < Duration::from_secs(15) && e.raw_os_error() == Some(16) => {
+                        tokio::time::sleep(pause).await;
+                        waited += pause;
+                        pause = (pause * 2).min(Duration::from_millis(250));
+                    }
+                    Err(e) => {
+                        return Err(io::Error::new(
+                            e.kind(),
+                            format!("remove cgroup {}: {e}", dir.display()),
+                        ))
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Whether two v1 controller directories are one hierarchy (`cpu` and `cpuacct` are often
+/// mounted together and linked under both names).
+fn same_hierarchy(a: &Path, b: &Path) -> bool {
+    match (a.canonicalize(), b.canonicalize()) {
+        (Ok(a), Ok(b)) => a == b,
+        _ => false,
+    }
+}
+
+fn parent_dirs(root: &Path, parent: &str) -> [PathBuf; 5] {
+    [
+        root.join(parent),
+        root.join("memory").join(parent),
+        root.join("pids").join(parent),
+        root.join("cpu").join(parent),
+        root.join("cpuacct").join(parent),
+    ]
+}
+
+/// Kills the processes of, and removes, every leftover sandbox cgroup under `parent` (from a
+/// daemon that died) but those of the sandboxes in `keep` (taken back by live restore).
+/// Returns how many groups were removed.
+pub async fn remove_stale(root: &Path, parent: &str, keep: &[String]) -> usize {
+    let mut removed = 0;
+    for parent in parent_dirs(root, parent) {
+        let Ok(entries) = fs::read_dir(&parent) else {
+            continue;
+        };
+        for entry in entries.flatten() {
+            let dir = entry.path();
+            if !dir.is_dir() || keep.iter().any(|id| entry.file_name() == id.as_str()) {
+                continue;
+            }
+            if let Ok(procs) = fs::read_to_string(dir.join("cgroup.procs")) {
+                for pid in procs
+                    .split_whitespace()
+                    .filter_map(|p| p.parse::<i32>().ok())
+                {
+                    let _ = nix::sys::signal::kill(
+                        nix::unistd::Pid::from_raw(pid),
+                        nix::sys::signal::Signal::SIGKILL,
+                    );
+                }
+            }
+            let group = SandboxCgroups { dirs: vec![dir] };
+            if group.remove().await.is_ok() {
+                removed += 1;
+            }
+        }
+    }
+    removed
+}
+
+/// Removes the daemon's parent groups when they are empty (daemon shutdown).
+pub fn remove_parent(root: &Path, parent: &str) {
+    for dir in parent_dirs(root, parent) {
+        let _ = fs::remove_dir(dir);
+    }
+}

@@ -1,0 +1,272 @@
+//! Where sandboxes run. Everything above this module is shared by every backend: each gives a
+//! stream connection to the sandbox's agent, which speaks the same protocol either way. The
+//! daemon holds its backends by kind ([`Backends`]), injected at startup, so that tests can
+//! run the whole daemon on the host-process backend without root.
+
+pub mod cgroup;
+pub mod host_process;
+pub(crate) mod microvm;
+pub(crate) mod microvm_disks;
+pub mod namespace;
+pub mod qemu;
+mod supervised;
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::io;
+use std::path::PathBuf;
+use std::pin::Pin;
+use std::sync::Arc;
+
+use api_types::BackendKind;
+use tokio::net::UnixStream;
+use tokio::sync::watch;
+use wire::agent::Hello;
+
+/// A boxed future, so backends can sit behind `dyn`.
+pub(crate) type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// What to create.
+#[derive(Clone)]
+pub struct InstanceSpec {
+    /// The sandbox id (also its hostname).
+    pub id: String,
+    /// Memory limit.
+    pub(crate) memory_mib: u64,
+    /// CPUs.
+    pub(crate) vcpus: u32,
+    /// The sandbox's environment. The daemon applies it to every command itself (merged
+    /// under each exec request's own, `Sandbox::merge_env_into`), so the namespace and
+    /// microVM backends start their agent without it, and a warm pool's instance, made
+    /// before its env is known, is the same as a cold one; the host-process backend (tests)
+    /// passes it to its agent's environment.
+    pub(crate) env: BTreeMap<String, String>,
+    /// An ext4 image to hold the sandbox's writable layer instead of memory.
+    pub(crate) disk: Option<PathBuf>,
+    /// Caches and volumes to mount inside.
+    pub(crate) mounts: Vec<MountSpec>,
+    /// Where the sandbox's proxied connections go, when it has egress.
+    pub(crate) egress: Option<EgressSink>,
+    /// Its imported image's root; `None` runs the backend's built-in image.
+    pub root: Option<ImageRoot>,
+}
+
+/// An imported image's root, as the backends take it. The agent stays the daemon's own
+/// (`ImagePaths::agent`): it is never taken from an image.
+#[derive(Debug, Clone)]
+pub struct ImageRoot {
+    /// The unpacked tree (a namespace sandbox's read-only lower layer).
+    pub(crate) dir: PathBuf,
+    /// Its read-only ext4 snapshot, for a microVM's root disk.
+    pub(crate) disk: Option<PathBuf>,
+}
+
+pub use crate::egress::{EgressSink, EgressStream};
+
+impl std::fmt::Debug for InstanceSpec {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("InstanceSpec")
+            .field("id", &self.id)
+            .field("memory_mib", &self.memory_mib)
+            .field("vcpus", &self.vcpus)
+            .field("disk", &self.disk)
+            .field("mounts", &self.mounts)
+            .field("egress", &self.egress.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+/// Something mounted into a sandbox.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct MountSpec {
+    /// What is mounted.
+    pub(crate) source: MountSource,
+    /// Where inside (absolute, validated).
+    pub(crate) target: String,
+    /// Whether the sandbox may only read it.
+    pub(crate) read_only: bool,
+}
+
+/// What a [`MountSpec`] mounts.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum MountSource {
+    /// An ext4 image file (a cache).
+    Ext4Image(PathBuf),
+    /// A host directory (a volume).
+    Directory(PathBuf),
+}
+
+/// Why a sandbox could not be created.
+#[derive(Debug, thiserror::Error)]
+pub enum BackendError {
+    /// This host cannot run the backend.
+    #[error("the {backend} backend is not available on this host: {reason}")]
+    Unavailable {
+        /// The backend asked for.
+        backend: BackendKind,
+        /// Why not.
+        reason: String,
+    },
+    /// Preparing the sandbox failed.
+    #[error("{step}")]
+    Setup {
+        /// What was being done, with its input.
+        step: String,
+        /// The underlying failure.
+        #[source]
+        source: io::Error,
+    },
+    /// The agent never became ready.
+    #[error("the sandbox's agent did not become ready: {0}")]
+    NotReady(String),
+    /// A per-sandbox resource of the backend stayed taken, by sandboxes still being torn
+    /// down: the same answer as a full registry, to retry.
+    #[error("{0}")]
+    Exhausted(String),
+}
+
+impl BackendError {
+    pub(crate) fn setup(step: impl Into<String>, source: io::Error) -> Self {
+        BackendError::Setup {
+            step: step.into(),
+            source,
+        }
+    }
+}
+
+/// A kind of sandbox.
+pub trait Backend: Send + Sync + 'static {
+    /// Which backend this is.
+    fn kind(&self) -> BackendKind;
+    /// Why this host cannot run it, or `None` when it can.
+    fn unavailable_reason(&self) -> Option<String>;
+    /// Creates a sandbox and waits for its agent's hello.
+    fn create(&self, spec: InstanceSpec) -> BoxFuture<'_, Result<Box<dyn Instance>, BackendError>>;
+    /// Takes back sandbox `id`, which an earlier daemon started and `record` describes (live
+    /// restore). Refused, saying why, unless everything is exactly as recorded; a refused
+    /// sandbox's processes are killed if they are still the recorded ones, and what is left
+    /// is the stale cleanup's.
+    fn adopt<'a>(
+        &'a self,
+        id: &'a str,
+        record: &'a crate::restore::InstanceRecord,
+    ) -> BoxFuture<'a, Result<Box<dyn Instance>, crate::restore::RestoreError>> {
+        let kind = self.kind();
+        let _ = (id, record);
+        Box::pin(async move {
+            Err(crate::restore::RestoreError::Unsupported(format!(
+                "the {kind} backend does not take sandboxes back yet"
+            )))
+        })
+    }
+}
+
+/// The backends a daemon offers, in order of preference for requests that name none.
+#[derive(Clone, Default)]
+pub struct Backends {
+    list: Vec<Arc<dyn Backend>>,
+}
+
+impl std::fmt::Debug for Backends {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_list()
+            .entries(self.list.iter().map(|b| b.kind()))
+            .finish()
+    }
+}
+
+impl Backends {
+    /// `list`, most preferred first (one of each kind; a later duplicate is ignored).
+    pub fn new(list: Vec<Arc<dyn Backend>>) -> Self {
+        let mut unique: Vec<Arc<dyn Backend>> = Vec::new();
+        for backend in list {
+            if !unique.iter().any(|b| b.kind() == backend.kind()) {
+                unique.push(backend);
+            }
+        }
+        Backends { list: unique }
+    }
+
+    /// The backend of `kind`, if the daemon offers it.
+    pub(crate) fn get(&self, kind: BackendKind) -> Option<&Arc<dyn Backend>> {
+        self.list.iter().find(|b| b.kind() == kind)
+    }
+
+    /// Why `kind` cannot run, or `None` when it can.
+    pub(crate) fn unavailable_reason(&self, kind: BackendKind) -> Option<String> {
+        match self.get(kind) {
+            Some(backend) => backend.unavailable_reason(),
+            None => Some(format!("this daemon does not offer the {kind} backend")),
+        }
+    }
+
+    /// The most preferred backend that can run here, else the most preferred one (whose
+    /// creations then say why they fail).
+    pub(crate) fn preferred(&self) -> Option<BackendKind> {
+        self.list
+            .iter()
+            .find(|b| b.unavailable_reason().is_none())
+            .or_else(|| self.list.first())
+            .map(|b| b.kind())
+    }
+}
+
+/// One running sandbox.
+pub trait Instance: Send + Sync {
+    /// The hello its agent sent when it became ready.
+    fn hello(&self) -> &Hello;
+    /// A new connection to its agent; one per request.
+    fn connect(&self) -> BoxFuture<'_, io::Result<UnixStream>>;
+    /// `None` while alive; `Some(reason)` once it died or was destroyed.
+    fn exited(&self) -> watch::Receiver<Option<String>>;
+    /// Kills it and releases everything it held (processes, cgroups, files).
+    fn destroy(&self) -> BoxFuture<'_, ()>;
+    /// What runs its guest, for a microVM.
+    fn hypervisor(&self) -> Option<api_types::Hypervisor> {
+        None
+    }
+    /// What a restarted daemon must find to take it back (live restore); `None` where its
+    /// backend cannot.
+    fn record(&self) -> Option<crate::restore::InstanceRecord> {
+        None
+    }
+    /// What it uses now, where its backend can say (`None`: not measured on this backend).
+    fn stats(&self) -> BoxFuture<'_, Option<wire::SandboxStats>> {
+        Box::pin(async { None })
+    }
+}
+
+/// Connects to a Unix socket (an agent's) without a trip through the event loop when, as
+/// almost always, the connection completes at once; tokio's connect, which waits for
+/// writability first, takes over only when the listener's backlog is full.
+pub(crate) async fn connect_unix(path: &std::path::Path) -> io::Result<UnixStream> {
+    use socket2::{Domain, SockAddr, Socket, Type};
+    let socket = Socket::new(Domain::UNIX, Type::STREAM, None)?;
+    socket.set_nonblocking(true)?;
+    match socket.connect(&SockAddr::unix(path)?) {
+        Ok(()) => UnixStream::from_std(std::os::unix::net::UnixStream::from(socket)),
+        Err(e) if e.kind() == io::ErrorKind::WouldBlock => UnixStream::connect(path).await,
+        Err(e) => Err(e),
+    }
+}
+
+/// Where a backend finds the image.
+#[derive(Debug, Clone)]
+pub(crate) struct ImagePaths {
+    /// The unpacked root tree: busybox userland and the agent at `/init`.
+    pub(crate) rootfs: PathBuf,
+}
+
+impl ImagePaths {
+    /// The standard layout under an image directory.
+    pub(crate) fn in_dir(dir: &std::path::Path) -> Self {
+        ImagePaths {
+            rootfs: dir.join("rootfs"),
+        }
+    }
+
+    /// The agent binary (static; the same one the image boots as `/init`).
+    pub(crate) fn agent(&self) -> PathBuf {
+        self.rootfs.join("init")
+    }
+}

@@ -1,0 +1,745 @@
+//! The namespace backend: the agent as PID 1 of a new user namespace (its own host id range)
+//! and new PID/mount/UTS/IPC/net/cgroup namespaces, rooted in the idmapped image under a tmpfs
+//! overlay, limited by cgroups, seccomp and a small set of namespaced capabilities. The agent
+//! does the entering itself (`guest-init sandbox …`, see the `namespace` crate); this side
+//! gives each sandbox its id range, prepares the directories and cgroups, starts it, and waits
+//! for its hello on a Unix socket.
+
+use std::collections::BTreeSet;
+use std::io;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use namespace::{IdMap, SandboxSpec};
+
+use api_types::BackendKind;
+use tokio::net::{UnixListener, UnixStream};
+use tokio::process::Command;
+use tokio::sync::{watch, Notify};
+use wire::agent::Hello;
+
+use super::cgroup::{CgroupLimits, SandboxCgroups};
+use super::supervised::{spawn_and_await_hello, Diagnostics, SandboxProcess};
+use super::{
+    Backend, BackendError, BoxFuture, EgressSink, EgressStream, ImagePaths, Instance, InstanceSpec,
+    MountSource, MountSpec,
+};
+use crate::restore::RestoreError;
+
+// The PATH commands see unless the sandbox's env overrides it: the agent's own default too.
+use contract::DEFAULT_PATH;
+
+/// Creates namespace sandboxes.
+#[derive(Debug)]
+pub(crate) struct NamespaceBackend {
+    image: ImagePaths,
+    state_dir: PathBuf,
+    cgroup_root: PathBuf,
+    cgroup_parent: String,
+    max_pids: u64,
+    scratch_mib: u64,
+    ready_timeout: Duration,
+    id_ranges: IdRanges,
+    /// Whether sandboxes outlive the daemon (`--live-restore`): their supervisors are then not
+    /// tied to it.
+    live_restore: bool,
+}
+
+/// The host id ranges of namespace sandboxes: one of 65,536 ids per live sandbox, never
+/// shared. Sandboxes sharing host ids would share what the kernel accounts per user (pipe
+/// buffers, message queues, signal queues) and the owner of anything one of them ever leaves
+/// on a host filesystem; distinct ranges cost nothing, since the image is idmapped into each.
+#[derive(Debug, Clone)]
+pub struct IdRanges {
+    base: u32,
+    free: Arc<FreeRanges>,
+}
+
+/// The free slots, and a wake-up for a create waiting for one.
+#[derive(Debug, Default)]
+struct FreeRanges {
+    slots: Mutex<BTreeSet<u32>>,
+    returned: Notify,
+}
+
+/// How long a create waits for a range still held by a sandbox being torn down. The registry
+/// counts a deleted sandbox out as its deletion starts, but its range comes back only once
+/// its processes are gone, a few milliseconds later.
+const RANGE_WAIT: Duration = Duration::from_secs(5);
+
+/// A sandbox's id range, returned to the pool when dropped (after its processes are gone).
+#[derive(Debug)]
+struct IdRange {
+    slot: u32,
+    map: IdMap,
+    free: Arc<FreeRanges>,
+}
+
+impl Drop for IdRange {
+    fn drop(&mut self) {
+        self.free
+            .slots
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(self.slot);
+        self.free.returned.notify_waiters();
+    }
+}
+
+/// Why the sandboxes' host id ranges cannot be used (checked when the daemon starts).
+#[derive(Debug, thiserror::Error)]
+pub enum IdRangeError {
+    /// The ranges do not fit below the last valid id.
+    #[error(
+        "--uid-base {base} with --max-sandboxes {sandboxes} needs host ids up to {last}, past \
+         the last valid id {}; lower either",
+        u32::MAX - 1
+    )]
+    Overflow {
+        /// The configured base.
+        base: u32,
+        /// The configured sandbox count.
+        sandboxes: usize,
+        /// The last id the ranges would need.
+        last: u64,
+    },
+    /// Sandbox root would be host root.
+    #[error("--uid-base must not be 0: a sandbox's root is never the host's")]
+    BaseZero,
+}
+
+impl IdRanges {
+    /// Checks that `slots` ranges from `base` fit below the last valid host id.
+    pub fn check(base: u32, slots: usize) -> Result<(), IdRangeError> {
+        if base == 0 {
+            return Err(IdRangeError::BaseZero);
+        }
+        let last = u64::from(base) + slots as u64 * u64::from(namespace::SANDBOX_IDS);
+        if last > u64::from(u32::MAX) {
+            return Err(IdRangeError::Overflow {
+                base,
+                sandboxes: slots,
+                last: last - 1,
+            });
+        }
+        Ok(())
+    }
+
+    /// `slots` ranges from `base` (checked by [`IdRanges::check`] at startup).
+    pub(crate) fn new(base: u32, slots: usize) -> Self {
+        let slots = u32::try_from(slots).unwrap_or(u32::MAX);
+        IdRanges {
+            base,
+            free: Arc::new(FreeRanges {
+                slots: Mutex::new((0..slots).collect()),
+                returned: Notify::new(),
+            }),
+        }
+    }
+
+    /// Range `slot`, which a sandbox an earlier daemon made holds (live restore); refused when
+    /// it is not free here.
+    fn claim(&self, slot: u32) -> Result<IdRange, String> {
+        if !self
+            .free
+            .slots
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&slot)
+        {
+            return Err(format!("host id range {slot} is not free"));
+        }
+        let mut range = IdRange {
+            slot,
+            map: IdMap::default(),
+            free: self.free.clone(),
+        };
+        let host_base = u64::from(self.base) + u64::from(slot) * u64::from(namespace::SANDBOX_IDS);
+        range.map = u32::try_from(host_base)
+            .map_err(|_| format!("host id {host_base} is out of range"))
+            .and_then(|b| IdMap::new(b, namespace::SANDBOX_IDS))?;
+        Ok(range)
+    }
+
+    /// The lowest free range, waiting up to `wait` for one to be returned when every range is
+    /// held (by sandboxes whose teardown is still under way).
+    async fn take(&self, wait: Duration) -> Result<IdRange, BackendError> {
+        let deadline = tokio::time::Instant::now() + wait;
+        let slot = loop {
+            // Registered before looking, so a range returned in between still wakes us.
+            let returned = self.free.returned.notified();
+            tokio::pin!(returned);
+            returned.as_mut().enable();
+            let slot = self
+                .free
+                .slots
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .pop_first();
+            if let Some(slot) = slot {
+                break slot;
+            }
+            if tokio::time::timeout_at(deadline, returned).await.is_err() {
+                return Err(BackendError::Exhausted(format!(
+                    "every host id range is held by a sandbox still being torn down (waited \
+                     {wait:?}); retry"
+                )));
+            }
+        };
+        let no_range = |reason: String| {
+            BackendError::setup(
+                "allocating the sandbox's host id range",
+                io::Error::other(reason),
+            )
+        };
+        let host_base = u64::from(self.base) + u64::from(slot) * u64::from(namespace::SANDBOX_IDS);
+        // Returned to the pool even if the map below is refused.
+        let mut range = IdRange {
+            slot,
+            map: IdMap::default(),
+            free: self.free.clone(),
+        };
+        range.map = u32::try_from(host_base)
+            .map_err(|_| no_range(format!("host id {host_base} is out of range")))
+            .and_then(|b| IdMap::new(b, namespace::SANDBOX_IDS).map_err(no_range))?;
+        Ok(range)
+    }
+}
+
+impl NamespaceBackend {
+    /// A backend using the image's root tree, keeping per-sandbox state under `state_dir`.
+    pub(crate) fn new(
+        image: ImagePaths,
+        state_dir: PathBuf,
+        cgroup_parent: String,
+        max_pids: u64,
+        scratch_mib: u64,
+        ready_timeout: Duration,
+        id_ranges: IdRanges,
+    ) -> Self {
+        NamespaceBackend {
+            image,
+            state_dir,
+            cgroup_root: PathBuf::from("/sys/fs/cgroup"),
+            cgroup_parent,
+            max_pids,
+            scratch_mib,
+            ready_timeout,
+            id_ranges,
+            live_restore: false,
+        }
+    }
+
+    /// With sandboxes that outlive the daemon (`--live-restore`).
+    pub(crate) fn with_live_restore(mut self, live_restore: bool) -> Self {
+        self.live_restore = live_restore;
+        self
+    }
+
+    /// Why this host cannot run namespace sandboxes, if it cannot.
+    fn why_unavailable(&self) -> Option<String> {
+        if !self.image.agent().is_file() {
+            return Some(format!(
+                "no agent at {} (build the image: cargo xtask build-image)",
+                self.image.agent().display()
+            ));
+        }
+        let is_root = std::fs::metadata("/proc/self")
+            .map(|m| std::os::unix::fs::MetadataExt::uid(&m) == 0)
+            .unwrap_or(false);
+        if !is_root {
+            return Some("creating namespaces, mounts and cgroups needs root".into());
+        }
+        None
+    }
+
+    fn runtime_dir(&self, id: &str) -> PathBuf {
+        self.state_dir.join("sandboxes").join(id)
+    }
+
+    fn log_path(&self, id: &str) -> PathBuf {
+        self.state_dir.join("logs").join(format!("{id}.log"))
+    }
+
+    async fn create_instance(&self, spec: InstanceSpec) -> Result<NamespaceInstance, BackendError> {
+        let memory_mib = spec.memory_mib;
+        if let Some(reason) = self.why_unavailable() {
+            return Err(BackendError::Unavailable {
+                backend: BackendKind::Namespace,
+                reason,
+            });
+        }
+        let runtime_dir = self.runtime_dir(&spec.id);
+        create_private_dir(&runtime_dir)?;
+        let log_path = self.log_path(&spec.id);
+        if let Some(dir) = log_path.parent() {
+            create_private_dir(dir)?;
+        }
+        let cgroups = SandboxCgroups::create(
+            &self.cgroup_root,
+            &self.cgroup_parent,
+            &spec.id,
+            CgroupLimits {
+                memory_bytes: spec.memory_mib * 1024 * 1024,
+                pids: self.max_pids,
+                cpus: spec.vcpus,
+            },
+        )
+        .map_err(|e| BackendError::setup("creating the sandbox's cgroups", e))?;
+        let ids = self.id_ranges.take(RANGE_WAIT).await;
+        let mut cleanup = Cleanup {
+            runtime_dir: Some(runtime_dir.clone()),
+            cgroups: Some(cgroups),
+            ids: None,
+        };
+        let ids = match ids {
+            Ok(ids) => ids,
+            Err(e) => {
+                cleanup.run().await;
+                return Err(e);
+            }
+        };
+        let id_map = ids.map;
+        cleanup.ids = Some(ids);
+
+        let ready_path = runtime_dir.join("ready.sock");
+        let opened = (|| {
+            let ready = UnixListener::bind(&ready_path)
+                .map_err(|e| BackendError::setup(format!("bind {}", ready_path.display()), e))?;
+            let log = std::fs::File::create(&log_path)
+                .map_err(|e| BackendError::setup(format!("create {}", log_path.display()), e))?;
+            let log_err = log
+                .try_clone()
+                .map_err(|e| BackendError::setup("duplicate the log file", e))?;
+            Ok((ready, log, log_err))
+        })();
+        let (ready, log, log_err) = match opened {
+            Ok(opened) => opened,
+            Err(e) => {
+                // Nothing runs yet: the cgroups and the runtime directory go, then the range.
+                cleanup.run().await;
+                return Err(e);
+            }
+        };
+
+        let egress_path = runtime_dir.join("egress.sock");
+        let egress = match &spec.egress {
+            Some(sink) => match UnixListener::bind(&egress_path) {
+                Ok(listener) => Some((listener, sink.clone())),
+                Err(e) => {
+                    cleanup.run().await;
+                    return Err(BackendError::setup(
+                        format!("bind {}", egress_path.display()),
+                        e,
+                    ));
+                }
+            },
+            None => None,
+        };
+        let agent_socket = runtime_dir.join("agent.sock");
+        let hostname = spec.id.clone();
+        let spec_id = spec.id.clone();
+        let rootfs = spec
+            .root
+            .as_ref()
+            .map_or_else(|| self.image.rootfs.clone(), |root| root.dir.clone());
+        let spec = SandboxSpec {
+            rootfs,
+            runtime_dir: runtime_dir.clone(),
+            agent_socket: agent_socket.clone(),
+            ready_socket: ready_path.clone(),
+            hostname: spec.id.clone(),
+            scratch_mib: disk_mib(self.scratch_mib, spec.memory_mib),
+            scratch_disk: spec.disk.clone(),
+            mounts: spec.mounts.iter().map(extra_mount).collect(),
+            egress_socket: egress.as_ref().map(|_| egress_path.clone()),
+            id_map,
+            // Under live restore the sandbox outlives the daemon; otherwise it dies with it.
+            die_with_parent: !self.live_restore,
+            cgroup_procs: cleanup
+                .cgroups
+                .iter()
+                .flat_map(|c| c.procs_files())
+                .collect(),
+        }
+        .to_args();
+        let mut command = Command::new(self.image.agent());
+        command
+            .arg("sandbox")
+            .args(spec)
+            .arg("--memory-bytes")
+            .arg((memory_mib * 1024 * 1024).to_string())
+            // The daemon's environment (API keys among it) must not reach the sandbox. Nor does
+            // the sandbox's own: the daemon adds it to every exec request, so an agent started
+            // before it was known (a warm pool's) is the same as one started after.
+            .env_clear()
+            .env("PATH", DEFAULT_PATH)
+            .env("HOME", contract::AGENT_HOME)
+            .env("HOSTNAME", &hostname)
+            .stdin(Stdio::null())
+            .stdout(Stdio::from(log))
+            .stderr(Stdio::from(log_err))
+            .kill_on_drop(!self.live_restore);
+        let what = format!("the sandbox's init {}", self.image.agent().display());
+        let diagnostics = Diagnostics::new().with("its log", &log_path);
+        let spawned = spawn_and_await_hello(
+            &mut command,
+            &ready,
+            self.ready_timeout,
+            &what,
+            &diagnostics,
+        )
+        .await;
+        let (child, hello) = match spawned {
+            Ok(spawned) => spawned,
+            Err(e) => {
+                cleanup.run().await;
+                return Err(e);
+            }
+        };
+        drop(ready);
+        let _ = std::fs::remove_file(&ready_path);
+        let record = match child.id().and_then(|pid| i32::try_from(pid).ok()) {
+            Some(pid) => crate::restore::process_start_ticks(pid)
+                .ok()
+                .and_then(|ticks| {
+                    Some(crate::restore::InstanceRecord {
+                        supervisor_pid: pid,
+                        supervisor_start_ticks: ticks,
+                        id_slot: cleanup.ids.as_ref()?.slot,
+                        hello: hello.clone(),
+                    })
+                }),
+            None => None,
+        };
+        // The sandbox connected before entering; the path is of no more use.
+        let egress_task = egress.map(|(listener, sink)| {
+            let _ = std::fs::remove_file(&egress_path);
+            tokio::spawn(receive_egress(listener, sink, spec_id.clone()))
+        });
+
+        Ok(NamespaceInstance {
+            hello,
+            socket: agent_socket,
+            process: SandboxProcess::watch(child, "the sandbox's init".into(), diagnostics),
+            cleanup: tokio::sync::Mutex::new(Some(cleanup)),
+            log_path,
+            egress_task,
+            record,
+        })
+    }
+
+    /// Takes back sandbox `id` as `record` describes it (live restore): its supervisor the
+    /// recorded process, its cgroups holding it, its id range free here, its agent answering
+    /// with the recorded hello on the sandbox's socket.
+    async fn adopt_instance(
+        &self,
+        id: &str,
+        record: &crate::restore::InstanceRecord,
+    ) -> Result<NamespaceInstance, RestoreError> {
+        let mismatch = |why: String| RestoreError::Mismatch(why);
+        let runtime_dir = self.runtime_dir(id);
+        let log_path = self.log_path(id);
+        let diagnostics = Diagnostics::new().with("its log", &log_path);
+        let pid = record.supervisor_pid;
+        let process = SandboxProcess::adopt(
+            pid,
+            record.supervisor_start_ticks,
+            "the sandbox's init".into(),
+            diagnostics,
+        )
+        .map_err(|e| mismatch(format!("its supervisor (pid {pid}): {e}")))?;
+        // From here the process is the recorded one: a refusal kills it.
+        let checked = async {
+            let cgroups = SandboxCgroups::adopt(&self.cgroup_root, &self.cgroup_parent, id, pid)
+                .map_err(|e| mismatch(report::chain(&e)))?;
+            let ids = self.id_ranges.claim(record.id_slot).map_err(mismatch)?;
+            let socket = runtime_dir.join("agent.sock");
+            let hello = ping(&socket)
+                .await
+                .map_err(|e| mismatch(format!("its agent ({}): {e}", socket.display())))?;
+            if hello != record.hello {
+                return Err(mismatch(format!(
+                    "its agent is not the recorded one: it says {hello:?}, the record {:?}",
+                    record.hello
+                )));
+            }
+            Ok((cgroups, ids, socket, hello))
+        }
+        .await;
+        let (cgroups, ids, socket, hello) = match checked {
+            Ok(found) => found,
+            Err(e) => {
+                process.kill_and_wait().await;
+                return Err(e);
+            }
+        };
+        Ok(NamespaceInstance {
+            hello,
+            socket,
+            process,
+            cleanup: tokio::sync::Mutex::new(Some(Cleanup {
+                runtime_dir: Some(runtime_dir),
+                cgroups: Some(cgroups),
+                ids: Some(ids),
+            })),
+            log_path,
+            egress_task: None,
+            record: Some(record.clone()),
+        })
+    }
+}
+
+/// The hello of the agent listening on `socket`, asked within 5 s.
+async fn ping(socket: &Path) -> io::Result<Hello> {
+    let ask = async {
+        let mut agent = super::connect_unix(socket).await?;
+        wire::write_message_async(&mut agent, &wire::agent::AgentRequest::Ping)
+            .await
+            .map_err(|e| io::Error::other(e.to_string()))?;
+        match wire::read_message_async(&mut agent).await {
+            Ok(wire::agent::AgentReply::Pong(hello)) => Ok(hello),
+            Ok(other) => Err(io::Error::other(format!("it answered {other:?}"))),
+            Err(e) => Err(io::Error::other(e.to_string())),
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(5), ask)
+        .await
+        .map_err(|_| io::Error::other("no answer to a ping within 5 s"))?
+}
+
+fn extra_mount(mount: &MountSpec) -> namespace::ExtraMount {
+    let (kind, source) = match &mount.source {
+        MountSource::Ext4Image(path) => (namespace::MountKind::Ext4Image, path.clone()),
+        MountSource::Directory(path) => (namespace::MountKind::HostDir, path.clone()),
+    };
+    namespace::ExtraMount {
+        kind,
+        source,
+        target: PathBuf::from(&mount.target),
+        read_only: mount.read_only,
+    }
+}
+
+/// Takes the connections a sandbox's agent hands over (its egress proxy's accepted sockets,
+/// one descriptor per message on the one connection the sandbox made before entering) and
+/// gives each to `sink`. Whatever arrives is checked to be a stream socket first: the agent
+/// is the sandbox's PID 1, but a sandbox is hostile by assumption.
+async fn receive_egress(listener: UnixListener, sink: EgressSink, id: String) {
+    use std::os::fd::AsFd;
+    let control = match listener.accept().await {
+        Ok((control, _)) => control,
+        Err(e) => {
+            tracing::warn!(sandbox = %id, "egress: accepting the agent's connection: {e}");
+            return;
+        }
+    };
+    drop(listener);
+    loop {
+        if control.readable().await.is_err() {
+            return;
+        }
+        let received = control.try_io(tokio::io::Interest::READABLE, || {
+            namespace::recv_stream(control.as_fd())
+        });
+        let fd = match received {
+            Ok(Some(fd)) => fd,
+            Ok(None) => return,
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
+            Err(e) => {
+                tracing::warn!(sandbox = %id, "egress: receiving a connection: {e}");
+                return;
+            }
+        };
+        match egress_stream(fd) {
+            Ok(stream) => sink(stream),
+            Err(e) => {
+                tracing::warn!(sandbox = %id, "egress: refused a handed-over descriptor: {e}")
+            }
+        }
+    }
+}
+
+/// The received descriptor as a stream, if it is a connected stream socket.
+fn egress_stream(fd: std::os::fd::OwnedFd) -> io::Result<EgressStream> {
+    let socket = socket2::Socket::from(fd);
+    if socket.r#type()? != socket2::Type::STREAM {
+        return Err(io::Error::other("not a stream socket"));
+    }
+    socket.set_nonblocking(true)?;
+    let local = socket.local_addr()?;
+    if local.as_socket().is_some() {
+        let tcp = std::net::TcpStream::from(socket);
+        return tokio::net::TcpStream::from_std(tcp).map(EgressStream::Tcp);
+    }
+    if local.is_unix() {
+        let unix = std::os::unix::net::UnixStream::from(socket);
+        return UnixStream::from_std(unix).map(EgressStream::Unix);
+    }
+    Err(io::Error::other("neither a TCP nor a Unix socket"))
+}
+
+/// The size of a sandbox's writable layer: the configured size, but at most three quarters of
+/// its memory limit. The layer is a tmpfs, whose pages are charged to the sandbox's memory
+/// cgroup and cannot be swapped out; were it as large as the limit, filling it would end in an
+/// OOM kill (of whichever command is largest, possibly one that never wrote) instead of
+/// `ENOSPC` for the writer, with memory to spare for the commands.
+pub(crate) fn disk_mib(configured_mib: u64, memory_mib: u64) -> u64 {
+    configured_mib.min(memory_mib.saturating_mul(3) / 4).max(1)
+}
+
+fn create_private_dir(path: &Path) -> Result<(), BackendError> {
+    use std::os::unix::fs::DirBuilderExt;
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(path)
+        .map_err(|e| BackendError::setup(format!("create {}", path.display()), e))
+}
+
+/// What to release when a sandbox goes away.
+#[derive(Debug)]
+struct Cleanup {
+    runtime_dir: Option<PathBuf>,
+    cgroups: Option<SandboxCgroups>,
+    /// Released last, once no process of the sandbox can be left.
+    ids: Option<IdRange>,
+}
+
+impl Cleanup {
+    async fn run(&mut self) {
+        if let Some(cgroups) = self.cgroups.take() {
+            if let Err(e) = cgroups.remove().await {
+                tracing::warn!("{e}");
+            }
+        }
+        if let Some(dir) = self.runtime_dir.take() {
+            if let Err(e) = std::fs::remove_dir_all(&dir) {
+                tracing::warn!("remove {}: {e}", dir.display());
+            }
+        }
+        self.ids.take();
+    }
+}
+
+/// A running namespace sandbox.
+#[derive(Debug)]
+pub(crate) struct NamespaceInstance {
+    hello: Hello,
+    socket: PathBuf,
+    process: SandboxProcess,
+    cleanup: tokio::sync::Mutex<Option<Cleanup>>,
+    log_path: PathBuf,
+    /// Takes the sandbox's proxied connections from its agent.
+    egress_task: Option<tokio::task::JoinHandle<()>>,
+    /// What a restarted daemon needs to take it back.
+    record: Option<crate::restore::InstanceRecord>,
+}
+
+impl Instance for NamespaceInstance {
+    fn hello(&self) -> &Hello {
+        &self.hello
+    }
+
+    fn connect(&self) -> BoxFuture<'_, io::Result<UnixStream>> {
+        Box::pin(super::connect_unix(&self.socket))
+    }
+
+    fn exited(&self) -> watch::Receiver<Option<String>> {
+        self.process.exited()
+    }
+
+    fn destroy(&self) -> BoxFuture<'_, ()> {
+        Box::pin(async move {
+            self.process.kill_and_wait().await;
+            if let Some(task) = &self.egress_task {
+                task.abort();
+            }
+            if let Some(mut cleanup) = self.cleanup.lock().await.take() {
+                cleanup.run().await;
+            }
+            let _ = std::fs::remove_file(&self.log_path);
+        })
+    }
+
+    fn record(&self) -> Option<crate::restore::InstanceRecord> {
+        self.record.clone()
+    }
+
+    fn stats(&self) -> BoxFuture<'_, Option<wire::SandboxStats>> {
+        Box::pin(async move {
+            let cleanup = self.cleanup.lock().await;
+            let cgroups = cleanup.as_ref()?.cgroups.as_ref()?;
+            Some(cgroups.stats())
+        })
+    }
+}
+
+impl Backend for NamespaceBackend {
+    fn kind(&self) -> BackendKind {
+        BackendKind::Namespace
+    }
+
+    fn unavailable_reason(&self) -> Option<String> {
+        self.why_unavailable()
+    }
+
+    fn create(&self, spec: InstanceSpec) -> BoxFuture<'_, Result<Box<dyn Instance>, BackendError>> {
+        Box::pin(async move {
+            let instance = self.create_instance(spec).await?;
+            Ok(Box::new(instance) as Box<dyn Instance>)
+        })
+    }
+
+    fn adopt<'a>(
+        &'a self,
+        id: &'a str,
+        record: &'a crate::restore::InstanceRecord,
+    ) -> BoxFuture<'a, Result<Box<dyn Instance>, RestoreError>> {
+        Box::pin(async move {
+            let instance = self.adopt_instance(id, record).await?;
+            Ok(Box::new(instance) as Box<dyn Instance>)
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{disk_mib, BackendError, IdRanges};
+    use std::time::Duration;
+
+    #[tokio::test]
+    async fn a_create_waits_for_a_range_still_being_returned_and_is_told_to_retry_after() {
+        let ranges = IdRanges::new(2_000_000_000, 1);
+        let held = ranges.take(Duration::ZERO).await.expect("the one range");
+        assert_eq!(held.map.to_string(), "2000000000:65536");
+        // Every range held past the wait: a retryable answer, not an internal error.
+        match ranges.take(Duration::from_millis(50)).await {
+            Err(BackendError::Exhausted(reason)) => assert!(reason.contains("retry"), "{reason}"),
+            other => panic!("expected Exhausted, got {other:?}"),
+        }
+        // A range returned while a create waits goes to that create.
+        let waiting = tokio::spawn({
+            let ranges = ranges.clone();
+            async move { ranges.take(Duration::from_secs(10)).await.map(|r| r.slot) }
+        });
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        drop(held);
+        let slot = tokio::time::timeout(Duration::from_secs(5), waiting)
+            .await
+            .expect("the waiting create is woken")
+            .expect("task")
+            .expect("the returned range");
+        assert_eq!(slot, 0);
+    }
+
+    #[test]
+    fn the_writable_layer_leaves_a_quarter_of_memory_to_the_commands() {
+        assert_eq!(disk_mib(1024, 512), 384);
+        assert_eq!(disk_mib(100, 512), 100);
+        assert_eq!(disk_mib(1024, 16), 12);
+        assert_eq!(disk_mib(1024, 1), 1, "never a zero-sized (unlimited) tmpfs");
+    }
+}

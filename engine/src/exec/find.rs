@@ -1,0 +1,164 @@
+//! Finding a command again by `exec_id`: its status, the list of a sandbox's commands, and
+//! re-attaching to one whose connection dropped (the agent replays what it kept from the
+//! client's offset, then the stream goes on live and ends with the one exit frame).
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use wire::agent::{AgentReply, AgentRequest};
+use wire::ExecStatus;
+
+use super::Session;
+use crate::agent::AgentError;
+use crate::metrics::Metrics;
+use crate::sandbox::{Sandbox, SandboxError};
+
+/// Why a command could not be found or attached to.
+#[derive(Debug, thiserror::Error)]
+pub enum FindError {
+    /// The exec id is not one (1 to 128 letters, digits, `.`, `_`, `-`).
+    #[error("exec_id {0:?} is not 1 to 128 letters, digits, '.', '_' or '-'")]
+    InvalidId(String),
+    /// The sandbox cannot take the request.
+    #[error(transparent)]
+    Sandbox(#[from] SandboxError),
+    /// No command of that name runs, and none ended with a result still to collect.
+    #[error("sandbox {sandbox}: {message}")]
+    NotFound {
+        /// The sandbox.
+        sandbox: String,
+        /// The agent's words.
+        message: String,
+    },
+    /// Another client is attached, or the command dies with its connection.
+    #[error("sandbox {sandbox}: {message}")]
+    Conflict {
+        /// The sandbox.
+        sandbox: String,
+        /// The agent's words.
+        message: String,
+    },
+    /// The request is not valid (an offset past the command's output).
+    #[error("sandbox {sandbox}: {message}")]
+    Invalid {
+        /// The sandbox.
+        sandbox: String,
+        /// The agent's words.
+        message: String,
+    },
+    /// The agent could not be asked, or answered nonsense.
+    #[error("sandbox {sandbox}: {error}")]
+    Agent {
+        /// The sandbox.
+        sandbox: String,
+        /// What went wrong.
+        error: String,
+    },
+}
+
+fn check_id(exec_id: &str) -> Result<(), FindError> {
+    if wire::valid_exec_id(exec_id) {
+        Ok(())
+    } else {
+        Err(FindError::InvalidId(exec_id.escape_debug().to_string()))
+    }
+}
+
+fn agent_failed(sandbox: &Sandbox, error: &AgentError) -> FindError {
+    FindError::Agent {
+        sandbox: sandbox.id.clone(),
+        error: report::chain(error),
+    }
+}
+
+/// The agent's refusal, as the error it means.
+fn refused(sandbox: &Sandbox, reply: AgentReply) -> FindError {
+    let sandbox = sandbox.id.clone();
+    match reply {
+        AgentReply::Error(e) => match e.code.as_str() {
+            "not_found" => FindError::NotFound {
+                sandbox,
+                message: e.message,
+            },
+            "conflict" => FindError::Conflict {
+                sandbox,
+                message: e.message,
+            },
+            "invalid_request" => FindError::Invalid {
+                sandbox,
+                message: e.message,
+            },
+            _ => FindError::Agent {
+                sandbox,
+                error: e.message,
+            },
+        },
+        other => FindError::Agent {
+            sandbox,
+            error: format!("unexpected agent reply {other:?}"),
+        },
+    }
+}
+
+/// The status of `sandbox`'s commands that can be found (running, or ended with a result not
+/// yet collected), oldest first; with `exec_id`, that one (`NotFound` if there is none).
+pub async fn statuses(
+    sandbox: &Arc<Sandbox>,
+    exec_id: Option<&str>,
+) -> Result<Vec<ExecStatus>, FindError> {
+    if let Some(id) = exec_id {
+        check_id(id)?;
+    }
+    let _guard = sandbox.begin(false)?;
+    let message = AgentRequest::Execs {
+        exec_id: exec_id.map(str::to_string),
+    };
+    let mut agent = sandbox
+        .send_to_agent(&message)
+        .await
+        .map_err(|e| agent_failed(sandbox, &e))?;
+    let reply: AgentReply = wire::read_message_async(&mut agent)
+        .await
+        .map_err(|e| agent_failed(sandbox, &AgentError::Reply(e)))?;
+    match reply {
+        AgentReply::Execs(list) => Ok(list.execs),
+        other => Err(refused(sandbox, other)),
+    }
+}
+
+/// Re-attaches to `exec_id` in `sandbox` from output byte `offset`: its status as the stream
+/// starts, and the session that carries the rest of its frames and its one exit frame (whose
+/// `output_dropped_bytes` counts what was no longer kept). The session holds an exec slot,
+/// as any exec does; dropping it detaches again.
+pub async fn attach(
+    metrics: &Arc<Metrics>,
+    sandbox: &Arc<Sandbox>,
+    exec_id: &str,
+    offset: u64,
+) -> Result<(ExecStatus, Session), FindError> {
+    check_id(exec_id)?;
+    let guard = sandbox.begin(true)?;
+    let message = AgentRequest::Attach {
+        exec_id: exec_id.to_string(),
+        offset,
+    };
+    let mut agent = sandbox
+        .send_to_agent(&message)
+        .await
+        .map_err(|e| agent_failed(sandbox, &e))?;
+    let reply: AgentReply = wire::read_message_async(&mut agent)
+        .await
+        .map_err(|e| agent_failed(sandbox, &AgentError::Reply(e)))?;
+    let status = match reply {
+        AgentReply::Attached(status) => status,
+        other => return Err(refused(sandbox, other)),
+    };
+    let session = Session::relay(
+        metrics.clone(),
+        guard,
+        exec_id.to_string(),
+        Instant::now(),
+        Ok(agent),
+    );
+    Ok((status, session))
+}

@@ -1,0 +1,776 @@
+//! The daemon's shared state (the composition root: configuration, backends, registry,
+//! metrics) and the sandbox creation path.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use api_types::{BackendKind, CreateSandbox, SandboxInfo};
+
+use crate::backend::microvm::MicrovmBackend;
+use crate::backend::microvm_disks;
+use crate::backend::namespace::{IdRanges, NamespaceBackend};
+use crate::backend::{
+    Backend, BackendError, Backends, ImagePaths, ImageRoot, InstanceSpec, MountSource, MountSpec,
+};
+use crate::egress::{EgressCounters, EgressProxy, EgressRefused, NoEgress};
+use crate::host;
+use crate::metrics::Metrics;
+use crate::owner::Owner;
+use crate::pool::{PoolSpecError, Pooled, Shape, ShapeBounds, ShapeDefaults, Take, WarmPool};
+use crate::restore::RestoreError;
+use crate::sandbox::{
+    new_id, ExecAccounts, Registry, Sandbox, SandboxError, SandboxNetwork, SandboxSettings,
+};
+use crate::settings::EngineConfig;
+use crate::storage::{validate_targets, SandboxStorage, Storage, StorageError};
+
+/// Why a sandbox was not created.
+#[derive(Debug, thiserror::Error)]
+pub enum CreateError {
+    /// The request asks for something invalid; the message names the field.
+    #[error("{0}")]
+    Invalid(String),
+    /// The registry refused (at capacity, shutting down).
+    #[error(transparent)]
+    Sandbox(#[from] SandboxError),
+    /// The backend cannot run on this host.
+    #[error(transparent)]
+    Unavailable(BackendError),
+    /// Storage for it could not be had.
+    #[error(transparent)]
+    Storage(#[from] StorageError),
+    /// Its egress rules are not within the operator's.
+    #[error("network.allow: {0}")]
+    EgressForbidden(String),
+    /// The backend failed to make it.
+    #[error("creating sandbox {id}")]
+    Failed {
+        /// The id it would have had.
+        id: String,
+        /// What failed.
+        #[source]
+        source: BackendError,
+    },
+}
+
+/// Everything the handlers share.
+pub struct Engine {
+    /// The configuration the daemon started with.
+    pub config: EngineConfig,
+    /// The sandboxes.
+    pub registry: Arc<Registry>,
+    /// Counters, shared with the exec sessions that record into them.
+    pub metrics: Arc<Metrics>,
+    /// Ready sandboxes per declared shape (empty unless `--pool` declared some).
+    pub pool: Arc<WarmPool>,
+    backends: Backends,
+    host: host::HostReport,
+    storage: Option<Storage>,
+    /// The egress proxy a sandbox's network goes through (none: every request for network
+    /// is refused).
+    egress: Arc<dyn EgressProxy>,
+}
+
+impl std::fmt::Debug for Engine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Engine")
+            .field("backends", &self.backends)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The only image name there is today.
+pub const DEFAULT_IMAGE: &str = "default";
+
+impl Engine {
+    /// State for `config`, with the backends it describes: microVMs where the host can boot
+    /// them, else namespaces.
+    pub fn new(config: EngineConfig) -> Self {
+        let backends = Self::default_backends(&config);
+        Self::with_backends(config, backends)
+    }
+
+    /// State for `config` with the given backends (tests inject the host-process backend).
+    pub fn with_backends(config: EngineConfig, backends: Backends) -> Self {
+        Engine {
+            registry: Arc::new(Registry::new(
+                config.live_restore.then(|| config.state_dir.clone()),
+            )),
+            metrics: Arc::new(Metrics::default()),
+            pool: Arc::new(WarmPool::default()),
+            backends,
+            host: host::inspect(),
+            storage: None,
+            egress: Arc::new(NoEgress),
+            config,
+        }
+    }
+
+    /// With the egress proxy sandboxes' network goes through (the daemon's `egress::Proxy`).
+    pub fn with_egress(mut self, egress: Arc<dyn EgressProxy>) -> Self {
+        self.egress = egress;
+        self
+    }
+
+    /// With its storage opened (the daemon does this at startup; without it, requests for
+    /// caches, volumes or disk-backed layers are refused).
+    pub fn with_storage(mut self, storage: Storage) -> Self {
+        self.storage = Some(storage);
+        self
+    }
+
+    /// With the warm pools `config.pools` declares, checked against the limits, the known
+    /// images and the backends (the daemon does this at startup; [`Engine::start_pool`]
+    /// then fills them).
+    pub fn with_pools(mut self) -> Result<Self, PoolSpecError> {
+        let shapes = pool_shapes(&self.config, &self.backends)?;
+        self.pool = Arc::new(WarmPool::new(shapes));
+        Ok(self)
+    }
+
+    /// Starts refilling the warm pools (on the current runtime); a no-op without pools.
+    pub fn start_pool(&self) {
+        self.pool.start(
+            &self.registry,
+            &self.backends,
+            self.config.limits.max_sandboxes,
+        );
+    }
+
+    /// Live restore at startup: takes back every sandbox a record describes and its backend
+    /// verifies, and says (in the log) why it does not take back each of the others. Returns
+    /// the ids taken back; the caller cleans up everything else an earlier daemon left.
+    pub async fn restore(&self) -> Vec<String> {
+        let state_dir = &self.config.state_dir;
+        let mut adopted = Vec::new();
+        for (id, record) in crate::restore::read_all(state_dir) {
+            let started = Instant::now();
+            let outcome = match record {
+                Ok(record) => self.adopt(record).await,
+                Err(e) => Err(e),
+            };
+            match outcome {
+                Ok(()) => {
+                    tracing::info!(
+                        "live restore: took back sandbox {id} in {:.1?}",
+                        started.elapsed()
+                    );
+                    adopted.push(id);
+                }
+                Err(e) => {
+                    tracing::warn!(
+                        "live restore: not taking back sandbox {id}: {}; cleaning it up",
+                        report::chain(&e)
+                    );
+                    crate::restore::remove(state_dir, &id);
+                }
+            }
+        }
+        adopted
+    }
+
+    /// Takes back the sandbox `record` describes, or says why not.
+    async fn adopt(&self, record: crate::restore::SandboxRecord) -> Result<(), RestoreError> {
+        let unsupported = record.unsupported(DEFAULT_IMAGE);
+        if !unsupported.is_empty() {
+            return Err(RestoreError::Unsupported(format!(
+                "it has {}, which live restore does not take back yet",
+                unsupported.join(", ")
+            )));
+        }
+        let refused = |e: CreateError| RestoreError::Unsupported(report::chain(&e));
+        let backend = self.backend(record.backend).map_err(refused)?;
+        let reservation = self
+            .registry
+            .reserve(self.config.limits.max_sandboxes)
+            .map_err(|e| RestoreError::Unsupported(report::chain(&e)))?;
+        let instance = backend.adopt(&record.id, &record.instance).await?;
+        let accounts = self.accounts(None).map_err(refused)?;
+        let settings = SandboxSettings {
+            backend: record.backend,
+            image: record.image,
+            memory_mib: record.memory_mib,
+            vcpus: record.vcpus,
+            ttl: Duration::from_secs(record.ttl_s),
+            idle: Duration::from_secs(record.idle_s),
+            labels: record.labels,
+            env: record.env,
+            max_execs: record.max_execs,
+            exec_tail_bytes: record.exec_tail_bytes,
+            owner: record.owner.into(),
+            caches: Vec::new(),
+            volumes: Vec::new(),
+            disk_mib: None,
+            network: None,
+            image_defaults: record.defaults.map(Arc::new),
+            accounts,
+        };
+        let sandbox = Arc::new(Sandbox::restored(
+            record.id,
+            settings,
+            instance,
+            record.created_at_ms,
+            record.create_to_ready_ms,
+        ));
+        self.registry.insert(sandbox, reservation);
+        Ok(())
+    }
+
+    /// Stops under live restore: refuses new sandboxes, waits for creations under way and
+    /// destroys the warm pools' sandboxes (nobody's yet, with no record), but leaves every
+    /// client's sandbox running for the next daemon to take back.
+    pub async fn leave_all(&self) {
+        self.registry.leave_all().await;
+        self.pool.drain(&self.registry).await;
+    }
+
+    /// Destroys every sandbox and every pooled one (daemon shutdown), and waits until they are
+    /// gone.
+    pub async fn remove_all(&self) {
+        self.registry.remove_all().await;
+        self.pool.drain(&self.registry).await;
+    }
+
+    /// The daemon's storage.
+    pub fn storage(&self) -> Result<&Storage, StorageError> {
+        self.storage
+            .as_ref()
+            .ok_or_else(|| StorageError::Invalid("this daemon was started without storage".into()))
+    }
+
+    /// The microVM and namespace backends `config` describes, in that order of preference.
+    pub fn default_backends(config: &EngineConfig) -> Backends {
+        let ready_timeout = Duration::from_secs(config.limits.ready_timeout_s);
+        let namespace = NamespaceBackend::new(
+            ImagePaths::in_dir(&config.image_dir),
+            config.state_dir.clone(),
+            config.cgroup_parent.clone(),
+            config.limits.max_pids,
+            config.limits.scratch_mib,
+            ready_timeout,
+            IdRanges::new(config.uid_base, config.limits.max_sandboxes),
+        )
+        .with_live_restore(config.live_restore);
+        let microvm = MicrovmBackend::new(
+            config.vmm_binary.clone(),
+            &config.image_dir,
+            config.state_dir.clone(),
+            microvm_ready_timeout(config),
+            host::kvm_unavailable_reason(&host::inspect()),
+            config.hypervisor,
+        );
+        Backends::new(vec![Arc::new(microvm), Arc::new(namespace)])
+    }
+
+    /// The host inspection made at startup.
+    pub fn host(&self) -> &host::HostReport {
+        &self.host
+    }
+
+    /// Why `kind` cannot run here, or `None` when it can.
+    pub fn unavailable_reason(&self, kind: BackendKind) -> Option<String> {
+        self.backends.unavailable_reason(kind)
+    }
+
+    /// The backend used when a request names none: the configured one, else the most
+    /// preferred one the host can run.
+    pub fn default_backend(&self) -> BackendKind {
+        default_backend(&self.config, &self.backends)
+    }
+
+    fn backend(&self, kind: BackendKind) -> Result<&dyn Backend, CreateError> {
+        let unavailable = |reason| {
+            CreateError::Unavailable(BackendError::Unavailable {
+                backend: kind,
+                reason,
+            })
+        };
+        let backend = self
+            .backends
+            .get(kind)
+            .ok_or_else(|| unavailable(format!("this daemon does not offer the {kind} backend")))?;
+        match backend.unavailable_reason() {
+            Some(reason) => Err(unavailable(reason)),
+            None => Ok(backend.as_ref()),
+        }
+    }
+
+    /// Validates a create request, starts the sandbox for `owner` and waits for its agent.
+    pub async fn create_sandbox(
+        &self,
+        mut request: CreateSandbox,
+        owner: Owner,
+    ) -> Result<SandboxInfo, CreateError> {
+        let started = Instant::now();
+        let limits = &self.config.limits;
+        let memory_mib = request.memory_mib.unwrap_or(limits.default_memory_mib);
+        if !(16..=limits.max_memory_mib).contains(&memory_mib) {
+            return Err(CreateError::Invalid(format!(
+                "memory_mib: must be between 16 and {}, got {memory_mib}",
+                limits.max_memory_mib
+            )));
+        }
+        let vcpus = request.vcpus.unwrap_or(limits.default_vcpus);
+        if !(1..=limits.max_vcpus).contains(&vcpus) {
+            return Err(CreateError::Invalid(format!(
+                "vcpus: must be between 1 and {}, got {vcpus}",
+                limits.max_vcpus
+            )));
+        }
+        let ttl_s = request.ttl_s.unwrap_or(limits.default_ttl_s);
+        if !(1..=limits.max_ttl_s).contains(&ttl_s) {
+            return Err(CreateError::Invalid(format!(
+                "ttl_s: must be between 1 and {}, got {ttl_s}",
+                limits.max_ttl_s
+            )));
+        }
+        let image = request
+            .image
+            .clone()
+            .unwrap_or_else(|| DEFAULT_IMAGE.to_string());
+        let imported = self.lease_image(&image, &owner)?;
+        let accounts = self.accounts(imported.as_ref().map(|(r, _)| r))?;
+        let image_defaults = sandbox_defaults(
+            imported.as_ref().map(|(r, _)| r),
+            request.user.as_deref(),
+            &accounts,
+        )?;
+        for (name, value) in &request.env {
+            if name.is_empty() || name.contains(['=', '\0']) || value.contains('\0') {
+                return Err(CreateError::Invalid(format!(
+                    "env.{}: names must be non-empty without '=' or NUL, values without NUL",
+                    name.escape_debug()
+                )));
+            }
+        }
+        let kind = request.backend.unwrap_or_else(|| self.default_backend());
+        let backend = self.backend(kind)?;
+        let targets: Vec<(String, &str)> = request
+            .caches
+            .iter()
+            .enumerate()
+            .map(|(i, c)| (format!("caches[{i}] ({})", c.name), c.path.as_str()))
+            .chain(
+                request
+                    .volumes
+                    .iter()
+                    .enumerate()
+                    .map(|(i, v)| (format!("volumes[{i}] ({})", v.name), v.path.as_str())),
+            )
+            .collect();
+        validate_targets(&targets)?;
+        let unsupported = unsupported_storage(kind, &request);
+        if !unsupported.is_empty() {
+            return Err(CreateError::Invalid(format!(
+                "{} {} not available on the {kind} backend yet (use the namespace backend)",
+                unsupported.join(", "),
+                if unsupported.len() == 1 { "is" } else { "are" },
+            )));
+        }
+        if kind == BackendKind::Microvm {
+            let targets: Vec<&str> = request
+                .volumes
+                .iter()
+                .map(|v| v.path.as_str())
+                .chain(request.caches.iter().map(|c| c.path.as_str()))
+                .collect();
+            microvm_disks::check_request(&new_id(), request.disk_mib.is_some(), &targets)
+                .map_err(CreateError::Invalid)?;
+        }
+        if let Some(disk_mib) = request.disk_mib {
+            if disk_mib < MIN_DISK_MIB {
+                return Err(CreateError::Invalid(format!(
+                    "disk_mib: must be at least {MIN_DISK_MIB}, got {disk_mib}"
+                )));
+            }
+        }
+        let policy = match &request.network {
+            Some(network) if !network.allow.is_empty() => {
+                if kind == BackendKind::Process {
+                    return Err(CreateError::Invalid(format!(
+                        "network is not available on the {kind} backend yet (use the namespace \
+                         backend)"
+                    )));
+                }
+                let plan = self.egress.plan(&network.allow).map_err(|e| match e {
+                    EgressRefused::Invalid(why) => CreateError::Invalid(why),
+                    EgressRefused::Forbidden(why) => CreateError::EgressForbidden(why),
+                })?;
+                Some(plan)
+            }
+            _ => None,
+        };
+        if imported.is_some() && kind == BackendKind::Process {
+            return Err(CreateError::Invalid(format!(
+                "image: imported images are not available on the {kind} backend (use the \
+                 namespace or microvm backend)"
+            )));
+        }
+        // What the sandbox will be, whichever way it is made; a pool hit takes it as it is (a
+        // poolable request has no network, storage or image of its own), a cold create adds
+        // its network below.
+        let mut settings = SandboxSettings {
+            backend: kind,
+            image: image.clone(),
+            memory_mib,
+            vcpus,
+            ttl: Duration::from_secs(ttl_s),
+            idle: Duration::from_secs(limits.idle_timeout_s),
+            labels: std::mem::take(&mut request.labels),
+            env: request.env.clone(),
+            max_execs: limits.max_execs_per_sandbox,
+            exec_tail_bytes: limits.exec_tail_bytes,
+            owner,
+            caches: request.caches.clone(),
+            volumes: request.volumes.clone(),
+            disk_mib: request.disk_mib,
+            network: None,
+            image_defaults,
+            accounts,
+        };
+        let poolable = policy.is_none()
+            && imported.is_none()
+            && request.user.is_none()
+            && request.caches.is_empty()
+            && request.volumes.is_empty()
+            && request.disk_mib.is_none();
+        if poolable {
+            // A hit takes no reservation, where the refusal would otherwise come from; a
+            // creation under way when shutdown begins is waited for, so this is the last word.
+            if self.registry.is_shutting_down() {
+                return Err(SandboxError::ShuttingDown.into());
+            }
+            let shape = Shape {
+                image: image.clone(),
+                backend: kind,
+                memory_mib,
+                vcpus,
+            };
+            if let Take::Hit(pooled) = self.pool.take(&shape) {
+                return Ok(self.insert_pooled(pooled, settings, started));
+            }
+        } else {
+            self.pool.count_unpooled();
+        }
+        let reservation = self.registry.reserve(limits.max_sandboxes)?;
+
+        let id = new_id();
+        let network = policy.map(|plan| {
+            let counters = Arc::new(EgressCounters::for_sandbox(self.metrics.egress.clone()));
+            let sink = plan(&id, counters.clone());
+            (counters, sink)
+        });
+        if network.is_some() {
+            for (name, value) in contract::egress::proxy_env() {
+                request.env.entry(name.to_string()).or_insert(value);
+            }
+        }
+        let (mut held, disk, mounts) = self
+            .claim_storage(&request, &settings.owner, &id, kind)
+            .await?;
+        let root = match imported {
+            Some((record, lease)) => {
+                let images = &self.storage()?.images;
+                let disk = match kind {
+                    BackendKind::Microvm => Some(images.root_disk(&record).await?),
+                    BackendKind::Namespace | BackendKind::Process => None,
+                };
+                held.image = Some(lease);
+                Some(ImageRoot {
+                    dir: images.root_dir(&record),
+                    disk,
+                })
+            }
+            None => None,
+        };
+        let spec_env = request.env.clone();
+        let spec = InstanceSpec {
+            id: id.clone(),
+            memory_mib,
+            vcpus,
+            env: request.env,
+            disk,
+            mounts,
+            egress: network.as_ref().map(|(_, sink)| sink.clone()),
+            root,
+        };
+        let instance = backend.create(spec).await.map_err(|e| {
+            self.metrics
+                .sandboxes_failed
+                .fetch_add(1, Ordering::Relaxed);
+            match e {
+                BackendError::Unavailable { .. } => CreateError::Unavailable(e),
+                e => CreateError::Failed {
+                    id: id.clone(),
+                    source: e,
+                },
+            }
+        })?;
+        settings.env = spec_env;
+        settings.network = network.map(|(counters, _)| SandboxNetwork {
+            allow: request.network.map(|n| n.allow).unwrap_or_default(),
+            counters,
+        });
+        let sandbox = Arc::new(Sandbox::new(
+            id,
+            settings,
+            instance,
+            started.elapsed(),
+            held,
+        ));
+        let info = sandbox.info();
+        self.registry.insert(sandbox, reservation);
+        self.metrics
+            .sandboxes_created
+            .fetch_add(1, Ordering::Relaxed);
+        Ok(info)
+    }
+}
+
+impl Engine {
+    /// Holds `owner`'s imported image `image` for a new sandbox; `None` for the built-in one.
+    fn lease_image(
+        &self,
+        image: &str,
+        owner: &Owner,
+    ) -> Result<Option<(oci::ImageRecord, oci::ImageLease)>, CreateError> {
+        if image == DEFAULT_IMAGE {
+            return Ok(None);
+        }
+        let unknown = |why: &str| {
+            CreateError::Invalid(format!(
+                "image: unknown image {image:?}{why} (GET /images lists yours; `crucible \
+                 image import` adds one)"
+            ))
+        };
+        let storage = self
+            .storage()
+            .map_err(|_| unknown(": this daemon has no image store"))?;
+        match storage.images.lease(owner, image) {
+            Ok(leased) => Ok(Some(leased)),
+            Err(StorageError::Image(oci::StoreError::NotFound(_))) => Err(unknown("")),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Where the users its commands ask for are looked up: its image's tree.
+    fn accounts(
+        &self,
+        record: Option<&oci::ImageRecord>,
+    ) -> Result<Arc<ExecAccounts>, CreateError> {
+        Ok(Arc::new(match record {
+            Some(record) => ExecAccounts {
+                root: self.storage()?.images.root_dir(record),
+                image_sets_home: record
+                    .run_config
+                    .env
+                    .iter()
+                    .flatten()
+                    .any(|entry| entry.starts_with("HOME=")),
+            },
+            None => ExecAccounts {
+                root: ImagePaths::in_dir(&self.config.image_dir).rootfs,
+                image_sets_home: false,
+            },
+        }))
+    }
+
+    /// Registers a sandbox around a pooled instance with the request's `settings`: it keeps
+    /// the id it was made with (its hostname) and takes over its place under the cap. Its env
+    /// reaches every command the way a cold sandbox's does: the daemon merges it into each
+    /// exec request, under the request's own (`Sandbox::merge_env_into`).
+    fn insert_pooled(
+        &self,
+        pooled: Pooled,
+        settings: SandboxSettings,
+        started: Instant,
+    ) -> SandboxInfo {
+        let Pooled {
+            id,
+            instance,
+            reservation,
+        } = pooled;
+        let sandbox = Arc::new(Sandbox::new(
+            id,
+            settings,
+            instance,
+            started.elapsed(),
+            SandboxStorage::default(),
+        ));
+        let info = sandbox.info();
+        self.registry.insert(sandbox, reservation);
+        self.metrics
+            .sandboxes_created
+            .fetch_add(1, Ordering::Relaxed);
+        info
+    }
+}
+
+/// The backend for requests that name none: the configured one, else the most preferred one
+/// the host can run.
+fn default_backend(config: &EngineConfig, backends: &Backends) -> BackendKind {
+    config
+        .default_backend
+        .or_else(|| backends.preferred())
+        .unwrap_or(BackendKind::Namespace)
+}
+
+/// `config.pools`, resolved against the daemon's defaults (as a request leaving the fields out
+/// would be) and checked: against the limits, the known images and the backends this host
+/// can run.
+pub fn pool_shapes(
+    config: &EngineConfig,
+    backends: &Backends,
+) -> Result<Vec<(Shape, usize)>, PoolSpecError> {
+    let limits = &config.limits;
+    let defaults = ShapeDefaults {
+        backend: default_backend(config, backends),
+        memory_mib: limits.default_memory_mib,
+        vcpus: limits.default_vcpus,
+    };
+    let bounds = ShapeBounds {
+        max_memory_mib: limits.max_memory_mib,
+        max_vcpus: limits.max_vcpus,
+        max_sandboxes: limits.max_sandboxes,
+    };
+    let shapes = crate::pool::resolve_all(&config.pools, &defaults, &bounds, |image| {
+        image == DEFAULT_IMAGE
+    })?;
+    for (shape, _) in &shapes {
+        if let Some(reason) = backends.unavailable_reason(shape.backend) {
+            return Err(PoolSpecError::Invalid {
+                shape: shape.to_string(),
+                reason,
+            });
+        }
+    }
+    Ok(shapes)
+}
+
+/// What of a request backend `kind` cannot provide, named for an error message: the process
+/// backend has no storage at all.
+fn unsupported_storage(kind: BackendKind, request: &CreateSandbox) -> Vec<&'static str> {
+    let mut features = Vec::new();
+    if kind != BackendKind::Process {
+        return features;
+    }
+    if request.disk_mib.is_some() {
+        features.push("disk_mib");
+    }
+    if !request.caches.is_empty() {
+        features.push("caches");
+    }
+    if !request.volumes.is_empty() {
+        features.push("volumes");
+    }
+    features
+}
+
+/// The smallest disk-backed layer: an ext4 needs a few MiB for itself.
+pub const MIN_DISK_MIB: u64 = 64;
+
+impl Engine {
+    /// Takes what the request asks of the storage, for sandbox `id` on `backend`: its
+    /// caches (made if new) and its disk-backed layer, with the volumes it names (for a
+    /// microVM, each as its read-only snapshot image, built on the first request); all of it
+    /// is released if any part is refused.
+    async fn claim_storage(
+        &self,
+        request: &CreateSandbox,
+        owner: &Owner,
+        id: &str,
+        backend: BackendKind,
+    ) -> Result<(SandboxStorage, Option<std::path::PathBuf>, Vec<MountSpec>), CreateError> {
+        let mut held = SandboxStorage::default();
+        let mut mounts = Vec::new();
+        if request.caches.is_empty() && request.volumes.is_empty() && request.disk_mib.is_none() {
+            return Ok((held, None, mounts));
+        }
+        let storage = self.storage()?;
+        for volume in &request.volumes {
+            let dir = storage.volumes.get(&volume.name)?;
+            let source = match backend {
+                // A VM can only be given block devices.
+                BackendKind::Microvm => {
+                    MountSource::Ext4Image(storage.volume_snapshots.image(&volume.name, dir).await?)
+                }
+                BackendKind::Namespace | BackendKind::Process => {
+                    MountSource::Directory(dir.to_path_buf())
+                }
+            };
+            mounts.push(MountSpec {
+                source,
+                target: volume.path.clone(),
+                read_only: true,
+            });
+        }
+        let mut names = std::collections::BTreeSet::new();
+        for cache in &request.caches {
+            if !names.insert(cache.name.as_str()) {
+                return Err(CreateError::Invalid(format!(
+                    "caches: {:?} is asked for twice",
+                    cache.name
+                )));
+            }
+            let lease = storage
+                .caches
+                .acquire(owner, &cache.name, cache.size_mib, id, backend)
+                .await?;
+            mounts.push(MountSpec {
+                source: MountSource::Ext4Image(lease.path().to_path_buf()),
+                target: cache.path.clone(),
+                read_only: false,
+            });
+            held.caches.push(lease);
+        }
+        let disk = match request.disk_mib {
+            Some(mib) => {
+                let scratch = storage.scratch.create(id, mib).await?;
+                let path = scratch.path().to_path_buf();
+                held.scratch = Some(scratch);
+                Some(path)
+            }
+            None => None,
+        };
+        Ok((held, disk, mounts))
+    }
+}
+
+/// How long a microVM's agent may take to say hello: the configured readiness timeout, but
+/// at least a minute under QEMU TCG, whose emulated boot takes seconds on an idle machine and
+/// much longer on a loaded one.
+fn microvm_ready_timeout(config: &EngineConfig) -> Duration {
+    let configured = Duration::from_secs(config.limits.ready_timeout_s);
+    match config.hypervisor {
+        api_types::Hypervisor::QemuTcg => configured.max(Duration::from_secs(60)),
+        api_types::Hypervisor::CrucibleVmm => configured,
+    }
+}
+
+/// What every command of a new sandbox starts with: its imported image's config, with the
+/// request's `user` (resolved against the image's account files) over the image's `User`.
+/// `None` for the built-in image run as root.
+fn sandbox_defaults(
+    record: Option<&oci::ImageRecord>,
+    user: Option<&str>,
+    accounts: &ExecAccounts,
+) -> Result<Option<Arc<oci::defaults::Defaults>>, CreateError> {
+    let base = record.map(|r| r.defaults.clone());
+    let Some(spec) = user else {
+        return Ok(base.map(Arc::new));
+    };
+    if spec.is_empty() || spec.len() > 256 || spec.contains(['\0', '\n']) {
+        return Err(CreateError::Invalid(format!(
+            "user: {:?} is not uid, uid:gid, name or name:group",
+            spec.escape_debug().to_string()
+        )));
+    }
+    let resolved = accounts
+        .resolve(spec)
+        .map_err(|e| CreateError::Invalid(format!("user: {e}")))?;
+    Ok(Some(Arc::new(
+        base.unwrap_or_default()
+            .with_user(resolved, accounts.image_sets_home),
+    )))
+}

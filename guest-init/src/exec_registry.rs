@@ -1,0 +1,463 @@
+//! The commands a client can find again by `exec_id`: those that run, and those that ended
+//! while no client was attached, until their result is collected.
+//!
+//! A command started with `on_disconnect: keep` outlives its connection: its exec thread goes
+//! on without one, feeding the command's output into its [`Tail`], and an `attach` hands it a
+//! new connection (through [`Tracked`]'s hand-off slot and an eventfd that wakes its poll).
+//! A command that ends while detached leaves its result here; the next `attach` gets the kept
+//! output and the exit frame, and collects it.
+//!
+//! Memory is bounded three ways: each tail by its capacity, all tails together by
+//! [`TAIL_BUDGET`] (a tail that would pass it drops its own oldest bytes first), and the ended
+//! commands kept by [`MAX_ENDED`] (the oldest result is forgotten, with a log line).
+
+use std::collections::VecDeque;
+use std::io::{self, Write};
+use std::os::fd::{AsFd, OwnedFd};
+use std::os::unix::net::UnixStream;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, LazyLock, Mutex, MutexGuard};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use wire::agent::AgentReply;
+use wire::{ErrorBody, ExecResult, ExecState, ExecStatus, FrameType, MAX_PAYLOAD};
+
+use crate::exec_tail::Tail;
+use crate::log;
+use crate::sys;
+
+/// All tails together hold at most this much: a sandbox that starts many chatty commands and
+/// drops their connections cannot make the agent (outside the commands' memory limit) grow
+/// without end.
+pub const TAIL_BUDGET: usize = 64 * 1024 * 1024;
+
+/// Ended commands whose result waits to be collected, at most.
+pub const MAX_ENDED: usize = 64;
+
+/// Bytes held by every tail.
+static TAILS_HELD: AtomicUsize = AtomicUsize::new(0);
+
+static REGISTRY: LazyLock<Mutex<VecDeque<Arc<Tracked>>>> = LazyLock::new(Mutex::default);
+
+fn registry() -> MutexGuard<'static, VecDeque<Arc<Tracked>>> {
+    // Inserts and removals cannot leave the list inconsistent: a poisoned lock is still usable.
+    REGISTRY.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Why an attach was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum AttachError {
+    /// No command of that name runs or waits to be collected.
+    #[error("no command has exec_id {0:?} (it never ran, or its result was collected)")]
+    NotFound(String),
+    /// A client is attached to it now.
+    #[error("exec_id {0:?} is attached to another connection")]
+    Busy(String),
+    /// It dies with its connection (`on_disconnect: kill`): nobody can attach to it.
+    #[error("exec_id {0:?} does not outlive its connection (on_disconnect: kill)")]
+    NotKept(String),
+    /// The offset is past its output.
+    #[error("offset {offset} is past the {end} bytes exec_id {exec_id:?} has written")]
+    PastTheEnd {
+        /// The command.
+        exec_id: String,
+        /// What was asked.
+        offset: u64,
+        /// Its output's end.
+        end: u64,
+    },
+    /// Answering on the connection failed.
+    #[error("writing to the attaching connection")]
+    Io(#[from] io::Error),
+}
+
+impl AttachError {
+    /// The agent's error answer.
+    pub fn to_body(&self) -> ErrorBody {
+        let code = match self {
+            AttachError::NotFound(_) => "not_found",
+            AttachError::Busy(_) | AttachError::NotKept(_) => "conflict",
+            AttachError::PastTheEnd { .. } => "invalid_request",
+            AttachError::Io(_) => "io_error",
+        };
+        ErrorBody::new(code, report::chain(self))
+    }
+}
+
+/// A connection handed to a detached command's exec thread.
+#[derive(Debug)]
+pub struct Handoff {
+    /// The new client.
+    pub conn: UnixStream,
+    /// The first output byte it wants.
+    pub offset: u64,
+}
+
+/// What may change while a command runs, under its lock.
+#[derive(Debug)]
+struct Shared {
+    tail: Tail,
+    attached: bool,
+    /// Set by `attach` while the exec thread is detached; taken by the exec thread.
+    handoff: Option<Handoff>,
+    /// Wakes the detached exec thread's poll (made when it detaches).
+    wake: Option<Arc<OwnedFd>>,
+    /// Set when it ended while detached (or its exit frame could not be written).
+    result: Option<ExecResult>,
+}
+
+/// One command that can be found by name.
+#[derive(Debug)]
+pub struct Tracked {
+    exec_id: String,
+    cmd: Vec<String>,
+    pid: i32,
+    started_unix_ms: u64,
+    keep: bool,
+    shared: Mutex<Shared>,
+}
+
+impl Tracked {
+    fn lock(&self) -> MutexGuard<'_, Shared> {
+        self.shared.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Whether it outlives its connection.
+    pub fn keeps_running(&self) -> bool {
+        self.keep
+    }
+
+    fn status(&self, shared: &Shared) -> ExecStatus {
+        ExecStatus {
+            exec_id: self.exec_id.clone(),
+            cmd: self.cmd.clone(),
+            state: if shared.result.is_some() {
+                ExecState::Exited
+            } else {
+                ExecState::Running
+            },
+            pid: self.pid,
+            started_unix_ms: self.started_unix_ms,
+            attached: shared.attached,
+            keep: self.keep,
+            output_bytes: shared.tail.end(),
+            output_kept_from: shared.tail.kept_from(),
+            result: shared.result.clone(),
+        }
+    }
+
+    /// Records output the command just wrote (whether or not a client is attached).
+    pub fn record(&self, kind: FrameType, bytes: &[u8]) {
+        let mut shared = self.lock();
+        let before = shared.tail.held();
+        shared.tail.push(kind, bytes);
+        let after = shared.tail.held();
+        let total = if after >= before {
+            TAILS_HELD.fetch_add(after - before, Ordering::Relaxed) + (after - before)
+        } else {
+            TAILS_HELD.fetch_sub(before - after, Ordering::Relaxed) - (before - after)
+        };
+        if total > TAIL_BUDGET {
+            let limit = after.saturating_sub(total - TAIL_BUDGET);
+            let dropped = shared.tail.shrink_to(limit);
+            TAILS_HELD.fetch_sub(dropped, Ordering::Relaxed);
+        }
+    }
+
+    /// The end of its output so far.
+    pub fn output_end(&self) -> u64 {
+        self.lock().tail.end()
+    }
+
+    /// Copies kept output from `cursor` on into `out` as frames (at most `room` payload bytes):
+    /// a re-attached client's replay. Returns the new cursor and how many bytes before it
+    /// were no longer kept (skipped).
+    pub fn replay_into(&self, cursor: u64, room: usize, out: &mut Vec<u8>) -> (u64, u64) {
+        let shared = self.lock();
+        let kept_from = shared.tail.kept_from();
+        let skipped = kept_from.saturating_sub(cursor);
+        let mut cursor = cursor.max(kept_from);
+        for (kind, bytes) in shared.tail.read_from(cursor, room) {
+            wire::encode_frames(kind, bytes, out);
+            cursor += bytes.len() as u64;
+        }
+        (cursor, skipped)
+    }
+
+    /// The exec thread lost its client: from now on an `attach` may hand it another, waking
+    /// `wake`.
+    pub fn detach(&self, wake: Arc<OwnedFd>) {
+        let mut shared = self.lock();
+        shared.attached = false;
+        shared.wake = Some(wake);
+    }
+
+    /// A connection an `attach` handed over, if any; the command is attached again.
+    pub fn take_handoff(&self) -> Option<Handoff> {
+        let mut shared = self.lock();
+        let handoff = shared.handoff.take()?;
+        shared.attached = true;
+        shared.wake = None;
+        Some(handoff)
+    }
+
+    /// The command ended. `delivered`: its exit frame reached an attached client, and it is
+    /// forgotten; else its result waits here for an `attach` to collect it.
+    pub fn finish(self: &Arc<Self>, result: &ExecResult, delivered: bool) {
+        if delivered {
+            forget(self);
+            return;
+        }
+        {
+            let mut shared = self.lock();
+            shared.attached = false;
+            shared.wake = None;
+            shared.result = Some(result.clone());
+            if let Some(handoff) = shared.handoff.take() {
+                // An attach raced the exit: that client is served from here, below.
+                drop(shared);
+                let offset = handoff.offset;
+                if serve_ended(self, handoff.conn, offset).is_ok() {
+                    forget(self);
+                }
+                return;
+            }
+        }
+        log::debug(format_args!(
+            "exec {:?} ended with no client attached; its result is kept",
+            self.exec_id
+        ));
+        let mut list = registry();
+        let ended: Vec<Arc<Tracked>> = list
+            .iter()
+            .filter(|t| t.lock().result.is_some())
+            .cloned()
+            .collect();
+        if ended.len() > MAX_ENDED {
+            for old in &ended[..ended.len() - MAX_ENDED] {
+                log::info(format_args!(
+                    "forgetting the uncollected result of exec {:?}: more than {MAX_ENDED} wait",
+                    old.exec_id
+                ));
+                list.retain(|t| !Arc::ptr_eq(t, old));
+                release(old);
+            }
+        }
+    }
+}
+
+impl Drop for Tracked {
+    fn drop(&mut self) {
+        let shared = self.shared.get_mut().unwrap_or_else(|p| p.into_inner());
+        TAILS_HELD.fetch_sub(shared.tail.held(), Ordering::Relaxed);
+    }
+}
+
+/// Gives back a forgotten command's tail to the budget now (others may still hold the `Arc`).
+fn release(tracked: &Tracked) {
+    let mut shared = tracked.lock();
+    let held = shared.tail.held();
+    shared.tail.shrink_to(0);
+    TAILS_HELD.fetch_sub(held, Ordering::Relaxed);
+}
+
+fn forget(tracked: &Arc<Tracked>) {
+    registry().retain(|t| !Arc::ptr_eq(t, tracked));
+}
+
+fn now_unix_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+        .unwrap_or(0)
+}
+
+/// Tracks a command that has just started under `exec_id` (which the running commands'
+/// registry has reserved). An ended command of the same name still waiting to be collected
+/// is forgotten: the name is the new command's now.
+pub fn register(
+    exec_id: &str,
+    cmd: &[String],
+    pid: i32,
+    keep: bool,
+    tail_bytes: usize,
+) -> Arc<Tracked> {
+    let tracked = Arc::new(Tracked {
+        exec_id: exec_id.to_string(),
+        cmd: cmd.to_vec(),
+        pid,
+        started_unix_ms: now_unix_ms(),
+        keep,
+        shared: Mutex::new(Shared {
+            tail: Tail::new(if keep { tail_bytes } else { 0 }),
+            attached: true,
+            handoff: None,
+            wake: None,
+            result: None,
+        }),
+    });
+    let mut list = registry();
+    list.retain(|t| {
+        let same = t.exec_id == exec_id;
+        if same {
+            release(t);
+        }
+        !same
+    });
+    list.push_back(tracked.clone());
+    tracked
+}
+
+/// The status of every command that can be found, oldest first, or of `exec_id` only.
+pub fn statuses(exec_id: Option<&str>) -> Vec<ExecStatus> {
+    registry()
+        .iter()
+        .filter(|t| exec_id.is_none_or(|id| t.exec_id == id))
+        .map(|t| t.status(&t.lock()))
+        .collect()
+}
+
+/// Serves an `attach` on `conn`: answers with the command's status, then either hands the
+/// connection to its (detached) exec thread, or, if it has ended, replays its kept output and
+/// its exit frame here and collects it.
+pub fn attach(exec_id: &str, mut conn: UnixStream, offset: u64) -> Result<(), AttachError> {
+    let Some(tracked) = registry().iter().find(|t| t.exec_id == exec_id).cloned() else {
+        return Err(AttachError::NotFound(exec_id.to_string()));
+    };
+    if !tracked.keep {
+        return Err(AttachError::NotKept(exec_id.to_string()));
+    }
+    let mut shared = tracked.lock();
+    let end = shared.tail.end();
+    if offset > end {
+        return Err(AttachError::PastTheEnd {
+            exec_id: exec_id.to_string(),
+            offset,
+            end,
+        });
+    }
+    if shared.attached || shared.handoff.is_some() {
+        return Err(AttachError::Busy(exec_id.to_string()));
+    }
+    // The answer goes out under the lock: the exec thread cannot write frames to this
+    // connection before it, and the status is exactly what the stream starts from.
+    wire::write_message(&mut conn, &AgentReply::Attached(tracked.status(&shared)))
+        .map_err(|e| io::Error::other(e.to_string()))?;
+    if shared.result.is_some() {
+        // Marked attached while it is served, so that a second client is refused meanwhile.
+        shared.attached = true;
+        drop(shared);
+        let served = serve_ended(&tracked, conn, offset);
+        if served.is_ok() {
+            forget(&tracked);
+        } else {
+            tracked.lock().attached = false;
+        }
+        return Ok(served?);
+    }
+    shared.handoff = Some(Handoff { conn, offset });
+    if let Some(wake) = &shared.wake {
+        sys::eventfd_signal(wake.as_fd());
+    }
+    Ok(())
+}
+
+/// Writes an ended command's kept output from `offset` and its exit frame on `conn`.
+fn serve_ended(tracked: &Tracked, mut conn: UnixStream, offset: u64) -> io::Result<()> {
+    let mut cursor = offset;
+    let mut skipped = 0;
+    let mut frames = Vec::new();
+    loop {
+        frames.clear();
+        let (next, gap) = tracked.replay_into(cursor, 4 * MAX_PAYLOAD, &mut frames);
+        skipped += gap;
+        if frames.is_empty() {
+            break;
+        }
+        conn.write_all(&frames)?;
+        cursor = next;
+    }
+    let mut result = tracked.lock().result.clone().unwrap_or_default();
+    result.output_dropped_bytes = skipped;
+    wire::encode_frames(
+        FrameType::Exit,
+        &wire::encode_exit_payload(&result),
+        &mut frames,
+    );
+    conn.write_all(&frames)?;
+    let _ = conn.shutdown(std::net::Shutdown::Write);
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_ended_commands_result_is_collected_by_one_attach_with_what_was_kept() {
+        let tracked = register("registry-ended", &["echo".into()], 42, true, 8);
+        tracked.record(FrameType::Stdout, b"0123456789");
+        tracked.detach(Arc::new(sys::eventfd().expect("eventfd")));
+        tracked.finish(&ExecResult::default(), false);
+        let status = statuses(Some("registry-ended"));
+        assert_eq!(status.len(), 1);
+        assert_eq!(status[0].state, ExecState::Exited);
+        assert_eq!(
+            (status[0].output_bytes, status[0].output_kept_from),
+            (10, 2)
+        );
+
+        let (ours, theirs) = UnixStream::pair().expect("socketpair");
+        attach("registry-ended", theirs, 0).expect("attach");
+        let mut reader = std::io::BufReader::new(ours);
+        let reply: AgentReply = wire::read_message(&mut reader).expect("reply");
+        assert!(matches!(reply, AgentReply::Attached(s) if s.state == ExecState::Exited));
+        let mut frames = wire::FrameReader::new(reader, wire::Direction::GuestToHost);
+        let out = frames.read_frame().expect("frame").expect("stdout");
+        assert_eq!(out.payload, b"23456789");
+        let exit = frames.read_frame().expect("frame").expect("exit");
+        let result: ExecResult = serde_json::from_slice(exit.payload).expect("result");
+        assert_eq!(
+            result.output_dropped_bytes, 2,
+            "the two bytes beyond the tail"
+        );
+        assert!(statuses(Some("registry-ended")).is_empty(), "collected");
+        assert!(matches!(
+            attach("registry-ended", UnixStream::pair().expect("pair").0, 0),
+            Err(AttachError::NotFound(_))
+        ));
+    }
+
+    #[test]
+    fn an_attached_or_unkept_command_refuses_a_second_client_and_offsets_are_checked() {
+        let attached = register("registry-busy", &["sleep".into()], 43, true, 64);
+        attached.record(FrameType::Stderr, b"abc");
+        let pair = || UnixStream::pair().expect("pair").0;
+        assert!(matches!(
+            attach("registry-busy", pair(), 0),
+            Err(AttachError::Busy(_))
+        ));
+        attached.detach(Arc::new(sys::eventfd().expect("eventfd")));
+        assert!(matches!(
+            attach("registry-busy", pair(), 4),
+            Err(AttachError::PastTheEnd { end: 3, .. })
+        ));
+        let (_ours, theirs) = UnixStream::pair().expect("pair");
+        attach("registry-busy", theirs, 1).expect("handed over");
+        let handoff = attached.take_handoff().expect("a connection waits");
+        assert_eq!(handoff.offset, 1);
+        let mut frames = Vec::new();
+        assert_eq!(attached.replay_into(1, 100, &mut frames), (3, 0));
+        attached.finish(&ExecResult::default(), true);
+        assert!(statuses(Some("registry-busy")).is_empty());
+
+        let unkept = register("registry-unkept", &["sh".into()], 44, false, 64);
+        unkept.record(FrameType::Stdout, b"not kept");
+        assert_eq!(statuses(Some("registry-unkept"))[0].output_kept_from, 8);
+        assert!(matches!(
+            attach("registry-unkept", pair(), 0),
+            Err(AttachError::NotKept(_))
+        ));
+        unkept.finish(&ExecResult::default(), true);
+    }
+}

@@ -1,0 +1,206 @@
+//! Commands that outlive their client connection, through the real daemon: a one-shot exec
+//! whose client goes away runs on; `GET /sandboxes/{id}/execs` lists it; an attach from the
+//! bytes the client had gets the rest and the one exit frame; what the agent no longer keeps
+//! is reported as dropped; `on_disconnect: kill` and interactive sessions still die with their
+//! connection.
+
+use std::time::Duration;
+
+use client::{ClientError, ExecEvent};
+use harness::{sh, TestDaemon};
+use wire::{ExecRequest, ExecState, OnDisconnect};
+
+/// Reads events until `want` stdout bytes arrived; returns them.
+async fn read_stdout(stream: &mut client::ExecStream, want: usize) -> Vec<u8> {
+    let mut got = Vec::new();
+    while got.len() < want {
+        match stream.next_event().await {
+            Some(Ok(ExecEvent::Stdout(bytes))) => got.extend_from_slice(&bytes),
+            other => panic!("expected stdout, got {other:?}"),
+        }
+    }
+    got
+}
+
+/// Waits until `exec_id` in `id` is in `state` with no client attached.
+async fn detached(
+    c: &client::Client,
+    id: &str,
+    exec_id: &str,
+    state: ExecState,
+) -> wire::ExecStatus {
+    for _ in 0..400 {
+        if let Ok(status) = c.exec_status(id, exec_id).await {
+            if status.state == state && !status.attached {
+                return status;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    panic!("{exec_id} never became {state:?} and detached");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_command_outlives_its_client_and_an_attach_gets_the_rest_and_the_exit() {
+    let daemon = TestDaemon::start();
+    let c = daemon.client();
+    let id = daemon.sandbox().await;
+    let script = "for i in $(seq 1 40); do echo line$i; sleep 0.02; done; echo bye >&2; exit 5";
+    let mut first = c
+        .exec(&id, &ExecRequest::new(["sh", "-c", script]))
+        .await
+        .expect("exec");
+    let exec_id = first
+        .exec_id()
+        .expect("the daemon names every command")
+        .to_string();
+    assert!(exec_id.starts_with("ex-"), "{exec_id}");
+    let head = read_stdout(&mut first, 6).await;
+    drop(first); // the client goes away mid-command
+
+    let running = detached(&c, &id, &exec_id, ExecState::Running).await;
+    assert!(running.keep, "{running:?}");
+    let listed = c.execs(&id).await.expect("list");
+    assert!(listed.iter().any(|e| e.exec_id == exec_id), "{listed:?}");
+
+    let rest = c
+        .attach(&id, &exec_id, head.len() as u64)
+        .await
+        .expect("attach")
+        .collect()
+        .await
+        .expect("the rest");
+    let mut all = head;
+    all.extend_from_slice(&rest.stdout);
+    let expected: String = (1..=40).map(|i| format!("line{i}\n")).collect();
+    assert_eq!(
+        String::from_utf8_lossy(&all),
+        expected,
+        "nothing lost, nothing twice"
+    );
+    assert_eq!(rest.stderr, b"bye\n");
+    assert_eq!(rest.result.exit_code, 5, "{:?}", rest.result);
+    assert_eq!(rest.result.output_dropped_bytes, 0);
+
+    // Collected: gone from the list; a second attach is a 404 with its own code.
+    let gone = c.attach(&id, &exec_id, 0).await.expect_err("collected");
+    assert!(
+        matches!(&gone, ClientError::Api { status: 404, code, .. } if code == "exec_not_found"),
+        "{gone}"
+    );
+    let bad = c.exec_status(&id, "no/such").await.expect_err("malformed");
+    assert!(matches!(bad, ClientError::Api { status: 400, .. }), "{bad}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn output_beyond_the_kept_tail_is_reported_as_dropped() {
+    // A 4 KiB tail per command, so that a small test overflows it.
+    let daemon = TestDaemon::start_with(|c| c.engine.limits.exec_tail_bytes = 4096);
+    let c = daemon.client();
+    let id = daemon.sandbox().await;
+    let request = ExecRequest {
+        exec_id: "big-output".into(),
+        ..ExecRequest::new([
+            "sh",
+            "-c",
+            "while [ ! -e /tmp/go ]; do sleep 0.02; done; \
+             head -c 100000 /dev/zero | tr '\\0' x; printf END",
+        ])
+    };
+    let first = c.exec(&id, &request).await.expect("exec");
+    drop(first);
+    detached(&c, &id, "big-output", ExecState::Running).await;
+    let (_, _, code) = sh(&c, &id, "touch /tmp/go").await;
+    assert_eq!(code, 0);
+    let ended = detached(&c, &id, "big-output", ExecState::Exited).await;
+    assert_eq!(ended.output_bytes, 100_003);
+    assert_eq!(ended.output_kept_from, 100_003 - 4096);
+
+    let out = c
+        .attach(&id, "big-output", 0)
+        .await
+        .expect("attach")
+        .collect()
+        .await
+        .expect("collect");
+    assert_eq!(out.stdout.len(), 4096);
+    assert!(out.stdout.ends_with(b"xxEND"));
+    assert_eq!(out.result.exit_code, 0, "{:?}", out.result);
+    assert_eq!(
+        out.result.output_dropped_bytes,
+        100_003 - 4096,
+        "dropped bytes are reported, never silently lost"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_disconnect_kill_and_interactive_sessions_die_with_their_connection() {
+    let daemon = TestDaemon::start();
+    let c = daemon.client();
+    let id = daemon.sandbox().await;
+    let request = ExecRequest {
+        exec_id: "dies".into(),
+        on_disconnect: Some(OnDisconnect::Kill),
+        ..ExecRequest::new(["sh", "-c", "echo up; exec sleep 1001"])
+    };
+    let mut stream = c.exec(&id, &request).await.expect("exec");
+    read_stdout(&mut stream, 3).await;
+    let attached = c.attach(&id, "dies", 0).await.expect_err("not kept");
+    assert!(
+        matches!(attached, ClientError::Api { status: 409, .. }),
+        "{attached}"
+    );
+    drop(stream);
+    for _ in 0..200 {
+        let (ps, _, _) = sh(&c, &id, "ps -o args").await;
+        if !ps.contains("sleep 1001") {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    let (ps, _, _) = sh(&c, &id, "ps -o args").await;
+    assert!(
+        !ps.contains("sleep 1001"),
+        "killed with its connection: {ps}"
+    );
+
+    // An interactive session cannot ask to outlive its connection.
+    let keep = ExecRequest {
+        on_disconnect: Some(OnDisconnect::Keep),
+        ..ExecRequest::new(["cat"])
+    };
+    let refused = c.interactive(&id, &keep).await.expect_err("400");
+    assert!(
+        matches!(&refused, ClientError::Api { status: 400, message, .. } if message.contains("on_disconnect")),
+        "{refused}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_detached_command_keeps_its_sandbox_from_idling_out() {
+    let daemon = TestDaemon::start_with(|c| c.engine.limits.idle_timeout_s = 2);
+    let c = daemon.client();
+    let id = daemon.sandbox().await;
+    let request = ExecRequest {
+        exec_id: "long-build".into(),
+        ..ExecRequest::new(["sh", "-c", "while [ ! -e /tmp/done ]; do sleep 0.1; done"])
+    };
+    drop(c.exec(&id, &request).await.expect("exec"));
+    detached(&c, &id, "long-build", ExecState::Running).await;
+    // Three idle timeouts pass with nobody attached: the running command is activity.
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    assert_eq!(
+        c.get(&id).await.expect("still there").state,
+        api_types::SandboxState::Running
+    );
+    // Once it ends, the sandbox idles out as any other.
+    let (_, _, code) = sh(&c, &id, "touch /tmp/done").await;
+    assert_eq!(code, 0);
+    for _ in 0..200 {
+        if matches!(c.get(&id).await, Err(ClientError::Api { status: 404, .. })) {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("{id} outlived its idle timeout after its command ended");
+}

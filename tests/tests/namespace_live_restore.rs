@@ -1,0 +1,313 @@
+//! Live restore on the namespace backend (`--live-restore`): a daemon killed with SIGKILL, or
+//! stopped with SIGTERM for an upgrade, leaves its sandboxes running; the next daemon on the
+//! same state directory and cgroup parent takes back every one it can verify, with its id,
+//! owner, TTL and labels, and the commands that were streaming when the daemon went are
+//! re-attached and finish with their output complete and their exit status. What it cannot
+//! verify (a truncated record, a supervisor gone, a pid that is another process now, a cgroup
+//! emptied) is cleaned up, never adopted, with a log line saying why.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use api_types::CreateSandbox;
+use client::{Client, ExecEvent};
+use harness::leaks::{assert_a_new_sandbox_works, assert_nothing_held, sandbox_cgroups};
+use harness::process::{DaemonHome, DaemonProcess};
+use nix::sys::signal::Signal;
+use wire::ExecRequest;
+
+const LIVE: &[&str] = &["--live-restore"];
+
+/// Lines each long command prints, one every 0.5 s: 20 s in all.
+const LINES: usize = 40;
+
+fn script(tag: &str) -> String {
+    format!("for i in $(seq 1 {LINES}); do echo {tag}-line$i; sleep 0.5; done; exit 7")
+}
+
+fn expected(tag: &str) -> String {
+    (1..=LINES).map(|i| format!("{tag}-line{i}\n")).collect()
+}
+
+/// Starts the long command in `id` and reads its first line; the stream stays open.
+async fn start_long(c: &Client, id: &str) -> (client::ExecStream, Vec<u8>) {
+    let mut stream = c
+        .exec(id, &ExecRequest::new(["sh", "-c", &script(id)]))
+        .await
+        .expect("exec");
+    match stream.next_event().await {
+        Some(Ok(ExecEvent::Stdout(bytes))) => {
+            let first = bytes.to_vec();
+            (stream, first)
+        }
+        other => panic!("{id}: the first line: {other:?}"),
+    }
+}
+
+/// What a listing says of each sandbox that must survive a restart.
+fn identities(list: &[api_types::SandboxInfo]) -> BTreeMap<String, String> {
+    list.iter()
+        .map(|s| {
+            (
+                s.id.clone(),
+                format!(
+                    "{:?} {:?} {} {} {:?}",
+                    s.owner, s.state, s.created_at_ms, s.expires_at_ms, s.labels
+                ),
+            )
+        })
+        .collect()
+}
+
+/// Re-attaches to each command from the bytes it had and checks its whole output and status.
+async fn finish_commands(c: &Client, started: Vec<(String, String, Vec<u8>)>) {
+    for (id, exec_id, head) in started {
+        let rest = c
+            .attach(&id, &exec_id, head.len() as u64)
+            .await
+            .unwrap_or_else(|e| panic!("{id}: attach {exec_id}: {e}"))
+            .collect()
+            .await
+            .unwrap_or_else(|e| panic!("{id}: the rest of {exec_id}: {e}"));
+        let mut all = head;
+        all.extend_from_slice(&rest.stdout);
+        assert_eq!(
+            String::from_utf8_lossy(&all),
+            expected(&id),
+            "{id}: nothing lost"
+        );
+        assert_eq!(rest.result.exit_code, 7, "{id}: {:?}", rest.result);
+        assert_eq!(rest.result.output_dropped_bytes, 0, "{id}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sandboxes_and_their_commands_survive_a_killed_daemon_and_an_upgrade_restart() {
+    let home = DaemonHome::new();
+    let mut daemon = DaemonProcess::start_in(&home, LIVE).await;
+    let c = daemon.client();
+    let mut ids = Vec::new();
+    for i in 0..20 {
+        let info = c
+            .create(&CreateSandbox {
+                ttl_s: Some(900 + i),
+                labels: BTreeMap::from([("n".to_string(), i.to_string())]),
+                ..CreateSandbox::default()
+            })
+            .await
+            .expect("create");
+        ids.push(info.id);
+    }
+    let mut started = Vec::new();
+    let mut streams = Vec::new();
+    for id in &ids[..10] {
+        let (stream, head) = start_long(&c, id).await;
+        let exec_id = stream.exec_id().expect("named").to_string();
+        started.push((id.clone(), exec_id, head));
+        streams.push(stream);
+    }
+    let before = identities(&c.list().await.expect("list"));
+    assert_eq!(before.len(), 20);
+
+    // SIGKILL: nothing of the daemon runs on; its sandboxes do.
+    daemon.stop_with(Signal::SIGKILL);
+    drop(streams);
+    let restarted_at = Instant::now();
+    let daemon = DaemonProcess::start_in(&home, LIVE).await;
+    let took = restarted_at.elapsed();
+    let c = daemon.client();
+    let after = identities(&c.list().await.expect("list"));
+    assert_eq!(
+        after, before,
+        "the same ids, owners, creation times, TTLs and labels"
+    );
+    eprintln!("a new daemon took back 20 sandboxes and answered in {took:.1?}");
+
+    // New work in the adopted sandboxes: exec and files.
+    let out = c
+        .exec_collect(
+            &ids[15],
+            &ExecRequest::new(["sh", "-c", "echo again; hostname"]),
+        )
+        .await
+        .expect("exec");
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        format!("again\n{}\n", ids[15])
+    );
+    let mut tar = tar::Builder::new(Vec::new());
+    let mut header = tar::Header::new_gnu();
+    header.set_size(5);
+    header.set_mode(0o644);
+    header.set_cksum();
+    tar.append_data(&mut header, "kept.txt", &b"hello"[..])
+        .expect("tar");
+    let archive = tar.into_inner().expect("tar");
+    c.put_tar(&ids[16], "/work", std::io::Cursor::new(archive))
+        .await
+        .expect("upload");
+    let mut back = Vec::new();
+    c.get_file(&ids[16], "/work/kept.txt", &mut back)
+        .await
+        .expect("download");
+    assert_eq!(back, b"hello");
+
+    // Half the commands are finished through this daemon...
+    let rest = started.split_off(5);
+    finish_commands(&c, started).await;
+
+    // ...the others after an upgrade-style restart: SIGTERM, which under --live-restore
+    // keeps every sandbox.
+    let mut daemon = daemon;
+    assert!(daemon.stop_with(Signal::SIGTERM).success());
+    let daemon = DaemonProcess::start_in(&home, LIVE).await;
+    let c = daemon.client();
+    let again = identities(&c.list().await.expect("list"));
+    assert_eq!(again, before, "a SIGTERM restart keeps them too");
+    finish_commands(&c, rest).await;
+
+    for id in &ids {
+        c.delete(id).await.expect("delete");
+    }
+    assert_nothing_held(&home.state_dir(), &home.cgroup_parent).await;
+    assert_a_new_sandbox_works(&c).await;
+}
+
+/// The record of sandbox `id` in `home`, as JSON.
+fn record_path(home: &DaemonHome, id: &str) -> PathBuf {
+    home.state_dir().join("records").join(format!("{id}.json"))
+}
+
+fn read_record(home: &DaemonHome, id: &str) -> serde_json::Value {
+    let text = std::fs::read(record_path(home, id)).expect("the record");
+    serde_json::from_slice(&text).expect("record JSON")
+}
+
+fn supervisor_pid(home: &DaemonHome, id: &str) -> i32 {
+    read_record(home, id)["instance"]["supervisor_pid"]
+        .as_i64()
+        .and_then(|p| i32::try_from(p).ok())
+        .expect("a pid")
+}
+
+/// Writes `value` as `id`'s record, root-only as the daemon writes it.
+fn write_record(home: &DaemonHome, id: &str, value: &serde_json::Value) {
+    use std::os::unix::fs::PermissionsExt;
+    let path = record_path(home, id);
+    std::fs::write(&path, serde_json::to_vec(value).expect("JSON")).expect("write");
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).expect("chmod");
+}
+
+/// Moves every process of `cgroup` to its parent group.
+fn empty_cgroup(cgroup: &Path) {
+    let procs = std::fs::read_to_string(cgroup.join("cgroup.procs")).expect("procs");
+    let parent = cgroup.parent().expect("a parent group");
+    for pid in procs.split_whitespace() {
+        std::fs::write(parent.join("cgroup.procs"), pid).expect("move a process out");
+    }
+}
+
+/// Whether `pid` runs (a zombie nobody reaped yet does not).
+fn alive(pid: i32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|stat| {
+            stat.rsplit_once(')')
+                .map(|(_, rest)| !rest.trim_start().starts_with('Z'))
+        })
+        .unwrap_or(false)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sandbox_that_is_not_as_recorded_is_cleaned_up_never_adopted() {
+    let home = DaemonHome::new();
+    let dir = tempfile::tempdir().expect("temp dir");
+    let log = dir.path().join("daemon.log");
+    let mut daemon = DaemonProcess::start_logging(&home, LIVE, Some(&log)).await;
+    let c = daemon.client();
+    let mut ids = Vec::new();
+    for _ in 0..5 {
+        ids.push(
+            c.create(&CreateSandbox::default())
+                .await
+                .expect("create")
+                .id,
+        );
+    }
+    let pids: Vec<i32> = ids.iter().map(|id| supervisor_pid(&home, id)).collect();
+    daemon.stop_with(Signal::SIGKILL);
+    let [truncated, gone, replaced, emptied, kept] = [0, 1, 2, 3, 4].map(|i| ids[i].clone());
+
+    // A truncated record.
+    let whole = std::fs::read(record_path(&home, &truncated)).expect("record");
+    std::fs::write(record_path(&home, &truncated), &whole[..whole.len() / 2]).expect("cut");
+    // A supervisor gone.
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(pids[1]), Signal::SIGKILL).expect("kill");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while alive(pids[1]) {
+        assert!(Instant::now() < deadline, "the supervisor never died");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // A pid that is another process now: the same pid, another start time.
+    let mut record = read_record(&home, &replaced);
+    let ticks = record["instance"]["supervisor_start_ticks"]
+        .as_u64()
+        .expect("ticks");
+    record["instance"]["supervisor_start_ticks"] = (ticks + 1).into();
+    write_record(&home, &replaced, &record);
+    // A cgroup emptied.
+    for cgroup in sandbox_cgroups(&home.cgroup_parent)
+        .iter()
+        .filter(|g| g.ends_with(&emptied))
+    {
+        empty_cgroup(cgroup);
+    }
+
+    let daemon = DaemonProcess::start_logging(&home, LIVE, Some(&log)).await;
+    let c = daemon.client();
+    let listed: Vec<String> = c
+        .list()
+        .await
+        .expect("list")
+        .into_iter()
+        .map(|s| s.id)
+        .collect();
+    assert_eq!(
+        listed,
+        std::slice::from_ref(&kept),
+        "only the intact one is taken back"
+    );
+    let text = std::fs::read_to_string(&log).expect("the log");
+    for (id, whys) in [
+        (&truncated, &["not a record"][..]),
+        (&gone, &["its supervisor (pid", "it is gone|it has exited"]),
+        (&replaced, &["is another process now"]),
+        (&emptied, &["does not hold its supervisor"]),
+    ] {
+        let line = text
+            .lines()
+            .find(|l| l.contains(&format!("not taking back sandbox {id}")))
+            .unwrap_or_else(|| panic!("no log line for {id}:\n{text}"));
+        for why in whys {
+            assert!(why.split('|').any(|w| line.contains(w)), "{id}: {line}");
+        }
+        eprintln!("{line}");
+    }
+    // None of theirs runs on: the replaced and emptied ones' supervisors were the recorded
+    // processes, and are killed.
+    for (i, pid) in pids.iter().enumerate().take(4) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while alive(*pid) {
+            assert!(
+                Instant::now() < deadline,
+                "{}: pid {pid} still runs",
+                ids[i]
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+    c.delete(&kept).await.expect("delete");
+    assert_nothing_held(&home.state_dir(), &home.cgroup_parent).await;
+    assert_a_new_sandbox_works(&c).await;
+}
