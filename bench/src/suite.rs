@@ -228,7 +228,6 @@ pub(crate) fn run(args: Args) -> Result<()> {
     }
     if args.gate {
         run_gate(&baseline_path, &ratios, || {
-            eprintln!("==> bench gate: re-measuring once to confirm the failure");
             let again = runner::run(&plan, &image, backends, &selection, results.command.clone())?;
             Ok(again.gate_ratios())
         })?;
@@ -236,10 +235,12 @@ pub(crate) fn run(args: Args) -> Result<()> {
     Ok(())
 }
 
+/// Gates `ratios` against the baseline; when some fail, re-measures (`remeasure`) up to
+/// `gate::CONFIRMATIONS` times and fails only on a metric that failed in every measurement.
 fn run_gate(
     baseline_path: &Path,
     ratios: &BTreeMap<String, f64>,
-    remeasure: impl FnOnce() -> Result<BTreeMap<String, f64>>,
+    mut remeasure: impl FnMut() -> Result<BTreeMap<String, f64>>,
 ) -> Result<()> {
     let baseline = gate::read(baseline_path)?;
     let show = |verdicts: &[gate::Verdict]| {
@@ -254,24 +255,28 @@ fn run_gate(
         eprintln!("    gate passed ({} ratios)", first.len());
         return Ok(());
     }
-    let second = gate::compare(&baseline.ratios, &remeasure()?);
-    eprintln!(
-        "==> bench gate (confirmation run) against {}",
-        baseline_path.display()
-    );
-    show(&second);
-    let failed = gate::confirmed(&first, &second, gate::TOLERANCE);
-    if !failed.is_empty() {
-        bail!(
-            "benchmark gate failed: {} regressed more than {}× against {} in two runs (if this \
-             is deliberate, `cargo xtask bench --update-baseline`)",
-            failed.join(", "),
-            gate::TOLERANCE,
-            baseline_path.display()
+    let mut runs = vec![first];
+    for round in 1..=gate::CONFIRMATIONS {
+        eprintln!(
+            "==> bench gate: re-measuring to confirm the failure ({round} of at most {})",
+            gate::CONFIRMATIONS
         );
+        let again = gate::compare(&baseline.ratios, &remeasure()?);
+        show(&again);
+        runs.push(again);
+        if gate::confirmed(&runs, gate::TOLERANCE).is_empty() {
+            eprintln!("    gate passed: no failure repeated in confirmation run {round}");
+            return Ok(());
+        }
     }
-    eprintln!("    gate passed: no failure repeated in the confirmation run");
-    Ok(())
+    bail!(
+        "benchmark gate failed: {} regressed more than {}× against {} in all {} runs (if this \
+         is deliberate, `cargo xtask bench --update-baseline`)",
+        gate::confirmed(&runs, gate::TOLERANCE).join(", "),
+        gate::TOLERANCE,
+        baseline_path.display(),
+        runs.len()
+    )
 }
 
 fn is_root() -> bool {

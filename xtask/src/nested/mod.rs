@@ -47,7 +47,7 @@ pub(crate) struct Args {
     repeat: u32,
     /// Retry a run this many times when it failed for the emulator's reasons (L1 panicked or
     /// froze, QEMU died); a failure of ours is never retried.
-    #[arg(long, default_value_t = 2, value_name = "N")]
+    #[arg(long, default_value_t = 3, value_name = "N")]
     retries: u32,
     /// QEMU's CPU model; it must offer svm and npt.
     #[arg(long, default_value = "EPYC,+svm,+npt")]
