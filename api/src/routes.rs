@@ -246,13 +246,10 @@ async fn signal_sandbox(
         signal: request.signal,
         exec_id: request.exec_id.clone(),
     };
-    let mut agent = sandbox
-        .send_to_agent(&message)
+    let (reply, _) = sandbox
+        .ask_agent(&message)
         .await
         .map_err(|e| ApiError::agent(format!("sandbox {id}: {}", report::chain(&e))))?;
-    let reply: wire::agent::AgentReply = wire::read_message_async(&mut agent)
-        .await
-        .map_err(|e| ApiError::agent(format!("sandbox {id}: the agent's answer: {e}")))?;
     match reply {
         wire::agent::AgentReply::Signaled => Ok(StatusCode::NO_CONTENT),
         wire::agent::AgentReply::Error(e) if e.code == "not_found" => Err(ApiError::new(

@@ -2,6 +2,12 @@
 //! the committed `bench-baseline.json`. Absolute times are too noisy on shared machines to gate
 //! on; ratios to a floor measured side by side are not. A ratio worse than `TOLERANCE` × its
 //! baseline fails, naming the metric.
+//!
+//! Ratios are not portable between machines, though: the floors (a pipe, a socket pair, an
+//! in-process echo) move with the CPU and the kernel far more than our multi-process paths do
+//! (an Intel host's echo floor was 3 µs where an AMD host's was 70 µs, for the same 0.1 ms
+//! echo of ours). So the baseline is kept per machine (its CPU model and core count), and a
+//! machine with none recorded is gated against the most lenient ratio any recorded machine has.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -14,17 +20,60 @@ pub(crate) const TOLERANCE: f64 = 2.0;
 
 /// `bench-baseline.json`.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
 pub(crate) struct Baseline {
-    /// How it was made.
+    /// How it is made and used.
     pub note: String,
-    /// The command that wrote it.
+    /// The command that writes (or adds) a machine's entry.
     pub command: String,
+    /// Each machine's ratios, by [`machine_key`].
+    pub machines: BTreeMap<String, MachineBaseline>,
+}
+
+/// One machine's baseline.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct MachineBaseline {
+    /// How it was made: runs, kernel.
+    pub note: String,
     /// Metric key → cost ratio to its floor (2.0 = twice the floor's cost), as `--quick`
     /// measures it (what CI runs): the median over several quick runs.
     pub ratios: BTreeMap<String, f64>,
     /// The same ratios from the full run, for reference (not gated: N and sizes differ).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub full_run_ratios: BTreeMap<String, f64>,
+}
+
+/// The name a machine's baseline is kept under: its CPU model and core count.
+pub(crate) fn machine_key(cpu: &str, cores: usize) -> String {
+    format!("{cpu}, {cores} cores")
+}
+
+impl Baseline {
+    /// The ratios to gate machine `key` against, and a line saying where they come from: its
+    /// own when recorded, else each metric's most lenient (largest) ratio over the recorded
+    /// machines.
+    pub(crate) fn for_machine(&self, key: &str) -> (BTreeMap<String, f64>, String) {
+        if let Some(own) = self.machines.get(key) {
+            return (own.ratios.clone(), format!("this machine's ({key})"));
+        }
+        let mut lenient: BTreeMap<String, f64> = BTreeMap::new();
+        for machine in self.machines.values() {
+            for (metric, &ratio) in &machine.ratios {
+                let slot = lenient.entry(metric.clone()).or_insert(ratio);
+                *slot = slot.max(ratio);
+            }
+        }
+        let names: Vec<&str> = self.machines.keys().map(String::as_str).collect();
+        (
+            lenient,
+            format!(
+                "none recorded for this machine ({key}): each metric's most lenient ratio over \
+                 {} (`cargo xtask bench --quick --update-baseline` records this one)",
+                names.join("; ")
+            ),
+        )
+    }
 }
 
 /// Each metric's median over several runs' ratios (metrics missing from a run are taken over
@@ -224,14 +273,55 @@ mod tests {
     }
 
     #[test]
+    fn a_machine_is_gated_against_its_own_baseline_else_the_most_lenient() {
+        let machine = |ratios: &[(&str, f64)]| MachineBaseline {
+            note: String::new(),
+            ratios: map(ratios),
+            full_run_ratios: BTreeMap::new(),
+        };
+        let baseline = Baseline {
+            note: String::new(),
+            command: String::new(),
+            machines: BTreeMap::from([
+                (
+                    machine_key("AMD EPYC", 2),
+                    machine(&[("echo_rtt", 2.4), ("upload", 9.0)]),
+                ),
+                (
+                    machine_key("Intel(R) Xeon(R) Processor", 2),
+                    machine(&[("echo_rtt", 38.0), ("upload", 5.0), ("new", 1.0)]),
+                ),
+            ]),
+        };
+        let (own, why) = baseline.for_machine("AMD EPYC, 2 cores");
+        assert_eq!(own, map(&[("echo_rtt", 2.4), ("upload", 9.0)]));
+        assert!(why.contains("this machine's"), "{why}");
+        let (lenient, why) = baseline.for_machine("Some CPU, 4 cores");
+        assert_eq!(
+            lenient,
+            map(&[("echo_rtt", 38.0), ("new", 1.0), ("upload", 9.0)])
+        );
+        assert!(
+            why.contains("Some CPU, 4 cores") && why.contains("AMD EPYC, 2 cores"),
+            "{why}"
+        );
+    }
+
+    #[test]
     fn baselines_round_trip() -> Result<()> {
         let dir = tempfile::tempdir()?;
         let path = dir.path().join("b.json");
         let baseline = Baseline {
             note: "n".into(),
             command: "c".into(),
-            ratios: map(&[("x", 1.25)]),
-            full_run_ratios: BTreeMap::new(),
+            machines: BTreeMap::from([(
+                machine_key("cpu", 2),
+                MachineBaseline {
+                    note: "m".into(),
+                    ratios: map(&[("x", 1.25)]),
+                    full_run_ratios: BTreeMap::new(),
+                },
+            )]),
         };
         write(&path, &baseline)?;
         assert_eq!(read(&path)?, baseline);

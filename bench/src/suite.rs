@@ -206,28 +206,50 @@ pub(crate) fn run(args: Args) -> Result<()> {
             )?;
             quick_runs.push(quick.gate_ratios());
         }
-        gate::write(
-            &baseline_path,
-            &gate::Baseline {
+        // Other machines' entries are kept; this machine's is replaced.
+        let mut baseline = match gate::read(&baseline_path) {
+            Ok(old) => old,
+            Err(e) => {
+                eprintln!("==> bench: starting a new baseline ({e:#})");
+                gate::Baseline {
+                    note: String::new(),
+                    command: String::new(),
+                    machines: BTreeMap::new(),
+                }
+            }
+        };
+        baseline.note = format!(
+            "Cost ratios to the floor measured in the same run (see docs/benchmarks.md), as \
+             --quick measures them, per machine (CPU model, cores): the median of \
+             {BASELINE_QUICK_RUNS} quick runs. CI fails when one is more than {}× its value for \
+             the machine it runs on in a run and each of its confirmation runs; a machine not \
+             listed is gated against each metric's largest ratio here.",
+            gate::TOLERANCE
+        );
+        baseline.command = "cargo xtask bench --quick --update-baseline".into();
+        let key = gate::machine_key(&results.machine.cpu, results.machine.cores);
+        baseline.machines.insert(
+            key.clone(),
+            gate::MachineBaseline {
                 note: format!(
-                    "Cost ratios to the floor measured in the same run (see docs/benchmarks.md), \
-                     as --quick measures them: the median of {} quick runs. CI fails when one \
-                     is more than {}× its value here. Machine: {}, {} cores, kernel {}.",
+                    "the median of {} quick runs; kernel {}, {} MiB",
                     quick_runs.len(),
-                    gate::TOLERANCE,
-                    results.machine.cpu,
-                    results.machine.cores,
-                    results.machine.kernel
+                    results.machine.kernel,
+                    results.machine.memory_mib
                 ),
-                command: format!("{} --update-baseline", results.command),
                 ratios: gate::median_ratios(&quick_runs),
                 full_run_ratios,
             },
-        )?;
-        eprintln!("==> bench: rewrote {}", baseline_path.display());
+        );
+        gate::write(&baseline_path, &baseline)?;
+        eprintln!(
+            "==> bench: wrote the baseline of {key} in {}",
+            baseline_path.display()
+        );
     }
     if args.gate {
-        run_gate(&baseline_path, &ratios, || {
+        let key = gate::machine_key(&results.machine.cpu, results.machine.cores);
+        run_gate(&baseline_path, &key, &ratios, || {
             let again = runner::run(&plan, &image, backends, &selection, results.command.clone())?;
             Ok(again.gate_ratios())
         })?;
@@ -239,17 +261,21 @@ pub(crate) fn run(args: Args) -> Result<()> {
 /// `gate::CONFIRMATIONS` times and fails only on a metric that failed in every measurement.
 fn run_gate(
     baseline_path: &Path,
+    machine: &str,
     ratios: &BTreeMap<String, f64>,
     mut remeasure: impl FnMut() -> Result<BTreeMap<String, f64>>,
 ) -> Result<()> {
-    let baseline = gate::read(baseline_path)?;
+    let (baseline, which) = gate::read(baseline_path)?.for_machine(machine);
     let show = |verdicts: &[gate::Verdict]| {
         for v in verdicts {
             eprintln!("    {}", v.describe(gate::TOLERANCE));
         }
     };
-    eprintln!("==> bench gate against {}", baseline_path.display());
-    let first = gate::compare(&baseline.ratios, ratios);
+    eprintln!(
+        "==> bench gate against {}: {which}",
+        baseline_path.display()
+    );
+    let first = gate::compare(&baseline, ratios);
     show(&first);
     if gate::failures(&first, gate::TOLERANCE).is_empty() {
         eprintln!("    gate passed ({} ratios)", first.len());
@@ -261,7 +287,7 @@ fn run_gate(
             "==> bench gate: re-measuring to confirm the failure ({round} of at most {})",
             gate::CONFIRMATIONS
         );
-        let again = gate::compare(&baseline.ratios, &remeasure()?);
+        let again = gate::compare(&baseline, &remeasure()?);
         show(&again);
         runs.push(again);
         if gate::confirmed(&runs, gate::TOLERANCE).is_empty() {

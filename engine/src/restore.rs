@@ -159,9 +159,6 @@ impl SandboxRecord {
         if !self.network.is_empty() {
             what.push("a network (its egress uplink)");
         }
-        if !self.caches.is_empty() {
-            what.push("caches");
-        }
         if !self.volumes.is_empty() {
             what.push("volumes");
         }
@@ -365,7 +362,7 @@ mod tests {
                 id_slot: 3,
                 hello: Hello {
                     agent_version: "0.1.0".into(),
-                    protocol: 1,
+                    protocol: wire::agent::PROTOCOL_VERSION,
                     kernel_release: "6.1".into(),
                     uptime_ms: 12,
                     pid: 1,

@@ -247,16 +247,11 @@ impl Sandbox {
         instance: Box<dyn Instance>,
         created_at_ms: u64,
         create_to_ready_ms: f64,
+        storage: SandboxStorage,
     ) -> Self {
         let age = Duration::from_millis(unix_ms().saturating_sub(created_at_ms));
         let now = Instant::now();
-        let mut sandbox = Sandbox::new(
-            id,
-            settings,
-            instance,
-            Duration::ZERO,
-            SandboxStorage::default(),
-        );
+        let mut sandbox = Sandbox::new(id, settings, instance, Duration::ZERO, storage);
         sandbox.created = now.checked_sub(age).unwrap_or(now);
         sandbox.created_at_ms = created_at_ms;
         sandbox.timings.create_to_ready_ms = create_to_ready_ms;
@@ -298,19 +293,11 @@ impl Sandbox {
     /// connection): that is activity too, which its idle timeout must not cut short. An agent
     /// that does not answer runs nothing we know of.
     async fn runs_a_detached_command(&self) -> bool {
-        let Ok(mut agent) = self
-            .send_to_agent(&wire::agent::AgentRequest::Execs { exec_id: None })
+        match self
+            .ask_agent(&wire::agent::AgentRequest::Execs { exec_id: None })
             .await
-        else {
-            return false;
-        };
-        let reply = tokio::time::timeout(
-            Duration::from_secs(5),
-            wire::read_message_async::<_, wire::agent::AgentReply>(&mut agent),
-        )
-        .await;
-        match reply {
-            Ok(Ok(wire::agent::AgentReply::Execs(list))) => list
+        {
+            Ok((wire::agent::AgentReply::Execs(list), _)) => list
                 .execs
                 .iter()
                 .any(|e| e.state == wire::ExecState::Running && !e.attached),
@@ -502,6 +489,20 @@ impl Sandbox {
             .await
             .map_err(AgentError::Send)?;
         Ok(agent)
+    }
+
+    /// Asks its agent one question on a new connection and reads the one reply, all within
+    /// `AGENT_REPLY_TIMEOUT`; the connection is returned for a reply that starts a stream.
+    pub async fn ask_agent(
+        &self,
+        message: &wire::agent::AgentRequest,
+    ) -> Result<(wire::agent::AgentReply, UnixStream), AgentError> {
+        let within = crate::agent::AGENT_REPLY_TIMEOUT;
+        let agent = tokio::time::timeout(within, self.instance.connect())
+            .await
+            .map_err(|_| AgentError::Timeout(within))?
+            .map_err(AgentError::Connect)?;
+        crate::agent::exchange(agent, message, within).await
     }
 
     /// Why it died, if it did (or does within a moment: when its agent is lost, the

@@ -179,6 +179,11 @@ impl Engine {
                 unsupported.join(", ")
             )));
         }
+        record
+            .instance
+            .hello
+            .check_protocol()
+            .map_err(RestoreError::Unsupported)?;
         let refused = |e: CreateError| RestoreError::Unsupported(report::chain(&e));
         let backend = self.backend(record.backend).map_err(refused)?;
         let reservation = self
@@ -186,7 +191,28 @@ impl Engine {
             .reserve(self.config.limits.max_sandboxes)
             .map_err(|e| RestoreError::Unsupported(report::chain(&e)))?;
         let instance = backend.adopt(&record.id, &record.instance).await?;
-        let accounts = self.accounts(None).map_err(refused)?;
+        let owner: Owner = record.owner.into();
+        // From here the instance is the recorded sandbox: a refusal destroys it.
+        let held = match self.reclaim_caches(
+            &record.id,
+            &owner,
+            record.backend,
+            &record.caches,
+            &*instance,
+        ) {
+            Ok(held) => held,
+            Err(e) => {
+                instance.destroy().await;
+                return Err(e);
+            }
+        };
+        let accounts = match self.accounts(None) {
+            Ok(accounts) => accounts,
+            Err(e) => {
+                instance.destroy().await;
+                return Err(refused(e));
+            }
+        };
         let settings = SandboxSettings {
             backend: record.backend,
             image: record.image,
@@ -198,8 +224,8 @@ impl Engine {
             env: record.env,
             max_execs: record.max_execs,
             exec_tail_bytes: record.exec_tail_bytes,
-            owner: record.owner.into(),
-            caches: Vec::new(),
+            owner,
+            caches: record.caches,
             volumes: Vec::new(),
             disk_mib: None,
             network: None,
@@ -212,9 +238,42 @@ impl Engine {
             instance,
             record.created_at_ms,
             record.create_to_ready_ms,
+            held,
         ));
         self.registry.insert(sandbox, reservation);
         Ok(())
+    }
+
+    /// Takes back the caches an adopted sandbox holds: each must be free here, back a loop
+    /// device, and be mounted at its recorded path in that very sandbox.
+    fn reclaim_caches(
+        &self,
+        id: &str,
+        owner: &Owner,
+        backend: BackendKind,
+        caches: &[api_types::CacheMount],
+        instance: &dyn crate::backend::Instance,
+    ) -> Result<SandboxStorage, RestoreError> {
+        let mut held = SandboxStorage::default();
+        if caches.is_empty() {
+            return Ok(held);
+        }
+        let store = &self
+            .storage()
+            .map_err(|e| RestoreError::Unsupported(report::chain(&e)))?
+            .caches;
+        for cache in caches {
+            let mismatch =
+                |why: String| RestoreError::Mismatch(format!("its cache {:?}: {why}", cache.name));
+            let (lease, device) = store
+                .reclaim(owner, &cache.name, id, backend)
+                .map_err(|e| mismatch(report::chain(&e)))?;
+            instance
+                .check_mount(&device, &cache.path)
+                .map_err(mismatch)?;
+            held.caches.push(lease);
+        }
+        Ok(held)
     }
 
     /// Stops under live restore: refuses new sandboxes, waits for creations under way and
@@ -648,6 +707,13 @@ pub fn pool_shapes(
     Ok(shapes)
 }
 
+/// A cache's or volume's path as a mount target: validated already (absolute, normalised, not
+/// `/`), with the trailing slash a user may write (`/cache/`, as `docker run -v` takes it)
+/// dropped, since the sandbox's side refuses it.
+fn mount_target(path: &str) -> String {
+    path.trim_end_matches('/').to_string()
+}
+
 /// What of a request backend `kind` cannot provide, named for an error message: the process
 /// backend has no storage at all.
 fn unsupported_storage(kind: BackendKind, request: &CreateSandbox) -> Vec<&'static str> {
@@ -701,7 +767,7 @@ impl Engine {
             };
             mounts.push(MountSpec {
                 source,
-                target: volume.path.clone(),
+                target: mount_target(&volume.path),
                 read_only: true,
             });
         }
@@ -719,7 +785,7 @@ impl Engine {
                 .await?;
             mounts.push(MountSpec {
                 source: MountSource::Ext4Image(lease.path().to_path_buf()),
-                target: cache.path.clone(),
+                target: mount_target(&cache.path),
                 read_only: false,
             });
             held.caches.push(lease);

@@ -4,15 +4,18 @@
 //! owner, TTL and labels, and the commands that were streaming when the daemon went are
 //! re-attached and finish with their output complete and their exit status. What it cannot
 //! verify (a truncated record, a supervisor gone, a pid that is another process now, a cgroup
-//! emptied) is cleaned up, never adopted, with a log line saying why.
+//! emptied, a cache not mounted where its record says) is cleaned up, never adopted, with a
+//! log line saying why. A sandbox taken back keeps its caches.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use api_types::CreateSandbox;
+use api_types::{CacheMount, CreateSandbox};
 use client::{Client, ExecEvent};
-use harness::leaks::{assert_a_new_sandbox_works, assert_nothing_held, sandbox_cgroups};
+use harness::leaks::{
+    assert_a_new_sandbox_works, assert_nothing_held, eventually_within, sandbox_cgroups,
+};
 use harness::process::{DaemonHome, DaemonProcess};
 use nix::sys::signal::Signal;
 use wire::ExecRequest;
@@ -244,11 +247,10 @@ async fn a_sandbox_that_is_not_as_recorded_is_cleaned_up_never_adopted() {
     std::fs::write(record_path(&home, &truncated), &whole[..whole.len() / 2]).expect("cut");
     // A supervisor gone.
     nix::sys::signal::kill(nix::unistd::Pid::from_raw(pids[1]), Signal::SIGKILL).expect("kill");
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while alive(pids[1]) {
-        assert!(Instant::now() < deadline, "the supervisor never died");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    eventually_within("the supervisor to die", Duration::from_secs(10), || {
+        !alive(pids[1])
+    })
+    .await;
     // A pid that is another process now: the same pid, another start time.
     let mut record = read_record(&home, &replaced);
     let ticks = record["instance"]["supervisor_start_ticks"]
@@ -297,17 +299,113 @@ async fn a_sandbox_that_is_not_as_recorded_is_cleaned_up_never_adopted() {
     // None of theirs runs on: the replaced and emptied ones' supervisors were the recorded
     // processes, and are killed.
     for (i, pid) in pids.iter().enumerate().take(4) {
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while alive(*pid) {
-            assert!(
-                Instant::now() < deadline,
-                "{}: pid {pid} still runs",
-                ids[i]
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        let what = format!("{}'s supervisor (pid {pid}) to end", ids[i]);
+        eventually_within(&what, Duration::from_secs(10), || !alive(*pid)).await;
     }
     c.delete(&kept).await.expect("delete");
+    assert_nothing_held(&home.state_dir(), &home.cgroup_parent).await;
+    assert_a_new_sandbox_works(&c).await;
+}
+
+fn with_cache(name: &str, path: &str) -> CreateSandbox {
+    CreateSandbox {
+        caches: vec![CacheMount {
+            name: name.into(),
+            path: path.into(),
+            size_mib: Some(32),
+        }],
+        ..CreateSandbox::default()
+    }
+}
+
+async fn sh_out(c: &Client, id: &str, script: &str) -> String {
+    let out = c
+        .exec_collect(id, &ExecRequest::new(["sh", "-c", script]))
+        .await
+        .unwrap_or_else(|e| panic!("{id}: {script}: {e}"));
+    assert_eq!(out.result.exit_code, 0, "{id}: {script}: {out:?}");
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// A sandbox's cache comes back with it: mounted, still its one user, its data there for the
+/// next sandbox once it is deleted. A record naming a cache path where the sandbox has no such
+/// mount is refused and its sandbox cleaned up.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sandbox_taken_back_keeps_its_cache_and_a_forged_cache_path_is_refused() {
+    let home = DaemonHome::new();
+    let dir = tempfile::tempdir().expect("temp dir");
+    let log = dir.path().join("daemon.log");
+    let mut daemon = DaemonProcess::start_logging(&home, LIVE, Some(&log)).await;
+    let c = daemon.client();
+    let kept = c
+        .create(&with_cache("build", "/cache/"))
+        .await
+        .expect("create")
+        .id;
+    sh_out(&c, &kept, "echo first > /cache/f").await;
+    let forged = c
+        .create(&with_cache("other", "/other"))
+        .await
+        .expect("create")
+        .id;
+    let forged_pid = supervisor_pid(&home, &forged);
+    daemon.stop_with(Signal::SIGKILL);
+    let mut record = read_record(&home, &forged);
+    record["caches"][0]["path"] = "/elsewhere".into();
+    write_record(&home, &forged, &record);
+
+    let daemon = DaemonProcess::start_logging(&home, LIVE, Some(&log)).await;
+    let c = daemon.client();
+    let listed = c.list().await.expect("list");
+    let ids: Vec<&str> = listed.iter().map(|s| s.id.as_str()).collect();
+    assert_eq!(
+        ids,
+        [kept.as_str()],
+        "only the one as recorded is taken back"
+    );
+    assert_eq!(listed[0].caches.len(), 1, "{:?}", listed[0]);
+    let text = std::fs::read_to_string(&log).expect("the log");
+    let line = text
+        .lines()
+        .find(|l| l.contains(&format!("not taking back sandbox {forged}")))
+        .unwrap_or_else(|| panic!("no log line for {forged}:\n{text}"));
+    assert!(
+        line.contains("its cache \"other\"") && line.contains("not mounted at /elsewhere"),
+        "{line}"
+    );
+    let what = format!("{forged}'s supervisor (pid {forged_pid}) to end");
+    eventually_within(&what, Duration::from_secs(10), || !alive(forged_pid)).await;
+
+    // The adopted sandbox has its cache, and is its one user still.
+    assert_eq!(
+        sh_out(&c, &kept, "cat /cache/f; echo second >> /cache/f").await,
+        "first\n"
+    );
+    let caches = c.caches().await.expect("caches");
+    let build = caches.iter().find(|x| x.name == "build").expect("build");
+    assert_eq!(
+        build.in_use_by.as_deref(),
+        Some(kept.as_str()),
+        "{caches:?}"
+    );
+    let busy = c
+        .create(&with_cache("build", "/c2"))
+        .await
+        .expect_err("one user at a time");
+    assert!(
+        busy.to_string().contains("409") && busy.to_string().contains(&kept),
+        "{busy}"
+    );
+
+    // Deleted, it lets the cache go; the next sandbox finds what it wrote.
+    c.delete(&kept).await.expect("delete");
+    let next = c
+        .create(&with_cache("build", "/c2"))
+        .await
+        .expect("create")
+        .id;
+    assert_eq!(sh_out(&c, &next, "cat /c2/f").await, "first\nsecond\n");
+    c.delete(&next).await.expect("delete");
     assert_nothing_held(&home.state_dir(), &home.cgroup_parent).await;
     assert_a_new_sandbox_works(&c).await;
 }

@@ -23,8 +23,10 @@ use serde::{Deserialize, Serialize};
 
 use crate::types::{ErrorBody, ExecList, ExecRequest, ExecStatus, FilesPutResult};
 
-/// Version of this host↔agent protocol, sent in the hello.
-pub const PROTOCOL_VERSION: u32 = 1;
+/// Version of this host↔agent protocol, sent in the hello. A daemon talks only to an agent of
+/// its own version (an agent refuses what it does not know, so a newer daemon's requests would
+/// fail one by one): 2 added `attach`, `execs`, `on_disconnect` and `tail_bytes`.
+pub const PROTOCOL_VERSION: u32 = 2;
 
 /// One request, the first message on a connection.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -165,9 +167,43 @@ pub struct Hello {
     pub pid: u32,
 }
 
+impl Hello {
+    /// Whether this agent speaks this host's protocol; the error says what to do when not.
+    pub fn check_protocol(&self) -> Result<(), String> {
+        if self.protocol == PROTOCOL_VERSION {
+            Ok(())
+        } else {
+            Err(format!(
+                "the agent (crucible-agent {}) speaks protocol {}, this daemon protocol {}: \
+                 rebuild the guest image with this version (`cargo xtask build-image`)",
+                self.agent_version, self.protocol, PROTOCOL_VERSION
+            ))
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_an_agent_of_this_protocol_is_spoken_to() {
+        let mut hello = Hello {
+            agent_version: "0.1.0".into(),
+            protocol: PROTOCOL_VERSION,
+            kernel_release: "6.12".into(),
+            uptime_ms: 1,
+            pid: 1,
+        };
+        assert_eq!(hello.check_protocol(), Ok(()));
+        hello.protocol = PROTOCOL_VERSION - 1;
+        let err = hello.check_protocol().expect_err("an older agent");
+        assert!(
+            err.contains(&format!("speaks protocol {}", PROTOCOL_VERSION - 1))
+                && err.contains("cargo xtask build-image"),
+            "{err}"
+        );
+    }
 
     #[test]
     fn requests_are_tagged_by_op() {

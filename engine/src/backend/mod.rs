@@ -7,6 +7,7 @@ pub mod cgroup;
 pub mod host_process;
 pub(crate) mod microvm;
 pub(crate) mod microvm_disks;
+mod mount_table;
 pub mod namespace;
 pub mod qemu;
 mod supervised;
@@ -229,6 +230,13 @@ pub trait Instance: Send + Sync {
     /// backend cannot.
     fn record(&self) -> Option<crate::restore::InstanceRecord> {
         None
+    }
+    /// Whether the filesystem of device `device` (`major:minor`) is mounted at `target` inside
+    /// it, as the host's kernel sees it (live restore checks an adopted sandbox's caches this
+    /// way); `Err` says why not, or that its backend cannot tell.
+    fn check_mount(&self, device: &str, target: &str) -> Result<(), String> {
+        let _ = (device, target);
+        Err("its backend cannot tell what it has mounted".into())
     }
     /// What it uses now, where its backend can say (`None`: not measured on this backend).
     fn stats(&self) -> BoxFuture<'_, Option<wire::SandboxStats>> {

@@ -639,6 +639,25 @@ pub(crate) struct NamespaceInstance {
 }
 
 impl Instance for NamespaceInstance {
+    fn check_mount(&self, device: &str, target: &str) -> Result<(), String> {
+        let supervisor = self
+            .record
+            .as_ref()
+            .map(|r| r.supervisor_pid)
+            .ok_or("it has no record of its supervisor")?;
+        let init = super::mount_table::sandbox_init(supervisor)
+            .map_err(|e| format!("its PID 1 (the child of pid {supervisor}): {e}"))?;
+        let table = std::fs::read_to_string(format!("/proc/{init}/mountinfo"))
+            .map_err(|e| format!("the mount table of its PID 1 (pid {init}): {e}"))?;
+        if super::mount_table::mounted_at(&table, device, target) {
+            Ok(())
+        } else {
+            Err(format!(
+                "device {device} is not mounted at {target} in its PID 1's mount table (pid {init})"
+            ))
+        }
+    }
+
     fn hello(&self) -> &Hello {
         &self.hello
     }

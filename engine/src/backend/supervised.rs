@@ -120,9 +120,11 @@ async fn accept_hello(listener: &UnixListener) -> Result<Hello, String> {
         .accept()
         .await
         .map_err(|e| format!("accepting the agent's hello: {e}"))?;
-    wire::read_message_async(&mut stream)
+    let hello: Hello = wire::read_message_async(&mut stream)
         .await
-        .map_err(|e| format!("reading the agent's hello: {e}"))
+        .map_err(|e| format!("reading the agent's hello: {e}"))?;
+    hello.check_protocol()?;
+    Ok(hello)
 }
 
 /// A receiver that ends with whichever of `a` and `b` ends first: a sandbox made of two

@@ -113,13 +113,10 @@ pub async fn statuses(
     let message = AgentRequest::Execs {
         exec_id: exec_id.map(str::to_string),
     };
-    let mut agent = sandbox
-        .send_to_agent(&message)
+    let (reply, _) = sandbox
+        .ask_agent(&message)
         .await
         .map_err(|e| agent_failed(sandbox, &e))?;
-    let reply: AgentReply = wire::read_message_async(&mut agent)
-        .await
-        .map_err(|e| agent_failed(sandbox, &AgentError::Reply(e)))?;
     match reply {
         AgentReply::Execs(list) => Ok(list.execs),
         other => Err(refused(sandbox, other)),
@@ -142,13 +139,10 @@ pub async fn attach(
         exec_id: exec_id.to_string(),
         offset,
     };
-    let mut agent = sandbox
-        .send_to_agent(&message)
+    let (reply, agent) = sandbox
+        .ask_agent(&message)
         .await
         .map_err(|e| agent_failed(sandbox, &e))?;
-    let reply: AgentReply = wire::read_message_async(&mut agent)
-        .await
-        .map_err(|e| agent_failed(sandbox, &AgentError::Reply(e)))?;
     let status = match reply {
         AgentReply::Attached(status) => status,
         other => return Err(refused(sandbox, other)),

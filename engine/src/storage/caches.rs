@@ -250,6 +250,50 @@ impl CacheStore {
         Ok(lease)
     }
 
+    /// Takes back cache `name` of `owner` for sandbox `sandbox` on `backend`, which an earlier
+    /// daemon gave it and which it still has mounted (live restore): the cache must be on disk,
+    /// held by no other sandbox here, and back a loop device now. Returns the lease and that
+    /// device's number, for the caller to check it is mounted in that sandbox.
+    pub(crate) fn reclaim(
+        self: &Arc<Self>,
+        owner: &Owner,
+        name: &str,
+        sandbox: &str,
+        backend: BackendKind,
+    ) -> Result<(CacheLease, String), StorageError> {
+        validate_name(name)?;
+        let key = (
+            backend_dir(backend).to_string(),
+            owner_dir_name(owner),
+            name.to_string(),
+        );
+        let path = self.image_path(&key);
+        let mut held = self.held();
+        if !held.leases.contains_key(&key) {
+            return Err(StorageError::NoCache(name.to_string()));
+        }
+        if let Some(by) = held.in_use.get(&key) {
+            return Err(StorageError::CacheBusy {
+                name: name.to_string(),
+                by: by.clone(),
+            });
+        }
+        let Some(device) = super::ext4::loop_device_of(&path) else {
+            return Err(StorageError::Invalid(format!(
+                "cache {name:?} is mounted nowhere: {} backs no loop device",
+                path.display()
+            )));
+        };
+        held.in_use.insert(key.clone(), sandbox.to_string());
+        drop(held);
+        let lease = CacheLease {
+            store: self.clone(),
+            key,
+            path,
+        };
+        Ok((lease, device))
+    }
+
     /// The caches `owner` may see (all of them for `None`).
     pub fn list(&self, owner: Option<&Owner>) -> Result<Vec<CacheInfo>, StorageError> {
         let want = owner.map(owner_dir_name);

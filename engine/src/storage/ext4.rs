@@ -78,16 +78,22 @@ pub(crate) async fn make_image(
 /// by a moment (the kernel drops a mount namespace's mounts lazily), and mounting an ext4 a
 /// second time through another loop device would corrupt it.
 pub(crate) fn is_attached(image: &Path) -> bool {
-    let Ok(wanted) = image.canonicalize() else {
-        return false;
-    };
-    let Ok(entries) = std::fs::read_dir("/sys/block") else {
-        return false;
-    };
-    entries.flatten().any(|entry| {
-        std::fs::read_to_string(entry.path().join("loop/backing_file"))
-            .is_ok_and(|backing| Path::new(backing.trim_end()) == wanted)
-    })
+    loop_device_of(image).is_some()
+}
+
+/// The device number (`major:minor`, as `/proc/PID/mountinfo` shows it) of a loop device
+/// `image` backs now, if one does.
+pub(crate) fn loop_device_of(image: &Path) -> Option<String> {
+    let wanted = image.canonicalize().ok()?;
+    std::fs::read_dir("/sys/block")
+        .ok()?
+        .flatten()
+        .find(|entry| {
+            std::fs::read_to_string(entry.path().join("loop/backing_file"))
+                .is_ok_and(|backing| Path::new(backing.trim_end()) == wanted)
+        })
+        .and_then(|entry| std::fs::read_to_string(entry.path().join("dev")).ok())
+        .map(|dev| dev.trim_end().to_string())
 }
 
 /// Waits until `image` backs no loop device, for up to `wait`.
