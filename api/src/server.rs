@@ -464,6 +464,8 @@ async fn bind_unix(path: &Path) -> Result<UnixListener, ServeError> {
 /// whatever was not taken back (`keep`) still runs. Kill and remove all of it but `keep`.
 async fn clean_stale_sandboxes(state_dir: &Path, cgroup_parent: &str, keep: &[String]) {
     let removed = cgroup::remove_stale(Path::new(CGROUP_ROOT), cgroup_parent, keep).await;
+    // A microVM left by a daemon under live restore is in no cgroup: found by its arguments.
+    let killed = engine::backend::leftovers::kill_leftover_processes(state_dir, keep);
     let kept = |name: &std::ffi::OsStr| {
         let name = name.to_string_lossy();
         let id = name
@@ -492,8 +494,11 @@ async fn clean_stale_sandboxes(state_dir: &Path, cgroup_parent: &str, keep: &[St
             }
         }
     }
-    if removed > 0 || entries > 0 {
-        tracing::info!("cleaned up {removed} stale sandbox cgroups and {entries} leftover files");
+    if removed > 0 || entries > 0 || killed > 0 {
+        tracing::info!(
+            "cleaned up {removed} stale sandbox cgroups, {killed} leftover VM processes and \
+             {entries} leftover files"
+        );
     }
 }
 

@@ -88,7 +88,8 @@ impl From<RecordedOwner> for Owner {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct InstanceRecord {
-    /// The supervisor: the sandbox's one process outside it.
+    /// The supervisor: the sandbox's one process outside it (a namespace sandbox's
+    /// supervisor; a microVM's VM process, `crucible-vmm` or QEMU).
     pub supervisor_pid: i32,
     /// Its start time (`/proc/PID/stat` field 22, clock ticks after boot): a pid the kernel
     /// gave to another process since has another start time.
@@ -98,6 +99,36 @@ pub struct InstanceRecord {
     /// Its agent's hello: the agent that answers must say exactly this again (its
     /// `uptime_ms` is when that agent became ready).
     pub hello: Hello,
+    /// A microVM's hypervisor.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hypervisor: Option<api_types::Hypervisor>,
+    /// A microVM's other processes: its vhost-user devices under QEMU.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub devices: Vec<RecordedProcess>,
+}
+
+/// One more process of a sandbox, as a restarted daemon must find it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RecordedProcess {
+    /// What it is, for messages ("the vsock device").
+    pub what: String,
+    /// Its pid.
+    pub pid: i32,
+    /// Its start time (`/proc/PID/stat` field 22).
+    pub start_ticks: u64,
+}
+
+impl RecordedProcess {
+    /// `pid`'s record, or `None` when its start time cannot be read (it is gone).
+    pub(crate) fn of(what: &str, pid: Option<u32>) -> Option<Self> {
+        let pid = i32::try_from(pid?).ok()?;
+        Some(RecordedProcess {
+            what: what.to_string(),
+            pid,
+            start_ticks: process_start_ticks(pid).ok()?,
+        })
+    }
 }
 
 /// What a daemon needs to take a sandbox back.
@@ -367,6 +398,8 @@ mod tests {
                     uptime_ms: 12,
                     pid: 1,
                 },
+                hypervisor: None,
+                devices: Vec::new(),
             },
         }
     }

@@ -318,7 +318,8 @@ impl Engine {
             microvm_ready_timeout(config),
             host::kvm_unavailable_reason(&host::inspect()),
             config.hypervisor,
-        );
+        )
+        .with_live_restore(config.live_restore);
         Backends::new(vec![Arc::new(microvm), Arc::new(namespace)])
     }
 

@@ -14,6 +14,7 @@ pub mod host_net;
 pub mod images;
 pub mod leaks;
 pub mod process;
+pub mod restart;
 
 /// The image the tests run: `$CRUCIBLE_IMAGE`, else `target/crucible/image` in the workspace.
 /// Fails (never skips) when it has not been built, saying how to build it.

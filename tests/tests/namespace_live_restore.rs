@@ -8,82 +8,20 @@
 //! log line saying why. A sandbox taken back keeps its caches.
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use api_types::{CacheMount, CreateSandbox};
-use client::{Client, ExecEvent};
+use client::Client;
 use harness::leaks::{
     assert_a_new_sandbox_works, assert_nothing_held, eventually_within, sandbox_cgroups,
 };
 use harness::process::{DaemonHome, DaemonProcess};
+use harness::restart::{finish_commands, identities, record_path, start_long, truncate_record};
 use nix::sys::signal::Signal;
 use wire::ExecRequest;
 
 const LIVE: &[&str] = &["--live-restore"];
-
-/// Lines each long command prints, one every 0.5 s: 20 s in all.
-const LINES: usize = 40;
-
-fn script(tag: &str) -> String {
-    format!("for i in $(seq 1 {LINES}); do echo {tag}-line$i; sleep 0.5; done; exit 7")
-}
-
-fn expected(tag: &str) -> String {
-    (1..=LINES).map(|i| format!("{tag}-line{i}\n")).collect()
-}
-
-/// Starts the long command in `id` and reads its first line; the stream stays open.
-async fn start_long(c: &Client, id: &str) -> (client::ExecStream, Vec<u8>) {
-    let mut stream = c
-        .exec(id, &ExecRequest::new(["sh", "-c", &script(id)]))
-        .await
-        .expect("exec");
-    match stream.next_event().await {
-        Some(Ok(ExecEvent::Stdout(bytes))) => {
-            let first = bytes.to_vec();
-            (stream, first)
-        }
-        other => panic!("{id}: the first line: {other:?}"),
-    }
-}
-
-/// What a listing says of each sandbox that must survive a restart.
-fn identities(list: &[api_types::SandboxInfo]) -> BTreeMap<String, String> {
-    list.iter()
-        .map(|s| {
-            (
-                s.id.clone(),
-                format!(
-                    "{:?} {:?} {} {} {:?}",
-                    s.owner, s.state, s.created_at_ms, s.expires_at_ms, s.labels
-                ),
-            )
-        })
-        .collect()
-}
-
-/// Re-attaches to each command from the bytes it had and checks its whole output and status.
-async fn finish_commands(c: &Client, started: Vec<(String, String, Vec<u8>)>) {
-    for (id, exec_id, head) in started {
-        let rest = c
-            .attach(&id, &exec_id, head.len() as u64)
-            .await
-            .unwrap_or_else(|e| panic!("{id}: attach {exec_id}: {e}"))
-            .collect()
-            .await
-            .unwrap_or_else(|e| panic!("{id}: the rest of {exec_id}: {e}"));
-        let mut all = head;
-        all.extend_from_slice(&rest.stdout);
-        assert_eq!(
-            String::from_utf8_lossy(&all),
-            expected(&id),
-            "{id}: nothing lost"
-        );
-        assert_eq!(rest.result.exit_code, 7, "{id}: {:?}", rest.result);
-        assert_eq!(rest.result.output_dropped_bytes, 0, "{id}");
-    }
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sandboxes_and_their_commands_survive_a_killed_daemon_and_an_upgrade_restart() {
@@ -177,11 +115,6 @@ async fn sandboxes_and_their_commands_survive_a_killed_daemon_and_an_upgrade_res
     assert_a_new_sandbox_works(&c).await;
 }
 
-/// The record of sandbox `id` in `home`, as JSON.
-fn record_path(home: &DaemonHome, id: &str) -> PathBuf {
-    home.state_dir().join("records").join(format!("{id}.json"))
-}
-
 fn read_record(home: &DaemonHome, id: &str) -> serde_json::Value {
     let text = std::fs::read(record_path(home, id)).expect("the record");
     serde_json::from_slice(&text).expect("record JSON")
@@ -243,8 +176,7 @@ async fn a_sandbox_that_is_not_as_recorded_is_cleaned_up_never_adopted() {
     let [truncated, gone, replaced, emptied, kept] = [0, 1, 2, 3, 4].map(|i| ids[i].clone());
 
     // A truncated record.
-    let whole = std::fs::read(record_path(&home, &truncated)).expect("record");
-    std::fs::write(record_path(&home, &truncated), &whole[..whole.len() / 2]).expect("cut");
+    truncate_record(&home, &truncated);
     // A supervisor gone.
     nix::sys::signal::kill(nix::unistd::Pid::from_raw(pids[1]), Signal::SIGKILL).expect("kill");
     eventually_within("the supervisor to die", Duration::from_secs(10), || {
@@ -319,12 +251,9 @@ fn with_cache(name: &str, path: &str) -> CreateSandbox {
 }
 
 async fn sh_out(c: &Client, id: &str, script: &str) -> String {
-    let out = c
-        .exec_collect(id, &ExecRequest::new(["sh", "-c", script]))
-        .await
-        .unwrap_or_else(|e| panic!("{id}: {script}: {e}"));
-    assert_eq!(out.result.exit_code, 0, "{id}: {script}: {out:?}");
-    String::from_utf8_lossy(&out.stdout).into_owned()
+    let (out, err, code) = harness::sh(c, id, script).await;
+    assert_eq!(code, 0, "{id}: {script}: {out}{err}");
+    out
 }
 
 /// A sandbox's cache comes back with it: mounted, still its one user, its data there for the

@@ -31,6 +31,7 @@ use super::microvm_disks::DiskPlan;
 use super::qemu::{self, QemuGuest, QemuTools};
 use super::supervised::{first_exit, spawn_and_await_hello, Diagnostics, SandboxProcess};
 use super::{Backend, BackendError, BoxFuture, EgressSink, EgressStream, Instance, InstanceSpec};
+use crate::restore::{InstanceRecord, RecordedProcess, RestoreError};
 
 /// The guest's vsock CID (each VM has its own vsock device, so every guest can use the same).
 const GUEST_CID: u32 = 3;
@@ -50,6 +51,8 @@ pub(crate) struct MicrovmBackend {
     hypervisor: Hypervisor,
     /// QEMU and setpriv for `qemu-tcg`, or why they are missing.
     qemu_tools: Result<QemuTools, String>,
+    /// Whether its VMs outlive the daemon, to be taken back by the next (live restore).
+    live_restore: bool,
 }
 
 impl MicrovmBackend {
@@ -78,7 +81,18 @@ impl MicrovmBackend {
             host_reason,
             hypervisor,
             qemu_tools,
+            live_restore: false,
         }
+    }
+
+    /// With VMs that outlive the daemon (not tied to it, not killed when it drops them) and
+    /// records to take them back by (`crucible serve --live-restore`).
+    pub(crate) fn with_live_restore(mut self, live_restore: bool) -> Self {
+        self.live_restore = live_restore;
+        if let Ok(tools) = &mut self.qemu_tools {
+            tools.outlive_daemon = live_restore;
+        }
+        self
     }
 
     /// Why this host cannot run microVM sandboxes, if it cannot.
@@ -127,6 +141,21 @@ impl MicrovmBackend {
         let uds = dir.join("vsock.sock");
         let egress_task = egress
             .map(|(listener, sink)| tokio::spawn(receive_egress(listener, sink, spec.id.clone())));
+        let record = self.live_restore.then(|| {
+            let vm = RecordedProcess::of("the VM", vm.id())?;
+            let devices = devices
+                .iter()
+                .map(|(child, what, _)| RecordedProcess::of(what, child.id()))
+                .collect::<Option<Vec<_>>>()?;
+            Some(InstanceRecord {
+                supervisor_pid: vm.pid,
+                supervisor_start_ticks: vm.start_ticks,
+                id_slot: 0,
+                hello: hello.clone(),
+                hypervisor: Some(self.hypervisor),
+                devices,
+            })
+        });
         let vm = SandboxProcess::watch(vm, "the VM".into(), diagnostics);
         let devices: Vec<SandboxProcess> = devices
             .into_iter()
@@ -148,6 +177,81 @@ impl MicrovmBackend {
             exited,
             egress_task,
             shut_down_first: plan.outlives_the_sandbox(),
+            record: record.flatten(),
+        })
+    }
+
+    /// Takes back sandbox `id` as `record` describes it (live restore): its VM process and
+    /// each device process the recorded ones (pid and start time), its agent answering through
+    /// the sandbox's vsock socket with the recorded hello. A refusal kills what was verified.
+    async fn adopt_instance(
+        &self,
+        id: &str,
+        record: &InstanceRecord,
+    ) -> Result<MicrovmInstance, RestoreError> {
+        let mismatch = RestoreError::Mismatch;
+        let Some(hypervisor) = record.hypervisor else {
+            return Err(mismatch("its record names no hypervisor".into()));
+        };
+        let dir = self.state_dir.join("sandboxes").join(id);
+        let uds = dir.join("vsock.sock");
+        let diagnostics = Diagnostics::new().with("the guest console", dir.join("console.log"));
+        let pid = record.supervisor_pid;
+        let vm = SandboxProcess::adopt(
+            pid,
+            record.supervisor_start_ticks,
+            "the VM".into(),
+            diagnostics,
+        )
+        .map_err(|e| mismatch(format!("its VM process (pid {pid}): {e}")))?;
+        let mut devices = Vec::new();
+        let mut refused = None;
+        for device in &record.devices {
+            match SandboxProcess::adopt(
+                device.pid,
+                device.start_ticks,
+                device.what.clone(),
+                Diagnostics::new(),
+            ) {
+                Ok(process) => devices.push(process),
+                Err(e) => {
+                    refused = Some(format!("{} (pid {}): {e}", device.what, device.pid));
+                    break;
+                }
+            }
+        }
+        let refused = match refused {
+            Some(why) => Some(why),
+            None => match super::ping_agent(vsock_connect(&uds, DEFAULT_AGENT_PORT)).await {
+                Ok(hello) if hello == record.hello => None,
+                Ok(hello) => Some(format!(
+                    "its agent is not the recorded one: it says {hello:?}, the record {:?}",
+                    record.hello
+                )),
+                Err(e) => Some(format!("its agent ({}): {e}", uds.display())),
+            },
+        };
+        if let Some(why) = refused {
+            vm.kill_and_wait().await;
+            for device in &devices {
+                device.kill_and_wait().await;
+            }
+            return Err(mismatch(why));
+        }
+        let exited = devices
+            .iter()
+            .fold(vm.exited(), |first, d| first_exit(first, d.exited()));
+        Ok(MicrovmInstance {
+            hello: record.hello.clone(),
+            uds,
+            dir,
+            hypervisor,
+            vm,
+            devices,
+            exited,
+            egress_task: None,
+            shut_down_first: false,
+            record: Some(record.clone()),
         })
     }
 
@@ -224,6 +328,9 @@ impl MicrovmBackend {
             console,
         )
         .map_err(|e| BackendError::setup("build the VM config", e))?;
+        let mut config = config;
+        // Under live restore the VM outlives the daemon, to be taken back by the next one.
+        config.die_with_parent = !self.live_restore;
         let config_path = dir.join("vm.json");
         let json = serde_json::to_vec_pretty(&config)
             .map_err(|e| BackendError::setup("serialize the VM config", io::Error::other(e)))?;
@@ -247,7 +354,7 @@ impl MicrovmBackend {
         let diagnostics = Diagnostics::new()
             .with("the VMM's stderr", vmm_log)
             .with("the guest console", console);
-        command.kill_on_drop(true);
+        command.kill_on_drop(!self.live_restore);
         let (vm, hello) =
             spawn_and_await_hello(&mut command, ready, self.ready_timeout, &what, &diagnostics)
                 .await?;
@@ -287,10 +394,15 @@ impl MicrovmBackend {
             &dir.join("vsock-device.log"),
         )
         .await?;
-        let mut devices = vec![(vsock, "the vsock device", dir.join("vsock-device.log"))];
+        // A failure below kills the devices started so far as the guard drops (under live
+        // restore they are not killed when dropped).
+        let mut devices = DeviceGuard(vec![(
+            vsock,
+            "the vsock device",
+            dir.join("vsock-device.log"),
+        )]);
         let root_socket = dir.join("vhost-root.sock");
         if let Some(root_link) = &root_link {
-            // On failure the vsock device is killed as `devices` drops (kill_on_drop).
             let log = dir.join("root-device.log");
             let disk = qemu::start_block_device(
                 tools,
@@ -301,7 +413,7 @@ impl MicrovmBackend {
                 &log,
             )
             .await?;
-            devices.push((disk, "the root disk device", log));
+            devices.0.push((disk, "the root disk device", log));
         }
         let mut disk_sockets = Vec::new();
         for (index, (disk, link)) in disks.plan.disks.iter().zip(disks.links).enumerate() {
@@ -316,7 +428,7 @@ impl MicrovmBackend {
                 &log,
             )
             .await?;
-            devices.push((device, "a disk device", log));
+            devices.0.push((device, "a disk device", log));
             disk_sockets.push(socket);
         }
         let guest = QemuGuest {
@@ -338,11 +450,22 @@ impl MicrovmBackend {
         let diagnostics = Diagnostics::new()
             .with("QEMU's log", qemu_log)
             .with("the guest console", console);
-        command.kill_on_drop(true);
+        command.kill_on_drop(!self.live_restore);
         let (vm, hello) =
             spawn_and_await_hello(&mut command, ready, self.ready_timeout, &what, &diagnostics)
                 .await?;
-        Ok((vm, devices, diagnostics, hello))
+        Ok((vm, std::mem::take(&mut devices.0), diagnostics, hello))
+    }
+}
+
+/// Device processes being started: killed if dropped before they are handed on.
+struct DeviceGuard(Vec<(Child, &'static str, PathBuf)>);
+
+impl Drop for DeviceGuard {
+    fn drop(&mut self) {
+        for (child, _, _) in &mut self.0 {
+            let _ = child.start_kill();
+        }
     }
 }
 
@@ -524,6 +647,8 @@ pub(crate) struct MicrovmInstance {
     /// Whether the guest must flush its disks before it is killed: a cache outlives the
     /// sandbox, and what the guest's page cache still holds would be lost.
     shut_down_first: bool,
+    /// What a restarted daemon needs to take it back (under live restore).
+    record: Option<InstanceRecord>,
 }
 
 /// How long a guest may take to sync its disks and end when asked, before it is killed anyway
@@ -591,6 +716,10 @@ impl Instance for MicrovmInstance {
         Some(self.hypervisor)
     }
 
+    fn record(&self) -> Option<InstanceRecord> {
+        self.record.clone()
+    }
+
     /// The guest's own counters (the VM is the sandbox), asked of its agent.
     fn stats(&self) -> BoxFuture<'_, Option<wire::SandboxStats>> {
         Box::pin(async move {
@@ -642,6 +771,17 @@ impl Backend for MicrovmBackend {
 
     fn unavailable_reason(&self) -> Option<String> {
         self.why_unavailable()
+    }
+
+    fn adopt<'a>(
+        &'a self,
+        id: &'a str,
+        record: &'a InstanceRecord,
+    ) -> BoxFuture<'a, Result<Box<dyn Instance>, RestoreError>> {
+        Box::pin(async move {
+            let instance = self.adopt_instance(id, record).await?;
+            Ok(Box::new(instance) as Box<dyn Instance>)
+        })
     }
 
     fn create(&self, spec: InstanceSpec) -> BoxFuture<'_, Result<Box<dyn Instance>, BackendError>> {

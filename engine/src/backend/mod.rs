@@ -5,6 +5,7 @@
 
 pub mod cgroup;
 pub mod host_process;
+pub mod leftovers;
 pub(crate) mod microvm;
 pub(crate) mod microvm_disks;
 mod mount_table;
@@ -256,6 +257,27 @@ pub(crate) async fn connect_unix(path: &std::path::Path) -> io::Result<UnixStrea
         Err(e) if e.kind() == io::ErrorKind::WouldBlock => UnixStream::connect(path).await,
         Err(e) => Err(e),
     }
+}
+
+/// The hello of the agent `connect` reaches, asked within 5 s (live restore checks that an
+/// adopted sandbox's agent is the recorded one).
+pub(crate) async fn ping_agent(
+    connect: impl Future<Output = io::Result<UnixStream>>,
+) -> io::Result<Hello> {
+    let ask = async {
+        let mut agent = connect.await?;
+        wire::write_message_async(&mut agent, &wire::agent::AgentRequest::Ping)
+            .await
+            .map_err(|e| io::Error::other(e.to_string()))?;
+        match wire::read_message_async(&mut agent).await {
+            Ok(wire::agent::AgentReply::Pong(hello)) => Ok(hello),
+            Ok(other) => Err(io::Error::other(format!("it answered {other:?}"))),
+            Err(e) => Err(io::Error::other(e.to_string())),
+        }
+    };
+    tokio::time::timeout(std::time::Duration::from_secs(5), ask)
+        .await
+        .map_err(|_| io::Error::other("no answer to a ping within 5 s"))?
 }
 
 /// Where a backend finds the image.

@@ -410,6 +410,8 @@ impl NamespaceBackend {
                         supervisor_start_ticks: ticks,
                         id_slot: cleanup.ids.as_ref()?.slot,
                         hello: hello.clone(),
+                        hypervisor: None,
+                        devices: Vec::new(),
                     })
                 }),
             None => None,
@@ -457,7 +459,7 @@ impl NamespaceBackend {
                 .map_err(|e| mismatch(report::chain(&e)))?;
             let ids = self.id_ranges.claim(record.id_slot).map_err(mismatch)?;
             let socket = runtime_dir.join("agent.sock");
-            let hello = ping(&socket)
+            let hello = super::ping_agent(super::connect_unix(&socket))
                 .await
                 .map_err(|e| mismatch(format!("its agent ({}): {e}", socket.display())))?;
             if hello != record.hello {
@@ -490,24 +492,6 @@ impl NamespaceBackend {
             record: Some(record.clone()),
         })
     }
-}
-
-/// The hello of the agent listening on `socket`, asked within 5 s.
-async fn ping(socket: &Path) -> io::Result<Hello> {
-    let ask = async {
-        let mut agent = super::connect_unix(socket).await?;
-        wire::write_message_async(&mut agent, &wire::agent::AgentRequest::Ping)
-            .await
-            .map_err(|e| io::Error::other(e.to_string()))?;
-        match wire::read_message_async(&mut agent).await {
-            Ok(wire::agent::AgentReply::Pong(hello)) => Ok(hello),
-            Ok(other) => Err(io::Error::other(format!("it answered {other:?}"))),
-            Err(e) => Err(io::Error::other(e.to_string())),
-        }
-    };
-    tokio::time::timeout(Duration::from_secs(5), ask)
-        .await
-        .map_err(|_| io::Error::other("no answer to a ping within 5 s"))?
 }
 
 fn extra_mount(mount: &MountSpec) -> namespace::ExtraMount {

@@ -6,7 +6,8 @@
 //! hypervisor runs the guest.
 //!
 //! Both processes are started through `setpriv --pdeathsig KILL`: if the daemon dies without
-//! deleting its sandboxes, its VMs die with it rather than running on, unowned.
+//! deleting its sandboxes, its VMs die with it rather than running on, unowned. Under live
+//! restore they are started as they are, to outlive the daemon.
 
 use std::ffi::OsString;
 use std::io;
@@ -29,6 +30,9 @@ pub(crate) struct QemuTools {
     pub(crate) qemu: PathBuf,
     /// util-linux's `setpriv`, which ties each process's life to the daemon's.
     pub(crate) setpriv: PathBuf,
+    /// Whether the processes outlive the daemon (live restore): no `setpriv`, and no kill
+    /// when the daemon drops them.
+    pub(crate) outlive_daemon: bool,
 }
 
 impl QemuTools {
@@ -44,19 +48,27 @@ impl QemuTools {
         let setpriv = find_on_path("setpriv").ok_or_else(|| {
             "setpriv is not installed (Debian: apt-get install util-linux)".to_string()
         })?;
-        Ok(QemuTools { qemu, setpriv })
+        Ok(QemuTools {
+            qemu,
+            setpriv,
+            outlive_daemon: false,
+        })
     }
 
     /// A command running `program` that the kernel kills when the daemon's thread that
-    /// started it dies.
+    /// started it dies, unless the processes outlive the daemon.
     fn command(&self, program: &Path) -> Command {
-        let mut command = Command::new(&self.setpriv);
+        let mut command = if self.outlive_daemon {
+            Command::new(program)
+        } else {
+            let mut tied = Command::new(&self.setpriv);
+            tied.args(["--pdeathsig", "KILL", "--"]).arg(program);
+            tied
+        };
         command
-            .args(["--pdeathsig", "KILL", "--"])
-            .arg(program)
             .env_clear()
             .stdin(Stdio::null())
-            .kill_on_drop(true);
+            .kill_on_drop(!self.outlive_daemon);
         command
     }
 }

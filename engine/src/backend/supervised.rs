@@ -248,7 +248,7 @@ impl SandboxProcess {
 }
 
 /// A pidfd for `pid` (readable once it has exited; Linux 5.3+).
-fn pidfd_open(pid: i32) -> io::Result<OwnedFd> {
+pub(super) fn pidfd_open(pid: i32) -> io::Result<OwnedFd> {
     let pid = rustix::process::Pid::from_raw(pid)
         .ok_or_else(|| io::Error::other(format!("{pid} is not a pid")))?;
     Ok(rustix::process::pidfd_open(
@@ -265,7 +265,7 @@ fn wait_readable(pidfd: &OwnedFd) {
 }
 
 /// SIGKILL to the process behind `pidfd` (never to whoever has its pid later).
-fn pidfd_kill(pidfd: &OwnedFd) -> io::Result<()> {
+pub(super) fn pidfd_kill(pidfd: &OwnedFd) -> io::Result<()> {
     match rustix::process::pidfd_send_signal(pidfd, rustix::process::Signal::KILL) {
         // Already gone: what we wanted.
         Ok(()) | Err(rustix::io::Errno::SRCH) => Ok(()),
