@@ -673,9 +673,6 @@ impl Session {
             };
             sys::poll(&mut fds, timeout)?;
 
-            if fds[WAKE].revents != 0 {
-                self.take_handoff();
-            }
             let hung_up = libc::POLLHUP | libc::POLLERR | (fds[CONN].events & libc::POLLRDHUP);
             if fds[CONN].revents & hung_up != 0 {
                 self.host_gone(ExecError::HostGone(None))?;
@@ -714,6 +711,12 @@ impl Session {
             if self.conn.is_none() {
                 // Nobody to send to: the tail has it.
                 self.pending.clear();
+            }
+            // A hand-off is taken only now, after this round's output went to the tail alone:
+            // taken before, output read in the same round would reach the new client ahead of
+            // its replay, and then again in it (seen as a line out of order and twice).
+            if fds[WAKE].revents != 0 {
+                self.take_handoff();
             }
             if !self.pending_empty() {
                 // Most of the time the socket has room: skip a poll round trip.
