@@ -19,6 +19,7 @@ use crate::config::ServeConfig;
 use crate::edge::{Edge, HttpSettings};
 use crate::error::ApiError;
 use crate::front_door::serve_connection;
+use engine::backend::leftovers::LeftoverScan;
 use engine::backend::{cgroup, Backends};
 use engine::Engine;
 
@@ -147,8 +148,9 @@ impl Server {
         let live_restore = settings.live_restore;
         let (state_dir, cgroup_parent) =
             (settings.state_dir.clone(), settings.cgroup_parent.clone());
+        let leftovers = LeftoverScan::for_config(settings);
         if !live_restore {
-            clean_stale_sandboxes(&state_dir, &cgroup_parent, &[]).await;
+            clean_stale_sandboxes(&state_dir, &cgroup_parent, &leftovers, &[]).await;
         }
         let fd_limit = raise_fd_limit();
         let max_connections = config
@@ -170,7 +172,7 @@ impl Server {
                     started.elapsed()
                 );
             }
-            clean_stale_sandboxes(&state_dir, &cgroup_parent, &adopted).await;
+            clean_stale_sandboxes(&state_dir, &cgroup_parent, &leftovers, &adopted).await;
         }
         let state = Arc::new(Edge {
             engine: Arc::new(engine),
@@ -462,10 +464,24 @@ async fn bind_unix(path: &Path) -> Result<UnixListener, ServeError> {
 /// A daemon that died leaves sandboxes behind. Without live restore their init processes died
 /// with it (they are tied to the daemon), so what remains is cgroups and directories; with it,
 /// whatever was not taken back (`keep`) still runs. Kill and remove all of it but `keep`.
-async fn clean_stale_sandboxes(state_dir: &Path, cgroup_parent: &str, keep: &[String]) {
+async fn clean_stale_sandboxes(
+    state_dir: &Path,
+    cgroup_parent: &str,
+    leftovers: &LeftoverScan,
+    keep: &[String],
+) {
     let removed = cgroup::remove_stale(Path::new(CGROUP_ROOT), cgroup_parent, keep).await;
-    // A microVM left by a daemon under live restore is in no cgroup: found by its arguments.
-    let killed = engine::backend::leftovers::kill_leftover_processes(state_dir, keep);
+    // A microVM left by a daemon under live restore is in no cgroup: found by its executable
+    // and arguments, a read of all of /proc kept off the runtime's threads. Awaited, so it is
+    // done before the directories go and the daemon serves.
+    let (scan, kept_ids) = (leftovers.clone(), keep.to_vec());
+    let killed = match tokio::task::spawn_blocking(move || scan.kill(&kept_ids)).await {
+        Ok(killed) => killed,
+        Err(e) => {
+            tracing::warn!("looking for leftover VM processes: {e}");
+            0
+        }
+    };
     let kept = |name: &std::ffi::OsStr| {
         let name = name.to_string_lossy();
         let id = name

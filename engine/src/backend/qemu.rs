@@ -190,6 +190,18 @@ pub(crate) async fn start_vsock_device(
     uds: &Path,
     log: &Path,
 ) -> Result<Child, BackendError> {
+    start_device(
+        tools,
+        vmm_binary,
+        &vsock_device_args(socket, guest_cid, uds),
+        log,
+        "vsock",
+    )
+    .await
+}
+
+/// `crucible-vmm`'s arguments for serving the vsock device on `socket`.
+pub(super) fn vsock_device_args(socket: &Path, guest_cid: u32, uds: &Path) -> Vec<OsString> {
     let mut args: Vec<OsString> = ["vhost-user", "vsock", "--socket"]
         .map(OsString::from)
         .into();
@@ -200,7 +212,7 @@ pub(crate) async fn start_vsock_device(
         "--uds".into(),
     ]);
     args.push(uds.into());
-    start_device(tools, vmm_binary, &args, log, "vsock").await
+    args
 }
 
 /// Starts `crucible-vmm vhost-user block` serving `image` (read-only with `read_only`: the
@@ -225,7 +237,7 @@ pub(crate) async fn start_block_device(
 }
 
 /// `crucible-vmm`'s arguments for serving `image` on `socket`.
-fn block_device_args(socket: &Path, image: &Path, read_only: bool) -> Vec<OsString> {
+pub(super) fn block_device_args(socket: &Path, image: &Path, read_only: bool) -> Vec<OsString> {
     let mut args: Vec<OsString> = ["vhost-user", "block", "--socket"]
         .map(OsString::from)
         .into();
