@@ -502,8 +502,13 @@ fn child_after_fork(plan: &ChildPlan) -> ! {
         let mut set: libc::sigset_t = std::mem::zeroed();
         libc::sigemptyset(&mut set);
         libc::sigprocmask(libc::SIG_SETMASK, &set, std::ptr::null_mut());
-        // The Rust runtime ignores SIGPIPE, and an ignored signal stays ignored across exec.
-        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+        // An ignored signal stays ignored across exec: the Rust runtime ignores SIGPIPE, and
+        // whatever started the agent may have ignored others (a shell's background job
+        // ignores SIGINT and SIGQUIT). A command starts with every disposition at its default,
+        // as under runc. (SIGKILL and SIGSTOP refuse, harmlessly.)
+        for signal in 1..=64 {
+            libc::signal(signal, libc::SIG_DFL);
+        }
     }
     if let Some(ids) = plan.ids {
         // Raw system calls, not libc's setuid family: glibc and musl broadcast those to every

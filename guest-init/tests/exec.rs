@@ -53,6 +53,19 @@ fn signalled_commands_report_the_signal_name() {
 }
 
 #[test]
+fn a_command_gets_default_signal_dispositions_whatever_the_agent_inherited() {
+    let agent = Agent::start_ignoring_signals();
+    for (sig, name) in [("INT", "SIGINT"), ("QUIT", "SIGQUIT"), ("TERM", "SIGTERM")] {
+        let out = agent.exec(sh(&format!("kill -{sig} $$")));
+        assert_eq!(
+            (out.result.exit_code, out.result.signal.as_str()),
+            (-1, name),
+            "{name} must not stay ignored in the command"
+        );
+    }
+}
+
+#[test]
 fn env_is_added_to_the_agents_and_cwd_is_honoured() {
     let agent = Agent::start_with(|c| {
         c.env("CRUCIBLE_INHERITED", "from-agent");

@@ -107,6 +107,15 @@ impl Agent {
         Agent::launch(&[], setup)
     }
 
+    /// Starts the agent with SIGINT, SIGQUIT and SIGTERM ignored, as a shell's background job
+    /// (or a careless service manager) would start it: ignored dispositions survive exec.
+    pub(crate) fn start_ignoring_signals() -> Agent {
+        Agent::launch(
+            &["sh", "-c", "trap '' INT QUIT TERM; exec \"$@\"", "sh"],
+            |_| {},
+        )
+    }
+
     /// Starts the agent behind `wrapper` (a command that runs its arguments).
     fn launch(wrapper: &[&str], setup: impl FnOnce(&mut Command)) -> Agent {
         let dir = TempDir::new("agent");
