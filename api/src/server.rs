@@ -156,7 +156,7 @@ impl Server {
         let max_connections = config
             .max_connections
             .unwrap_or_else(|| default_max_connections(fd_limit));
-        let storage = engine::storage::Storage::open(&settings.storage)?;
+        let storage = engine::storage::Storage::open(&settings.storage, live_restore)?;
         let engine = Engine::with_backends(config.engine, backends)
             .with_storage(storage)
             .with_egress(Arc::new(egress))

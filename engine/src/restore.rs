@@ -22,8 +22,9 @@ use wire::agent::Hello;
 use crate::ids::is_valid_id;
 use crate::owner::Owner;
 
-/// The record format this daemon writes and reads.
-pub const RECORD_VERSION: u32 = 1;
+/// The record format this daemon writes and reads (2: the host's boot id, an imported image's
+/// tree, the devices' logs).
+pub const RECORD_VERSION: u32 = 2;
 
 /// A record larger than this is not one of ours.
 const MAX_RECORD_BYTES: u64 = 256 * 1024;
@@ -117,16 +118,25 @@ pub struct RecordedProcess {
     pub pid: i32,
     /// Its start time (`/proc/PID/stat` field 22).
     pub start_ticks: u64,
+    /// The name of its log in the sandbox's directory (a file name, never a path: checked
+    /// on read), quoted in the sandbox's exit reason when it dies.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub log: String,
 }
 
 impl RecordedProcess {
-    /// `pid`'s record, or `None` when its start time cannot be read (it is gone).
-    pub(crate) fn of(what: &str, pid: Option<u32>) -> Option<Self> {
+    /// `pid`'s record, or `None` when its start time cannot be read (it is gone); `log` is its
+    /// log file, whose name is kept.
+    pub(crate) fn of(what: &str, pid: Option<u32>, log: Option<&Path>) -> Option<Self> {
         let pid = i32::try_from(pid?).ok()?;
         Some(RecordedProcess {
             what: what.to_string(),
             pid,
             start_ticks: process_start_ticks(pid).ok()?,
+            log: log
+                .and_then(Path::file_name)
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_default(),
         })
     }
 }
@@ -145,6 +155,10 @@ pub struct SandboxRecord {
     pub backend: api_types::BackendKind,
     /// Its image's name.
     pub image: String,
+    /// An imported image's tree (its chain digest's hex): the image of that name must still
+    /// be this one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image_root: Option<String>,
     /// Memory limit.
     pub memory_mib: u64,
     /// vCPUs.
@@ -175,29 +189,23 @@ pub struct SandboxRecord {
     pub volumes: Vec<api_types::VolumeMount>,
     /// Its disk-backed writable layer.
     pub disk_mib: Option<u64>,
+    /// The host's boot id (`/proc/sys/kernel/random/boot_id`) when it was written: after a
+    /// reboot, pids and start times begin again and could match an unrelated process.
+    pub boot_id: String,
     /// What its backend needs.
     pub instance: InstanceRecord,
 }
 
-impl SandboxRecord {
-    /// What this daemon cannot take back yet about it (empty: nothing), in words;
-    /// `default_image` is the built-in image's name.
-    pub fn unsupported(&self, default_image: &str) -> Vec<&'static str> {
-        let mut what = Vec::new();
-        if self.image != default_image {
-            what.push("an imported image");
-        }
-        if !self.network.is_empty() {
-            what.push("a network (its egress uplink)");
-        }
-        if !self.volumes.is_empty() {
-            what.push("volumes");
-        }
-        if self.disk_mib.is_some() {
-            what.push("a disk-backed layer");
-        }
-        what
+/// This boot's id, or why it cannot be read (read once: it does not change).
+pub fn boot_id() -> io::Result<String> {
+    static BOOT_ID: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    if let Some(id) = BOOT_ID.get() {
+        return Ok(id.clone());
     }
+    let id = fs::read_to_string("/proc/sys/kernel/random/boot_id")?
+        .trim()
+        .to_string();
+    Ok(BOOT_ID.get_or_init(|| id).clone())
 }
 
 /// Where the records live.
@@ -332,6 +340,29 @@ pub fn read_checked(path: &Path, id: &str) -> Result<SandboxRecord, RestoreError
             record.instance.supervisor_pid
         )));
     }
+    let this_boot = boot_id().map_err(|e| bad(format!("cannot read this boot's id: {e}")))?;
+    if record.boot_id != this_boot {
+        return Err(bad(format!(
+            "written before the host rebooted (boot id {:?}, now {this_boot:?}): its pids name \
+             other processes now",
+            record.boot_id
+        )));
+    }
+    let processes = std::iter::once((record.instance.supervisor_pid, "")).chain(
+        record
+            .instance
+            .devices
+            .iter()
+            .map(|d| (d.pid, d.log.as_str())),
+    );
+    for (pid, log) in processes {
+        if pid <= 1 {
+            return Err(bad(format!("a process of pid {pid}")));
+        }
+        if log.contains('/') || log == ".." || log == "." {
+            return Err(bad(format!("a device log {log:?} that is not a file name")));
+        }
+    }
     Ok(record)
 }
 
@@ -372,6 +403,7 @@ mod tests {
             owner: RecordedOwner::Key("alice".into()),
             backend: api_types::BackendKind::Namespace,
             image: "default".into(),
+            image_root: None,
             memory_mib: 512,
             vcpus: 1,
             ttl_s: 3600,
@@ -387,6 +419,7 @@ mod tests {
             caches: Vec::new(),
             volumes: Vec::new(),
             disk_mib: None,
+            boot_id: boot_id().expect("this boot's id"),
             instance: InstanceRecord {
                 supervisor_pid: 4242,
                 supervisor_start_ticks: 99,
@@ -459,9 +492,24 @@ mod tests {
             fs::set_permissions(&path, fs::Permissions::from_mode(0o600))
         };
         let mut future = record(ID);
-        future.version = 2;
+        future.version = RECORD_VERSION + 1;
         put(&serde_json::to_vec(&future)?)?;
-        assert!(refused(&path, ID).contains("version 2"));
+        assert!(refused(&path, ID).contains(&format!("version {}", RECORD_VERSION + 1)));
+
+        let mut rebooted = record(ID);
+        rebooted.boot_id = "00000000-0000-0000-0000-000000000000".into();
+        put(&serde_json::to_vec(&rebooted)?)?;
+        assert!(refused(&path, ID).contains("before the host rebooted"));
+
+        let mut escaping = record(ID);
+        escaping.instance.devices.push(RecordedProcess {
+            what: "the vsock device".into(),
+            pid: 4243,
+            start_ticks: 1,
+            log: "../../etc/shadow".into(),
+        });
+        put(&serde_json::to_vec(&escaping)?)?;
+        assert!(refused(&path, ID).contains("not a file name"));
 
         let extra = String::from_utf8(whole.clone())?.replacen('{', "{\"trust_me\": true,", 1);
         put(extra.as_bytes())?;

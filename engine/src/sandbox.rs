@@ -66,6 +66,9 @@ pub(crate) struct SandboxSettings {
     pub(crate) backend: BackendKind,
     /// Image name.
     pub(crate) image: String,
+    /// An imported image's tree (its chain digest's hex), which a restarted daemon checks
+    /// the image of that name still is; `None` for the built-in image.
+    pub(crate) image_root: Option<String>,
     /// Memory limit.
     pub(crate) memory_mib: u64,
     /// vCPUs.
@@ -446,6 +449,7 @@ impl Sandbox {
             owner: (&s.owner).into(),
             backend: s.backend,
             image: s.image.clone(),
+            image_root: s.image_root.clone(),
             memory_mib: s.memory_mib,
             vcpus: s.vcpus,
             ttl_s: s.ttl.as_secs(),
@@ -465,6 +469,9 @@ impl Sandbox {
             caches: s.caches.clone(),
             volumes: s.volumes.clone(),
             disk_mib: s.disk_mib,
+            boot_id: crate::restore::boot_id()
+                .inspect_err(|e| tracing::warn!("sandbox {}: its record: boot id: {e}", self.id))
+                .ok()?,
             instance,
         })
     }
@@ -856,6 +863,18 @@ impl Registry {
         self.shutting_down.store(true, Ordering::SeqCst);
         self.creating.wait().await;
         self.destroying.wait().await;
+        // What they hold on the host stays theirs for the next daemon (a writable layer's
+        // image, dropped, would be removed under a running sandbox).
+        for sandbox in self.map().values() {
+            let held = sandbox
+                .storage
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .take();
+            if let Some(held) = held {
+                held.leave();
+            }
+        }
     }
 
     /// Destroys every sandbox (daemon shutdown): refuses new ones, lets creations under way

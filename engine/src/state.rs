@@ -80,8 +80,11 @@ impl std::fmt::Debug for Engine {
     }
 }
 
-/// The only image name there is today.
+/// The built-in image's name.
 pub const DEFAULT_IMAGE: &str = "default";
+
+/// How many sandboxes live restore checks at once.
+const RESTORE_CONCURRENCY: usize = 16;
 
 impl Engine {
     /// State for `config`, with the backends it describes: microVMs where the host can boot
@@ -141,21 +144,29 @@ impl Engine {
     /// Live restore at startup: takes back every sandbox a record describes and its backend
     /// verifies, and says (in the log) why it does not take back each of the others. Returns
     /// the ids taken back; the caller cleans up everything else an earlier daemon left.
+    /// Sandboxes are checked [`RESTORE_CONCURRENCY`] at a time: a silent agent costs its ping's
+    /// deadline, not the whole restore's.
     pub async fn restore(&self) -> Vec<String> {
+        use futures_util::StreamExt;
         let state_dir = &self.config.state_dir;
+        let outcomes: Vec<(String, Result<(), RestoreError>, Duration)> =
+            futures_util::stream::iter(crate::restore::read_all(state_dir))
+                .map(|(id, record)| async move {
+                    let started = Instant::now();
+                    let outcome = match record {
+                        Ok(record) => self.adopt(record).await,
+                        Err(e) => Err(e),
+                    };
+                    (id, outcome, started.elapsed())
+                })
+                .buffer_unordered(RESTORE_CONCURRENCY)
+                .collect()
+                .await;
         let mut adopted = Vec::new();
-        for (id, record) in crate::restore::read_all(state_dir) {
-            let started = Instant::now();
-            let outcome = match record {
-                Ok(record) => self.adopt(record).await,
-                Err(e) => Err(e),
-            };
+        for (id, outcome, took) in outcomes {
             match outcome {
                 Ok(()) => {
-                    tracing::info!(
-                        "live restore: took back sandbox {id} in {:.1?}",
-                        started.elapsed()
-                    );
+                    tracing::info!("live restore: took back sandbox {id} in {took:.1?}");
                     adopted.push(id);
                 }
                 Err(e) => {
@@ -167,18 +178,15 @@ impl Engine {
                 }
             }
         }
+        adopted.sort();
+        if let Ok(storage) = self.storage() {
+            storage.finish_restore(&adopted);
+        }
         adopted
     }
 
     /// Takes back the sandbox `record` describes, or says why not.
     async fn adopt(&self, record: crate::restore::SandboxRecord) -> Result<(), RestoreError> {
-        let unsupported = record.unsupported(DEFAULT_IMAGE);
-        if !unsupported.is_empty() {
-            return Err(RestoreError::Unsupported(format!(
-                "it has {}, which live restore does not take back yet",
-                unsupported.join(", ")
-            )));
-        }
         record
             .instance
             .hello
@@ -190,32 +198,47 @@ impl Engine {
             .registry
             .reserve(self.config.limits.max_sandboxes)
             .map_err(|e| RestoreError::Unsupported(report::chain(&e)))?;
-        let instance = backend.adopt(&record.id, &record.instance).await?;
-        let owner: Owner = record.owner.into();
+        let owner: Owner = record.owner.clone().into();
+        // Before any process is touched: what is refused here is the stale cleanup's.
+        let imported = self.relet_image(&record, &owner)?;
+        let accounts = self
+            .accounts(imported.as_ref().map(|(r, _)| r))
+            .map_err(refused)?;
+        let network = match record.network.is_empty() {
+            true => None,
+            false => {
+                // Its rules must still be within the operator's: a restart may narrow them.
+                let plan = self.egress.plan(&record.network).map_err(|e| {
+                    RestoreError::Unsupported(format!(
+                        "its network.allow {:?}: {e}",
+                        record.network
+                    ))
+                })?;
+                let counters = Arc::new(EgressCounters::for_sandbox(self.metrics.egress.clone()));
+                let sink = plan(&record.id, counters.clone());
+                Some((counters, sink))
+            }
+        };
+        let spec = crate::backend::AdoptSpec {
+            egress: network.as_ref().map(|(_, sink)| sink.clone()),
+            shut_down_first: !record.caches.is_empty(),
+        };
+        let instance = backend.adopt(&record.id, &record.instance, spec).await?;
         // From here the instance is the recorded sandbox: a refusal destroys it.
-        let held = match self.reclaim_caches(
-            &record.id,
-            &owner,
-            record.backend,
-            &record.caches,
-            &*instance,
-        ) {
-            Ok(held) => held,
+        let held = match self.reclaim_storage(&record, &owner, &*instance).await {
+            Ok(mut held) => {
+                held.image = imported.map(|(_, lease)| lease);
+                held
+            }
             Err(e) => {
                 instance.destroy().await;
                 return Err(e);
             }
         };
-        let accounts = match self.accounts(None) {
-            Ok(accounts) => accounts,
-            Err(e) => {
-                instance.destroy().await;
-                return Err(refused(e));
-            }
-        };
         let settings = SandboxSettings {
             backend: record.backend,
             image: record.image,
+            image_root: record.image_root,
             memory_mib: record.memory_mib,
             vcpus: record.vcpus,
             ttl: Duration::from_secs(record.ttl_s),
@@ -226,9 +249,12 @@ impl Engine {
             exec_tail_bytes: record.exec_tail_bytes,
             owner,
             caches: record.caches,
-            volumes: Vec::new(),
-            disk_mib: None,
-            network: None,
+            volumes: record.volumes,
+            disk_mib: record.disk_mib,
+            network: network.map(|(counters, _)| SandboxNetwork {
+                allow: record.network,
+                counters,
+            }),
             image_defaults: record.defaults.map(Arc::new),
             accounts,
         };
@@ -244,34 +270,130 @@ impl Engine {
         Ok(())
     }
 
-    /// Takes back the caches an adopted sandbox holds: each must be free here, back a loop
-    /// device, and be mounted at its recorded path in that very sandbox.
-    fn reclaim_caches(
+    /// Holds the imported image a sandbox taken back runs, which must still be the very tree
+    /// it was made from; `None` for the built-in image.
+    fn relet_image(
         &self,
-        id: &str,
+        record: &crate::restore::SandboxRecord,
         owner: &Owner,
-        backend: BackendKind,
-        caches: &[api_types::CacheMount],
+    ) -> Result<Option<(oci::ImageRecord, oci::ImageLease)>, RestoreError> {
+        if record.image == DEFAULT_IMAGE {
+            return Ok(None);
+        }
+        let why = |e: &dyn std::error::Error| {
+            RestoreError::Mismatch(format!(
+                "its image {:?}: {}",
+                record.image,
+                report::chain(e)
+            ))
+        };
+        let leased = self
+            .lease_image(&record.image, owner)
+            .map_err(|e| why(&e))?;
+        let Some((image, lease)) = leased else {
+            return Ok(None);
+        };
+        let root = image.root.hex();
+        if record.image_root.as_deref() != Some(root) {
+            return Err(RestoreError::Mismatch(format!(
+                "its image {:?} is another image now (tree {root}, recorded {:?})",
+                record.image, record.image_root
+            )));
+        }
+        Ok(Some((image, lease)))
+    }
+
+    /// Takes back what a sandbox holds of the storage, each part checked from the host to be
+    /// held by that very sandbox (`instance`): its caches (free here, mounted where recorded),
+    /// its volumes (a microVM's snapshots, a namespace sandbox's binds), its disk-backed
+    /// layer, and a microVM's imported root disk.
+    async fn reclaim_storage(
+        &self,
+        record: &crate::restore::SandboxRecord,
+        owner: &Owner,
         instance: &dyn crate::backend::Instance,
     ) -> Result<SandboxStorage, RestoreError> {
+        use crate::backend::Held;
         let mut held = SandboxStorage::default();
-        if caches.is_empty() {
+        let needs_storage = !record.caches.is_empty()
+            || !record.volumes.is_empty()
+            || record.disk_mib.is_some()
+            || (record.image != DEFAULT_IMAGE && record.backend == BackendKind::Microvm);
+        if !needs_storage {
             return Ok(held);
         }
-        let store = &self
+        let storage = self
             .storage()
-            .map_err(|e| RestoreError::Unsupported(report::chain(&e)))?
-            .caches;
-        for cache in caches {
+            .map_err(|e| RestoreError::Unsupported(report::chain(&e)))?;
+        let check = |what: Held<'_>| {
+            instance
+                .check_holds(what)
+                .map_err(|why| RestoreError::Mismatch(format!("{}: {why}", what.describe())))
+        };
+        let microvm = record.backend == BackendKind::Microvm;
+        for volume in &record.volumes {
+            let mismatch = |why: String| {
+                RestoreError::Mismatch(format!("its volume {:?}: {why}", volume.name))
+            };
+            let dir = storage
+                .volumes
+                .get(&volume.name)
+                .map_err(|e| mismatch(report::chain(&e)))?;
+            let target = mount_target(&volume.path);
+            if microvm {
+                let image = storage
+                    .volume_snapshots
+                    .reclaim(&volume.name)
+                    .await
+                    .map_err(|e| mismatch(report::chain(&e)))?;
+                check(Held::Mounted {
+                    image: &image,
+                    target: &target,
+                })?;
+            } else {
+                check(Held::Bound {
+                    dir,
+                    target: &target,
+                })?;
+            }
+        }
+        for cache in &record.caches {
             let mismatch =
                 |why: String| RestoreError::Mismatch(format!("its cache {:?}: {why}", cache.name));
-            let (lease, device) = store
-                .reclaim(owner, &cache.name, id, backend)
+            let lease = storage
+                .caches
+                .reclaim(owner, &cache.name, &record.id, record.backend)
                 .map_err(|e| mismatch(report::chain(&e)))?;
             instance
-                .check_mount(&device, &cache.path)
+                .check_holds(Held::Mounted {
+                    image: lease.path(),
+                    target: &mount_target(&cache.path),
+                })
                 .map_err(mismatch)?;
             held.caches.push(lease);
+        }
+        if record.disk_mib.is_some() {
+            let scratch = storage.scratch.reclaim(&record.id).map_err(|e| {
+                RestoreError::Mismatch(format!("its writable layer: {}", report::chain(&e)))
+            })?;
+            check(Held::WritableLayer {
+                image: scratch.path(),
+            })?;
+            held.scratch = Some(scratch);
+        }
+        if microvm && record.image != DEFAULT_IMAGE {
+            let image = storage
+                .images
+                .get(owner, &record.image)
+                .map_err(|e| RestoreError::Mismatch(report::chain(&e)))?;
+            let disk = storage
+                .images
+                .reclaim_root_disk(&image)
+                .await
+                .map_err(|e| {
+                    RestoreError::Mismatch(format!("its root disk: {}", report::chain(&e)))
+                })?;
+            check(Held::RootImage { image: &disk })?;
         }
         Ok(held)
     }
@@ -282,6 +404,9 @@ impl Engine {
     pub async fn leave_all(&self) {
         self.registry.leave_all().await;
         self.pool.drain(&self.registry).await;
+        if let Ok(storage) = self.storage() {
+            storage.leave();
+        }
     }
 
     /// Destroys every sandbox and every pooled one (daemon shutdown), and waits until they are
@@ -473,6 +598,7 @@ impl Engine {
         let mut settings = SandboxSettings {
             backend: kind,
             image: image.clone(),
+            image_root: imported.as_ref().map(|(r, _)| r.root.hex().to_string()),
             memory_mib,
             vcpus,
             ttl: Duration::from_secs(ttl_s),

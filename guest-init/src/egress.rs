@@ -4,13 +4,17 @@
 //! directly gets exactly what it would get through here.
 //!
 //! In a namespace sandbox the accepted socket itself is handed to the daemon over a Unix
-//! socket with `SCM_RIGHTS`, so its bytes never pass through the agent. In a microVM each
-//! connection is relayed over a vsock connection to the host.
+//! socket with `SCM_RIGHTS`, so its bytes never pass through the agent. That socket is the
+//! daemon's: when the daemon goes (a restart under live restore), connections wait, accepted
+//! or in the listen backlog, until the next daemon hands the agent a new one
+//! (`egress_uplink`, [`replace_uplink`]). In a microVM each connection is relayed over a
+//! vsock connection to the host, which the next daemon answers as the last did.
 
 use std::io;
 use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
 use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::net::UnixStream;
+use std::sync::{Condvar, Mutex};
 use std::time::Duration;
 
 use crate::log;
@@ -41,20 +45,81 @@ pub enum EgressError {
     Thread(#[source] io::Error),
 }
 
+/// A namespace sandbox's uplink to the daemon, when its proxy hands descriptors over: `None`
+/// between a daemon's end and the next one's hand-over.
+static DESCRIPTOR_UPLINK: Mutex<Option<Option<OwnedFd>>> = Mutex::new(None);
+/// Wakes the proxy thread waiting for an uplink.
+static UPLINK_REPLACED: Condvar = Condvar::new();
+
+/// Why a new uplink was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum UplinkError {
+    /// This agent's proxy hands no descriptors over (no egress, or a microVM's).
+    #[error("this sandbox has no egress proxy that hands connections to the daemon")]
+    NoProxy,
+}
+
+/// Makes `uplink` (a connected Unix stream socket to the daemon) the one the proxy hands its
+/// connections over from now on; connections waiting for an uplink go to it.
+pub fn replace_uplink(uplink: OwnedFd) -> Result<(), UplinkError> {
+    let mut slot = DESCRIPTOR_UPLINK.lock().unwrap_or_else(|p| p.into_inner());
+    let Some(current) = slot.as_mut() else {
+        return Err(UplinkError::NoProxy);
+    };
+    *current = Some(uplink);
+    UPLINK_REPLACED.notify_all();
+    Ok(())
+}
+
+/// Hands `client` to the daemon over the current uplink, waiting for one while there is none
+/// (a daemon gone); a send that fails means the daemon is gone, and `client` waits for the
+/// next one rather than being dropped.
+fn hand_over(client: &OwnedFd) {
+    let mut slot = DESCRIPTOR_UPLINK.lock().unwrap_or_else(|p| p.into_inner());
+    loop {
+        match slot.as_mut() {
+            Some(Some(daemon)) => match namespace::send_stream(daemon.as_fd(), client) {
+                Ok(()) => return,
+                Err(e) => {
+                    log::info(format_args!(
+                        "egress: handing a connection to the daemon: {e}; waiting for its \
+                         next uplink"
+                    ));
+                    *slot = Some(None);
+                }
+            },
+            _ => {
+                slot = UPLINK_REPLACED
+                    .wait(slot)
+                    .unwrap_or_else(|p| p.into_inner());
+            }
+        }
+    }
+}
+
 /// Listens on the proxy address and serves it from a thread of its own. Called before any
 /// command runs, so no command can take the address first.
 pub fn start(uplink: Uplink) -> Result<(), EgressError> {
     let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, contract::egress::PROXY_PORT));
     let listener =
         TcpListener::bind(addr).map_err(|source| EgressError::Listen { addr, source })?;
+    let port = match uplink {
+        Uplink::Descriptors(daemon) => {
+            *DESCRIPTOR_UPLINK.lock().unwrap_or_else(|p| p.into_inner()) = Some(Some(daemon));
+            None
+        }
+        Uplink::Vsock(port) => Some(port),
+    };
     std::thread::Builder::new()
         .name("egress".into())
-        .spawn(move || serve(listener, uplink))
+        .spawn(move || serve(listener, port))
         .map_err(EgressError::Thread)?;
     Ok(())
 }
 
-fn serve(listener: TcpListener, uplink: Uplink) {
+/// Serves the proxy: each connection to the daemon's host `port` over vsock, or without one
+/// over the descriptor uplink.
+fn serve(listener: TcpListener, port: Option<u32>) {
     loop {
         let client = match listener.accept() {
             Ok((client, _)) => client,
@@ -66,18 +131,9 @@ fn serve(listener: TcpListener, uplink: Uplink) {
                 continue;
             }
         };
-        match &uplink {
-            Uplink::Descriptors(daemon) => {
-                if let Err(e) = namespace::send_stream(daemon.as_fd(), &OwnedFd::from(client)) {
-                    // The daemon is gone: nothing can be proxied any more.
-                    log::info(format_args!(
-                        "egress: handing a connection to the daemon: {e}"
-                    ));
-                    return;
-                }
-            }
-            Uplink::Vsock(port) => {
-                let port = *port;
+        match port {
+            None => hand_over(&OwnedFd::from(client)),
+            Some(port) => {
                 let spawned = std::thread::Builder::new()
                     .name("egress-relay".into())
                     .spawn(move || relay_over_vsock(client, port));

@@ -379,6 +379,25 @@ pub fn serve(listener: Listener, agent: &'static Agent) -> ServerError {
     }
 }
 
+/// How long the host may take to send the descriptor an `egress_uplink` announces.
+const UPLINK_WAIT: Duration = Duration::from_secs(5);
+
+/// Receives the descriptor that follows an `egress_uplink` request on `conn` and makes it the
+/// proxy's uplink.
+fn receive_uplink(conn: &UnixStream) -> Result<(), String> {
+    use std::os::fd::AsFd;
+    conn.set_read_timeout(Some(UPLINK_WAIT))
+        .map_err(|e| format!("egress_uplink: {e}"))?;
+    let uplink = match namespace::recv_stream(conn.as_fd()) {
+        Ok(Some(fd)) => fd,
+        Ok(None) => return Err("egress_uplink: the host hung up before the descriptor".into()),
+        Err(e) => return Err(format!("egress_uplink: receiving the descriptor: {e}")),
+    };
+    crate::egress::replace_uplink(uplink).map_err(|e| format!("egress_uplink: {e}"))?;
+    log::info(format_args!("egress: a new daemon's uplink is in use"));
+    Ok(())
+}
+
 /// Serves one connection: reads the request and answers it.
 pub fn handle(mut conn: UnixStream, agent: &Agent) {
     let request: AgentRequest = match wire::read_message(&mut conn) {
@@ -455,6 +474,13 @@ pub fn handle(mut conn: UnixStream, agent: &Agent) {
         }
         AgentRequest::Ping => {
             let _ = wire::write_message(&mut conn, &AgentReply::Pong(agent.hello()));
+        }
+        AgentRequest::EgressUplink => {
+            let reply = match receive_uplink(&conn) {
+                Ok(()) => AgentReply::EgressUplinked,
+                Err(why) => AgentReply::Error(ErrorBody::new("invalid_request", why)),
+            };
+            let _ = wire::write_message(&mut conn, &reply);
         }
         AgentRequest::Stats => {
             let reply = match crate::guest_stats::read(

@@ -17,19 +17,35 @@ use harness::leaks::{
     assert_a_new_sandbox_works, assert_nothing_held, eventually_within, sandbox_cgroups,
 };
 use harness::process::{DaemonHome, DaemonProcess};
-use harness::restart::{finish_commands, identities, record_path, start_long, truncate_record};
+use harness::restart::{
+    finish_burst, finish_commands, identities, record_path, start_burst, start_long,
+    truncate_record, Kinds,
+};
 use nix::sys::signal::Signal;
 use wire::ExecRequest;
 
 const LIVE: &[&str] = &["--live-restore"];
 
+/// The tail the daemons of the restart test keep per command: small, so that the burst
+/// command outgrows it.
+const TAIL: &str = "65536";
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sandboxes_and_their_commands_survive_a_killed_daemon_and_an_upgrade_restart() {
     let home = DaemonHome::new();
-    let mut daemon = DaemonProcess::start_in(&home, LIVE).await;
+    let kinds = Kinds::prepare();
+    let mut options: Vec<String> = vec!["--live-restore".into(), "--exec-tail-bytes".into()];
+    options.push(TAIL.into());
+    options.extend(kinds.daemon_options());
+    let options: Vec<&str> = options.iter().map(String::as_str).collect();
+    let mut daemon = DaemonProcess::start_in(&home, &options).await;
     let c = daemon.client();
+    // Twenty sandboxes: fifteen plain ones (ten of them running a command that prints for
+    // 20 s, one a command that outgrows its tail while the daemon is down) and one of each
+    // kind with more to take back: egress, a cache, a volume, a disk-backed layer, an
+    // imported image.
     let mut ids = Vec::new();
-    for i in 0..20 {
+    for i in 0..15 {
         let info = c
             .create(&CreateSandbox {
                 ttl_s: Some(900 + i),
@@ -40,6 +56,17 @@ async fn sandboxes_and_their_commands_survive_a_killed_daemon_and_an_upgrade_res
             .expect("create");
         ids.push(info.id);
     }
+    // A TTL within the idle timeout, so that the idle timeout starting again does not move
+    // the end a listing shows.
+    let kind_ids = kinds
+        .create(
+            &c,
+            &CreateSandbox {
+                ttl_s: Some(600),
+                ..CreateSandbox::default()
+            },
+        )
+        .await;
     let mut started = Vec::new();
     let mut streams = Vec::new();
     for id in &ids[..10] {
@@ -48,14 +75,22 @@ async fn sandboxes_and_their_commands_survive_a_killed_daemon_and_an_upgrade_res
         started.push((id.clone(), exec_id, head));
         streams.push(stream);
     }
+    let (burst_stream, burst_head) = start_burst(&c, &ids[10]).await;
+    let burst = (
+        ids[10].clone(),
+        burst_stream.exec_id().expect("named").to_string(),
+    );
+    streams.push(burst_stream);
     let before = identities(&c.list().await.expect("list"));
     assert_eq!(before.len(), 20);
 
     // SIGKILL: nothing of the daemon runs on; its sandboxes do.
     daemon.stop_with(Signal::SIGKILL);
     drop(streams);
+    // Long enough for the burst command to write past its tail with nobody attached.
+    tokio::time::sleep(Duration::from_secs(4)).await;
     let restarted_at = Instant::now();
-    let daemon = DaemonProcess::start_in(&home, LIVE).await;
+    let daemon = DaemonProcess::start_in(&home, &options).await;
     let took = restarted_at.elapsed();
     let c = daemon.client();
     let after = identities(&c.list().await.expect("list"));
@@ -65,17 +100,17 @@ async fn sandboxes_and_their_commands_survive_a_killed_daemon_and_an_upgrade_res
     );
     eprintln!("a new daemon took back 20 sandboxes and answered in {took:.1?}");
 
-    // New work in the adopted sandboxes: exec and files.
+    // New work in the adopted sandboxes: exec and files, and each kind's own.
     let out = c
         .exec_collect(
-            &ids[15],
+            &ids[13],
             &ExecRequest::new(["sh", "-c", "echo again; hostname"]),
         )
         .await
         .expect("exec");
     assert_eq!(
         String::from_utf8_lossy(&out.stdout),
-        format!("again\n{}\n", ids[15])
+        format!("again\n{}\n", ids[13])
     );
     let mut tar = tar::Builder::new(Vec::new());
     let mut header = tar::Header::new_gnu();
@@ -85,14 +120,16 @@ async fn sandboxes_and_their_commands_survive_a_killed_daemon_and_an_upgrade_res
     tar.append_data(&mut header, "kept.txt", &b"hello"[..])
         .expect("tar");
     let archive = tar.into_inner().expect("tar");
-    c.put_tar(&ids[16], "/work", std::io::Cursor::new(archive))
+    c.put_tar(&ids[14], "/work", std::io::Cursor::new(archive))
         .await
         .expect("upload");
     let mut back = Vec::new();
-    c.get_file(&ids[16], "/work/kept.txt", &mut back)
+    c.get_file(&ids[14], "/work/kept.txt", &mut back)
         .await
         .expect("download");
     assert_eq!(back, b"hello");
+    kinds.check(&c, &kind_ids).await;
+    finish_burst(&c, &burst.0, &burst.1, &burst_head).await;
 
     // Half the commands are finished through this daemon...
     let rest = started.split_off(5);
@@ -102,16 +139,24 @@ async fn sandboxes_and_their_commands_survive_a_killed_daemon_and_an_upgrade_res
     // keeps every sandbox.
     let mut daemon = daemon;
     assert!(daemon.stop_with(Signal::SIGTERM).success());
-    let daemon = DaemonProcess::start_in(&home, LIVE).await;
+    let daemon = DaemonProcess::start_in(&home, &options).await;
     let c = daemon.client();
     let again = identities(&c.list().await.expect("list"));
     assert_eq!(again, before, "a SIGTERM restart keeps them too");
     finish_commands(&c, rest).await;
+    kinds.check(&c, &kind_ids).await;
 
-    for id in &ids {
+    for id in ids.iter().map(String::as_str).chain(kind_ids.all()) {
         c.delete(id).await.expect("delete");
     }
     assert_nothing_held(&home.state_dir(), &home.cgroup_parent).await;
+    let data = home.state_dir().with_extension("data");
+    for kept in ["scratch", "volumes"] {
+        let left: Vec<_> = std::fs::read_dir(data.join(kept))
+            .map(|d| d.flatten().map(|e| e.file_name()).collect())
+            .unwrap_or_default();
+        assert!(left.is_empty(), "left in {kept}: {left:?}");
+    }
     assert_a_new_sandbox_works(&c).await;
 }
 

@@ -25,8 +25,9 @@ use crate::types::{ErrorBody, ExecList, ExecRequest, ExecStatus, FilesPutResult}
 
 /// Version of this host↔agent protocol, sent in the hello. A daemon talks only to an agent of
 /// its own version (an agent refuses what it does not know, so a newer daemon's requests would
-/// fail one by one): 2 added `attach`, `execs`, `on_disconnect` and `tail_bytes`.
-pub const PROTOCOL_VERSION: u32 = 2;
+/// fail one by one): 2 added `attach`, `execs`, `on_disconnect` and `tail_bytes`; 3 added
+/// `egress_uplink`.
+pub const PROTOCOL_VERSION: u32 = 3;
 
 /// One request, the first message on a connection.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -98,6 +99,12 @@ pub enum AgentRequest {
     Stats,
     /// Answer with the agent's hello.
     Ping,
+    /// A namespace sandbox's new egress uplink (a restarted daemon's, live restore): right
+    /// after this message, in a message of its own, comes one byte carrying a connected Unix
+    /// stream socket (`SCM_RIGHTS`); the agent hands its proxy's connections over it from then
+    /// on, instead of over the one it connected before entering (whose daemon is gone).
+    /// Answered with `egress_uplinked`, or `error` when the sandbox has no such proxy.
+    EgressUplink,
     /// Sync and end the VM (or the namespace sandbox).
     Shutdown,
 }
@@ -143,6 +150,8 @@ pub enum AgentReply {
     Attached(ExecStatus),
     /// The answer to `execs`.
     Execs(ExecList),
+    /// The answer to `egress_uplink`: the new uplink is in use.
+    EgressUplinked,
 }
 
 /// The output an agent keeps per command for a client that re-attaches, unless the host asks

@@ -30,7 +30,10 @@ use wire::agent::Hello;
 use super::microvm_disks::DiskPlan;
 use super::qemu::{self, QemuGuest, QemuTools};
 use super::supervised::{first_exit, spawn_and_await_hello, Diagnostics, SandboxProcess};
-use super::{Backend, BackendError, BoxFuture, EgressSink, EgressStream, Instance, InstanceSpec};
+use super::{
+    AdoptSpec, Backend, BackendError, BoxFuture, EgressSink, EgressStream, Held, Instance,
+    InstanceSpec,
+};
 use crate::restore::{InstanceRecord, RecordedProcess, RestoreError};
 
 /// The guest's vsock CID (each VM has its own vsock device, so every guest can use the same).
@@ -68,7 +71,7 @@ impl MicrovmBackend {
         hypervisor: Hypervisor,
     ) -> Self {
         let qemu_tools = match hypervisor {
-            Hypervisor::QemuTcg => QemuTools::find(),
+            Hypervisor::QemuTcg => QemuTools::find(false),
             Hypervisor::CrucibleVmm => Err("not used by crucible-vmm".into()),
         };
         MicrovmBackend {
@@ -89,8 +92,8 @@ impl MicrovmBackend {
     /// records to take them back by (`crucible serve --live-restore`).
     pub(crate) fn with_live_restore(mut self, live_restore: bool) -> Self {
         self.live_restore = live_restore;
-        if let Ok(tools) = &mut self.qemu_tools {
-            tools.outlive_daemon = live_restore;
+        if self.hypervisor == Hypervisor::QemuTcg {
+            self.qemu_tools = QemuTools::find(live_restore);
         }
         self
     }
@@ -142,10 +145,10 @@ impl MicrovmBackend {
         let egress_task = egress
             .map(|(listener, sink)| tokio::spawn(receive_egress(listener, sink, spec.id.clone())));
         let record = self.live_restore.then(|| {
-            let vm = RecordedProcess::of("the VM", vm.id())?;
+            let vm = RecordedProcess::of("the VM", vm.id(), None)?;
             let devices = devices
                 .iter()
-                .map(|(child, what, _)| RecordedProcess::of(what, child.id()))
+                .map(|(child, what, log)| RecordedProcess::of(what, child.id(), Some(log)))
                 .collect::<Option<Vec<_>>>()?;
             Some(InstanceRecord {
                 supervisor_pid: vm.pid,
@@ -188,6 +191,7 @@ impl MicrovmBackend {
         &self,
         id: &str,
         record: &InstanceRecord,
+        spec: AdoptSpec,
     ) -> Result<MicrovmInstance, RestoreError> {
         let mismatch = RestoreError::Mismatch;
         let Some(hypervisor) = record.hypervisor else {
@@ -195,7 +199,14 @@ impl MicrovmBackend {
         };
         let dir = self.state_dir.join("sandboxes").join(id);
         let uds = dir.join("vsock.sock");
-        let diagnostics = Diagnostics::new().with("the guest console", dir.join("console.log"));
+        // The logs it was started with, quoted when it dies, as for a VM this daemon started.
+        let diagnostics = match hypervisor {
+            Hypervisor::CrucibleVmm => {
+                Diagnostics::new().with("the VMM's stderr", dir.join("vmm.log"))
+            }
+            Hypervisor::QemuTcg => Diagnostics::new().with("QEMU's log", dir.join("qemu.log")),
+        }
+        .with("the guest console", dir.join("console.log"));
         let pid = record.supervisor_pid;
         let vm = SandboxProcess::adopt(
             pid,
@@ -207,11 +218,15 @@ impl MicrovmBackend {
         let mut devices = Vec::new();
         let mut refused = None;
         for device in &record.devices {
+            let diagnostics = match device.log.as_str() {
+                "" => Diagnostics::new(),
+                log => Diagnostics::new().with(format!("{}'s log", device.what), dir.join(log)),
+            };
             match SandboxProcess::adopt(
                 device.pid,
                 device.start_ticks,
                 device.what.clone(),
-                Diagnostics::new(),
+                diagnostics,
             ) {
                 Ok(process) => devices.push(process),
                 Err(e) => {
@@ -220,7 +235,7 @@ impl MicrovmBackend {
                 }
             }
         }
-        let refused = match refused {
+        let mut refused = match refused {
             Some(why) => Some(why),
             None => match super::ping_agent(vsock_connect(&uds, DEFAULT_AGENT_PORT)).await {
                 Ok(hello) if hello == record.hello => None,
@@ -231,13 +246,31 @@ impl MicrovmBackend {
                 Err(e) => Some(format!("its agent ({}): {e}", uds.display())),
             },
         };
+        // Its guest's new egress uplink: a listener where the old daemon's was, for the
+        // connections the VM's vsock device makes to the host's egress port.
+        let mut egress = None;
+        if let (None, Some(sink)) = (refused.is_some().then_some(()), spec.egress) {
+            let path = host_port_path(&uds, contract::egress::VSOCK_PORT);
+            let _ = std::fs::remove_file(&path);
+            match UnixListener::bind(&path) {
+                Ok(listener) => egress = Some((listener, sink)),
+                Err(e) => {
+                    refused = Some(format!("its egress uplink: bind {}: {e}", path.display()))
+                }
+            }
+        }
         if let Some(why) = refused {
-            vm.kill_and_wait().await;
+            vm.kill_refused(&format!("the VM of refused sandbox {id}"))
+                .await;
             for device in &devices {
-                device.kill_and_wait().await;
+                device
+                    .kill_refused(&format!("a device of refused sandbox {id}"))
+                    .await;
             }
             return Err(mismatch(why));
         }
+        let egress_task = egress
+            .map(|(listener, sink)| tokio::spawn(receive_egress(listener, sink, id.to_string())));
         let exited = devices
             .iter()
             .fold(vm.exited(), |first, d| first_exit(first, d.exited()));
@@ -249,8 +282,8 @@ impl MicrovmBackend {
             vm,
             devices,
             exited,
-            egress_task: None,
-            shut_down_first: false,
+            egress_task,
+            shut_down_first: spec.shut_down_first,
             record: Some(record.clone()),
         })
     }
@@ -355,6 +388,9 @@ impl MicrovmBackend {
             .with("the VMM's stderr", vmm_log)
             .with("the guest console", console);
         command.kill_on_drop(!self.live_restore);
+        if self.live_restore {
+            super::supervised::outlive_the_daemon(&mut command);
+        }
         let (vm, hello) =
             spawn_and_await_hello(&mut command, ready, self.ready_timeout, &what, &diagnostics)
                 .await?;
@@ -720,6 +756,26 @@ impl Instance for MicrovmInstance {
         self.record.clone()
     }
 
+    /// A disk is attached for as long as the VM process (or, under QEMU, its block device
+    /// process) holds its image open; where the guest mounted it is the guest's own business.
+    fn check_holds(&self, what: Held<'_>) -> Result<(), String> {
+        let record = self
+            .record
+            .as_ref()
+            .ok_or("it has no record of its processes")?;
+        let pids: Vec<i32> = std::iter::once(record.supervisor_pid)
+            .chain(record.devices.iter().map(|d| d.pid))
+            .collect();
+        match what {
+            Held::Mounted { image, .. }
+            | Held::WritableLayer { image }
+            | Held::RootImage { image } => {
+                super::open_files::held_open_by(&pids, image).map(|_| ())
+            }
+            Held::Bound { .. } => Err("a microVM is given no host directories".into()),
+        }
+    }
+
     /// The guest's own counters (the VM is the sandbox), asked of its agent.
     fn stats(&self) -> BoxFuture<'_, Option<wire::SandboxStats>> {
         Box::pin(async move {
@@ -777,9 +833,10 @@ impl Backend for MicrovmBackend {
         &'a self,
         id: &'a str,
         record: &'a InstanceRecord,
+        spec: AdoptSpec,
     ) -> BoxFuture<'a, Result<Box<dyn Instance>, RestoreError>> {
         Box::pin(async move {
-            let instance = self.adopt_instance(id, record).await?;
+            let instance = self.adopt_instance(id, record, spec).await?;
             Ok(Box::new(instance) as Box<dyn Instance>)
         })
     }

@@ -10,6 +10,7 @@ pub(crate) mod microvm;
 pub(crate) mod microvm_disks;
 mod mount_table;
 pub mod namespace;
+mod open_files;
 pub mod qemu;
 mod supervised;
 
@@ -145,21 +146,84 @@ pub trait Backend: Send + Sync + 'static {
     /// Creates a sandbox and waits for its agent's hello.
     fn create(&self, spec: InstanceSpec) -> BoxFuture<'_, Result<Box<dyn Instance>, BackendError>>;
     /// Takes back sandbox `id`, which an earlier daemon started and `record` describes (live
-    /// restore). Refused, saying why, unless everything is exactly as recorded; a refused
-    /// sandbox's processes are killed if they are still the recorded ones, and what is left
-    /// is the stale cleanup's.
+    /// restore), with what `spec` gives it again. Refused, saying why, unless everything is
+    /// exactly as recorded; a refused sandbox's processes are killed if they are still the
+    /// recorded ones, and what is left is the stale cleanup's.
     fn adopt<'a>(
         &'a self,
         id: &'a str,
         record: &'a crate::restore::InstanceRecord,
+        spec: AdoptSpec,
     ) -> BoxFuture<'a, Result<Box<dyn Instance>, crate::restore::RestoreError>> {
         let kind = self.kind();
-        let _ = (id, record);
+        let _ = (id, record, spec);
         Box::pin(async move {
             Err(crate::restore::RestoreError::Unsupported(format!(
                 "the {kind} backend does not take sandboxes back yet"
             )))
         })
+    }
+}
+
+/// What a sandbox taken back gets again from the new daemon (live restore).
+#[derive(Default)]
+pub struct AdoptSpec {
+    /// Where its proxied connections go from now on, when it has egress: the old daemon's
+    /// uplink died with it.
+    pub(crate) egress: Option<EgressSink>,
+    /// Whether it holds disks that outlive it (caches): its guest is then asked to shut down,
+    /// which syncs them, before it is killed.
+    pub(crate) shut_down_first: bool,
+}
+
+impl std::fmt::Debug for AdoptSpec {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AdoptSpec")
+            .field("egress", &self.egress.is_some())
+            .field("shut_down_first", &self.shut_down_first)
+            .finish()
+    }
+}
+
+/// Something a sandbox holds on the host, which live restore checks before taking it back:
+/// the kernel's view of it, which root inside the sandbox cannot forge.
+#[derive(Debug, Clone, Copy)]
+pub enum Held<'a> {
+    /// An ext4 image mounted at `target` inside: a cache, or a microVM's volume snapshot.
+    Mounted {
+        /// The image.
+        image: &'a std::path::Path,
+        /// Where.
+        target: &'a str,
+    },
+    /// A host directory bound read-only at `target` (a namespace sandbox's volume).
+    Bound {
+        /// The directory.
+        dir: &'a std::path::Path,
+        /// Where.
+        target: &'a str,
+    },
+    /// The ext4 image that takes its writes (`disk_mib`).
+    WritableLayer {
+        /// The image.
+        image: &'a std::path::Path,
+    },
+    /// A microVM's root disk: its imported image's snapshot.
+    RootImage {
+        /// The image.
+        image: &'a std::path::Path,
+    },
+}
+
+impl Held<'_> {
+    /// What it is, for a refusal.
+    pub(crate) fn describe(&self) -> String {
+        match self {
+            Held::Mounted { image, target } => format!("{} at {target}", image.display()),
+            Held::Bound { dir, target } => format!("{} at {target}", dir.display()),
+            Held::WritableLayer { image } => format!("its writable layer {}", image.display()),
+            Held::RootImage { image } => format!("its root image {}", image.display()),
+        }
     }
 }
 
@@ -232,12 +296,11 @@ pub trait Instance: Send + Sync {
     fn record(&self) -> Option<crate::restore::InstanceRecord> {
         None
     }
-    /// Whether the filesystem of device `device` (`major:minor`) is mounted at `target` inside
-    /// it, as the host's kernel sees it (live restore checks an adopted sandbox's caches this
-    /// way); `Err` says why not, or that its backend cannot tell.
-    fn check_mount(&self, device: &str, target: &str) -> Result<(), String> {
-        let _ = (device, target);
-        Err("its backend cannot tell what it has mounted".into())
+    /// Whether it holds `what`, as the host's kernel sees it (live restore checks an adopted
+    /// sandbox's storage this way); `Err` says why not, or that its backend cannot tell.
+    fn check_holds(&self, what: Held<'_>) -> Result<(), String> {
+        let _ = what;
+        Err("its backend cannot tell what it holds".into())
     }
     /// What it uses now, where its backend can say (`None`: not measured on this backend).
     fn stats(&self) -> BoxFuture<'_, Option<wire::SandboxStats>> {

@@ -23,8 +23,8 @@ use wire::agent::Hello;
 use super::cgroup::{CgroupLimits, SandboxCgroups};
 use super::supervised::{spawn_and_await_hello, Diagnostics, SandboxProcess};
 use super::{
-    Backend, BackendError, BoxFuture, EgressSink, EgressStream, ImagePaths, Instance, InstanceSpec,
-    MountSource, MountSpec,
+    AdoptSpec, Backend, BackendError, BoxFuture, EgressSink, EgressStream, Held, ImagePaths,
+    Instance, InstanceSpec, MountSource, MountSpec,
 };
 use crate::restore::RestoreError;
 
@@ -382,6 +382,9 @@ impl NamespaceBackend {
             .stdout(Stdio::from(log))
             .stderr(Stdio::from(log_err))
             .kill_on_drop(!self.live_restore);
+        if self.live_restore {
+            super::supervised::outlive_the_daemon(&mut command);
+        }
         let what = format!("the sandbox's init {}", self.image.agent().display());
         let diagnostics = Diagnostics::new().with("its log", &log_path);
         let spawned = spawn_and_await_hello(
@@ -440,6 +443,7 @@ impl NamespaceBackend {
         &self,
         id: &str,
         record: &crate::restore::InstanceRecord,
+        spec: AdoptSpec,
     ) -> Result<NamespaceInstance, RestoreError> {
         let mismatch = |why: String| RestoreError::Mismatch(why);
         let runtime_dir = self.runtime_dir(id);
@@ -468,13 +472,23 @@ impl NamespaceBackend {
                     record.hello
                 )));
             }
-            Ok((cgroups, ids, socket, hello))
+            let egress_task = match spec.egress {
+                Some(sink) => Some(
+                    hand_over_egress_uplink(&socket, sink, id.to_string())
+                        .await
+                        .map_err(|e| mismatch(format!("its egress uplink: {e}")))?,
+                ),
+                None => None,
+            };
+            Ok((cgroups, ids, socket, hello, egress_task))
         }
         .await;
-        let (cgroups, ids, socket, hello) = match checked {
+        let (cgroups, ids, socket, hello, egress_task) = match checked {
             Ok(found) => found,
             Err(e) => {
-                process.kill_and_wait().await;
+                process
+                    .kill_refused(&format!("the supervisor of refused sandbox {id}"))
+                    .await;
                 return Err(e);
             }
         };
@@ -488,10 +502,56 @@ impl NamespaceBackend {
                 ids: Some(ids),
             })),
             log_path,
-            egress_task: None,
+            egress_task,
             record: Some(record.clone()),
         })
     }
+}
+
+/// How long the agent may take to take a new egress uplink.
+const UPLINK_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Gives a taken-back sandbox's agent a new egress uplink (the old one was a connection to the
+/// daemon that died): one end of a fresh socket pair goes to the agent, over a connection of
+/// its own, with `SCM_RIGHTS`; the agent hands its proxy's connections over it from then on,
+/// and they go to `sink` as before.
+async fn hand_over_egress_uplink(
+    agent_socket: &Path,
+    sink: EgressSink,
+    id: String,
+) -> io::Result<tokio::task::JoinHandle<()>> {
+    use std::os::fd::AsFd;
+    let (ours, theirs) = std::os::unix::net::UnixStream::pair()?;
+    let handed = async {
+        let mut agent = super::connect_unix(agent_socket).await?;
+        wire::write_message_async(&mut agent, &wire::agent::AgentRequest::EgressUplink)
+            .await
+            .map_err(|e| io::Error::other(e.to_string()))?;
+        // In a message of its own, after the request: the agent's read of the request takes
+        // exactly its bytes, so it cannot swallow (and so close) the descriptor.
+        let theirs = std::os::fd::OwnedFd::from(theirs);
+        loop {
+            agent.writable().await?;
+            match agent.try_io(tokio::io::Interest::WRITABLE, || {
+                namespace::send_stream(agent.as_fd(), &theirs)
+            }) {
+                Ok(()) => break,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
+                Err(e) => return Err(e),
+            }
+        }
+        match wire::read_message_async(&mut agent).await {
+            Ok(wire::agent::AgentReply::EgressUplinked) => Ok(()),
+            Ok(other) => Err(io::Error::other(format!("it answered {other:?}"))),
+            Err(e) => Err(io::Error::other(e.to_string())),
+        }
+    };
+    tokio::time::timeout(UPLINK_TIMEOUT, handed)
+        .await
+        .map_err(|_| io::Error::other(format!("no answer within {UPLINK_TIMEOUT:?}")))??;
+    ours.set_nonblocking(true)?;
+    let control = UnixStream::from_std(ours)?;
+    Ok(tokio::spawn(receive_egress_on(control, sink, id)))
 }
 
 fn extra_mount(mount: &MountSpec) -> namespace::ExtraMount {
@@ -512,7 +572,6 @@ fn extra_mount(mount: &MountSpec) -> namespace::ExtraMount {
 /// gives each to `sink`. Whatever arrives is checked to be a stream socket first: the agent
 /// is the sandbox's PID 1, but a sandbox is hostile by assumption.
 async fn receive_egress(listener: UnixListener, sink: EgressSink, id: String) {
-    use std::os::fd::AsFd;
     let control = match listener.accept().await {
         Ok((control, _)) => control,
         Err(e) => {
@@ -521,6 +580,12 @@ async fn receive_egress(listener: UnixListener, sink: EgressSink, id: String) {
         }
     };
     drop(listener);
+    receive_egress_on(control, sink, id).await;
+}
+
+/// [`receive_egress`] on the agent's connection `control`.
+async fn receive_egress_on(control: UnixStream, sink: EgressSink, id: String) {
+    use std::os::fd::AsFd;
     loop {
         if control.readable().await.is_err() {
             return;
@@ -622,7 +687,9 @@ pub(crate) struct NamespaceInstance {
     record: Option<crate::restore::InstanceRecord>,
 }
 
-impl Instance for NamespaceInstance {
+impl NamespaceInstance {
+    /// Whether its PID 1's mount table (the kernel's) has the filesystem of `device`
+    /// (`major:minor`) mounted at `target`.
     fn check_mount(&self, device: &str, target: &str) -> Result<(), String> {
         let supervisor = self
             .record
@@ -639,6 +706,31 @@ impl Instance for NamespaceInstance {
             Err(format!(
                 "device {device} is not mounted at {target} in its PID 1's mount table (pid {init})"
             ))
+        }
+    }
+}
+
+/// The device number of the loop device `image` backs now, as a mount table shows it.
+fn loop_device(image: &Path) -> Result<String, String> {
+    crate::storage::loop_device_of(image)
+        .ok_or_else(|| format!("{} backs no loop device", image.display()))
+}
+
+impl Instance for NamespaceInstance {
+    fn check_holds(&self, what: Held<'_>) -> Result<(), String> {
+        match what {
+            Held::Mounted { image, target } => self.check_mount(&loop_device(image)?, target),
+            // The writable layer also holds `/tmp`, bound from it (namespace::mounts).
+            Held::WritableLayer { image } => self.check_mount(&loop_device(image)?, "/tmp"),
+            Held::Bound { dir, target } => {
+                use std::os::unix::fs::MetadataExt;
+                let dev = std::fs::metadata(dir)
+                    .map_err(|e| format!("{}: {e}", dir.display()))?
+                    .dev();
+                let device = format!("{}:{}", rustix::fs::major(dev), rustix::fs::minor(dev));
+                self.check_mount(&device, target)
+            }
+            Held::RootImage { .. } => Err("a namespace sandbox boots no root image".into()),
         }
     }
 
@@ -700,9 +792,10 @@ impl Backend for NamespaceBackend {
         &'a self,
         id: &'a str,
         record: &'a crate::restore::InstanceRecord,
+        spec: AdoptSpec,
     ) -> BoxFuture<'a, Result<Box<dyn Instance>, RestoreError>> {
         Box::pin(async move {
-            let instance = self.adopt_instance(id, record).await?;
+            let instance = self.adopt_instance(id, record, spec).await?;
             Ok(Box::new(instance) as Box<dyn Instance>)
         })
     }

@@ -7,7 +7,7 @@
 //!
 //! Both processes are started through `setpriv --pdeathsig KILL`: if the daemon dies without
 //! deleting its sandboxes, its VMs die with it rather than running on, unowned. Under live
-//! restore they are started as they are, to outlive the daemon.
+//! restore they are started as they are, each in a session of its own, to outlive the daemon.
 
 use std::ffi::OsString;
 use std::io;
@@ -28,16 +28,16 @@ const DEVICE_START_TIMEOUT: Duration = Duration::from_secs(5);
 pub(crate) struct QemuTools {
     /// `qemu-system-x86_64`.
     pub(crate) qemu: PathBuf,
-    /// util-linux's `setpriv`, which ties each process's life to the daemon's.
-    pub(crate) setpriv: PathBuf,
-    /// Whether the processes outlive the daemon (live restore): no `setpriv`, and no kill
-    /// when the daemon drops them.
-    pub(crate) outlive_daemon: bool,
+    /// util-linux's `setpriv`, which ties each process's life to the daemon's; `None` when
+    /// they outlive the daemon (live restore), which needs no `setpriv`.
+    setpriv: Option<PathBuf>,
 }
 
 impl QemuTools {
-    /// The tools found on `PATH`, or why not.
-    pub(crate) fn find() -> Result<QemuTools, String> {
+    /// The tools found on `PATH`, or why not; with `outlive_daemon` (live restore) the
+    /// processes are not tied to the daemon (no `setpriv`, a session of their own) nor killed
+    /// when it drops them.
+    pub(crate) fn find(outlive_daemon: bool) -> Result<QemuTools, String> {
         let qemu = find_on_path(contract::qemu::BINARY).ok_or_else(|| {
             format!(
                 "{} is not installed (Debian: apt-get install {})",
@@ -45,30 +45,39 @@ impl QemuTools {
                 contract::qemu::PACKAGE
             )
         })?;
-        let setpriv = find_on_path("setpriv").ok_or_else(|| {
-            "setpriv is not installed (Debian: apt-get install util-linux)".to_string()
-        })?;
-        Ok(QemuTools {
-            qemu,
-            setpriv,
-            outlive_daemon: false,
-        })
+        let setpriv = match outlive_daemon {
+            true => None,
+            false => Some(find_on_path("setpriv").ok_or_else(|| {
+                "setpriv is not installed (Debian: apt-get install util-linux)".to_string()
+            })?),
+        };
+        Ok(QemuTools { qemu, setpriv })
+    }
+
+    /// Whether its processes outlive the daemon.
+    fn outlive_daemon(&self) -> bool {
+        self.setpriv.is_none()
     }
 
     /// A command running `program` that the kernel kills when the daemon's thread that
     /// started it dies, unless the processes outlive the daemon.
     fn command(&self, program: &Path) -> Command {
-        let mut command = if self.outlive_daemon {
-            Command::new(program)
-        } else {
-            let mut tied = Command::new(&self.setpriv);
-            tied.args(["--pdeathsig", "KILL", "--"]).arg(program);
-            tied
+        let mut command = match &self.setpriv {
+            None => {
+                let mut free = Command::new(program);
+                super::supervised::outlive_the_daemon(&mut free);
+                free
+            }
+            Some(setpriv) => {
+                let mut tied = Command::new(setpriv);
+                tied.args(["--pdeathsig", "KILL", "--"]).arg(program);
+                tied
+            }
         };
         command
             .env_clear()
             .stdin(Stdio::null())
-            .kill_on_drop(!self.outlive_daemon);
+            .kill_on_drop(!self.outlive_daemon());
         command
     }
 }

@@ -114,6 +114,14 @@ pub(super) async fn spawn_and_await_hello(
     }
 }
 
+/// Makes `command`'s process outlive the daemon (live restore): a process group of its own, so
+/// that nothing aimed at the daemon's group reaches it — Ctrl-C in the daemon's terminal, a
+/// `kill` of the group, the SIGHUP a closed terminal sends its foreground group. (A service
+/// manager that kills a whole cgroup is told not to: `KillMode=process`, docs/api.md.)
+pub(super) fn outlive_the_daemon(command: &mut Command) {
+    command.process_group(0);
+}
+
 /// Accepts the agent's connection on `listener` and reads its hello.
 async fn accept_hello(listener: &UnixListener) -> Result<Hello, String> {
     let (mut stream, _) = listener
@@ -244,6 +252,23 @@ impl SandboxProcess {
         }
         let mut exited = self.exited.clone();
         let _ = exited.wait_for(Option::is_some).await;
+    }
+}
+
+/// How long a refused adoption waits for the processes it killed: a process stuck in the
+/// kernel (uninterruptible sleep) must not hold the daemon's start for ever.
+pub(super) const REFUSAL_KILL_WAIT: Duration = Duration::from_secs(10);
+
+impl SandboxProcess {
+    /// Kills it and waits, within [`REFUSAL_KILL_WAIT`], until it is gone (a refused
+    /// adoption: nothing else waits for its resources).
+    pub(super) async fn kill_refused(&self, what: &str) {
+        if tokio::time::timeout(REFUSAL_KILL_WAIT, self.kill_and_wait())
+            .await
+            .is_err()
+        {
+            tracing::warn!("{what} was killed but is not gone after {REFUSAL_KILL_WAIT:?}");
+        }
     }
 }
 

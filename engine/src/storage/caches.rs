@@ -251,16 +251,15 @@ impl CacheStore {
     }
 
     /// Takes back cache `name` of `owner` for sandbox `sandbox` on `backend`, which an earlier
-    /// daemon gave it and which it still has mounted (live restore): the cache must be on disk,
-    /// held by no other sandbox here, and back a loop device now. Returns the lease and that
-    /// device's number, for the caller to check it is mounted in that sandbox.
+    /// daemon gave it (live restore): the cache must be on disk and held by no other sandbox
+    /// here. The caller checks, through the sandbox's backend, that it really holds it.
     pub(crate) fn reclaim(
         self: &Arc<Self>,
         owner: &Owner,
         name: &str,
         sandbox: &str,
         backend: BackendKind,
-    ) -> Result<(CacheLease, String), StorageError> {
+    ) -> Result<CacheLease, StorageError> {
         validate_name(name)?;
         let key = (
             backend_dir(backend).to_string(),
@@ -278,20 +277,13 @@ impl CacheStore {
                 by: by.clone(),
             });
         }
-        let Some(device) = super::ext4::loop_device_of(&path) else {
-            return Err(StorageError::Invalid(format!(
-                "cache {name:?} is mounted nowhere: {} backs no loop device",
-                path.display()
-            )));
-        };
         held.in_use.insert(key.clone(), sandbox.to_string());
         drop(held);
-        let lease = CacheLease {
+        Ok(CacheLease {
             store: self.clone(),
             key,
             path,
-        };
-        Ok((lease, device))
+        })
     }
 
     /// The caches `owner` may see (all of them for `None`).

@@ -127,10 +127,15 @@ pub(crate) struct ScratchDisks {
 pub(crate) struct ScratchDisk {
     path: PathBuf,
     _lease: BudgetLease,
+    /// Left on disk when dropped ([`ScratchDisk::leave`]).
+    left: bool,
 }
 
 impl Drop for ScratchDisk {
     fn drop(&mut self) {
+        if self.left {
+            return;
+        }
         if let Err(e) = std::fs::remove_file(&self.path) {
             tracing::warn!("remove {}: {e}", self.path.display());
         }
@@ -142,13 +147,24 @@ impl ScratchDisk {
     pub(crate) fn path(&self) -> &Path {
         &self.path
     }
+
+    /// Lets go of it, leaving the image on disk (live restore: its sandbox runs on).
+    pub(crate) fn leave(mut self) {
+        self.left = true;
+    }
 }
 
 impl ScratchDisks {
     /// Layers kept in `dir`, removing what a crashed daemon left there (its sandboxes died
-    /// with it).
-    pub(crate) fn open(dir: PathBuf, budget: Arc<DiskBudget>) -> Result<Self, StorageError> {
-        if dir.exists() {
+    /// with it), unless `keep` (live restore): then the sandboxes taken back
+    /// [`reclaim`](Self::reclaim) theirs and [`remove_unclaimed`](Self::remove_unclaimed)
+    /// removes the rest.
+    pub(crate) fn open(
+        dir: PathBuf,
+        budget: Arc<DiskBudget>,
+        keep: bool,
+    ) -> Result<Self, StorageError> {
+        if dir.exists() && !keep {
             std::fs::remove_dir_all(&dir)
                 .map_err(|e| StorageError::io(format!("clean {}", dir.display()), e))?;
         }
@@ -170,7 +186,51 @@ impl ScratchDisks {
         Ok(ScratchDisk {
             path,
             _lease: lease,
+            left: false,
         })
+    }
+}
+
+impl ScratchDisks {
+    /// Takes back the layer of sandbox `id`, which an earlier daemon made and which it still
+    /// uses (live restore): its share of the budget is taken again.
+    pub(crate) fn reclaim(&self, id: &str) -> Result<ScratchDisk, StorageError> {
+        let path = self.dir.join(format!("{id}.ext4"));
+        let meta = std::fs::symlink_metadata(&path)
+            .map_err(|e| StorageError::io(format!("its writable layer {}", path.display()), e))?;
+        if !meta.is_file() {
+            return Err(StorageError::Invalid(format!(
+                "its writable layer {} is not a regular file",
+                path.display()
+            )));
+        }
+        let lease = self.budget.take(
+            &format!("disk_mib of sandbox {id}"),
+            meta.len().div_ceil(1024 * 1024),
+        )?;
+        Ok(ScratchDisk {
+            path,
+            _lease: lease,
+            left: false,
+        })
+    }
+
+    /// Removes the layers of every sandbox but `kept` (after live restore).
+    pub(crate) fn remove_unclaimed(&self, kept: &[String]) {
+        let Ok(entries) = std::fs::read_dir(&self.dir) else {
+            return;
+        };
+        for entry in entries.flatten() {
+            let name = entry.file_name();
+            let name = name.to_string_lossy();
+            let id = name.strip_suffix(".ext4").unwrap_or(&name);
+            if kept.iter().any(|k| k == id) {
+                continue;
+            }
+            if let Err(e) = std::fs::remove_file(entry.path()) {
+                tracing::warn!("remove {}: {e}", entry.path().display());
+            }
+        }
     }
 }
 
@@ -192,7 +252,8 @@ mod tests {
     async fn images_are_sparse_ext4_and_layers_go_with_their_sandbox() {
         let tmp = tempfile::tempdir().expect("tempdir");
         let budget = DiskBudget::new(1024);
-        let disks = ScratchDisks::open(tmp.path().join("scratch"), budget.clone()).expect("open");
+        let disks =
+            ScratchDisks::open(tmp.path().join("scratch"), budget.clone(), false).expect("open");
         let disk = disks
             .create("sb-0000000000000001", 512)
             .await

@@ -18,7 +18,7 @@ use std::sync::Arc;
 pub use budget::{BudgetLease, DiskBudget};
 pub(crate) use caches::CacheLease;
 pub use caches::CacheStore;
-pub(crate) use ext4::mkfs_binary;
+pub(crate) use ext4::{loop_device_of, mkfs_binary};
 pub(crate) use ext4::{ScratchDisk, ScratchDisks};
 pub use oci_images::Images;
 pub(crate) use targets::validate_targets;
@@ -202,8 +202,9 @@ pub(crate) struct SandboxStorage {
 
 impl Storage {
     /// Opens (or makes) the data directory, removes layers and volume snapshots a previous
-    /// daemon left there, and finds the caches.
-    pub fn open(config: &StorageConfig) -> Result<Self, StorageError> {
+    /// daemon left there, and finds the caches. Under live restore (`keep`) the layers and
+    /// snapshots stay until [`Storage::finish_restore`]: the sandboxes taken back use theirs.
+    pub fn open(config: &StorageConfig, keep: bool) -> Result<Self, StorageError> {
         let dir = &config.data_dir;
         ext4::create_private_dir(dir)?;
         let lock_path = dir.join("lock");
@@ -227,8 +228,11 @@ impl Storage {
             })?;
         let caches_dir = dir.join("caches");
         let snapshots_dir = dir.join("volumes");
-        // Before the free space is measured: they are not the new daemon's.
-        volume_snapshots::remove_stale(&snapshots_dir)?;
+        let (scratch_dir, image_disks_dir) = (dir.join("scratch"), dir.join("image-disks"));
+        if !keep {
+            // Before the free space is measured: they are not the new daemon's.
+            volume_snapshots::remove_stale(&snapshots_dir)?;
+        }
         let budget_mib = match config.disk_budget_mib {
             Some(mib) => mib,
             None => {
@@ -236,19 +240,26 @@ impl Storage {
                     StorageError::io(format!("statvfs {}", dir.display()), e.into())
                 })?;
                 let free = stat.blocks_available() as u64 * stat.fragment_size() as u64;
-                let existing = existing_cache_bytes(&caches_dir);
+                // What is kept is counted whole, as when it was made: it takes its share again.
+                let mut existing = existing_bytes(&caches_dir);
+                if keep {
+                    for kept in [&scratch_dir, &snapshots_dir, &image_disks_dir] {
+                        existing += existing_bytes(kept);
+                    }
+                }
                 (free / 4 * 3 + existing) / (1024 * 1024)
             }
         };
         let budget = DiskBudget::new(budget_mib);
         let caches = CacheStore::open(caches_dir, config.default_cache_mib, budget.clone())?;
-        let scratch = ScratchDisks::open(dir.join("scratch"), budget.clone())?;
-        let volume_snapshots = VolumeSnapshots::open(snapshots_dir, budget.clone())?;
+        let scratch = ScratchDisks::open(scratch_dir, budget.clone(), keep)?;
+        let volume_snapshots = VolumeSnapshots::open(snapshots_dir, budget.clone(), keep)?;
         let images = Images::open(
             &dir.join("images"),
-            dir.join("image-disks"),
+            image_disks_dir,
             budget.clone(),
             config.image_max_mib,
+            keep,
         )?;
         Ok(Storage {
             images,
@@ -262,15 +273,42 @@ impl Storage {
     }
 }
 
-/// The full size of every cache image under `dir` (they are counted whole).
-fn existing_cache_bytes(dir: &std::path::Path) -> u64 {
+impl SandboxStorage {
+    /// Lets go of it without removing anything on disk: the daemon stops under live restore
+    /// and its sandbox runs on, for the next daemon to take back.
+    pub(crate) fn leave(self) {
+        if let Some(scratch) = self.scratch {
+            scratch.leave();
+        }
+    }
+}
+
+impl Storage {
+    /// Stops under live restore: the snapshots microVMs still use stay on disk for the next
+    /// daemon.
+    pub fn leave(&self) {
+        self.volume_snapshots.leave();
+        self.images.leave_disks();
+    }
+
+    /// After live restore: removes the writable layers and snapshots that no sandbox taken
+    /// back (`adopted`) uses.
+    pub fn finish_restore(&self, adopted: &[String]) {
+        self.scratch.remove_unclaimed(adopted);
+        self.volume_snapshots.remove_unclaimed();
+        self.images.remove_unclaimed_disks();
+    }
+}
+
+/// The full size of every image under `dir` (they are counted whole).
+fn existing_bytes(dir: &std::path::Path) -> u64 {
     let Ok(entries) = std::fs::read_dir(dir) else {
         return 0;
     };
     entries
         .flatten()
         .map(|entry| match entry.file_type() {
-            Ok(t) if t.is_dir() => existing_cache_bytes(&entry.path()),
+            Ok(t) if t.is_dir() => existing_bytes(&entry.path()),
             Ok(t) if t.is_file() => entry.metadata().map_or(0, |m| m.len()),
             _ => 0,
         })

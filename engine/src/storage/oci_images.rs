@@ -38,9 +38,10 @@ impl Images {
         disks_dir: PathBuf,
         budget: Arc<DiskBudget>,
         max_mib: u64,
+        keep_disks: bool,
     ) -> Result<Self, StorageError> {
         let store = Store::open(dir)?;
-        let disks = VolumeSnapshots::open_for("image root", disks_dir, budget.clone())?;
+        let disks = VolumeSnapshots::open_for("image root", disks_dir, budget.clone(), keep_disks)?;
         let images = Images {
             store,
             disks,
@@ -193,6 +194,25 @@ impl Images {
         })?;
         // A chain is named by 64 hex digits; 32 of them (128 bits) name its snapshot.
         self.disks.image(&record.root.hex()[..32], &dir).await
+    }
+
+    /// Takes back the root disk of `record` an earlier daemon built, which a microVM taken
+    /// back still boots from (live restore).
+    pub(crate) async fn reclaim_root_disk(
+        &self,
+        record: &ImageRecord,
+    ) -> Result<PathBuf, StorageError> {
+        self.disks.reclaim(&record.root.hex()[..32]).await
+    }
+
+    /// Leaves the root disks on disk when dropped (the daemon stops under live restore).
+    pub(crate) fn leave_disks(&self) {
+        self.disks.leave();
+    }
+
+    /// Removes the root disks no microVM taken back boots from (after live restore).
+    pub(crate) fn remove_unclaimed_disks(&self) {
+        self.disks.remove_unclaimed();
     }
 
     /// The owner an image record names, for the API (`None` for a record of no known owner).

@@ -43,10 +43,15 @@ struct Snapshot {
     image: PathBuf,
     size: u64,
     _lease: BudgetLease,
+    /// Left on disk when dropped ([`VolumeSnapshots::leave`]).
+    left: bool,
 }
 
 impl Drop for Snapshot {
     fn drop(&mut self) {
+        if self.left {
+            return;
+        }
         match std::fs::remove_file(&self.image) {
             Ok(()) => {}
             Err(e) if e.kind() == io::ErrorKind::NotFound => {}
@@ -79,18 +84,29 @@ pub(crate) struct VolumeSnapshots {
 }
 
 impl VolumeSnapshots {
-    /// Snapshots kept in `dir`, first removing any a previous daemon left there.
-    pub(crate) fn open(dir: PathBuf, budget: Arc<DiskBudget>) -> Result<Self, StorageError> {
-        Self::open_for("volume", dir, budget)
+    /// Snapshots kept in `dir`, first removing any a previous daemon left there (unless
+    /// `keep`: see [`VolumeSnapshots::open_for`]).
+    pub(crate) fn open(
+        dir: PathBuf,
+        budget: Arc<DiskBudget>,
+        keep: bool,
+    ) -> Result<Self, StorageError> {
+        Self::open_for("volume", dir, budget, keep)
     }
 
-    /// Snapshots of directories of `kind` (named so in messages), kept in `dir`.
+    /// Snapshots of directories of `kind` (named so in messages), kept in `dir`. A previous
+    /// daemon's are removed, unless `keep` (live restore): then the microVMs taken back
+    /// [`reclaim`](Self::reclaim) those they still use, and
+    /// [`remove_unclaimed`](Self::remove_unclaimed) removes the rest.
     pub(crate) fn open_for(
         kind: &'static str,
         dir: PathBuf,
         budget: Arc<DiskBudget>,
+        keep: bool,
     ) -> Result<Self, StorageError> {
-        remove_stale(&dir)?;
+        if !keep {
+            remove_stale(&dir)?;
+        }
         create_private_dir(&dir)?;
         Ok(VolumeSnapshots {
             kind,
@@ -132,6 +148,91 @@ impl VolumeSnapshots {
         let image = built.image.clone();
         *snapshot = Some(built);
         Ok(image)
+    }
+
+    /// Takes back the snapshot of `name` an earlier daemon built, which a microVM taken back
+    /// still uses (live restore): later microVMs share it as if this daemon had built it.
+    pub(crate) async fn reclaim(&self, name: &str) -> Result<PathBuf, StorageError> {
+        super::caches::validate_name(name).map_err(|_| {
+            StorageError::Invalid(format!("{} name {name:?} is not valid", self.kind))
+        })?;
+        let slot = self
+            .slots
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .entry(name.to_string())
+            .or_default()
+            .clone();
+        let mut snapshot = slot.lock().await;
+        if let Some(held) = snapshot.as_ref().filter(|s| s.intact()) {
+            return Ok(held.image.clone());
+        }
+        let image = self.dir.join(format!("{name}.ext4"));
+        let meta = std::fs::symlink_metadata(&image)
+            .map_err(|e| StorageError::io(format!("its snapshot {}", image.display()), e))?;
+        if !meta.is_file() {
+            return Err(StorageError::Invalid(format!(
+                "its snapshot {} is not a regular file",
+                image.display()
+            )));
+        }
+        let lease = self.budget.take(
+            &format!("the microVM snapshot of {} {name:?}", self.kind),
+            meta.len().div_ceil(MIB),
+        )?;
+        *snapshot = Some(Snapshot {
+            image: image.clone(),
+            size: meta.len(),
+            _lease: lease,
+            left: false,
+        });
+        Ok(image)
+    }
+
+    /// Leaves every snapshot's image on disk when the store is dropped (the daemon stops
+    /// under live restore: microVMs that run on use them, and the next daemon reclaims them).
+    pub(crate) fn leave(&self) {
+        for slot in self
+            .slots
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .values()
+        {
+            if let Ok(mut snapshot) = slot.try_lock() {
+                if let Some(snapshot) = snapshot.as_mut() {
+                    snapshot.left = true;
+                }
+            }
+        }
+    }
+
+    /// Removes the images in its directory that no snapshot of this daemon's is (after live
+    /// restore has reclaimed what the microVMs taken back use).
+    pub(crate) fn remove_unclaimed(&self) {
+        let held: HashSet<PathBuf> = self
+            .slots
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .values()
+            .filter_map(|slot| {
+                slot.try_lock()
+                    .ok()
+                    .and_then(|s| s.as_ref().map(|s| s.image.clone()))
+            })
+            .collect();
+        let Ok(entries) = std::fs::read_dir(&self.dir) else {
+            return;
+        };
+        for entry in entries.flatten() {
+            let path = entry.path();
+            if held.contains(&path) {
+                continue;
+            }
+            match std::fs::remove_file(&path) {
+                Ok(()) => tracing::info!("removed {}, which no sandbox uses", path.display()),
+                Err(e) => tracing::warn!("remove {}: {e}", path.display()),
+            }
+        }
     }
 
     async fn build(&self, name: &str, source: &Path) -> Result<Snapshot, StorageError> {
@@ -189,6 +290,7 @@ impl VolumeSnapshots {
             image,
             size: size_mib * MIB,
             _lease: lease,
+            left: false,
         })
     }
 }
@@ -483,7 +585,7 @@ mod tests {
         let tmp = tempfile::tempdir().expect("tempdir");
         let budget = DiskBudget::new(budget_mib);
         let store =
-            VolumeSnapshots::open(tmp.path().join("volumes"), budget.clone()).expect("open");
+            VolumeSnapshots::open(tmp.path().join("volumes"), budget.clone(), false).expect("open");
         (tmp, store, budget)
     }
 
@@ -610,7 +712,8 @@ mod tests {
 
         // Past the budget: refused, nothing held, nothing left.
         let tight = DiskBudget::new(size - 1);
-        let store = VolumeSnapshots::open(tmp.path().join("volumes"), tight.clone()).expect("open");
+        let store =
+            VolumeSnapshots::open(tmp.path().join("volumes"), tight.clone(), false).expect("open");
         let e = store
             .image("tools", &source)
             .await
@@ -634,7 +737,7 @@ mod tests {
         std::fs::write(dir.join("tools.ext4"), "old").expect("write");
         std::fs::write(dir.join(".tools.ext4.3.partial"), "half").expect("write");
         let budget = DiskBudget::new(10);
-        let _store = VolumeSnapshots::open(dir.clone(), budget.clone()).expect("open");
+        let _store = VolumeSnapshots::open(dir.clone(), budget.clone(), false).expect("open");
         assert_eq!(std::fs::read_dir(&dir).expect("ls").count(), 0);
         assert_eq!(budget.taken_mib(), 0);
     }

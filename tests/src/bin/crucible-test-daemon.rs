@@ -1,7 +1,8 @@
 //! The daemon as its own process, for tests that measure it alone (fds, RSS) or kill it:
 //! `crucible-test-daemon SOCKET STATE_DIR CGROUP_PARENT [--disk-mib N] [--microvm HYPERVISOR]
-//! [--live-restore]` (`--microvm crucible-vmm|qemu-tcg`: microVM sandboxes by default, with the
-//! harness's `crucible-vmm`). Stops on SIGTERM.
+//! [--egress-allow RULE]... [--volume NAME=DIR:ro]... [--exec-tail-bytes N] [--live-restore]`
+//! (`--microvm crucible-vmm|qemu-tcg`: microVM sandboxes by default, with the harness's
+//! `crucible-vmm`; the others as `crucible serve`'s flags of those names). Stops on SIGTERM.
 
 use std::path::PathBuf;
 
@@ -43,6 +44,16 @@ fn main() -> anyhow::Result<()> {
         match flag.to_string_lossy().as_ref() {
             "--disk-mib" => {
                 config.engine.limits.scratch_mib = value.parse().context("--disk-mib")?
+            }
+            "--egress-allow" => config.egress_allow.push(value.into_owned()),
+            "--volume" => config
+                .engine
+                .storage
+                .volumes
+                .declare(&value)
+                .context("--volume")?,
+            "--exec-tail-bytes" => {
+                config.engine.limits.exec_tail_bytes = value.parse().context("--exec-tail-bytes")?
             }
             "--microvm" => {
                 config.engine.hypervisor = match value.as_ref() {
