@@ -44,6 +44,57 @@ fn registry() -> MutexGuard<'static, VecDeque<Arc<Tracked>>> {
     REGISTRY.lock().unwrap_or_else(|p| p.into_inner())
 }
 
+/// Holds the registry, so that a test can see what a stream does while a command cannot be
+/// collected.
+#[cfg(test)]
+pub(crate) fn hold_registry() -> MutexGuard<'static, VecDeque<Arc<Tracked>>> {
+    registry()
+}
+
+/// Output a test streams to make sure that its writer is still writing when the reader has
+/// read its first frame: many times what a Unix socket buffers.
+#[cfg(test)]
+pub(crate) const MORE_THAN_A_SOCKET_HOLDS: usize = 2 * 1024 * 1024;
+
+/// Test helper: reads frames (and nothing after them, unlike a buffered reader) up to the exit
+/// frame; returns the output payload bytes and the exit frame's payload.
+#[cfg(test)]
+pub(crate) fn read_to_exit_frame(conn: &mut UnixStream) -> (usize, Vec<u8>) {
+    use std::io::Read;
+    let mut output = 0;
+    loop {
+        let mut header = [0u8; wire::HEADER_SIZE];
+        conn.read_exact(&mut header).expect("frame header");
+        let len = u32::from_be_bytes([header[4], header[5], header[6], header[7]]) as usize;
+        let mut payload = vec![0u8; len];
+        conn.read_exact(&mut payload).expect("frame payload");
+        if header[0] == FrameType::Exit.as_u8() {
+            return (output, payload);
+        }
+        output += len;
+    }
+}
+
+/// Test helper: asserts that `conn` stays open (no EOF) for a while, then, once `held` is
+/// let go, that it ends.
+#[cfg(test)]
+pub(crate) fn assert_ends_only_after(conn: &mut UnixStream, held: impl Sized) {
+    use std::io::Read;
+    use std::time::Duration;
+    let mut byte = [0u8; 1];
+    conn.set_read_timeout(Some(Duration::from_millis(200)))
+        .expect("read timeout");
+    let early = conn.read(&mut byte);
+    assert!(
+        matches!(&early, Err(e) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut)),
+        "the stream ended while the command could not be collected yet: {early:?}"
+    );
+    drop(held);
+    conn.set_read_timeout(Some(Duration::from_secs(10)))
+        .expect("read timeout");
+    assert_eq!(conn.read(&mut byte).expect("the end of the stream"), 0);
+}
+
 /// Why an attach was refused.
 #[derive(Debug, thiserror::Error)]
 pub enum AttachError {
@@ -216,10 +267,7 @@ impl Tracked {
             if let Some(handoff) = shared.handoff.take() {
                 // An attach raced the exit: that client is served from here, below.
                 drop(shared);
-                let offset = handoff.offset;
-                if serve_ended(self, handoff.conn, offset).is_ok() {
-                    forget(self);
-                }
+                let _ = serve_ended(self, handoff.conn, handoff.offset);
                 return;
             }
         }
@@ -348,9 +396,7 @@ pub fn attach(exec_id: &str, mut conn: UnixStream, offset: u64) -> Result<(), At
         shared.attached = true;
         drop(shared);
         let served = serve_ended(&tracked, conn, offset);
-        if served.is_ok() {
-            forget(&tracked);
-        } else {
+        if served.is_err() {
             tracked.lock().attached = false;
         }
         return Ok(served?);
@@ -362,8 +408,9 @@ pub fn attach(exec_id: &str, mut conn: UnixStream, offset: u64) -> Result<(), At
     Ok(())
 }
 
-/// Writes an ended command's kept output from `offset` and its exit frame on `conn`.
-fn serve_ended(tracked: &Tracked, mut conn: UnixStream, offset: u64) -> io::Result<()> {
+/// Writes an ended command's kept output from `offset` and its exit frame on `conn`, and
+/// collects it once they went out.
+fn serve_ended(tracked: &Arc<Tracked>, mut conn: UnixStream, offset: u64) -> io::Result<()> {
     let mut cursor = offset;
     let mut skipped = 0;
     let mut frames = Vec::new();
@@ -385,6 +432,9 @@ fn serve_ended(tracked: &Tracked, mut conn: UnixStream, offset: u64) -> io::Resu
         &mut frames,
     );
     conn.write_all(&frames)?;
+    // Collected before the stream ends: a client that has read to the end and then lists the
+    // commands must not find it still waiting.
+    forget(tracked);
     let _ = conn.shutdown(std::net::Shutdown::Write);
     Ok(())
 }
@@ -426,6 +476,28 @@ mod tests {
             attach("registry-ended", UnixStream::pair().expect("pair").0, 0),
             Err(AttachError::NotFound(_))
         ));
+    }
+
+    #[test]
+    fn an_ended_commands_stream_ends_only_once_it_is_collected() {
+        // A client that reads to the end and then lists the commands must not find it still
+        // waiting. The registry is held here from the attach's answer on: collecting needs it,
+        // so the stream must not end meanwhile. (More output than the socket holds: the attach
+        // is still writing it then, so it cannot have collected the command already.)
+        let size = MORE_THAN_A_SOCKET_HOLDS;
+        let tracked = register("registry-collected", &["yes".into()], 45, true, size);
+        tracked.record(FrameType::Stdout, &vec![b'y'; size]);
+        tracked.detach(Arc::new(sys::eventfd().expect("eventfd")));
+        tracked.finish(&ExecResult::default(), false);
+        let (mut ours, theirs) = UnixStream::pair().expect("socketpair");
+        let server = std::thread::spawn(move || attach("registry-collected", theirs, 0));
+        let reply: AgentReply = wire::read_message(&mut ours).expect("reply");
+        assert!(matches!(reply, AgentReply::Attached(_)), "{reply:?}");
+        let held = hold_registry();
+        assert_eq!(read_to_exit_frame(&mut ours).0, size);
+        assert_ends_only_after(&mut ours, held);
+        assert!(statuses(Some("registry-collected")).is_empty(), "collected");
+        server.join().expect("attach thread").expect("served");
     }
 
     #[test]
