@@ -806,8 +806,9 @@ impl Session {
             return;
         };
         let mut frames = Vec::new();
-        let (next, skipped) =
-            tracked.replay_into(self.cursor, FRAMES_PER_READ * MAX_PAYLOAD, &mut frames);
+        // Bounded by the buffer they are copied into, headers included.
+        let room = self.pending.buf.len();
+        let (next, skipped) = tracked.replay_into(self.cursor, room, &mut frames);
         self.skipped += skipped;
         self.cursor = next;
         if frames.is_empty() {

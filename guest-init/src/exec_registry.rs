@@ -20,7 +20,7 @@ use std::sync::{Arc, LazyLock, Mutex, MutexGuard};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use wire::agent::AgentReply;
-use wire::{ErrorBody, ExecResult, ExecState, ExecStatus, FrameType, MAX_PAYLOAD};
+use wire::{ErrorBody, ExecResult, ExecState, ExecStatus, FrameType, HEADER_SIZE, MAX_PAYLOAD};
 
 use crate::exec_tail::Tail;
 use crate::log;
@@ -220,17 +220,31 @@ impl Tracked {
         self.lock().tail.end()
     }
 
-    /// Copies kept output from `cursor` on into `out` as frames (at most `room` payload bytes):
-    /// a re-attached client's replay. Returns the new cursor and how many bytes before it
-    /// were no longer kept (skipped).
+    /// Appends kept output from `cursor` on to `out` as frames, at most `room` bytes of them
+    /// headers included: a re-attached client's replay. Returns the new cursor and how many
+    /// bytes before it were no longer kept (skipped). A `room` larger than a header always
+    /// takes some output if there is any, so an empty replay means the client is caught up.
     pub fn replay_into(&self, cursor: u64, room: usize, out: &mut Vec<u8>) -> (u64, u64) {
         let shared = self.lock();
         let kept_from = shared.tail.kept_from();
         let skipped = kept_from.saturating_sub(cursor);
         let mut cursor = cursor.max(kept_from);
-        for (kind, bytes) in shared.tail.read_from(cursor, room) {
-            wire::encode_frames(kind, bytes, out);
-            cursor += bytes.len() as u64;
+        // Each run of one stream is a frame of its own, so output that alternates short writes
+        // to stdout and stderr replays as mostly headers: the room bounds the frames, not
+        // their payload, or they overflow the exec thread's buffer.
+        let limit = out.len().saturating_add(room);
+        for (kind, mut bytes) in shared.tail.read_from(cursor, room) {
+            while !bytes.is_empty() {
+                let fits = limit.saturating_sub(out.len() + HEADER_SIZE);
+                if fits == 0 {
+                    return (cursor, skipped);
+                }
+                let (frame, rest) = bytes.split_at(bytes.len().min(MAX_PAYLOAD).min(fits));
+                out.extend_from_slice(&wire::encode_header(kind, frame.len()));
+                out.extend_from_slice(frame);
+                cursor += frame.len() as u64;
+                bytes = rest;
+            }
         }
         (cursor, skipped)
     }
@@ -498,6 +512,55 @@ mod tests {
         assert_ends_only_after(&mut ours, held);
         assert!(statuses(Some("registry-collected")).is_empty(), "collected");
         server.join().expect("attach thread").expect("served");
+    }
+
+    #[test]
+    fn a_replay_of_many_short_runs_stays_within_its_room_headers_included() {
+        // A command that alternates one-byte writes to stdout and stderr: one frame per byte,
+        // nine bytes of frames per byte of output. Replayed in rooms of 1,000 bytes, every
+        // byte comes back once, in order, and no replay is larger than its room.
+        let tracked = register("registry-short-runs", &["sh".into()], 46, true, 4 << 20);
+        let mut want = (Vec::new(), Vec::new());
+        for i in 0..10_000u32 {
+            let byte = b'a' + (i % 26) as u8;
+            tracked.record(FrameType::Stdout, &[byte]);
+            tracked.record(FrameType::Stderr, &[byte]);
+            want.0.push(byte);
+            want.1.push(byte);
+        }
+        let room = 1000;
+        let (mut cursor, mut got, mut replays) = (0, (Vec::new(), Vec::new()), 0);
+        loop {
+            let mut frames = Vec::new();
+            let (next, skipped) = tracked.replay_into(cursor, room, &mut frames);
+            assert_eq!(skipped, 0);
+            assert!(frames.len() <= room, "{} bytes for {room}", frames.len());
+            if frames.is_empty() {
+                break;
+            }
+            let mut decoder = wire::Decoder::new(wire::Direction::GuestToHost);
+            decoder.push(&frames);
+            let mut payload = 0;
+            while let Some(frame) = decoder.next_frame().expect("valid frames") {
+                payload += frame.payload.len() as u64;
+                match frame.frame_type {
+                    FrameType::Stdout => got.0.extend_from_slice(frame.payload),
+                    FrameType::Stderr => got.1.extend_from_slice(frame.payload),
+                    other => panic!("{other} frame in a replay"),
+                }
+            }
+            assert_eq!(
+                next,
+                cursor + payload,
+                "the cursor moves by what was framed"
+            );
+            cursor = next;
+            replays += 1;
+        }
+        assert_eq!(cursor, 20_000);
+        assert!(replays >= 20_000 * 9 / room, "{replays} replays");
+        assert_eq!(got, want);
+        tracked.finish(&ExecResult::default(), true);
     }
 
     #[test]
