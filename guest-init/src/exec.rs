@@ -806,8 +806,9 @@ impl Session {
             return;
         };
         let mut frames = Vec::new();
-        let (next, skipped) =
-            tracked.replay_into(self.cursor, FRAMES_PER_READ * MAX_PAYLOAD, &mut frames);
+        // Bounded by the buffer they are copied into, headers included.
+        let room = self.pending.buf.len();
+        let (next, skipped) = tracked.replay_into(self.cursor, room, &mut frames);
         self.skipped += skipped;
         self.cursor = next;
         if frames.is_empty() {
@@ -874,16 +875,18 @@ impl Session {
             Some(conn) => conn
                 .write_all(self.pending.unsent())
                 .map_err(|e| ExecError::HostGone(Some(e)))
-                .and_then(|()| write_exit(conn, &result))
-                .map(|()| {
-                    let _ = conn.shutdown(std::net::Shutdown::Write);
-                }),
+                .and_then(|()| write_exit(conn, &result)),
         };
         self.pending.clear();
         if let Some(tracked) = &self.tracked {
             // A result that did not go out waits, with the output the client did not have.
             result.output_dropped_bytes = 0;
             tracked.finish(&result, written.is_ok() || !keep);
+        }
+        // The stream ends only once the registry says what became of the command: a client
+        // that has read to the end and then lists the commands must find it collected.
+        if let (Ok(()), Some(conn)) = (&written, &self.conn) {
+            let _ = conn.shutdown(std::net::Shutdown::Write);
         }
         match written {
             Err(_) if keep => Ok(()),
@@ -942,6 +945,35 @@ mod tests {
         let mut r = ExecResult::default();
         fill_result(&mut r, &killed(10_000), started, false, None, &ctx(total));
         assert!(!r.oom_killed, "a small process killed by someone else");
+    }
+
+    #[test]
+    fn the_stream_ends_only_once_the_command_is_collected() {
+        // A client that reads to the end and then lists the commands must find it collected
+        // (it ended attached: its result was delivered). The registry is held here from the
+        // first frame on (output comes only once the command is registered): collecting needs
+        // it, so the stream must not end meanwhile. (More output than the socket holds: the
+        // exec is still forwarding it then, so it cannot have collected the command already.)
+        let size = exec_registry::MORE_THAN_A_SOCKET_HOLDS;
+        let mut req = ExecRequest::new(["sh", "-c", &format!("head -c {size} /dev/zero; exit 4")]);
+        req.exec_id = "exec-collected".into();
+        let (mut ours, theirs) = UnixStream::pair().expect("socketpair");
+        let exec = std::thread::spawn(move || {
+            run(theirs, &req, false, None, None, &ctx(0)).map_err(|e| report::chain(&e))
+        });
+        let mut header = [0u8; HEADER_SIZE];
+        ours.read_exact(&mut header).expect("the first frame");
+        let first = u32::from_be_bytes([header[4], header[5], header[6], header[7]]) as usize;
+        let held = exec_registry::hold_registry();
+        let mut payload = vec![0u8; first];
+        ours.read_exact(&mut payload).expect("its payload");
+        let (rest, exit) = exec_registry::read_to_exit_frame(&mut ours);
+        assert_eq!(first + rest, size);
+        let result: ExecResult = serde_json::from_slice(&exit).expect("exit payload");
+        assert_eq!(result.exit_code, 4, "{result:?}");
+        exec_registry::assert_ends_only_after(&mut ours, held);
+        assert!(exec_registry::statuses(Some("exec-collected")).is_empty());
+        exec.join().expect("exec thread").expect("exec");
     }
 
     #[test]

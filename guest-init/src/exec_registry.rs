@@ -20,7 +20,7 @@ use std::sync::{Arc, LazyLock, Mutex, MutexGuard};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use wire::agent::AgentReply;
-use wire::{ErrorBody, ExecResult, ExecState, ExecStatus, FrameType, MAX_PAYLOAD};
+use wire::{ErrorBody, ExecResult, ExecState, ExecStatus, FrameType, HEADER_SIZE, MAX_PAYLOAD};
 
 use crate::exec_tail::Tail;
 use crate::log;
@@ -42,6 +42,57 @@ static REGISTRY: LazyLock<Mutex<VecDeque<Arc<Tracked>>>> = LazyLock::new(Mutex::
 fn registry() -> MutexGuard<'static, VecDeque<Arc<Tracked>>> {
     // Inserts and removals cannot leave the list inconsistent: a poisoned lock is still usable.
     REGISTRY.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Holds the registry, so that a test can see what a stream does while a command cannot be
+/// collected.
+#[cfg(test)]
+pub(crate) fn hold_registry() -> MutexGuard<'static, VecDeque<Arc<Tracked>>> {
+    registry()
+}
+
+/// Output a test streams to make sure that its writer is still writing when the reader has
+/// read its first frame: many times what a Unix socket buffers.
+#[cfg(test)]
+pub(crate) const MORE_THAN_A_SOCKET_HOLDS: usize = 2 * 1024 * 1024;
+
+/// Test helper: reads frames (and nothing after them, unlike a buffered reader) up to the exit
+/// frame; returns the output payload bytes and the exit frame's payload.
+#[cfg(test)]
+pub(crate) fn read_to_exit_frame(conn: &mut UnixStream) -> (usize, Vec<u8>) {
+    use std::io::Read;
+    let mut output = 0;
+    loop {
+        let mut header = [0u8; wire::HEADER_SIZE];
+        conn.read_exact(&mut header).expect("frame header");
+        let len = u32::from_be_bytes([header[4], header[5], header[6], header[7]]) as usize;
+        let mut payload = vec![0u8; len];
+        conn.read_exact(&mut payload).expect("frame payload");
+        if header[0] == FrameType::Exit.as_u8() {
+            return (output, payload);
+        }
+        output += len;
+    }
+}
+
+/// Test helper: asserts that `conn` stays open (no EOF) for a while, then, once `held` is
+/// let go, that it ends.
+#[cfg(test)]
+pub(crate) fn assert_ends_only_after(conn: &mut UnixStream, held: impl Sized) {
+    use std::io::Read;
+    use std::time::Duration;
+    let mut byte = [0u8; 1];
+    conn.set_read_timeout(Some(Duration::from_millis(200)))
+        .expect("read timeout");
+    let early = conn.read(&mut byte);
+    assert!(
+        matches!(&early, Err(e) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut)),
+        "the stream ended while the command could not be collected yet: {early:?}"
+    );
+    drop(held);
+    conn.set_read_timeout(Some(Duration::from_secs(10)))
+        .expect("read timeout");
+    assert_eq!(conn.read(&mut byte).expect("the end of the stream"), 0);
 }
 
 /// Why an attach was refused.
@@ -169,17 +220,31 @@ impl Tracked {
         self.lock().tail.end()
     }
 
-    /// Copies kept output from `cursor` on into `out` as frames (at most `room` payload bytes):
-    /// a re-attached client's replay. Returns the new cursor and how many bytes before it
-    /// were no longer kept (skipped).
+    /// Appends kept output from `cursor` on to `out` as frames, at most `room` bytes of them
+    /// headers included: a re-attached client's replay. Returns the new cursor and how many
+    /// bytes before it were no longer kept (skipped). A `room` larger than a header always
+    /// takes some output if there is any, so an empty replay means the client is caught up.
     pub fn replay_into(&self, cursor: u64, room: usize, out: &mut Vec<u8>) -> (u64, u64) {
         let shared = self.lock();
         let kept_from = shared.tail.kept_from();
         let skipped = kept_from.saturating_sub(cursor);
         let mut cursor = cursor.max(kept_from);
-        for (kind, bytes) in shared.tail.read_from(cursor, room) {
-            wire::encode_frames(kind, bytes, out);
-            cursor += bytes.len() as u64;
+        // Each run of one stream is a frame of its own, so output that alternates short writes
+        // to stdout and stderr replays as mostly headers: the room bounds the frames, not
+        // their payload, or they overflow the exec thread's buffer.
+        let limit = out.len().saturating_add(room);
+        for (kind, mut bytes) in shared.tail.read_from(cursor, room) {
+            while !bytes.is_empty() {
+                let fits = limit.saturating_sub(out.len() + HEADER_SIZE);
+                if fits == 0 {
+                    return (cursor, skipped);
+                }
+                let (frame, rest) = bytes.split_at(bytes.len().min(MAX_PAYLOAD).min(fits));
+                out.extend_from_slice(&wire::encode_header(kind, frame.len()));
+                out.extend_from_slice(frame);
+                cursor += frame.len() as u64;
+                bytes = rest;
+            }
         }
         (cursor, skipped)
     }
@@ -216,10 +281,7 @@ impl Tracked {
             if let Some(handoff) = shared.handoff.take() {
                 // An attach raced the exit: that client is served from here, below.
                 drop(shared);
-                let offset = handoff.offset;
-                if serve_ended(self, handoff.conn, offset).is_ok() {
-                    forget(self);
-                }
+                let _ = serve_ended(self, handoff.conn, handoff.offset);
                 return;
             }
         }
@@ -348,9 +410,7 @@ pub fn attach(exec_id: &str, mut conn: UnixStream, offset: u64) -> Result<(), At
         shared.attached = true;
         drop(shared);
         let served = serve_ended(&tracked, conn, offset);
-        if served.is_ok() {
-            forget(&tracked);
-        } else {
+        if served.is_err() {
             tracked.lock().attached = false;
         }
         return Ok(served?);
@@ -362,8 +422,9 @@ pub fn attach(exec_id: &str, mut conn: UnixStream, offset: u64) -> Result<(), At
     Ok(())
 }
 
-/// Writes an ended command's kept output from `offset` and its exit frame on `conn`.
-fn serve_ended(tracked: &Tracked, mut conn: UnixStream, offset: u64) -> io::Result<()> {
+/// Writes an ended command's kept output from `offset` and its exit frame on `conn`, and
+/// collects it once they went out.
+fn serve_ended(tracked: &Arc<Tracked>, mut conn: UnixStream, offset: u64) -> io::Result<()> {
     let mut cursor = offset;
     let mut skipped = 0;
     let mut frames = Vec::new();
@@ -385,6 +446,9 @@ fn serve_ended(tracked: &Tracked, mut conn: UnixStream, offset: u64) -> io::Resu
         &mut frames,
     );
     conn.write_all(&frames)?;
+    // Collected before the stream ends: a client that has read to the end and then lists the
+    // commands must not find it still waiting.
+    forget(tracked);
     let _ = conn.shutdown(std::net::Shutdown::Write);
     Ok(())
 }
@@ -426,6 +490,77 @@ mod tests {
             attach("registry-ended", UnixStream::pair().expect("pair").0, 0),
             Err(AttachError::NotFound(_))
         ));
+    }
+
+    #[test]
+    fn an_ended_commands_stream_ends_only_once_it_is_collected() {
+        // A client that reads to the end and then lists the commands must not find it still
+        // waiting. The registry is held here from the attach's answer on: collecting needs it,
+        // so the stream must not end meanwhile. (More output than the socket holds: the attach
+        // is still writing it then, so it cannot have collected the command already.)
+        let size = MORE_THAN_A_SOCKET_HOLDS;
+        let tracked = register("registry-collected", &["yes".into()], 45, true, size);
+        tracked.record(FrameType::Stdout, &vec![b'y'; size]);
+        tracked.detach(Arc::new(sys::eventfd().expect("eventfd")));
+        tracked.finish(&ExecResult::default(), false);
+        let (mut ours, theirs) = UnixStream::pair().expect("socketpair");
+        let server = std::thread::spawn(move || attach("registry-collected", theirs, 0));
+        let reply: AgentReply = wire::read_message(&mut ours).expect("reply");
+        assert!(matches!(reply, AgentReply::Attached(_)), "{reply:?}");
+        let held = hold_registry();
+        assert_eq!(read_to_exit_frame(&mut ours).0, size);
+        assert_ends_only_after(&mut ours, held);
+        assert!(statuses(Some("registry-collected")).is_empty(), "collected");
+        server.join().expect("attach thread").expect("served");
+    }
+
+    #[test]
+    fn a_replay_of_many_short_runs_stays_within_its_room_headers_included() {
+        // A command that alternates one-byte writes to stdout and stderr: one frame per byte,
+        // nine bytes of frames per byte of output. Replayed in rooms of 1,000 bytes, every
+        // byte comes back once, in order, and no replay is larger than its room.
+        let tracked = register("registry-short-runs", &["sh".into()], 46, true, 4 << 20);
+        let mut want = (Vec::new(), Vec::new());
+        for i in 0..10_000u32 {
+            let byte = b'a' + (i % 26) as u8;
+            tracked.record(FrameType::Stdout, &[byte]);
+            tracked.record(FrameType::Stderr, &[byte]);
+            want.0.push(byte);
+            want.1.push(byte);
+        }
+        let room = 1000;
+        let (mut cursor, mut got, mut replays) = (0, (Vec::new(), Vec::new()), 0);
+        loop {
+            let mut frames = Vec::new();
+            let (next, skipped) = tracked.replay_into(cursor, room, &mut frames);
+            assert_eq!(skipped, 0);
+            assert!(frames.len() <= room, "{} bytes for {room}", frames.len());
+            if frames.is_empty() {
+                break;
+            }
+            let mut decoder = wire::Decoder::new(wire::Direction::GuestToHost);
+            decoder.push(&frames);
+            let mut payload = 0;
+            while let Some(frame) = decoder.next_frame().expect("valid frames") {
+                payload += frame.payload.len() as u64;
+                match frame.frame_type {
+                    FrameType::Stdout => got.0.extend_from_slice(frame.payload),
+                    FrameType::Stderr => got.1.extend_from_slice(frame.payload),
+                    other => panic!("{other} frame in a replay"),
+                }
+            }
+            assert_eq!(
+                next,
+                cursor + payload,
+                "the cursor moves by what was framed"
+            );
+            cursor = next;
+            replays += 1;
+        }
+        assert_eq!(cursor, 20_000);
+        assert!(replays >= 20_000 * 9 / room, "{replays} replays");
+        assert_eq!(got, want);
+        tracked.finish(&ExecResult::default(), true);
     }
 
     #[test]

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use common::{read_output, sh, wait_gone, Agent};
 use wire::agent::{AgentReply, AgentRequest};
-use wire::{ExecState, ExecStatus, OnDisconnect};
+use wire::{ExecState, ExecStatus, FrameType, OnDisconnect, HEADER_SIZE};
 
 fn start(agent: &Agent, exec_id: &str, script: &str, tail_bytes: Option<u64>) -> UnixStream {
     let mut request = sh(script);
@@ -254,4 +254,283 @@ fn a_silent_command_notices_its_host_shut_its_side_as_a_vsock_close_looks() {
         signal: libc::SIGKILL,
         exec_id: Some("keep-rdhup".into()),
     });
+}
+
+/// A small deterministic generator (xorshift64*): the stress test's drop points vary run to
+/// run, and a failure names its seed so that `DETACH_STRESS_SEED` can repeat them.
+struct Rng(u64);
+
+impl Rng {
+    fn seeded() -> (Rng, u64) {
+        let seed = std::env::var("DETACH_STRESS_SEED")
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or_else(|| {
+                let nanos = std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map(|d| d.as_nanos() as u64)
+                    .unwrap_or(1);
+                nanos ^ (u64::from(std::process::id()) << 32)
+            });
+        (Rng(seed | 1), seed)
+    }
+
+    fn below(&mut self, n: u64) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d) % n.max(1)
+    }
+}
+
+/// What a re-attaching client has of one command's output, over all its connections.
+#[derive(Debug, Default)]
+struct Received {
+    stdout: Vec<u8>,
+    stderr: Vec<u8>,
+    exits: Vec<wire::ExecResult>,
+    /// Frame header bytes of the current connection not yet whole (lost with it).
+    header: Vec<u8>,
+    /// The current frame's type and the payload bytes it has still to bring.
+    frame: Option<(FrameType, usize)>,
+    exit_payload: Vec<u8>,
+}
+
+impl Received {
+    /// The offset to re-attach from: every payload byte received, whole frames or not (a
+    /// frame cut by the drop leaves its first bytes, which the client has and counts).
+    fn offset(&self) -> u64 {
+        (self.stdout.len() + self.stderr.len()) as u64
+    }
+
+    /// A new connection starts at a frame boundary.
+    fn new_connection(&mut self) {
+        self.header.clear();
+        self.frame = None;
+        self.exit_payload.clear();
+    }
+
+    /// Takes in bytes of a frame stream as they arrived.
+    fn feed(&mut self, mut bytes: &[u8]) {
+        while !bytes.is_empty() {
+            let Some((kind, left)) = self.frame else {
+                let take = (HEADER_SIZE - self.header.len()).min(bytes.len());
+                self.header.extend_from_slice(&bytes[..take]);
+                bytes = &bytes[take..];
+                if self.header.len() == HEADER_SIZE {
+                    let kind = FrameType::try_from(self.header[0]).expect("a frame type");
+                    let len = u32::from_be_bytes([
+                        self.header[4],
+                        self.header[5],
+                        self.header[6],
+                        self.header[7],
+                    ]) as usize;
+                    self.header.clear();
+                    self.frame = Some((kind, len));
+                    if len == 0 {
+                        self.end_frame(kind);
+                    }
+                }
+                continue;
+            };
+            let take = left.min(bytes.len());
+            let piece = &bytes[..take];
+            bytes = &bytes[take..];
+            match kind {
+                FrameType::Stdout => self.stdout.extend_from_slice(piece),
+                FrameType::Stderr => self.stderr.extend_from_slice(piece),
+                FrameType::Exit => self.exit_payload.extend_from_slice(piece),
+                other => panic!("unexpected {other} frame from the agent"),
+            }
+            self.frame = Some((kind, left - take));
+            if left == take {
+                self.end_frame(kind);
+            }
+        }
+    }
+
+    fn end_frame(&mut self, kind: FrameType) {
+        self.frame = None;
+        if kind == FrameType::Exit {
+            let result = serde_json::from_slice(&self.exit_payload).expect("exit payload");
+            self.exits.push(result);
+            self.exit_payload.clear();
+        }
+    }
+}
+
+/// Re-attaches from `offset`, retrying while the agent has not yet seen the previous
+/// connection go (it answers `conflict` until then).
+fn reattach(agent: &Agent, exec_id: &str, offset: u64, what: &str) -> UnixStream {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let mut conn = agent.send(&AgentRequest::Attach {
+            exec_id: exec_id.into(),
+            offset,
+        });
+        conn.set_read_timeout(Some(Duration::from_secs(10)))
+            .expect("read timeout");
+        // Read without a buffer: the frames that follow the answer stay in the socket.
+        match wire::read_message(&mut conn).expect("attach answer") {
+            AgentReply::Attached(s) => {
+                assert!(s.output_bytes >= offset, "{s:?} from {offset}");
+                return conn;
+            }
+            AgentReply::Error(e) if e.code == "conflict" => {}
+            other => panic!("{what}: attach {exec_id} from {offset}: {other:?}"),
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{what}: {exec_id} stayed attached 10 s after its client left"
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+/// Checks that `text` is exactly the lines `want`, in order; says where it is not.
+fn check_lines(stream: &str, text: &[u8], want: impl Iterator<Item = String>) {
+    let text = std::str::from_utf8(text).expect("ASCII output");
+    let mut lines = text.split_inclusive('\n');
+    let mut at = 0usize;
+    for expected in want {
+        match lines.next() {
+            Some(line) if line == expected => at += line.len(),
+            got => {
+                let from = at.saturating_sub(60);
+                let to = (at + 120).min(text.len());
+                panic!(
+                    "{stream}: byte {at}: wanted {expected:?}, got {got:?}; around it: {:?}",
+                    &text[from..to]
+                );
+            }
+        }
+    }
+    let rest: String = lines.take(3).collect();
+    assert!(rest.is_empty(), "{stream}: more than expected: {rest:?}");
+}
+
+#[test]
+fn re_attaching_again_and_again_while_the_command_writes_loses_and_repeats_nothing() {
+    // Drops at random points (right after the answer, inside a frame header, inside a
+    // payload, after a few frames; once in a while before reading the answer at all), each
+    // followed at once by an attach from what the client has: every byte exactly once, in
+    // order, then one exit frame. The command writes all the while, on both streams, and
+    // waits for a file to exit, so that no exit frame is ever in flight when a connection
+    // drops (a client that drops after its exit frame was sent has had its result).
+    const CYCLES: usize = 40;
+    // At most ~11 MB: more than the client's reads can ask for (40 × 192 KiB at most), so a
+    // read never waits on a command that has stopped writing.
+    const LINES: u64 = 1_000_000;
+    let (mut rng, seed) = Rng::seeded();
+    let agent = Agent::start();
+    let stop = agent.dir.path().join("stop");
+    let script = format!(
+        "i=0; while [ $i -lt {LINES} ] && [ ! -e '{stop}' ]; do i=$((i+1)); echo \"o $i\"; \
+         if [ $((i % 5)) -eq 0 ]; then echo \"e $i\" >&2; fi; done; \
+         echo \"end $i\"; echo \"end $i\" >&2; while [ ! -e '{stop}' ]; do sleep 0.01; done; exit 7",
+        stop = stop.display()
+    );
+    // Room for all of it: nothing may be dropped.
+    let mut conn = start(&agent, "keep-stress", &script, Some(16 * 1024 * 1024));
+    conn.set_read_timeout(Some(Duration::from_secs(10)))
+        .expect("read timeout");
+    let mut got = Received::default();
+    let mut log = Vec::new();
+    let mut buf = vec![0u8; 256 * 1024];
+    for cycle in 0..CYCLES {
+        let budget = match rng.below(8) {
+            // The first connection reads at least a byte: until the agent has read the exec
+            // request and registered the command, an attach rightly finds no such command
+            // (the attach may even be read first), and only a byte of output proves it.
+            0 if cycle > 0 => 0,
+            0 | 1 => 1 + rng.below(15),
+            2 => 1 + rng.below(4096),
+            _ => 1 + rng.below(192 * 1024),
+        } as usize;
+        let mut read = 0;
+        while read < budget {
+            let want = (budget - read).min(buf.len());
+            match conn.read(&mut buf[..want]) {
+                Ok(0) => panic!("seed {seed}: cycle {cycle}: the agent closed: {log:?}"),
+                Ok(n) => {
+                    got.feed(&buf[..n]);
+                    read += n;
+                }
+                Err(e) => panic!("seed {seed}: cycle {cycle}: reading: {e}: {log:?}"),
+            }
+        }
+        assert!(
+            got.exits.is_empty(),
+            "seed {seed}: an exit frame before the end"
+        );
+        log.push((got.offset(), budget));
+        drop(conn);
+        if rng.below(10) == 0 {
+            // An attach that is dropped unanswered: handed over or not, it got nothing.
+            drop(agent.send(&AgentRequest::Attach {
+                exec_id: "keep-stress".into(),
+                offset: got.offset(),
+            }));
+        }
+        got.new_connection();
+        let what = format!("seed {seed}: cycle {cycle}: {log:?}");
+        conn = reattach(&agent, "keep-stress", got.offset(), &what);
+    }
+    // The end: the command exits while attached, or (when the file comes first) while its
+    // exec thread is detached or about to take the hand-off.
+    let exit_detached = rng.below(2) == 0;
+    if exit_detached {
+        drop(conn);
+        std::fs::write(&stop, b"").expect("stop file");
+        got.new_connection();
+        conn = reattach(
+            &agent,
+            "keep-stress",
+            got.offset(),
+            &format!("seed {seed}: last"),
+        );
+    } else {
+        std::fs::write(&stop, b"").expect("stop file");
+    }
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        assert!(Instant::now() < deadline, "seed {seed}: no end in 30 s");
+        match conn.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => got.feed(&buf[..n]),
+            Err(e) => panic!("seed {seed}: reading the rest: {e}: {log:?}"),
+        }
+    }
+    assert!(
+        got.header.is_empty() && got.frame.is_none(),
+        "seed {seed}: the stream ended inside a frame"
+    );
+    assert_eq!(got.exits.len(), 1, "seed {seed}: exactly one exit frame");
+    let result = &got.exits[0];
+    assert_eq!(result.exit_code, 7, "seed {seed}: {result:?}");
+    assert_eq!(
+        result.output_dropped_bytes, 0,
+        "seed {seed}: the tail held everything"
+    );
+    let stdout = String::from_utf8_lossy(&got.stdout);
+    let last: u64 = stdout
+        .lines()
+        .last()
+        .and_then(|l| l.strip_prefix("end "))
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("seed {seed}: no end line: {:?}", stdout.lines().last()));
+    let end = format!("end {last}\n");
+    let out = (1..=last).map(|n| format!("o {n}\n"));
+    check_lines("stdout", &got.stdout, out.chain([end.clone()]));
+    let err = (1..=last / 5).map(|k| format!("e {}\n", k * 5));
+    check_lines("stderr", &got.stderr, err.chain([end]));
+    eprintln!(
+        "seed {seed}: {last} lines, {} bytes, exit {}",
+        got.offset(),
+        if exit_detached {
+            "detached"
+        } else {
+            "attached"
+        }
+    );
 }
