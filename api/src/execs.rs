@@ -97,25 +97,84 @@ pub(crate) struct AttachQuery {
     /// The output bytes the client already has.
     #[serde(default)]
     offset: u64,
+    /// `1`: an interactive re-attach, its stdin carried on (`Upgrade: tcp` here; the
+    /// front door hijacks the bare form).
+    stdin: Option<String>,
 }
 
-/// `POST /sandboxes/{id}/execs/{exec_id}/attach?offset=N`.
+/// The headers that say where a re-attached stream starts: the command's output so far, the
+/// oldest byte kept, and an interactive command's stdin bytes taken (and whether it was
+/// closed).
+pub(crate) fn position_headers(status: &wire::ExecStatus) -> Vec<(&'static str, String)> {
+    let mut headers = vec![
+        ("x-crucible-output-bytes", status.output_bytes.to_string()),
+        (
+            "x-crucible-output-kept-from",
+            status.output_kept_from.to_string(),
+        ),
+    ];
+    if let Some(taken) = status.stdin_bytes {
+        headers.push(("x-crucible-stdin-bytes", taken.to_string()));
+        headers.push(("x-crucible-stdin-closed", status.stdin_closed.to_string()));
+    }
+    headers
+}
+
+/// `POST /sandboxes/{id}/execs/{exec_id}/attach?offset=N[&stdin=1]`.
 pub(crate) async fn attach(
     State(state): State<Arc<Edge>>,
     Authenticated(caller): Authenticated,
     Path((id, exec_id)): Path<(String, String)>,
     Query(query): Query<AttachQuery>,
+    mut request: axum::extract::Request,
 ) -> Result<Response, ApiError> {
+    let interactive = exec::wants_stdin(query.stdin.as_deref())?;
+    let on_upgrade = (interactive && crate::routes::asks_tcp_upgrade(request.headers()))
+        .then(|| hyper::upgrade::on(&mut request));
+    if interactive && on_upgrade.is_none() {
+        return Err(ApiError::invalid(
+            "an interactive attach (?stdin=1) must be the first request on its connection, \
+             or send `Connection: Upgrade` and `Upgrade: tcp`",
+        ));
+    }
     let sandbox = state.registry.get(&id, &caller)?;
     let (status, session) = exec::attach(&state.metrics, &sandbox, &exec_id, query.offset).await?;
-    Ok(frame_stream_response(
-        session,
-        &[
-            ("x-crucible-output-bytes", status.output_bytes.to_string()),
-            (
-                "x-crucible-output-kept-from",
-                status.output_kept_from.to_string(),
-            ),
+    let positions = position_headers(&status);
+    let Some(on_upgrade) = on_upgrade else {
+        return Ok(frame_stream_response(session, &positions));
+    };
+    let exec_id = HeaderValue::from_str(session.exec_id()).ok();
+    tokio::spawn(async move {
+        match on_upgrade.await {
+            Ok(upgraded) => {
+                let (reader, writer) = tokio::io::split(hyper_util::rt::TokioIo::new(upgraded));
+                exec::pump(
+                    session,
+                    crate::raw_stream::RawReader::new(reader),
+                    crate::raw_stream::RawWriter(writer),
+                )
+                .await;
+            }
+            Err(e) => tracing::debug!("attach upgrade failed: {e}"),
+        }
+    });
+    let mut response = (
+        StatusCode::SWITCHING_PROTOCOLS,
+        [
+            (header::CONNECTION, "Upgrade"),
+            (header::UPGRADE, "tcp"),
+            (header::CONTENT_TYPE, "application/octet-stream"),
         ],
-    ))
+    )
+        .into_response();
+    let headers = response.headers_mut();
+    if let Some(exec_id) = exec_id {
+        headers.insert(HeaderName::from_static(EXEC_ID_HEADER), exec_id);
+    }
+    for (name, value) in positions {
+        if let Ok(value) = HeaderValue::from_str(&value) {
+            headers.insert(HeaderName::from_static(name), value);
+        }
+    }
+    Ok(response)
 }

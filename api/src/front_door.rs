@@ -37,6 +37,9 @@ use http1::{HeadError, HeadScanner, Limits, LineEnds, RequestHead, RequestTarget
 pub struct ExecHead {
     /// The sandbox id from the path.
     pub id: String,
+    /// `POST /sandboxes/{id}/execs/{exec_id}/attach?stdin=1`: a hijacked re-attach to an
+    /// interactive command (no body), rather than a new exec.
+    pub attach: Option<AttachTarget>,
     /// `?stdin=1`: the hijacked interactive transport; else a one-shot exec.
     pub interactive: bool,
     /// Whether the connection stays open after a one-shot exec's response (a one-shot served
@@ -48,6 +51,23 @@ pub struct ExecHead {
     pub content_length: Option<usize>,
     /// Whether `chunked` is the final transfer coding.
     pub chunked: bool,
+}
+
+/// The command a hijacked re-attach names, and the output bytes its client already has.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AttachTarget {
+    /// Its `exec_id`.
+    pub exec_id: String,
+    /// `?offset=`.
+    pub offset: u64,
+}
+
+/// The value of `name` in a query string (`a=1&b=2`).
+fn query_value<'q>(query: Option<&'q str>, name: &str) -> Option<&'q str> {
+    query
+        .unwrap_or("")
+        .split('&')
+        .find_map(|pair| pair.strip_prefix(name)?.strip_prefix('='))
 }
 
 /// The limits the first request head is read under: bare LF line ends are accepted, as hyper
@@ -97,17 +117,37 @@ pub fn parse_first_head(head: &[u8]) -> Result<Option<ExecHead>, ApiError> {
     let RequestTarget::Origin { path, query } = request.target_form() else {
         return Ok(None);
     };
-    let Some(id) = path
-        .strip_prefix("/sandboxes/")
-        .and_then(|rest| rest.strip_suffix("/exec"))
-    else {
+    let Some(rest) = path.strip_prefix("/sandboxes/") else {
         return Ok(None);
     };
-    let stdin = query
-        .unwrap_or("")
-        .split('&')
-        .find_map(|pair| pair.strip_prefix("stdin="));
-    let interactive = exec::wants_stdin(stdin)?;
+    let interactive = exec::wants_stdin(query_value(query, "stdin"))?;
+    let (id, attach) = match rest.strip_suffix("/exec") {
+        Some(id) => (id, None),
+        None => {
+            // Only an interactive re-attach is hijacked; a one-shot one is hyper's.
+            let Some((id, exec_id)) = rest
+                .strip_suffix("/attach")
+                .and_then(|r| r.split_once("/execs/"))
+                .filter(|(id, exec_id)| !id.contains('/') && !exec_id.contains('/'))
+            else {
+                return Ok(None);
+            };
+            if !interactive {
+                return Ok(None);
+            }
+            let offset = match query_value(query, "offset") {
+                None | Some("") => 0,
+                Some(n) => n.parse().map_err(|_| {
+                    ApiError::invalid(format!("offset: expected a byte count, got {n:?}"))
+                })?,
+            };
+            let target = AttachTarget {
+                exec_id: exec_id.to_string(),
+                offset,
+            };
+            (id, Some(target))
+        }
+    };
     let headers = request.headers();
     if headers.contains("upgrade") {
         // Docker's `Upgrade: tcp` variant: hyper answers it with a 101. Any Upgrade header,
@@ -126,6 +166,7 @@ pub fn parse_first_head(head: &[u8]) -> Result<Option<ExecHead>, ApiError> {
     }
     Ok(Some(ExecHead {
         id: id.to_string(),
+        attach,
         interactive,
         keep_alive: request.keep_alive(),
         authorization: headers.get("authorization").map(<[u8]>::to_vec),
@@ -265,6 +306,9 @@ async fn serve_exec<S>(
         Some(caller) => caller,
         None => return respond_error(&state, &mut stream, &ApiError::unauthorized()).await,
     };
+    if let Some(target) = &head.attach {
+        return serve_attach(state, stream, &head, target, rest, &caller).await;
+    }
     let length = match (head.content_length, head.chunked) {
         (Some(n), false) if n <= JSON_BODY_LIMIT => n,
         (Some(n), false) => {
@@ -315,8 +359,13 @@ async fn serve_exec<S>(
         Err(e) => return respond_error(&state, &mut stream, &e.into()).await,
     };
     if head.interactive {
-        let head = b"HTTP/1.1 200 OK\r\nContent-Type: application/octet-stream\r\n\r\n";
-        if stream.write_all(head).await.is_err() {
+        // The exec id is `[A-Za-z0-9._-]` only (validated, or generated): safe in a header.
+        let head = format!(
+            "HTTP/1.1 200 OK\r\nContent-Type: application/octet-stream\r\n{}: {}\r\n\r\n",
+            crate::execs::EXEC_ID_HEADER,
+            session.exec_id()
+        );
+        if stream.write_all(head.as_bytes()).await.is_err() {
             return;
         }
         let (reader, writer) = tokio::io::split(Rewind::new(after_body, stream));
@@ -339,6 +388,48 @@ async fn serve_exec<S>(
     } else {
         let _ = stream.shutdown().await;
     }
+}
+
+/// A hijacked re-attach to an interactive command: no body; after a bare `200` head (with the
+/// command's output and stdin positions) the connection carries stdin frames in and the
+/// rest of the frame stream out, as the exec that started it did.
+async fn serve_attach<S>(
+    state: Arc<Edge>,
+    mut stream: S,
+    head: &ExecHead,
+    target: &AttachTarget,
+    rest: Vec<u8>,
+    caller: &crate::auth::Caller,
+) where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    if head.chunked || head.content_length.is_some_and(|n| n > 0) {
+        let error = ApiError::invalid("an attach takes no body");
+        return respond_error(&state, &mut stream, &error).await;
+    }
+    let sandbox = match state.registry.get(&head.id, caller) {
+        Ok(sandbox) => sandbox,
+        Err(e) => return respond_error(&state, &mut stream, &e.into()).await,
+    };
+    let attached = exec::attach(&state.metrics, &sandbox, &target.exec_id, target.offset).await;
+    let (status, session) = match attached {
+        Ok(attached) => attached,
+        Err(e) => return respond_error(&state, &mut stream, &e.into()).await,
+    };
+    let mut response = format!(
+        "HTTP/1.1 200 OK\r\nContent-Type: application/octet-stream\r\n{}: {}\r\n",
+        crate::execs::EXEC_ID_HEADER,
+        session.exec_id()
+    );
+    for (name, value) in crate::execs::position_headers(&status) {
+        response.push_str(&format!("{name}: {value}\r\n"));
+    }
+    response.push_str("\r\n");
+    if stream.write_all(response.as_bytes()).await.is_err() {
+        return;
+    }
+    let (reader, writer) = tokio::io::split(Rewind::new(Bytes::from(rest), stream));
+    exec::pump(session, RawReader::new(reader), RawWriter(writer)).await;
 }
 
 /// How long a one-shot exec's response head waits for the first frames to go out with them.

@@ -314,16 +314,24 @@ pub(crate) fn document() -> Value {
                         output_dropped_bytes. An ended command's result is collected by the \
                         attach that delivers it. Headers: X-Crucible-Exec-Id, \
                         X-Crucible-Output-Bytes (its output so far), \
-                        X-Crucible-Output-Kept-From (the oldest byte kept).",
+                        X-Crucible-Output-Kept-From (the oldest byte kept); for an interactive \
+                        command, X-Crucible-Stdin-Bytes (the stdin bytes it took: send on \
+                        from there) and X-Crucible-Stdin-Closed. With ?stdin=1 (an \
+                        interactive command that asked for on_disconnect: keep) the connection \
+                        is hijacked after a bare `HTTP/1.1 200 OK` header block (or a 101 for \
+                        `Connection: Upgrade` + `Upgrade: tcp`) and carries stdin frames in, \
+                        as the exec that started it did.",
                     "parameters": [{
                         "name": "offset", "in": "query", "required": false,
                         "description": "The output bytes the client already has (default 0: everything still kept).",
                         "schema": { "type": "integer", "minimum": 0, "maximum": u64::MAX }
-                    }],
+                    }, { "name": "stdin", "in": "query", "required": false,
+                        "description": "1 (or true) to re-attach to an interactive command, its stdin carried on (hijacked; must be the connection's first request); 0, false or empty for its output only.",
+                        "schema": { "type": "string", "enum": ["0", "1", "true", "false", ""] } }],
                     "responses": with(errors(&[
                         ("400", "The id or exec_id is malformed, or the offset is past the command's output."),
                         ("404", "No such sandbox, or no command with this exec_id (code exec_not_found)."),
-                        ("409", "Another client is attached, the command dies with its connection (on_disconnect: kill, interactive), or the sandbox is not running."),
+                        ("409", "Another client is attached, the command dies with its connection (on_disconnect: kill, or an interactive one that did not ask to keep), or the sandbox is not running."),
                         ("429", "The sandbox runs its maximum number of commands."),
                         ("502", "The sandbox's agent could not be reached."),
                     ]), json!({
@@ -442,7 +450,8 @@ pub(crate) fn document() -> Value {
                         one the daemon gave it). A one-shot command outlives its connection \
                         unless it asks for on_disconnect: kill; re-attach with POST \
                         /sandboxes/{id}/execs/{exec_id}/attach. An interactive one ends with \
-                        its connection.",
+                        its connection, unless it asks for on_disconnect: keep (then \
+                        re-attach with ?stdin=1).",
                     "parameters": [{ "name": "stdin", "in": "query", "required": false,
                         "description": "1 (or true) for an interactive (hijacked) session; 0, false or empty for a one-shot exec.",
                         "schema": { "type": "string", "enum": ["0", "1", "true", "false", ""] } }],

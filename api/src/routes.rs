@@ -434,7 +434,7 @@ struct ExecQuery {
 }
 
 /// Whether the client asked for Docker's `Connection: Upgrade` + `Upgrade: tcp` hijack.
-fn asks_tcp_upgrade(headers: &HeaderMap) -> bool {
+pub(crate) fn asks_tcp_upgrade(headers: &HeaderMap) -> bool {
     headers
         .get(header::UPGRADE)
         .and_then(|v| v.to_str().ok())

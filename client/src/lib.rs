@@ -33,7 +33,7 @@ use wire::{ErrorBody, ExecRequest, FilesPutResult};
 pub use connection::Endpoint;
 pub use error::ClientError;
 pub use exec::{ExecEvent, ExecOutput, ExecStream};
-pub use session::{Session, SessionReader, SessionWriter};
+pub use session::{AttachPosition, Session, SessionReader, SessionWriter};
 
 /// A client of one daemon.
 #[derive(Debug, Clone)]
@@ -338,6 +338,19 @@ impl Client {
         );
         let response = raw::post(&self.endpoint, self.api_key.as_deref(), &target, b"").await?;
         Ok(ExecStream::new(response))
+    }
+
+    /// `POST /sandboxes/{id}/execs/{exec_id}/attach?offset=N&stdin=1`: re-attaches to an
+    /// interactive command that outlives its connection (`on_disconnect: keep`) over a
+    /// hijacked connection, from output byte `offset`; the position says which stdin bytes
+    /// it took (send on from there).
+    pub async fn attach_interactive(
+        &self,
+        id: &str,
+        exec_id: &str,
+        offset: u64,
+    ) -> Result<(Session, AttachPosition), ClientError> {
+        session::attach(&self.endpoint, self.api_key.as_deref(), id, exec_id, offset).await
     }
 
     /// Runs a command and collects all its output.

@@ -30,6 +30,21 @@ pub struct SessionWriter {
 pub struct Session {
     reader: SessionReader,
     writer: SessionWriter,
+    exec_id: Option<String>,
+}
+
+/// Where a re-attached interactive session starts (`POST …/execs/{exec_id}/attach?stdin=1`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct AttachPosition {
+    /// The command's output bytes so far (stdout and stderr payload, in stream order).
+    pub output_bytes: u64,
+    /// The oldest output byte still kept.
+    pub output_kept_from: u64,
+    /// The stdin payload bytes the command has taken: input sent past them was lost with the
+    /// old connection and must be sent again.
+    pub stdin_bytes: u64,
+    /// Whether its stdin was closed already (nothing more is taken).
+    pub stdin_closed: bool,
 }
 
 impl SessionReader {
@@ -90,6 +105,59 @@ impl Session {
     pub fn into_split(self) -> (SessionReader, SessionWriter) {
         (self.reader, self.writer)
     }
+
+    /// The command's `exec_id` (`X-Crucible-Exec-Id`): the request's, or the one the daemon
+    /// gave it.
+    pub fn exec_id(&self) -> Option<&str> {
+        self.exec_id.as_deref()
+    }
+}
+
+/// The session over a hijacked response.
+fn hijacked(response: raw::Response) -> Session {
+    let exec_id = response.header("x-crucible-exec-id").map(str::to_string);
+    let (rest, stream) = (response.rest, response.stream);
+    let (read, write) = tokio::io::split(stream);
+    let reader: Reader = Cursor::new(rest).chain(read);
+    Session {
+        reader: SessionReader {
+            frames: AsyncFrameReader::new(reader, Direction::GuestToHost),
+        },
+        writer: SessionWriter {
+            frames: AsyncFrameWriter::new(write),
+        },
+        exec_id,
+    }
+}
+
+/// Re-attaches to interactive command `exec_id` from output byte `offset`, its stdin carried
+/// on (the command must have asked for `on_disconnect: keep`).
+pub(crate) async fn attach(
+    endpoint: &Endpoint,
+    api_key: Option<&str>,
+    id: &str,
+    exec_id: &str,
+    offset: u64,
+) -> Result<(Session, AttachPosition), ClientError> {
+    let target = format!(
+        "/sandboxes/{}/execs/{}/attach?offset={offset}&stdin=1",
+        path_segment(id),
+        path_segment(exec_id)
+    );
+    let response = raw::post(endpoint, api_key, &target, b"").await?;
+    let number = |name: &str| {
+        response
+            .header(name)
+            .and_then(|v| v.parse::<u64>().ok())
+            .ok_or_else(|| ClientError::Protocol(format!("the attach answer has no {name}")))
+    };
+    let position = AttachPosition {
+        output_bytes: number("x-crucible-output-bytes")?,
+        output_kept_from: number("x-crucible-output-kept-from")?,
+        stdin_bytes: number("x-crucible-stdin-bytes")?,
+        stdin_closed: response.header("x-crucible-stdin-closed") == Some("true"),
+    };
+    Ok((hijacked(response), position))
 }
 
 pub(crate) async fn open(
@@ -101,15 +169,5 @@ pub(crate) async fn open(
     let body = serde_json::to_vec(request).map_err(|e| ClientError::Protocol(e.to_string()))?;
     let target = format!("/sandboxes/{}/exec?stdin=1", path_segment(id));
     let response = raw::post(endpoint, api_key, &target, &body).await?;
-    let (rest, stream) = (response.rest, response.stream);
-    let (read, write) = tokio::io::split(stream);
-    let reader: Reader = Cursor::new(rest).chain(read);
-    Ok(Session {
-        reader: SessionReader {
-            frames: AsyncFrameReader::new(reader, Direction::GuestToHost),
-        },
-        writer: SessionWriter {
-            frames: AsyncFrameWriter::new(write),
-        },
-    })
+    Ok(hijacked(response))
 }

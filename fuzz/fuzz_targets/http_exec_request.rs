@@ -105,11 +105,14 @@ fuzz_target!(|data: &[u8]| {
     let (path, query) = without_fragment
         .split_once('?')
         .unwrap_or((without_fragment, ""));
-    assert_eq!(
-        path,
-        format!("/sandboxes/{}/exec", hijack.id),
-        "wrong sandbox id"
-    );
+    let expected = match &hijack.attach {
+        None => format!("/sandboxes/{}/exec", hijack.id),
+        Some(attach) => {
+            assert!(hijack.interactive, "only an interactive attach is hijacked");
+            format!("/sandboxes/{}/execs/{}/attach", hijack.id, attach.exec_id)
+        }
+    };
+    assert_eq!(path, expected, "wrong sandbox or exec id");
     let stdin = query
         .split('&')
         .find_map(|pair| pair.strip_prefix("stdin="));

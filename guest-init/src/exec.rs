@@ -171,9 +171,15 @@ pub fn run(
         drop(r);
         w
     });
-    // Only a named command can be found again; an interactive one ends with its connection.
+    // Only a named command can be found again. A one-shot one outlives its connection unless
+    // it asks not to; an interactive one only when it asks to (by default closing its
+    // connection ends it, as the protocol says).
     let tracked = (!req.exec_id.is_empty()).then(|| {
-        let keep = !interactive && req.on_disconnect != Some(wire::OnDisconnect::Kill);
+        let keep = match req.on_disconnect {
+            Some(wire::OnDisconnect::Kill) => false,
+            Some(wire::OnDisconnect::Keep) => true,
+            None => !interactive,
+        };
         let tail = tail_bytes
             .unwrap_or(wire::agent::DEFAULT_TAIL_BYTES)
             .min(wire::agent::MAX_TAIL_BYTES);
@@ -478,6 +484,10 @@ struct StdinPump {
     host_done: bool,
     /// Whether the host half-closed the connection (frames may still be buffered).
     eof: bool,
+    /// Payload bytes of the stdin frames taken from the host so far, across connections.
+    taken: u64,
+    /// Whether the host sent `stdin_close`.
+    closed: bool,
 }
 
 impl StdinPump {
@@ -490,7 +500,24 @@ impl StdinPump {
             pos: 0,
             host_done: false,
             eof: false,
+            taken: 0,
+            closed: false,
         })
+    }
+
+    /// How far stdin got, for a client that re-attaches.
+    fn progress(&self) -> exec_registry::StdinTaken {
+        exec_registry::StdinTaken {
+            bytes: self.taken,
+            closed: self.closed,
+        }
+    }
+
+    /// Its connection dropped: a frame it was in the middle of is lost with it (the client
+    /// resends from [`StdinPump::progress`]), and the next connection starts a fresh stream.
+    fn detach(&mut self) {
+        self.decoder = Decoder::new(Direction::HostToGuest);
+        self.eof = false;
     }
 
     fn wants_host_input(&self) -> bool {
@@ -530,8 +557,12 @@ impl StdinPump {
                     self.buf.clear();
                     self.buf.extend_from_slice(frame.payload);
                     self.pos = 0;
+                    self.taken += frame.payload.len() as u64;
                 }
-                FrameType::StdinClose => self.host_done = true,
+                FrameType::StdinClose => {
+                    self.host_done = true;
+                    self.closed = true;
+                }
                 other => {
                     return Err(ExecError::Protocol(format!(
                         "unexpected {other} frame from the host"
@@ -771,7 +802,11 @@ impl Session {
         let wake = Arc::new(sys::eventfd()?);
         self.conn = None;
         self.pending.clear();
-        tracked.detach(wake.clone());
+        let stdin = self.stdin.as_mut().map(|stdin| {
+            stdin.detach();
+            stdin.progress()
+        });
+        tracked.detach(wake.clone(), stdin);
         self.wake = Some(wake);
         crate::log::debug(format_args!(
             "exec {:?}: its connection dropped; it runs on detached",
@@ -825,6 +860,11 @@ impl Session {
             return Ok(());
         };
         match sys::recv_nowait(conn.as_fd(), stdin.decoder.unfilled_mut()) {
+            Ok(0) if self.tracked.as_ref().is_some_and(|t| t.keeps_running()) => {
+                // A session that outlives its connection cannot tell a half-close from a
+                // connection lost: only `stdin_close` ends its input.
+                return Err(ExecError::HostGone(None));
+            }
             Ok(0) => {
                 // The host half-closed its side: once the frames already received are
                 // delivered, that ends stdin (see `advance`).

@@ -155,6 +155,18 @@ struct Shared {
     wake: Option<Arc<OwnedFd>>,
     /// Set when it ended while detached (or its exit frame could not be written).
     result: Option<ExecResult>,
+    /// An interactive command's stdin as of its last detach: the bytes it took, and whether
+    /// its client closed it.
+    stdin: Option<StdinTaken>,
+}
+
+/// How far an interactive command's stdin got.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct StdinTaken {
+    /// Payload bytes of the stdin frames taken.
+    pub bytes: u64,
+    /// Whether `stdin_close` came.
+    pub closed: bool,
 }
 
 /// One command that can be found by name.
@@ -194,6 +206,8 @@ impl Tracked {
             output_bytes: shared.tail.end(),
             output_kept_from: shared.tail.kept_from(),
             result: shared.result.clone(),
+            stdin_bytes: shared.stdin.map(|s| s.bytes),
+            stdin_closed: shared.stdin.is_some_and(|s| s.closed),
         }
     }
 
@@ -250,11 +264,13 @@ impl Tracked {
     }
 
     /// The exec thread lost its client: from now on an `attach` may hand it another, waking
-    /// `wake`.
-    pub fn detach(&self, wake: Arc<OwnedFd>) {
+    /// `wake`. `stdin` is how far an interactive command's input got (it cannot move while
+    /// nobody is attached).
+    pub fn detach(&self, wake: Arc<OwnedFd>, stdin: Option<StdinTaken>) {
         let mut shared = self.lock();
         shared.attached = false;
         shared.wake = Some(wake);
+        shared.stdin = stdin;
     }
 
     /// A connection an `attach` handed over, if any; the command is attached again.
@@ -356,6 +372,7 @@ pub fn register(
             handoff: None,
             wake: None,
             result: None,
+            stdin: None,
         }),
     });
     let mut list = registry();
@@ -461,7 +478,7 @@ mod tests {
     fn an_ended_commands_result_is_collected_by_one_attach_with_what_was_kept() {
         let tracked = register("registry-ended", &["echo".into()], 42, true, 8);
         tracked.record(FrameType::Stdout, b"0123456789");
-        tracked.detach(Arc::new(sys::eventfd().expect("eventfd")));
+        tracked.detach(Arc::new(sys::eventfd().expect("eventfd")), None);
         tracked.finish(&ExecResult::default(), false);
         let status = statuses(Some("registry-ended"));
         assert_eq!(status.len(), 1);
@@ -501,7 +518,7 @@ mod tests {
         let size = MORE_THAN_A_SOCKET_HOLDS;
         let tracked = register("registry-collected", &["yes".into()], 45, true, size);
         tracked.record(FrameType::Stdout, &vec![b'y'; size]);
-        tracked.detach(Arc::new(sys::eventfd().expect("eventfd")));
+        tracked.detach(Arc::new(sys::eventfd().expect("eventfd")), None);
         tracked.finish(&ExecResult::default(), false);
         let (mut ours, theirs) = UnixStream::pair().expect("socketpair");
         let server = std::thread::spawn(move || attach("registry-collected", theirs, 0));
@@ -572,7 +589,7 @@ mod tests {
             attach("registry-busy", pair(), 0),
             Err(AttachError::Busy(_))
         ));
-        attached.detach(Arc::new(sys::eventfd().expect("eventfd")));
+        attached.detach(Arc::new(sys::eventfd().expect("eventfd")), None);
         assert!(matches!(
             attach("registry-busy", pair(), 4),
             Err(AttachError::PastTheEnd { end: 3, .. })

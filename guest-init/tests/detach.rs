@@ -221,6 +221,64 @@ fn on_disconnect_kill_and_interactive_sessions_die_with_their_connection() {
     }
 }
 
+/// Writes `data` as one stdin frame (or a stdin_close frame for `None`).
+fn send_stdin(conn: &mut UnixStream, data: Option<&[u8]>) {
+    use std::io::Write;
+    let mut frame = Vec::new();
+    match data {
+        Some(data) => wire::encode_frames(FrameType::Stdin, data, &mut frame),
+        None => wire::encode_frames(FrameType::StdinClose, b"", &mut frame),
+    }
+    conn.write_all(&frame).expect("send stdin");
+}
+
+#[test]
+fn an_interactive_session_that_asks_to_keep_carries_its_stdin_across_connections() {
+    let agent = Agent::start();
+    // `cat` echoes what it takes; the line count at its end proves every byte arrived once.
+    let mut request = sh("cat; echo done");
+    request.exec_id = "kept-interactive".into();
+    request.on_disconnect = Some(OnDisconnect::Keep);
+    let mut session = agent.send(&AgentRequest::Exec {
+        request,
+        interactive: true,
+        user: None,
+        tail_bytes: None,
+    });
+    session
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .expect("timeout");
+    send_stdin(&mut session, Some(b"one\n"));
+    assert_eq!(read_stdout(&mut session, 4), b"one\n");
+    // A frame cut off by the drop is lost with the connection, never half-delivered.
+    use std::io::Write;
+    let mut partial = Vec::new();
+    wire::encode_frames(FrameType::Stdin, b"lost\n", &mut partial);
+    session
+        .write_all(&partial[..HEADER_SIZE + 2])
+        .expect("a partial frame");
+    drop(session);
+
+    let detached = wait_for(&agent, "kept-interactive", ExecState::Running);
+    assert!(detached.keep);
+    assert_eq!(detached.stdin_bytes, Some(4), "{detached:?}");
+    assert!(!detached.stdin_closed);
+    let (reply, reader) = attach(&agent, "kept-interactive", 4);
+    assert!(
+        matches!(&reply, AgentReply::Attached(s) if s.stdin_bytes == Some(4)),
+        "{reply:?}"
+    );
+    let mut session = reader.into_inner();
+    // A half-close is not the end of its input: only stdin_close is.
+    send_stdin(&mut session, Some(b"two\n"));
+    assert_eq!(read_stdout(&mut session, 4), b"two\n");
+    send_stdin(&mut session, None);
+    let out = read_output(session);
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "done\n");
+    assert_eq!(out.result.exit_code, 0, "{:?}", out.result);
+    assert_eq!(out.exit_frames, 1);
+}
+
 #[test]
 fn a_silent_command_notices_its_host_shut_its_side_as_a_vsock_close_looks() {
     // A vsock peer's close reaches the guest as a SHUTDOWN, which poll reports as POLLRDHUP

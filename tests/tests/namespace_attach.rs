@@ -2,7 +2,7 @@
 //! whose client goes away runs on; `GET /sandboxes/{id}/execs` lists it; an attach from the
 //! bytes the client had gets the rest and the one exit frame; what the agent no longer keeps
 //! is reported as dropped; `on_disconnect: kill` and interactive sessions still die with their
-//! connection.
+//! connection, unless an interactive one asks to keep (then a re-attach carries its stdin on).
 
 use std::time::Duration;
 
@@ -164,15 +164,97 @@ async fn on_disconnect_kill_and_interactive_sessions_die_with_their_connection()
         "killed with its connection: {ps}"
     );
 
-    // An interactive session cannot ask to outlive its connection.
-    let keep = ExecRequest {
-        on_disconnect: Some(OnDisconnect::Keep),
-        ..ExecRequest::new(["cat"])
-    };
-    let refused = c.interactive(&id, &keep).await.expect_err("400");
+    // An interactive session dies with its connection by default...
+    let mut session = c
+        .interactive(
+            &id,
+            &ExecRequest::new(["sh", "-c", "echo up; exec sleep 1002"]),
+        )
+        .await
+        .expect("interactive");
+    let exec_id = session.exec_id().expect("named").to_string();
+    match session.next_event().await {
+        Some(Ok(ExecEvent::Stdout(bytes))) => assert_eq!(&bytes[..], b"up\n"),
+        other => panic!("{other:?}"),
+    }
+    let attached = c.attach(&id, &exec_id, 0).await.expect_err("not kept");
     assert!(
-        matches!(&refused, ClientError::Api { status: 400, message, .. } if message.contains("on_disconnect")),
-        "{refused}"
+        matches!(attached, ClientError::Api { status: 409, .. }),
+        "{attached}"
+    );
+    drop(session);
+    for _ in 0..200 {
+        let (ps, _, _) = sh(&c, &id, "ps -o args").await;
+        if !ps.contains("sleep 1002") {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    panic!("an interactive session outlived its connection");
+}
+
+/// An interactive session that asks to outlive its connection (what the containerd shim's
+/// tasks do) runs on when it drops; a re-attach with stdin says how much input the command
+/// took, carries input on from there, and the command's end is reported once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_interactive_session_that_asks_to_keep_is_re_attached_with_its_stdin() {
+    let daemon = TestDaemon::start();
+    let c = daemon.client();
+    let id = daemon.sandbox().await;
+    let request = ExecRequest {
+        exec_id: "kept-shell".into(),
+        on_disconnect: Some(OnDisconnect::Keep),
+        ..ExecRequest::new(["sh", "-c", "cat; echo eof"])
+    };
+    let mut session = c.interactive(&id, &request).await.expect("interactive");
+    assert_eq!(session.exec_id(), Some("kept-shell"));
+    session.send_stdin(b"alpha\n").await.expect("stdin");
+    match session.next_event().await {
+        Some(Ok(ExecEvent::Stdout(bytes))) => assert_eq!(&bytes[..], b"alpha\n"),
+        other => panic!("{other:?}"),
+    }
+    drop(session);
+    let status = detached(&c, &id, "kept-shell", ExecState::Running).await;
+    assert_eq!(status.stdin_bytes, Some(6), "{status:?}");
+    assert!(status.keep && !status.stdin_closed, "{status:?}");
+
+    // A one-shot attach reads it but cannot feed it; an interactive one does both.
+    let (mut session, position) = c
+        .attach_interactive(&id, "kept-shell", 6)
+        .await
+        .expect("attach with stdin");
+    assert_eq!(
+        position,
+        client::AttachPosition {
+            output_bytes: 6,
+            output_kept_from: 0,
+            stdin_bytes: 6,
+            stdin_closed: false,
+        }
+    );
+    session.send_stdin(b"beta\n").await.expect("stdin");
+    session.close_stdin().await.expect("close");
+    let mut out = Vec::new();
+    let mut exits = 0;
+    while let Some(event) = session.next_event().await {
+        match event.expect("event") {
+            ExecEvent::Stdout(bytes) => out.extend_from_slice(&bytes),
+            ExecEvent::Exit(result) => {
+                exits += 1;
+                assert_eq!(result.exit_code, 0, "{result:?}");
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+    assert_eq!(String::from_utf8_lossy(&out), "beta\neof\n");
+    assert_eq!(exits, 1);
+    let gone = c
+        .exec_status(&id, "kept-shell")
+        .await
+        .expect_err("collected");
+    assert!(
+        matches!(gone, ClientError::Api { status: 404, .. }),
+        "{gone}"
     );
 }
 

@@ -65,7 +65,9 @@ pub struct ExecRequest {
     /// went away, a proxy timed out, the daemon restarted): `keep` runs it on, its output kept
     /// in a bounded tail, and a client re-attaches by `exec_id`; `kill` kills its process
     /// group. Absent: `keep` for a one-shot exec, `kill` for an interactive session (closing
-    /// its connection ends it, as the protocol says; it may not ask for `keep`).
+    /// its connection ends it, as the protocol says). An interactive session that asks for
+    /// `keep` outlives its connection too: a re-attach (`?stdin=1`) carries its stdin on from
+    /// the bytes it took (`ExecStatus::stdin_bytes`), and only `stdin_close` ends its input.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub on_disconnect: Option<OnDisconnect>,
 }
@@ -120,6 +122,16 @@ pub struct ExecStatus {
     /// How it ended, once it has.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub result: Option<ExecResult>,
+    /// An interactive command's stdin: the payload bytes of the stdin frames it has taken so
+    /// far (delivered to it, or queued for it). A client that re-attaches sends its input on
+    /// from there: frames it sent past it were lost with the connection. Absent for a
+    /// one-shot command.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stdin_bytes: Option<u64>,
+    /// Whether an interactive command's stdin was closed (`stdin_close`): nothing more is
+    /// taken.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub stdin_closed: bool,
 }
 
 /// The commands of a sandbox that can be found by `exec_id`: the answer to

@@ -15,7 +15,7 @@ use std::time::Duration;
 
 pub use find::{attach, statuses, FindError};
 pub use session::{pump, ClientInput, ClientReader, ClientWriter, Ending, Session};
-use wire::{ExecRequest, OnDisconnect};
+use wire::ExecRequest;
 
 use crate::metrics::Metrics;
 use crate::sandbox::{Sandbox, SandboxError};
@@ -80,13 +80,6 @@ pub async fn admit(
     request
         .validate()
         .map_err(|e| AdmitError::Invalid(e.to_string()))?;
-    if interactive && request.on_disconnect == Some(OnDisconnect::Keep) {
-        return Err(AdmitError::Invalid(
-            "on_disconnect: an interactive session ends with its connection (closing it kills \
-             the command); \"keep\" is for one-shot execs"
-                .into(),
-        ));
-    }
     let mut request = request;
     if request.exec_id.is_empty() {
         request.exec_id = new_exec_id();

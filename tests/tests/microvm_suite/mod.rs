@@ -1230,10 +1230,19 @@ pub(crate) async fn a_vm_that_cannot_boot_fails_the_create_with_its_own_words(hv
 pub(crate) async fn sandboxes_and_their_commands_survive_a_killed_daemon_and_an_upgrade_restart(
     hv: Hypervisor,
 ) {
-    use harness::restart::{finish_commands, identities, start_long, truncate_record};
+    use harness::restart::{
+        finish_burst, finish_commands, identities, start_burst, start_long, truncate_record, Kinds,
+    };
     let home = DaemonHome::new();
+    let kinds = Kinds::prepare();
     let hv_flag = hv.to_string();
-    let options = ["--microvm", hv_flag.as_str(), "--live-restore"];
+    let mut options: Vec<String> = ["--microvm", hv_flag.as_str(), "--live-restore"]
+        .map(String::from)
+        .into();
+    // A small tail, so that the burst command outgrows it while the daemon is down.
+    options.extend(["--exec-tail-bytes".into(), "65536".into()]);
+    options.extend(kinds.daemon_options());
+    let options: Vec<&str> = options.iter().map(String::as_str).collect();
     let dir = tempfile::tempdir().expect("temp dir");
     let log = dir.path().join("daemon.log");
     let mut daemon = DaemonProcess::start_logging(&home, &options, Some(&log)).await;
@@ -1252,6 +1261,20 @@ pub(crate) async fn sandboxes_and_their_commands_survive_a_killed_daemon_and_an_
             .expect("a microVM sandbox boots");
         ids.push(info.id);
     }
+    stage(
+        hv,
+        "create one VM of each kind: egress, cache, volume, disk layer, image",
+    );
+    let kind_ids = kinds
+        .create(
+            &c,
+            &CreateSandbox {
+                memory_mib: Some(256),
+                ttl_s: Some(600),
+                ..CreateSandbox::default()
+            },
+        )
+        .await;
     let mut started = Vec::new();
     let mut streams = Vec::new();
     for id in &ids[..2] {
@@ -1260,8 +1283,14 @@ pub(crate) async fn sandboxes_and_their_commands_survive_a_killed_daemon_and_an_
         started.push((id.clone(), exec_id, head));
         streams.push(stream);
     }
+    let (burst_stream, burst_head) = start_burst(&c, &ids[2]).await;
+    let burst = (
+        ids[2].clone(),
+        burst_stream.exec_id().expect("named").to_string(),
+    );
+    streams.push(burst_stream);
     let mut before = identities(&c.list().await.expect("list"));
-    assert_eq!(before.len(), 5);
+    assert_eq!(before.len(), 10);
 
     stage(hv, "SIGKILL the daemon");
     daemon.stop_with(Signal::SIGKILL);
@@ -1273,6 +1302,8 @@ pub(crate) async fn sandboxes_and_their_commands_survive_a_killed_daemon_and_an_
             "{id}'s VM runs on without its daemon"
         );
     }
+    // Long enough for the burst command to write past its tail with nobody attached.
+    tokio::time::sleep(Duration::from_secs(4)).await;
     let refused = ids.pop().expect("five");
     truncate_record(&home, &refused);
     before.remove(&refused);
@@ -1283,7 +1314,7 @@ pub(crate) async fn sandboxes_and_their_commands_survive_a_killed_daemon_and_an_
     stage(
         hv,
         &format!(
-            "a new daemon took back 4 VMs and answered in {:.1?}",
+            "a new daemon took back 9 VMs and answered in {:.1?}",
             restarted_at.elapsed()
         ),
     );
@@ -1324,6 +1355,12 @@ pub(crate) async fn sandboxes_and_their_commands_survive_a_killed_daemon_and_an_
         .await
         .expect("download");
     assert_eq!(back, b"hello");
+    stage(
+        hv,
+        "each kind's own work: egress, cache, volume, disk layer, image",
+    );
+    kinds.check(&c, &kind_ids).await;
+    finish_burst(&c, &burst.0, &burst.1, &burst_head).await;
     let rest = started.split_off(1);
     finish_commands(&c, started).await;
 
@@ -1338,7 +1375,8 @@ pub(crate) async fn sandboxes_and_their_commands_survive_a_killed_daemon_and_an_
         "a SIGTERM restart keeps them too"
     );
     finish_commands(&c, rest).await;
-    for id in &ids {
+    kinds.check(&c, &kind_ids).await;
+    for id in ids.iter().map(String::as_str).chain(kind_ids.all()) {
         c.delete(id).await.expect("delete");
         assert_no_processes_left(id).await;
     }
