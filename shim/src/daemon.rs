@@ -18,6 +18,32 @@ pub(crate) fn image_idle_from_env() -> Result<Option<u64>, String> {
     image_idle(std::env::var("CRUCIBLE_SHIM_IMAGE_IDLE").ok().as_deref())
 }
 
+/// How long a process whose session broke off waits for the daemon to answer again (a daemon
+/// restarted under `--live-restore`) before it is reported lost: `CRUCIBLE_SHIM_RECONNECT` in
+/// seconds, default five minutes; `0` never waits.
+pub(crate) fn reconnect_from_env() -> Result<std::time::Duration, String> {
+    reconnect(std::env::var("CRUCIBLE_SHIM_RECONNECT").ok().as_deref())
+}
+
+/// The default of `CRUCIBLE_SHIM_RECONNECT`.
+pub(crate) fn reconnect_from_env_default() -> std::time::Duration {
+    std::time::Duration::from_secs(DEFAULT_RECONNECT_S)
+}
+
+/// Five minutes: room for an upgrade's restart, short enough that a daemon gone for good
+/// does not leave containers RUNNING for long.
+const DEFAULT_RECONNECT_S: u64 = 300;
+
+fn reconnect(value: Option<&str>) -> Result<std::time::Duration, String> {
+    let seconds = match value.map(str::trim) {
+        None | Some("") => DEFAULT_RECONNECT_S,
+        Some(seconds) => seconds
+            .parse()
+            .map_err(|_| format!("CRUCIBLE_SHIM_RECONNECT={seconds:?}: expected seconds"))?,
+    };
+    Ok(std::time::Duration::from_secs(seconds))
+}
+
 /// A day: a node that runs an image's pods daily keeps it imported.
 const DEFAULT_IMAGE_IDLE_S: u64 = 86_400;
 
@@ -53,6 +79,15 @@ mod tests {
         assert_eq!(image_idle(Some(" 3600 ")), Ok(Some(3600)));
         assert_eq!(image_idle(Some("off")), Ok(None));
         assert!(image_idle(Some("1h")).is_err());
+    }
+
+    #[test]
+    fn reconnect_is_seconds_five_minutes_by_default() {
+        use std::time::Duration;
+        assert_eq!(reconnect(None), Ok(Duration::from_secs(300)));
+        assert_eq!(reconnect(Some("0")), Ok(Duration::ZERO));
+        assert_eq!(reconnect(Some(" 30 ")), Ok(Duration::from_secs(30)));
+        assert!(reconnect(Some("5m")).is_err());
     }
 
     #[test]

@@ -1,5 +1,9 @@
 //! One process of a container (its init or an exec): its state, and the relay that runs it
-//! through an interactive crucible exec session.
+//! through an interactive crucible exec session — taken up again when it breaks off (a daemon
+//! restarted under live restore), so that containerd sees the task run on and end once.
+
+use std::collections::VecDeque;
+use std::time::Duration;
 
 use containerd_shim::api::Status;
 use containerd_shim::protos::protobuf::well_known_types::timestamp::Timestamp;
@@ -97,49 +101,169 @@ impl std::fmt::Debug for Io {
     }
 }
 
-/// Relays a process's stdio until it ends and returns how it ended; a session that breaks off
-/// becomes a lost exec (`exit_code: -1` and `error`). Output is written with backpressure: a
-/// client that reads slowly slows the command. When this returns, stdout and stderr are
-/// closed (the client waits for their end-of-file before it deletes the process).
-pub(crate) async fn relay(io: Io) -> ExecResult {
+/// How a process's session is taken up again when it breaks off (its command asked to
+/// outlive its connection): the daemon restarted, or the connection broke.
+#[derive(Debug, Clone)]
+pub(crate) struct Reattach {
+    /// The daemon.
+    pub client: client::Client,
+    /// The process's sandbox.
+    pub sandbox: String,
+    /// Its exec id at the daemon.
+    pub exec_id: String,
+    /// How long to keep trying (zero: not at all).
+    pub patience: Duration,
+}
+
+/// Stdin bytes kept after they were sent, for a session taken up again to send once more
+/// what the command had not taken when the old one broke off (at most what was in flight:
+/// socket buffers between the shim and the command).
+const KEPT_STDIN: usize = 4 * 1024 * 1024;
+
+/// The process's stdin as the shim forwards it, across sessions.
+struct Input {
+    /// The FIFO, until its end.
+    reader: Option<Box<dyn AsyncRead + Send + Unpin>>,
+    /// The last bytes read from it.
+    kept: VecDeque<u8>,
+    /// The stdin offset of `kept`'s first byte.
+    kept_from: u64,
+    /// Bytes read from the FIFO so far.
+    read: u64,
+    /// Bytes the current session has been given (or the command took, after a re-attach).
+    given: u64,
+    /// Whether the FIFO ended (or there is none): the command's stdin is to be closed.
+    ended: bool,
+    /// Whether the current session has been given the close.
+    close_given: bool,
+}
+
+impl Input {
+    fn new(reader: Option<Box<dyn AsyncRead + Send + Unpin>>) -> Self {
+        Input {
+            ended: reader.is_none(),
+            reader,
+            kept: VecDeque::new(),
+            kept_from: 0,
+            read: 0,
+            given: 0,
+            close_given: false,
+        }
+    }
+
+    /// A session taken up again: the command had taken `taken` bytes and, if `closed`, its
+    /// close.
+    fn resume(&mut self, taken: u64, closed: bool) {
+        self.given = taken;
+        self.close_given = closed;
+    }
+
+    /// Gives the session what it has not had (again, after a re-attach), then forwards the
+    /// FIFO until its end, then closes the command's stdin. Cancel-safe between sends: what
+    /// was read is kept before it is sent. A session that cannot be written to leaves it to
+    /// the output side to notice.
+    async fn feed(&mut self, writer: &mut client::SessionWriter) {
+        let again = self.not_taken();
+        if !again.is_empty() {
+            if writer.send_stdin(&again).await.is_err() {
+                return std::future::pending().await;
+            }
+            self.given = self.read;
+        }
+        let mut buf = vec![0u8; 64 * 1024];
+        while let Some(reader) = self.reader.as_mut() {
+            match reader.read(&mut buf).await {
+                Ok(0) | Err(_) => {
+                    self.reader = None;
+                    self.ended = true;
+                }
+                Ok(n) => {
+                    self.keep(&buf[..n]);
+                    if writer.send_stdin(&buf[..n]).await.is_err() {
+                        return std::future::pending().await;
+                    }
+                    self.given = self.read;
+                }
+            }
+        }
+        if self.ended && !self.close_given {
+            match writer.close_stdin().await {
+                Ok(()) => self.close_given = true,
+                Err(e) => log::debug!("closing stdin: {e}"),
+            }
+        }
+    }
+
+    /// What was read but the current session has not been given: after a re-attach, what the
+    /// command had not taken when the old session broke off (as much of it as is kept).
+    fn not_taken(&mut self) -> Vec<u8> {
+        if self.given >= self.read || self.close_given {
+            return Vec::new();
+        }
+        if self.given < self.kept_from {
+            log::warn!(
+                "{} stdin bytes sent before the session broke off were no longer kept; the \
+                 command does not get them",
+                self.kept_from - self.given
+            );
+            self.given = self.kept_from;
+        }
+        let start = usize::try_from(self.given - self.kept_from).unwrap_or(usize::MAX);
+        self.kept.iter().skip(start).copied().collect()
+    }
+
+    fn keep(&mut self, bytes: &[u8]) {
+        self.kept.extend(bytes);
+        self.read += bytes.len() as u64;
+        let excess = self.kept.len().saturating_sub(KEPT_STDIN);
+        self.kept.drain(..excess);
+        self.kept_from += excess as u64;
+    }
+}
+
+/// How one session ended.
+enum SessionEnd {
+    /// With the command's exit.
+    Exit(ExecResult),
+    /// It broke off, for this reason, before the exit.
+    Broke(String),
+}
+
+/// Relays a process's stdio until it ends and returns how it ended. A session that breaks off
+/// is taken up again through `again` (from the output bytes already written and the stdin
+/// the command took), for as long as its patience lasts; then it becomes a lost exec
+/// (`exit_code: -1` and `error`). Output is written with backpressure: a client that reads
+/// slowly slows the command. When this returns, stdout and stderr are closed (the client
+/// waits for their end-of-file before it deletes the process).
+pub(crate) async fn relay(io: Io, again: Reattach) -> ExecResult {
     let Io {
         session,
         mut stdout,
         mut stderr,
         stdin,
     } = io;
-    let (mut reader, mut writer) = session.into_split();
-    // The futures borrow the outputs: they end with this block, before the outputs close.
-    let result = {
-        let input = forward_stdin(stdin, &mut writer);
-        tokio::pin!(input);
-        let mut input_done = false;
-        let output = async {
-            loop {
-                match reader.next_event().await {
-                    Some(Ok(client::ExecEvent::Stdout(bytes))) => {
-                        write_or_drop(&mut stdout, &bytes).await;
-                    }
-                    Some(Ok(client::ExecEvent::Stderr(bytes))) => {
-                        write_or_drop(&mut stderr, &bytes).await;
-                    }
-                    Some(Ok(client::ExecEvent::Exit(result))) => break result,
-                    Some(Err(e)) => {
-                        break ExecResult::failed(format!(
-                            "the exec session broke off: {}",
-                            report::chain(&e)
-                        ))
-                    }
-                    None => break ExecResult::failed("the exec session ended without an exit"),
-                }
-            }
+    let mut input = Input::new(stdin);
+    let mut written = 0u64;
+    let mut session = session;
+    let result = loop {
+        let end = run_session(session, &mut stdout, &mut stderr, &mut input, &mut written).await;
+        let why = match end {
+            SessionEnd::Exit(result) => break result,
+            SessionEnd::Broke(why) => why,
         };
-        tokio::pin!(output);
-        loop {
-            tokio::select! {
-                result = &mut output => break result,
-                () = &mut input, if !input_done => input_done = true,
+        match take_up(&again, written, &why).await {
+            Ok((next, position)) => {
+                log::info!(
+                    "exec {} of {}: its session broke off ({why}); taken up again at output \
+                     byte {written}, stdin byte {}",
+                    again.exec_id,
+                    again.sandbox,
+                    position.stdin_bytes
+                );
+                input.resume(position.stdin_bytes, position.stdin_closed);
+                session = next;
             }
+            Err(lost) => break lost,
         }
     };
     if result.exit_code == -1 && result.signal.is_empty() && !result.error.is_empty() {
@@ -154,27 +278,89 @@ pub(crate) async fn relay(io: Io) -> ExecResult {
     result
 }
 
-/// Sends stdin to the session until end-of-file, then closes the command's stdin. Without a
-/// stdin the command's is closed at once.
-async fn forward_stdin(
-    stdin: Option<Box<dyn AsyncRead + Send + Unpin>>,
-    writer: &mut client::SessionWriter,
-) {
-    if let Some(mut stdin) = stdin {
-        let mut buf = vec![0u8; 64 * 1024];
+/// One session: its output to the outputs (counting the bytes in `written`), `input` to it,
+/// until its exit frame or its end.
+async fn run_session(
+    session: client::Session,
+    stdout: &mut Option<Output>,
+    stderr: &mut Option<Output>,
+    input: &mut Input,
+    written: &mut u64,
+) -> SessionEnd {
+    let (mut reader, mut writer) = session.into_split();
+    let output = async {
         loop {
-            match stdin.read(&mut buf).await {
-                Ok(0) | Err(_) => break,
-                Ok(n) => {
-                    if writer.send_stdin(&buf[..n]).await.is_err() {
-                        return;
-                    }
+            match reader.next_event().await {
+                Some(Ok(client::ExecEvent::Stdout(bytes))) => {
+                    write_or_drop(stdout, &bytes).await;
+                    *written += bytes.len() as u64;
                 }
+                Some(Ok(client::ExecEvent::Stderr(bytes))) => {
+                    write_or_drop(stderr, &bytes).await;
+                    *written += bytes.len() as u64;
+                }
+                Some(Ok(client::ExecEvent::Exit(result))) => return SessionEnd::Exit(result),
+                Some(Err(e)) => return SessionEnd::Broke(report::chain(&e)),
+                None => return SessionEnd::Broke("the session ended without an exit".into()),
             }
         }
+    };
+    tokio::pin!(output);
+    let feed = input.feed(&mut writer);
+    tokio::pin!(feed);
+    let mut fed = false;
+    loop {
+        tokio::select! {
+            end = &mut output => return end,
+            () = &mut feed, if !fed => fed = true,
+        }
     }
-    if let Err(e) = writer.close_stdin().await {
-        log::debug!("closing stdin: {e}");
+}
+
+/// Re-attaches to the command after its session broke off (`why`), from output byte
+/// `written`, retrying while the daemon cannot answer (restarting), until `again.patience`
+/// is spent; a lost exec's result when it cannot.
+async fn take_up(
+    again: &Reattach,
+    written: u64,
+    why: &str,
+) -> Result<(client::Session, client::AttachPosition), ExecResult> {
+    let lost =
+        |detail: String| ExecResult::failed(format!("the exec session broke off: {why}; {detail}"));
+    if again.patience.is_zero() {
+        return Err(lost(
+            "not taken up again (CRUCIBLE_SHIM_RECONNECT=0)".into(),
+        ));
+    }
+    let deadline = tokio::time::Instant::now() + again.patience;
+    let mut pause = Duration::from_millis(100);
+    loop {
+        let error = match again
+            .client
+            .attach_interactive(&again.sandbox, &again.exec_id, written)
+            .await
+        {
+            Ok(attached) => return Ok(attached),
+            // The sandbox or the command is gone, or the request is wrong: no retry helps.
+            Err(
+                e @ client::ClientError::Api {
+                    status: 400 | 401 | 403 | 404,
+                    ..
+                },
+            ) => return Err(lost(report::chain(&e))),
+            // The daemon is down or restarting, or still sees the old connection attached.
+            Err(e) => e,
+        };
+        if tokio::time::Instant::now() + pause > deadline {
+            return Err(lost(format!(
+                "the daemon did not take it up again within {:?} (CRUCIBLE_SHIM_RECONNECT): \
+                 {}",
+                again.patience,
+                report::chain(&error)
+            )));
+        }
+        tokio::time::sleep(pause).await;
+        pause = (pause * 2).min(Duration::from_secs(2));
     }
 }
 
@@ -186,5 +372,41 @@ async fn write_or_drop(out: &mut Option<Output>, bytes: &[u8]) {
             log::warn!("writing the process's output: {e}; discarding the rest");
             *out = None;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stdin_a_broken_session_did_not_take_is_given_again() {
+        let mut input = Input::new(Some(Box::new(tokio::io::empty())));
+        input.keep(b"0123456789");
+        input.given = 10;
+        assert!(input.not_taken().is_empty(), "all given to this session");
+        // The session broke off; the command had taken 4 bytes.
+        input.resume(4, false);
+        assert_eq!(input.not_taken(), b"456789");
+        // A command that took its close takes nothing more.
+        input.resume(4, true);
+        assert!(input.not_taken().is_empty());
+    }
+
+    #[test]
+    fn kept_stdin_is_bounded_and_what_fell_out_is_skipped() {
+        let mut input = Input::new(None);
+        assert!(input.ended, "no stdin: closed at once");
+        input.keep(&vec![1u8; KEPT_STDIN]);
+        input.keep(&[2u8; 10]);
+        assert_eq!(input.kept.len(), KEPT_STDIN);
+        assert_eq!(input.kept_from, 10);
+        assert_eq!(input.read, KEPT_STDIN as u64 + 10);
+        // Taken up again with 5 bytes taken: bytes 5..10 are gone, the rest comes again.
+        input.resume(5, false);
+        let again = input.not_taken();
+        assert_eq!(again.len(), KEPT_STDIN);
+        assert_eq!(again.last(), Some(&2));
+        assert_eq!(input.given, 10);
     }
 }

@@ -29,7 +29,7 @@ use crate::bundle_state::{self, BundleState};
 use crate::error::ShimError;
 use crate::events::Events;
 use crate::exit::exit_status;
-use crate::process::{self, Exited, Io, Process, StdioPaths};
+use crate::process::{self, Exited, Io, Process, Reattach, StdioPaths};
 use crate::{rootfs, spec, stdio};
 
 /// How long a sandbox may live: the daemon's most. A container that runs longer is ended by
@@ -93,6 +93,8 @@ struct Inner {
     namespace: String,
     exit: Arc<ExitSignal>,
     container: Mutex<Option<Container>>,
+    /// How long a process whose session broke off waits for the daemon to take it up again.
+    reconnect: std::time::Duration,
 }
 
 impl std::fmt::Debug for Inner {
@@ -113,6 +115,10 @@ impl Service {
         namespace: String,
         exit: Arc<ExitSignal>,
     ) -> Self {
+        let reconnect = crate::daemon::reconnect_from_env().unwrap_or_else(|e| {
+            log::warn!("{e}; waiting the default");
+            crate::daemon::reconnect_from_env_default()
+        });
         Service {
             inner: Arc::new(Inner {
                 client,
@@ -120,6 +126,7 @@ impl Service {
                 namespace,
                 exit,
                 container: Mutex::new(None),
+                reconnect,
             }),
         }
     }
@@ -350,17 +357,23 @@ impl Inner {
             stderr,
             stdin,
         };
+        let again = Reattach {
+            client,
+            sandbox,
+            exec_id: spec::daemon_exec_id(exec_id),
+            patience: self.reconnect,
+        };
         let this = Arc::clone(self);
         let (id, exec_id) = (id.to_string(), exec_id.to_string());
-        tokio::spawn(async move { this.supervise(id, exec_id, io).await });
+        tokio::spawn(async move { this.supervise(id, exec_id, io, again).await });
         Ok(pid())
     }
 
     /// Runs a started process to its end, then reports it: `TaskOOM` (before the exit, as
     /// runc's shim does), the process stopped, `TaskExit`. When the init ends, the container's
     /// other processes are killed, as the kernel does to a PID namespace whose init died.
-    async fn supervise(self: Arc<Self>, id: String, exec_id: String, io: Io) {
-        let result = process::relay(io).await;
+    async fn supervise(self: Arc<Self>, id: String, exec_id: String, io: Io, again: Reattach) {
+        let result = process::relay(io, again).await;
         let status = exit_status(&result);
         let oom = self.oom_kills_rose(&id).await || result.oom_killed;
         if oom {

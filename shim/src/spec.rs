@@ -94,7 +94,9 @@ pub(crate) fn exec_request(process: &Process, exec_id: &str) -> Result<ExecReque
         .to_string();
     let user = process.user();
     let request = ExecRequest {
-        on_disconnect: None,
+        // The session outlives its connection: a daemon restarted under live restore is taken
+        // up again (process::relay), and containerd sees the task run on.
+        on_disconnect: Some(wire::OnDisconnect::Keep),
         cmd: args,
         env: env_map(process.env().as_deref().unwrap_or_default()),
         cwd,

@@ -124,6 +124,11 @@ impl Containerd {
 
     /// A containerd (and so its shims) with `env` added to its environment.
     fn start_with_env(daemon: &TestDaemon, env: &[(&str, &str)]) -> Self {
+        Self::start_for(&daemon.socket, env)
+    }
+
+    /// A containerd whose shims talk to the daemon at `socket`, with `env` added.
+    fn start_for(socket: &Path, env: &[(&str, &str)]) -> Self {
         require_containerd();
         let dir = tempfile::Builder::new()
             .prefix("crucible-containerd-")
@@ -156,7 +161,7 @@ disabled_plugins = ["io.containerd.grpc.v1.cri"]
             .arg(dir.path().join("config.toml"))
             .current_dir(dir.path())
             .env("PATH", path)
-            .env("CRUCIBLE_HOST", &daemon.socket)
+            .env("CRUCIBLE_HOST", socket)
             .env_remove("CRUCIBLE_API_KEY")
             .env_remove("CRUCIBLE_SHIM_IMAGE_IDLE")
             .envs(env.iter().copied())
@@ -681,6 +686,77 @@ async fn a_sandbox_lost_under_a_running_task_ends_it_with_255_and_says_why() {
         text(&out.stderr)
     );
     containerd.assert_nothing_left(&daemon).await;
+}
+
+/// A daemon restarted under a running task, twice (killed, then stopped for an upgrade), is
+/// invisible to containerd: the task stays RUNNING, its output goes on (every line once, in
+/// order), stdin fed after the restarts reaches it, and its exit is reported with its status.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_daemon_restarted_under_a_running_task_is_invisible_to_containerd() {
+    use harness::process::{DaemonHome, DaemonProcess};
+    use nix::sys::signal::Signal;
+    let home = DaemonHome::new();
+    let live = ["--live-restore"];
+    let mut daemon = DaemonProcess::start_in(&home, &live).await;
+    let containerd = Containerd::start_for(&home.socket(), &[]);
+    let fifo = containerd.fifo_dir();
+    containerd.note("c10");
+    // Ticks for about 15 s, then echoes its stdin, then exits 5.
+    let script = "i=0; while [ $i -lt 60 ]; do echo tick$i; i=$((i+1)); sleep 0.25; done; \
+                  cat; exit 5";
+    let mut run = containerd.spawn(
+        &[
+            "run",
+            "--rm",
+            "--runtime",
+            RUNTIME,
+            "--fifo-dir",
+            &fifo,
+            IMAGE,
+            "c10",
+            "sh",
+            "-c",
+            script,
+        ],
+        Stdio::piped(),
+    );
+    containerd.wait_for_status("c10", "RUNNING");
+    std::thread::sleep(Duration::from_secs(2));
+
+    daemon.stop_with(Signal::SIGKILL);
+    // The shim waits for the daemon; containerd still sees the task run.
+    std::thread::sleep(Duration::from_secs(1));
+    assert_eq!(containerd.task_status("c10").as_deref(), Some("RUNNING"));
+    let mut daemon = DaemonProcess::start_in(&home, &live).await;
+    std::thread::sleep(Duration::from_secs(3));
+
+    assert!(daemon.stop_with(Signal::SIGTERM).success());
+    assert_eq!(containerd.task_status("c10").as_deref(), Some("RUNNING"));
+    let daemon = DaemonProcess::start_in(&home, &live).await;
+    assert_eq!(containerd.task_status("c10").as_deref(), Some("RUNNING"));
+
+    let mut stdin = run.stdin.take().expect("piped");
+    std::io::Write::write_all(&mut stdin, b"after-restarts\n").expect("write");
+    drop(stdin);
+    let out = finish_within(run, Duration::from_secs(60), "ctr run");
+    let expected: String = (0..60)
+        .map(|i| format!("tick{i}\n"))
+        .chain(["after-restarts\n".to_string()])
+        .collect();
+    assert_eq!(
+        text(&out.stdout),
+        expected,
+        "every line once, in order; stderr {}",
+        text(&out.stderr)
+    );
+    assert_eq!(out.status.code(), Some(5), "stderr {}", text(&out.stderr));
+    let sandboxes = daemon.client().list().await.expect("list");
+    assert!(sandboxes.is_empty(), "sandboxes left: {sandboxes:?}");
+    leaks::eventually("the shims to exit", || containerd.shims().is_empty()).await;
+    leaks::eventually("the sandbox cgroups to go", || {
+        leaks::sandbox_cgroups(&home.cgroup_parent).is_empty()
+    })
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -383,3 +383,37 @@ async fn a_sandbox_taken_back_keeps_its_cache_and_a_forged_cache_path_is_refused
     assert_nothing_held(&home.state_dir(), &home.cgroup_parent).await;
     assert_a_new_sandbox_works(&c).await;
 }
+
+/// How long a restarted daemon takes to take back N sandboxes (the figure docs/reliability.md
+/// gives, N = 10 and 100): from its start to its first answer, which comes only once it has
+/// checked and taken back every record. Printed, never asserted (timings are noisy here);
+/// every sandbox must be taken back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ten_and_a_hundred_sandboxes_are_taken_back_and_the_time_is_printed() {
+    let home = DaemonHome::new();
+    let mut daemon = DaemonProcess::start_in(&home, LIVE).await;
+    let mut ids = Vec::new();
+    for n in [10, 100] {
+        let c = daemon.client();
+        while ids.len() < n {
+            ids.push(
+                c.create(&CreateSandbox::default())
+                    .await
+                    .expect("create")
+                    .id,
+            );
+        }
+        daemon.stop_with(Signal::SIGKILL);
+        let started = Instant::now();
+        daemon = DaemonProcess::start_in(&home, LIVE).await;
+        let took = started.elapsed();
+        let listed = daemon.client().list().await.expect("list");
+        assert_eq!(listed.len(), n, "every sandbox is taken back");
+        eprintln!("live restore: {n} sandboxes taken back, the daemon answered in {took:.1?}");
+    }
+    let c = daemon.client();
+    for id in &ids {
+        c.delete(id).await.expect("delete");
+    }
+    assert_nothing_held(&home.state_dir(), &home.cgroup_parent).await;
+}
