@@ -315,3 +315,15 @@ pub async fn finish_burst(c: &Client, id: &str, exec_id: &str, head: &[u8]) {
     );
     assert_eq!(rest.result.exit_code, 3, "{id}: {:?}", rest.result);
 }
+
+/// Rewrites sandbox `id`'s record through `edit`, root-only as the daemon writes it: a
+/// record that lies about its sandbox, which the next daemon must refuse.
+pub fn edit_record(home: &DaemonHome, id: &str, edit: impl FnOnce(&mut serde_json::Value)) {
+    use std::os::unix::fs::PermissionsExt;
+    let path = record_path(home, id);
+    let mut record: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&path).expect("the record")).expect("JSON");
+    edit(&mut record);
+    std::fs::write(&path, serde_json::to_vec(&record).expect("JSON")).expect("write");
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).expect("chmod");
+}

@@ -329,6 +329,42 @@ mod tests {
         assert!(!tails.contains("missing"), "{tails}");
     }
 
+    #[tokio::test]
+    async fn an_adopted_process_must_have_its_recorded_start_time_and_dies_by_its_pidfd() {
+        let mut child = std::process::Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .unwrap();
+        let pid = i32::try_from(child.id()).unwrap();
+        let ticks = crate::restore::process_start_ticks(pid).unwrap();
+        let refused = SandboxProcess::adopt(pid, ticks + 1, "the VM".into(), Diagnostics::new())
+            .err()
+            .expect("another start time is another process");
+        assert!(
+            refused.to_string().contains("is another process now"),
+            "{refused}"
+        );
+        let adopted =
+            SandboxProcess::adopt(pid, ticks, "the VM".into(), Diagnostics::new()).unwrap();
+        assert!(adopted.exited().borrow().is_none(), "it runs");
+        tokio::time::timeout(Duration::from_secs(10), adopted.kill_refused("the VM"))
+            .await
+            .expect("killed within its bound");
+        assert_eq!(adopted.exited().borrow().as_deref(), Some("deleted"));
+        // Ours to reap (the test is its parent): killed by the pidfd, SIGKILL.
+        use std::os::unix::process::ExitStatusExt;
+        assert_eq!(child.wait().unwrap().signal(), Some(9));
+        let gone = SandboxProcess::adopt(pid, ticks, "the VM".into(), Diagnostics::new())
+            .err()
+            .expect("reaped: gone");
+        // (Or, should the kernel have given the pid to another process already, that one.)
+        let gone = gone.to_string();
+        assert!(
+            gone.contains("gone") || gone.contains("another process"),
+            "{gone}"
+        );
+    }
+
     #[test]
     fn a_huge_log_contributes_only_its_end() {
         let dir = tempfile::tempdir().unwrap();

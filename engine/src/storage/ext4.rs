@@ -196,18 +196,7 @@ impl ScratchDisks {
     /// uses (live restore): its share of the budget is taken again.
     pub(crate) fn reclaim(&self, id: &str) -> Result<ScratchDisk, StorageError> {
         let path = self.dir.join(format!("{id}.ext4"));
-        let meta = std::fs::symlink_metadata(&path)
-            .map_err(|e| StorageError::io(format!("its writable layer {}", path.display()), e))?;
-        if !meta.is_file() {
-            return Err(StorageError::Invalid(format!(
-                "its writable layer {} is not a regular file",
-                path.display()
-            )));
-        }
-        let lease = self.budget.take(
-            &format!("disk_mib of sandbox {id}"),
-            meta.len().div_ceil(1024 * 1024),
-        )?;
+        let (_, lease) = retake(&path, &self.budget, &format!("disk_mib of sandbox {id}"))?;
         Ok(ScratchDisk {
             path,
             _lease: lease,
@@ -232,6 +221,25 @@ impl ScratchDisks {
             }
         }
     }
+}
+
+/// Takes `image`'s share of `budget` again for `what`: an image an earlier daemon made, which
+/// a sandbox taken back still uses (live restore). Its size, and the lease.
+pub(crate) fn retake(
+    image: &Path,
+    budget: &Arc<DiskBudget>,
+    what: &str,
+) -> Result<(u64, BudgetLease), StorageError> {
+    let meta = std::fs::symlink_metadata(image)
+        .map_err(|e| StorageError::io(format!("{what}: {}", image.display()), e))?;
+    if !meta.is_file() {
+        return Err(StorageError::Invalid(format!(
+            "{what}: {} is not a regular file",
+            image.display()
+        )));
+    }
+    let lease = budget.take(what, meta.len().div_ceil(1024 * 1024))?;
+    Ok((meta.len(), lease))
 }
 
 /// Creates `dir` (and its parents) readable by root only.

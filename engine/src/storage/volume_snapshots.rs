@@ -127,17 +127,7 @@ impl VolumeSnapshots {
     /// The image of volume `name`, whose directory is `source`: built now if this daemon has
     /// none yet (or its image was removed), else the one built before.
     pub(crate) async fn image(&self, name: &str, source: &Path) -> Result<PathBuf, StorageError> {
-        // Declared names are checked already; this one becomes a file name.
-        super::caches::validate_name(name).map_err(|_| {
-            StorageError::Invalid(format!("{} name {name:?} is not valid", self.kind))
-        })?;
-        let slot = self
-            .slots
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .entry(name.to_string())
-            .or_default()
-            .clone();
+        let slot = self.slot(name)?;
         let mut snapshot = slot.lock().await;
         if let Some(built) = snapshot.as_ref().filter(|s| s.intact()) {
             return Ok(built.image.clone());
@@ -153,40 +143,39 @@ impl VolumeSnapshots {
     /// Takes back the snapshot of `name` an earlier daemon built, which a microVM taken back
     /// still uses (live restore): later microVMs share it as if this daemon had built it.
     pub(crate) async fn reclaim(&self, name: &str) -> Result<PathBuf, StorageError> {
-        super::caches::validate_name(name).map_err(|_| {
-            StorageError::Invalid(format!("{} name {name:?} is not valid", self.kind))
-        })?;
-        let slot = self
-            .slots
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .entry(name.to_string())
-            .or_default()
-            .clone();
+        let slot = self.slot(name)?;
         let mut snapshot = slot.lock().await;
         if let Some(held) = snapshot.as_ref().filter(|s| s.intact()) {
             return Ok(held.image.clone());
         }
         let image = self.dir.join(format!("{name}.ext4"));
-        let meta = std::fs::symlink_metadata(&image)
-            .map_err(|e| StorageError::io(format!("its snapshot {}", image.display()), e))?;
-        if !meta.is_file() {
-            return Err(StorageError::Invalid(format!(
-                "its snapshot {} is not a regular file",
-                image.display()
-            )));
-        }
-        let lease = self.budget.take(
+        let (size, lease) = super::ext4::retake(
+            &image,
+            &self.budget,
             &format!("the microVM snapshot of {} {name:?}", self.kind),
-            meta.len().div_ceil(MIB),
         )?;
         *snapshot = Some(Snapshot {
             image: image.clone(),
-            size: meta.len(),
+            size,
             _lease: lease,
             left: false,
         });
         Ok(image)
+    }
+
+    /// The slot of `name`, made if new.
+    fn slot(&self, name: &str) -> Result<Slot, StorageError> {
+        // Declared names are checked already; this one becomes a file name.
+        super::caches::validate_name(name).map_err(|_| {
+            StorageError::Invalid(format!("{} name {name:?} is not valid", self.kind))
+        })?;
+        Ok(self
+            .slots
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .entry(name.to_string())
+            .or_default()
+            .clone())
     }
 
     /// Leaves every snapshot's image on disk when the store is dropped (the daemon stops

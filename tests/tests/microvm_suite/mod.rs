@@ -1231,7 +1231,8 @@ pub(crate) async fn sandboxes_and_their_commands_survive_a_killed_daemon_and_an_
     hv: Hypervisor,
 ) {
     use harness::restart::{
-        finish_burst, finish_commands, identities, start_burst, start_long, truncate_record, Kinds,
+        edit_record, finish_burst, finish_commands, identities, start_burst, start_long,
+        truncate_record, Kinds,
     };
     let home = DaemonHome::new();
     let kinds = Kinds::prepare();
@@ -1248,7 +1249,7 @@ pub(crate) async fn sandboxes_and_their_commands_survive_a_killed_daemon_and_an_
     let mut daemon = DaemonProcess::start_logging(&home, &options, Some(&log)).await;
     let c = daemon.client();
     let mut ids = Vec::new();
-    for i in 0..5u64 {
+    for i in 0..6u64 {
         stage(hv, &format!("create sandbox {i}"));
         let info = c
             .create(&CreateSandbox {
@@ -1290,7 +1291,7 @@ pub(crate) async fn sandboxes_and_their_commands_survive_a_killed_daemon_and_an_
     );
     streams.push(burst_stream);
     let mut before = identities(&c.list().await.expect("list"));
-    assert_eq!(before.len(), 10);
+    assert_eq!(before.len(), 11);
 
     stage(hv, "SIGKILL the daemon");
     daemon.stop_with(Signal::SIGKILL);
@@ -1304,6 +1305,13 @@ pub(crate) async fn sandboxes_and_their_commands_survive_a_killed_daemon_and_an_
     }
     // Long enough for the burst command to write past its tail with nobody attached.
     tokio::time::sleep(Duration::from_secs(4)).await;
+    // Two records that lie: one cut in half, one naming another agent (its hello's uptime).
+    let impostor = ids.pop().expect("six");
+    edit_record(&home, &impostor, |record| {
+        let uptime = &mut record["instance"]["hello"]["uptime_ms"];
+        *uptime = (uptime.as_u64().expect("an uptime") + 1).into();
+    });
+    before.remove(&impostor);
     let refused = ids.pop().expect("five");
     truncate_record(&home, &refused);
     before.remove(&refused);
@@ -1333,6 +1341,15 @@ pub(crate) async fn sandboxes_and_their_commands_survive_a_killed_daemon_and_an_
         "no log line for {refused}:\n{text}"
     );
     assert_no_processes_left(&refused).await;
+    assert!(
+        text.lines().any(
+            |l| l.contains(&format!("not taking back sandbox {impostor}"))
+                && l.contains("its agent is not the recorded one")
+        ),
+        "no log line for {impostor}:\n{text}"
+    );
+    // Its processes were the recorded ones: killed, through their pidfds.
+    assert_no_processes_left(&impostor).await;
     let infos = c.list().await.expect("list");
     assert!(infos.iter().all(|s| s.hypervisor == Some(hv)), "{infos:?}");
 
