@@ -338,8 +338,7 @@ mod tests {
         let pid = i32::try_from(child.id()).unwrap();
         let ticks = crate::restore::process_start_ticks(pid).unwrap();
         let refused = SandboxProcess::adopt(pid, ticks + 1, "the VM".into(), Diagnostics::new())
-            .err()
-            .expect("another start time is another process");
+            .expect_err("another start time is another process");
         assert!(
             refused.to_string().contains("is another process now"),
             "{refused}"
@@ -355,8 +354,7 @@ mod tests {
         use std::os::unix::process::ExitStatusExt;
         assert_eq!(child.wait().unwrap().signal(), Some(9));
         let gone = SandboxProcess::adopt(pid, ticks, "the VM".into(), Diagnostics::new())
-            .err()
-            .expect("reaped: gone");
+            .expect_err("reaped: gone");
         // (Or, should the kernel have given the pid to another process already, that one.)
         let gone = gone.to_string();
         assert!(
