@@ -129,7 +129,7 @@ pub(crate) async fn attach(
     mut request: axum::extract::Request,
 ) -> Result<Response, ApiError> {
     let interactive = exec::wants_stdin(query.stdin.as_deref())?;
-    let on_upgrade = (interactive && crate::routes::asks_tcp_upgrade(request.headers()))
+    let on_upgrade = (interactive && crate::raw_stream::asks_tcp_upgrade(request.headers()))
         .then(|| hyper::upgrade::on(&mut request));
     if interactive && on_upgrade.is_none() {
         return Err(ApiError::invalid(

@@ -53,3 +53,11 @@ impl<W: AsyncWrite + Unpin + Send> ClientWriter for RawWriter<W> {
         }
     }
 }
+
+/// Whether the client asked for Docker's `Connection: Upgrade` + `Upgrade: tcp` hijack.
+pub(crate) fn asks_tcp_upgrade(headers: &axum::http::HeaderMap) -> bool {
+    headers
+        .get(axum::http::header::UPGRADE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.eq_ignore_ascii_case("tcp"))
+}

@@ -7,7 +7,7 @@ use api_types::{CreateSandbox, SandboxList};
 use axum::body::Body;
 use axum::extract::ws::WebSocketUpgrade;
 use axum::extract::{FromRequestParts, Request, State};
-use axum::http::{header, HeaderMap, StatusCode};
+use axum::http::{header, StatusCode};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -433,14 +433,6 @@ struct ExecQuery {
     stdin: Option<String>,
 }
 
-/// Whether the client asked for Docker's `Connection: Upgrade` + `Upgrade: tcp` hijack.
-pub(crate) fn asks_tcp_upgrade(headers: &HeaderMap) -> bool {
-    headers
-        .get(header::UPGRADE)
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| v.eq_ignore_ascii_case("tcp"))
-}
-
 async fn exec_post(
     State(state): State<Arc<Edge>>,
     Authenticated(caller): Authenticated,
@@ -450,7 +442,7 @@ async fn exec_post(
 ) -> Result<Response, ApiError> {
     let interactive = exec::wants_stdin(query.stdin.as_deref())?;
     let sandbox = state.registry.get(&id, &caller)?;
-    let upgrade = interactive && asks_tcp_upgrade(request.headers());
+    let upgrade = interactive && crate::raw_stream::asks_tcp_upgrade(request.headers());
     let on_upgrade = upgrade.then(|| hyper::upgrade::on(&mut request));
     if interactive && on_upgrade.is_none() {
         return Err(ApiError::invalid(

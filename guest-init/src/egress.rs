@@ -148,16 +148,15 @@ fn serve(listener: TcpListener, port: Option<u32>) {
 /// Relays one connection over its own vsock connection to the host, both ways, passing each
 /// side's end of stream on as a half-close.
 fn relay_over_vsock(client: TcpStream, port: u32) {
-    let host =
-        match crate::server::vsock_connect(libc::VMADDR_CID_HOST, port, Duration::from_secs(5)) {
-            Ok(host) => host,
-            Err(e) => {
-                log::info(format_args!(
-                    "egress: connecting to the host's port {port}: {e}"
-                ));
-                return;
-            }
-        };
+    let host = match crate::vsock::connect(libc::VMADDR_CID_HOST, port, Duration::from_secs(5)) {
+        Ok(host) => host,
+        Err(e) => {
+            log::info(format_args!(
+                "egress: connecting to the host's port {port}: {e}"
+            ));
+            return;
+        }
+    };
     let (Ok(client_reader), Ok(host_writer)) = (client.try_clone(), host.try_clone()) else {
         return;
     };

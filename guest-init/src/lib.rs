@@ -28,3 +28,4 @@ pub mod server;
 pub mod spawn;
 pub mod sys;
 pub mod vm_root;
+mod vsock;

@@ -2,7 +2,6 @@
 //! first message to exec, file transfer, ping or shutdown.
 
 use std::io::{self, Read, Write};
-use std::mem::size_of;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::PathBuf;
@@ -16,6 +15,7 @@ use crate::exec::{self, ExecContext};
 use crate::files;
 use crate::log;
 use crate::sys;
+use crate::vsock;
 
 /// Per-connection thread stack: the exec loop needs little, and there may be many.
 const CONNECTION_STACK: usize = 256 * 1024;
@@ -111,7 +111,9 @@ impl Listener {
                 }
                 Ok(Listener::Unix(UnixListener::bind(path).map_err(err)?))
             }
-            Address::Vsock(_, port) => Ok(Listener::Vsock(vsock_listen(*port).map_err(err)?)),
+            Address::Vsock(_, port) => Ok(Listener::Vsock(
+                vsock::listen(*port, LISTEN_BACKLOG).map_err(err)?,
+            )),
             Address::Fd(fd) => {
                 let fd = adopt(*fd).map_err(err)?;
                 Ok(Listener::Unix(UnixListener::from(fd)))
@@ -152,79 +154,6 @@ fn adopt(fd: RawFd) -> io::Result<OwnedFd> {
     Ok(unsafe { OwnedFd::from_raw_fd(fd) })
 }
 
-fn vsock_socket() -> io::Result<OwnedFd> {
-    // SAFETY: socket takes no pointers.
-    let fd = sys::cvt(unsafe {
-        libc::socket(libc::AF_VSOCK, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0)
-    })?;
-    // SAFETY: socket returned a fresh descriptor that nobody else owns.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
-}
-
-fn vsock_addr(cid: u32, port: u32) -> libc::sockaddr_vm {
-    // SAFETY: sockaddr_vm is plain old data; all-zeroes is a valid value.
-    let mut addr: libc::sockaddr_vm = unsafe { std::mem::zeroed() };
-    addr.svm_family = libc::AF_VSOCK as libc::sa_family_t;
-    addr.svm_cid = cid;
-    addr.svm_port = port;
-    addr
-}
-
-fn vsock_listen(port: u32) -> io::Result<OwnedFd> {
-    let fd = vsock_socket()?;
-    let addr = vsock_addr(libc::VMADDR_CID_ANY, port);
-    // SAFETY: the pointer and length describe the live sockaddr_vm above.
-    sys::cvt(unsafe {
-        libc::bind(
-            fd.as_raw_fd(),
-            (&addr as *const libc::sockaddr_vm).cast(),
-            size_of::<libc::sockaddr_vm>() as libc::socklen_t,
-        )
-    })?;
-    // SAFETY: listen takes no pointers.
-    sys::cvt(unsafe { libc::listen(fd.as_raw_fd(), LISTEN_BACKLOG) })?;
-    Ok(fd)
-}
-
-/// Connects to `cid:port` over vsock, giving up after `timeout`.
-pub(crate) fn vsock_connect(cid: u32, port: u32, timeout: Duration) -> io::Result<UnixStream> {
-    use std::os::fd::AsFd;
-    let fd = vsock_socket()?;
-    sys::set_nonblocking(fd.as_fd(), true)?;
-    let addr = vsock_addr(cid, port);
-    // SAFETY: the pointer and length describe the live sockaddr_vm above.
-    let r = unsafe {
-        libc::connect(
-            fd.as_raw_fd(),
-            (&addr as *const libc::sockaddr_vm).cast(),
-            size_of::<libc::sockaddr_vm>() as libc::socklen_t,
-        )
-    };
-    if let Err(e) = sys::cvt(r) {
-        if e.raw_os_error() != Some(libc::EINPROGRESS) {
-            return Err(e);
-        }
-        let mut fds = [libc::pollfd {
-            fd: fd.as_raw_fd(),
-            events: libc::POLLOUT,
-            revents: 0,
-        }];
-        let ms = libc::c_int::try_from(timeout.as_millis()).unwrap_or(libc::c_int::MAX);
-        if sys::poll(&mut fds, ms)? == 0 {
-            return Err(io::Error::from(io::ErrorKind::TimedOut));
-        }
-        let stream = UnixStream::from(fd);
-        if let Some(e) = stream.take_error()? {
-            return Err(e);
-        }
-        stream.set_nonblocking(false)?;
-        return Ok(stream);
-    }
-    let stream = UnixStream::from(fd);
-    stream.set_nonblocking(false)?;
-    Ok(stream)
-}
-
 /// Takes ownership of an inherited descriptor (closed on exec from now on), as `fd:N`
 /// addresses name them.
 pub fn adopt_fd(fd: RawFd) -> io::Result<OwnedFd> {
@@ -240,7 +169,7 @@ pub fn send_hello(addr: &Address, hello: &Hello) -> Result<(), ServerError> {
     let mut stream = match addr {
         Address::Unix(path) => UnixStream::connect(path).map_err(err)?,
         Address::Vsock(cid, port) => {
-            vsock_connect(*cid, *port, Duration::from_secs(5)).map_err(err)?
+            vsock::connect(*cid, *port, Duration::from_secs(5)).map_err(err)?
         }
         Address::Fd(fd) => UnixStream::from(adopt(*fd).map_err(err)?),
     };
