@@ -44,9 +44,12 @@ pub(crate) struct MachineBaseline {
     pub full_run_ratios: BTreeMap<String, f64>,
 }
 
-/// The name a machine's baseline is kept under: its CPU model and core count.
-pub(crate) fn machine_key(cpu: &str, cores: usize) -> String {
-    format!("{cpu}, {cores} cores")
+/// The name a machine's baseline is kept under: its CPU model, core count and kernel. The
+/// kernel is part of it because the floors move with it as much as with the CPU (two hosts
+/// both "AMD EPYC, 2 cores" had Unix-socket ping-pong floors of 70 and 11 µs on kernels 1045
+/// and 1147 of the same series): a ratio recorded under one kernel does not gate another.
+pub(crate) fn machine_key(cpu: &str, cores: usize, kernel: &str) -> String {
+    format!("{cpu}, {cores} cores, kernel {kernel}")
 }
 
 impl Baseline {
@@ -284,25 +287,25 @@ mod tests {
             command: String::new(),
             machines: BTreeMap::from([
                 (
-                    machine_key("AMD EPYC", 2),
+                    machine_key("AMD EPYC", 2, "6.1"),
                     machine(&[("echo_rtt", 2.4), ("upload", 9.0)]),
                 ),
                 (
-                    machine_key("Intel(R) Xeon(R) Processor", 2),
+                    machine_key("Intel(R) Xeon(R) Processor", 2, "6.2"),
                     machine(&[("echo_rtt", 38.0), ("upload", 5.0), ("new", 1.0)]),
                 ),
             ]),
         };
-        let (own, why) = baseline.for_machine("AMD EPYC, 2 cores");
+        let (own, why) = baseline.for_machine("AMD EPYC, 2 cores, kernel 6.1");
         assert_eq!(own, map(&[("echo_rtt", 2.4), ("upload", 9.0)]));
         assert!(why.contains("this machine's"), "{why}");
-        let (lenient, why) = baseline.for_machine("Some CPU, 4 cores");
+        let (lenient, why) = baseline.for_machine("AMD EPYC, 2 cores, kernel 6.3");
         assert_eq!(
             lenient,
             map(&[("echo_rtt", 38.0), ("new", 1.0), ("upload", 9.0)])
         );
         assert!(
-            why.contains("Some CPU, 4 cores") && why.contains("AMD EPYC, 2 cores"),
+            why.contains("kernel 6.3") && why.contains("AMD EPYC, 2 cores, kernel 6.1"),
             "{why}"
         );
     }
@@ -315,7 +318,7 @@ mod tests {
             note: "n".into(),
             command: "c".into(),
             machines: BTreeMap::from([(
-                machine_key("cpu", 2),
+                machine_key("cpu", 2, "6.1"),
                 MachineBaseline {
                     note: "m".into(),
                     ratios: map(&[("x", 1.25)]),

@@ -160,7 +160,7 @@ pub(crate) fn markdown(
         out.push_str(
             "\n## CI gate\n\n`cargo xtask ci` runs `cargo xtask bench --quick --gate`, which fails \
              when a gated metric's ratio to its floor is more than 2× its value in \
-             `bench-baseline.json` for this machine (CPU model and cores; one not listed is \
+             `bench-baseline.json` for this machine (CPU model, cores and kernel; one not listed is \
              held to each metric's most lenient recorded ratio) in the run and in each of up to two confirmation runs (a \
              burst of load on a shared machine rarely hits one metric three times; \
              `cargo xtask bench --update-baseline` rewrites the baseline). This \

@@ -220,14 +220,18 @@ pub(crate) fn run(args: Args) -> Result<()> {
         };
         baseline.note = format!(
             "Cost ratios to the floor measured in the same run (see docs/benchmarks.md), as \
-             --quick measures them, per machine (CPU model, cores): the median of \
+             --quick measures them, per machine (CPU model, cores, kernel): the median of \
              {BASELINE_QUICK_RUNS} quick runs. CI fails when one is more than {}× its value for \
              the machine it runs on in a run and each of its confirmation runs; a machine not \
              listed is gated against each metric's largest ratio here.",
             gate::TOLERANCE
         );
         baseline.command = "cargo xtask bench --quick --update-baseline".into();
-        let key = gate::machine_key(&results.machine.cpu, results.machine.cores);
+        let key = gate::machine_key(
+            &results.machine.cpu,
+            results.machine.cores,
+            &results.machine.kernel,
+        );
         baseline.machines.insert(
             key.clone(),
             gate::MachineBaseline {
@@ -248,7 +252,11 @@ pub(crate) fn run(args: Args) -> Result<()> {
         );
     }
     if args.gate {
-        let key = gate::machine_key(&results.machine.cpu, results.machine.cores);
+        let key = gate::machine_key(
+            &results.machine.cpu,
+            results.machine.cores,
+            &results.machine.kernel,
+        );
         run_gate(&baseline_path, &key, &ratios, || {
             let again = runner::run(&plan, &image, backends, &selection, results.command.clone())?;
             Ok(again.gate_ratios())
