@@ -606,6 +606,60 @@ fn a_command_whose_client_dies_is_listed_by_ps_and_finished_by_attach() {
     );
 }
 
+#[test]
+fn an_interactive_command_that_keeps_is_re_attached_with_its_stdin() {
+    use std::io::{BufRead, BufReader};
+    let daemon = TestDaemon::start();
+    let id = sandbox(&daemon);
+    let mut first = crucible(&daemon)
+        .args([
+            "sandbox",
+            "exec",
+            "-i",
+            "--on-disconnect",
+            "keep",
+            "--exec-id",
+            "repl",
+        ])
+        .args([
+            &id,
+            "--",
+            "sh",
+            "-c",
+            "read a; echo got $a; read b; echo got $b; exit 6",
+        ])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("crucible runs");
+    let mut stdin = first.stdin.take().expect("piped");
+    stdin.write_all(b"one\n").expect("write");
+    let mut line = String::new();
+    BufReader::new(first.stdout.take().expect("piped"))
+        .read_line(&mut line)
+        .expect("the first answer");
+    assert_eq!(line, "got one\n");
+    first.kill().expect("kill the client");
+    first.wait().expect("reaped");
+
+    let mut again = crucible(&daemon)
+        .args(["sandbox", "attach", "-i", &id, "repl", "--offset", "8"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("crucible runs");
+    again
+        .stdin
+        .take()
+        .expect("piped")
+        .write_all(b"two\n")
+        .expect("write");
+    let out = again.wait_with_output().expect("attach ends");
+    assert_eq!(text(&out.stdout), "got two\n", "{}", text(&out.stderr));
+    assert_eq!(out.status.code(), Some(6));
+}
+
 /// A Unix-socket proxy to `daemon`'s socket that cuts its first connection after `cut` bytes
 /// of the daemon's answer (a network blip mid-stream) and passes every later one through.
 fn cutting_proxy(daemon: &TestDaemon, dir: &std::path::Path, cut: usize) -> std::path::PathBuf {

@@ -63,8 +63,8 @@ pub(crate) struct CommandOptions {
     #[arg(long, value_name = "NAME")]
     pub exec_id: Option<String>,
     /// What happens to the command if this client goes away (Ctrl-C, a dropped connection):
-    /// `keep` runs it on (re-attach with `crucible sandbox attach`), `kill` kills it
-    /// [default: keep; an interactive session always ends with its connection].
+    /// `keep` runs it on (re-attach with `crucible sandbox attach`, `-i` for an interactive
+    /// one), `kill` kills it [default: keep; for an interactive session, kill].
     #[arg(long, value_name = "POLICY", value_parser = on_disconnect)]
     pub on_disconnect: Option<wire::OnDisconnect>,
 }
@@ -79,6 +79,11 @@ fn on_disconnect(text: &str) -> Result<wire::OnDisconnect, String> {
 
 #[derive(clap::Args)]
 pub(crate) struct AttachArgs {
+    /// Interactive: the command is an interactive one started with `--on-disconnect keep`;
+    /// this process's stdin goes to it from here on (what the command took before is not
+    /// sent again).
+    #[arg(short, long)]
+    pub interactive: bool,
     /// The output bytes (stdout and stderr together) you already have: the stream starts
     /// after them [default: 0, everything the agent still keeps].
     #[arg(long, value_name = "BYTES", default_value_t = 0)]
@@ -251,6 +256,16 @@ fn reattach_hint(error: &anyhow::Error, id: &str, exec_id: &str, received: u64) 
 /// `crucible sandbox attach ID EXEC_ID`.
 pub(crate) async fn attach(global: &Global, args: AttachArgs) -> Result<i32> {
     let client = global.client()?;
+    if args.interactive {
+        let (session, position) = client
+            .attach_interactive(&args.id, &args.exec_id, args.offset)
+            .await?;
+        let result = drive(session, !position.stdin_closed).await?;
+        if global.json {
+            output::print_json(&result)?;
+        }
+        return finish(global, &result, args.stats);
+    }
     let stream = client.attach(&args.id, &args.exec_id, args.offset).await?;
     let result = follow(&client, &args.id, stream, args.offset, true).await?;
     if global.json {
@@ -277,8 +292,17 @@ pub(crate) async fn interactive(
     request: &ExecRequest,
 ) -> Result<ExecResult> {
     let session = client.interactive(id, request).await?;
+    drive(session, true).await
+}
+
+/// Drives an interactive session: with `forward_stdin`, this process's stdin goes to the
+/// command until EOF (then stdin_close); the command's output comes back live.
+async fn drive(session: client::Session, forward_stdin: bool) -> Result<ExecResult> {
     let (mut reader, mut writer) = session.into_split();
     let input = tokio::spawn(async move {
+        if !forward_stdin {
+            return std::future::pending().await;
+        }
         let mut stdin = tokio::io::stdin();
         let mut buf = vec![0u8; 64 * 1024];
         loop {
