@@ -138,12 +138,30 @@ pub(crate) async fn attach(
         ));
     }
     let sandbox = state.registry.get(&id, &caller)?;
-    let (status, session) = exec::attach(&state.metrics, &sandbox, &exec_id, query.offset).await?;
+    let (status, session) = exec::attach(
+        &state.metrics,
+        &sandbox,
+        &exec_id,
+        query.offset,
+        interactive,
+    )
+    .await?;
     let positions = position_headers(&status);
     let Some(on_upgrade) = on_upgrade else {
         return Ok(frame_stream_response(session, &positions));
     };
-    let exec_id = HeaderValue::from_str(session.exec_id()).ok();
+    Ok(upgraded_session(on_upgrade, session, &positions))
+}
+
+/// Docker's `Upgrade: tcp` hijack of an interactive session: the `101 Switching Protocols`,
+/// naming the command (and `extra` headers), and the session pumped over the upgraded
+/// connection once hyper hands it over.
+pub(crate) fn upgraded_session(
+    on_upgrade: hyper::upgrade::OnUpgrade,
+    session: exec::Session,
+    extra: &[(&'static str, String)],
+) -> Response {
+    let exec_id = session.exec_id().to_string();
     tokio::spawn(async move {
         match on_upgrade.await {
             Ok(upgraded) => {
@@ -155,7 +173,7 @@ pub(crate) async fn attach(
                 )
                 .await;
             }
-            Err(e) => tracing::debug!("attach upgrade failed: {e}"),
+            Err(e) => tracing::debug!("exec upgrade failed: {e}"),
         }
     });
     let mut response = (
@@ -168,13 +186,28 @@ pub(crate) async fn attach(
     )
         .into_response();
     let headers = response.headers_mut();
-    if let Some(exec_id) = exec_id {
+    if let Ok(exec_id) = HeaderValue::from_str(&exec_id) {
         headers.insert(HeaderName::from_static(EXEC_ID_HEADER), exec_id);
     }
-    for (name, value) in positions {
-        if let Ok(value) = HeaderValue::from_str(&value) {
+    for (name, value) in extra {
+        if let Ok(value) = HeaderValue::from_str(value) {
             headers.insert(HeaderName::from_static(name), value);
         }
     }
-    Ok(response)
+    response
+}
+
+/// The bare `200` head of a hijacked interactive session (the front door's), naming the
+/// command and `extra` headers; the connection carries frames after it.
+pub(crate) fn hijack_head(exec_id: &str, extra: &[(&'static str, String)]) -> String {
+    // The exec id is `[A-Za-z0-9._-]` only (validated, or generated): safe in a header.
+    let mut head = format!(
+        "HTTP/1.1 200 OK\r\nContent-Type: application/octet-stream\r\n{EXEC_ID_HEADER}: \
+         {exec_id}\r\n"
+    );
+    for (name, value) in extra {
+        head.push_str(&format!("{name}: {value}\r\n"));
+    }
+    head.push_str("\r\n");
+    head
 }

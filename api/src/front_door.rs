@@ -120,9 +120,10 @@ pub fn parse_first_head(head: &[u8]) -> Result<Option<ExecHead>, ApiError> {
     let Some(rest) = path.strip_prefix("/sandboxes/") else {
         return Ok(None);
     };
-    let interactive = exec::wants_stdin(query_value(query, "stdin"))?;
-    let (id, attach) = match rest.strip_suffix("/exec") {
-        Some(id) => (id, None),
+    // Parsed only on the routes served here: another route's bad `stdin` is its own answer.
+    let wants_stdin = || exec::wants_stdin(query_value(query, "stdin"));
+    let (id, attach, interactive) = match rest.strip_suffix("/exec") {
+        Some(id) => (id, None, wants_stdin()?),
         None => {
             // Only an interactive re-attach is hijacked; a one-shot one is hyper's.
             let Some((id, exec_id)) = rest
@@ -132,7 +133,7 @@ pub fn parse_first_head(head: &[u8]) -> Result<Option<ExecHead>, ApiError> {
             else {
                 return Ok(None);
             };
-            if !interactive {
+            if !wants_stdin()? {
                 return Ok(None);
             }
             let offset = match query_value(query, "offset") {
@@ -145,7 +146,7 @@ pub fn parse_first_head(head: &[u8]) -> Result<Option<ExecHead>, ApiError> {
                 exec_id: exec_id.to_string(),
                 offset,
             };
-            (id, Some(target))
+            (id, Some(target), true)
         }
     };
     let headers = request.headers();
@@ -359,12 +360,7 @@ async fn serve_exec<S>(
         Err(e) => return respond_error(&state, &mut stream, &e.into()).await,
     };
     if head.interactive {
-        // The exec id is `[A-Za-z0-9._-]` only (validated, or generated): safe in a header.
-        let head = format!(
-            "HTTP/1.1 200 OK\r\nContent-Type: application/octet-stream\r\n{}: {}\r\n\r\n",
-            crate::execs::EXEC_ID_HEADER,
-            session.exec_id()
-        );
+        let head = crate::execs::hijack_head(session.exec_id(), &[]);
         if stream.write_all(head.as_bytes()).await.is_err() {
             return;
         }
@@ -411,21 +407,21 @@ async fn serve_attach<S>(
         Ok(sandbox) => sandbox,
         Err(e) => return respond_error(&state, &mut stream, &e.into()).await,
     };
-    let attached = exec::attach(&state.metrics, &sandbox, &target.exec_id, target.offset).await;
+    let attached = exec::attach(
+        &state.metrics,
+        &sandbox,
+        &target.exec_id,
+        target.offset,
+        true,
+    )
+    .await;
     let (status, session) = match attached {
         Ok(attached) => attached,
         Err(e) => return respond_error(&state, &mut stream, &e.into()).await,
     };
-    let mut response = format!(
-        "HTTP/1.1 200 OK\r\nContent-Type: application/octet-stream\r\n{}: {}\r\n",
-        crate::execs::EXEC_ID_HEADER,
-        session.exec_id()
-    );
-    for (name, value) in crate::execs::position_headers(&status) {
-        response.push_str(&format!("{name}: {value}\r\n"));
-    }
-    response.push_str("\r\n");
-    if stream.write_all(response.as_bytes()).await.is_err() {
+    let head =
+        crate::execs::hijack_head(session.exec_id(), &crate::execs::position_headers(&status));
+    if stream.write_all(head.as_bytes()).await.is_err() {
         return;
     }
     let (reader, writer) = tokio::io::split(Rewind::new(Bytes::from(rest), stream));

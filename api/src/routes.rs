@@ -12,7 +12,6 @@ use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use hyper_util::rt::TokioIo;
 use serde::Deserialize;
 
 use crate::auth::Transport;
@@ -22,7 +21,6 @@ use crate::edge::Edge;
 use crate::error::ApiError;
 use crate::extract::{Authenticated, Path, Query};
 use crate::json::parse_json;
-use crate::raw_stream::{RawReader, RawWriter};
 use crate::{execs, files, oci_images, ws};
 use engine::exec;
 
@@ -454,24 +452,7 @@ async fn exec_post(
     let request = crate::json::parse_exec_request(&body)?;
     let session = exec::admit(&state.metrics, &sandbox, request, interactive).await?;
     if let Some(on_upgrade) = on_upgrade {
-        tokio::spawn(async move {
-            match on_upgrade.await {
-                Ok(upgraded) => {
-                    let (reader, writer) = tokio::io::split(TokioIo::new(upgraded));
-                    exec::pump(session, RawReader::new(reader), RawWriter(writer)).await;
-                }
-                Err(e) => tracing::debug!("exec upgrade failed: {e}"),
-            }
-        });
-        return Ok((
-            StatusCode::SWITCHING_PROTOCOLS,
-            [
-                (header::CONNECTION, "Upgrade"),
-                (header::UPGRADE, "tcp"),
-                (header::CONTENT_TYPE, "application/octet-stream"),
-            ],
-        )
-            .into_response());
+        return Ok(execs::upgraded_session(on_upgrade, session, &[]));
     }
     // Pulled by hyper: a slow client slows the agent (backpressure), and a client that goes
     // away drops the session (the command runs on detached, or is killed with

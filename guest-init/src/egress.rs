@@ -71,10 +71,15 @@ pub fn replace_uplink(uplink: OwnedFd) -> Result<(), UplinkError> {
     Ok(())
 }
 
+/// How long a connection waits for a daemon's uplink (a restart takes a second or two); past
+/// it the connection is closed, as it was refused before the daemon could come back.
+const UPLINK_WAIT: Duration = Duration::from_secs(30);
+
 /// Hands `client` to the daemon over the current uplink, waiting for one while there is none
-/// (a daemon gone); a send that fails means the daemon is gone, and `client` waits for the
-/// next one rather than being dropped.
+/// (a daemon gone), for up to [`UPLINK_WAIT`]; a send that fails means the daemon is gone, and
+/// `client` waits for the next one rather than being dropped at once.
 fn hand_over(client: &OwnedFd) {
+    let deadline = std::time::Instant::now() + UPLINK_WAIT;
     let mut slot = DESCRIPTOR_UPLINK.lock().unwrap_or_else(|p| p.into_inner());
     loop {
         match slot.as_mut() {
@@ -89,9 +94,17 @@ fn hand_over(client: &OwnedFd) {
                 }
             },
             _ => {
+                let left = deadline.saturating_duration_since(std::time::Instant::now());
+                if left.is_zero() {
+                    log::info(format_args!(
+                        "egress: no daemon took the connection within {UPLINK_WAIT:?}; closing it"
+                    ));
+                    return;
+                }
                 slot = UPLINK_REPLACED
-                    .wait(slot)
-                    .unwrap_or_else(|p| p.into_inner());
+                    .wait_timeout(slot, left)
+                    .map(|(slot, _)| slot)
+                    .unwrap_or_else(|p| p.into_inner().0);
             }
         }
     }

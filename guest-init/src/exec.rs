@@ -188,6 +188,7 @@ pub fn run(
             &req.cmd,
             child.pid(),
             keep,
+            interactive,
             usize::try_from(tail).unwrap_or(usize::MAX),
         )
     });
@@ -222,7 +223,11 @@ pub fn run(
             session.child.signal_group(libc::SIGKILL);
             let info = session.child.wait();
             if let Some(tracked) = &session.tracked {
-                tracked.finish(&ExecResult::failed("killed: its connection ended"), true);
+                tracked.finish(
+                    &ExecResult::failed("killed: its connection ended"),
+                    true,
+                    None,
+                );
             }
             let info = info?;
             if let ExecError::Protocol(msg) = &e {
@@ -654,11 +659,15 @@ impl Session {
             match (&self.conn, &self.wake) {
                 (Some(conn), _) => {
                     fds[CONN].fd = conn.as_raw_fd();
-                    if self.stdin.is_none() {
+                    let kept = self.tracked.as_ref().is_some_and(|t| t.keeps_running());
+                    if self.stdin.is_none() || kept {
                         // The host sends nothing after a one-shot request, so the end of its
-                        // side means it is gone. A vsock peer's close arrives as a SHUTDOWN
-                        // that Linux reports as POLLRDHUP only, never POLLHUP: without this a
-                        // silent command never noticed its client leave.
+                        // side means it is gone; for a session that outlives its connection,
+                        // a half-close is a drop too (stdin it sent but we did not take is
+                        // counted as not taken, and sent again after a re-attach). A vsock
+                        // peer's close arrives as a SHUTDOWN that Linux reports as POLLRDHUP
+                        // only, never POLLHUP: without this a silent command never noticed its
+                        // client leave.
                         fds[CONN].events |= libc::POLLRDHUP;
                     }
                     if !self.pending_empty() {
@@ -919,9 +928,11 @@ impl Session {
         };
         self.pending.clear();
         if let Some(tracked) = &self.tracked {
-            // A result that did not go out waits, with the output the client did not have.
+            // A result that did not go out waits, with the output the client did not have
+            // (and, for an interactive command, how far its stdin got).
             result.output_dropped_bytes = 0;
-            tracked.finish(&result, written.is_ok() || !keep);
+            let stdin = self.stdin.as_ref().map(StdinPump::progress);
+            tracked.finish(&result, written.is_ok() || !keep, stdin);
         }
         // The stream ends only once the registry says what became of the command: a client
         // that has read to the end and then lists the commands must find it collected.

@@ -107,6 +107,9 @@ pub enum AttachError {
     /// It dies with its connection (`on_disconnect: kill`): nobody can attach to it.
     #[error("exec_id {0:?} does not outlive its connection (on_disconnect: kill)")]
     NotKept(String),
+    /// The attach asks to send stdin, but the command takes none (it is not interactive).
+    #[error("exec_id {0:?} is not an interactive command: it takes no stdin")]
+    NoStdin(String),
     /// The offset is past its output.
     #[error("offset {offset} is past the {end} bytes exec_id {exec_id:?} has written")]
     PastTheEnd {
@@ -128,7 +131,7 @@ impl AttachError {
         let code = match self {
             AttachError::NotFound(_) => "not_found",
             AttachError::Busy(_) | AttachError::NotKept(_) => "conflict",
-            AttachError::PastTheEnd { .. } => "invalid_request",
+            AttachError::PastTheEnd { .. } | AttachError::NoStdin(_) => "invalid_request",
             AttachError::Io(_) => "io_error",
         };
         ErrorBody::new(code, report::chain(self))
@@ -177,6 +180,8 @@ pub struct Tracked {
     pid: i32,
     started_unix_ms: u64,
     keep: bool,
+    /// Whether it reads stdin from its client (an interactive session).
+    interactive: bool,
     shared: Mutex<Shared>,
 }
 
@@ -283,14 +288,23 @@ impl Tracked {
     }
 
     /// The command ended. `delivered`: its exit frame reached an attached client, and it is
-    /// forgotten; else its result waits here for an `attach` to collect it.
-    pub fn finish(self: &Arc<Self>, result: &ExecResult, delivered: bool) {
+    /// forgotten; else its result waits here for an `attach` to collect it, with `stdin`, how
+    /// far an interactive command's input got.
+    pub fn finish(
+        self: &Arc<Self>,
+        result: &ExecResult,
+        delivered: bool,
+        stdin: Option<StdinTaken>,
+    ) {
         if delivered {
             forget(self);
             return;
         }
         {
             let mut shared = self.lock();
+            if stdin.is_some() {
+                shared.stdin = stdin;
+            }
             shared.attached = false;
             shared.wake = None;
             shared.result = Some(result.clone());
@@ -358,6 +372,7 @@ pub fn register(
     cmd: &[String],
     pid: i32,
     keep: bool,
+    interactive: bool,
     tail_bytes: usize,
 ) -> Arc<Tracked> {
     let tracked = Arc::new(Tracked {
@@ -366,13 +381,15 @@ pub fn register(
         pid,
         started_unix_ms: now_unix_ms(),
         keep,
+        interactive,
         shared: Mutex::new(Shared {
             tail: Tail::new(if keep { tail_bytes } else { 0 }),
             attached: true,
             handoff: None,
             wake: None,
             result: None,
-            stdin: None,
+            // An interactive command has taken nothing yet: a status says so from the start.
+            stdin: interactive.then(StdinTaken::default),
         }),
     });
     let mut list = registry();
@@ -399,12 +416,22 @@ pub fn statuses(exec_id: Option<&str>) -> Vec<ExecStatus> {
 /// Serves an `attach` on `conn`: answers with the command's status, then either hands the
 /// connection to its (detached) exec thread, or, if it has ended, replays its kept output and
 /// its exit frame here and collects it.
-pub fn attach(exec_id: &str, mut conn: UnixStream, offset: u64) -> Result<(), AttachError> {
+pub fn attach(
+    exec_id: &str,
+    mut conn: UnixStream,
+    offset: u64,
+    stdin: bool,
+) -> Result<(), AttachError> {
     let Some(tracked) = registry().iter().find(|t| t.exec_id == exec_id).cloned() else {
         return Err(AttachError::NotFound(exec_id.to_string()));
     };
     if !tracked.keep {
         return Err(AttachError::NotKept(exec_id.to_string()));
+    }
+    // Refused before anything is served: an attach that answered would collect an ended
+    // command's result for a client that cannot use it.
+    if stdin && !tracked.interactive {
+        return Err(AttachError::NoStdin(exec_id.to_string()));
     }
     let mut shared = tracked.lock();
     let end = shared.tail.end();
@@ -476,10 +503,10 @@ mod tests {
 
     #[test]
     fn an_ended_commands_result_is_collected_by_one_attach_with_what_was_kept() {
-        let tracked = register("registry-ended", &["echo".into()], 42, true, 8);
+        let tracked = register("registry-ended", &["echo".into()], 42, true, false, 8);
         tracked.record(FrameType::Stdout, b"0123456789");
         tracked.detach(Arc::new(sys::eventfd().expect("eventfd")), None);
-        tracked.finish(&ExecResult::default(), false);
+        tracked.finish(&ExecResult::default(), false, None);
         let status = statuses(Some("registry-ended"));
         assert_eq!(status.len(), 1);
         assert_eq!(status[0].state, ExecState::Exited);
@@ -489,7 +516,7 @@ mod tests {
         );
 
         let (ours, theirs) = UnixStream::pair().expect("socketpair");
-        attach("registry-ended", theirs, 0).expect("attach");
+        attach("registry-ended", theirs, 0, false).expect("attach");
         let mut reader = std::io::BufReader::new(ours);
         let reply: AgentReply = wire::read_message(&mut reader).expect("reply");
         assert!(matches!(reply, AgentReply::Attached(s) if s.state == ExecState::Exited));
@@ -504,7 +531,12 @@ mod tests {
         );
         assert!(statuses(Some("registry-ended")).is_empty(), "collected");
         assert!(matches!(
-            attach("registry-ended", UnixStream::pair().expect("pair").0, 0),
+            attach(
+                "registry-ended",
+                UnixStream::pair().expect("pair").0,
+                0,
+                false
+            ),
             Err(AttachError::NotFound(_))
         ));
     }
@@ -516,12 +548,12 @@ mod tests {
         // so the stream must not end meanwhile. (More output than the socket holds: the attach
         // is still writing it then, so it cannot have collected the command already.)
         let size = MORE_THAN_A_SOCKET_HOLDS;
-        let tracked = register("registry-collected", &["yes".into()], 45, true, size);
+        let tracked = register("registry-collected", &["yes".into()], 45, true, false, size);
         tracked.record(FrameType::Stdout, &vec![b'y'; size]);
         tracked.detach(Arc::new(sys::eventfd().expect("eventfd")), None);
-        tracked.finish(&ExecResult::default(), false);
+        tracked.finish(&ExecResult::default(), false, None);
         let (mut ours, theirs) = UnixStream::pair().expect("socketpair");
-        let server = std::thread::spawn(move || attach("registry-collected", theirs, 0));
+        let server = std::thread::spawn(move || attach("registry-collected", theirs, 0, false));
         let reply: AgentReply = wire::read_message(&mut ours).expect("reply");
         assert!(matches!(reply, AgentReply::Attached(_)), "{reply:?}");
         let held = hold_registry();
@@ -536,7 +568,14 @@ mod tests {
         // A command that alternates one-byte writes to stdout and stderr: one frame per byte,
         // nine bytes of frames per byte of output. Replayed in rooms of 1,000 bytes, every
         // byte comes back once, in order, and no replay is larger than its room.
-        let tracked = register("registry-short-runs", &["sh".into()], 46, true, 4 << 20);
+        let tracked = register(
+            "registry-short-runs",
+            &["sh".into()],
+            46,
+            true,
+            false,
+            4 << 20,
+        );
         let mut want = (Vec::new(), Vec::new());
         for i in 0..10_000u32 {
             let byte = b'a' + (i % 26) as u8;
@@ -577,39 +616,39 @@ mod tests {
         assert_eq!(cursor, 20_000);
         assert!(replays >= 20_000 * 9 / room, "{replays} replays");
         assert_eq!(got, want);
-        tracked.finish(&ExecResult::default(), true);
+        tracked.finish(&ExecResult::default(), true, None);
     }
 
     #[test]
     fn an_attached_or_unkept_command_refuses_a_second_client_and_offsets_are_checked() {
-        let attached = register("registry-busy", &["sleep".into()], 43, true, 64);
+        let attached = register("registry-busy", &["sleep".into()], 43, true, false, 64);
         attached.record(FrameType::Stderr, b"abc");
         let pair = || UnixStream::pair().expect("pair").0;
         assert!(matches!(
-            attach("registry-busy", pair(), 0),
+            attach("registry-busy", pair(), 0, false),
             Err(AttachError::Busy(_))
         ));
         attached.detach(Arc::new(sys::eventfd().expect("eventfd")), None);
         assert!(matches!(
-            attach("registry-busy", pair(), 4),
+            attach("registry-busy", pair(), 4, false),
             Err(AttachError::PastTheEnd { end: 3, .. })
         ));
         let (_ours, theirs) = UnixStream::pair().expect("pair");
-        attach("registry-busy", theirs, 1).expect("handed over");
+        attach("registry-busy", theirs, 1, false).expect("handed over");
         let handoff = attached.take_handoff().expect("a connection waits");
         assert_eq!(handoff.offset, 1);
         let mut frames = Vec::new();
         assert_eq!(attached.replay_into(1, 100, &mut frames), (3, 0));
-        attached.finish(&ExecResult::default(), true);
+        attached.finish(&ExecResult::default(), true, None);
         assert!(statuses(Some("registry-busy")).is_empty());
 
-        let unkept = register("registry-unkept", &["sh".into()], 44, false, 64);
+        let unkept = register("registry-unkept", &["sh".into()], 44, false, false, 64);
         unkept.record(FrameType::Stdout, b"not kept");
         assert_eq!(statuses(Some("registry-unkept"))[0].output_kept_from, 8);
         assert!(matches!(
-            attach("registry-unkept", pair(), 0),
+            attach("registry-unkept", pair(), 0, false),
             Err(AttachError::NotKept(_))
         ));
-        unkept.finish(&ExecResult::default(), true);
+        unkept.finish(&ExecResult::default(), true, None);
     }
 }

@@ -378,11 +378,15 @@ pub fn handle(mut conn: UnixStream, agent: &Agent) {
             };
             let _ = wire::write_message(&mut conn, &reply);
         }
-        AgentRequest::Attach { exec_id, offset } => {
+        AgentRequest::Attach {
+            exec_id,
+            offset,
+            stdin,
+        } => {
             let Ok(reply_conn) = conn.try_clone() else {
                 return;
             };
-            if let Err(e) = crate::exec_registry::attach(&exec_id, conn, offset) {
+            if let Err(e) = crate::exec_registry::attach(&exec_id, conn, offset, stdin) {
                 log::debug(format_args!("attach {exec_id:?}: {}", report::chain(&e)));
                 let mut reply_conn = reply_conn;
                 let _ = wire::write_message(&mut reply_conn, &AgentReply::Error(e.to_body()));

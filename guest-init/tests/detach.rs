@@ -53,9 +53,20 @@ fn wait_for(agent: &Agent, exec_id: &str, state: ExecState) -> ExecStatus {
 
 /// Sends `attach` and reads its first answer; the stream (if any) follows on the reader.
 fn attach(agent: &Agent, exec_id: &str, offset: u64) -> (AgentReply, BufReader<UnixStream>) {
+    attach_with(agent, exec_id, offset, false)
+}
+
+/// [`attach`], saying whether stdin frames will follow.
+fn attach_with(
+    agent: &Agent,
+    exec_id: &str,
+    offset: u64,
+    stdin: bool,
+) -> (AgentReply, BufReader<UnixStream>) {
     let conn = agent.send(&AgentRequest::Attach {
         exec_id: exec_id.into(),
         offset,
+        stdin,
     });
     let mut reader = BufReader::new(conn);
     let reply = wire::read_message(&mut reader).expect("attach answer");
@@ -263,13 +274,12 @@ fn an_interactive_session_that_asks_to_keep_carries_its_stdin_across_connections
     assert!(detached.keep);
     assert_eq!(detached.stdin_bytes, Some(4), "{detached:?}");
     assert!(!detached.stdin_closed);
-    let (reply, reader) = attach(&agent, "kept-interactive", 4);
+    let (reply, reader) = attach_with(&agent, "kept-interactive", 4, true);
     assert!(
         matches!(&reply, AgentReply::Attached(s) if s.stdin_bytes == Some(4)),
         "{reply:?}"
     );
     let mut session = reader.into_inner();
-    // A half-close is not the end of its input: only stdin_close is.
     send_stdin(&mut session, Some(b"two\n"));
     assert_eq!(read_stdout(&mut session, 4), b"two\n");
     send_stdin(&mut session, None);
@@ -277,6 +287,64 @@ fn an_interactive_session_that_asks_to_keep_carries_its_stdin_across_connections
     assert_eq!(String::from_utf8_lossy(&out.stdout), "done\n");
     assert_eq!(out.result.exit_code, 0, "{:?}", out.result);
     assert_eq!(out.exit_frames, 1);
+}
+
+#[test]
+fn a_kept_interactive_session_with_its_stdin_closed_notices_a_half_close_and_keeps_its_result() {
+    // As a vsock close looks to the guest: the host shuts its side down, and the command,
+    // silent, its stdin closed, gives poll nothing else to report.
+    let agent = Agent::start();
+    let mut request = sh("sleep 1; exit 9");
+    request.exec_id = "kept-quiet".into();
+    request.on_disconnect = Some(OnDisconnect::Keep);
+    let mut session = agent.send(&AgentRequest::Exec {
+        request,
+        interactive: true,
+        user: None,
+        tail_bytes: None,
+    });
+    send_stdin(&mut session, Some(b"abc"));
+    send_stdin(&mut session, None);
+    // The frames reach the agent before the half-close is noticed only if it reads them
+    // first; either way what it took is what the status says.
+    std::thread::sleep(Duration::from_millis(100));
+    session
+        .shutdown(std::net::Shutdown::Write)
+        .expect("half-close");
+    let detached = wait_for(&agent, "kept-quiet", ExecState::Running);
+    assert_eq!(detached.stdin_bytes, Some(3), "{detached:?}");
+    assert!(detached.stdin_closed, "{detached:?}");
+    drop(session);
+    // Ended while detached: its result waits, with its stdin position, for an attach.
+    let ended = wait_for(&agent, "kept-quiet", ExecState::Exited);
+    assert_eq!(ended.stdin_bytes, Some(3));
+    // An attach with stdin, as the shim's after a restart, gets its result.
+    let (reply, reader) = attach_with(&agent, "kept-quiet", 0, true);
+    assert!(
+        matches!(&reply, AgentReply::Attached(s) if s.stdin_bytes == Some(3)),
+        "{reply:?}"
+    );
+    assert_eq!(read_output(reader).result.exit_code, 9);
+}
+
+#[test]
+fn an_attach_with_stdin_to_a_one_shot_command_is_refused_before_it_collects_anything() {
+    let agent = Agent::start();
+    let conn = start(&agent, "one-shot-ended", "echo out; exit 2", None);
+    drop(conn);
+    wait_for(&agent, "one-shot-ended", ExecState::Exited);
+    let (refused, _) = attach_with(&agent, "one-shot-ended", 0, true);
+    assert!(
+        matches!(&refused, AgentReply::Error(e) if e.code == "invalid_request"),
+        "{refused:?}"
+    );
+    let (reply, reader) = attach(&agent, "one-shot-ended", 0);
+    assert!(
+        matches!(&reply, AgentReply::Attached(_)),
+        "still there: {reply:?}"
+    );
+    let out = read_output(reader);
+    assert_eq!(out.result.exit_code, 2);
 }
 
 #[test]
@@ -425,6 +493,7 @@ fn reattach(agent: &Agent, exec_id: &str, offset: u64, what: &str) -> UnixStream
         let mut conn = agent.send(&AgentRequest::Attach {
             exec_id: exec_id.into(),
             offset,
+            stdin: false,
         });
         conn.set_read_timeout(Some(Duration::from_secs(10)))
             .expect("read timeout");
@@ -528,6 +597,7 @@ fn re_attaching_again_and_again_while_the_command_writes_loses_and_repeats_nothi
             drop(agent.send(&AgentRequest::Attach {
                 exec_id: "keep-stress".into(),
                 offset: got.offset(),
+                stdin: false,
             }));
         }
         got.new_connection();

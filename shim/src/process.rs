@@ -253,6 +253,18 @@ pub(crate) async fn relay(io: Io, again: Reattach) -> ExecResult {
         };
         match take_up(&again, written, &why).await {
             Ok((next, position)) => {
+                if position.output_kept_from > written {
+                    // The agent's tail no longer holds what we had not written: its replay
+                    // starts later, so that is where this process's output goes on from.
+                    log::warn!(
+                        "exec {} of {}: {} output bytes were no longer kept when its session \
+                         was taken up again; the output skips them",
+                        again.exec_id,
+                        again.sandbox,
+                        position.output_kept_from - written
+                    );
+                    written = position.output_kept_from;
+                }
                 log::info!(
                     "exec {} of {}: its session broke off ({why}); taken up again at output \
                      byte {written}, stdin byte {}",
@@ -335,11 +347,21 @@ async fn take_up(
     let deadline = tokio::time::Instant::now() + again.patience;
     let mut pause = Duration::from_millis(100);
     loop {
-        let error = match again
+        // Each attempt within what is left: a daemon that accepts but never answers (one
+        // still taking its sandboxes back, or wedged) must not hold the process for ever.
+        let attempt = again
             .client
-            .attach_interactive(&again.sandbox, &again.exec_id, written)
-            .await
-        {
+            .attach_interactive(&again.sandbox, &again.exec_id, written);
+        let answer = match tokio::time::timeout_at(deadline, attempt).await {
+            Ok(answer) => answer,
+            Err(_) => {
+                return Err(lost(format!(
+                    "the daemon did not answer within {:?} (CRUCIBLE_SHIM_RECONNECT)",
+                    again.patience
+                )))
+            }
+        };
+        let error = match answer {
             Ok(attached) => return Ok(attached),
             // The sandbox or the command is gone, or the request is wrong: no retry helps.
             Err(

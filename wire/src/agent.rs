@@ -32,11 +32,6 @@ pub const PROTOCOL_VERSION: u32 = 3;
 /// One request, the first message on a connection.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "op", rename_all = "snake_case", deny_unknown_fields)]
-#[expect(
-    clippy::large_enum_variant,
-    reason = "one request per connection, read once and never stored in bulk: boxing the \
-              ExecRequest would only add an allocation to every exec"
-)]
 pub enum AgentRequest {
     /// Run a command and stream its output as frames.
     Exec {
@@ -64,6 +59,11 @@ pub enum AgentRequest {
         /// The first output byte the client wants (the bytes it has already received).
         #[serde(default)]
         offset: u64,
+        /// Whether the client will send stdin frames (an interactive command's re-attach):
+        /// refused with `invalid_request`, before anything is served, for a command that takes
+        /// no stdin.
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        stdin: bool,
     },
     /// Answer with `execs`: the commands that can be found by name (running, or exited with
     /// a result not yet collected); with `exec_id`, that one only (`error` `not_found` when

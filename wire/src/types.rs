@@ -122,8 +122,9 @@ pub struct ExecStatus {
     /// How it ended, once it has.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub result: Option<ExecResult>,
-    /// An interactive command's stdin: the payload bytes of the stdin frames it has taken so
-    /// far (delivered to it, or queued for it). A client that re-attaches sends its input on
+    /// An interactive command's stdin: the payload bytes of the stdin frames it had taken
+    /// (delivered to it, or queued for it) when its last client left (0 before any did; it
+    /// moves on while a client is attached). A client that re-attaches sends its input on
     /// from there: frames it sent past it were lost with the connection. Absent for a
     /// one-shot command.
     #[serde(default, skip_serializing_if = "Option::is_none")]

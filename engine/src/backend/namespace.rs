@@ -457,11 +457,12 @@ impl NamespaceBackend {
             diagnostics,
         )
         .map_err(|e| mismatch(format!("its supervisor (pid {pid}): {e}")))?;
-        // From here the process is the recorded one: a refusal kills it.
+        // From here the process is the recorded one: a refusal kills it. Its id range is
+        // held until it is gone (released last, as for any sandbox).
+        let ids = self.id_ranges.claim(record.id_slot).map_err(mismatch);
         let checked = async {
             let cgroups = SandboxCgroups::adopt(&self.cgroup_root, &self.cgroup_parent, id, pid)
                 .map_err(|e| mismatch(report::chain(&e)))?;
-            let ids = self.id_ranges.claim(record.id_slot).map_err(mismatch)?;
             let socket = runtime_dir.join("agent.sock");
             let hello = super::ping_agent(super::connect_unix(&socket))
                 .await
@@ -480,16 +481,28 @@ impl NamespaceBackend {
                 ),
                 None => None,
             };
-            Ok((cgroups, ids, socket, hello, egress_task))
+            Ok((cgroups, socket, hello, egress_task))
         }
         .await;
-        let (cgroups, ids, socket, hello, egress_task) = match checked {
-            Ok(found) => found,
-            Err(e) => {
-                process
+        let (ids, (cgroups, socket, hello, egress_task)) = match (ids, checked) {
+            (Ok(ids), Ok(found)) => (ids, found),
+            (ids, checked) => {
+                let gone = process
                     .kill_refused(&format!("the supervisor of refused sandbox {id}"))
                     .await;
-                return Err(e);
+                let why = match (ids, checked) {
+                    (Err(e), _) => e,
+                    (Ok(ids), Err(e)) => {
+                        if !gone {
+                            // Its processes may still hold the range's ids: never hand it out
+                            // again.
+                            std::mem::forget(ids);
+                        }
+                        e
+                    }
+                    (Ok(_), Ok(_)) => unreachable!("matched above"),
+                };
+                return Err(why);
             }
         };
         Ok(NamespaceInstance {

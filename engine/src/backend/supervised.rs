@@ -261,14 +261,15 @@ pub(super) const REFUSAL_KILL_WAIT: Duration = Duration::from_secs(10);
 
 impl SandboxProcess {
     /// Kills it and waits, within [`REFUSAL_KILL_WAIT`], until it is gone (a refused
-    /// adoption: nothing else waits for its resources).
-    pub(super) async fn kill_refused(&self, what: &str) {
-        if tokio::time::timeout(REFUSAL_KILL_WAIT, self.kill_and_wait())
+    /// adoption: nothing else waits for its resources); whether it is.
+    pub(super) async fn kill_refused(&self, what: &str) -> bool {
+        let gone = tokio::time::timeout(REFUSAL_KILL_WAIT, self.kill_and_wait())
             .await
-            .is_err()
-        {
+            .is_ok();
+        if !gone {
             tracing::warn!("{what} was killed but is not gone after {REFUSAL_KILL_WAIT:?}");
         }
+        gone
     }
 }
 

@@ -123,7 +123,8 @@ pub async fn statuses(
     }
 }
 
-/// Re-attaches to `exec_id` in `sandbox` from output byte `offset`: its status as the stream
+/// Re-attaches to `exec_id` in `sandbox` from output byte `offset` (with `stdin`, an
+/// interactive command's, whose input the session then carries): its status as the stream
 /// starts, and the session that carries the rest of its frames and its one exit frame (whose
 /// `output_dropped_bytes` counts what was no longer kept). The session holds an exec slot,
 /// as any exec does; dropping it detaches again.
@@ -132,12 +133,14 @@ pub async fn attach(
     sandbox: &Arc<Sandbox>,
     exec_id: &str,
     offset: u64,
+    stdin: bool,
 ) -> Result<(ExecStatus, Session), FindError> {
     check_id(exec_id)?;
     let guard = sandbox.begin(true)?;
     let message = AgentRequest::Attach {
         exec_id: exec_id.to_string(),
         offset,
+        stdin,
     };
     let (reply, agent) = sandbox
         .ask_agent(&message)

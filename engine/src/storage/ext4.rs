@@ -206,19 +206,27 @@ impl ScratchDisks {
 
     /// Removes the layers of every sandbox but `kept` (after live restore).
     pub(crate) fn remove_unclaimed(&self, kept: &[String]) {
-        let Ok(entries) = std::fs::read_dir(&self.dir) else {
-            return;
-        };
-        for entry in entries.flatten() {
-            let name = entry.file_name();
-            let name = name.to_string_lossy();
-            let id = name.strip_suffix(".ext4").unwrap_or(&name);
-            if kept.iter().any(|k| k == id) {
-                continue;
-            }
-            if let Err(e) = std::fs::remove_file(entry.path()) {
-                tracing::warn!("remove {}: {e}", entry.path().display());
-            }
+        remove_files_but(&self.dir, |path| {
+            path.file_stem()
+                .is_some_and(|id| kept.iter().any(|k| k.as_str() == id))
+        });
+    }
+}
+
+/// Removes every file in `dir` for which `keep` is false (after live restore: the images no
+/// sandbox taken back uses), saying so.
+pub(crate) fn remove_files_but(dir: &Path, keep: impl Fn(&Path) -> bool) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let path = entry.path();
+        if keep(&path) {
+            continue;
+        }
+        match std::fs::remove_file(&path) {
+            Ok(()) => tracing::info!("removed {}, which no sandbox uses", path.display()),
+            Err(e) => tracing::warn!("remove {}: {e}", path.display()),
         }
     }
 }

@@ -4,7 +4,8 @@
 //! shared by every later one. A microVM therefore sees the volume as it was when this daemon
 //! first snapshotted it (restart the daemon to refresh); a namespace sandbox sees the live
 //! directory. The images are this daemon's alone: a start removes those a previous one left
-//! (they may be out of date).
+//! (they may be out of date), except under live restore, where a microVM taken back (or being
+//! checked) reclaims the one it uses, which later microVMs then share, and the rest go.
 //!
 //! What the image holds is what a namespace sandbox would see through its bind: the
 //! directory's tree, not the filesystems mounted below it (such a volume is refused rather
@@ -209,19 +210,7 @@ impl VolumeSnapshots {
                     .and_then(|s| s.as_ref().map(|s| s.image.clone()))
             })
             .collect();
-        let Ok(entries) = std::fs::read_dir(&self.dir) else {
-            return;
-        };
-        for entry in entries.flatten() {
-            let path = entry.path();
-            if held.contains(&path) {
-                continue;
-            }
-            match std::fs::remove_file(&path) {
-                Ok(()) => tracing::info!("removed {}, which no sandbox uses", path.display()),
-                Err(e) => tracing::warn!("remove {}: {e}", path.display()),
-            }
-        }
+        super::ext4::remove_files_but(&self.dir, |path| held.contains(path));
     }
 
     async fn build(&self, name: &str, source: &Path) -> Result<Snapshot, StorageError> {
