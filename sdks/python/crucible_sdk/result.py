@@ -1,0 +1,161 @@
+"""What a command yields: typed events while it runs, and a `RunResult` once it has ended."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Callable, List, Optional, Union
+
+from . import codec
+from .errors import CommandFailed, ProtocolError
+from .models import ExecResult, Usage
+
+OutputCallback = Callable[[bytes], object]
+
+
+@dataclass(frozen=True)
+class Stdout:
+    """Bytes the command wrote to stdout (a chunk boundary means nothing)."""
+
+    data: bytes
+
+
+@dataclass(frozen=True)
+class Stderr:
+    """Bytes the command wrote to stderr."""
+
+    data: bytes
+
+
+@dataclass(frozen=True)
+class Exit:
+    """The command ended; always the last event of a stream."""
+
+    result: ExecResult
+
+
+Event = Union[Stdout, Stderr, Exit]
+
+
+def event_of(frame: codec.Frame) -> Event:
+    kind = frame.type
+    if kind == codec.STDOUT:
+        return Stdout(frame.payload)
+    if kind == codec.STDERR:
+        return Stderr(frame.payload)
+    if kind == codec.EXIT:
+        try:
+            return Exit(ExecResult.from_dict(json.loads(frame.payload)))
+        except (ValueError, KeyError, TypeError) as e:
+            raise ProtocolError(f"an exit frame that is not an ExecResult: {e}") from e
+    raise ProtocolError(f"the daemon sent a {frame.type_name} frame, which only clients send")
+
+
+@dataclass
+class RunResult:
+    """A finished command: its output, and how it ended (the fields of its ExecResult)."""
+
+    cmd: List[str]
+    #: The command's exec_id (given, or made up by the daemon): what `attach` takes.
+    exec_id: str
+    stdout: bytes
+    stderr: bytes
+    result: ExecResult = field(repr=False)
+
+    @property
+    def exit_code(self) -> int:
+        """The exit status; -1 when killed by a signal or never started."""
+        return self.result.exit_code
+
+    @property
+    def signal(self) -> str:
+        """The signal that killed it (`"SIGKILL"`), else ""."""
+        return self.result.signal
+
+    @property
+    def timed_out(self) -> bool:
+        return self.result.timed_out
+
+    @property
+    def oom_killed(self) -> bool:
+        return self.result.oom_killed
+
+    @property
+    def usage(self) -> Optional[Usage]:
+        """Resource usage, None when none was collected."""
+        return self.result.usage
+
+    @property
+    def duration_ms(self) -> int:
+        return self.result.duration_ms
+
+    @property
+    def error(self) -> str:
+        """Why the command could not run or was lost; "" on a normal exit."""
+        return self.result.error
+
+    @property
+    def output_dropped_bytes(self) -> int:
+        """Output a re-attach asked for that the agent no longer kept."""
+        return self.result.output_dropped_bytes or 0
+
+    @property
+    def ok(self) -> bool:
+        return self.result.exit_code == 0 and not self.result.signal and not self.result.error
+
+    @property
+    def stdout_text(self) -> str:
+        """stdout as UTF-8 (undecodable bytes replaced)."""
+        return self.stdout.decode("utf-8", "replace")
+
+    @property
+    def stderr_text(self) -> str:
+        return self.stderr.decode("utf-8", "replace")
+
+    def describe(self) -> str:
+        """How it ended, in words."""
+        r = self.result
+        if r.timed_out:
+            return "timed out"
+        if r.signal:
+            return f"was killed by {r.signal}" + (" (out of memory)" if r.oom_killed else "")
+        if r.error:
+            return f"failed: {r.error}"
+        return f"exited with {r.exit_code}"
+
+    def check(self) -> RunResult:
+        """Itself when the command succeeded; else raises CommandFailed."""
+        if not self.ok:
+            raise CommandFailed(self)
+        return self
+
+
+class Collector:
+    """Accumulates a stream's output (calling the callbacks as it arrives) into a RunResult."""
+
+    __slots__ = ("_out", "_err", "_on_stdout", "_on_stderr", "result")
+
+    def __init__(self, on_stdout: Optional[OutputCallback] = None,
+                 on_stderr: Optional[OutputCallback] = None) -> None:
+        self._out: List[bytes] = []
+        self._err: List[bytes] = []
+        self._on_stdout = on_stdout
+        self._on_stderr = on_stderr
+        self.result: Optional[ExecResult] = None
+
+    def add(self, event: Event) -> None:
+        if isinstance(event, Stdout):
+            self._out.append(event.data)
+            if self._on_stdout is not None:
+                self._on_stdout(event.data)
+        elif isinstance(event, Stderr):
+            self._err.append(event.data)
+            if self._on_stderr is not None:
+                self._on_stderr(event.data)
+        else:
+            self.result = event.result
+
+    def finish(self, cmd: List[str], exec_id: str) -> RunResult:
+        if self.result is None:
+            raise ProtocolError("the stream ended without an exit frame")
+        return RunResult(cmd, exec_id, b"".join(self._out), b"".join(self._err), self.result)
