@@ -110,7 +110,15 @@ class WebSocketChannel:
         while not self._pending:
             if self._ws.eof:
                 return b""
-            payloads = self._ws.feed(_recv(self.sock))
+            try:
+                data = _recv(self.sock)
+            except ConnectionLost:
+                if self._ws.close_code is None:
+                    raise
+                # After its Close the daemon may reset the socket (our Close reply unread):
+                # that is the end of the stream, as EOF would be.
+                data = b""
+            payloads = self._ws.feed(data)
             reply = self._ws.outgoing()  # pongs, the Close reply
             if reply:
                 try:

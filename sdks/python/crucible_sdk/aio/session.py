@@ -124,7 +124,14 @@ class WebSocketChannel:
         while not self.pending:
             if self._ws.eof:
                 return b""
-            payloads = self._ws.feed(await self.read())
+            try:
+                data = await self.read()
+            except ConnectionLost:
+                if self._ws.close_code is None:
+                    raise
+                # After its Close the daemon may reset the socket: see the blocking channel.
+                data = b""
+            payloads = self._ws.feed(data)
             reply = self._ws.outgoing()
             if reply:
                 try:
