@@ -70,7 +70,7 @@ def main() -> int:
     parser.add_argument("--warmup", type=int, default=100)
     args = parser.parse_args()
 
-    client = Client(args.host, timeout=30)
+    client = Client(args.host, timeout=30, stream_timeout=30)
     sb = (Sandbox.connect(args.sandbox, client=client) if args.sandbox
           else Sandbox.create(client=client, labels={"bench": "sdk-roundtrip"}))
     try:

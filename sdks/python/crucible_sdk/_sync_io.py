@@ -9,7 +9,6 @@ would not be an answer's head.
 from __future__ import annotations
 
 import socket
-import threading
 from typing import IO, Iterator, List, Optional, Tuple, Union
 
 from . import _http1
@@ -188,28 +187,26 @@ class Pool:
         self.timeout = timeout
         self.max_idle = max_idle
         self._idle: List[Connection] = []
-        self._lock = threading.Lock()
 
     def get(self) -> Connection:
-        with self._lock:
-            if self._idle:
-                return self._idle.pop()
-        return self.new()
+        # list.pop and list.append are atomic under the GIL: no lock on the hot path.
+        try:
+            return self._idle.pop()
+        except IndexError:
+            return self.new()
 
     def new(self) -> Connection:
         return Connection(open_socket(self.address, self.timeout), self.timeout)
 
     def put(self, conn: Connection) -> None:
         conn.reused = True
-        with self._lock:
-            if len(self._idle) < self.max_idle:
-                self._idle.append(conn)
-                return
-        conn.close()
+        if len(self._idle) < self.max_idle:
+            self._idle.append(conn)
+        else:
+            conn.close()
 
     def close(self) -> None:
-        with self._lock:
-            idle, self._idle = self._idle, []
+        idle, self._idle = self._idle, []
         for conn in idle:
             conn.close()
 

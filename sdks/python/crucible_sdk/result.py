@@ -37,6 +37,13 @@ class Exit:
 Event = Union[Stdout, Stderr, Exit]
 
 
+def exit_result(payload: bytes) -> ExecResult:
+    try:
+        return ExecResult.from_dict(json.loads(payload))
+    except (ValueError, KeyError, TypeError) as e:
+        raise ProtocolError(f"an exit frame that is not an ExecResult: {e}") from e
+
+
 def event_of(frame: codec.Frame) -> Event:
     kind = frame.type
     if kind == codec.STDOUT:
@@ -44,10 +51,7 @@ def event_of(frame: codec.Frame) -> Event:
     if kind == codec.STDERR:
         return Stderr(frame.payload)
     if kind == codec.EXIT:
-        try:
-            return Exit(ExecResult.from_dict(json.loads(frame.payload)))
-        except (ValueError, KeyError, TypeError) as e:
-            raise ProtocolError(f"an exit frame that is not an ExecResult: {e}") from e
+        return Exit(exit_result(frame.payload))
     raise ProtocolError(f"the daemon sent a {frame.type_name} frame, which only clients send")
 
 
@@ -142,6 +146,11 @@ class Collector:
         self._on_stdout = on_stdout
         self._on_stderr = on_stderr
         self.result: Optional[ExecResult] = None
+
+    def seed(self, out: List[bytes], err: List[bytes]) -> None:
+        """Output already received (and passed to the callbacks) before the events."""
+        self._out[:0] = out
+        self._err[:0] = err
 
     def add(self, event: Event) -> None:
         if isinstance(event, Stdout):

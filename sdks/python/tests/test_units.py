@@ -121,3 +121,49 @@ crucible_pool_died_total 0
     assert [(s.shape, s.ready, s.size) for s in status.shapes] == [
         ("default,memory=512,vcpus=1,backend=namespace", 3, 4)]
     assert (status.hits, status.misses, status.unpooled, status.hit_rate) == (9, 1, 2, 0.9)
+
+
+class _Canned:
+    """A response whose body is a recorded frame stream, in pieces of `split` bytes."""
+
+    def __init__(self, data, split):
+        self._pieces = [data[i:i + split] for i in range(0, len(data), split)]
+        self.status = 200
+
+    def header(self, name, default=""):
+        return "ex-canned" if name == "x-crucible-exec-id" else default
+
+    def read_some(self):
+        return self._pieces.pop(0) if self._pieces else b""
+
+    def close(self):
+        pass
+
+
+FIXTURES = pathlib.Path(__file__).resolve().parents[2] / "fixtures"
+MANIFEST = json.loads((FIXTURES / "manifest.json").read_text())
+RESPONSES = [f for f in MANIFEST["fixtures"] if f["direction"] == "guest_to_host"]
+
+
+@pytest.mark.parametrize("fixture", RESPONSES, ids=lambda f: f["file"])
+@pytest.mark.parametrize("split", [1, 9, 70000])
+def test_run_and_stream_read_the_fixtures_alike(fixture, split):
+    """run()'s inline frame parser and the event iterator agree with the codec on every
+    recorded stream: same output and result for valid ones, a ProtocolError for invalid."""
+    from crucible_sdk.stream import ExecStream
+
+    data = (FIXTURES / fixture["file"]).read_bytes()
+    fast = ExecStream(_Canned(data, split), ["x"], None, 0)
+    slow = ExecStream(_Canned(data, split), ["x"], None, 0)
+    if fixture["invalid"] or any(f["type"] not in (1, 2, 3) for f in fixture["frames"]):
+        with pytest.raises(errors.ProtocolError):
+            fast.collect()
+        with pytest.raises(errors.ProtocolError):
+            list(slow)
+        return
+    result = fast.collect()
+    events = list(slow)
+    out = b"".join(e.data for e in events if type(e).__name__ == "Stdout")
+    assert result.stdout == out and result.result == events[-1].result
+    assert result.result.to_dict() == {k: v for k, v in ExecResult.from_dict(
+        fixture["frames"][-1]["exec_result"]).to_dict().items()}
