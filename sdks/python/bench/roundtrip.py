@@ -77,23 +77,30 @@ def main() -> int:
         raw = Raw(parse_address(args.host), sb.id, client.api_key)
         sdk_times: List[float] = []
         raw_times: List[float] = []
+        # CPU time this thread spent per call (user + system): what the SDK costs, without
+        # the waiting, which the wall clock mixes with the machine's load.
+        sdk_cpu: List[float] = []
+        raw_cpu: List[float] = []
         clock = time.perf_counter
+        cpu = time.thread_time
         for i in range(args.warmup + args.n):
             first_sdk = i % 2 == 0
             for which in ((0, 1) if first_sdk else (1, 0)):
-                t = clock()
+                c, t = cpu(), clock()
                 if which == 0:
                     result = sb.run(["true"])
-                    elapsed = clock() - t
+                    elapsed, used = clock() - t, cpu() - c
                     if result.exit_code != 0:
                         raise RuntimeError(f"`true` failed: {result}")
                     if i >= args.warmup:
                         sdk_times.append(elapsed)
+                        sdk_cpu.append(used)
                 else:
                     raw.exec_true()
-                    elapsed = clock() - t
+                    elapsed, used = clock() - t, cpu() - c
                     if i >= args.warmup:
                         raw_times.append(elapsed)
+                        raw_cpu.append(used)
         diffs = [s - r for s, r in zip(sdk_times, raw_times)]
         ms = 1e3
         print(f"exec round trip of `true`, {args.n} interleaved rounds, sandbox {sb.id} "
@@ -103,6 +110,8 @@ def main() -> int:
         print(f"  overhead  p50 {(pct(sdk_times, 50) - pct(raw_times, 50)) * ms:+.3f} ms   "
               f"p90 {(pct(sdk_times, 90) - pct(raw_times, 90)) * ms:+.3f} ms   "
               f"median of paired differences {statistics.median(diffs) * ms:+.3f} ms")
+        print(f"  cpu per call (this thread)  sdk {statistics.mean(sdk_cpu) * 1e6:.0f} us   "
+              f"raw {statistics.mean(raw_cpu) * 1e6:.0f} us")
         budget = 0.1
         overhead = (pct(sdk_times, 50) - pct(raw_times, 50)) * ms
         print(f"  target: overhead <= {budget} ms at p50: "

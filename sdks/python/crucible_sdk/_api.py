@@ -11,6 +11,7 @@ import json
 import os
 import signal as _signal
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import (IO, Any, Callable, Dict, Generic, List, Mapping, Optional, Sequence, Type,
                     TypeVar, Union)
 from urllib.parse import quote, urlencode
@@ -84,8 +85,21 @@ def text(data: bytes) -> str:
     return data.decode("utf-8", "replace")
 
 
+# One encoder for every body: json.dumps with arguments builds a new one per call.
+_encode = json.JSONEncoder(separators=(",", ":")).encode
+
+
 def json_body(value: Mapping[str, Any]) -> bytes:
-    return json.dumps(value, separators=(",", ":")).encode()
+    return _encode(value).encode()
+
+
+def exec_body(request: ExecRequest) -> bytes:
+    """The ExecRequest's JSON; a bare command (run()'s usual case) skips the model's walk."""
+    r = request
+    if (not r.env and not r.cwd and not r.timeout_s and r.user is None and not r.group_add
+            and not r.rlimits and r.exec_id is None and r.on_disconnect is None):
+        return b'{"cmd":' + _encode(r.cmd).encode() + b"}"
+    return _encode(r.to_dict()).encode()
 
 
 # -- paths --------------------------------------------------------------------------------
@@ -110,6 +124,7 @@ def exec_path(sandbox_id: str, exec_id: str, tail: str = "") -> str:
     return sandbox_path(sandbox_id, f"/execs/{_seg(exec_id, 'exec_id')}{tail}")
 
 
+@lru_cache(maxsize=1024)
 def exec_target(sandbox_id: str, interactive: bool = False) -> str:
     return sandbox_path(sandbox_id, "/exec?stdin=1" if interactive else "/exec")
 
@@ -171,7 +186,10 @@ def command(cmd: Command) -> List[str]:
         return ["sh", "-c", cmd]
     if isinstance(cmd, (bytes, bytearray)):
         raise TypeError("cmd must be a str (run by sh -c) or a sequence of str, not bytes")
-    argv = _strings(cmd, "cmd")
+    if type(cmd) is list and all(type(a) is str for a in cmd):
+        argv = list(cmd)
+    else:
+        argv = _strings(cmd, "cmd")
     if not argv or not argv[0]:
         raise ValueError(f"cmd must name a program, got {argv!r}")
     return argv
@@ -195,8 +213,9 @@ def exec_request(cmd: Command, *, env: Optional[Mapping[str, str]] = None,
         if not isinstance(limit, Rlimit):
             raise TypeError(f"rlimits takes Rlimit(type, soft, hard), got {limit!r}")
     return ExecRequest(
-        cmd=command(cmd), env=_str_map(env, "env"), cwd=cwd or "", timeout_s=timeout or 0,
-        user=user, group_add=_strings(group_add or (), "group_add"),
+        cmd=command(cmd), env=_str_map(env, "env") if env else {}, cwd=cwd or "",
+        timeout_s=timeout or 0,
+        user=user, group_add=_strings(group_add, "group_add") if group_add else [],
         rlimits=list(rlimits or ()), exec_id=exec_id, on_disconnect=on_disconnect)
 
 

@@ -132,7 +132,7 @@ class Client:
         connection breaks and the command runs on, the stream re-attaches up to `resumes`
         times from the bytes it already yielded."""
         response = self._open("POST", _api.exec_target(sandbox_id),
-                              _api.json_body(request.to_dict()),
+                              _api.exec_body(request),
                               read_timeout=self.stream_timeout)
         keeps = request.on_disconnect != "kill"
         return ExecStream(response, request.cmd, self._reattach(sandbox_id, response)
@@ -167,7 +167,7 @@ class Client:
     def interactive(self, sandbox_id: str, request: ExecRequest,
                     transport: Transport = "hijack") -> Session:
         """An interactive session: stdin frames out, events in."""
-        body = _api.json_body(request.to_dict())
+        body = _api.exec_body(request)
         target = _api.exec_target(sandbox_id, interactive=transport == "hijack")
         if transport == "hijack":
             return Session(HijackChannel(self.address, target, self._auth, body,

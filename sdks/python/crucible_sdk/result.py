@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
-from typing import Callable, List, Optional, Union
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, List, Optional, Union
 
 from . import codec
 from .errors import CommandFailed, ProtocolError
 from .models import ExecResult, Usage
 
 OutputCallback = Callable[[bytes], object]
+_decode = json.JSONDecoder().decode
 
 
 @dataclass(frozen=True)
@@ -44,6 +45,17 @@ def exit_result(payload: bytes) -> ExecResult:
         raise ProtocolError(f"an exit frame that is not an ExecResult: {e}") from e
 
 
+def exit_json(payload: bytes) -> Dict[str, Any]:
+    """The exit frame's document, checked only as far as RunResult reads it unparsed."""
+    try:
+        value = _decode(payload.decode())
+        if isinstance(value, dict) and type(value["exit_code"]) is int:
+            return value
+    except (ValueError, KeyError, TypeError):
+        pass
+    raise ProtocolError(f"an exit frame that is not an ExecResult: {payload[:200]!r}")
+
+
 def event_of(frame: codec.Frame) -> Event:
     kind = frame.type
     if kind == codec.STDOUT:
@@ -55,26 +67,52 @@ def event_of(frame: codec.Frame) -> Event:
     raise ProtocolError(f"the daemon sent a {frame.type_name} frame, which only clients send")
 
 
-@dataclass
 class RunResult:
     """A finished command: its output, and how it ended (the fields of its ExecResult)."""
 
-    cmd: List[str]
-    #: The command's exec_id (given, or made up by the daemon): what `attach` takes.
-    exec_id: str
-    stdout: bytes
-    stderr: bytes
-    result: ExecResult = field(repr=False)
+    __slots__ = ("cmd", "exec_id", "stdout", "stderr", "_raw", "_result")
+
+    def __init__(self, cmd: List[str], exec_id: str, stdout: bytes, stderr: bytes,
+                 result: Union[ExecResult, Dict[str, Any]]) -> None:
+        self.cmd = cmd
+        #: The command's exec_id (given, or made up by the daemon): what `attach` takes.
+        self.exec_id = exec_id
+        self.stdout = stdout
+        self.stderr = stderr
+        # run() hands over the exit frame's JSON as parsed: the model is built when asked
+        # for, as most callers read only the exit code.
+        if isinstance(result, ExecResult):
+            self._result: Optional[ExecResult] = result
+            self._raw: Dict[str, Any] = {}
+        else:
+            self._result = None
+            self._raw = result
+
+    def __repr__(self) -> str:
+        return (f"RunResult(cmd={self.cmd!r}, exec_id={self.exec_id!r}, "
+                f"exit_code={self.exit_code}, stdout={self.stdout[:80]!r}, "
+                f"stderr={self.stderr[:80]!r})")
+
+    @property
+    def result(self) -> ExecResult:
+        """The exit frame's ExecResult."""
+        if self._result is None:
+            self._result = ExecResult.from_dict(self._raw)
+        return self._result
 
     @property
     def exit_code(self) -> int:
         """The exit status; -1 when killed by a signal or never started."""
-        return self.result.exit_code
+        if self._result is None:
+            return int(self._raw["exit_code"])
+        return self._result.exit_code
 
     @property
     def signal(self) -> str:
         """The signal that killed it (`"SIGKILL"`), else ""."""
-        return self.result.signal
+        if self._result is None:
+            return str(self._raw.get("signal", ""))
+        return self._result.signal
 
     @property
     def timed_out(self) -> bool:
@@ -96,7 +134,9 @@ class RunResult:
     @property
     def error(self) -> str:
         """Why the command could not run or was lost; "" on a normal exit."""
-        return self.result.error
+        if self._result is None:
+            return str(self._raw.get("error", ""))
+        return self._result.error
 
     @property
     def output_dropped_bytes(self) -> int:
@@ -105,7 +145,7 @@ class RunResult:
 
     @property
     def ok(self) -> bool:
-        return self.result.exit_code == 0 and not self.result.signal and not self.result.error
+        return self.exit_code == 0 and not self.signal and not self.error
 
     @property
     def stdout_text(self) -> str:

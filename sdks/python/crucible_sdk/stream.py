@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import struct
 import time
-from typing import Callable, Generator, List, Optional
+from typing import Any, Callable, Dict, Generator, List, Optional
 
 from . import codec
 from ._sync_io import Response
 from .errors import ConnectionLost, CrucibleError, ProtocolError
 from .models import ExecResult
-from .result import Collector, Event, Exit, OutputCallback, RunResult, event_of, exit_result
+from .result import Collector, Event, Exit, OutputCallback, RunResult, event_of, exit_json
 
 Reattach = Callable[[int], Response]
 _HEADER = struct.Struct(">B3xI")
@@ -33,14 +33,21 @@ class ExecStream:
         self.cmd = cmd
         #: The command's exec_id (X-Crucible-Exec-Id).
         self.exec_id = response.header("x-crucible-exec-id")
-        #: How the command ended, once the Exit event has been yielded.
-        self.result: Optional[ExecResult] = None
+        self._result: Optional[ExecResult] = None
+        self._result_of: Optional[RunResult] = None
         self._response = response
         self._reattach = reattach
         self._resumes = resumes
         self._offset = offset
         self._started = False
         self._events = self._run()
+
+    @property
+    def result(self) -> Optional[ExecResult]:
+        """How the command ended, once its Exit event has been read."""
+        if self._result is None and self._result_of is not None:
+            self._result = self._result_of.result
+        return self._result
 
     def __iter__(self) -> ExecStream:
         return self
@@ -81,7 +88,7 @@ class ExecStream:
         self._started = True
         out: List[bytes] = []
         err: List[bytes] = []
-        result: Optional[ExecResult] = None
+        result: Optional[Dict[str, Any]] = None
         buf = b""
         received = self._offset
         response = self._response
@@ -113,7 +120,7 @@ class ExecStream:
                         if on_stderr is not None:
                             on_stderr(payload)
                     else:
-                        result = exit_result(payload)
+                        result = exit_json(payload)
                 buf = buf[pos:] if pos < end else b""
             if buf or result is None:
                 raise self._invalid(buf, eof=True)
@@ -126,8 +133,9 @@ class ExecStream:
             for event in self._events:
                 collector.add(event)
             return collector.finish(self.cmd, self.exec_id)
-        self.result = result
-        return RunResult(self.cmd, self.exec_id, b"".join(out), b"".join(err), result)
+        run = RunResult(self.cmd, self.exec_id, b"".join(out), b"".join(err), result)
+        self._result_of = run
+        return run
 
     def _invalid(self, rest: bytes, eof: bool = False) -> ProtocolError:
         """The codec's verdict on what the fast path refused (so the error is named alike)."""
@@ -162,7 +170,7 @@ class ExecStream:
                         for frame in decoder.feed(piece):
                             event = event_of(frame)
                             if isinstance(event, Exit):
-                                self.result = event.result
+                                self._result = event.result
                             else:
                                 received += len(event.data)
                             yield event

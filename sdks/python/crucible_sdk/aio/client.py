@@ -117,7 +117,7 @@ class AsyncClient:
     def stream(self, sandbox_id: str, request: ExecRequest, *,
                resumes: int = 5) -> AsyncExecStream:
         """The command's stream, started by its first iteration (or `await s.start()`)."""
-        body = _api.json_body(request.to_dict())
+        body = _api.exec_body(request)
         target = _api.exec_target(sandbox_id)
 
         async def opener() -> AsyncResponse:
@@ -158,7 +158,7 @@ class AsyncClient:
 
     async def interactive(self, sandbox_id: str, request: ExecRequest,
                           transport: Transport = "hijack") -> AsyncSession:
-        body = _api.json_body(request.to_dict())
+        body = _api.exec_body(request)
         target = _api.exec_target(sandbox_id, interactive=transport == "hijack")
         if transport == "hijack":
             return AsyncSession(await open_hijack(self.address, target, self._auth, body,
