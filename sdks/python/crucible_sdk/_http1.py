@@ -113,6 +113,16 @@ class ChunkedDecoder:
         if self.done:
             self.leftover += data
             return []
+        if self._state == self._SIZE and not self._buf and data.endswith(b"\r\n0\r\n\r\n"):
+            # The usual end of an exec: its last chunk and the terminator in one read.
+            line_end = data.find(b"\r\n")
+            try:
+                size = int(data[:line_end], 16)
+            except ValueError:
+                size = -1
+            if size > 0 and line_end + 2 + size + 7 == len(data):
+                self.done = True
+                return [data[line_end + 2:line_end + 2 + size]]
         buf = self._buf + data if self._buf else data
         out: List[bytes] = []
         pos = 0

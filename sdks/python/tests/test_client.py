@@ -70,9 +70,22 @@ def test_a_command_outlives_its_client_and_attach_collects_the_rest(sb):
     out = sb.attach("py-keep", offset=len(b"first\n"))
     assert (out.stdout, out.exit_code, out.exec_id) == (b"second\n", 6, "py-keep"), out
     assert out.output_dropped_bytes == 0
-    with pytest.raises(ExecNotFound) as gone:
-        sb.attach("py-keep")
-    assert (gone.value.status, gone.value.code) == (404, "exec_not_found")
+    # The result was collected: a second attach finds nothing. The daemon releases the first
+    # attachment just after the stream's end reaches the client, so an attach sent at once
+    # can still meet `409 attached to another connection` (about 1 in 40 here): that one
+    # is retried, briefly; any other answer fails.
+    for _ in range(100):
+        try:
+            sb.attach("py-keep")
+            pytest.fail("a collected result was delivered twice")
+        except Conflict as busy:
+            assert "attached to another connection" in busy.message, busy
+            time.sleep(0.02)
+        except ExecNotFound as gone:
+            assert (gone.status, gone.code) == (404, "exec_not_found")
+            break
+    else:
+        pytest.fail("the first attach never let go of the command")
 
 
 def _cutting_proxy(upstream: str, path: str, cut: int) -> None:
