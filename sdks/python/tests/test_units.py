@@ -167,3 +167,17 @@ def test_run_and_stream_read_the_fixtures_alike(fixture, split):
     assert result.stdout == out and result.result == events[-1].result
     assert result.result.to_dict() == {k: v for k, v in ExecResult.from_dict(
         fixture["frames"][-1]["exec_result"]).to_dict().items()}
+
+
+def test_the_websocket_transport_without_its_extra_says_how_to_get_it():
+    code = ("import sys; sys.modules['websockets'] = None\n"
+            "import crucible_sdk\n"
+            "from crucible_sdk import _api\n"
+            "c = crucible_sdk.Client('/nonexistent.sock')\n"
+            "try:\n"
+            "    c.interactive('sb-0123456789abcdef', _api.exec_request(['true']), 'websocket')\n"
+            "except ImportError as e:\n"
+            "    print(e)\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=60, cwd=str(TOOLS.parent))
+    assert "pip install 'crucible-sdk[websockets]'" in done.stdout, done.stdout + done.stderr
