@@ -166,14 +166,15 @@ def test_concurrent_commands_and_keyed_tcp(daemon):
                 results = await asyncio.gather(*[sb.run(["echo", str(i)]) for i in range(32)])
                 assert [r.stdout for r in results] == [f"{i}\n".encode() for i in range(32)]
                 assert sb.info.owner == "pytest"
-                stream = await client.exec(sb.id, _request("echo first; sleep 0.2; echo end",
-                                                           exec_id="a-keep"))
+                script = "echo first; while [ ! -e /tmp/go ]; do sleep 0.02; done; echo end"
+                stream = await client.exec(sb.id, _request(script, exec_id="a-keep"))
                 assert await stream.__anext__() == Stdout(b"first\n")
                 await stream.aclose()
                 for _ in range(250):  # until the daemon has seen the connection go
                     if not (await sb.exec_status("a-keep")).attached:
                         break
                     await asyncio.sleep(0.02)
+                await sb.run(["touch", "/tmp/go"])
                 rest = await sb.attach("a-keep", offset=len(b"first\n"))
                 assert rest.stdout == b"end\n" and rest.exec_id == "a-keep"
 
