@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import struct
 from dataclasses import dataclass
-from typing import Iterator, List, Optional
+from typing import Iterable, Iterator, List, Optional
 
 HEADER_SIZE = 8
 MAX_PAYLOAD = 65536
@@ -30,7 +30,7 @@ TYPE_NAMES = {
 _HEADER = struct.Struct(">B3xI")
 
 
-class DecodeError(Exception):
+class DecodeError(ValueError):
     """An invalid frame stream. `kind` is the fixture manifest's error name."""
 
     def __init__(self, kind: str, message: str) -> None:
@@ -92,7 +92,7 @@ class Decoder:
         if self._error:
             raise self._error
         self._buf += data
-        frames = []
+        frames: List[Frame] = []
         while True:
             frame = self._next()
             if frame is None:
@@ -131,7 +131,7 @@ class Decoder:
             raise self._fail("missing_exit", "stream ended without an exit frame")
 
 
-def iter_frames(chunks, response: bool = True) -> Iterator[Frame]:
+def iter_frames(chunks: Iterable[bytes], response: bool = True) -> Iterator[Frame]:
     """Frames from an iterable of byte chunks, validating the end of the stream."""
     decoder = Decoder(response)
     for chunk in chunks:

@@ -1,0 +1,237 @@
+"""The asyncio client: every endpoint of the daemon, as `crucible_sdk.Client` has them.
+
+One AsyncClient belongs to one event loop (its idle connections are that loop's streams).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import IO, Any, Dict, List, Optional, Type, TypeVar, Union
+
+from .. import _api
+from .._address import Address, api_key_from_env, parse_address
+from ..client import DEFAULT_TIMEOUT
+from ..errors import ExecNotFound, FileNotFound, NotFound, from_response
+from ..models import (CacheInfo, CreateSandbox, ExecRequest, ExecStatus, FilesPutResult,
+                      ImageInfo, ImagesPruned, SandboxInfo, SandboxStats)
+from ..pool import PoolStatus, parse_pool
+from ..session import Transport
+from ._io import AsyncPool, AsyncResponse
+from .session import AsyncSession, open_hijack, open_websocket
+from .stream import AsyncExecStream, Reattach
+
+T = TypeVar("T")
+
+
+class AsyncClient:
+    """A client of one crucible daemon on asyncio; arguments as for `Client`."""
+
+    def __init__(self, host: Optional[str] = None, *, api_key: Optional[str] = None,
+                 timeout: Optional[float] = DEFAULT_TIMEOUT,
+                 stream_timeout: Optional[float] = None, max_idle: int = 16) -> None:
+        self.address: Address = parse_address(host)
+        self.api_key = api_key_from_env(api_key)
+        self.timeout = timeout
+        self.stream_timeout = stream_timeout
+        self._auth = [("Authorization", f"Bearer {self.api_key}")] if self.api_key else []
+        self._json_headers = [("Content-Type", _api.JSON), *self._auth]
+        self._pool = AsyncPool(self.address, timeout, max_idle)
+
+    def __repr__(self) -> str:
+        return f"AsyncClient({str(self.address)!r})"
+
+    async def aclose(self) -> None:
+        self._pool.close()
+
+    async def __aenter__(self) -> AsyncClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    # -- plumbing ---------------------------------------------------------------------------
+
+    async def call(self, call: _api.Call[T]) -> T:
+        headers = self._json_headers if call.body is not None else self._auth
+        response = await self._pool.request(call.method, call.target, headers, call.body,
+                                            read_timeout=self.timeout)
+        data = await response.read()
+        if response.status >= 400:
+            raise from_response(response.status, data, call.not_found)
+        return call.parse(data)
+
+    async def _open(self, method: str, target: str, body: Union[bytes, IO[bytes], None] = None,
+                    content_type: str = _api.JSON, length: Optional[int] = None,
+                    read_timeout: Optional[float] = None,
+                    not_found: Optional[Type[NotFound]] = None) -> AsyncResponse:
+        headers = ([("Content-Type", content_type), *self._auth] if body is not None
+                   else self._auth)
+        response = await self._pool.request(method, target, headers, body, length,
+                                            read_timeout=read_timeout)
+        if response.status >= 400:
+            raise from_response(response.status, await response.read(), not_found)
+        return response
+
+    # -- the daemon -------------------------------------------------------------------------
+
+    async def health(self) -> Dict[str, Any]:
+        return await self.call(_api.health())
+
+    async def metrics(self) -> str:
+        return await self.call(_api.metrics())
+
+    async def openapi(self) -> Dict[str, Any]:
+        return await self.call(_api.openapi())
+
+    async def pool(self) -> PoolStatus:
+        return parse_pool(await self.metrics())
+
+    # -- sandboxes --------------------------------------------------------------------------
+
+    async def create(self, request: Optional[CreateSandbox] = None,
+                     **settings: Any) -> SandboxInfo:
+        if request is None:
+            request = _api.create_request(**settings)
+        elif settings:
+            raise TypeError("pass a CreateSandbox or keywords, not both")
+        return await self.call(_api.create_sandbox(request))
+
+    async def list(self) -> List[SandboxInfo]:
+        return await self.call(_api.list_sandboxes())
+
+    async def get(self, sandbox_id: str) -> SandboxInfo:
+        return await self.call(_api.get_sandbox(sandbox_id))
+
+    async def delete(self, sandbox_id: str) -> None:
+        await self.call(_api.delete_sandbox(sandbox_id))
+
+    async def signal(self, sandbox_id: str, sig: _api.SignalLike,
+                     exec_id: Optional[str] = None) -> None:
+        await self.call(_api.signal(sandbox_id, sig, exec_id))
+
+    async def stats(self, sandbox_id: str) -> SandboxStats:
+        return await self.call(_api.stats(sandbox_id))
+
+    # -- exec -------------------------------------------------------------------------------
+
+    def stream(self, sandbox_id: str, request: ExecRequest, *,
+               resumes: int = 5) -> AsyncExecStream:
+        """The command's stream, started by its first iteration (or `await s.start()`)."""
+        body = _api.exec_body(request)
+        target = _api.exec_target(sandbox_id)
+
+        async def opener() -> AsyncResponse:
+            return await self._open("POST", target, body, read_timeout=self.stream_timeout)
+
+        keeps = request.on_disconnect != "kill"
+        return AsyncExecStream(opener, request.cmd,
+                               self._reattacher(sandbox_id) if keeps and resumes else None,
+                               resumes)
+
+    async def exec(self, sandbox_id: str, request: ExecRequest, *,
+                   resumes: int = 5) -> AsyncExecStream:
+        """Starts a command (the daemon's refusal is raised here) and returns its stream."""
+        return await self.stream(sandbox_id, request, resumes=resumes).start()
+
+    async def attach(self, sandbox_id: str, exec_id: str, offset: int = 0, *,
+                     resumes: int = 5) -> AsyncExecStream:
+        reattach = self._reattacher(sandbox_id)
+
+        async def opener() -> AsyncResponse:
+            return await reattach(exec_id, offset)
+
+        stream = AsyncExecStream(opener, [], reattach, resumes, offset)
+        stream.exec_id = exec_id
+        return await stream.start()
+
+    def _reattacher(self, sandbox_id: str) -> Reattach:
+        async def reattach(exec_id: str, offset: int) -> AsyncResponse:
+            return await self._open("POST", _api.attach_target(sandbox_id, exec_id, offset),
+                                    read_timeout=self.stream_timeout, not_found=ExecNotFound)
+        return reattach
+
+    async def execs(self, sandbox_id: str) -> List[ExecStatus]:
+        return await self.call(_api.execs(sandbox_id))
+
+    async def exec_status(self, sandbox_id: str, exec_id: str) -> ExecStatus:
+        return await self.call(_api.exec_status(sandbox_id, exec_id))
+
+    async def interactive(self, sandbox_id: str, request: ExecRequest,
+                          transport: Transport = "hijack") -> AsyncSession:
+        body = _api.exec_body(request)
+        target = _api.exec_target(sandbox_id, interactive=transport == "hijack")
+        if transport == "hijack":
+            return AsyncSession(await open_hijack(self.address, target, self._auth, body,
+                                                  self.stream_timeout), request.cmd)
+        if transport == "websocket":
+            return AsyncSession(await open_websocket(self.address, target, self.api_key, body,
+                                                     self.stream_timeout), request.cmd)
+        raise ValueError(f"transport must be 'hijack' or 'websocket', got {transport!r}")
+
+    # -- files ------------------------------------------------------------------------------
+
+    async def put_tar(self, sandbox_id: str, dest: str,
+                      archive: Union[bytes, IO[bytes]]) -> FilesPutResult:
+        target = _api.files_target(sandbox_id, dest)
+        if isinstance(archive, (bytes, bytearray)):
+            response = await self._open("POST", target, bytes(archive), _api.TAR)
+        else:
+            response = await self._open("POST", target, archive, _api.TAR, _api.body_size(archive))
+        return _api.parse_put(await response.read())
+
+    async def get_file(self, sandbox_id: str, path: str) -> bytes:
+        response = await self._open("GET", _api.files_target(sandbox_id, path),
+                                    not_found=FileNotFound)
+        return await response.read()
+
+    async def get_file_to(self, sandbox_id: str, path: str, out: IO[bytes]) -> int:
+        response = await self._open("GET", _api.files_target(sandbox_id, path),
+                                    not_found=FileNotFound)
+        size = 0
+        while True:
+            piece = await response.read_some()
+            if not piece:
+                return size
+            out.write(piece)
+            size += len(piece)
+
+    # -- caches -----------------------------------------------------------------------------
+
+    async def caches(self) -> List[CacheInfo]:
+        return await self.call(_api.caches())
+
+    async def delete_cache(self, name: str) -> None:
+        await self.call(_api.delete_cache(name))
+
+    async def clear_caches(self) -> List[CacheInfo]:
+        return await self.call(_api.clear_caches())
+
+    # -- images -----------------------------------------------------------------------------
+
+    async def images(self) -> List[ImageInfo]:
+        return await self.call(_api.images())
+
+    async def image(self, name: str) -> ImageInfo:
+        return await self.call(_api.image(name))
+
+    async def import_image(self, name: str,
+                           archive: Union[str, "os.PathLike[str]", bytes, IO[bytes]]
+                           ) -> ImageInfo:
+        target = _api.image_import_target(name)
+        if isinstance(archive, (bytes, bytearray)):
+            response = await self._open("POST", target, bytes(archive), _api.TAR)
+        elif isinstance(archive, (str, os.PathLike)):
+            with open(archive, "rb") as f:
+                response = await self._open("POST", target, f, _api.TAR,
+                                            os.fstat(f.fileno()).st_size)
+                return _api.parse_image(await response.read())
+        else:
+            response = await self._open("POST", target, archive, _api.TAR, _api.body_size(archive))
+        return _api.parse_image(await response.read())
+
+    async def delete_image(self, name: str) -> None:
+        await self.call(_api.delete_image(name))
+
+    async def prune_images(self, unused_for_s: int = 0, prefix: str = "") -> ImagesPruned:
+        return await self.call(_api.prune_images(unused_for_s, prefix))
+

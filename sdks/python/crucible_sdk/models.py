@@ -1,0 +1,1278 @@
+"""The JSON types of the crucible API 0.1.0, generated from docs/openapi.json.
+
+Do not edit: run `python3 sdks/python/tools/gen_models.py` (CI runs it with --check).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Literal, Mapping, TypeVar
+
+_T = TypeVar("_T")
+
+
+def _opt(value: Any, load: Callable[[Any], _T]) -> _T | None:
+    return None if value is None else load(value)
+
+
+#: Where a sandbox's agent runs.
+BackendKind = Literal["microvm", "namespace", "process"]
+
+
+#: Whether a command still runs.
+ExecState = Literal["running", "exited"]
+
+
+#: What runs a microVM sandbox's guest.
+Hypervisor = Literal["crucible-vmm", "qemu-tcg"]
+
+
+#: What a command does when the connection that started it drops.
+OnDisconnect = Literal["keep", "kill"]
+
+
+#: A sandbox's lifecycle state.
+SandboxState = Literal["running", "stopping", "dead"]
+
+
+@dataclass
+class CacheInfo:
+    """A named cache, as `GET /caches` lists it."""
+
+    #: The backend whose sandboxes use it: a microVM's cache is written block by block by its
+    #: guest, so it is never mounted by the host kernel for a namespace sandbox (the same name
+    #: on the two backends is two caches).
+    backend: BackendKind
+
+    #: When it was made, Unix milliseconds.
+    created_at_ms: int
+
+    #: Its name.
+    name: str
+
+    #: The API key it belongs to (`"unix"` for the Unix socket without a key).
+    owner: str
+
+    #: Its size limit.
+    size_mib: int
+
+    #: Host disk it takes now (its image is sparse), in MiB, rounded up.
+    used_mib: int
+
+    #: The sandbox using it now, if any.
+    in_use_by: str | None = None
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> CacheInfo:
+        return cls(
+            backend=data['backend'],
+            created_at_ms=data['created_at_ms'],
+            name=data['name'],
+            owner=data['owner'],
+            size_mib=data['size_mib'],
+            used_mib=data['used_mib'],
+            in_use_by=data.get('in_use_by', None),
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        out['backend'] = self.backend
+        out['created_at_ms'] = self.created_at_ms
+        out['name'] = self.name
+        out['owner'] = self.owner
+        out['size_mib'] = self.size_mib
+        out['used_mib'] = self.used_mib
+        if self.in_use_by is not None:
+            out['in_use_by'] = self.in_use_by
+        return out
+
+
+@dataclass
+class CacheList:
+    """The body of `GET /caches`."""
+
+    #: The caller's caches (every cache for the admin key and the Unix socket), by name.
+    caches: list[CacheInfo]
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> CacheList:
+        return cls(
+            caches=[CacheInfo.from_dict(x) for x in data['caches']],
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        out['caches'] = [x.to_dict() for x in self.caches]
+        return out
+
+
+@dataclass
+class CacheMount:
+    """A named cache mounted into a sandbox."""
+
+    # The daemon refuses unknown fields in this body.
+
+    #: The cache's name: 1 to 64 of `[A-Za-z0-9._-]`, not starting with `.`; caches belong to
+    #: the API key that made them.
+    name: str
+
+    #: Where it appears inside the sandbox (absolute).
+    path: str
+
+    #: Its size limit when this request creates it; default from the daemon. An existing
+    #: cache keeps the size it was made with.
+    size_mib: int | None = None
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> CacheMount:
+        return cls(
+            name=data['name'],
+            path=data['path'],
+            size_mib=data.get('size_mib', None),
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        out['name'] = self.name
+        out['path'] = self.path
+        if self.size_mib is not None:
+            out['size_mib'] = self.size_mib
+        return out
+
+
+@dataclass
+class CpuStats:
+    """A sandbox's CPU time, all its processes together, since it was made."""
+
+    #: Nanoseconds of CPU time.
+    usage_ns: int
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> CpuStats:
+        return cls(
+            usage_ns=data['usage_ns'],
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        out['usage_ns'] = self.usage_ns
+        return out
+
+
+@dataclass
+class CreateSandbox:
+    """The body of `POST /sandboxes`; every field is optional and `{}` gives a working sandbox."""
+
+    # The daemon refuses unknown fields in this body.
+
+    #: Backend; default: the best one this host offers.
+    backend: BackendKind | None = None
+
+    #: Named caches to mount: persistent, daemon-managed, size-limited, one sandbox at a time.
+    caches: list[CacheMount] = field(default_factory=list)
+
+    #: A disk-backed writable layer of this many MiB (a sparse file on the host's disk)
+    #: instead of the default memory-backed one; for builds and checkouts bigger than memory.
+    disk_mib: int | None = None
+
+    #: Environment added to every command run in the sandbox.
+    env: dict[str, str] = field(default_factory=dict)
+
+    #: Image name; only `"default"` exists today.
+    image: str | None = None
+
+    #: Free-form labels, returned as given.
+    labels: dict[str, str] = field(default_factory=dict)
+
+    #: Memory limit (guest RAM for a microVM, cgroup limit for a namespace sandbox).
+    memory_mib: int | None = None
+
+    #: Egress through the daemon's proxy; absent: the sandbox reaches no network at all.
+    network: NetworkRequest | None = None
+
+    #: Lifetime in seconds, after which the sandbox is deleted; default from the daemon.
+    ttl_s: int | None = None
+
+    #: Who every command runs as, as `docker run --user` takes it: `uid`, `uid:gid`, `name` or
+    #: `name:group`, resolved against the image's `/etc/passwd` and `/etc/group` (a bare uid
+    #: need not be there: its group is then 0). Overrides the image's `User`; `HOME` follows
+    #: the user unless the image's `Env` sets it.
+    user: str | None = None
+
+    #: vCPUs (microVM) or CPU quota in whole CPUs (namespace).
+    vcpus: int | None = None
+
+    #: Read-only volumes the operator declared (`crucible serve --volume NAME=DIR:ro`): the
+    #: live directory in a namespace sandbox; in a microVM a read-only snapshot of it, taken
+    #: the first time a microVM asks for it after the daemon started.
+    volumes: list[VolumeMount] = field(default_factory=list)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> CreateSandbox:
+        return cls(
+            backend=data.get('backend', None),
+            caches=[CacheMount.from_dict(x) for x in data.get('caches', [])],
+            disk_mib=data.get('disk_mib', None),
+            env=dict(data.get('env', {})),
+            image=data.get('image', None),
+            labels=dict(data.get('labels', {})),
+            memory_mib=data.get('memory_mib', None),
+            network=_opt(data.get('network'), NetworkRequest.from_dict),
+            ttl_s=data.get('ttl_s', None),
+            user=data.get('user', None),
+            vcpus=data.get('vcpus', None),
+            volumes=[VolumeMount.from_dict(x) for x in data.get('volumes', [])],
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        if self.backend is not None:
+            out['backend'] = self.backend
+        if self.caches:
+            out['caches'] = [x.to_dict() for x in self.caches]
+        if self.disk_mib is not None:
+            out['disk_mib'] = self.disk_mib
+        if self.env:
+            out['env'] = dict(self.env)
+        if self.image is not None:
+            out['image'] = self.image
+        if self.labels:
+            out['labels'] = dict(self.labels)
+        if self.memory_mib is not None:
+            out['memory_mib'] = self.memory_mib
+        if self.network is not None:
+            out['network'] = None if self.network is None else self.network.to_dict()
+        if self.ttl_s is not None:
+            out['ttl_s'] = self.ttl_s
+        if self.user is not None:
+            out['user'] = self.user
+        if self.vcpus is not None:
+            out['vcpus'] = self.vcpus
+        if self.volumes:
+            out['volumes'] = [x.to_dict() for x in self.volumes]
+        return out
+
+
+@dataclass
+class ErrorBody:
+    """The JSON body of every 4xx/5xx the daemon sends."""
+
+    #: A stable machine-readable code (`"not_found"`, `"invalid_request"`, `"unauthorized"`, …).
+    code: str
+
+    #: A human-readable sentence saying what failed and on which input.
+    message: str
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> ErrorBody:
+        return cls(
+            code=data['code'],
+            message=data['message'],
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        out['code'] = self.code
+        out['message'] = self.message
+        return out
+
+
+@dataclass
+class ExecList:
+    """The commands of a sandbox that can be found by `exec_id`: the answer to
+    `GET /sandboxes/{id}/execs` (and the agent's to `execs`).
+    """
+
+    #: The commands, oldest first.
+    execs: list[ExecStatus]
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> ExecList:
+        return cls(
+            execs=[ExecStatus.from_dict(x) for x in data['execs']],
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        out['execs'] = [x.to_dict() for x in self.execs]
+        return out
+
+
+@dataclass
+class ExecRequest:
+    """A command to run in the sandbox: the body of `POST /sandboxes/{id}/exec` and the first
+    WebSocket message.
+    """
+
+    # The daemon refuses unknown fields in this body.
+
+    #: The command and its arguments; `cmd[0]` is resolved on `PATH` inside the guest.
+    cmd: list[str]
+
+    #: Working directory; empty inherits the agent's.
+    cwd: str = ''
+
+    #: Variables added to (not replacing) the agent's environment.
+    env: dict[str, str] = field(default_factory=dict)
+
+    #: A name for the running command, unique in its sandbox while it runs, so that
+    #: `POST /sandboxes/{id}/signal {"exec_id": …}` can signal it alone: 1 to 128 letters,
+    #: digits, `.`, `_` and `-` (containerd's exec ids fit). Empty: the command has none.
+    exec_id: str | None = None
+
+    #: Supplementary groups added for this command, as `docker run --group-add`: gids, or group
+    #: names of the image's `/etc/group`; on top of the user's own memberships.
+    group_add: list[str] = field(default_factory=list)
+
+    #: What happens to the command when the connection that started it drops (the client
+    #: went away, a proxy timed out, the daemon restarted): `keep` runs it on, its output kept
+    #: in a bounded tail, and a client re-attaches by `exec_id`; `kill` kills its process
+    #: group. Absent: `keep` for a one-shot exec, `kill` for an interactive session (closing
+    #: its connection ends it, as the protocol says). An interactive session that asks for
+    #: `keep` outlives its connection too: a re-attach (`?stdin=1`) carries its stdin on from
+    #: the bytes it took (`ExecStatus::stdin_bytes`), and only `stdin_close` ends its input.
+    on_disconnect: OnDisconnect | None = None
+
+    #: Resource limits the command starts with (`setrlimit`), as OCI's `process.rlimits` and
+    #: `docker run --ulimit` give them. A limit not listed keeps the agent's default.
+    rlimits: list[Rlimit] = field(default_factory=list)
+
+    #: Deadline in seconds after which the agent kills the command's process group; 0 = none.
+    timeout_s: int = 0
+
+    #: Who the command runs as, as `docker exec --user` takes it: `uid`, `uid:gid`, `name` or
+    #: `name:group`, resolved against the sandbox image's `/etc/passwd` and `/etc/group`.
+    #: Empty: the sandbox's user (its `user`, else its image's `User`, else root).
+    user: str | None = None
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> ExecRequest:
+        return cls(
+            cmd=list(data['cmd']),
+            cwd=data.get('cwd', ''),
+            env=dict(data.get('env', {})),
+            exec_id=data.get('exec_id', None),
+            group_add=list(data.get('group_add', [])),
+            on_disconnect=data.get('on_disconnect', None),
+            rlimits=[Rlimit.from_dict(x) for x in data.get('rlimits', [])],
+            timeout_s=data.get('timeout_s', 0),
+            user=data.get('user', None),
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        out['cmd'] = list(self.cmd)
+        if self.cwd != '':
+            out['cwd'] = self.cwd
+        if self.env:
+            out['env'] = dict(self.env)
+        if self.exec_id is not None:
+            out['exec_id'] = self.exec_id
+        if self.group_add:
+            out['group_add'] = list(self.group_add)
+        if self.on_disconnect is not None:
+            out['on_disconnect'] = self.on_disconnect
+        if self.rlimits:
+            out['rlimits'] = [x.to_dict() for x in self.rlimits]
+        if self.timeout_s != 0:
+            out['timeout_s'] = self.timeout_s
+        if self.user is not None:
+            out['user'] = self.user
+        return out
+
+
+@dataclass
+class ExecResult:
+    """The payload of the exit frame: how a command ended."""
+
+    #: The exit status; -1 when the process was killed by a signal or never started.
+    exit_code: int
+
+    #: Wall time from spawn to exit.
+    duration_ms: int = 0
+
+    #: Why the command could not run or was lost; empty on a normal exit.
+    error: str = ''
+
+    #: Best-effort: whether the kernel's OOM killer ended the command.
+    oom_killed: bool = False
+
+    #: Output bytes this stream never carried: its command outlived a dropped connection and
+    #: produced more than the agent keeps before this client attached (absent when none).
+    output_dropped_bytes: int | None = None
+
+    #: The signal name (`"SIGKILL"`) when the process was signalled; empty otherwise.
+    signal: str = ''
+
+    #: Whether the agent killed the command at its `timeout_s` deadline.
+    timed_out: bool = False
+
+    #: Resource usage; `null` when the agent collected none ("no data", not zeroes).
+    usage: Usage | None = None
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> ExecResult:
+        return cls(
+            exit_code=data['exit_code'],
+            duration_ms=data.get('duration_ms', 0),
+            error=data.get('error', ''),
+            oom_killed=data.get('oom_killed', False),
+            output_dropped_bytes=data.get('output_dropped_bytes', None),
+            signal=data.get('signal', ''),
+            timed_out=data.get('timed_out', False),
+            usage=_opt(data.get('usage'), Usage.from_dict),
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        out['exit_code'] = self.exit_code
+        if self.duration_ms != 0:
+            out['duration_ms'] = self.duration_ms
+        if self.error != '':
+            out['error'] = self.error
+        if self.oom_killed != False:
+            out['oom_killed'] = self.oom_killed
+        if self.output_dropped_bytes is not None:
+            out['output_dropped_bytes'] = self.output_dropped_bytes
+        if self.signal != '':
+            out['signal'] = self.signal
+        if self.timed_out != False:
+            out['timed_out'] = self.timed_out
+        if self.usage is not None:
+            out['usage'] = None if self.usage is None else self.usage.to_dict()
+        return out
+
+
+@dataclass
+class ExecStatus:
+    """A command the agent can find by `exec_id`: one that runs, or one that ended while no
+    client
+    was attached and whose result has not been collected yet.
+    """
+
+    #: Whether a client is attached to its output now.
+    attached: bool
+
+    #: The command and its arguments.
+    cmd: list[str]
+
+    #: Its name.
+    exec_id: str
+
+    #: Whether it outlives its connection (`on_disconnect: keep`).
+    keep: bool
+
+    #: Output bytes (stdout and stderr payload, in stream order) produced so far: the end of
+    #: its output stream, where an attach with `offset` equal to it starts live.
+    output_bytes: int
+
+    #: The oldest output byte still kept: an attach from an earlier offset misses the bytes
+    #: in between (reported as dropped).
+    output_kept_from: int
+
+    #: Its process id inside the sandbox (also its process group).
+    pid: int
+
+    #: When it started, in milliseconds since the Unix epoch (the guest's clock).
+    started_unix_ms: int
+
+    #: Running or exited.
+    state: ExecState
+
+    #: How it ended, once it has.
+    result: ExecResult | None = None
+
+    #: An interactive command's stdin: the payload bytes of the stdin frames it has taken so
+    #: far (delivered to it, or queued for it). A client that re-attaches sends its input on
+    #: from there: frames it sent past it were lost with the connection. Absent for a
+    #: one-shot command.
+    stdin_bytes: int | None = None
+
+    #: Whether an interactive command's stdin was closed (`stdin_close`): nothing more is
+    #: taken.
+    stdin_closed: bool | None = None
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> ExecStatus:
+        return cls(
+            attached=data['attached'],
+            cmd=list(data['cmd']),
+            exec_id=data['exec_id'],
+            keep=data['keep'],
+            output_bytes=data['output_bytes'],
+            output_kept_from=data['output_kept_from'],
+            pid=data['pid'],
+            started_unix_ms=data['started_unix_ms'],
+            state=data['state'],
+            result=_opt(data.get('result'), ExecResult.from_dict),
+            stdin_bytes=data.get('stdin_bytes', None),
+            stdin_closed=data.get('stdin_closed', None),
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        out['attached'] = self.attached
+        out['cmd'] = list(self.cmd)
+        out['exec_id'] = self.exec_id
+        out['keep'] = self.keep
+        out['output_bytes'] = self.output_bytes
+        out['output_kept_from'] = self.output_kept_from
+        out['pid'] = self.pid
+        out['started_unix_ms'] = self.started_unix_ms
+        out['state'] = self.state
+        if self.result is not None:
+            out['result'] = None if self.result is None else self.result.to_dict()
+        if self.stdin_bytes is not None:
+            out['stdin_bytes'] = self.stdin_bytes
+        if self.stdin_closed is not None:
+            out['stdin_closed'] = self.stdin_closed
+        return out
+
+
+@dataclass
+class FilesPutResult:
+    """The answer to a file upload (`POST /sandboxes/{id}/files`)."""
+
+    #: File content bytes written.
+    bytes: int
+
+    #: Directories created.
+    dirs: int
+
+    #: Regular files written.
+    files: int
+
+    #: Symbolic and hard links created.
+    links: int
+
+    #: The guest directory the archive was extracted beneath.
+    path: str
+
+    #: Paths written, relative to `path`, in archive order.
+    written: list[str]
+
+    #: The first refused entry, if any; extraction stopped there and nothing was written outside
+    #: `path`. Entries before it were extracted.
+    refused: RefusedEntry | None = None
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> FilesPutResult:
+        return cls(
+            bytes=data['bytes'],
+            dirs=data['dirs'],
+            files=data['files'],
+            links=data['links'],
+            path=data['path'],
+            written=list(data['written']),
+            refused=_opt(data.get('refused'), RefusedEntry.from_dict),
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        out['bytes'] = self.bytes
+        out['dirs'] = self.dirs
+        out['files'] = self.files
+        out['links'] = self.links
+        out['path'] = self.path
+        out['written'] = list(self.written)
+        if self.refused is not None:
+            out['refused'] = None if self.refused is None else self.refused.to_dict()
+        return out
+
+
+@dataclass
+class ImageInfo:
+    """One image a sandbox can be made from."""
+
+    #: Device nodes its layers held that were not created (a sandbox has its own `/dev`).
+    dropped_devices: int
+
+    #: Files, directories and links in its unpacked tree.
+    entries: int
+
+    #: The environment its sandboxes start with (its config's `Env`).
+    env: dict[str, str]
+
+    #: What it was imported from: `builtin` (the daemon's own busybox image), `oci` (an OCI
+    #: layout or archive), `docker_save`, or `rootfs` (a tarball or a directory).
+    format: str
+
+    #: When it was imported, Unix seconds (0 for the built-in image).
+    imported_at: int
+
+    #: Its layers' digests, bottom first (as uploaded: compressed layers by their compressed
+    #: bytes).
+    layers: list[str]
+
+    #: Its name, as `POST /sandboxes {"image": ...}` gives it.
+    name: str
+
+    #: The API key it belongs to (`"unix"` for the Unix socket without a key); the built-in
+    #: image belongs to everyone and shows `"*"`.
+    owner: str
+
+    #: File content bytes of its unpacked tree.
+    size_bytes: int
+
+    #: See `entrypoint`.
+    cmd: list[str] | None = None
+
+    #: Its config's `Entrypoint` and `Cmd`, as recorded (nothing runs them: a sandbox runs
+    #: what exec asks).
+    entrypoint: list[str] | None = None
+
+    #: Its config's digest (the image id Docker shows), if it had a config.
+    id: str | None = None
+
+    #: Its name inside the archive (`org.opencontainers.image.ref.name`, or `docker save`'s
+    #: first tag), if it had one.
+    reference: str | None = None
+
+    #: Who commands run as (its config's `User`, resolved against its own `/etc/passwd`).
+    user: ImageUser | None = None
+
+    #: The directory commands run in when a request gives none (its config's `WorkingDir`).
+    working_dir: str | None = None
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> ImageInfo:
+        return cls(
+            dropped_devices=data['dropped_devices'],
+            entries=data['entries'],
+            env=dict(data['env']),
+            format=data['format'],
+            imported_at=data['imported_at'],
+            layers=list(data['layers']),
+            name=data['name'],
+            owner=data['owner'],
+            size_bytes=data['size_bytes'],
+            cmd=_opt(data.get('cmd'), list),
+            entrypoint=_opt(data.get('entrypoint'), list),
+            id=data.get('id', None),
+            reference=data.get('reference', None),
+            user=_opt(data.get('user'), ImageUser.from_dict),
+            working_dir=data.get('working_dir', None),
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        out['dropped_devices'] = self.dropped_devices
+        out['entries'] = self.entries
+        out['env'] = dict(self.env)
+        out['format'] = self.format
+        out['imported_at'] = self.imported_at
+        out['layers'] = list(self.layers)
+        out['name'] = self.name
+        out['owner'] = self.owner
+        out['size_bytes'] = self.size_bytes
+        if self.cmd is not None:
+            out['cmd'] = None if self.cmd is None else list(self.cmd)
+        if self.entrypoint is not None:
+            out['entrypoint'] = None if self.entrypoint is None else list(self.entrypoint)
+        if self.id is not None:
+            out['id'] = self.id
+        if self.reference is not None:
+            out['reference'] = self.reference
+        if self.user is not None:
+            out['user'] = None if self.user is None else self.user.to_dict()
+        if self.working_dir is not None:
+            out['working_dir'] = self.working_dir
+        return out
+
+
+@dataclass
+class ImageList:
+    """The body of `GET /images`."""
+
+    #: The built-in image, then the caller's images (every owner's for the admin key and the
+    #: Unix socket), by owner and name.
+    images: list[ImageInfo]
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> ImageList:
+        return cls(
+            images=[ImageInfo.from_dict(x) for x in data['images']],
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        out['images'] = [x.to_dict() for x in self.images]
+        return out
+
+
+@dataclass
+class ImageUser:
+    """The user an image's commands run as."""
+
+    #: The primary group id.
+    gid: int
+
+    #: Supplementary group ids.
+    groups: list[int]
+
+    #: The config's `User`, as written (`ci`, `1000:1000`, …).
+    spec: str
+
+    #: The user id.
+    uid: int
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> ImageUser:
+        return cls(
+            gid=data['gid'],
+            groups=list(data['groups']),
+            spec=data['spec'],
+            uid=data['uid'],
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        out['gid'] = self.gid
+        out['groups'] = list(self.groups)
+        out['spec'] = self.spec
+        out['uid'] = self.uid
+        return out
+
+
+@dataclass
+class ImagesPruned:
+    """The answer to `DELETE /images` (prune)."""
+
+    #: What the store took less on disk afterwards (layers and trees no other image shares).
+    reclaimed_bytes: int
+
+    #: The names of the images removed.
+    removed: list[str]
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> ImagesPruned:
+        return cls(
+            reclaimed_bytes=data['reclaimed_bytes'],
+            removed=list(data['removed']),
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        out['reclaimed_bytes'] = self.reclaimed_bytes
+        out['removed'] = list(self.removed)
+        return out
+
+
+@dataclass
+class MemoryStats:
+    """A sandbox's memory: everything its processes and its in-memory writable layer take."""
+
+    #: Page cache within the usage.
+    cache_bytes: int
+
+    #: Its limit.
+    limit_bytes: int
+
+    #: The most it has used.
+    max_usage_bytes: int
+
+    #: Processes the kernel killed for want of memory.
+    oom_kills: int
+
+    #: Bytes in use now.
+    usage_bytes: int
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> MemoryStats:
+        return cls(
+            cache_bytes=data['cache_bytes'],
+            limit_bytes=data['limit_bytes'],
+            max_usage_bytes=data['max_usage_bytes'],
+            oom_kills=data['oom_kills'],
+            usage_bytes=data['usage_bytes'],
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        out['cache_bytes'] = self.cache_bytes
+        out['limit_bytes'] = self.limit_bytes
+        out['max_usage_bytes'] = self.max_usage_bytes
+        out['oom_kills'] = self.oom_kills
+        out['usage_bytes'] = self.usage_bytes
+        return out
+
+
+@dataclass
+class NetworkInfo:
+    """A sandbox's egress: its allowlist, where its proxy listens, and what went through it."""
+
+    #: The sandbox's allowlist, as asked for.
+    allow: list[str]
+
+    #: Bytes received by the sandbox from remote hosts.
+    bytes_in: int
+
+    #: Bytes sent by the sandbox to remote hosts.
+    bytes_out: int
+
+    #: Connections allowed and made.
+    connections: int
+
+    #: Connections refused (not allowed, or a private address the operator did not allow).
+    denied: int
+
+    #: The proxy URL set as `HTTP_PROXY`/`HTTPS_PROXY` inside.
+    proxy: str
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> NetworkInfo:
+        return cls(
+            allow=list(data['allow']),
+            bytes_in=data['bytes_in'],
+            bytes_out=data['bytes_out'],
+            connections=data['connections'],
+            denied=data['denied'],
+            proxy=data['proxy'],
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        out['allow'] = list(self.allow)
+        out['bytes_in'] = self.bytes_in
+        out['bytes_out'] = self.bytes_out
+        out['connections'] = self.connections
+        out['denied'] = self.denied
+        out['proxy'] = self.proxy
+        return out
+
+
+@dataclass
+class NetworkRequest:
+    """`"network"` in a create request."""
+
+    # The daemon refuses unknown fields in this body.
+
+    #: Hosts the sandbox may reach through the proxy: names (`crates.io`), wildcards
+    #: (`*.pypi.org`: subdomains only), IP literals, each with an optional `:port`. Each must
+    #: be within the operator's `--egress-allow` rules.
+    allow: list[str] = field(default_factory=list)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> NetworkRequest:
+        return cls(
+            allow=list(data.get('allow', [])),
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        if self.allow:
+            out['allow'] = list(self.allow)
+        return out
+
+
+@dataclass
+class PidsStats:
+    """A sandbox's processes."""
+
+    #: Processes (and threads) now, the agent's included.
+    current: int
+
+    #: Its limit (0: none).
+    limit: int
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> PidsStats:
+        return cls(
+            current=data['current'],
+            limit=data['limit'],
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        out['current'] = self.current
+        out['limit'] = self.limit
+        return out
+
+
+@dataclass
+class RefusedEntry:
+    """A tar entry that `put_files` refused, and why."""
+
+    #: The entry's path as written in the archive.
+    path: str
+
+    #: Why it was refused (`"escapes the destination"`, `"device nodes are not allowed"`, …).
+    reason: str
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> RefusedEntry:
+        return cls(
+            path=data['path'],
+            reason=data['reason'],
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        out['path'] = self.path
+        out['reason'] = self.reason
+        return out
+
+
+@dataclass
+class Rlimit:
+    """One resource limit: `setrlimit(type, {soft, hard})`."""
+
+    # The daemon refuses unknown fields in this body.
+
+    #: The hard limit (how far the command may raise it); at least `soft`.
+    hard: int
+
+    #: The soft limit (what the command gets); 18446744073709551615 is unlimited.
+    soft: int
+
+    #: The resource, as OCI spells it (`RLIMIT_NOFILE`) or as Docker's `--ulimit` does
+    #: (`nofile`).
+    type: str
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Rlimit:
+        return cls(
+            hard=data['hard'],
+            soft=data['soft'],
+            type=data['type'],
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        out['hard'] = self.hard
+        out['soft'] = self.soft
+        out['type'] = self.type
+        return out
+
+
+@dataclass
+class SandboxInfo:
+    """A sandbox, as `GET /sandboxes/{id}` and `POST /sandboxes` return it."""
+
+    #: Commands running right now.
+    active_execs: int
+
+    #: Which backend runs it.
+    backend: BackendKind
+
+    #: Creation time, Unix milliseconds.
+    created_at_ms: int
+
+    #: When it will be deleted, Unix milliseconds (TTL or idle timeout, whichever is sooner).
+    expires_at_ms: int
+
+    #: `sb-` followed by 16 hex digits.
+    id: str
+
+    #: The image it runs.
+    image: str
+
+    #: Labels as given at creation.
+    labels: dict[str, str]
+
+    #: Memory limit.
+    memory_mib: int
+
+    #: Lifecycle state.
+    state: SandboxState
+
+    #: Creation timings.
+    timings: SandboxTimings
+
+    #: vCPUs.
+    vcpus: int
+
+    #: Its caches.
+    caches: list[CacheMount] = field(default_factory=list)
+
+    #: The size of its disk-backed writable layer, when it has one.
+    disk_mib: int | None = None
+
+    #: Why the sandbox is dead, when it is.
+    error: str | None = None
+
+    #: What runs a `microvm` sandbox's guest; absent for other backends.
+    hypervisor: Hypervisor | None = None
+
+    #: Its egress, when it has any.
+    network: NetworkInfo | None = None
+
+    #: The name of the API key that created it (never the key itself), or `"unix"` when it was
+    #: created over the Unix socket without a key. Only that key, the admin key and the Unix
+    #: socket see the sandbox. Absent from daemons older than ownership.
+    owner: str | None = None
+
+    #: Who its commands run as (`uid:gid`), when not root: from the request's `user` or its
+    #: image's `User`.
+    user: str | None = None
+
+    #: Its volumes.
+    volumes: list[VolumeMount] = field(default_factory=list)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> SandboxInfo:
+        return cls(
+            active_execs=data['active_execs'],
+            backend=data['backend'],
+            created_at_ms=data['created_at_ms'],
+            expires_at_ms=data['expires_at_ms'],
+            id=data['id'],
+            image=data['image'],
+            labels=dict(data['labels']),
+            memory_mib=data['memory_mib'],
+            state=data['state'],
+            timings=SandboxTimings.from_dict(data['timings']),
+            vcpus=data['vcpus'],
+            caches=[CacheMount.from_dict(x) for x in data.get('caches', [])],
+            disk_mib=data.get('disk_mib', None),
+            error=data.get('error', None),
+            hypervisor=data.get('hypervisor', None),
+            network=_opt(data.get('network'), NetworkInfo.from_dict),
+            owner=data.get('owner', None),
+            user=data.get('user', None),
+            volumes=[VolumeMount.from_dict(x) for x in data.get('volumes', [])],
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        out['active_execs'] = self.active_execs
+        out['backend'] = self.backend
+        out['created_at_ms'] = self.created_at_ms
+        out['expires_at_ms'] = self.expires_at_ms
+        out['id'] = self.id
+        out['image'] = self.image
+        out['labels'] = dict(self.labels)
+        out['memory_mib'] = self.memory_mib
+        out['state'] = self.state
+        out['timings'] = self.timings.to_dict()
+        out['vcpus'] = self.vcpus
+        if self.caches:
+            out['caches'] = [x.to_dict() for x in self.caches]
+        if self.disk_mib is not None:
+            out['disk_mib'] = self.disk_mib
+        if self.error is not None:
+            out['error'] = self.error
+        if self.hypervisor is not None:
+            out['hypervisor'] = self.hypervisor
+        if self.network is not None:
+            out['network'] = None if self.network is None else self.network.to_dict()
+        if self.owner is not None:
+            out['owner'] = self.owner
+        if self.user is not None:
+            out['user'] = self.user
+        if self.volumes:
+            out['volumes'] = [x.to_dict() for x in self.volumes]
+        return out
+
+
+@dataclass
+class SandboxList:
+    """The body of `GET /sandboxes`."""
+
+    #: Every sandbox the caller may see (its own; all of them for the admin key and the Unix
+    #: socket), oldest first.
+    sandboxes: list[SandboxInfo]
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> SandboxList:
+        return cls(
+            sandboxes=[SandboxInfo.from_dict(x) for x in data['sandboxes']],
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        out['sandboxes'] = [x.to_dict() for x in self.sandboxes]
+        return out
+
+
+@dataclass
+class SandboxStats:
+    """What a sandbox uses now, from its cgroups: `GET /sandboxes/{id}/stats`."""
+
+    #: CPU time.
+    cpu: CpuStats
+
+    #: Memory.
+    memory: MemoryStats
+
+    #: Processes.
+    pids: PidsStats
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> SandboxStats:
+        return cls(
+            cpu=CpuStats.from_dict(data['cpu']),
+            memory=MemoryStats.from_dict(data['memory']),
+            pids=PidsStats.from_dict(data['pids']),
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        out['cpu'] = self.cpu.to_dict()
+        out['memory'] = self.memory.to_dict()
+        out['pids'] = self.pids.to_dict()
+        return out
+
+
+@dataclass
+class SandboxTimings:
+    """How long creation took."""
+
+    #: The guest's uptime when its agent became ready.
+    agent_uptime_ms: int
+
+    #: From the create request to the agent's hello, in milliseconds (fractional).
+    create_to_ready_ms: float
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> SandboxTimings:
+        return cls(
+            agent_uptime_ms=data['agent_uptime_ms'],
+            create_to_ready_ms=float(data['create_to_ready_ms']),
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        out['agent_uptime_ms'] = self.agent_uptime_ms
+        out['create_to_ready_ms'] = self.create_to_ready_ms
+        return out
+
+
+@dataclass
+class SignalRequest:
+    """The body of `POST /sandboxes/{id}/signal`."""
+
+    # The daemon refuses unknown fields in this body.
+
+    #: The signal number (1 to 64).
+    signal: int
+
+    #: The running command to signal (its ExecRequest's `exec_id`): the signal goes to its
+    #: process group only. Absent: to every process in the sandbox but its agent.
+    exec_id: str | None = None
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> SignalRequest:
+        return cls(
+            signal=data['signal'],
+            exec_id=data.get('exec_id', None),
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        out['signal'] = self.signal
+        if self.exec_id is not None:
+            out['exec_id'] = self.exec_id
+        return out
+
+
+@dataclass
+class Usage:
+    """Resource usage of a finished command."""
+
+    #: Times the command was preempted.
+    context_switches_involuntary: int
+
+    #: System CPU time.
+    cpu_sys_ms: int
+
+    #: User CPU time.
+    cpu_user_ms: int
+
+    #: Bytes read from storage (approximate for very short commands).
+    io_read_bytes: int
+
+    #: Bytes written to storage (approximate for very short commands).
+    io_write_bytes: int
+
+    #: Page faults that needed I/O.
+    page_faults_major: int
+
+    #: Peak resident set size.
+    peak_memory_bytes: int
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Usage:
+        return cls(
+            context_switches_involuntary=data['context_switches_involuntary'],
+            cpu_sys_ms=data['cpu_sys_ms'],
+            cpu_user_ms=data['cpu_user_ms'],
+            io_read_bytes=data['io_read_bytes'],
+            io_write_bytes=data['io_write_bytes'],
+            page_faults_major=data['page_faults_major'],
+            peak_memory_bytes=data['peak_memory_bytes'],
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        out['context_switches_involuntary'] = self.context_switches_involuntary
+        out['cpu_sys_ms'] = self.cpu_sys_ms
+        out['cpu_user_ms'] = self.cpu_user_ms
+        out['io_read_bytes'] = self.io_read_bytes
+        out['io_write_bytes'] = self.io_write_bytes
+        out['page_faults_major'] = self.page_faults_major
+        out['peak_memory_bytes'] = self.peak_memory_bytes
+        return out
+
+
+@dataclass
+class VolumeMount:
+    """An operator-declared volume mounted (read-only) into a sandbox."""
+
+    # The daemon refuses unknown fields in this body.
+
+    #: The volume's name as the operator declared it.
+    name: str
+
+    #: Where it appears inside the sandbox (absolute).
+    path: str
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> VolumeMount:
+        return cls(
+            name=data['name'],
+            path=data['path'],
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        out['name'] = self.name
+        out['path'] = self.path
+        return out
+
+
+__all__ = [
+    'BackendKind',
+    'CacheInfo',
+    'CacheList',
+    'CacheMount',
+    'CpuStats',
+    'CreateSandbox',
+    'ErrorBody',
+    'ExecList',
+    'ExecRequest',
+    'ExecResult',
+    'ExecState',
+    'ExecStatus',
+    'FilesPutResult',
+    'Hypervisor',
+    'ImageInfo',
+    'ImageList',
+    'ImageUser',
+    'ImagesPruned',
+    'MemoryStats',
+    'NetworkInfo',
+    'NetworkRequest',
+    'OnDisconnect',
+    'PidsStats',
+    'RefusedEntry',
+    'Rlimit',
+    'SandboxInfo',
+    'SandboxList',
+    'SandboxState',
+    'SandboxStats',
+    'SandboxTimings',
+    'SignalRequest',
+    'Usage',
+    'VolumeMount',
+]

@@ -1,0 +1,174 @@
+"""`Sandbox`: one sandbox and everything done in it, deleted when its `with` block ends."""
+
+from __future__ import annotations
+
+from typing import Mapping, Optional, Sequence, Union
+
+from . import _api
+from .client import Client
+from .errors import SandboxNotFound
+from .files import Files
+from .models import (BackendKind, CacheMount, ExecStatus, NetworkRequest, OnDisconnect, Rlimit,
+                     SandboxInfo, SandboxStats, VolumeMount)
+from .result import OutputCallback, RunResult
+from .session import Session, Transport
+from .stream import ExecStream
+
+
+class Sandbox:
+    """A sandbox on a daemon. Make one with `Sandbox.create(...)` (deleted when its `with`
+    block ends) or find one with `Sandbox.connect(id)` (left alone)."""
+
+    def __init__(self, client: Client, info: SandboxInfo, *, delete_on_exit: bool,
+                 owns_client: bool = False) -> None:
+        self.client = client
+        self.info = info
+        self.delete_on_exit = delete_on_exit
+        self._owns_client = owns_client
+        #: Files in and out: write, read, upload_dir, upload_tar, download.
+        self.files = Files(client, info.id)
+
+    @property
+    def id(self) -> str:
+        return self.info.id
+
+    def __repr__(self) -> str:
+        return f"Sandbox({self.id!r})"
+
+    @classmethod
+    def create(cls, *, image: Optional[str] = None, memory_mib: Optional[int] = None,
+               vcpus: Optional[int] = None,
+               network: Union[Sequence[str], NetworkRequest, None] = None,
+               caches: Sequence[CacheMount] = (), volumes: Sequence[VolumeMount] = (),
+               disk_mib: Optional[int] = None, env: Optional[Mapping[str, str]] = None,
+               labels: Optional[Mapping[str, str]] = None, ttl_s: Optional[int] = None,
+               user: Optional[str] = None, backend: Optional[BackendKind] = None,
+               client: Optional[Client] = None, host: Optional[str] = None,
+               api_key: Optional[str] = None) -> Sandbox:
+        """Creates a sandbox; `network` is the list of hosts it may reach through the
+        daemon's proxy (none by default), `caches` the named caches it mounts. Without
+        `client`, one is made from `host` and `api_key` (or $CRUCIBLE_HOST and
+        $CRUCIBLE_API_KEY) and closed with the sandbox."""
+        request = _api.create_request(
+            image=image, memory_mib=memory_mib, vcpus=vcpus, network=network, caches=caches,
+            volumes=volumes, disk_mib=disk_mib, env=env, labels=labels, ttl_s=ttl_s, user=user,
+            backend=backend)
+        owns = client is None
+        c = client if client is not None else Client(host, api_key=api_key)
+        try:
+            info = c.create(request)
+        except BaseException:
+            if owns:
+                c.close()
+            raise
+        return cls(c, info, delete_on_exit=True, owns_client=owns)
+
+    @classmethod
+    def connect(cls, sandbox_id: str, *, client: Optional[Client] = None,
+                host: Optional[str] = None, api_key: Optional[str] = None) -> Sandbox:
+        """An existing sandbox (SandboxNotFound if there is none); not deleted on exit."""
+        owns = client is None
+        c = client if client is not None else Client(host, api_key=api_key)
+        try:
+            info = c.get(sandbox_id)
+        except BaseException:
+            if owns:
+                c.close()
+            raise
+        return cls(c, info, delete_on_exit=False, owns_client=owns)
+
+    def __enter__(self) -> Sandbox:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Deletes the sandbox if this handle made it (see delete_on_exit), then closes the
+        client if the handle made that too."""
+        try:
+            if self.delete_on_exit:
+                self.delete()
+        finally:
+            if self._owns_client:
+                self.client.close()
+
+    def delete(self) -> None:
+        """Deletes the sandbox now (a sandbox already gone is not an error here)."""
+        try:
+            self.client.delete(self.id)
+        except SandboxNotFound:
+            pass
+        self.delete_on_exit = False
+
+    def refresh(self) -> SandboxInfo:
+        """Fetches the sandbox's state anew (network counters, active execs...)."""
+        self.info = self.client.get(self.id)
+        return self.info
+
+    # -- commands ---------------------------------------------------------------------------
+
+    def run(self, cmd: _api.Command, *, env: Optional[Mapping[str, str]] = None,
+            cwd: Optional[str] = None, timeout: Optional[int] = None,
+            user: Optional[str] = None, group_add: Optional[Sequence[str]] = None,
+            rlimits: Optional[Sequence[Rlimit]] = None, exec_id: Optional[str] = None,
+            on_disconnect: Optional[OnDisconnect] = None,
+            on_stdout: Optional[OutputCallback] = None,
+            on_stderr: Optional[OutputCallback] = None, check: bool = False,
+            resumes: int = 5) -> RunResult:
+        """Runs a command to its end. `cmd` is an argv list, or a string run by `sh -c`;
+        `timeout` is whole seconds (the daemon kills the command's process group then).
+        Output goes to the callbacks as it arrives and into the result; `check=True` raises
+        CommandFailed unless it exited 0."""
+        request = _api.exec_request(
+            cmd, env=env, cwd=cwd, timeout=timeout, user=user, group_add=group_add,
+            rlimits=rlimits, exec_id=exec_id, on_disconnect=on_disconnect)
+        result = self.client.exec(self.id, request, resumes=resumes).collect(on_stdout, on_stderr)
+        return result.check() if check else result
+
+    def stream(self, cmd: _api.Command, *, env: Optional[Mapping[str, str]] = None,
+               cwd: Optional[str] = None, timeout: Optional[int] = None,
+               user: Optional[str] = None, group_add: Optional[Sequence[str]] = None,
+               rlimits: Optional[Sequence[Rlimit]] = None, exec_id: Optional[str] = None,
+               on_disconnect: Optional[OnDisconnect] = None, resumes: int = 5) -> ExecStream:
+        """Starts a command; iterate the result for Stdout, Stderr and Exit events."""
+        request = _api.exec_request(
+            cmd, env=env, cwd=cwd, timeout=timeout, user=user, group_add=group_add,
+            rlimits=rlimits, exec_id=exec_id, on_disconnect=on_disconnect)
+        return self.client.exec(self.id, request, resumes=resumes)
+
+    def interactive(self, cmd: _api.Command, *, transport: Transport = "hijack",
+                    env: Optional[Mapping[str, str]] = None, cwd: Optional[str] = None,
+                    timeout: Optional[int] = None, user: Optional[str] = None,
+                    group_add: Optional[Sequence[str]] = None,
+                    rlimits: Optional[Sequence[Rlimit]] = None, exec_id: Optional[str] = None,
+                    on_disconnect: Optional[OnDisconnect] = None) -> Session:
+        """Starts a command with stdin: `send()`, `close_stdin()`, iterate, `wait()`.
+        `transport` is "hijack" (standard library) or "websocket" (the websockets extra)."""
+        request = _api.exec_request(
+            cmd, env=env, cwd=cwd, timeout=timeout, user=user, group_add=group_add,
+            rlimits=rlimits, exec_id=exec_id, on_disconnect=on_disconnect)
+        return self.client.interactive(self.id, request, transport)
+
+    def attach(self, exec_id: str, offset: int = 0, *,
+               on_stdout: Optional[OutputCallback] = None,
+               on_stderr: Optional[OutputCallback] = None) -> RunResult:
+        """Follows a command that outlived its connection to its end, from output byte
+        `offset` (what was already received)."""
+        return self.client.attach(self.id, exec_id, offset).collect(on_stdout, on_stderr)
+
+    def attach_stream(self, exec_id: str, offset: int = 0) -> ExecStream:
+        return self.client.attach(self.id, exec_id, offset)
+
+    def execs(self) -> list[ExecStatus]:
+        return self.client.execs(self.id)
+
+    def exec_status(self, exec_id: str) -> ExecStatus:
+        return self.client.exec_status(self.id, exec_id)
+
+    def signal(self, sig: _api.SignalLike, exec_id: Optional[str] = None) -> None:
+        """`sig` to every process but the agent, or to one running command's group."""
+        self.client.signal(self.id, sig, exec_id)
+
+    def stats(self) -> SandboxStats:
+        return self.client.stats(self.id)
