@@ -62,7 +62,8 @@ pub struct CreateSandbox {
     /// vCPUs (microVM) or CPU quota in whole CPUs (namespace).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub vcpus: Option<u32>,
-    /// Image name; only `"default"` exists today.
+    /// Image name: `"default"` (the built-in image, also when absent) or one imported with
+    /// `POST /images`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub image: Option<String>,
     /// Backend; default: the best one this host offers.

@@ -273,7 +273,7 @@ pub(crate) fn document() -> Value {
                     },
                     "responses": with(errors(&[
                         ("400", "The id or the signal is invalid (1 to 64)."),
-                        ("404", "No sandbox with this id, as far as the caller can see, or no running command with this exec_id."),
+                        ("404", "No sandbox with this id, as far as the caller can see (code not_found), or no running command with this exec_id (code exec_not_found)."),
                         ("409", "The sandbox is being deleted, or its agent cannot signal (code not_supported)."),
                         ("502", "The sandbox's agent could not be reached."),
                     ]), json!({ "204": { "description": "Sent." } }))

@@ -250,9 +250,10 @@ async fn signal_sandbox(
         .map_err(|e| ApiError::agent(format!("sandbox {id}: {}", report::chain(&e))))?;
     match reply {
         wire::agent::AgentReply::Signaled => Ok(StatusCode::NO_CONTENT),
+        // The sandbox exists: what is missing is the command, as the exec endpoints say it.
         wire::agent::AgentReply::Error(e) if e.code == "not_found" => Err(ApiError::new(
             StatusCode::NOT_FOUND,
-            "not_found",
+            "exec_not_found",
             format!("sandbox {id}: {}", e.message),
         )),
         wire::agent::AgentReply::Error(e) => Err(ApiError::new(

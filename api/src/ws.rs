@@ -154,7 +154,24 @@ impl ClientReader for WsReader {
             }
         }
     }
+
+    /// RFC 6455's closing handshake: after our close frame, the client's is awaited (what it
+    /// still sends is dropped), so that the TCP connection is not closed under data the client
+    /// has not read — its exit frame among it — which a reset would destroy.
+    async fn linger(&mut self) {
+        let drain = async {
+            while let Some(Ok(message)) = self.0.next().await {
+                if matches!(message, Message::Close(_)) {
+                    return;
+                }
+            }
+        };
+        let _ = tokio::time::timeout(CLOSE_LINGER, drain).await;
+    }
 }
+
+/// How long the daemon waits for a client's close frame after sending its own.
+const CLOSE_LINGER: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// The WebSocket's writing side: each chunk of whole frames is one binary message.
 struct WsWriter(SplitSink<WebSocket, Message>);

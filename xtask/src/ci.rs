@@ -143,7 +143,7 @@ pub(crate) fn run(sh: &Shell, args: Args) -> Result<()> {
 }
 
 /// Everything the other tiers install, said once: host packages (apt), the musl target
-/// (rustup), pytest and schemathesis (pip), nightly and cargo-fuzz. Each is skipped when
+/// (rustup), pytest, mypy, websockets and schemathesis (pip), nightly and cargo-fuzz. Each is skipped when
 /// already there; each command below still installs what it needs when run alone.
 fn provision(steps: &mut Steps) -> Result<()> {
     let sh = steps.sh;
@@ -181,7 +181,9 @@ fn provision(steps: &mut Steps) -> Result<()> {
             )
         }
     })?;
-    steps.run_here("provision: pytest (pip)", || ensure_pytest(sh))?;
+    steps.run_here("provision: pytest, mypy, websockets (pip)", || {
+        ensure_python_tools(sh)
+    })?;
     steps.run_here(
         "provision: schemathesis (pip, in ~/.cache/crucible/venv)",
         || crate::hostile::ensure_schemathesis(sh).map(|_| ()),
@@ -328,9 +330,11 @@ fn e2e(steps: &mut Steps, kvm_gate: &KvmTestGate) -> Result<()> {
         "integration tests",
         steps.cargo(&["test", "--workspace", "--all-features", "--test", "*"]),
     )?;
-    // Exactly the README's command, from the repository root (the shell's directory).
+    // The SDKs' own checks and suites, from the repository root (the shell's directory):
+    // generated types against docs/openapi.json, strict type checks, then their tests against
+    // a real daemon.
     let sh = steps.sh;
-    steps.run("python sdk", cmd!(sh, "python3 -m pytest -q sdks/python"))
+    steps.run("python sdk", cmd!(sh, "bash sdks/python/ci.sh"))
 }
 
 /// A few seconds of fuzzing per target, the benchmark gate and its self-test, schemathesis.
@@ -373,16 +377,27 @@ fn check_generated(steps: &mut Steps, name: &str, task: &str, paths: &[&str]) ->
     })
 }
 
-/// Installs pytest with pip when the machine lacks it (a fresh CI machine does).
-fn ensure_pytest(sh: &Shell) -> Result<()> {
-    // Its output captured and dropped: only whether the import works matters.
-    let have = cmd!(sh, "python3 -c 'import pytest'").output().is_ok();
-    if !have {
-        eprintln!("    pytest is missing: installing it with pip (the Python SDK's tests)");
-        cmd!(sh, "python3 -m pip install --quiet pytest")
-            .quiet()
-            .run()
-            .context("pip install pytest failed")?;
+/// Installs what the Python SDK's checks use with pip when the machine lacks it (a fresh CI
+/// machine does): pytest, mypy (its `--strict` check), websockets (its WebSocket transport).
+fn ensure_python_tools(sh: &Shell) -> Result<()> {
+    for (module, spec, why) in [
+        ("pytest", "pytest>=7", "the Python SDK's tests"),
+        ("mypy", "mypy>=1.8", "the Python SDK's type check"),
+        (
+            "websockets",
+            "websockets>=13",
+            "the Python SDK's WebSocket transport",
+        ),
+    ] {
+        // Its output captured and dropped: only whether the import works matters.
+        let have = cmd!(sh, "python3 -c 'import {module}'").output().is_ok();
+        if !have {
+            eprintln!("    {module} is missing: installing {spec} with pip ({why})");
+            cmd!(sh, "python3 -m pip install --quiet {spec}")
+                .quiet()
+                .run()
+                .with_context(|| format!("pip install {spec} failed"))?;
+        }
     }
     Ok(())
 }

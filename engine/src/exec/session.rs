@@ -188,6 +188,12 @@ pub enum ClientInput {
 pub trait ClientReader: Send {
     /// The next input.
     fn recv(&mut self) -> impl Future<Output = ClientInput> + Send;
+    /// After the session's end was sent: waits (briefly, the transport's to bound) for the
+    /// client to end its side too, so that closing the connection loses nothing it has not
+    /// read yet. By default nothing to wait for.
+    fn linger(&mut self) -> impl Future<Output = ()> + Send {
+        async {}
+    }
 }
 
 /// The writing side of an interactive client.
@@ -247,5 +253,8 @@ pub async fn pump<R: ClientReader, W: ClientWriter>(
         ending = output_side => ending,
     };
     writer.finish(&ending).await;
+    if ending != Ending::ClientGone {
+        reader.linger().await;
+    }
     ending
 }

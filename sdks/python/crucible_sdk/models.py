@@ -178,7 +178,8 @@ class CreateSandbox:
     #: Environment added to every command run in the sandbox.
     env: dict[str, str] = field(default_factory=dict)
 
-    #: Image name; only `"default"` exists today.
+    #: Image name: `"default"` (the built-in image, also when absent) or one imported with
+    #: `POST /images`.
     image: str | None = None
 
     #: Free-form labels, returned as given.
@@ -482,8 +483,9 @@ class ExecStatus:
     #: How it ended, once it has.
     result: ExecResult | None = None
 
-    #: An interactive command's stdin: the payload bytes of the stdin frames it has taken so
-    #: far (delivered to it, or queued for it). A client that re-attaches sends its input on
+    #: An interactive command's stdin: the payload bytes of the stdin frames it had taken
+    #: (delivered to it, or queued for it) when its last client left (0 before any did; it
+    #: moves on while a client is attached). A client that re-attaches sends its input on
     #: from there: frames it sent past it were lost with the connection. Absent for a
     #: one-shot command.
     stdin_bytes: int | None = None
