@@ -53,6 +53,18 @@ impl Default for DaemonHome {
     }
 }
 
+impl Drop for DaemonHome {
+    /// Kills whatever still runs from this home: under `--live-restore` a sandbox's processes
+    /// (a namespace supervisor, a VM and its devices, each started with a path under the
+    /// home) outlive their daemon, and a test that fails half-way would leave them running —
+    /// emulated VMs, each a CPU's worth, for the rest of the run.
+    fn drop(&mut self) {
+        for pid in crate::leaks::processes_mentioning(self.dir.path()) {
+            let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
+        }
+    }
+}
+
 /// A running `crucible-test-daemon`; SIGTERMed (then SIGKILLed if it hangs) when dropped.
 #[derive(Debug)]
 pub struct DaemonProcess {
