@@ -105,7 +105,8 @@ function writeHeader(out: Buffer, at: number, type: FrameType, length: number): 
  */
 export class FrameDecoder {
   readonly direction: Direction;
-  #header = Buffer.alloc(HEADER_SIZE);
+  // Only for a header split across chunks; made when one is.
+  #header: Buffer | null = null;
   #headerFilled = 0;
   // The frame being assembled across chunks, once its header is known.
   #type: FrameType = FrameType.Stdout;
@@ -159,14 +160,15 @@ export class FrameDecoder {
         length = buf.readUInt32BE(at + 4);
         at += HEADER_SIZE;
       } else {
+        const header = (this.#header ??= Buffer.alloc(HEADER_SIZE));
         const n = Math.min(HEADER_SIZE - this.#headerFilled, end - at);
-        buf.copy(this.#header, this.#headerFilled, at, at + n);
+        buf.copy(header, this.#headerFilled, at, at + n);
         this.#headerFilled += n;
         at += n;
         if (this.#headerFilled < HEADER_SIZE) break;
         this.#headerFilled = 0;
-        type = this.#header[0]!;
-        length = this.#header.readUInt32BE(4);
+        type = header[0]!;
+        length = header.readUInt32BE(4);
       }
       // The type byte first: a header wrong twice is unknown_type (docs/protocol.md).
       if (!isFrameType(type)) throw this.#fail("unknown_type", `frame type ${type}`);

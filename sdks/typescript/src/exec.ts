@@ -1,22 +1,20 @@
 // One-shot exec and re-attach: a POST whose 200 answer is the command's frame stream, read
-// either collected (run) or as events (stream). The two share one reader so they cannot
-// disagree on what a valid stream is.
-
-import type { Dispatcher } from "undici";
+// either collected (run) or as events (stream). Both take the stream connections of
+// http1.ts; run() decodes straight from the socket's reads, stream() through FrameEvents.
 
 import { FrameDecoder, FrameType } from "./codec.js";
 import type { Frame } from "./codec.js";
 import { CrucibleError } from "./errors.js";
 import type { Subject } from "./errors.js";
-import { CommandError, CommandResult, ExecResult, parseExecResult } from "./result.js";
+import { FrameEvents } from "./events.js";
+import type { ExecEvent } from "./events.js";
+import { CommandError, CommandResult } from "./result.js";
+import type { ExecResult } from "./result.js";
+import { parseExecResult } from "./result.js";
 import type { Transport } from "./transport.js";
 import type { ExecResultDocument } from "./types.js";
 
-/** What a command's output stream carries, in order: output chunks, then one exit. */
-export type ExecEvent =
-  | { readonly type: "stdout"; readonly data: Buffer }
-  | { readonly type: "stderr"; readonly data: Buffer }
-  | { readonly type: "exit"; readonly result: ExecResult };
+export type { ExecEvent } from "./events.js";
 
 export interface OutputCallbacks {
   /** Each stdout chunk as it arrives (chunk boundaries mean nothing). */
@@ -40,63 +38,72 @@ export interface StreamRequest {
   cmd: readonly string[];
 }
 
-function unexpected(frame: Frame): CrucibleError {
-  return new CrucibleError(0, "protocol_error", `unexpected frame of type ${frame.type} from the daemon (an output stream carries stdout, stderr and exit)`);
-}
-
-/** Opens the stream; rejects with the daemon's error before any output. */
-export async function open(t: Transport, req: StreamRequest): Promise<{ res: Dispatcher.ResponseData; execId: string }> {
-  const res = await t.streamJson(req.path, req.body, req.subject);
-  const header = res.headers["x-crucible-exec-id"];
-  return { res, execId: typeof header === "string" ? header : "" };
-}
+const EMPTY = Buffer.alloc(0);
 
 /**
- * Reads a stream to its end and returns the result, handing output to the callbacks and
- * keeping it unless told not to. The hot path of `run`: no generator, no per-frame objects
- * beyond what the decoder hands out.
+ * Runs a stream to its end and returns the result, handing output to the callbacks and
+ * keeping it unless told not to. The hot path of `run`: frames are decoded from the socket's
+ * reads as they come, with no queue, generator or stream object between.
  */
 export async function collect(t: Transport, req: StreamRequest, o: CollectOptions): Promise<CommandResult> {
-  const { res, execId } = await open(t, req);
+  const exchange = await t.streams.post(req.path, req.body, req.subject);
+  const execId = exchange.headers.get("x-crucible-exec-id") ?? "";
   const keep = o.collect !== false;
-  const out: Buffer[] = [];
-  const err: Buffer[] = [];
+  const onStdout = o.onStdout;
+  const onStderr = o.onStderr;
+  let out: Buffer[] | null = null;
+  let err: Buffer[] | null = null;
   let doc: ExecResultDocument | undefined;
   const decoder = new FrameDecoder("guest_to_host");
   const onFrame = (f: Frame): void => {
+    const p = f.payload;
     switch (f.type) {
       case FrameType.Stdout:
-        if (f.payload.length === 0) return;
-        if (keep) out.push(f.payload);
-        o.onStdout?.(f.payload);
+        if (p.length === 0) return;
+        if (keep) (out ??= []).push(p);
+        onStdout?.(p);
         return;
       case FrameType.Stderr:
-        if (f.payload.length === 0) return;
-        if (keep) err.push(f.payload);
-        o.onStderr?.(f.payload);
+        if (p.length === 0) return;
+        if (keep) (err ??= []).push(p);
+        onStderr?.(p);
         return;
       case FrameType.Exit:
-        doc = parseExecResult(f.payload);
+        doc = parseExecResult(p);
         return;
       default:
-        throw unexpected(f);
+        throw new CrucibleError(0, "protocol_error", `unexpected frame of type ${f.type} from the daemon (an output stream carries stdout, stderr and exit)`);
     }
   };
-  try {
-    for await (const chunk of res.body) decoder.pushEach(chunk as Buffer, onFrame);
-  } catch (e) {
-    res.body.destroy();
-    throw t.connectionError(e, `the output stream of ${JSON.stringify(req.cmd)}`);
-  }
-  decoder.finish();
+  await new Promise<void>((resolve, reject) => {
+    exchange.start({
+      data: (chunk) => {
+        try {
+          decoder.pushEach(chunk, onFrame);
+        } catch (e) {
+          exchange.close();
+          reject(e);
+        }
+      },
+      end: () => {
+        try {
+          decoder.finish();
+          resolve();
+        } catch (e) {
+          reject(e);
+        }
+      },
+      error: reject,
+    });
+  });
   const result = new CommandResult(doc!, execId, concat(out), concat(err));
   if (o.throwOnError && !result.ok) throw new CommandError(result, req.cmd);
   return result;
 }
 
-function concat(chunks: Buffer[]): Buffer {
-  if (chunks.length === 0) return Buffer.alloc(0);
-  // A single chunk is a view into a socket read: copy it so the result does not pin that read.
+function concat(chunks: Buffer[] | null): Buffer {
+  if (chunks === null) return EMPTY;
+  // Always a copy: the chunks are views into socket reads, which a result must not pin.
   return chunks.length === 1 ? Buffer.from(chunks[0]!) : Buffer.concat(chunks);
 }
 
@@ -136,44 +143,14 @@ export class ExecStream implements AsyncIterable<ExecEvent> {
   }
 
   async *#events(): AsyncGenerator<ExecEvent, void, undefined> {
-    const { res, execId } = await open(this.#t, this.#req);
-    this.#execId = execId;
-    const decoder = new FrameDecoder("guest_to_host");
-    let ended = false;
-    try {
-      for await (const chunk of iterate(res, this.#t, this.#req)) {
-        for (const f of decoder.push(chunk)) {
-          switch (f.type) {
-            case FrameType.Stdout:
-              if (f.payload.length > 0) yield { type: "stdout", data: f.payload };
-              break;
-            case FrameType.Stderr:
-              if (f.payload.length > 0) yield { type: "stderr", data: f.payload };
-              break;
-            case FrameType.Exit: {
-              this.#result = new ExecResult(parseExecResult(f.payload), execId);
-              break;
-            }
-            default:
-              throw unexpected(f);
-          }
-        }
+    const exchange = await this.#t.streams.post(this.#req.path, this.#req.body, this.#req.subject);
+    this.#execId = exchange.headers.get("x-crucible-exec-id") ?? "";
+    for await (const ev of new FrameEvents(exchange, this.#execId)) {
+      if (ev.type === "exit") {
+        this.#result = ev.result;
+        if (this.#throwOnError && !ev.result.ok) throw new CommandError(ev.result, this.#req.cmd);
       }
-      decoder.finish();
-      ended = true;
-    } finally {
-      if (!ended) res.body.destroy();
+      yield ev;
     }
-    const result = this.#result!;
-    if (this.#throwOnError && !result.ok) throw new CommandError(result, this.#req.cmd);
-    yield { type: "exit", result };
-  }
-}
-
-async function* iterate(res: Dispatcher.ResponseData, t: Transport, req: StreamRequest): AsyncGenerator<Buffer> {
-  try {
-    for await (const chunk of res.body) yield chunk as Buffer;
-  } catch (e) {
-    throw t.connectionError(e, `the output stream of ${JSON.stringify(req.cmd)}`);
   }
 }

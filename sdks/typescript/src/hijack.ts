@@ -6,7 +6,9 @@ import type net from "node:net";
 
 import { ConnectionError, errorFromBody } from "./errors.js";
 import type { Subject } from "./errors.js";
-import type { Pipe, PipeSink } from "./interactive.js";
+import { parseHead } from "./http1.js";
+import type { Head } from "./http1.js";
+import type { Pipe, PipeSink } from "./pipe.js";
 import type { Transport } from "./transport.js";
 
 const MAX_HEAD = 64 * 1024;
@@ -63,18 +65,14 @@ function readHead(socket: net.Socket, timeoutMs: number): Promise<{ status: numb
       }
       // Stop the flow before handing over: bytes after the head belong to the frame stream.
       socket.pause();
-      const lines = buf.subarray(0, end).toString("latin1").split("\r\n");
-      const m = /^HTTP\/1\.[01] (\d{3})/.exec(lines[0] ?? "");
-      if (!m) {
-        finish(new ConnectionError(0, "protocol_error", `not an HTTP answer: ${JSON.stringify((lines[0] ?? "").slice(0, 80))}`));
+      let head: Head;
+      try {
+        head = parseHead(buf.toString("latin1", 0, end));
+      } catch (e) {
+        finish(e as Error);
         return;
       }
-      const headers = new Map<string, string>();
-      for (const line of lines.slice(1)) {
-        const colon = line.indexOf(":");
-        if (colon > 0) headers.set(line.slice(0, colon).trim().toLowerCase(), line.slice(colon + 1).trim());
-      }
-      finish(null, { status: Number(m[1]), headers, rest: buf.subarray(end + 4) });
+      finish(null, { ...head, rest: buf.subarray(end + 4) });
     };
     const onEnd = (): void => finish(new ConnectionError(0, "unreachable", "the daemon closed the connection before answering"));
     const onError = (e: Error): void => finish(new ConnectionError(0, "unreachable", `the connection broke before the daemon answered: ${e.message}`, { cause: e }));

@@ -8,6 +8,7 @@ import type { Dispatcher } from "undici";
 
 import { ConnectionError, CrucibleError, errorFromBody } from "./errors.js";
 import type { Subject } from "./errors.js";
+import { StreamConnections } from "./http1.js";
 
 export const DEFAULT_SOCKET = "/run/crucible/crucible.sock";
 
@@ -60,6 +61,8 @@ export class Transport {
   /** The `Host` header value and the origin's authority. */
   readonly authority: string;
   readonly pool: Pool;
+  /** Connections for exec and attach streams (the hot path, off undici: see http1.ts). */
+  readonly streams: StreamConnections;
   readonly connectTimeoutMs: number;
   readonly requestTimeoutMs: number;
   readonly #apiKey: string | undefined;
@@ -83,6 +86,8 @@ export class Transport {
     });
     this.#plainHeaders = this.#apiKey ? { authorization: `Bearer ${this.#apiKey}` } : {};
     this.#jsonHeaders = { ...this.#plainHeaders, "content-type": "application/json" };
+    // Last: it reads the headers above.
+    this.streams = new StreamConnections(this);
   }
 
   get apiKey(): string | undefined {
@@ -114,11 +119,6 @@ export class Transport {
     } catch (e) {
       throw new CrucibleError(res.statusCode, "protocol_error", `${method} ${path}: the answer is not JSON: ${(e as Error).message}`);
     }
-  }
-
-  /** A request with a JSON body whose answer streams (exec, attach): the body is the caller's to read. */
-  streamJson(path: string, body: string, subject: Subject): Promise<Dispatcher.ResponseData> {
-    return this.send("POST", path, body, this.#jsonHeaders, subject, 0);
   }
 
   /**
@@ -187,11 +187,8 @@ export class Transport {
   }
 
   async close(): Promise<void> {
+    this.streams.close();
     await this.pool.close();
-  }
-
-  async destroy(): Promise<void> {
-    await this.pool.destroy();
   }
 }
 

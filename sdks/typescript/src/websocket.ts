@@ -13,7 +13,7 @@ import {
   errorFromBody,
 } from "./errors.js";
 import type { Subject } from "./errors.js";
-import type { Pipe, PipeSink } from "./interactive.js";
+import type { Pipe, PipeSink } from "./pipe.js";
 import type { Transport } from "./transport.js";
 
 /** Opens the socket and sends the request; pre-upgrade HTTP errors reject with their class. */
