@@ -71,6 +71,19 @@ describe("create and info", () => {
     assert.equal(again.id, sb.id);
   });
 
+  test("Sandbox.create without a client takes CRUCIBLE_HOST", T, async () => {
+    const saved = process.env["CRUCIBLE_HOST"];
+    process.env["CRUCIBLE_HOST"] = daemon.socket;
+    try {
+      await using fromEnv = await Sandbox.create({ labels: { from: "env" } });
+      assert.equal((await fromEnv.info()).labels["from"], "env");
+      assert.equal((await fromEnv.run(["echo", "ok"])).stdoutText, "ok\n");
+    } finally {
+      if (saved === undefined) delete process.env["CRUCIBLE_HOST"];
+      else process.env["CRUCIBLE_HOST"] = saved;
+    }
+  });
+
   test("memory, vcpus, ttl and user reach the sandbox", T, async () => {
     await using other = await Sandbox.create({ client, memoryMib: 256, vcpus: 2, ttlS: 120, user: "1234:1234" });
     const info = await other.info();

@@ -75,7 +75,14 @@ export function daemonPaths(): { binary: string; image: string } {
   return { binary, image };
 }
 
-export async function startDaemon(extraArgs: string[] = []): Promise<Daemon> {
+export interface DaemonOptions {
+  /** More `crucible serve` flags. */
+  args?: string[];
+  /** More environment (CRUCIBLE_API_KEYS, say). */
+  env?: Record<string, string>;
+}
+
+export async function startDaemon(options: DaemonOptions = {}): Promise<Daemon> {
   const { binary, image } = daemonPaths();
   const blob = await startBlobServer();
   const dir = mkdtempSync(path.join(os.tmpdir(), "crucible-nodetest-"));
@@ -84,6 +91,7 @@ export async function startDaemon(extraArgs: string[] = []): Promise<Daemon> {
   delete env["CRUCIBLE_API_KEYS"];
   delete env["CRUCIBLE_HOST"];
   delete env["CRUCIBLE_API_KEY"];
+  Object.assign(env, options.env ?? {});
   const args = [
     "serve",
     "--socket", socket,
@@ -92,7 +100,7 @@ export async function startDaemon(extraArgs: string[] = []): Promise<Daemon> {
     "--data-dir", path.join(dir, "data"),
     "--egress-allow", `127.0.0.1:${blob.port}`,
     "--cgroup-parent", `crucible-nodetest-${process.pid}`,
-    ...extraArgs,
+    ...(options.args ?? []),
   ];
   const proc = spawn(binary, args, { env, stdio: ["ignore", "ignore", "pipe"] });
   let stderr = "";
@@ -130,6 +138,15 @@ async function stopDaemon(proc: ChildProcess, exited: Promise<number | null>, bl
   }
   await blob.close();
   rmSync(dir, { recursive: true, force: true });
+}
+
+/** A TCP port free on 127.0.0.1 a moment ago. */
+export async function freePort(): Promise<number> {
+  const server = http.createServer();
+  await new Promise<void>((resolve) => server.listen(0, "127.0.0.1", resolve));
+  const port = (server.address() as AddressInfo).port;
+  await new Promise<void>((resolve) => server.close(() => resolve()));
+  return port;
 }
 
 /** Rejects when `p` takes longer than `ms`: every wait in the tests has a deadline. */
