@@ -28,19 +28,19 @@ before(async () => {
   writeFileSync(path.join(repo, "build.sh"), "echo building; mkdir -p out && echo artifact > out/a\n");
   writeFileSync(path.join(repo, "test.sh"), "test -f out/a && echo tests pass\n");
   const git = (...args: string[]): void => {
-    execFileSync("git", ["-C", repo, "-c", "user.email=ci@example.invalid", "-c", "user.name=ci", ...args], { stdio: "ignore" });
+    execFileSync("git", ["-C", repo, "-c", "user.email=ci@example.invalid", "-c", "user.name=ci", ...args], { stdio: "ignore", timeout: 20_000 });
   };
   git("init", "-q");
   git("add", ".");
   git("commit", "-q", "-m", "a commit");
   // Not in the commit: a checkout of it must not carry this along.
   writeFileSync(path.join(repo, "untracked.txt"), "leftover\n");
-});
+}, { timeout: 90_000 });
 
 after(async () => {
   await daemon?.stop();
   if (repo) rmSync(repo, { recursive: true, force: true });
-});
+}, { timeout: 90_000 });
 
 function env(): NodeJS.ProcessEnv {
   return { ...process.env, CRUCIBLE_HOST: daemon.socket };

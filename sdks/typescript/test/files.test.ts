@@ -25,14 +25,14 @@ before(async () => {
   client = new Crucible({ host: daemon.socket });
   sb = await client.sandboxes.create({ labels: { suite: "node-files" } });
   local = mkdtempSync(path.join(os.tmpdir(), "crucible-nodetest-files-"));
-});
+}, { timeout: 90_000 });
 
 after(async () => {
   await sb?.[Symbol.asyncDispose]();
   await client?.close();
   await daemon?.stop();
   if (local) rmSync(local, { recursive: true, force: true });
-});
+}, { timeout: 90_000 });
 
 async function tarOf(entries: TarEntry[]): Promise<Buffer> {
   const parts: Buffer[] = [];
@@ -137,7 +137,7 @@ describe("trees", () => {
     await assert.rejects(sb.files.uploadDir(local, "work"), TypeError);
     const odd = path.join(local, "odd");
     mkdirSync(odd);
-    execFileSync("mkfifo", [path.join(odd, "fifo")]);
+    execFileSync("mkfifo", [path.join(odd, "fifo")], { timeout: 10_000 });
     await assert.rejects(sb.files.uploadDir(odd, "/work/odd"), /only regular files, directories and symbolic links/);
   });
 });

@@ -84,13 +84,13 @@ before(async () => {
     });
   });
   await new Promise<void>((resolve) => server.listen(sock, resolve));
-});
+}, { timeout: 90_000 });
 
 after(async () => {
   for (const s of sockets) s.destroy();
   await new Promise<void>((resolve) => server.close(() => resolve()));
   rmSync(dir, { recursive: true, force: true });
-});
+}, { timeout: 90_000 });
 
 function client(requestTimeoutMs = 5_000): Crucible {
   return new Crucible({ host: sock, requestTimeoutMs });

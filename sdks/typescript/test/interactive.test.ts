@@ -19,13 +19,13 @@ before(async () => {
   daemon = await startDaemon();
   client = new Crucible({ host: daemon.socket });
   sb = await client.sandboxes.create({ labels: { suite: "node-interactive" } });
-});
+}, { timeout: 90_000 });
 
 after(async () => {
   await sb?.[Symbol.asyncDispose]();
   await client?.close();
   await daemon?.stop();
-});
+}, { timeout: 90_000 });
 
 /** The next event, with a deadline. */
 async function next(it: AsyncIterator<ExecEvent>, what: string): Promise<ExecEvent> {

@@ -27,13 +27,13 @@ before(async () => {
   daemon = await startDaemon();
   client = new Crucible({ host: daemon.socket });
   sb = await client.sandboxes.create({ labels: { suite: "node-sandbox" }, env: { FROM_SANDBOX: "yes" } });
-});
+}, { timeout: 90_000 });
 
 after(async () => {
   await sb?.[Symbol.asyncDispose]();
   await client?.close();
   await daemon?.stop();
-});
+}, { timeout: 90_000 });
 
 describe("the daemon", () => {
   test("health answers", T, async () => {

@@ -24,13 +24,13 @@ before(async () => {
   daemon = await startDaemon();
   client = new Crucible({ host: daemon.socket });
   local = mkdtempSync(path.join(os.tmpdir(), "crucible-nodetest-storage-"));
-});
+}, { timeout: 90_000 });
 
 after(async () => {
   await client?.close();
   await daemon?.stop();
   if (local) rmSync(local, { recursive: true, force: true });
-});
+}, { timeout: 90_000 });
 
 describe("egress and caches", () => {
   test("a sandbox with a cache and a network fetches through its proxy; the cache outlives it", T, async () => {
@@ -87,7 +87,7 @@ describe("images", () => {
     const parts: Buffer[] = [];
     for await (const b of tarStream(entries)) parts.push(b);
     archive = gzipSync(Buffer.concat(parts));
-  });
+  }, { timeout: 60_000 });
 
   test("import from bytes, a path and a stream; run it; remove, prune", T, async () => {
     const info = await client.images.import("node-rootfs", archive);

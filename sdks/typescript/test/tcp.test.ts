@@ -29,11 +29,11 @@ before(async () => {
     }
   }
   await probe.close();
-});
+}, { timeout: 90_000 });
 
 after(async () => {
   await daemon?.stop();
-});
+}, { timeout: 90_000 });
 
 test("without a key, or with a wrong one, requests are Unauthorized; health needs none", T, async () => {
   const anonymous = new Crucible({ host, apiKey: "" });

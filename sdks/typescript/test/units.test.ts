@@ -37,7 +37,7 @@ async function archive(dir: string): Promise<{ bytes: Buffer; declared: number }
 }
 
 describe("the tar writer", () => {
-  test("GNU tar reads back the tree: names long and short, modes, links, empty files", async () => {
+  test("GNU tar reads back the tree: names long and short, modes, links, empty files", { timeout: 30_000 }, async () => {
     const src = path.join(scratch, "src");
     const split = `${"d".repeat(90)}/${"e".repeat(90)}/file-${"f".repeat(60)}`;
     const pax = `${"p".repeat(120)}/${"q".repeat(120)}/${"r".repeat(120)}.txt`;
@@ -67,17 +67,17 @@ describe("the tar writer", () => {
     const out = path.join(scratch, "out");
     mkdirSync(out);
     // --warning=all: GNU tar complains about a bad checksum or header instead of guessing.
-    execFileSync("tar", ["--warning=all", "-xf", tarFile, "-C", out], { stdio: ["ignore", "pipe", "pipe"] });
+    execFileSync("tar", ["--warning=all", "-xf", tarFile, "-C", out], { stdio: ["ignore", "pipe", "pipe"], timeout: 20_000 });
     for (const [rel, data] of Object.entries(files)) assert.deepEqual(readFileSync(path.join(out, rel)), data, rel);
     assert.equal(statSync(path.join(out, "x.sh")).mode & 0o777, 0o750);
     assert.ok(statSync(path.join(out, "nothing-here")).isDirectory());
     assert.equal(readlinkSync(path.join(out, "short-link")), "sub/dir/b.bin");
     assert.equal(readlinkSync(path.join(out, "long-link")), `${"t".repeat(150)}/target`);
-    const listing = execFileSync("tar", ["-tvf", tarFile], { encoding: "utf8" });
+    const listing = execFileSync("tar", ["-tvf", tarFile], { encoding: "utf8", timeout: 20_000 });
     assert.match(listing, /root\/root/, "entries are owned by root");
   });
 
-  test("a file that changes size under the writer is an error, not a corrupt archive", async () => {
+  test("a file that changes size under the writer is an error, not a corrupt archive", { timeout: 30_000 }, async () => {
     const dir = path.join(scratch, "shrink");
     mkdirSync(dir);
     writeFileSync(path.join(dir, "f"), Buffer.alloc(100_000));
