@@ -203,6 +203,11 @@ export class Exchange implements Source {
   #chunk: Chunk = Chunk.Size;
   #line = "";
   #left = 0;
+  // The chunk size line being read.
+  #size = 0;
+  #digits = 0;
+  #lineBytes = 0;
+  #inExtension = false;
   #keepAlive = true;
   #inHead = true;
   #done = false;
@@ -338,21 +343,37 @@ export class Exchange implements Source {
     while (at < end && !this.#done) {
       switch (this.#chunk) {
         case Chunk.Size: {
-          const nl = buf.indexOf(10, at);
-          if (nl < 0) {
-            this.#line += buf.toString("latin1", at, end);
-            if (this.#line.length > 1024) this.#fail(new CrucibleError(0, "protocol_error", `${this.#what}: a chunk size line over 1 KiB`));
+          // Byte by byte: hex digits, then an extension to skip, up to the LF. No strings made.
+          while (at < end) {
+            const c = buf[at++]!;
+            this.#lineBytes++;
+            if (c === 10) break;
+            if (this.#lineBytes > 1024) {
+              this.#fail(new CrucibleError(0, "protocol_error", `${this.#what}: a chunk size line over 1 KiB`));
+              return;
+            }
+            if (this.#inExtension || c === 13) continue;
+            const v = c >= 48 && c <= 57 ? c - 48 : c >= 97 && c <= 102 ? c - 87 : c >= 65 && c <= 70 ? c - 55 : -1;
+            if (v >= 0 && this.#digits < 12) {
+              this.#size = this.#size * 16 + v;
+              this.#digits++;
+            } else if ((c === 59 || c === 32 || c === 9) && this.#digits > 0) {
+              this.#inExtension = true;
+            } else {
+              this.#fail(new CrucibleError(0, "protocol_error", `${this.#what}: a bad chunk size line (byte ${c})`));
+              return;
+            }
+          }
+          if (buf[at - 1] !== 10) return;
+          if (this.#digits === 0) {
+            this.#fail(new CrucibleError(0, "protocol_error", `${this.#what}: a bad chunk size line (no digits)`));
             return;
           }
-          this.#line += buf.toString("latin1", at, nl);
-          at = nl + 1;
-          const digits = this.#line.replace(/\r$/, "").split(";")[0]!.trim();
-          this.#line = "";
-          if (!/^[0-9a-fA-F]{1,12}$/.test(digits)) {
-            this.#fail(new CrucibleError(0, "protocol_error", `${this.#what}: a bad chunk size ${JSON.stringify(digits)}`));
-            return;
-          }
-          const size = parseInt(digits, 16);
+          const size = this.#size;
+          this.#size = 0;
+          this.#digits = 0;
+          this.#lineBytes = 0;
+          this.#inExtension = false;
           if (size === 0) this.#chunk = Chunk.Trailer;
           else {
             this.#left = size;

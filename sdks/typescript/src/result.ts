@@ -97,7 +97,8 @@ export class CommandError extends CrucibleError {
 export function parseExecResult(payload: Uint8Array): ExecResultDocument {
   let doc: unknown;
   try {
-    doc = JSON.parse(Buffer.from(payload.buffer, payload.byteOffset, payload.length).toString("utf8"));
+    const buf = Buffer.isBuffer(payload) ? payload : Buffer.from(payload.buffer, payload.byteOffset, payload.length);
+    doc = JSON.parse(buf.toString("utf8"));
   } catch (e) {
     throw new CrucibleError(0, "protocol_error", `the exit frame is not JSON: ${(e as Error).message}`);
   }
