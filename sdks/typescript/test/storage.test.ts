@@ -4,13 +4,13 @@
 
 import assert from "node:assert/strict";
 import { createHash } from "node:crypto";
-import { createReadStream, mkdtempSync, rmSync, writeFileSync } from "node:fs";
+import { createReadStream, mkdirSync, mkdtempSync, rmSync, writeFileSync } from "node:fs";
 import os from "node:os";
 import path from "node:path";
 import { after, before, describe, test } from "node:test";
 import { gzipSync } from "node:zlib";
 
-import { CacheNotFound, Conflict, Crucible, ImageNotFound, InvalidImage, Sandbox } from "../src/index.js";
+import { CacheNotFound, Conflict, Crucible, ImageNotFound, InvalidImage, InvalidRequest, Sandbox } from "../src/index.js";
 import { tarStream, treeEntries } from "../src/tar.js";
 import { BLOB, startDaemon } from "./helpers/daemon.js";
 import type { Daemon } from "./helpers/daemon.js";
@@ -21,9 +21,11 @@ let client: Crucible;
 let local: string;
 
 before(async () => {
-  daemon = await startDaemon();
-  client = new Crucible({ host: daemon.socket });
   local = mkdtempSync(path.join(os.tmpdir(), "crucible-nodetest-storage-"));
+  mkdirSync(path.join(local, "volume"));
+  writeFileSync(path.join(local, "volume", "tool.txt"), "from the operator\n");
+  daemon = await startDaemon({ args: ["--volume", `node-vol=${path.join(local, "volume")}:ro`] });
+  client = new Crucible({ host: daemon.socket });
 }, { timeout: 90_000 });
 
 after(async () => {
@@ -74,6 +76,22 @@ describe("egress and caches", () => {
     assert.deepEqual(await client.caches.clear(), []);
     assert.equal((await client.caches.list()).some((c) => c.name === "node-pip"), false);
     await assert.rejects(client.caches.remove("node-pip"), (e: unknown) => e instanceof CacheNotFound && e.status === 404);
+  });
+});
+
+describe("volumes and disk", () => {
+  test("an operator's volume is mounted read-only; a disk-backed layer has its size", T, async () => {
+    {
+      await using sb = await Sandbox.create({ client, volumes: [{ name: "node-vol", path: "/opt/vol" }], diskMib: 128 });
+      assert.equal((await sb.run(["cat", "/opt/vol/tool.txt"])).stdoutText, "from the operator\n");
+      const write = await sb.run("echo x > /opt/vol/new 2>&1");
+      assert.notEqual(write.exitCode, 0, "the volume is read-only");
+      const info = await sb.info();
+      assert.equal(info.disk_mib, 128);
+      const df = await sb.run(["df", "-m", "/tmp"]);
+      assert.equal(df.exitCode, 0, df.stderrText);
+    }
+    await assert.rejects(Sandbox.create({ client, volumes: [{ name: "undeclared", path: "/opt/x" }] }), (e: unknown) => e instanceof InvalidRequest && /node-vol/.test(e.message));
   });
 });
 
