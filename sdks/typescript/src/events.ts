@@ -42,7 +42,7 @@ export class FrameEvents implements AsyncIterable<ExecEvent> {
     source.start({
       data: (chunk) => this.#data(chunk),
       end: (refusal) => this.#end(refusal),
-      error: (e) => this.#settle({ ok: false, error: e }),
+      error: (e) => this.#error(e),
     });
   }
 
@@ -119,6 +119,12 @@ export class FrameEvents implements AsyncIterable<ExecEvent> {
       default:
         throw new CrucibleError(0, "protocol_error", `unexpected frame of type ${f.type} from the daemon (an output stream carries stdout, stderr and exit)`);
     }
+  }
+
+  /** A connection that breaks after the exit frame has lost nothing: the stream is complete. */
+  #error(e: Error): void {
+    if (this.#final === null && this.#decoder.sawExit) this.#end();
+    else this.#settle({ ok: false, error: e });
   }
 
   #end(refusal?: Error): void {

@@ -132,7 +132,14 @@ class SocketPipe implements Pipe {
     // never with end(); the daemon's EOF ends the stream.
     s.on("data", (chunk: Buffer) => sink.data(chunk));
     s.once("end", () => sink.end());
-    s.on("error", (e) => sink.error(new ConnectionError(0, "unreachable", `the session's connection broke: ${e.message}`, { cause: e })));
+    s.on("error", (e) => {
+      const why =
+        (e as NodeJS.ErrnoException).syscall === "write"
+          ? `the daemon closed the session's connection while stdin was being written (${e.message}), before its exit frame was read: ` +
+            "the command ended on its own as its input was sent, and the socket went with what was left to read"
+          : `the session's connection broke: ${e.message}`;
+      sink.error(new ConnectionError(0, "unreachable", why, { cause: e }));
+    });
     s.once("close", () => sink.end());
     if (this.#leftover.length > 0) sink.data(this.#leftover);
     s.resume();

@@ -31,26 +31,45 @@ export class InteractiveSession implements AsyncIterable<ExecEvent>, AsyncDispos
     if (this.#stdinClosed) throw new TypeError("send() after closeStdin(): the command's stdin is closed");
     const bytes = typeof data === "string" ? Buffer.from(data, "utf8") : data;
     if (bytes.length === 0) return;
-    await this.#write(encodeFrames(FrameType.Stdin, bytes));
-  }
-
-  /** Closes the command's stdin (the `stdin_close` frame): the command reads EOF. */
-  async closeStdin(): Promise<void> {
-    if (this.#stdinClosed) return;
-    this.#stdinClosed = true;
-    // A command that already ended has no stdin left to close.
-    if (this.#events.final !== null) return;
-    await this.#write(encodeFrame(FrameType.StdinClose));
-  }
-
-  async #write(frame: Buffer): Promise<void> {
+    await this.#settled();
     const f = this.#events.final;
-    if (f !== null && !f.ok) throw f.error;
+    if (f !== null) {
+      throw f.ok ? new ConnectionError(0, "closed", `the command ${JSON.stringify(this.#cmd)} has ended: its stdin is gone`) : f.error;
+    }
     try {
-      await this.#pipe.write(frame);
+      await this.#pipe.write(encodeFrames(FrameType.Stdin, bytes));
     } catch (e) {
       throw e instanceof CrucibleError ? e : new ConnectionError(0, "unreachable", `writing to the session of ${JSON.stringify(this.#cmd)}: ${(e as Error).message}`, { cause: e });
     }
+  }
+
+  /**
+   * Closes the command's stdin (the `stdin_close` frame): the command reads EOF. Never
+   * fails for a command that ended meanwhile: its stdin is closed either way, and how it
+   * ended is for wait() or the events to say.
+   */
+  async closeStdin(): Promise<void> {
+    if (this.#stdinClosed) return;
+    this.#stdinClosed = true;
+    await this.#settled();
+    if (this.#events.final !== null) return;
+    try {
+      await this.#pipe.write(encodeFrame(FrameType.StdinClose));
+    } catch {
+      // The daemon closed the connection after the exit frame: see above.
+    }
+  }
+
+  /**
+   * Lets the event loop read what has arrived before writing. A command that exits on its
+   * own is followed by its exit frame and the daemon closing the connection; a write that
+   * meets the closed connection fails with EPIPE, and Node then drops the socket with the
+   * exit frame still unread in it. Reading first makes that race a window of microseconds.
+   */
+  #settled(): Promise<void> {
+    // Twice: an immediate queued from an I/O callback runs before the loop polls again, the
+    // second one only after a poll has delivered what arrived.
+    return new Promise((resolve) => setImmediate(() => setImmediate(resolve)));
   }
 
   /** stdout/stderr events as they arrive, then one exit event. Iterable once. */

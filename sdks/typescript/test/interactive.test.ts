@@ -5,7 +5,7 @@ import assert from "node:assert/strict";
 import { createHash, randomBytes } from "node:crypto";
 import { after, before, describe, test } from "node:test";
 
-import { Crucible, InvalidRequest, Sandbox } from "../src/index.js";
+import { ConnectionError, Crucible, InvalidRequest, Sandbox } from "../src/index.js";
 import type { ExecEvent, InteractiveSession } from "../src/index.js";
 import { startDaemon, within } from "./helpers/daemon.js";
 import type { Daemon } from "./helpers/daemon.js";
@@ -77,6 +77,22 @@ for (const transport of ["hijack", "websocket"] as const) {
       assert.equal(r.exitCode, 0);
       assert.equal(r.stdout.length, data.length);
       assert.equal(createHash("sha256").update(r.stdout).digest("hex"), createHash("sha256").update(data).digest("hex"));
+    });
+
+    test("closeStdin() and send() after the command ended on its own", T, async () => {
+      for (let i = 0; i < 5; i++) {
+        const s = await sb.interactive(["sh", "-c", `exit ${i}`], { transport });
+        // Long enough for the exit frame and the daemon's close to arrive first. (Sooner is a
+        // race the daemon's close decides: see the README, "Interactive sessions".)
+        await new Promise((r) => setTimeout(r, 100));
+        await s.closeStdin();
+        const r = await within(15_000, s.wait(), `round ${i}`);
+        assert.equal(r.exitCode, i, r.describe());
+        await assert.rejects(s.send("too late"), TypeError, "stdin closed by closeStdin()");
+      }
+      const done = await sb.interactive(["true"], { transport });
+      await within(15_000, done.wait(), "true");
+      await assert.rejects(done.send("too late"), (e: unknown) => e instanceof ConnectionError && /has ended/.test(e.message));
     });
 
     test("close() ends the session and kills the command", T, async () => {
