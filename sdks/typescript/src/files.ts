@@ -1,0 +1,142 @@
+// A sandbox's files: uploads are tar archives extracted beneath a directory
+// (`POST …/files?path=DIR`), downloads are one file each (`GET …/files?path=FILE`).
+
+import { createWriteStream } from "node:fs";
+import { rename, rm } from "node:fs/promises";
+import path from "node:path";
+import { Readable } from "node:stream";
+import { pipeline } from "node:stream/promises";
+
+import { ConnectionError, SandboxNotFound } from "./errors.js";
+import { tarSize, tarStream, treeEntries } from "./tar.js";
+import type { TarEntry } from "./tar.js";
+import { sandboxPath } from "./transport.js";
+import type { Transport } from "./transport.js";
+import type { FilesPutResult } from "./types.js";
+
+const SMALL_UPLOAD = 1 << 20;
+
+/** A tar archive: bytes, or a stream of them. */
+export type TarSource = Uint8Array | Readable | AsyncIterable<Uint8Array>;
+
+function absolute(p: string, what: string): string {
+  if (typeof p !== "string" || !p.startsWith("/")) throw new TypeError(`${what} must be an absolute guest path, got ${JSON.stringify(p)}`);
+  return p;
+}
+
+export class Files {
+  readonly #t: Transport;
+  readonly #id: string;
+
+  constructor(t: Transport, sandboxId: string) {
+    this.#t = t;
+    this.#id = sandboxId;
+  }
+
+  #url(p: string): string {
+    return `${sandboxPath(this.#id, "/files")}?path=${encodeURIComponent(p)}`;
+  }
+
+  /** Writes one file (its directory is created if missing). `mode` defaults to 0644. */
+  async write(guestPath: string, data: string | Uint8Array, options: { mode?: number } = {}): Promise<FilesPutResult> {
+    absolute(guestPath, "the file's path");
+    const dir = path.posix.dirname(guestPath);
+    const name = path.posix.basename(guestPath);
+    if (name === "" || guestPath.endsWith("/")) throw new TypeError(`${JSON.stringify(guestPath)} names a directory, not a file`);
+    const bytes = typeof data === "string" ? Buffer.from(data, "utf8") : data;
+    const entry: TarEntry = { type: "file", path: name, mode: options.mode ?? 0o644, mtimeMs: Date.now(), size: bytes.length, source: bytes };
+    return this.#upload(dir, [entry]);
+  }
+
+  /** Reads one file whole. */
+  async read(guestPath: string): Promise<Buffer> {
+    absolute(guestPath, "the file's path");
+    const res = await this.#t.send("GET", this.#url(guestPath), undefined, this.#t.authHeaders(), "file", this.#t.requestTimeoutMs);
+    try {
+      return Buffer.from(await res.body.arrayBuffer());
+    } catch (e) {
+      throw this.#t.connectionError(e, `reading ${guestPath}`);
+    }
+  }
+
+  /** Reads one file as UTF-8. */
+  async readText(guestPath: string): Promise<string> {
+    return (await this.read(guestPath)).toString("utf8");
+  }
+
+  /**
+   * Uploads the contents of `localDir` beneath `guestDir` (created if missing), as
+   * `tar -C localDir -c .` would: regular files, directories and symbolic links, owned by the
+   * sandbox's root.
+   */
+  async uploadDir(localDir: string, guestDir: string): Promise<FilesPutResult> {
+    absolute(guestDir, "the destination");
+    return this.#upload(guestDir, await treeEntries(localDir));
+  }
+
+  /** Uploads a tar archive of your own, extracted beneath `guestDir`. */
+  async uploadTar(archive: TarSource, guestDir: string): Promise<FilesPutResult> {
+    absolute(guestDir, "the destination");
+    if (archive instanceof Uint8Array) return this.#post(guestDir, Buffer.from(archive.buffer, archive.byteOffset, archive.length), archive.length);
+    return this.#post(guestDir, archive instanceof Readable ? archive : Readable.from(archive), undefined);
+  }
+
+  /**
+   * Downloads one file to `localPath`, streamed; the file appears there only once it is
+   * complete. Returns its size.
+   */
+  async download(guestPath: string, localPath: string): Promise<number> {
+    absolute(guestPath, "the file's path");
+    const res = await this.#t.send("GET", this.#url(guestPath), undefined, this.#t.authHeaders(), "file", this.#t.requestTimeoutMs);
+    const partial = `${localPath}.part-${process.pid}-${Date.now()}`;
+    let bytes = 0;
+    res.body.on("data", (c: Buffer) => (bytes += c.length));
+    try {
+      await pipeline(res.body, createWriteStream(partial, { mode: 0o644 }));
+      await rename(partial, localPath);
+    } catch (e) {
+      res.body.destroy();
+      await rm(partial, { force: true });
+      throw this.#t.connectionError(e, `downloading ${guestPath} to ${localPath}`);
+    }
+    return bytes;
+  }
+
+  async #upload(guestDir: string, entries: TarEntry[]): Promise<FilesPutResult> {
+    const size = tarSize(entries);
+    if (size <= SMALL_UPLOAD) {
+      // Small archives go as one buffer: one write, and no stream machinery per file.
+      const parts: Buffer[] = [];
+      for await (const block of tarStream(entries)) parts.push(block);
+      return this.#post(guestDir, Buffer.concat(parts, size), size);
+    }
+    return this.#post(guestDir, Readable.from(tarStream(entries), { objectMode: false }), size);
+  }
+
+  async #post(guestDir: string, body: Buffer | Readable, length: number | undefined): Promise<FilesPutResult> {
+    const headers: Record<string, string> = { ...this.#t.authHeaders(), "content-type": "application/x-tar" };
+    if (length !== undefined) headers["content-length"] = String(length);
+    let res;
+    try {
+      res = await this.#t.send("POST", this.#url(guestDir), body, headers, "sandbox", this.#t.requestTimeoutMs);
+    } catch (e) {
+      throw await this.#explain(e);
+    }
+    return (await res.body.json()) as FilesPutResult;
+  }
+
+  /**
+   * The daemon refuses an upload to a sandbox it does not know before reading the body, and
+   * closes without draining it: a client still sending sees a broken pipe, not the 404. Ask
+   * about the sandbox then, so the caller gets SandboxNotFound rather than EPIPE.
+   */
+  async #explain(e: unknown): Promise<unknown> {
+    if (!(e instanceof ConnectionError)) return e;
+    try {
+      await this.#t.json("GET", sandboxPath(this.#id), undefined, "sandbox");
+    } catch (probe) {
+      if (probe instanceof SandboxNotFound) return probe;
+    }
+    return e;
+  }
+}

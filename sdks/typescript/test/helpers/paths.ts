@@ -1,0 +1,10 @@
+// Where things are, from the compiled file's place (build/test/helpers/) in the package.
+
+import path from "node:path";
+import { fileURLToPath } from "node:url";
+
+/** sdks/typescript. */
+export const PACKAGE_DIR = path.resolve(path.dirname(fileURLToPath(import.meta.url)), "../../..");
+/** The repository's root. */
+export const REPO_ROOT = path.resolve(PACKAGE_DIR, "../..");
+export const FIXTURES_DIR = path.join(REPO_ROOT, "fixtures");
