@@ -35,7 +35,22 @@ impl<R: AsyncRead + Unpin + Send> ClientReader for RawReader<R> {
             Ok(_) => ClientInput::Data(self.buf.split().freeze()),
         }
     }
+
+    /// After the exit frame and our half-close: what the client still sends (stdin written
+    /// as the command ended) is read and dropped until it closes its side, for a moment.
+    /// Closing with it unread would reset the connection, and a reset can destroy the exit
+    /// frame the client has not read yet.
+    async fn linger(&mut self) {
+        let drain = async {
+            let mut sink = vec![0u8; CHUNK];
+            while matches!(self.reader.read(&mut sink).await, Ok(n) if n > 0) {}
+        };
+        let _ = tokio::time::timeout(LINGER, drain).await;
+    }
 }
+
+/// How long a hijacked connection is drained after its session ended.
+const LINGER: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// The writing side.
 #[derive(Debug)]

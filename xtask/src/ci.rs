@@ -185,6 +185,10 @@ fn provision(steps: &mut Steps) -> Result<()> {
         ensure_python_tools(sh)
     })?;
     steps.run_here(
+        "provision: Node.js 20 or later (the TypeScript SDK)",
+        || ensure_node(sh),
+    )?;
+    steps.run_here(
         "provision: schemathesis (pip, in ~/.cache/crucible/venv)",
         || crate::hostile::ensure_schemathesis(sh).map(|_| ()),
     )?;
@@ -334,7 +338,8 @@ fn e2e(steps: &mut Steps, kvm_gate: &KvmTestGate) -> Result<()> {
     // generated types against docs/openapi.json, strict type checks, then their tests against
     // a real daemon.
     let sh = steps.sh;
-    steps.run("python sdk", cmd!(sh, "bash sdks/python/ci.sh"))
+    steps.run("python sdk", cmd!(sh, "bash sdks/python/ci.sh"))?;
+    steps.run("typescript sdk", cmd!(sh, "bash sdks/typescript/ci.sh"))
 }
 
 /// A few seconds of fuzzing per target, the benchmark gate and its self-test, schemathesis.
@@ -375,6 +380,31 @@ fn check_generated(steps: &mut Steps, name: &str, task: &str, paths: &[&str]) ->
         }
         Ok(())
     })
+}
+
+/// The TypeScript SDK needs Node.js 20 or later (and npm, which installs its locked
+/// dependencies from the registry). Debian 12's own `nodejs` is 18, too old: a machine
+/// without a Node 20 is told so rather than given one that fails later.
+fn ensure_node(sh: &Shell) -> Result<()> {
+    let version = cmd!(sh, "node --version")
+        .read()
+        .context("node is not installed: the TypeScript SDK's checks need Node.js 20 or later")?;
+    let major: u32 = version
+        .trim()
+        .trim_start_matches('v')
+        .split('.')
+        .next()
+        .and_then(|m| m.parse().ok())
+        .with_context(|| format!("node --version said {version:?}"))?;
+    if major < 20 {
+        bail!("node {version} is too old: the TypeScript SDK's checks need Node.js 20 or later");
+    }
+    cmd!(sh, "npm --version")
+        .quiet()
+        .ignore_stdout()
+        .run()
+        .context("npm is not installed (it comes with Node.js)")?;
+    Ok(())
 }
 
 /// Installs what the Python SDK's checks use with pip when the machine lacks it (a fresh CI

@@ -1511,7 +1511,7 @@ export interface paths {
                         "application/json": components["schemas"]["ErrorBody"];
                     };
                 };
-                /** @description No sandbox with this id, as far as the caller can see, or no running command with this exec_id. */
+                /** @description No sandbox with this id, as far as the caller can see (code not_found), or no running command with this exec_id (code exec_not_found). */
                 404: {
                     headers: {
                         [name: string]: unknown;
@@ -1705,7 +1705,10 @@ export interface components {
             env?: {
                 [key: string]: string;
             };
-            /** @description Image name; only `"default"` exists today. */
+            /**
+             * @description Image name: `"default"` (the built-in image, also when absent) or one imported with
+             *     `POST /images`.
+             */
             image?: string | null;
             /** @description Free-form labels, returned as given. */
             labels?: {
@@ -1903,8 +1906,9 @@ export interface components {
             state: components["schemas"]["ExecState"];
             /**
              * Format: uint64
-             * @description An interactive command's stdin: the payload bytes of the stdin frames it has taken so
-             *     far (delivered to it, or queued for it). A client that re-attaches sends its input on
+             * @description An interactive command's stdin: the payload bytes of the stdin frames it had taken
+             *     (delivered to it, or queued for it) when its last client left (0 before any did; it
+             *     moves on while a client is attached). A client that re-attaches sends its input on
              *     from there: frames it sent past it were lost with the connection. Absent for a
              *     one-shot command.
              */
