@@ -252,6 +252,9 @@ pub async fn pump<R: ClientReader, W: ClientWriter>(
         ending = input_side => ending,
         ending = output_side => ending,
     };
+    // The exec is over: its slot and the agent connection go now, not after the linger.
+    drop(input);
+    drop(session);
     writer.finish(&ending).await;
     if ending != Ending::ClientGone {
         reader.linger().await;
