@@ -329,14 +329,15 @@ pub(crate) fn document() -> Value {
                         "description": "1 (or true) to re-attach to an interactive command, its stdin carried on (hijacked; must be the connection's first request); 0, false or empty for its output only.",
                         "schema": { "type": "string", "enum": ["0", "1", "true", "false", ""] } }],
                     "responses": with(errors(&[
-                        ("400", "The id or exec_id is malformed, or the offset is past the command's output."),
+                        ("400", "The id or exec_id is malformed, the offset is past the command's output, or an interactive attach (?stdin=1) is not its connection's first request and asks for no Upgrade: tcp."),
                         ("404", "No such sandbox, or no command with this exec_id (code exec_not_found)."),
                         ("409", "Another client is attached, the command dies with its connection (on_disconnect: kill, or an interactive one that did not ask to keep), or the sandbox is not running."),
                         ("429", "The sandbox runs its maximum number of commands."),
                         ("502", "The sandbox's agent could not be reached."),
                     ]), json!({
                         "200": { "description": "The frame stream.", "content": {
-                            "application/octet-stream": { "schema": { "type": "string", "format": "binary" } } } }
+                            "application/octet-stream": { "schema": { "type": "string", "format": "binary" } } } },
+                        "101": { "description": "Switched to the raw frame stream (?stdin=1 with Upgrade: tcp)." }
                     }))
                 }
             },

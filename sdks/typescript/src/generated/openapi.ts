@@ -1200,6 +1200,13 @@ export interface paths {
             };
             requestBody?: never;
             responses: {
+                /** @description Switched to the raw frame stream (?stdin=1 with Upgrade: tcp). */
+                101: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content?: never;
+                };
                 /** @description The frame stream. */
                 200: {
                     headers: {
@@ -1209,7 +1216,7 @@ export interface paths {
                         "application/octet-stream": string;
                     };
                 };
-                /** @description The id or exec_id is malformed, or the offset is past the command's output. */
+                /** @description The id or exec_id is malformed, the offset is past the command's output, or an interactive attach (?stdin=1) is not its connection's first request and asks for no Upgrade: tcp. */
                 400: {
                     headers: {
                         [name: string]: unknown;
