@@ -13,6 +13,7 @@
 //!   server both download from
 //! - `nested`, `nested_boot`: crucible-vmm's boot beside QEMU microvm's, both under KVM inside
 //!   the nested tier's L1 (the figures, and the half that runs inside L1)
+//! - `sdks`: the exec round trip through the Python and TypeScript SDKs, beside raw HTTP
 //! - `sections`: the parts of the suite `--only` selects
 //! - `runner`: the order everything runs in
 //! - `report`, `plots`: the markdown, the JSON, the SVGs
@@ -32,6 +33,7 @@ mod plots;
 mod qemu_tcg;
 mod report;
 mod runner;
+mod sdks;
 mod sections;
 mod stats;
 mod suite;

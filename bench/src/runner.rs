@@ -260,6 +260,7 @@ fn namespace(
         Section::Files,
         Section::Concurrency,
         Section::Peers,
+        Section::Sdk,
     ];
     if selection.any(&through_api) {
         let d = InProcess::start(image)?;
@@ -320,6 +321,12 @@ fn namespace(
             anyhow::Ok(out)
         });
         measurements.extend(result?);
+
+        if selection.has(Section::Sdk) {
+            let t = step("exec round trips through the Python and TypeScript SDKs");
+            super::sdks::measure(plan, &d.socket, measurements, skipped)?;
+            done(t);
+        }
 
         if selection.has(Section::Peers) {
             // nsenter into a running sandbox, while the daemon is up.
@@ -615,6 +622,7 @@ fn rows(plan: &Plan) -> Vec<Row> {
     ] {
         rows.push(row("microVM under QEMU TCG", m, &[], None, false));
     }
+    rows.extend(super::sdks::rows());
     rows.extend(super::egress::rows());
     rows.extend(super::vmm_overhead::rows());
     rows.extend(super::nested::rows());
@@ -744,6 +752,11 @@ fn goals(results: &Results) -> Vec<Goal> {
         measured: echo.map_or("not measured".into(), |r| format!("{r:.2}× the ping-pong")),
         met: echo.map(|r| r <= 2.0),
     });
+    for (key, text) in super::sdks::goals() {
+        goals.push(goal(results, &text, &key, |v| {
+            v <= super::sdks::OVERHEAD_GOAL_MS
+        }));
+    }
     goals
 }
 

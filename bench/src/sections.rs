@@ -26,6 +26,9 @@ pub(crate) enum Section {
     Tcg,
     /// The egress proxy next to a direct host connection (its floor is measured with it).
     Egress,
+    /// The exec round trip through the Python and TypeScript SDKs, each beside raw HTTP in
+    /// its own process.
+    Sdk,
     /// crucible-vmm's boot beside QEMU microvm's, both under KVM inside the nested tier's L1
     /// (nested TCG: ratios and exit counts, not absolute times). Not in --quick.
     Nested,

@@ -2,6 +2,7 @@
 """The exec round trip of `true` through the sync SDK next to a raw HTTP request.
 
     python3 sdks/python/bench/roundtrip.py [--host ADDR] [--sandbox ID] [-n 2000]
+        [--samples-json FILE]
 
 Both go over the same socket path to the same sandbox, each on a kept-alive connection of
 its own, interleaved in one process (the order alternates every round so that drift in the
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import pathlib
 import socket
 import statistics
@@ -68,6 +70,9 @@ def main() -> int:
     parser.add_argument("--sandbox", default=None, help="an existing sandbox id")
     parser.add_argument("-n", type=int, default=2000, help="rounds (default 2000)")
     parser.add_argument("--warmup", type=int, default=100)
+    parser.add_argument("--samples-json", default=None, metavar="FILE",
+                        help="also write every round's times (ms) as "
+                             '{"sdk": [...], "raw": [...]} to FILE (for `cargo xtask bench`)')
     args = parser.parse_args()
 
     client = Client(args.host, timeout=30, stream_timeout=30)
@@ -102,6 +107,12 @@ def main() -> int:
                         raw_times.append(elapsed)
                         raw_cpu.append(used)
         diffs = [s - r for s, r in zip(sdk_times, raw_times)]
+        if args.samples_json:
+            samples = {"sdk": [t * 1e3 for t in sdk_times], "raw": [t * 1e3 for t in raw_times]}
+            partial = args.samples_json + ".partial"
+            with open(partial, "w") as out:
+                json.dump(samples, out)
+            os.replace(partial, args.samples_json)
         ms = 1e3
         print(f"exec round trip of `true`, {args.n} interleaved rounds, sandbox {sb.id} "
               f"({sb.info.backend}) at {client.address}")

@@ -5,7 +5,10 @@
 //   npm run bench                        # starts a daemon ($CRUCIBLE_BIN, $CRUCIBLE_IMAGE)
 //   CRUCIBLE_HOST=/path/to.sock npm run bench   # or measures an existing one
 //   BENCH_ROUNDS=2000 npm run bench
+//   BENCH_SAMPLES_JSON=FILE …            # also writes every round's times (ms) as
+//                                        # {"sdk": […], "raw": […]} (for `cargo xtask bench`)
 
+import { renameSync, writeFileSync } from "node:fs";
 import net from "node:net";
 
 import { Crucible } from "../src/index.js";
@@ -133,6 +136,11 @@ async function main(): Promise<void> {
       sdk.push(a);
       direct.push(b);
       diff.push(a - b);
+    }
+    const samplesFile = process.env["BENCH_SAMPLES_JSON"];
+    if (samplesFile) {
+      writeFileSync(`${samplesFile}.partial`, JSON.stringify({ sdk, raw: direct }));
+      renameSync(`${samplesFile}.partial`, samplesFile);
     }
     for (const xs of [sdk, direct, diff]) xs.sort((x, y) => x - y);
     const fmt = (x: number): string => x.toFixed(3).padStart(8);
