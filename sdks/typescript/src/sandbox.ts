@@ -6,7 +6,7 @@ import { randomBytes } from "node:crypto";
 
 import { SandboxNotFound } from "./errors.js";
 import { ExecStream, collect } from "./exec.js";
-import type { CollectOptions } from "./exec.js";
+import type { CollectOptions, Resume } from "./exec.js";
 import { Files } from "./files.js";
 import { hijack } from "./hijack.js";
 import { InteractiveSession } from "./interactive.js";
@@ -22,9 +22,18 @@ export interface ClientLike {
   readonly transport: Transport;
 }
 
-export interface RunOptions extends ExecOptions, CollectOptions {}
+export interface ResumeOptions {
+  /**
+   * Re-attaches a stream may make when its connection breaks mid-stream, from the output
+   * already received (default 5; 0: a break is the caller's to see). A command started with
+   * `onDisconnect: "kill"` dies with its connection and is never re-attached.
+   */
+  resumes?: number;
+}
 
-export interface StreamOptions extends ExecOptions {
+export interface RunOptions extends ExecOptions, CollectOptions, ResumeOptions {}
+
+export interface StreamOptions extends ExecOptions, ResumeOptions {
   /** Throw CommandError at the end unless the command exited 0. Default false. */
   throwOnError?: boolean;
 }
@@ -112,13 +121,27 @@ export class Sandbox implements AsyncDisposable {
    */
   run(cmd: Command, options: RunOptions = {}): Promise<CommandResult> {
     const args = argv(cmd);
-    return collect(this.#t, { path: this.#execPath, body: JSON.stringify(execRequest(args, options)), subject: "sandbox", cmd: args }, options);
+    const resume = options.onDisconnect === "kill" ? undefined : this.#resume(options);
+    return collect(this.#t, { path: this.#execPath, body: JSON.stringify(execRequest(args, options)), subject: "sandbox", cmd: args, resume }, options);
   }
 
   /** A command's output as events: `for await (const ev of sb.stream(cmd))`. */
   stream(cmd: Command, options: StreamOptions = {}): ExecStream {
     const args = argv(cmd);
-    return new ExecStream(this.#t, { path: this.#execPath, body: JSON.stringify(execRequest(args, options)), subject: "sandbox", cmd: args }, options.throwOnError ?? false);
+    const resume = options.onDisconnect === "kill" ? undefined : this.#resume(options);
+    return new ExecStream(this.#t, { path: this.#execPath, body: JSON.stringify(execRequest(args, options)), subject: "sandbox", cmd: args, resume }, options.throwOnError ?? false);
+  }
+
+  /** How this sandbox's streams re-attach (none when `resumes` is 0). */
+  #resume(options: ResumeOptions): Resume | undefined {
+    const tries = options.resumes ?? 5;
+    if (!Number.isSafeInteger(tries) || tries < 0) throw new TypeError(`resumes must be a non-negative integer, got ${tries}`);
+    if (tries === 0) return undefined;
+    return { tries, attachPath: (execId, offset) => this.#attachPath(execId, offset) };
+  }
+
+  #attachPath(execId: string, offset: number): string {
+    return sandboxPath(this.id, `/execs/${encodeURIComponent(execId)}/attach?offset=${offset}`);
   }
 
   /** Starts a command with stdin: send(), closeStdin(), iterate its events, wait(). */
@@ -152,11 +175,11 @@ export class Sandbox implements AsyncDisposable {
    * and stderr bytes already received; 0: all that is still kept). Attaching to an ended
    * command collects its result: a second attach is ExecNotFound.
    */
-  attach(execId: string, options: { offset?: number; throwOnError?: boolean } = {}): ExecStream {
+  attach(execId: string, options: { offset?: number; throwOnError?: boolean } & ResumeOptions = {}): ExecStream {
     const offset = options.offset ?? 0;
     if (!Number.isSafeInteger(offset) || offset < 0) throw new TypeError(`offset must be a non-negative integer, got ${offset}`);
-    const path = sandboxPath(this.id, `/execs/${encodeURIComponent(execId)}/attach?offset=${offset}`);
-    return new ExecStream(this.#t, { path, body: "", subject: "exec", cmd: [] }, options.throwOnError ?? false);
+    const path = this.#attachPath(execId, offset);
+    return new ExecStream(this.#t, { path, body: "", subject: "exec", cmd: [], offset, resume: this.#resume(options) }, options.throwOnError ?? false);
   }
 
   /**

@@ -27,6 +27,8 @@ let script: Script;
 let connections = 0;
 let closed = 0;
 let requests = 0;
+/** The request line of each request the server read, in order. */
+const requestLines: string[] = [];
 const sockets = new Set<net.Socket>();
 let sock: string;
 
@@ -71,6 +73,7 @@ before(async () => {
         const m = /content-length: (\d+)/i.exec(buf.slice(0, end));
         const len = m ? Number(m[1]) : 0;
         if (buf.length < end + 4 + len) return;
+        requestLines.push(buf.slice(0, buf.indexOf("\r\n")));
         buf = buf.slice(end + 4 + len);
         const { pieces, close, silent } = script(requests++);
         if (silent) return;
@@ -160,13 +163,44 @@ describe("the exec path's HTTP/1.1", () => {
     const c = client();
     const sandbox = new Sandbox(c, SB);
     const whole = Buffer.concat([Buffer.from(HEAD), chunked(Buffer.concat([OUT, EXIT]), [3])]);
-    for (const cut of [5, HEAD.length, HEAD.length + 4, whole.length - 3]) {
+    for (const cut of [5, HEAD.length, HEAD.length + 4, whole.length - 8]) {
       script = () => ({ pieces: [whole.subarray(0, cut)], close: true });
-      await assert.rejects(within(5_000, sandbox.run(["x"]), `cut at ${cut}`), (e: unknown) => e instanceof ConnectionError, `cut at ${cut}`);
+      await assert.rejects(within(5_000, sandbox.run(["x"], { resumes: 0 }), `cut at ${cut}`), (e: unknown) => e instanceof ConnectionError, `cut at ${cut}`);
     }
+    // Cut after the exit frame, in the chunked body's last chunk: nothing was lost.
+    script = () => ({ pieces: [whole.subarray(0, whole.length - 3)], close: true });
+    assert.equal((await within(5_000, sandbox.run(["x"], { resumes: 0 }), "cut after the exit")).exitCode, 3);
     // A whole HTTP answer whose frame stream lacks its exit frame is the codec's error.
     script = () => ({ pieces: [Buffer.from(HEAD), chunked(OUT, [])] });
     await assert.rejects(sandbox.run(["x"]), (e: unknown) => (e as { kind?: string }).kind === "missing_exit");
+    await c.close();
+  });
+
+  test("a cut answer is re-attached from the output received, and each try counts", T, async () => {
+    const c = client();
+    const sandbox = new Sandbox(c, SB);
+    const cutAfterOut = Buffer.concat([Buffer.from(HEAD), Buffer.from(`${OUT.length.toString(16)}\r\n`), OUT, Buffer.from("\r\n")]);
+    const first = requests;
+    script = (n) => (n === first ? { pieces: [cutAfterOut], close: true } : { pieces: [Buffer.from(HEAD), chunked(EXIT, [])] });
+    const r = await within(5_000, sandbox.run(["x"]), "the re-attached run");
+    assert.equal(r.stdout.toString(), "hello\n");
+    assert.equal(r.exitCode, 3);
+    assert.equal(requestLines.at(-1), `POST /sandboxes/${SB}/execs/ex-00000000000000aa/attach?offset=6 HTTP/1.1`);
+    // A stream does the same.
+    const again = requests;
+    script = (n) => (n === again ? { pieces: [cutAfterOut], close: true } : { pieces: [Buffer.from(HEAD), chunked(EXIT, [])] });
+    const events: string[] = [];
+    for await (const ev of sandbox.stream(["x"])) events.push(ev.type === "exit" ? `exit ${ev.result.exitCode}` : ev.data.toString());
+    assert.deepEqual(events, ["hello\n", "exit 3"]);
+    // Every try cut: the break comes out after the tries allowed, saying how far it got.
+    script = () => ({ pieces: [cutAfterOut], close: true });
+    const before = requests;
+    await assert.rejects(within(5_000, sandbox.run(["x"], { resumes: 2 }), "the exhausted run"), (e: unknown) => e instanceof ConnectionError && /broke after 18 output bytes and 2 re-attaches/.test(e.message));
+    assert.equal(requests - before, 3);
+    // A command that dies with its connection is never re-attached.
+    const lone = requests;
+    await assert.rejects(within(5_000, sandbox.run(["x"], { onDisconnect: "kill" }), "the kill run"), ConnectionError);
+    assert.equal(requests - lone, 1);
     await c.close();
   });
 

@@ -3,6 +3,7 @@
 
 import assert from "node:assert/strict";
 import { createHash } from "node:crypto";
+import net from "node:net";
 import { after, before, describe, test } from "node:test";
 
 import {
@@ -294,6 +295,45 @@ describe("commands that outlive their connection", () => {
     await assert.rejects(sb.execStatus("node-never"), ExecNotFound);
   });
 
+  test("run and stream re-attach when their connection breaks mid-stream", T, async () => {
+    const script = "for i in $(seq 1 300); do echo line$i; sleep 0.002; done; exit 3";
+    const want = Array.from({ length: 300 }, (_, i) => `line${i + 1}\n`).join("");
+    for (const how of ["run", "stream"] as const) {
+      const proxy = await cuttingProxy(daemon.socket, `${daemon.dir}/cut-${how}.sock`, 600);
+      const through = new Crucible({ host: proxy.path });
+      try {
+        // Not Sandbox.connect: its GET would be the connection the proxy cuts.
+        const s = new Sandbox(through, sb.id);
+        if (how === "run") {
+          const r = await s.run(script);
+          assert.equal(r.stdout.toString(), want);
+          assert.equal(r.exitCode, 3);
+        } else {
+          const stream = s.stream(script);
+          let out = "";
+          for await (const ev of stream) if (ev.type === "stdout") out += ev.data.toString();
+          assert.equal(out, want);
+          assert.equal(stream.result?.exitCode, 3);
+        }
+        assert.ok(proxy.cut(), `${how}: the stream was never cut`);
+        assert.ok(proxy.connections() >= 2, `${how}: no re-attach (${proxy.connections()} connections)`);
+      } finally {
+        await through.close();
+        proxy.close();
+      }
+    }
+    // Without resumes the break is the caller's to see.
+    const proxy = await cuttingProxy(daemon.socket, `${daemon.dir}/cut-none.sock`, 600);
+    const through = new Crucible({ host: proxy.path });
+    try {
+      const s = new Sandbox(through, sb.id);
+      await assert.rejects(s.run(script, { resumes: 0 }), (e: unknown) => e instanceof ConnectionError && /middle of the answer/.test(e.message));
+    } finally {
+      await through.close();
+      proxy.close();
+    }
+  });
+
   test("signal by exec id reaches that command only; stats answer", T, async () => {
     const s = await sb.interactive(["sh", "-c", "echo up; exec sleep 1000"], { execId: "node-sig" });
     const it = s[Symbol.asyncIterator]();
@@ -337,3 +377,50 @@ describe("disposal", () => {
     await assert.rejects(c.health(), ConnectionError);
   });
 });
+
+/**
+ * A Unix-socket proxy to the daemon that cuts its first connection once `cut` bytes of the
+ * daemon's answer went through: a network blip in the middle of a stream.
+ */
+async function cuttingProxy(upstream: string, path: string, cut: number): Promise<{ path: string; connections: () => number; cut: () => boolean; close: () => void }> {
+  let n = 0;
+  let wasCut = false;
+  const sockets = new Set<net.Socket>();
+  const server = net.createServer((client) => {
+    const first = n++ === 0;
+    const server = net.connect({ path: upstream });
+    sockets.add(client).add(server);
+    client.pipe(server);
+    let passed = 0;
+    server.on("data", (chunk: Buffer) => {
+      if (!first) {
+        client.write(chunk);
+        return;
+      }
+      const room = cut - passed;
+      if (room > 0) client.write(chunk.subarray(0, room));
+      passed += chunk.length;
+      if (passed >= cut) {
+        wasCut = true;
+        client.destroy();
+        server.destroy();
+      }
+    });
+    const end = (): void => {
+      client.destroy();
+      server.destroy();
+    };
+    server.on("end", end).on("error", end);
+    client.on("end", end).on("error", end);
+  });
+  await new Promise<void>((resolve, reject) => server.listen(path, resolve).once("error", reject));
+  return {
+    path,
+    connections: () => n,
+    cut: () => wasCut,
+    close: () => {
+      server.close();
+      for (const s of sockets) s.destroy();
+    },
+  };
+}
