@@ -375,7 +375,7 @@ pub(crate) fn document() -> Value {
                         "content": { "application/x-tar": { "schema": { "type": "string", "format": "binary" } } }
                     },
                     "responses": with(errors(&[
-                        ("400", "The name is invalid, or the archive is not a usable image (malformed, hostile, another platform; code invalid_image)."),
+                        ("400", "The name is invalid, or the archive is not a usable image (malformed, hostile, another platform, or empty; code invalid_image)."),
                         ("408", "The upload stalled."),
                         ("413", "The archive or its unpacked tree is over crucible serve --image-max-mib (code image_too_large)."),
                         ("507", "The import would take the daemon past its disk budget (code insufficient_storage)."),

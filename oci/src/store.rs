@@ -86,6 +86,12 @@ pub enum StoreError {
     /// The image's config cannot be applied.
     #[error(transparent)]
     Defaults(#[from] DefaultsError),
+    /// The archive unpacks to nothing: no file, directory or link a sandbox could run.
+    #[error(
+        "the archive holds no files (an empty tar, or an image whose layers are all empty): a \
+         sandbox would have nothing to run"
+    )]
+    Empty,
 }
 
 impl StoreError {
@@ -101,7 +107,10 @@ impl StoreError {
     /// host's.
     pub fn is_bad_input(&self) -> bool {
         match self {
-            StoreError::BadName(_) | StoreError::Source(_) | StoreError::Defaults(_) => true,
+            StoreError::BadName(_)
+            | StoreError::Source(_)
+            | StoreError::Defaults(_)
+            | StoreError::Empty => true,
             StoreError::Layer { source, .. } => !is_host_failure(source),
             _ => false,
         }
@@ -452,6 +461,9 @@ impl Store {
             Some(summary) if root_dir.is_dir() => summary,
             _ => self.unpack_chain(&chain, &layers, limits, temps)?,
         };
+        if summary.entries == 0 {
+            return Err(StoreError::Empty);
+        }
         let defaults = defaults::resolve(&plan.run_config, &root_dir)?;
         let record = ImageRecord {
             name: name.to_string(),

@@ -211,6 +211,35 @@ fn a_rootfs_tarball_is_one_layer_without_config() {
 }
 
 #[test]
+fn an_archive_of_nothing_is_refused_and_leaves_nothing() {
+    let (_dir, store) = store();
+    // An empty tar: only its end-of-archive blocks.
+    let path = upload(&store, |p| fs::write(p, [0u8; 1024]));
+    let err = store
+        .import("alice", "empty", &path, LIMITS)
+        .expect_err("an empty archive is no image");
+    assert!(matches!(err, StoreError::Empty), "{err}");
+    assert!(err.is_bad_input());
+    assert!(
+        store.get("alice", "empty").is_err(),
+        "no record was written"
+    );
+    // Nor does an image whose every layer is empty.
+    let empty_layer = LayerBuilder::new().finish().expect("layer");
+    let parts = ImageParts {
+        layers: vec![empty_layer],
+        config: RunConfig::default(),
+        reference: None,
+        compression: Compression::None,
+    };
+    let path = upload(&store, |p| write::oci_archive(p, &parts));
+    let err = store
+        .import("alice", "empty", &path, LIMITS)
+        .expect_err("empty layers are no image");
+    assert!(matches!(err, StoreError::Empty), "{err}");
+}
+
+#[test]
 fn a_shared_layer_is_stored_once_and_collected_with_its_last_image() {
     let (_dir, store) = store();
     let parts = two_layers();

@@ -137,6 +137,8 @@ describe("images", () => {
 
   test("an archive that is not an image is InvalidImage; a missing file a TypeError", T, async () => {
     await assert.rejects(client.images.import("node-bad", Buffer.from("not an image archive".repeat(100))), (e: unknown) => e instanceof InvalidImage && e.code === "invalid_image");
+    // An empty tar (its end-of-archive blocks only) holds nothing a sandbox could run.
+    await assert.rejects(client.images.import("node-empty", Buffer.alloc(1024)), (e: unknown) => e instanceof InvalidImage && /holds no files/.test(e.message));
     await assert.rejects(client.images.import("node-bad", path.join(local, "nope.tar")), TypeError);
     await assert.rejects(client.images.import("", archive), TypeError);
   });

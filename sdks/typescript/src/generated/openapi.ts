@@ -257,7 +257,7 @@ export interface paths {
                         "application/json": components["schemas"]["ImageInfo"];
                     };
                 };
-                /** @description The name is invalid, or the archive is not a usable image (malformed, hostile, another platform; code invalid_image). */
+                /** @description The name is invalid, or the archive is not a usable image (malformed, hostile, another platform, or empty; code invalid_image). */
                 400: {
                     headers: {
                         [name: string]: unknown;
