@@ -93,12 +93,17 @@ def json_body(value: Mapping[str, Any]) -> bytes:
     return _encode(value).encode()
 
 
+def bare_exec_body(cmd: List[str]) -> bytes:
+    """The ExecRequest of a command with no other setting."""
+    return b'{"cmd":' + _encode(cmd).encode() + b"}"
+
+
 def exec_body(request: ExecRequest) -> bytes:
     """The ExecRequest's JSON; a bare command (run()'s usual case) skips the model's walk."""
     r = request
     if (not r.env and not r.cwd and not r.timeout_s and r.user is None and not r.group_add
             and not r.rlimits and r.exec_id is None and r.on_disconnect is None):
-        return b'{"cmd":' + _encode(r.cmd).encode() + b"}"
+        return bare_exec_body(r.cmd)
     return _encode(r.to_dict()).encode()
 
 

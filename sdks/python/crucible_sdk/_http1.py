@@ -23,17 +23,28 @@ MAX_HEAD = 64 * 1024
 def request_head(method: str, target: str, host: str, headers: Headers,
                  body_length: Optional[int]) -> bytes:
     """The request line and headers; `body_length` None means a chunked body."""
-    lines = [f"{method} {target} HTTP/1.1\r\nHost: {host}\r\n"]
-    for name, value in headers:
-        if "\r" in value or "\n" in value:
-            raise ValueError(f"header {name} contains a line break")
-        lines.append(f"{name}: {value}\r\n")
+    lines = [head_prefix(method, target, host, headers)]
     if body_length is None:
         lines.append("Transfer-Encoding: chunked\r\n")
     elif body_length or method in ("POST", "PUT", "PATCH"):
         lines.append(f"Content-Length: {body_length}\r\n")
     lines.append("\r\n")
     return "".join(lines).encode("latin-1")
+
+
+def head_prefix(method: str, target: str, host: str, headers: Headers) -> str:
+    """The request line and `headers`: a head without its body's framing and blank line."""
+    lines = [f"{method} {target} HTTP/1.1\r\nHost: {host}\r\n"]
+    for name, value in headers:
+        if "\r" in value or "\n" in value:
+            raise ValueError(f"header {name} contains a line break")
+        lines.append(f"{name}: {value}\r\n")
+    return "".join(lines)
+
+
+def sized_head(prefix: bytes, body_length: int) -> bytes:
+    """A head from `head_prefix` (encoded) for a body of `body_length` bytes."""
+    return b"%sContent-Length: %d\r\n\r\n" % (prefix, body_length)
 
 
 def chunk(data: bytes) -> bytes:

@@ -222,6 +222,11 @@ class Pool:
             body_length = 0
         head = _http1.request_head(method, target, self.address.host_header, headers,
                                    body_length)
+        return self.exchange(head, body, body_length, read_timeout)
+
+    def exchange(self, head: bytes, body: Body, body_length: Optional[int],
+                 read_timeout: Optional[float]) -> Response:
+        """`request` with its head already built."""
         conn = self.get()
         for attempt in (0, 1):
             try:

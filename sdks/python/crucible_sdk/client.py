@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 from typing import IO, Any, Dict, List, Optional, Type, TypeVar, Union
 
-from . import _api, _sync_io
+from . import _api, _http1, _sync_io
 from ._address import Address, api_key_from_env, parse_address
 from .errors import ExecNotFound, FileNotFound, NotFound, from_response
 from .models import (CacheInfo, CreateSandbox, ExecRequest, ExecStatus, FilesPutResult,
@@ -137,6 +137,23 @@ class Client:
         keeps = request.on_disconnect != "kill"
         return ExecStream(response, request.cmd, self._reattach(sandbox_id, response)
                           if keeps and resumes else None, resumes)
+
+    def exec_head(self, sandbox_id: str) -> bytes:
+        """The head of `POST /sandboxes/{id}/exec` with a JSON body, up to its length: what
+        a Sandbox keeps to start bare commands without building it each time."""
+        return _http1.head_prefix("POST", _api.exec_target(sandbox_id), self.address.host_header,
+                                  self._json_headers).encode("latin-1")
+
+    def exec_prepared(self, sandbox_id: str, head: bytes, cmd: List[str], body: bytes, *,
+                      resumes: int) -> ExecStream:
+        """`exec` of a request already encoded (`body`), with `head` from `exec_head`: the
+        hot path of Sandbox.run for a bare command."""
+        response = self._pool.exchange(_http1.sized_head(head, len(body)), body, len(body),
+                                       self.stream_timeout)
+        if response.status >= 400:
+            raise from_response(response.status, response.read(), None)
+        return ExecStream(response, cmd, self._reattach(sandbox_id, response)
+                          if resumes else None, resumes)
 
     def attach(self, sandbox_id: str, exec_id: str, offset: int = 0, *,
                resumes: int = 5) -> ExecStream:
