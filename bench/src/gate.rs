@@ -151,6 +151,16 @@ pub(crate) fn compare(
         .collect()
 }
 
+/// Keeps only the baseline metrics `current` has a ratio for (or tried to: a NaN still fails),
+/// for a gate over part of the suite; returns how many are left.
+pub(crate) fn measured_only(
+    baseline: &mut BTreeMap<String, f64>,
+    current: &BTreeMap<String, f64>,
+) -> usize {
+    baseline.retain(|metric, _| current.contains_key(metric));
+    baseline.len()
+}
+
 /// The failing verdicts.
 pub(crate) fn failures(verdicts: &[Verdict], tolerance: f64) -> Vec<&Verdict> {
     verdicts.iter().filter(|v| !v.ok(tolerance)).collect()
@@ -224,6 +234,22 @@ mod tests {
         assert_eq!(failed[0].metric, "exec_rtt_api");
         assert!(failed[0].describe(TOLERANCE).contains("exec_rtt_api"));
         assert!(failed[0].describe(TOLERANCE).contains("FAIL"));
+    }
+
+    #[test]
+    fn a_gate_over_part_of_the_suite_judges_what_it_measured() {
+        let mut baseline: BTreeMap<String, f64> =
+            [("exec".to_string(), 2.0), ("create".to_string(), 3.0)].into();
+        let current: BTreeMap<String, f64> =
+            [("exec".to_string(), f64::NAN), ("new".to_string(), 1.0)].into();
+        assert_eq!(measured_only(&mut baseline, &current), 1);
+        let verdicts = compare(&baseline, &current);
+        assert_eq!(verdicts.len(), 1);
+        assert_eq!(verdicts[0].metric, "exec");
+        assert!(
+            !verdicts[0].ok(TOLERANCE),
+            "a metric that came out NaN still fails"
+        );
     }
 
     #[test]

@@ -6,6 +6,7 @@
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use serde::Deserialize;
@@ -13,7 +14,7 @@ use serde::Deserialize;
 use super::metrics::Plan;
 use super::model::{Measurement, Row, Skipped, Unit};
 use super::stats::{summarize, Runs};
-use crate::util::{describe, run_step, workspace_root};
+use crate::util::{describe, output_within, run_step, workspace_root};
 
 /// What an SDK's published goal allows it to add to a round trip, p50 (ms).
 pub(crate) const OVERHEAD_GOAL_MS: f64 = 0.1;
@@ -97,7 +98,7 @@ pub(crate) fn measure(
     let warmup = (plan.execs / 10).max(20).to_string();
 
     let script = root.join("sdks/python/bench/roundtrip.py");
-    let runs = repeat(plan.runs, scratch.path(), "python", |out| {
+    let runs = repeat(plan.runs, plan.execs, scratch.path(), "python", |out| {
         let mut cmd = Command::new("python3");
         cmd.arg(&script)
             .arg("--host")
@@ -115,7 +116,7 @@ pub(crate) fn measure(
 
     match typescript_bench(&root) {
         Ok(script) => {
-            let runs = repeat(plan.runs, scratch.path(), "typescript", |out| {
+            let runs = repeat(plan.runs, plan.execs, scratch.path(), "typescript", |out| {
                 let mut cmd = Command::new("node");
                 cmd.arg(&script)
                     .env("CRUCIBLE_HOST", socket)
@@ -184,17 +185,19 @@ fn typescript_bench(root: &Path) -> Result<PathBuf, String> {
 /// `runs` runs of one bench script, each writing its samples to a file it is given.
 fn repeat(
     runs: usize,
+    rounds: usize,
     scratch: &Path,
     name: &str,
     command: impl Fn(&Path) -> Command,
 ) -> Result<Vec<Samples>> {
+    // Two execs a round at a few ms each, plus the script's own start and sandbox: far more
+    // than a run takes, and a bound on one that hangs.
+    let limit = Duration::from_secs(120) + Duration::from_millis(20) * rounds as u32;
     let mut all = Vec::with_capacity(runs);
     for run in 0..runs {
         let out = scratch.join(format!("{name}-{run}.json"));
         let mut cmd = command(&out);
-        let output = cmd
-            .output()
-            .with_context(|| format!("could not start `{}`", describe(&cmd)))?;
+        let output = output_within(&mut cmd, limit)?;
         if !output.status.success() {
             bail!(
                 "the {name} SDK's round-trip bench failed ({}): `{}`\n{}{}",

@@ -77,7 +77,7 @@ enum Command {
     /// Builds `crucible-bench` (the `bench/` crate) and crucible-vmm with --release and runs
     /// the suite with the arguments given (`cargo xtask bench -- --help` lists them): `--quick`,
     /// `--gate`, `--check-slowed`, `--only SECTION,…` (floor, vmm, create, exec, streaming,
-    /// files, concurrency, peers, footprint, tcg, egress, nested), `--update-baseline`.
+    /// files, concurrency, peers, footprint, tcg, egress, sdk, nested), `--update-baseline`.
     #[command(disable_help_flag = true)]
     Bench(bench::Args),
 }

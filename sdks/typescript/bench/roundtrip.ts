@@ -38,6 +38,9 @@ class RawExec {
       }
     });
     socket.on("error", (e) => this.#done?.(e));
+    socket.on("close", () => this.#done?.(new Error("the daemon closed the connection")));
+    // A daemon that stops answering fails the bench instead of holding it.
+    socket.setTimeout(30_000, () => socket.destroy(new Error("no answer from the daemon for 30 s")));
   }
 
   static async open(socketPath: string, sandboxId: string): Promise<RawExec> {
