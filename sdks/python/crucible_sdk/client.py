@@ -9,12 +9,13 @@ from __future__ import annotations
 import os
 from typing import IO, Any, Dict, List, Optional, Type, TypeVar, Union
 
-from . import _api, _http1, _sync_io
+from . import _api, _bare_run, _http1, _sync_io
 from ._address import Address, api_key_from_env, parse_address
 from .errors import ExecNotFound, FileNotFound, NotFound, from_response
 from .models import (CacheInfo, CreateSandbox, ExecRequest, ExecStatus, FilesPutResult,
                      ImageInfo, ImagesPruned, SandboxInfo, SandboxStats)
 from .pool import PoolStatus, parse_pool
+from .result import OutputCallback, RunResult
 from .session import HijackChannel, Session, Transport, WebSocketChannel
 from .stream import ExecStream, Reattach
 
@@ -144,16 +145,27 @@ class Client:
         return _http1.head_prefix("POST", _api.exec_target(sandbox_id), self.address.host_header,
                                   self._json_headers).encode("latin-1")
 
-    def exec_prepared(self, sandbox_id: str, head: bytes, cmd: List[str], body: bytes, *,
-                      resumes: int) -> ExecStream:
-        """`exec` of a request already encoded (`body`), with `head` from `exec_head`: the
-        hot path of Sandbox.run for a bare command."""
-        response = self._pool.exchange(_http1.sized_head(head, len(body)), body, len(body),
-                                       self.stream_timeout)
+    def run_prepared(self, sandbox_id: str, request: bytes, cmd: List[str], *, resumes: int,
+                     on_stdout: Optional[OutputCallback] = None,
+                     on_stderr: Optional[OutputCallback] = None) -> RunResult:
+        """A bare command's exec to its end, from the whole request already encoded (a head
+        from `exec_head`, its Content-Length and the body): the hot path of Sandbox.run. A
+        short answer without callbacks is read in one pass (_bare_run); any other goes the
+        way of `exec`."""
+        pool = self._pool
+        head, conn = pool.exchange_head(request, None, None, self.stream_timeout)
+        if (on_stdout is None and on_stderr is None and head.status == 200 and head.chunked
+                and head.keep_alive):
+            done = _bare_run.read_result(conn)
+            if done is not None:
+                pool.put(conn)
+                return RunResult(cmd, head.headers.get("x-crucible-exec-id", ""), *done)
+        response = _sync_io.Response(head, conn, pool)
         if response.status >= 400:
             raise from_response(response.status, response.read(), None)
-        return ExecStream(response, cmd, self._reattach(sandbox_id, response)
-                          if resumes else None, resumes)
+        stream = ExecStream(response, cmd, self._reattach(sandbox_id, response)
+                            if resumes else None, resumes)
+        return stream.collect(on_stdout, on_stderr)
 
     def attach(self, sandbox_id: str, exec_id: str, offset: int = 0, *,
                resumes: int = 5) -> ExecStream:

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Mapping, Optional, Sequence, Union
+from typing import Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
-from . import _api
+from . import _api, _http1
 from .client import Client
 from .errors import SandboxNotFound
 from .files import Files
@@ -13,6 +13,9 @@ from .models import (BackendKind, CacheMount, ExecStatus, NetworkRequest, OnDisc
 from .result import OutputCallback, RunResult
 from .session import Session, Transport
 from .stream import ExecStream
+
+#: Bare commands whose encoded request a Sandbox keeps (run() of the same command again).
+BARE_REQUESTS_KEPT = 64
 
 
 class Sandbox:
@@ -27,9 +30,11 @@ class Sandbox:
         self._owns_client = owns_client
         #: Files in and out: write, read, upload_dir, upload_tar, download.
         self.files = Files(client, info.id)
-        # run()'s request head for a bare command, built once: an exec of `true` is about a
-        # millisecond, and building the head is a visible part of what the SDK adds to it.
+        # run()'s whole request for a bare command, by command, built once: an exec of
+        # `true` is about a millisecond, and building a request is a visible part of what the
+        # SDK adds to it. Bounded: cleared when full.
         self._exec_head: Optional[bytes] = None
+        self._bare_requests: Dict[Union[str, Tuple[str, ...]], Tuple[bytes, List[str]]] = {}
 
     @property
     def id(self) -> str:
@@ -126,19 +131,38 @@ class Sandbox:
         if (env is None and cwd is None and timeout is None and user is None
                 and group_add is None and rlimits is None and exec_id is None
                 and on_disconnect is None):
-            argv = _api.command(cmd)
-            head = self._exec_head
-            if head is None:
-                head = self._exec_head = self.client.exec_head(self.id)
-            stream = self.client.exec_prepared(self.id, head, argv, _api.bare_exec_body(argv),
-                                               resumes=resumes)
+            encoded, argv = self._prepared(cmd)
+            result = self.client.run_prepared(self.id, encoded, list(argv), resumes=resumes,
+                                              on_stdout=on_stdout, on_stderr=on_stderr)
         else:
             request = _api.exec_request(
                 cmd, env=env, cwd=cwd, timeout=timeout, user=user, group_add=group_add,
                 rlimits=rlimits, exec_id=exec_id, on_disconnect=on_disconnect)
             stream = self.client.exec(self.id, request, resumes=resumes)
-        result = stream.collect(on_stdout, on_stderr)
+            result = stream.collect(on_stdout, on_stderr)
         return result.check() if check else result
+
+    def _prepared(self, cmd: _api.Command) -> Tuple[bytes, List[str]]:
+        """The whole exec request of a bare command, and its argv."""
+        key: Union[str, Tuple[str, ...], None] = (
+            cmd if type(cmd) is str else tuple(cmd) if type(cmd) is list else None)
+        try:
+            found = self._bare_requests.get(key) if key is not None else None
+        except TypeError:  # an unhashable argument: command() says what is wrong with it
+            key, found = None, None
+        if found is not None:
+            return found
+        argv = _api.command(cmd)
+        head = self._exec_head
+        if head is None:
+            head = self._exec_head = self.client.exec_head(self.id)
+        body = _api.bare_exec_body(argv)
+        prepared = (_http1.sized_head(head, len(body)) + body, argv)
+        if key is not None:
+            if len(self._bare_requests) >= BARE_REQUESTS_KEPT:
+                self._bare_requests.clear()
+            self._bare_requests[key] = prepared
+        return prepared
 
     def stream(self, cmd: _api.Command, *, env: Optional[Mapping[str, str]] = None,
                cwd: Optional[str] = None, timeout: Optional[int] = None,

@@ -38,7 +38,7 @@ class Channel(Protocol):
 
 def _recv(sock: socket.socket) -> bytes:
     try:
-        return sock.recv(_sync_io.RECV_SIZE)
+        return sock.recv(_sync_io.SMALL_RECV)  # interactive: small reads (see _sync_io)
     except socket.timeout as e:
         raise Timeout(f"the session sent nothing for {sock.gettimeout()} s") from e
     except OSError as e:

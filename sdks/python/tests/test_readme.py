@@ -22,6 +22,15 @@ def test_the_readme_has_runnable_blocks_and_says_why_others_are_not():
         assert block.not_run is None or len(block.not_run) > 10, block
 
 
+def test_the_quick_starts_are_five_lines_of_code_sync_and_async():
+    sync, asynchronous = BLOCKS[0], BLOCKS[1]
+    assert "AsyncSandbox" not in sync.code and "AsyncSandbox" in asynchronous.code
+    for block in (sync, asynchronous):
+        lines = [line for line in block.code.splitlines() if line.strip()]
+        assert len(lines) <= 5, f"README line {block.line}: {len(lines)} lines of code"
+        assert block.not_run is None and block.output, "a quick start runs and shows its output"
+
+
 @pytest.mark.parametrize("block", RUN, ids=lambda b: f"line{b.line}")
 def test_readme_block(daemon, block, tmp_path):
     script = tmp_path / "block.py"
