@@ -18,10 +18,6 @@ use crate::error::ApiError;
 use engine::agent::AgentError;
 use engine::sandbox::ActivityGuard;
 
-/// How long the rest of an upload the agent stopped taking is read and dropped, so that the
-/// client gets the answer (`refused_entry`, `agent_error`) rather than a broken pipe.
-const UPLOAD_LINGER: std::time::Duration = std::time::Duration::from_secs(2);
-
 /// Bytes per read from the agent during a download: each chunk is one wakeup of each hop
 /// (agent socket → daemon → client), so bigger chunks keep the three moving together.
 const DOWNLOAD_CHUNK: usize = 256 * 1024;
@@ -119,11 +115,9 @@ pub(crate) async fn put(
         if let Err(e) = agent.write_all(&chunk).await {
             // The agent may have stopped reading because it refused an entry (its reply says),
             // or died. Either way the client is still sending: the rest of its body is read
-            // and dropped for a moment, so that it gets the answer rather than a broken pipe
-            // mid-send (nginx's lingering close).
+            // and dropped after the answer (`linger`), so that it gets the answer rather than
+            // a broken pipe mid-send.
             tracing::debug!("upload to agent stopped early: {e}");
-            let drain = async { while let Some(Ok(_)) = body.next().await {} };
-            let _ = tokio::time::timeout(UPLOAD_LINGER, drain).await;
             break;
         }
     }

@@ -15,6 +15,7 @@ mod extract;
 mod files;
 pub mod front_door;
 pub mod json;
+mod linger;
 mod oci_images;
 pub mod openapi;
 mod raw_stream;

@@ -37,22 +37,11 @@ pub(crate) async fn import(
     body: Body,
 ) -> Result<ImageInfo, ApiError> {
     let mut body = body.into_data_stream();
-    match spool(&state, &name, &mut body).await {
-        Ok((spool, lease, received)) => {
-            finish_import(&state, owner, &name, spool, lease, received).await
-        }
-        Err(e) => {
-            // Refused before the body was read whole: the rest is read and dropped for a
-            // moment, so the client gets this answer rather than a broken pipe mid-send.
-            let drain = async { while let Some(Ok(_)) = body.next().await {} };
-            let _ = tokio::time::timeout(UPLOAD_LINGER, drain).await;
-            Err(e)
-        }
-    }
+    // Refused before the body was read whole, the rest is read and dropped after the answer
+    // (`linger`), so the client gets it rather than a broken pipe mid-send.
+    let (spool, lease, received) = spool(&state, &name, &mut body).await?;
+    finish_import(&state, owner, &name, spool, lease, received).await
 }
-
-/// How long the rest of a refused upload is read and dropped.
-const UPLOAD_LINGER: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// Writes the upload to the store's disk, growing its share of the disk budget as it comes.
 async fn spool(

@@ -53,6 +53,7 @@ pub(crate) fn app(state: Arc<Edge>) -> Router {
         .method_not_allowed_fallback(method_not_allowed)
         .layer(middleware::from_fn_with_state(state.clone(), authenticate))
         .layer(middleware::from_fn_with_state(state.clone(), limit_head))
+        .layer(middleware::from_fn(crate::linger::linger_on_refusal))
         .with_state(state)
 }
 

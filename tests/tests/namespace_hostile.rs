@@ -574,6 +574,53 @@ async fn upload(daemon: &TestDaemon, id: &str, dir: &str, body: &[u8]) -> Reply 
     exchange(daemon, &request).await
 }
 
+/// An upload the daemon refuses before reading it (no such sandbox, no image name, a tar
+/// entry the agent refuses) is answered, and the client can still send its whole body: the
+/// rest is read and dropped after the answer, so the client sees the answer, not a broken pipe
+/// mid-send.
+#[tokio::test]
+async fn a_refused_upload_gets_its_answer_not_a_broken_pipe() {
+    let daemon = daemon();
+    let id = daemon.sandbox().await;
+    // Far more than the socket buffers hold: the daemon must read it for the send to finish.
+    let body = vec![0u8; 8 << 20];
+    let evil = archive(|b| {
+        let mut data = vec![0u8; 4 << 20];
+        data.extend_from_slice(b"tail");
+        raw_entry(b, "../escape", tar::EntryType::Regular, None, &data);
+    });
+    let cases: [(String, &[u8], u16, &str); 3] = [
+        (
+            "/sandboxes/sb-00000000000000ff/files?path=/tmp".into(),
+            &body,
+            404,
+            "not_found",
+        ),
+        ("/images".into(), &body, 400, "invalid_request"),
+        (
+            format!("/sandboxes/{id}/files?path=/tmp"),
+            &evil,
+            400,
+            "refused_entry",
+        ),
+    ];
+    for (target, payload, status, code) in cases {
+        let mut stream = UnixStream::connect(&daemon.socket).await.expect("connect");
+        let head = format!(
+            "POST {target} HTTP/1.1\r\nHost: x\r\nContent-Type: application/x-tar\r\n\
+             Content-Length: {}\r\n\r\n",
+            payload.len()
+        );
+        stream.write_all(head.as_bytes()).await.expect("head");
+        tokio::time::timeout(HANG, stream.write_all(payload))
+            .await
+            .expect("the body is taken in time")
+            .unwrap_or_else(|e| panic!("{target}: sending the body failed: {e}"));
+        read_reply(&mut stream).await.expect(status, code);
+    }
+    assert_healthy(&daemon, &id).await;
+}
+
 #[tokio::test]
 async fn tar_bombs_are_bounded_and_reported() {
     // A small disk, so that "bigger than the disk" is cheap to send.
