@@ -5,9 +5,14 @@
 
 #![forbid(unsafe_code)]
 
+mod container;
 mod image;
 mod sandbox;
 
+pub use container::{
+    ContainerInfo, ContainerList, ContainerRequest, ContainerState, ReadyCheck, RestartPolicy,
+    SharedMount,
+};
 pub use image::{ImageInfo, ImageList, ImageUser, ImagesPruned};
 pub use sandbox::{
     BackendKind, CacheInfo, CacheList, CacheMount, CreateSandbox, Hypervisor, NetworkInfo,

@@ -99,6 +99,14 @@ pub struct CreateSandbox {
     /// the user unless the image's `Env` sets it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub user: Option<String>,
+    /// Containers besides the sandbox's own root (its `main`, made of `image`): each its own
+    /// image, root, main process and log, all sharing the sandbox's network (`localhost`),
+    /// IPC, limits and the shared directories they mount. Namespace backend only, for now.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub containers: Vec<crate::ContainerRequest>,
+    /// Shared directories mounted in the sandbox's own root (see a container's `shared`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub shared: Vec<crate::SharedMount>,
 }
 
 /// `"network"` in a create request.
@@ -284,6 +292,9 @@ pub struct SandboxInfo {
     /// image's `User`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub user: Option<String>,
+    /// Its containers besides its own root, when it has any.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub containers: Vec<crate::ContainerInfo>,
 }
 
 /// The body of `GET /sandboxes`.

@@ -116,6 +116,9 @@ impl From<SandboxError> for ApiError {
             SandboxError::ShuttingDown => {
                 Self::new(StatusCode::SERVICE_UNAVAILABLE, "shutting_down", message)
             }
+            SandboxError::NoContainer { .. } => {
+                Self::new(StatusCode::NOT_FOUND, "container_not_found", message)
+            }
         }
     }
 }
@@ -175,6 +178,11 @@ impl From<CreateError> for ApiError {
             CreateError::Unavailable(e) => Self::new(
                 StatusCode::SERVICE_UNAVAILABLE,
                 "backend_unavailable",
+                e.to_string(),
+            ),
+            CreateError::ContainerNotReady { .. } => Self::new(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "container_not_ready",
                 e.to_string(),
             ),
             CreateError::Failed {

@@ -69,9 +69,10 @@ pub(crate) async fn list(
     State(state): State<Arc<Edge>>,
     Authenticated(caller): Authenticated,
     Path(id): Path<String>,
+    Query(query): Query<crate::routes::ContainerQuery>,
 ) -> Result<Json<wire::ExecList>, ApiError> {
     let sandbox = state.registry.get(&id, &caller)?;
-    let execs = exec::statuses(&sandbox, None).await?;
+    let execs = exec::statuses(&sandbox, None, query.container.as_deref()).await?;
     Ok(Json(wire::ExecList { execs }))
 }
 
@@ -80,9 +81,10 @@ pub(crate) async fn status(
     State(state): State<Arc<Edge>>,
     Authenticated(caller): Authenticated,
     Path((id, exec_id)): Path<(String, String)>,
+    Query(query): Query<crate::routes::ContainerQuery>,
 ) -> Result<Json<wire::ExecStatus>, ApiError> {
     let sandbox = state.registry.get(&id, &caller)?;
-    let mut found = exec::statuses(&sandbox, Some(&exec_id)).await?;
+    let mut found = exec::statuses(&sandbox, Some(&exec_id), query.container.as_deref()).await?;
     found.pop().map(Json).ok_or_else(|| {
         FindError::NotFound {
             sandbox: id,
@@ -100,6 +102,8 @@ pub(crate) struct AttachQuery {
     /// `1`: an interactive re-attach, its stdin carried on (`Upgrade: tcp` here; the
     /// front door hijacks the bare form).
     stdin: Option<String>,
+    /// The container the command runs in.
+    container: Option<String>,
 }
 
 /// The headers that say where a re-attached stream starts: the command's output so far, the
@@ -144,6 +148,7 @@ pub(crate) async fn attach(
         &exec_id,
         query.offset,
         interactive,
+        query.container.as_deref(),
     )
     .await?;
     let positions = position_headers(&status);

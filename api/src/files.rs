@@ -54,7 +54,7 @@ async fn request(
     guard: &ActivityGuard,
     message: &AgentRequest,
 ) -> Result<tokio::net::UnixStream, ApiError> {
-    guard.sandbox().send_to_agent(message).await.map_err(|e| {
+    guard.send_to_agent(message).await.map_err(|e| {
         ApiError::agent(format!(
             "sandbox {}: {}",
             guard.sandbox().id,

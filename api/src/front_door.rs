@@ -42,6 +42,8 @@ pub struct ExecHead {
     pub attach: Option<AttachTarget>,
     /// `?stdin=1`: the hijacked interactive transport; else a one-shot exec.
     pub interactive: bool,
+    /// `?container=NAME`: the container it runs in.
+    pub container: Option<String>,
     /// Whether the connection stays open after a one-shot exec's response (a one-shot served
     /// here is HTTP/1.1: without `Connection: close`).
     pub(crate) keep_alive: bool,
@@ -169,6 +171,7 @@ pub fn parse_first_head(head: &[u8]) -> Result<Option<ExecHead>, ApiError> {
         id: id.to_string(),
         attach,
         interactive,
+        container: query_value(query, "container").map(str::to_string),
         keep_alive: request.keep_alive(),
         authorization: headers.get("authorization").map(<[u8]>::to_vec),
         // Beyond the address space is beyond every limit.
@@ -355,7 +358,15 @@ async fn serve_exec<S>(
         Ok(request) => request,
         Err(e) => return respond_error(&state, &mut stream, &e.into()).await,
     };
-    let session = match exec::admit(&state.metrics, &sandbox, request, head.interactive).await {
+    let admitted = exec::admit(
+        &state.metrics,
+        &sandbox,
+        request,
+        head.interactive,
+        head.container.as_deref(),
+    )
+    .await;
+    let session = match admitted {
         Ok(session) => session,
         Err(e) => return respond_error(&state, &mut stream, &e.into()).await,
     };
@@ -413,6 +424,7 @@ async fn serve_attach<S>(
         &target.exec_id,
         target.offset,
         true,
+        head.container.as_deref(),
     )
     .await;
     let (status, session) = match attached {

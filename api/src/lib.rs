@@ -8,6 +8,7 @@
 mod auth;
 mod body;
 pub mod config;
+mod containers;
 mod edge;
 mod error;
 mod execs;

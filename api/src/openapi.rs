@@ -3,7 +3,8 @@
 //! `cargo xtask gen-openapi` (CI fails when that file drifts from this code).
 
 use api_types::{
-    CacheList, CreateSandbox, ImageList, ImagesPruned, SandboxInfo, SandboxList, SignalRequest,
+    CacheList, ContainerList, CreateSandbox, ImageList, ImagesPruned, SandboxInfo, SandboxList,
+    SignalRequest,
 };
 use schemars::generate::SchemaSettings;
 use serde_json::{json, Map, Value};
@@ -55,6 +56,22 @@ fn exec_id_param() -> Value {
         "name": "exec_id", "in": "path", "required": true,
         "description": "The command's exec_id (its request's, or the one the daemon gave it in X-Crucible-Exec-Id).",
         "schema": { "type": "string", "pattern": "^[A-Za-z0-9._-]{1,128}$" }
+    })
+}
+
+fn container_param() -> Value {
+    json!({
+        "name": "container", "in": "query", "required": false,
+        "description": "One of the sandbox's containers, by name (see CreateSandbox.containers); absent or `main`: the sandbox's own root.",
+        "schema": { "type": "string", "pattern": "^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$" }
+    })
+}
+
+fn container_name_param() -> Value {
+    json!({
+        "name": "name", "in": "path", "required": true,
+        "description": "The container's name.",
+        "schema": { "type": "string", "pattern": "^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$" }
     })
 }
 
@@ -176,6 +193,7 @@ pub(crate) fn document() -> Value {
     generator.subschema_for::<SignalRequest>();
     generator.subschema_for::<ExecStatus>();
     generator.subschema_for::<ExecList>();
+    generator.subschema_for::<ContainerList>();
     let mut schemas = generator.take_definitions(true);
     constrain(&mut schemas);
 
@@ -217,9 +235,10 @@ pub(crate) fn document() -> Value {
                     "requestBody": { "required": false, "content": {
                         "application/json": { "schema": schema_ref("CreateSandbox") } } },
                     "responses": with(errors(&[
-                        ("400", "The request is invalid (a field, an egress rule, a cache name or mount path, an undeclared volume, or a feature the backend lacks)."),
+                        ("400", "The request is invalid (a field, an egress rule, a cache name or mount path, an undeclared volume, a container (its name, image, shared directories, or a depends_on that names no container or goes round in a circle), or a feature the backend lacks: containers are namespace-only for now)."),
                         ("403", "network.allow asks for a host outside the operator's --egress-allow rules (code egress_not_allowed)."),
                         ("409", "A cache asked for is mounted in another sandbox (one at a time)."),
+                        ("422", "A container did not become ready: its main process exited, or its ready check did not pass within its timeout (code container_not_ready; the message ends with its log's last lines). The sandbox is deleted."),
                         ("429", "The daemon runs its maximum number of sandboxes."),
                         ("500", "The sandbox could not be started."),
                         ("503", "The requested backend is not available on this host."),
@@ -262,7 +281,8 @@ pub(crate) fn document() -> Value {
             "/sandboxes/{id}/signal": {
                 "parameters": [id_param()],
                 "post": {
-                    "summary": "Send a signal to every process of the sandbox but its agent, or to one running command.",
+                    "summary": "Send a signal to every process of the sandbox (or of one container, ?container=) but its agent, or to one running command.",
+                    "parameters": [container_param()],
                     "description": "What `docker kill -s` and containerd's task kill need: the \
                         commands see it as they would from `kill`; the agent, PID 1, never \
                         does, and serves the next request. With `exec_id`, only the process \
@@ -273,7 +293,7 @@ pub(crate) fn document() -> Value {
                     },
                     "responses": with(errors(&[
                         ("400", "The id or the signal is invalid (1 to 64)."),
-                        ("404", "No sandbox with this id, as far as the caller can see (code not_found), or no running command with this exec_id (code exec_not_found)."),
+                        ("404", "No sandbox with this id, as far as the caller can see (code not_found), no such container (code container_not_found), or no running command with this exec_id (code exec_not_found)."),
                         ("409", "The sandbox is being deleted, or its agent cannot signal (code not_supported)."),
                         ("502", "The sandbox's agent could not be reached."),
                     ]), json!({ "204": { "description": "Sent." } }))
@@ -283,6 +303,7 @@ pub(crate) fn document() -> Value {
                 "parameters": [id_param()],
                 "get": {
                     "summary": "The sandbox's commands that can be found by exec_id: those that run, and those that ended while no client was attached and whose result has not been collected.",
+                    "parameters": [container_param()],
                     "responses": with(errors(&[
                         ("400", "The id is malformed."),
                         ("404", "No sandbox with this id, as far as the caller can see."),
@@ -295,6 +316,7 @@ pub(crate) fn document() -> Value {
                 "parameters": [id_param(), exec_id_param()],
                 "get": {
                     "summary": "One command's status (and its result, once it has ended).",
+                    "parameters": [container_param()],
                     "responses": with(errors(&[
                         ("400", "The id or the exec_id is malformed."),
                         ("404", "No such sandbox, or no command with this exec_id (code exec_not_found: it never ran, it ended while attached, or its result was collected)."),
@@ -327,7 +349,8 @@ pub(crate) fn document() -> Value {
                         "schema": { "type": "integer", "minimum": 0, "maximum": u64::MAX }
                     }, { "name": "stdin", "in": "query", "required": false,
                         "description": "1 (or true) to re-attach to an interactive command, its stdin carried on (hijacked; must be the connection's first request); 0, false or empty for its output only.",
-                        "schema": { "type": "string", "enum": ["0", "1", "true", "false", ""] } }],
+                        "schema": { "type": "string", "enum": ["0", "1", "true", "false", ""] } },
+                        container_param()],
                     "responses": with(errors(&[
                         ("400", "The id or exec_id is malformed, the offset is past the command's output, or an interactive attach (?stdin=1) is not its connection's first request and asks for no Upgrade: tcp."),
                         ("404", "No such sandbox, or no command with this exec_id (code exec_not_found)."),
@@ -455,12 +478,13 @@ pub(crate) fn document() -> Value {
                         re-attach with ?stdin=1).",
                     "parameters": [{ "name": "stdin", "in": "query", "required": false,
                         "description": "1 (or true) for an interactive (hijacked) session; 0, false or empty for a one-shot exec.",
-                        "schema": { "type": "string", "enum": ["0", "1", "true", "false", ""] } }],
+                        "schema": { "type": "string", "enum": ["0", "1", "true", "false", ""] } },
+                        container_param()],
                     "requestBody": { "required": true, "content": {
                         "application/json": { "schema": schema_ref("ExecRequest") } } },
                     "responses": with(errors(&[
                         ("400", "Bad JSON, a request that fails validation, or a malformed id."),
-                        ("404", "No sandbox with this id, as far as the caller can see: another key's sandbox is answered exactly like a missing one."),
+                        ("404", "No sandbox with this id, as far as the caller can see: another key's sandbox is answered exactly like a missing one; or no such container (code container_not_found)."),
                         ("409", "The sandbox is not running."),
                         ("413", "The request body is too large."),
                         ("429", "The sandbox runs its maximum number of commands."),
@@ -472,6 +496,7 @@ pub(crate) fn document() -> Value {
                 },
                 "get": {
                     "summary": "Interactive exec over WebSocket.",
+                    "parameters": [container_param()],
                     "description": "Upgrade to a WebSocket; the first message is the JSON \
                         ExecRequest (within 30 s); then binary message payloads in each \
                         direction, concatenated, are the frame stream. Close codes: 1008 \
@@ -482,11 +507,31 @@ pub(crate) fn document() -> Value {
                     }))
                 }
             },
+            "/sandboxes/{id}/containers": {
+                "parameters": [id_param()],
+                "get": {
+                    "summary": "The sandbox's containers: each one's state, main process, restarts and last exit.",
+                    "responses": with(errors(&sandbox_errors),
+                        json!({ "200": json_response("The containers, in the request's order.", "ContainerList") }))
+                }
+            },
+            "/sandboxes/{id}/containers/{name}/logs": {
+                "parameters": [id_param(), container_name_param()],
+                "get": {
+                    "summary": "A container's log: the output of its main process (every run of it), as an exec frame stream.",
+                    "description": "Stdout and stderr frames as the process wrote them, oldest                         first: the daemon keeps the latest 1 MiB. Once the container has                         exited for good, the stream ends with its last exit frame, whose                         output_dropped_bytes counts what the log no longer holds; while it                         runs, the stream ends without one.",
+                    "responses": with(errors(&[
+                        ("400", "The id is malformed."),
+                        ("404", "No sandbox with this id, as far as the caller can see, or no such container (code container_not_found)."),
+                    ]), json!({ "200": { "description": "The frame stream.", "content": {
+                        "application/octet-stream": { "schema": { "type": "string", "format": "binary" } } } } }))
+                }
+            },
             "/sandboxes/{id}/files": {
                 "parameters": [id_param()],
                 "post": {
                     "summary": "Upload a tar archive, extracted beneath ?path=.",
-                    "parameters": [path_query("The destination directory in the sandbox (absolute).")],
+                    "parameters": [path_query("The destination directory in the sandbox (absolute)."), container_param()],
                     "requestBody": { "required": true, "content": {
                         "application/x-tar": { "schema": { "type": "string", "format": "binary" } } } },
                     "responses": with(errors(&[
@@ -499,7 +544,7 @@ pub(crate) fn document() -> Value {
                 },
                 "get": {
                     "summary": "Download one file (?path=).",
-                    "parameters": [path_query("The file in the sandbox (absolute).")],
+                    "parameters": [path_query("The file in the sandbox (absolute)."), container_param()],
                     "responses": with(errors(&[
                         ("400", "Bad path, or the path is a directory."),
                         ("403", "Permission denied in the sandbox."),

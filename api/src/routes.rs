@@ -21,7 +21,7 @@ use crate::edge::Edge;
 use crate::error::ApiError;
 use crate::extract::{Authenticated, Path, Query};
 use crate::json::parse_json;
-use crate::{execs, files, oci_images, ws};
+use crate::{containers, execs, files, oci_images, ws};
 use engine::exec;
 
 /// The router of every endpoint.
@@ -42,6 +42,11 @@ pub(crate) fn app(state: Arc<Edge>) -> Router {
             post(execs::attach),
         )
         .route("/sandboxes/{id}/stats", get(sandbox_stats))
+        .route("/sandboxes/{id}/containers", get(containers::list))
+        .route(
+            "/sandboxes/{id}/containers/{name}/logs",
+            get(containers::logs),
+        )
         .route("/caches", get(list_caches).delete(clear_caches))
         .route("/caches/{name}", axum::routing::delete(delete_cache))
         .route(
@@ -214,15 +219,18 @@ async fn delete_sandbox(
 }
 
 /// `POST /sandboxes/{id}/signal {"signal": N}`: signal N to every process of the sandbox but
-/// its agent (what `docker kill -s` and containerd's task kill need), or with `"exec_id"` to
-/// that running command's process group only.
+/// its agents (what `docker kill -s` and containerd's task kill need), or with `"exec_id"` to
+/// that running command's process group only; with `?container=NAME`, within that container
+/// (every process of it but its agent, or its command `exec_id`: `main` is its main process).
 async fn signal_sandbox(
     State(state): State<Arc<Edge>>,
     Authenticated(caller): Authenticated,
     Path(id): Path<String>,
+    Query(query): Query<ContainerQuery>,
     body: Body,
 ) -> Result<StatusCode, ApiError> {
     let sandbox = state.registry.get(&id, &caller)?;
+    let container = sandbox.container_named(query.container.as_deref())?;
     let body = body::read(body, state.http.header_timeout).await?;
     let request: api_types::SignalRequest = parse_json(&body, "signal request")?;
     if !(1..=64).contains(&request.signal) {
@@ -246,7 +254,7 @@ async fn signal_sandbox(
         exec_id: request.exec_id.clone(),
     };
     let (reply, _) = sandbox
-        .ask_agent(&message)
+        .ask_agent_in(container.as_deref(), &message)
         .await
         .map_err(|e| ApiError::agent(format!("sandbox {id}: {}", report::chain(&e))))?;
     match reply {
@@ -431,6 +439,13 @@ async fn delete_image(
 #[derive(Debug, Deserialize)]
 struct ExecQuery {
     stdin: Option<String>,
+    container: Option<String>,
+}
+
+/// `?container=NAME` on the routes that act in one of a sandbox's containers.
+#[derive(Debug, Deserialize)]
+pub(crate) struct ContainerQuery {
+    pub(crate) container: Option<String>,
 }
 
 async fn exec_post(
@@ -452,7 +467,14 @@ async fn exec_post(
     }
     let body = body::read(request.into_body(), state.http.header_timeout).await?;
     let request = crate::json::parse_exec_request(&body)?;
-    let session = exec::admit(&state.metrics, &sandbox, request, interactive).await?;
+    let session = exec::admit(
+        &state.metrics,
+        &sandbox,
+        request,
+        interactive,
+        query.container.as_deref(),
+    )
+    .await?;
     if let Some(on_upgrade) = on_upgrade {
         return Ok(execs::upgraded_session(on_upgrade, session, &[]));
     }
@@ -466,9 +488,12 @@ async fn exec_websocket(
     State(state): State<Arc<Edge>>,
     Authenticated(caller): Authenticated,
     Path(id): Path<String>,
+    Query(query): Query<ContainerQuery>,
     request: Request,
 ) -> Result<Response, ApiError> {
     let sandbox = state.registry.get(&id, &caller)?;
+    // Refused before the upgrade, as an HTTP error, rather than as a close code after it.
+    sandbox.container_named(query.container.as_deref())?;
     let (mut parts, _body) = request.into_parts();
     let upgrade = WebSocketUpgrade::from_request_parts(&mut parts, &state)
         .await
@@ -492,13 +517,14 @@ async fn exec_websocket(
     Ok(upgrade
         .max_message_size(WS_MESSAGE_LIMIT)
         .max_frame_size(WS_MESSAGE_LIMIT)
-        .on_upgrade(move |socket| ws::session(state, sandbox, socket))
+        .on_upgrade(move |socket| ws::session(state, sandbox, query.container, socket))
         .into_response())
 }
 
 #[derive(Debug, Deserialize)]
 struct FilesQuery {
     path: Option<String>,
+    container: Option<String>,
 }
 
 async fn files_put(
@@ -510,7 +536,8 @@ async fn files_put(
 ) -> Result<Json<wire::FilesPutResult>, ApiError> {
     let sandbox = state.registry.get(&id, &caller)?;
     let path = files::validate_path(query.path.as_deref(), "directory")?;
-    let guard = sandbox.begin(false)?;
+    let container = sandbox.container_named(query.container.as_deref())?;
+    let guard = sandbox.begin_in(false, container)?;
     Ok(Json(files::put(state, guard, path, body).await?))
 }
 
@@ -522,6 +549,7 @@ async fn files_get(
 ) -> Result<Response, ApiError> {
     let sandbox = state.registry.get(&id, &caller)?;
     let path = files::validate_path(query.path.as_deref(), "file")?;
-    let guard = sandbox.begin(false)?;
+    let container = sandbox.container_named(query.container.as_deref())?;
+    let guard = sandbox.begin_in(false, container)?;
     files::get(state, guard, path).await
 }

@@ -32,7 +32,7 @@ fn close_code(error: &SandboxError) -> u16 {
     match error {
         SandboxError::ExecLimit { .. } | SandboxError::AtCapacity(_) => close::TRY_AGAIN_LATER,
         SandboxError::ShuttingDown => close::GOING_AWAY,
-        SandboxError::InvalidId(_) => close::POLICY,
+        SandboxError::InvalidId(_) | SandboxError::NoContainer { .. } => close::POLICY,
         SandboxError::NotFound(_) | SandboxError::Dead { .. } | SandboxError::NotRunning { .. } => {
             close::INTERNAL
         }
@@ -102,14 +102,28 @@ async fn first_request(
 }
 
 /// Runs one WebSocket exec session.
-pub(crate) async fn session(state: Arc<Edge>, sandbox: Arc<Sandbox>, mut socket: WebSocket) {
+pub(crate) async fn session(
+    state: Arc<Edge>,
+    sandbox: Arc<Sandbox>,
+    container: Option<String>,
+    mut socket: WebSocket,
+) {
     let request = match first_request(&mut socket, state.http.first_message_timeout).await {
         Ok(request) => request,
         Err(Some((code, reason))) => return close_with(socket, code, &reason).await,
         Err(None) => return,
     };
     let admitted = match crate::json::parse_exec_request(&request) {
-        Ok(request) => exec::admit(&state.metrics, &sandbox, request, true).await,
+        Ok(request) => {
+            exec::admit(
+                &state.metrics,
+                &sandbox,
+                request,
+                true,
+                container.as_deref(),
+            )
+            .await
+        }
         Err(e) => Err(e),
     };
     let session = match admitted {

@@ -150,6 +150,14 @@ enum SandboxCommand {
     /// client): print the output it kept from --offset on, then follow it live; exits with its
     /// status, as `sandbox exec` does. Attaching to an ended command collects its result.
     Attach(commands::exec::AttachArgs),
+    /// Print the log of one of a sandbox's containers (a --service): its main process's
+    /// stdout to stdout and stderr to stderr, the last MiB of it, every run of it.
+    Logs {
+        /// The sandbox id.
+        id: String,
+        /// The container's name.
+        container: String,
+    },
 }
 
 impl Global {
@@ -231,6 +239,11 @@ fn dispatch(cli: Cli) -> anyhow::Result<i32> {
                 SandboxCommand::Ls => commands::sandbox::list(&global).await.map(|()| 0),
                 SandboxCommand::Get { id } => {
                     commands::sandbox::get(&global, &id).await.map(|()| 0)
+                }
+                SandboxCommand::Logs { id, container } => {
+                    commands::services::logs(&global, &id, &container)
+                        .await
+                        .map(|()| 0)
                 }
                 SandboxCommand::Rm { ids } => {
                     commands::sandbox::remove(&global, &ids).await.map(|()| 0)

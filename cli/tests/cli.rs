@@ -724,3 +724,95 @@ fn exec_re_attaches_by_itself_when_its_connection_breaks_mid_stream() {
         text(&out.stderr)
     );
 }
+
+#[test]
+fn run_with_a_service_talks_to_it_on_localhost_and_keeps_its_log() {
+    let daemon = TestDaemon::start();
+    let logs = tempfile::tempdir().expect("tempdir");
+    let out = run(crucible(&daemon)
+        .args([
+            "run",
+            "--service",
+            "db=default:echo db up; while true; do echo hello-from-db | nc -l -p 5432; done",
+            "--service-ready",
+            "db=tcp:5432",
+            "--service-logs",
+        ])
+        .arg(logs.path())
+        .args([
+            "--",
+            "sh",
+            "-c",
+            "until nc -w 1 localhost 5432 </dev/null >/tmp/got; do sleep 0.1; done; cat /tmp/got; exit 4",
+        ]));
+    assert_eq!(
+        text(&out.stdout),
+        "hello-from-db\n",
+        "{}",
+        text(&out.stderr)
+    );
+    assert_eq!(out.status.code(), Some(4), "the job's status");
+    assert_eq!(
+        std::fs::read_to_string(logs.path().join("db.log")).expect("db.log"),
+        "db up\n"
+    );
+    let left = run(crucible(&daemon).args(["--json", "sandbox", "ls"]));
+    let listed: serde_json::Value = serde_json::from_slice(&left.stdout).expect("JSON");
+    assert_eq!(
+        listed["sandboxes"],
+        serde_json::json!([]),
+        "run tore everything down"
+    );
+
+    // A sandbox's service log on demand, and a refused service.
+    let out = run(crucible(&daemon).args([
+        "sandbox",
+        "create",
+        "--service",
+        "web=default:echo serving; echo oops >&2; sleep 300",
+    ]));
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let id = text(&out.stdout).trim().to_string();
+    let mut logged = None;
+    for _ in 0..100 {
+        let out = run(crucible(&daemon).args(["sandbox", "logs", &id, "web"]));
+        if text(&out.stderr) == "oops\n" {
+            logged = Some(out);
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let out = logged.expect("the log reaches both streams");
+    assert_eq!(text(&out.stdout), "serving\n");
+    let out = run(crucible(&daemon).args([
+        "sandbox",
+        "exec",
+        "--container",
+        "web",
+        &id,
+        "--",
+        "hostname",
+    ]));
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let out = run(crucible(&daemon).args(["sandbox", "logs", &id, "nope"]));
+    assert!(
+        text(&out.stderr).contains("no container \"nope\""),
+        "{}",
+        text(&out.stderr)
+    );
+    assert!(!out.status.success());
+    let out = run(crucible(&daemon).args(["sandbox", "rm", &id]));
+    assert!(out.status.success());
+    let out = run(crucible(&daemon).args(["run", "--service", "db", "--", "true"]));
+    assert_eq!(
+        out.status.code(),
+        Some(2),
+        "a usage error: {}",
+        text(&out.stderr)
+    );
+    assert!(
+        text(&out.stderr).contains("--service"),
+        "{}",
+        text(&out.stderr)
+    );
+}

@@ -292,6 +292,47 @@ impl Client {
         Ok(ExecStream::new(response))
     }
 
+    /// `POST /sandboxes/{id}/exec?container=NAME`: [`Client::exec`] in one of the sandbox's
+    /// containers.
+    pub async fn exec_in(
+        &self,
+        id: &str,
+        container: &str,
+        request: &ExecRequest,
+    ) -> Result<ExecStream, ClientError> {
+        let target = format!(
+            "/sandboxes/{}/exec?container={}",
+            path_segment(id),
+            query_value(container)
+        );
+        let body = serde_json::to_vec(request).map_err(|e| ClientError::Protocol(e.to_string()))?;
+        let response = raw::post(&self.endpoint, self.api_key.as_deref(), &target, &body).await?;
+        Ok(ExecStream::new(response))
+    }
+
+    /// `GET /sandboxes/{id}/containers`.
+    pub async fn containers(&self, id: &str) -> Result<Vec<api_types::ContainerInfo>, ClientError> {
+        let list: api_types::ContainerList = self
+            .json(self.empty(
+                Method::GET,
+                &format!("/sandboxes/{}/containers", path_segment(id)),
+            )?)
+            .await?;
+        Ok(list.containers)
+    }
+
+    /// `GET /sandboxes/{id}/containers/{name}/logs`: the kept output of the container's main
+    /// process, as an exec frame stream (decode it with [`wire::FrameReader`]).
+    pub async fn container_logs(&self, id: &str, name: &str) -> Result<Bytes, ClientError> {
+        let uri = format!(
+            "/sandboxes/{}/containers/{}/logs",
+            path_segment(id),
+            path_segment(name)
+        );
+        let response = self.send(self.empty(Method::GET, &uri)?).await?;
+        Ok(response.into_body().collect().await?.to_bytes())
+    }
+
     /// `GET /sandboxes/{id}/execs`: the sandbox's commands that can be found by `exec_id`
     /// (running, or ended with a result not yet collected), oldest first.
     pub async fn execs(&self, id: &str) -> Result<Vec<wire::ExecStatus>, ClientError> {

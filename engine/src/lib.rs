@@ -9,6 +9,8 @@
 
 pub mod agent;
 pub mod backend;
+mod container_plan;
+pub mod containers;
 pub mod egress;
 pub mod exec;
 pub mod host;

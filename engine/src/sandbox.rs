@@ -12,6 +12,7 @@ use tokio::task::JoinHandle;
 
 use crate::agent::AgentError;
 use crate::backend::Instance;
+use crate::containers::Container;
 use crate::owner::{Caller, Owner};
 use crate::storage::SandboxStorage;
 
@@ -55,6 +56,14 @@ pub enum SandboxError {
     /// The daemon is stopping.
     #[error("the daemon is shutting down")]
     ShuttingDown,
+    /// It has no container of that name.
+    #[error("sandbox {id} has no container {name:?}")]
+    NoContainer {
+        /// The sandbox.
+        id: String,
+        /// The name asked for.
+        name: String,
+    },
 }
 
 pub(crate) use crate::ids::{is_valid_id, new_id, unix_ms};
@@ -178,6 +187,8 @@ pub struct Sandbox {
     activity: Notify,
     /// Its caches and disk-backed layer, released once it is destroyed.
     storage: Mutex<Option<SandboxStorage>>,
+    /// Its containers besides its own root, in the order they were asked for.
+    containers: Vec<Arc<Container>>,
 }
 
 impl std::fmt::Debug for Sandbox {
@@ -192,6 +203,8 @@ impl std::fmt::Debug for Sandbox {
 #[derive(Debug)]
 pub struct ActivityGuard {
     sandbox: Arc<Sandbox>,
+    /// The container it runs in; `None`: the sandbox's own root.
+    container: Option<Arc<Container>>,
     _permit: Option<OwnedSemaphorePermit>,
 }
 
@@ -206,6 +219,22 @@ impl ActivityGuard {
     /// The sandbox this activity runs in.
     pub fn sandbox(&self) -> &Arc<Sandbox> {
         &self.sandbox
+    }
+
+    /// The container it runs in; `None`: the sandbox's own root.
+    pub fn container(&self) -> Option<&Arc<Container>> {
+        self.container.as_ref()
+    }
+
+    /// A new connection to the agent of the root it runs in, with `message` sent on it.
+    pub async fn send_to_agent(
+        &self,
+        message: &wire::agent::AgentRequest,
+    ) -> Result<UnixStream, AgentError> {
+        match &self.container {
+            Some(container) => self.sandbox.send_to_container(container, message).await,
+            None => self.sandbox.send_to_agent(message).await,
+        }
     }
 }
 
@@ -238,7 +267,48 @@ impl Sandbox {
             active_execs: AtomicU32::new(0),
             activity: Notify::new(),
             storage: Mutex::new(Some(storage)),
+            containers: Vec::new(),
         }
+    }
+
+    /// This sandbox with its containers.
+    pub(crate) fn with_containers(mut self, containers: Vec<Arc<Container>>) -> Self {
+        self.containers = containers;
+        self
+    }
+
+    /// Its containers besides its own root.
+    pub fn containers(&self) -> &[Arc<Container>] {
+        &self.containers
+    }
+
+    /// Its container `name`.
+    pub fn container(&self, name: &str) -> Option<&Arc<Container>> {
+        self.containers.iter().find(|c| c.name == name)
+    }
+
+    /// Its container `name` (`None`: its own root), or the error that it has none.
+    pub fn container_named(
+        &self,
+        name: Option<&str>,
+    ) -> Result<Option<Arc<Container>>, SandboxError> {
+        match name {
+            None | Some(crate::containers::MAIN_CONTAINER) => Ok(None),
+            Some(name) => {
+                self.container(name)
+                    .cloned()
+                    .map(Some)
+                    .ok_or_else(|| SandboxError::NoContainer {
+                        id: self.id.clone(),
+                        name: name.to_string(),
+                    })
+            }
+        }
+    }
+
+    /// Whether it is running (neither stopping nor dead).
+    pub(crate) fn is_running(&self) -> bool {
+        self.state() == SandboxState::Running
     }
 
     /// A sandbox an earlier daemon created, taken back around its adopted instance (live
@@ -318,8 +388,18 @@ impl Sandbox {
         self.deadline_locked(&self.status())
     }
 
-    /// Admits one exec or file transfer: the sandbox must be running and below its exec cap.
+    /// Admits one exec or file transfer in its own root: the sandbox must be running and below
+    /// its exec cap.
     pub fn begin(self: &Arc<Self>, counts_as_exec: bool) -> Result<ActivityGuard, SandboxError> {
+        self.begin_in(counts_as_exec, None)
+    }
+
+    /// Admits one exec or file transfer in `container` (`None`: its own root).
+    pub fn begin_in(
+        self: &Arc<Self>,
+        counts_as_exec: bool,
+        container: Option<Arc<Container>>,
+    ) -> Result<ActivityGuard, SandboxError> {
         match self.state() {
             SandboxState::Running => {}
             SandboxState::Dead => {
@@ -352,6 +432,7 @@ impl Sandbox {
         self.touch();
         Ok(ActivityGuard {
             sandbox: self.clone(),
+            container,
             _permit: permit,
         })
     }
@@ -374,29 +455,40 @@ impl Sandbox {
     /// one; it is resolved here and taken off the request (the agent gets ids), as is its
     /// `group_add` (gids added to whoever it runs as, root included). Fails, with the reason,
     /// only for a `user` or a group that cannot be resolved.
+    ///
+    /// In a `container`, its own env comes over the sandbox's, and its image's config (with
+    /// its request's `cwd` and `user`) and accounts take the place of the sandbox image's.
     pub(crate) fn apply_defaults(
         &self,
         request: &mut wire::ExecRequest,
+        container: Option<&Container>,
     ) -> Result<Option<wire::agent::RunAs>, String> {
+        let accounts = container.map_or(&self.settings.accounts, |c| &c.accounts);
+        let container_env = container.map(|c| &c.env);
         let own_user = match std::mem::take(&mut request.user) {
             spec if spec.is_empty() => None,
             spec => {
-                let user = self
-                    .settings
-                    .accounts
-                    .resolve(&spec)
-                    .map_err(|e| format!("user: {e}"))?;
+                let user = accounts.resolve(&spec).map_err(|e| format!("user: {e}"))?;
                 let home_given = request.env.contains_key("HOME")
+                    || container_env.is_some_and(|env| env.contains_key("HOME"))
                     || self.settings.env.contains_key("HOME")
-                    || self.settings.accounts.image_sets_home;
+                    || accounts.image_sets_home;
                 if !home_given {
                     request.env.insert("HOME".into(), user.home.clone());
                 }
                 Some(user)
             }
         };
+        for (name, value) in container_env.into_iter().flatten() {
+            if !request.env.contains_key(name) {
+                request.env.insert(name.clone(), value.clone());
+            }
+        }
         self.merge_env_into(request);
-        let defaults = self.settings.image_defaults.as_deref();
+        let defaults = match container {
+            Some(container) => container.defaults.as_deref(),
+            None => self.settings.image_defaults.as_deref(),
+        };
         if let Some(defaults) = defaults {
             for (name, value) in &defaults.env {
                 if !request.env.contains_key(name) {
@@ -419,9 +511,7 @@ impl Sandbox {
         });
         let added = std::mem::take(&mut request.group_add);
         if !added.is_empty() {
-            let gids = self
-                .settings
-                .accounts
+            let gids = accounts
                 .group_ids(&added)
                 .map_err(|e| format!("group_add: {e}"))?;
             let run_as = run_as.get_or_insert(wire::agent::RunAs {
@@ -441,6 +531,11 @@ impl Sandbox {
     /// What a restarted daemon needs to take it back (live restore); `None` where its backend
     /// cannot.
     pub(crate) fn record(&self) -> Option<crate::restore::SandboxRecord> {
+        // Its containers' life is the daemon's (their main processes, logs and restarts):
+        // a restarted daemon could not take it over.
+        if !self.containers.is_empty() {
+            return None;
+        }
         let instance = self.instance.record()?;
         let s = &self.settings;
         Some(crate::restore::SandboxRecord {
@@ -498,18 +593,76 @@ impl Sandbox {
         Ok(agent)
     }
 
+    /// A new connection to `container`'s agent, with `message` sent on it.
+    pub(crate) async fn send_to_container(
+        &self,
+        container: &Container,
+        message: &wire::agent::AgentRequest,
+    ) -> Result<UnixStream, AgentError> {
+        let mut agent = self
+            .instance
+            .connect_container(container.index)
+            .await
+            .map_err(AgentError::Connect)?;
+        wire::write_message_async(&mut agent, message)
+            .await
+            .map_err(AgentError::Send)?;
+        Ok(agent)
+    }
+
     /// Asks its agent one question on a new connection and reads the one reply, all within
     /// `AGENT_REPLY_TIMEOUT`; the connection is returned for a reply that starts a stream.
     pub async fn ask_agent(
         &self,
         message: &wire::agent::AgentRequest,
     ) -> Result<(wire::agent::AgentReply, UnixStream), AgentError> {
+        self.ask_agent_in(None, message).await
+    }
+
+    /// [`Sandbox::ask_agent`] of `container`'s agent (`None`: its own root's).
+    pub async fn ask_agent_in(
+        &self,
+        container: Option<&Container>,
+        message: &wire::agent::AgentRequest,
+    ) -> Result<(wire::agent::AgentReply, UnixStream), AgentError> {
         let within = crate::agent::AGENT_REPLY_TIMEOUT;
-        let agent = tokio::time::timeout(within, self.instance.connect())
+        let connect = async {
+            match container {
+                Some(container) => self.instance.connect_container(container.index).await,
+                None => self.instance.connect().await,
+            }
+        };
+        let agent = tokio::time::timeout(within, connect)
             .await
             .map_err(|_| AgentError::Timeout(within))?
             .map_err(AgentError::Connect)?;
         crate::agent::exchange(agent, message, within).await
+    }
+
+    /// Checks that `container`'s agent answers, and speaks this daemon's protocol.
+    pub(crate) async fn ping_container(&self, container: &Container) -> Result<(), String> {
+        match self
+            .ask_agent_in(Some(container), &wire::agent::AgentRequest::Ping)
+            .await
+        {
+            Ok((wire::agent::AgentReply::Pong(hello), _)) => hello.check_protocol(),
+            Ok((other, _)) => Err(format!("it answered a ping with {other:?}")),
+            Err(e) => Err(report::chain(&e)),
+        }
+    }
+
+    /// Whether something accepts connections on `port` of its loopback.
+    pub(crate) async fn probe_tcp(&self, port: u16) -> Result<bool, String> {
+        match self
+            .ask_agent(&wire::agent::AgentRequest::ProbeTcp { port })
+            .await
+        {
+            Ok((wire::agent::AgentReply::Probed { open }, _)) => Ok(open),
+            Ok((other, _)) => Err(format!(
+                "its agent answered a TCP probe with {other:?} (rebuild the guest image:                  cargo xtask build-image)"
+            )),
+            Err(e) => Err(report::chain(&e)),
+        }
     }
 
     /// Why it died, if it did (or does within a moment: when its agent is lost, the
@@ -563,6 +716,7 @@ impl Sandbox {
                 .as_ref()
                 .and_then(|d| d.user.as_ref())
                 .map(|u| format!("{}:{}", u.uid, u.gid)),
+            containers: self.containers.iter().map(|c| c.info()).collect(),
         }
     }
 

@@ -13,6 +13,7 @@ use crate::backend::namespace::{IdRanges, NamespaceBackend};
 use crate::backend::{
     Backend, BackendError, Backends, ImagePaths, ImageRoot, InstanceSpec, MountSource, MountSpec,
 };
+use crate::containers::Container;
 use crate::egress::{EgressCounters, EgressProxy, EgressRefused, NoEgress};
 use crate::host;
 use crate::metrics::Metrics;
@@ -43,6 +44,15 @@ pub enum CreateError {
     /// Its egress rules are not within the operator's.
     #[error("network.allow: {0}")]
     EgressForbidden(String),
+    /// One of its containers could not be started or did not become ready; the sandbox
+    /// was deleted again.
+    #[error("sandbox {id}: {reason}")]
+    ContainerNotReady {
+        /// The id it had.
+        id: String,
+        /// Which container, why, and the end of its log.
+        reason: String,
+    },
     /// The backend failed to make it.
     #[error("creating sandbox {id}")]
     Failed {
@@ -521,16 +531,16 @@ impl Engine {
             request.user.as_deref(),
             &accounts,
         )?;
-        for (name, value) in &request.env {
-            if name.is_empty() || name.contains(['=', '\0']) || value.contains('\0') {
-                return Err(CreateError::Invalid(format!(
-                    "env.{}: names must be non-empty without '=' or NUL, values without NUL",
-                    name.escape_debug()
-                )));
-            }
-        }
+        check_env(&request.env, "env")?;
         let kind = request.backend.unwrap_or_else(|| self.default_backend());
         let backend = self.backend(kind)?;
+        let has_containers = !request.containers.is_empty() || !request.shared.is_empty();
+        if has_containers && kind != BackendKind::Namespace {
+            return Err(CreateError::Invalid(format!(
+                "containers: only the namespace backend runs containers yet, not the {kind}                  backend (ask for \"backend\": \"namespace\")"
+            )));
+        }
+        let containers = self.plan_containers(&request, &owner)?;
         let targets: Vec<(String, &str)> = request
             .caches
             .iter()
@@ -616,6 +626,7 @@ impl Engine {
             accounts,
         };
         let poolable = policy.is_none()
+            && !has_containers
             && imported.is_none()
             && request.user.is_none()
             && request.caches.is_empty()
@@ -655,6 +666,13 @@ impl Engine {
         let (mut held, disk, mounts) = self
             .claim_storage(&request, &settings.owner, &id, kind)
             .await?;
+        let crate::container_plan::ContainersPlan {
+            containers,
+            roots: container_roots,
+            shared,
+            leases,
+        } = containers;
+        held.container_images = leases;
         let root = match imported {
             Some((record, lease)) => {
                 let images = &self.storage()?.images;
@@ -680,6 +698,8 @@ impl Engine {
             mounts,
             egress: network.as_ref().map(|(_, sink)| sink.clone()),
             root,
+            containers: container_roots,
+            shared,
         };
         let instance = backend.create(spec).await.map_err(|e| {
             self.metrics
@@ -698,15 +718,25 @@ impl Engine {
             allow: request.network.map(|n| n.allow).unwrap_or_default(),
             counters,
         });
-        let sandbox = Arc::new(Sandbox::new(
-            id,
-            settings,
-            instance,
-            started.elapsed(),
-            held,
-        ));
+        let containers = containers
+            .into_iter()
+            .enumerate()
+            .map(|(index, plan)| Arc::new(Container::new(index, plan)))
+            .collect();
+        let sandbox = Arc::new(
+            Sandbox::new(id.clone(), settings, instance, started.elapsed(), held)
+                .with_containers(containers),
+        );
+        self.registry.insert(sandbox.clone(), reservation);
+        // Listed while its containers come up (it runs); gone again if one cannot.
+        if let Err(reason) = crate::containers::start_all(&sandbox).await {
+            self.registry.remove(&id).await;
+            self.metrics
+                .sandboxes_failed
+                .fetch_add(1, Ordering::Relaxed);
+            return Err(CreateError::ContainerNotReady { id, reason });
+        }
         let info = sandbox.info();
-        self.registry.insert(sandbox, reservation);
         self.metrics
             .sandboxes_created
             .fetch_add(1, Ordering::Relaxed);
@@ -716,7 +746,7 @@ impl Engine {
 
 impl Engine {
     /// Holds `owner`'s imported image `image` for a new sandbox; `None` for the built-in one.
-    fn lease_image(
+    pub(crate) fn lease_image(
         &self,
         image: &str,
         owner: &Owner,
@@ -741,7 +771,7 @@ impl Engine {
     }
 
     /// Where the users its commands ask for are looked up: its image's tree.
-    fn accounts(
+    pub(crate) fn accounts(
         &self,
         record: Option<&oci::ImageRecord>,
     ) -> Result<Arc<ExecAccounts>, CreateError> {
@@ -930,6 +960,22 @@ impl Engine {
     }
 }
 
+/// Checks a create request's environment (`field`: where it is in the request).
+pub(crate) fn check_env(
+    env: &std::collections::BTreeMap<String, String>,
+    field: &str,
+) -> Result<(), CreateError> {
+    for (name, value) in env {
+        if name.is_empty() || name.contains(['=', '\0']) || value.contains('\0') {
+            return Err(CreateError::Invalid(format!(
+                "{field}.{}: names must be non-empty without '=' or NUL, values without NUL",
+                name.escape_debug()
+            )));
+        }
+    }
+    Ok(())
+}
+
 /// How long a microVM's agent may take to say hello: the configured readiness timeout, but
 /// at least a minute under QEMU TCG, whose emulated boot takes seconds on an idle machine and
 /// much longer on a loaded one.
@@ -944,7 +990,7 @@ fn microvm_ready_timeout(config: &EngineConfig) -> Duration {
 /// What every command of a new sandbox starts with: its imported image's config, with the
 /// request's `user` (resolved against the image's account files) over the image's `User`.
 /// `None` for the built-in image run as root.
-fn sandbox_defaults(
+pub(crate) fn sandbox_defaults(
     record: Option<&oci::ImageRecord>,
     user: Option<&str>,
     accounts: &ExecAccounts,

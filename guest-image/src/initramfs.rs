@@ -198,6 +198,17 @@ pub fn userland(agent: &Path, busybox: &Busybox) -> Result<Tree, InitramfsError>
             contents: Contents::Bytes(b"root:x:0:\n".to_vec()),
         },
     )?;
+    // Services of a sandbox are reached on `localhost`, as in a CI job's `services:`; the
+    // image has no resolver beyond this file.
+    tree.insert(
+        "etc/hosts",
+        Node::File {
+            mode: 0o644,
+            contents: Contents::Bytes(
+                b"127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n".to_vec(),
+            ),
+        },
+    )?;
     tree.insert(
         "init",
         Node::File {

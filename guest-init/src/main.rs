@@ -84,6 +84,8 @@ struct Args {
     mode: Mode,
     memory_bytes: Option<u64>,
     egress: Option<Address>,
+    /// The sandbox's containers' agents, which a signal to every process spares.
+    container_agents: Vec<i32>,
 }
 
 /// Which half of a namespace sandbox this process is, if any.
@@ -96,6 +98,9 @@ enum Mode {
     Sandbox(Box<namespace::SandboxSpec>),
     /// `sandbox-pid1`: the sandbox's PID 1, started by the `sandbox` half.
     SandboxPid1,
+    /// `sandbox-container`: a container's agent, PID 1 of the container's PID namespace
+    /// inside the sandbox, started by the `sandbox` half.
+    SandboxContainer,
 }
 
 fn number(flag: &str, text: &str) -> Result<u64, String> {
@@ -112,7 +117,7 @@ fn is_vm_init(pid: u32, args: &[String]) -> bool {
         |a: &str| matches!(a, "--listen" | "--selftest") || a.starts_with("--listen=");
     let subcommand = matches!(
         args.first().map(String::as_str),
-        Some("sandbox" | "sandbox-pid1")
+        Some("sandbox" | "sandbox-pid1" | "sandbox-container")
     );
     pid == 1 && !subcommand && !args.iter().any(|a| names_a_mode(a))
 }
@@ -132,6 +137,7 @@ fn parse_args(argv: Vec<String>) -> Result<Option<Args>, String> {
     match it.peek().map(String::as_str) {
         Some("sandbox") => args.mode = Mode::Sandbox(Box::default()),
         Some("sandbox-pid1") => args.mode = Mode::SandboxPid1,
+        Some("sandbox-container") => args.mode = Mode::SandboxContainer,
         _ => {}
     }
     if !matches!(args.mode, Mode::Plain) {
@@ -179,6 +185,14 @@ fn parse_args(argv: Vec<String>) -> Result<Option<Args>, String> {
                 }
             }
             "--memory-bytes" => args.memory_bytes = Some(number(&flag, &value(&flag)?)?),
+            "--container-agent" => {
+                if !matches!(args.mode, Mode::SandboxPid1) {
+                    return Err(format!("{flag} is only valid after `sandbox-pid1`"));
+                }
+                let pid = number(&flag, &value(&flag)?)?;
+                args.container_agents
+                    .push(i32::try_from(pid).map_err(|_| format!("{flag}: {pid} is no pid"))?);
+            }
             other if namespace::SandboxSpec::is_flag(other) => {
                 let Mode::Sandbox(spec) = &mut args.mode else {
                     return Err(format!("{flag} is only valid after `sandbox` (see --help)"));
@@ -200,8 +214,8 @@ fn parse_args(argv: Vec<String>) -> Result<Option<Args>, String> {
                 );
             }
         }
-        Mode::SandboxPid1 if args.listen.is_none() => {
-            return Err("sandbox-pid1 needs --listen".into())
+        Mode::SandboxPid1 | Mode::SandboxContainer if args.listen.is_none() => {
+            return Err("sandbox-pid1 and sandbox-container need --listen".into())
         }
         _ => {}
     }
@@ -229,18 +243,23 @@ fn main() -> ExitCode {
     match &args.mode {
         Mode::Sandbox(spec) => {
             // Still single-threaded here, as entering requires. Returns only on failure.
-            let Err(e) = namespace::enter(spec, &pid1_argv(&args));
+            let argv = namespace::AgentArgv {
+                pid1: pid1_argv(&args),
+                container: container_argv(&args),
+            };
+            let Err(e) = namespace::enter(spec, &argv);
             eprintln!(
                 "guest-init: making the sandbox failed: {}",
                 report::chain(&e)
             );
             return ExitCode::FAILURE;
         }
-        Mode::SandboxPid1 => {
+        Mode::SandboxPid1 | Mode::SandboxContainer => {
             if let Err(e) = namespace::harden_pid1() {
                 eprintln!("guest-init: {}", report::chain(&e));
                 return ExitCode::FAILURE;
             }
+            sys::spare_from_signals(args.container_agents.clone());
         }
         Mode::Plain => {}
     }
@@ -268,7 +287,7 @@ fn host_main(args: Args) -> ExitCode {
     }
     let exec = match ExecContext::new() {
         Ok(mut c) => {
-            if matches!(args.mode, Mode::SandboxPid1) {
+            if matches!(args.mode, Mode::SandboxPid1 | Mode::SandboxContainer) {
                 // The agent's OOM score is -1000 (set on entering); commands go back to 0.
                 c.reset_oom_score = true;
             }
@@ -350,6 +369,29 @@ fn pid1_argv(args: &Args) -> Vec<std::ffi::CString> {
             "--egress".into(),
             Address::Fd(namespace::PID1_EGRESS_FD).to_string(),
         ]);
+    }
+    if let Some(level) = args.log {
+        argv.extend(["--log".into(), level.as_str().into()]);
+    }
+    // None of these contains a NUL.
+    argv.into_iter()
+        .filter_map(|a| std::ffi::CString::new(a).ok())
+        .collect()
+}
+
+/// The command line of each container's agent: this binary in `sandbox-container` mode,
+/// serving on the descriptor the `sandbox` half hands it, with no ready socket (the daemon
+/// learns it is up by connecting) and no egress uplink (its commands reach the sandbox's
+/// proxy on the loopback they share).
+fn container_argv(args: &Args) -> Vec<std::ffi::CString> {
+    let mut argv = vec![
+        "init".to_string(),
+        "sandbox-container".into(),
+        "--listen".into(),
+        Address::Fd(namespace::PID1_LISTEN_FD).to_string(),
+    ];
+    if let Some(bytes) = args.memory_bytes {
+        argv.extend(["--memory-bytes".into(), bytes.to_string()]);
     }
     if let Some(level) = args.log {
         argv.extend(["--log".into(), level.as_str().into()]);

@@ -408,6 +408,18 @@ pub fn handle(mut conn: UnixStream, agent: &Agent) {
         AgentRequest::Ping => {
             let _ = wire::write_message(&mut conn, &AgentReply::Pong(agent.hello()));
         }
+        AgentRequest::ProbeTcp { port } => {
+            let open = [
+                std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST),
+                std::net::IpAddr::V6(std::net::Ipv6Addr::LOCALHOST),
+            ]
+            .into_iter()
+            .any(|ip| {
+                let address = std::net::SocketAddr::new(ip, port);
+                std::net::TcpStream::connect_timeout(&address, PROBE_TIMEOUT).is_ok()
+            });
+            let _ = wire::write_message(&mut conn, &AgentReply::Probed { open });
+        }
         AgentRequest::EgressUplink => {
             let reply = match receive_uplink(&conn) {
                 Ok(()) => AgentReply::EgressUplinked,
@@ -456,6 +468,9 @@ pub fn handle(mut conn: UnixStream, agent: &Agent) {
         }
     }
 }
+
+/// How long a `probe_tcp` waits for each connection.
+const PROBE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// How long the agent waits, once it has answered `shutdown`, for the host to hang up.
 const SHUTDOWN_LINGER: std::time::Duration = std::time::Duration::from_secs(2);

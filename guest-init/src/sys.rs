@@ -315,9 +315,20 @@ pub fn signal_name(signal: libc::c_int) -> String {
     name.to_string()
 }
 
-/// Sends `signal` to every process this one may signal except itself: from PID 1, every
-/// process of its PID namespace (`kill(2)` with pid -1). Refused unless this process is PID 1:
-/// elsewhere (the agent as a plain process, in tests) it would reach the host's processes.
+static SPARED: std::sync::OnceLock<Vec<libc::pid_t>> = std::sync::OnceLock::new();
+
+/// Processes [`signal_all_but_self`] spares besides the caller: a namespace sandbox's
+/// containers' agents (the sandbox's PID 1 sees them, PID 1s of nested PID namespaces).
+/// Set once, at startup.
+pub fn spare_from_signals(pids: Vec<libc::pid_t>) {
+    let _ = SPARED.set(pids);
+}
+
+/// Sends `signal` to every process this one may signal except itself (and those
+/// [`spare_from_signals`] named): from PID 1, every process of its PID namespace (`kill(2)`
+/// with pid -1, or each process of `/proc` in turn when some are spared). Refused unless this
+/// process is PID 1: elsewhere (the agent as a plain process, in tests) it would reach the
+/// host's processes.
 pub fn signal_all_but_self(signal: libc::c_int) -> io::Result<()> {
     if std::process::id() != 1 {
         return Err(io::Error::new(
@@ -331,6 +342,10 @@ pub fn signal_all_but_self(signal: libc::c_int) -> io::Result<()> {
             format!("signal {signal} is not 1 to 64"),
         ));
     }
+    let spared = SPARED.get().map(Vec::as_slice).unwrap_or_default();
+    if !spared.is_empty() {
+        return signal_each_but(signal, spared);
+    }
     // SAFETY: kill takes no pointers. With pid -1 from PID 1 it reaches every process of the
     // namespace but the caller; ESRCH (none left) is not an error here.
     match cvt(unsafe { libc::kill(-1, signal) }) {
@@ -338,6 +353,48 @@ pub fn signal_all_but_self(signal: libc::c_int) -> io::Result<()> {
         Err(e) if e.raw_os_error() == Some(libc::ESRCH) => Ok(()),
         Err(e) => Err(e),
     }
+}
+
+/// [`signal_all_but_self`] with processes to spare: every process of `/proc` in this PID
+/// namespace but PID 1 and `spared`, a few times over while new ones appear (a process forked
+/// between the listing and the signals is caught by the next pass). A container's processes
+/// live in PID namespaces of their own and are spared too: the sandbox's signal is for its main
+/// container; each container's agent signals its own. Processes that exit meanwhile are no
+/// error.
+fn signal_each_but(signal: libc::c_int, spared: &[libc::pid_t]) -> io::Result<()> {
+    let own_namespace = std::fs::read_link("/proc/self/ns/pid")?;
+    let mut signalled = std::collections::BTreeSet::new();
+    for _ in 0..4 {
+        let mut new = 0;
+        for entry in std::fs::read_dir("/proc")? {
+            let Some(pid) = entry?
+                .file_name()
+                .to_str()
+                .and_then(|n| n.parse::<libc::pid_t>().ok())
+            else {
+                continue;
+            };
+            if pid == 1 || spared.contains(&pid) || !signalled.insert(pid) {
+                continue;
+            }
+            // A process that is gone has no namespace link; it needs no signal either.
+            match std::fs::read_link(format!("/proc/{pid}/ns/pid")) {
+                Ok(namespace) if namespace == own_namespace => {}
+                _ => continue,
+            }
+            new += 1;
+            // SAFETY: kill takes no pointers.
+            match cvt(unsafe { libc::kill(pid, signal) }) {
+                Ok(_) => {}
+                Err(e) if e.raw_os_error() == Some(libc::ESRCH) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        if new == 0 {
+            break;
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]

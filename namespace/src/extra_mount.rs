@@ -60,7 +60,7 @@ impl ExtraMount {
 }
 
 /// The path as text without `:` or NUL, which the flag form cannot carry.
-fn utf8<'a>(path: &'a Path, name: &str) -> Result<&'a str, String> {
+pub(crate) fn utf8<'a>(path: &'a Path, name: &str) -> Result<&'a str, String> {
     let text = path
         .to_str()
         .ok_or_else(|| format!("{name} {path:?} must be UTF-8"))?;
@@ -70,7 +70,9 @@ fn utf8<'a>(path: &'a Path, name: &str) -> Result<&'a str, String> {
     Ok(text)
 }
 
-fn check_target(target: &str) -> Result<(), String> {
+/// A path inside the sandbox a mount may go to: absolute, normalised, not `/`, not in `/proc`,
+/// `/dev` or `/sys`.
+pub(crate) fn check_target(target: &str) -> Result<(), String> {
     let Some(relative) = target.strip_prefix('/') else {
         return Err(format!("TARGET {target:?} must be absolute"));
     };

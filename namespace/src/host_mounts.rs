@@ -57,6 +57,8 @@ pub(crate) struct SandboxMounts {
     pub(crate) scratch_disk: Option<OwnedFd>,
     /// The spec's extra mounts, in its order.
     pub(crate) extra: Vec<OwnedFd>,
+    /// The images of the spec's containers, in its order.
+    pub(crate) containers: Vec<OwnedFd>,
 }
 
 impl SandboxMounts {
@@ -78,10 +80,21 @@ impl SandboxMounts {
             .iter()
             .map(|mount| extra_mount(mount, userns))
             .collect::<Result<_, _>>()?;
+        let containers = spec
+            .containers
+            .iter()
+            .map(|container| {
+                image_tree(&container.rootfs, userns).map_err(|e| HostMountError::For {
+                    flag: format!("--container {container}"),
+                    source: Box::new(e.into()),
+                })
+            })
+            .collect::<Result<_, _>>()?;
         Ok(SandboxMounts {
             image,
             scratch_disk,
             extra,
+            containers,
         })
     }
 
@@ -89,7 +102,8 @@ impl SandboxMounts {
     pub(crate) fn send(&self, to_child: &Socket) -> Result<(), SysError> {
         let all = std::iter::once(&self.image)
             .chain(&self.scratch_disk)
-            .chain(&self.extra);
+            .chain(&self.extra)
+            .chain(&self.containers);
         for (i, mnt) in all.enumerate() {
             to_child
                 .send_fd(mnt)
@@ -126,10 +140,18 @@ impl SandboxMounts {
                 None => return Ok(None),
             }
         }
+        let mut containers = Vec::with_capacity(spec.containers.len());
+        for container in &spec.containers {
+            match receive(&format!("the image of --container {container}"))? {
+                Some(fd) => containers.push(fd),
+                None => return Ok(None),
+            }
+        }
         Ok(Some(SandboxMounts {
             image,
             scratch_disk,
             extra,
+            containers,
         }))
     }
 }

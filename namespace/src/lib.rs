@@ -26,6 +26,7 @@
 //! ([`harden_pid1`]): commands, root or not, cannot ptrace it or read its memory.
 
 mod bpf;
+pub mod container;
 mod extra_mount;
 mod host_mounts;
 mod idmap;
@@ -39,11 +40,12 @@ mod sys;
 
 use std::ffi::CString;
 
+pub use container::{ContainerRoot, SharedMount};
 pub use extra_mount::{ExtraMount, MountKind};
 pub use host_mounts::HostMountError;
 pub use idmap::{IdMap, SANDBOX_IDS};
 pub use loop_device::LoopError;
-pub use spec::{SandboxSpec, SpecError};
+pub use spec::{container_socket, SandboxSpec, SpecError};
 pub use sys::{recv_stream, send_stream, SysError};
 
 pub use contract::namespace_fds::{PID1_EGRESS_FD, PID1_LISTEN_FD, PID1_READY_FD};
@@ -75,16 +77,23 @@ pub enum EnterError {
     Orphaned,
 }
 
-/// Makes the sandbox and starts `pid1_argv` (the agent, executed again from the same binary)
-/// as its PID 1. Must be called while the process is single-threaded (it clones).
+/// The command lines the agent binary is executed again with inside the sandbox.
+#[derive(Debug, Clone, Default)]
+pub struct AgentArgv {
+    /// The sandbox's PID 1; `--container-agent PID` is added for each container's agent (its
+    /// pid as PID 1 sees it), which a signal to every process spares.
+    pub pid1: Vec<CString>,
+    /// Each container's agent, serving on descriptor [`PID1_LISTEN_FD`].
+    pub container: Vec<CString>,
+}
+
+/// Makes the sandbox and starts `argv.pid1` (the agent, executed again from the same binary)
+/// as its PID 1, and `argv.container` as each container's agent. Must be called while the process is single-threaded (it clones).
 ///
 /// Returns only on failure. On success the calling process becomes the sandbox's supervisor
 /// outside it: it waits for PID 1 and exits with its status, and when it is killed PID 1 (and
 /// with it the whole sandbox) is killed too.
-pub fn enter(
-    spec: &SandboxSpec,
-    pid1_argv: &[CString],
-) -> Result<std::convert::Infallible, EnterError> {
+pub fn enter(spec: &SandboxSpec, argv: &AgentArgv) -> Result<std::convert::Infallible, EnterError> {
     spec.validate()?;
     if spec.die_with_parent {
         sys::die_with_parent()?;
@@ -120,7 +129,7 @@ pub fn enter(
         }
         sys::Forked::Child => {
             drop(parent_end);
-            let e = inside(spec, &host_side, &child_end, pid1_argv);
+            let e = inside(spec, &host_side, &child_end, argv);
             eprintln!(
                 "guest-init: making the sandbox failed: {}",
                 report::chain(&e)
@@ -135,7 +144,7 @@ fn inside(
     spec: &SandboxSpec,
     host_side: &sys::HostSide,
     from_parent: &sys::Socket,
-    pid1_argv: &[CString],
+    argv: &AgentArgv,
 ) -> EnterError {
     let step = || -> Result<std::convert::Infallible, EnterError> {
         // Until the parent has written our id maps we are nobody; it then sends the image's
@@ -153,7 +162,18 @@ fn inside(
         if !from_parent.peer_alive() {
             return Err(EnterError::Orphaned);
         }
-        mounts::build_root(spec, &stage, handed)?;
+        let host_mounts::SandboxMounts {
+            image,
+            scratch_disk,
+            extra,
+            containers,
+        } = handed;
+        mounts::prepare_scratch(spec, &stage, scratch_disk)?;
+        // Cloned from the scratch's mount namespace before the sandbox's root hides it: each
+        // container builds its own root on the same scratch.
+        let container_agents =
+            container::start_all(spec, containers, &agent, host_side, &argv.container)?;
+        mounts::build_root(spec, image, extra)?;
         sys::set_hostname(&spec.hostname)?;
         sys::bring_up_loopback()?;
         privileges::limit_bounding_set()?;
@@ -162,7 +182,13 @@ fn inside(
         seccomp::install()?;
         privileges::keep_only_kept()?;
         host_side.hand_to_pid1()?;
-        Err(sys::exec_pid1(&agent, pid1_argv).into())
+        let mut pid1_argv = argv.pid1.clone();
+        for pid in container_agents {
+            pid1_argv.push(c"--container-agent".into());
+            // A number has no NUL.
+            pid1_argv.extend(CString::new(pid.to_string()).ok());
+        }
+        Err(sys::exec_pid1(&agent, &pid1_argv).into())
     };
     match step() {
         Ok(never) => match never {},

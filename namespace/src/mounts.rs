@@ -10,12 +10,11 @@ use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::os::unix::fs::{symlink, PermissionsExt};
 use std::path::{Component, Path, PathBuf};
 
-use crate::host_mounts::SandboxMounts;
 use crate::mount_api::{self, FsContext, MOUNT_ATTR_NODEV, MOUNT_ATTR_NOSUID};
 use crate::sys::{self, check, cstring, owned_fd, SysError};
-use crate::{ExtraMount, SandboxSpec};
+use crate::SandboxSpec;
 
-fn mount(
+pub(crate) fn mount(
     source: &str,
     target: &Path,
     fstype: Option<&str>,
@@ -49,11 +48,11 @@ fn mount(
     check(ret, step)
 }
 
-fn mkdir(path: &Path) -> Result<(), SysError> {
+pub(crate) fn mkdir(path: &Path) -> Result<(), SysError> {
     fs::create_dir_all(path).map_err(|e| SysError::io(format!("mkdir {}", path.display()), e))
 }
 
-fn chmod(path: &Path, mode: u32) -> Result<(), SysError> {
+pub(crate) fn chmod(path: &Path, mode: u32) -> Result<(), SysError> {
     fs::set_permissions(path, fs::Permissions::from_mode(mode))
         .map_err(|e| SysError::io(format!("chmod {mode:o} {}", path.display()), e))
 }
@@ -91,20 +90,15 @@ pub(crate) fn open_stage(runtime_dir: &Path) -> Result<OwnedFd, SysError> {
     sys::open_file(runtime_dir, libc::O_PATH | libc::O_DIRECTORY)
 }
 
-/// Builds the root: the scratch (the disk handed over, or a tmpfs) on `stage` (in this mount
-/// namespace only), the idmapped image under an overlay, `/proc`, `/dev`, `/tmp`, the extra
-/// mounts; then pivots into it.
-pub(crate) fn build_root(
+/// Makes every mount private and attaches the scratch (the disk handed over, or a tmpfs) on
+/// `stage` (in this mount namespace only), then makes it the working directory, with the
+/// directories every root built on it needs: `/tmp`'s and `/dev/shm`'s sources and the
+/// shared directories.
+pub(crate) fn prepare_scratch(
     spec: &SandboxSpec,
     stage: &OwnedFd,
-    handed: SandboxMounts,
+    scratch_disk: Option<OwnedFd>,
 ) -> Result<(), SysError> {
-    let SandboxMounts {
-        image,
-        scratch_disk,
-        extra,
-    } = handed;
-    let nosuid_nodev = libc::MS_NOSUID | libc::MS_NODEV;
     // Nothing mounted from here on may propagate back to the host.
     mount(
         "none",
@@ -123,22 +117,44 @@ pub(crate) fn build_root(
         format!("enter {what}")
     })?;
     drop(scratch);
+    // `/tmp` and `/dev/shm` live on the same scratch as the overlay's upper layer, so that one
+    // size bounds every byte a command can write (a tmpfs each would multiply it).
+    for dir in [SCRATCH_TMP, SCRATCH_SHM] {
+        mkdir(Path::new(dir))?;
+        chmod(Path::new(dir), 0o1777)?;
+    }
+    // World-writable, as a Kubernetes emptyDir: the containers sharing it may run as
+    // different users.
+    for shared in &spec.shared {
+        let dir = crate::container::shared_dir(&shared.dir);
+        mkdir(&dir)?;
+        chmod(&dir, 0o777)?;
+    }
+    Ok(())
+}
 
-    // Relative to the scratch tmpfs from here on.
+/// Relative to the scratch: the sources of the sandbox root's `/tmp` and of every root's
+/// `/dev/shm` (one IPC namespace, one `/dev/shm`).
+const SCRATCH_TMP: &str = "tmp";
+const SCRATCH_SHM: &str = "shm";
+
+/// Builds the sandbox's own root on the prepared scratch (the working directory): the
+/// idmapped image under an overlay, `/proc`, `/dev`, `/tmp`, the extra mounts, its shared
+/// directories; then pivots into it.
+pub(crate) fn build_root(
+    spec: &SandboxSpec,
+    image: OwnedFd,
+    extra: Vec<OwnedFd>,
+) -> Result<(), SysError> {
+    // Relative to the scratch from here on.
     let (upper, work, lower, root) = (
         Path::new("upper"),
         Path::new("work"),
         Path::new("lower"),
         Path::new("root"),
     );
-    // `/tmp` and `/dev/shm` live on the same scratch as the overlay's upper layer, so that one
-    // size bounds every byte a command can write (a tmpfs each would multiply it).
-    let (scratch_tmp, scratch_shm) = (Path::new("tmp"), Path::new("shm"));
-    for dir in [upper, work, lower, root, scratch_tmp, scratch_shm] {
+    for dir in [upper, work, lower, root] {
         mkdir(dir)?;
-    }
-    for dir in [scratch_tmp, scratch_shm] {
-        chmod(dir, 0o1777)?;
     }
     mount_api::attach_at(&image, &cstring(lower)?, "the image")?;
     drop(image);
@@ -150,7 +166,26 @@ pub(crate) fn build_root(
         0,
         Some("lowerdir=lower,upperdir=upper,workdir=work,userxattr"),
     )?;
+    finish_root(root, Path::new(SCRATCH_TMP))?;
+    // Last, so that a mount under /tmp is not hidden by it.
+    let root_dir = sys::open_file(root, libc::O_PATH | libc::O_DIRECTORY)?;
+    for (mount, mnt) in spec.mounts.iter().zip(extra) {
+        let what = format!("--mount {mount}");
+        let target = mount_point(&root_dir, &mount.target, &what)?;
+        mount_api::attach(
+            &mnt,
+            target.as_fd(),
+            &format!("{what} on {}", mount.target.display()),
+        )?;
+    }
+    drop(root_dir);
+    attach_shared(spec, crate::container::MAIN, root)?;
+    pivot_into(root)
+}
 
+/// Gives the root being built at `root` its `/proc` (of the caller's PID namespace), `/dev`
+/// and `/tmp` (bound from `tmp_source`).
+pub(crate) fn finish_root(root: &Path, tmp_source: &Path) -> Result<(), SysError> {
     let (proc_dir, dev, tmp) = (root.join("proc"), root.join("dev"), root.join("tmp"));
     for dir in [&proc_dir, &dev, &tmp] {
         mkdir(dir)?;
@@ -158,20 +193,23 @@ pub(crate) fn build_root(
     // Mounted before the pivot: a user namespace may mount procfs only where a full /proc is
     // already visible (the host's, until the pivot).
     mount_proc(&proc_dir)?;
-    build_dev(&dev, scratch_shm)?;
-    bind_with_flags(scratch_tmp, &tmp, nosuid_nodev)?;
-    // Last, so that a mount under /tmp is not hidden by it.
+    build_dev(&dev, Path::new(SCRATCH_SHM))?;
+    bind_with_flags(tmp_source, &tmp, libc::MS_NOSUID | libc::MS_NODEV)
+}
+
+/// Binds the shared directories `owner` mounts (`--shared OWNER:DIR:TARGET`) under `root`.
+pub(crate) fn attach_shared(spec: &SandboxSpec, owner: &str, root: &Path) -> Result<(), SysError> {
     let root_dir = sys::open_file(root, libc::O_PATH | libc::O_DIRECTORY)?;
-    for (mount, mnt) in spec.mounts.iter().zip(extra) {
-        let target = mount_point(&root_dir, mount)?;
-        mount_api::attach(
-            &mnt,
-            target.as_fd(),
-            &format!("--mount {mount} on {}", mount.target.display()),
-        )?;
+    for shared in spec.shared.iter().filter(|s| s.owner == owner) {
+        let what = format!("--shared {shared}");
+        let source = crate::container::shared_dir(&shared.dir);
+        let tree = mount_api::clone_tree(&cstring(&source)?, &what)?;
+        mount_api::set_attrs(tree.as_fd(), MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV, None)
+            .map_err(|e| SysError::io(format!("make {what} nosuid and nodev"), e))?;
+        let target = mount_point(&root_dir, &shared.target, &what)?;
+        mount_api::attach(&tree, target.as_fd(), &what)?;
     }
-    drop(root_dir);
-    pivot_into(root)
+    Ok(())
 }
 
 /// A detached tmpfs of `size_mib`, made with the new mount API so it needs no path.
@@ -191,13 +229,13 @@ struct OpenHow {
     resolve: u64,
 }
 
-/// The directory `mount.target` under the new root `root`, made if missing. No component may
+/// The directory `target` under the new root `root`, for `mount` (named in errors), made if missing. No component may
 /// be a symlink (or leave `root`): the image decides what its paths are, and a link must not
 /// carry a mount out of the root or into `/proc` or `/dev`.
-fn mount_point(root: &OwnedFd, mount: &ExtraMount) -> Result<OwnedFd, SysError> {
+fn mount_point(root: &OwnedFd, target: &Path, mount: &str) -> Result<OwnedFd, SysError> {
     let mut current: Option<OwnedFd> = None;
     let mut prefix = PathBuf::from("/");
-    for component in mount.target.components() {
+    for component in target.components() {
         let Component::Normal(name) = component else {
             continue; // the leading `/`; the spec's checks allow nothing else
         };
@@ -208,7 +246,7 @@ fn mount_point(root: &OwnedFd, mount: &ExtraMount) -> Result<OwnedFd, SysError> 
         let ret = unsafe { libc::mkdirat(parent.as_raw_fd(), name_c.as_ptr(), 0o755) };
         if ret < 0 && std::io::Error::last_os_error().raw_os_error() != Some(libc::EEXIST) {
             return Err(SysError::last(format!(
-                "create {} for --mount {mount}",
+                "create {} for {mount}",
                 prefix.display()
             )));
         }
@@ -229,14 +267,14 @@ fn mount_point(root: &OwnedFd, mount: &ExtraMount) -> Result<OwnedFd, SysError> 
         };
         current = Some(owned_fd(fd, || {
             format!(
-                "open {} for --mount {mount} (it must be a directory, not a symlink)",
+                "open {} for {mount} (it must be a directory, not a symlink)",
                 prefix.display()
             )
         })?);
     }
     current.ok_or_else(|| {
         SysError::io(
-            format!("--mount {mount}"),
+            mount.to_string(),
             std::io::Error::new(std::io::ErrorKind::InvalidInput, "the target is /"),
         )
     })
@@ -325,7 +363,7 @@ fn build_dev(dev: &Path, shm_source: &Path) -> Result<(), SysError> {
 }
 
 /// Makes `root` the new `/` and detaches the old root entirely.
-fn pivot_into(root: &Path) -> Result<(), SysError> {
+pub(crate) fn pivot_into(root: &Path) -> Result<(), SysError> {
     std::env::set_current_dir(root)
         .map_err(|e| SysError::io(format!("chdir {}", root.display()), e))?;
     let dot = cstring(Path::new("."))?;
@@ -346,7 +384,7 @@ mod tests {
     use std::os::unix::fs::MetadataExt;
 
     use super::*;
-    use crate::MountKind;
+    use crate::{ExtraMount, MountKind};
 
     fn mount_at(target: &str) -> ExtraMount {
         ExtraMount {
@@ -365,11 +403,12 @@ mod tests {
     fn mount_points_are_made_under_the_root() {
         let dir = tempfile::tempdir().expect("temp dir");
         std::fs::create_dir(dir.path().join("opt")).expect("mkdir");
-        let fd = mount_point(&root(dir.path()), &mount_at("/opt/a/b")).expect("made");
+        let fd = mount_point(&root(dir.path()), &mount_at("/opt/a/b").target, "--mount x")
+            .expect("made");
         let made = std::fs::metadata(dir.path().join("opt/a/b")).expect("made");
         let got = sys::fstat(&fd, || "stat".into()).expect("fstat");
         assert_eq!((got.st_dev, got.st_ino), (made.dev(), made.ino()));
-        mount_point(&root(dir.path()), &mount_at("/opt/a/b")).expect("existing");
+        mount_point(&root(dir.path()), Path::new("/opt/a/b"), "--mount x").expect("existing");
     }
 
     #[test]
@@ -386,7 +425,8 @@ mod tests {
             ("/p/sys", libc::ELOOP, "/p"),
             ("/file/x", libc::ENOTDIR, "/file"),
         ] {
-            let e = mount_point(&root(dir.path()), &mount_at(target)).expect_err(target);
+            let e = mount_point(&root(dir.path()), &mount_at(target).target, "--mount x")
+                .expect_err(target);
             assert_eq!(e.source.raw_os_error(), Some(errno), "{target}: {e:?}");
             assert!(
                 e.step.contains(&format!("open {named} for --mount")),

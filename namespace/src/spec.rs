@@ -4,7 +4,7 @@
 use std::ffi::OsString;
 use std::path::PathBuf;
 
-use crate::{ExtraMount, IdMap, MountKind};
+use crate::{ContainerRoot, ExtraMount, IdMap, MountKind, SharedMount};
 
 /// What the sandbox is made of. All paths are host paths, opened before entering.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -43,6 +43,11 @@ pub struct SandboxSpec {
     /// cgroup membership files (`cgroup.procs`) to join before entering, so every process in
     /// the sandbox is accounted and limited.
     pub cgroup_procs: Vec<PathBuf>,
+    /// The sandbox's containers besides its own root, each with its own image, mount and PID
+    /// namespaces and agent ([`crate::container`]), in this order.
+    pub containers: Vec<ContainerRoot>,
+    /// Shared directories of the scratch mounted in the sandbox's root or its containers.
+    pub shared: Vec<SharedMount>,
 }
 
 /// A spec that cannot be used, or a flag that cannot be parsed.
@@ -67,7 +72,7 @@ pub enum SpecError {
 }
 
 /// Flags that take a value, in the order [`SandboxSpec::to_args`] writes them.
-const FLAGS: [&str; 12] = [
+const FLAGS: [&str; 14] = [
     "--rootfs",
     "--runtime-dir",
     "--agent-socket",
@@ -80,6 +85,8 @@ const FLAGS: [&str; 12] = [
     "--mount",
     "--egress-socket",
     "--no-die-with-parent",
+    "--container",
+    "--shared",
 ];
 
 impl Default for SandboxSpec {
@@ -97,6 +104,8 @@ impl Default for SandboxSpec {
             id_map: IdMap::default(),
             die_with_parent: true,
             cgroup_procs: Vec::new(),
+            containers: Vec::new(),
+            shared: Vec::new(),
         }
     }
 }
@@ -128,10 +137,23 @@ impl SandboxSpec {
         if let Some(socket) = &self.egress_socket {
             pair(FLAGS[10], socket.clone().into());
         }
+        for container in &self.containers {
+            pair(FLAGS[12], container.to_string().into());
+        }
+        for shared in &self.shared {
+            pair(FLAGS[13], shared.to_string().into());
+        }
         if !self.die_with_parent {
             args.push(FLAGS[11].into());
         }
         args
+    }
+
+    /// Where container `index` (of [`SandboxSpec::containers`]) has its agent listen: a Unix
+    /// socket in the runtime directory, bound on the host before entering. Named by index, so
+    /// that no container name makes the path longer than a socket address holds.
+    pub fn container_socket(&self, index: usize) -> PathBuf {
+        container_socket(&self.runtime_dir, index)
     }
 
     /// Whether `flag` is one of the spec's.
@@ -173,6 +195,10 @@ impl SandboxSpec {
             "--scratch-disk" => self.scratch_disk = Some(v.into()),
             "--mount" => self.mounts.push(v.parse().map_err(|e: String| bad(&e))?),
             "--egress-socket" => self.egress_socket = Some(v.into()),
+            "--container" => self
+                .containers
+                .push(v.parse().map_err(|e: String| bad(&e))?),
+            "--shared" => self.shared.push(v.parse().map_err(|e: String| bad(&e))?),
             _ => return Err(bad("is not a sandbox flag")),
         }
         Ok(())
@@ -214,7 +240,12 @@ impl SandboxSpec {
                 });
             }
         }
-        self.validate_mounts()
+        self.validate_mounts()?;
+        crate::container::check_spec(self).map_err(|(flag, value, reason)| SpecError::BadValue {
+            flag,
+            value,
+            reason,
+        })
     }
 
     /// Each mount follows the flag form's rules; no two share a target; no image is attached
@@ -250,6 +281,12 @@ impl SandboxSpec {
     }
 }
 
+/// Where container `index` of the sandbox whose runtime directory is `runtime_dir` listens
+/// ([`SandboxSpec::container_socket`]); the daemon connects there.
+pub fn container_socket(runtime_dir: &std::path::Path, index: usize) -> PathBuf {
+    runtime_dir.join(format!("c{index}.sock"))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -274,6 +311,14 @@ mod tests {
             id_map: IdMap::new(2_000_065_536, 65_536).expect("map"),
             die_with_parent: false,
             cgroup_procs: vec!["/sys/fs/cgroup/memory/x/cgroup.procs".into(), "/p".into()],
+            containers: vec![
+                "db=/img/pg/rootfs".parse().expect("container"),
+                "web=/img/web/rootfs".parse().expect("container"),
+            ],
+            shared: vec![
+                "main:work:/work".parse().expect("shared"),
+                "db:work:/var/lib/work".parse().expect("shared"),
+            ],
         }
     }
 
@@ -304,10 +349,18 @@ mod tests {
             scratch_disk: None,
             mounts: Vec::new(),
             egress_socket: None,
+            containers: Vec::new(),
+            shared: Vec::new(),
             ..example()
         };
         let args = bare.to_args();
-        for flag in ["--scratch-disk", "--mount", "--egress-socket"] {
+        for flag in [
+            "--scratch-disk",
+            "--mount",
+            "--egress-socket",
+            "--container",
+            "--shared",
+        ] {
             assert!(!args.iter().any(|a| a == flag), "{flag} written when unset");
         }
         assert_eq!(parse(&args).expect("parse"), bare);
@@ -416,6 +469,55 @@ mod tests {
         }
         .validate()
         .expect("a directory twice");
+    }
+
+    #[test]
+    fn validate_refuses_clashing_containers_and_shared_mounts() {
+        let container = |text: &str| text.parse::<ContainerRoot>().expect(text);
+        let shared = |text: &str| text.parse::<SharedMount>().expect(text);
+        refused(
+            SandboxSpec {
+                containers: vec![container("db=/a"), container("db=/b")],
+                ..example()
+            },
+            "--container",
+            "same NAME",
+        );
+        refused(
+            SandboxSpec {
+                shared: vec![shared("cache:work:/w")],
+                ..example()
+            },
+            "--shared",
+            "no container \"cache\"",
+        );
+        refused(
+            SandboxSpec {
+                shared: vec![shared("db:work:/w"), shared("db:other:/w")],
+                ..example()
+            },
+            "--shared",
+            "same TARGET",
+        );
+        refused(
+            SandboxSpec {
+                shared: vec![shared("main:work:/cache")],
+                ..example()
+            },
+            "--shared",
+            "a --mount has the same TARGET",
+        );
+        // The same directory in two containers, at the same path, is what sharing is.
+        SandboxSpec {
+            shared: vec![shared("main:work:/w"), shared("db:work:/w")],
+            ..example()
+        }
+        .validate()
+        .expect("shared twice");
+        assert_eq!(
+            example().container_socket(1),
+            PathBuf::from("/run/crucible/sandboxes/sb-1/c1.sock")
+        );
     }
 
     #[test]

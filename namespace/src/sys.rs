@@ -97,6 +97,32 @@ pub(crate) fn clone_into_namespaces() -> Result<Forked, SysError> {
     }
 }
 
+/// Forks a container of the sandbox: the child is PID 1 of a new PID namespace, in a new
+/// mount namespace (a copy of the caller's), both owned by the sandbox's user namespace; it
+/// shares every other namespace with the caller.
+pub(crate) fn clone_container() -> Result<Forked, SysError> {
+    let flags = libc::CLONE_NEWNS | libc::CLONE_NEWPID | libc::SIGCHLD;
+    // SAFETY: as in clone_into_namespaces: a null stack makes clone a fork, the caller is
+    // single-threaded, and the child makes only plain system calls until it executes.
+    let pid = unsafe {
+        libc::syscall(
+            libc::SYS_clone,
+            flags as libc::c_ulong,
+            0usize,
+            0usize,
+            0usize,
+            0usize,
+        )
+    };
+    match pid {
+        -1 => Err(SysError::last(
+            "clone a container into new mount and PID namespaces",
+        )),
+        0 => Ok(Forked::Child),
+        child => Ok(Forked::Parent(child as libc::pid_t)),
+    }
+}
+
 /// Makes the caller uid and gid 0 of its user namespace (the host range's base), with no
 /// supplementary groups. Raw system calls: libc's wrappers synchronise threads.
 pub(crate) fn become_root_inside() -> Result<(), SysError> {
@@ -309,17 +335,24 @@ pub(crate) struct HostSide {
     listener: UnixListener,
     ready: UnixStream,
     egress: Option<UnixStream>,
+    /// Each container's agent socket, in the spec's order.
+    containers: Vec<UnixListener>,
 }
 
 impl HostSide {
     pub(crate) fn open(spec: &SandboxSpec) -> Result<Self, SysError> {
-        let socket = &spec.agent_socket;
-        // A stale socket file (a previous sandbox of the same id) is replaced.
-        if std::fs::symlink_metadata(socket).is_ok_and(|m| m.file_type().is_socket()) {
-            let _ = std::fs::remove_file(socket);
-        }
-        let listener = UnixListener::bind(socket)
-            .map_err(|e| SysError::io(format!("listen on {}", socket.display()), e))?;
+        let listen = |socket: &Path| {
+            // A stale socket file (a previous sandbox of the same id) is replaced.
+            if std::fs::symlink_metadata(socket).is_ok_and(|m| m.file_type().is_socket()) {
+                let _ = std::fs::remove_file(socket);
+            }
+            UnixListener::bind(socket)
+                .map_err(|e| SysError::io(format!("listen on {}", socket.display()), e))
+        };
+        let listener = listen(&spec.agent_socket)?;
+        let containers = (0..spec.containers.len())
+            .map(|i| listen(&spec.container_socket(i)))
+            .collect::<Result<_, _>>()?;
         let connect = |path: &Path| {
             UnixStream::connect(path)
                 .map_err(|e| SysError::io(format!("connect to {}", path.display()), e))
@@ -330,6 +363,7 @@ impl HostSide {
             listener,
             ready,
             egress,
+            containers,
         })
     }
 
@@ -344,32 +378,51 @@ impl HostSide {
         if let Some(egress) = &self.egress {
             handed.push((egress.as_raw_fd(), crate::PID1_EGRESS_FD));
         }
-        let mut first_closed = 0;
-        for (fd, target) in handed {
-            // Above every descriptor PID 1 will get, so a later dup2 cannot clobber an
-            // earlier one's source.
-            // SAFETY: fcntl(F_DUPFD_CLOEXEC) takes integers and returns a new descriptor.
-            let high = unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 16) };
-            check(high, || format!("duplicate descriptor {fd}"))?;
-            // SAFETY: dup2 takes integers; the copy at `target` is not close-on-exec.
-            let ret = unsafe { libc::dup2(high, target) };
-            check(ret, || format!("dup2 to descriptor {target}"))?;
-            first_closed = target as libc::c_uint + 1;
-        }
-        const CLOSE_RANGE_CLOEXEC: libc::c_uint = 1 << 2;
-        // SAFETY: close_range takes integers; with CLOSE_RANGE_CLOEXEC it only sets flags.
-        let ret = unsafe {
-            libc::syscall(
-                libc::SYS_close_range,
-                first_closed,
-                libc::c_uint::MAX,
-                CLOSE_RANGE_CLOEXEC,
-            )
-        };
-        check(ret as libc::c_int, || {
-            "mark descriptors close-on-exec".into()
-        })
+        hand_over(&handed)
     }
+
+    /// Puts container `index`'s listener at its agent's descriptor 3 (as PID 1's) and marks
+    /// every other descriptor above 2 close-on-exec: the container's agent holds no socket of
+    /// the sandbox's own agent or of another container.
+    pub(crate) fn hand_to_container(&self, index: usize) -> Result<(), SysError> {
+        let listener = self.containers.get(index).ok_or_else(|| {
+            SysError::io(
+                format!("hand container {index} its socket"),
+                io::Error::new(io::ErrorKind::NotFound, "no such container"),
+            )
+        })?;
+        hand_over(&[(listener.as_raw_fd(), crate::PID1_LISTEN_FD)])
+    }
+}
+
+/// Duplicates each `(fd, target)` to its target and marks every descriptor above the last
+/// target close-on-exec, so that nothing else crosses `execve`.
+fn hand_over(handed: &[(RawFd, RawFd)]) -> Result<(), SysError> {
+    let mut first_closed = 0;
+    for &(fd, target) in handed {
+        // Above every descriptor PID 1 will get, so a later dup2 cannot clobber an
+        // earlier one's source.
+        // SAFETY: fcntl(F_DUPFD_CLOEXEC) takes integers and returns a new descriptor.
+        let high = unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 16) };
+        check(high, || format!("duplicate descriptor {fd}"))?;
+        // SAFETY: dup2 takes integers; the copy at `target` is not close-on-exec.
+        let ret = unsafe { libc::dup2(high, target) };
+        check(ret, || format!("dup2 to descriptor {target}"))?;
+        first_closed = target as libc::c_uint + 1;
+    }
+    const CLOSE_RANGE_CLOEXEC: libc::c_uint = 1 << 2;
+    // SAFETY: close_range takes integers; with CLOSE_RANGE_CLOEXEC it only sets flags.
+    let ret = unsafe {
+        libc::syscall(
+            libc::SYS_close_range,
+            first_closed,
+            libc::c_uint::MAX,
+            CLOSE_RANGE_CLOEXEC,
+        )
+    };
+    check(ret as libc::c_int, || {
+        "mark descriptors close-on-exec".into()
+    })
 }
 
 /// Executes the agent binary as the sandbox's PID 1, with the current environment.

@@ -99,6 +99,12 @@ pub enum AgentRequest {
     Stats,
     /// Answer with the agent's hello.
     Ping,
+    /// Try to connect to `port` on the sandbox's loopback (127.0.0.1, then ::1) within a
+    /// second: a container's readiness check. Answered with `probed`.
+    ProbeTcp {
+        /// The TCP port.
+        port: u16,
+    },
     /// A namespace sandbox's new egress uplink (a restarted daemon's, live restore): right
     /// after this message, in a message of its own, comes one byte carrying a connected Unix
     /// stream socket (`SCM_RIGHTS`); the agent hands its proxy's connections over it from then
@@ -152,6 +158,11 @@ pub enum AgentReply {
     Execs(ExecList),
     /// The answer to `egress_uplink`: the new uplink is in use.
     EgressUplinked,
+    /// The answer to `probe_tcp`.
+    Probed {
+        /// Whether something accepted the connection.
+        open: bool,
+    },
 }
 
 /// The output an agent keeps per command for a client that re-attaches, unless the host asks

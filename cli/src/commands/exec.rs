@@ -23,6 +23,10 @@ pub(crate) struct ExecArgs {
     /// `docker run --group-add`; repeatable).
     #[arg(long, value_name = "GROUP")]
     pub group_add: Vec<String>,
+    /// Run it in the sandbox's container NAME (a --service) instead of its own root; with
+    /// the container's env, working directory and user as defaults. Not with -i yet.
+    #[arg(long, value_name = "NAME")]
+    pub container: Option<String>,
     #[command(flatten)]
     pub options: CommandOptions,
     /// The sandbox id.
@@ -348,6 +352,19 @@ pub(crate) async fn exec(global: &Global, args: ExecArgs) -> Result<i32> {
     let mut request = args.options.request(&args.cmd, &args.env);
     request.user = args.user.unwrap_or_default();
     request.group_add = args.group_add;
+    if let Some(container) = &args.container {
+        if args.interactive {
+            anyhow::bail!("--container does not go with -i yet: run it without -i");
+        }
+        // Not re-attached if the connection breaks: a re-attach finds the sandbox's own
+        // commands only.
+        let stream = client.exec_in(&args.id, container, &request).await?;
+        let result = follow(&client, &args.id, stream, 0, false).await?;
+        if global.json {
+            output::print_json(&result)?;
+        }
+        return finish(global, &result, args.options.stats);
+    }
     if global.json && !args.interactive {
         let out = client.exec_collect(&args.id, &request).await?;
         output::print_json(&serde_json::json!({

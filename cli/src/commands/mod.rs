@@ -7,6 +7,7 @@ pub(crate) mod exec;
 pub(crate) mod images;
 pub(crate) mod run;
 pub(crate) mod sandbox;
+pub(crate) mod services;
 
 /// Parses `K=V`.
 pub(crate) fn key_value(text: &str) -> Result<(String, String), String> {

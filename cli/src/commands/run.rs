@@ -26,6 +26,10 @@ pub(crate) struct Args {
     /// Keep the sandbox (print its id) instead of deleting it.
     #[arg(long)]
     pub keep: bool,
+    /// Before the sandbox is deleted, write each service's log (see --service) to
+    /// DIR/NAME.log.
+    #[arg(long, value_name = "DIR")]
+    pub service_logs: Option<PathBuf>,
     /// The command and its arguments (after `--`).
     #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true)]
     pub cmd: Vec<String>,
@@ -105,12 +109,21 @@ pub(crate) async fn run(global: &Global, args: Args) -> Result<i32> {
 }
 
 async fn run_in_sandbox(global: &Global, client: &client::Client, args: &Args) -> Result<i32> {
-    let sandbox = client.create(&args.sandbox.request()).await?;
+    let sandbox = client.create(&args.sandbox.request()?).await?;
     let request = args.options.request(&args.cmd, &args.cmd_env);
     let result = tokio::select! {
         result = super::exec::stream(client, &sandbox.id, &request) => Some(result),
         _ = tokio::signal::ctrl_c() => None,
     };
+    if let Some(dir) = &args.service_logs {
+        if let Err(e) = super::services::save_logs(client, &sandbox.id, dir).await {
+            eprintln!(
+                "crucible: warning: saving the services' logs to {}: {}",
+                dir.display(),
+                report::chain(e.as_ref())
+            );
+        }
+    }
     if args.keep {
         eprintln!("crucible: kept sandbox {}", sandbox.id);
     } else if let Err(e) = client.delete(&sandbox.id).await {

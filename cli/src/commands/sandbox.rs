@@ -51,6 +51,8 @@ pub(crate) struct CreateArgs {
     /// bigger than memory.
     #[arg(long = "disk", value_name = "MIB")]
     pub disk_mib: Option<u64>,
+    #[command(flatten)]
+    pub services: super::services::ServiceArgs,
 }
 
 fn parse_cache(text: &str) -> Result<api_types::CacheMount, String> {
@@ -83,8 +85,9 @@ fn parse_volume(text: &str) -> Result<api_types::VolumeMount, String> {
 }
 
 impl CreateArgs {
-    pub(crate) fn request(&self) -> CreateSandbox {
-        CreateSandbox {
+    pub(crate) fn request(&self) -> Result<CreateSandbox> {
+        let (containers, shared) = self.services.containers()?;
+        Ok(CreateSandbox {
             memory_mib: self.memory,
             vcpus: self.vcpus,
             image: self.image.clone(),
@@ -99,12 +102,14 @@ impl CreateArgs {
             caches: self.cache.clone(),
             volumes: self.volume.clone(),
             disk_mib: self.disk_mib,
-        }
+            containers,
+            shared,
+        })
     }
 }
 
 pub(crate) async fn create(global: &Global, args: CreateArgs) -> Result<()> {
-    let info = global.client()?.create(&args.request()).await?;
+    let info = global.client()?.create(&args.request()?).await?;
     if global.json {
         output::print_json(&info)
     } else {

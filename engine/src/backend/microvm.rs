@@ -909,6 +909,8 @@ mod tests {
             mounts: Vec::new(),
             egress: None,
             root: None,
+            containers: Vec::new(),
+            shared: Vec::new(),
         }
     }
 

@@ -52,6 +52,10 @@ pub struct InstanceSpec {
     pub(crate) egress: Option<EgressSink>,
     /// Its imported image's root; `None` runs the backend's built-in image.
     pub root: Option<ImageRoot>,
+    /// Its containers besides its own root, each with its image's tree (namespace backend).
+    pub(crate) containers: Vec<::namespace::ContainerRoot>,
+    /// The shared directories its root and its containers mount.
+    pub(crate) shared: Vec<::namespace::SharedMount>,
 }
 
 /// An imported image's root, as the backends take it. The agent stays the daemon's own
@@ -283,6 +287,17 @@ pub trait Instance: Send + Sync {
     fn hello(&self) -> &Hello;
     /// A new connection to its agent; one per request.
     fn connect(&self) -> BoxFuture<'_, io::Result<UnixStream>>;
+    /// A new connection to the agent of its container `index` (in the order of
+    /// [`InstanceSpec::containers`]).
+    fn connect_container(&self, index: usize) -> BoxFuture<'_, io::Result<UnixStream>> {
+        let _ = index;
+        Box::pin(async {
+            Err(io::Error::new(
+                io::ErrorKind::Unsupported,
+                "this backend runs no containers",
+            ))
+        })
+    }
     /// `None` while alive; `Some(reason)` once it died or was destroyed.
     fn exited(&self) -> watch::Receiver<Option<String>>;
     /// Kills it and releases everything it held (processes, cgroups, files).

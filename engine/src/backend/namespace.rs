@@ -345,6 +345,9 @@ impl NamespaceBackend {
             .root
             .as_ref()
             .map_or_else(|| self.image.rootfs.clone(), |root| root.dir.clone());
+        let container_sockets: Vec<PathBuf> = (0..spec.containers.len())
+            .map(|i| namespace::container_socket(&runtime_dir, i))
+            .collect();
         let spec = SandboxSpec {
             rootfs,
             runtime_dir: runtime_dir.clone(),
@@ -363,6 +366,8 @@ impl NamespaceBackend {
                 .iter()
                 .flat_map(|c| c.procs_files())
                 .collect(),
+            containers: spec.containers,
+            shared: spec.shared,
         }
         .to_args();
         let mut command = Command::new(self.image.agent());
@@ -428,6 +433,7 @@ impl NamespaceBackend {
         Ok(NamespaceInstance {
             hello,
             socket: agent_socket,
+            container_sockets,
             process: SandboxProcess::watch(child, "the sandbox's init".into(), diagnostics),
             cleanup: tokio::sync::Mutex::new(Some(cleanup)),
             log_path,
@@ -508,6 +514,8 @@ impl NamespaceBackend {
         Ok(NamespaceInstance {
             hello,
             socket,
+            // A sandbox with containers leaves no record (`Sandbox::record`).
+            container_sockets: Vec::new(),
             process,
             cleanup: tokio::sync::Mutex::new(Some(Cleanup {
                 runtime_dir: Some(runtime_dir),
@@ -691,6 +699,8 @@ impl Cleanup {
 pub(crate) struct NamespaceInstance {
     hello: Hello,
     socket: PathBuf,
+    /// Its containers' agents' sockets, in the spec's order.
+    container_sockets: Vec<PathBuf>,
     process: SandboxProcess,
     cleanup: tokio::sync::Mutex<Option<Cleanup>>,
     log_path: PathBuf,
@@ -753,6 +763,18 @@ impl Instance for NamespaceInstance {
 
     fn connect(&self) -> BoxFuture<'_, io::Result<UnixStream>> {
         Box::pin(super::connect_unix(&self.socket))
+    }
+
+    fn connect_container(&self, index: usize) -> BoxFuture<'_, io::Result<UnixStream>> {
+        Box::pin(async move {
+            match self.container_sockets.get(index) {
+                Some(socket) => super::connect_unix(socket).await,
+                None => Err(io::Error::new(
+                    io::ErrorKind::NotFound,
+                    format!("the sandbox has no container {index}"),
+                )),
+            }
+        })
     }
 
     fn exited(&self) -> watch::Receiver<Option<String>> {

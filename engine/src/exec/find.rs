@@ -105,16 +105,18 @@ fn refused(sandbox: &Sandbox, reply: AgentReply) -> FindError {
 pub async fn statuses(
     sandbox: &Arc<Sandbox>,
     exec_id: Option<&str>,
+    container: Option<&str>,
 ) -> Result<Vec<ExecStatus>, FindError> {
     if let Some(id) = exec_id {
         check_id(id)?;
     }
+    let container = sandbox.container_named(container)?;
     let _guard = sandbox.begin(false)?;
     let message = AgentRequest::Execs {
         exec_id: exec_id.map(str::to_string),
     };
     let (reply, _) = sandbox
-        .ask_agent(&message)
+        .ask_agent_in(container.as_deref(), &message)
         .await
         .map_err(|e| agent_failed(sandbox, &e))?;
     match reply {
@@ -134,16 +136,18 @@ pub async fn attach(
     exec_id: &str,
     offset: u64,
     stdin: bool,
+    container: Option<&str>,
 ) -> Result<(ExecStatus, Session), FindError> {
     check_id(exec_id)?;
-    let guard = sandbox.begin(true)?;
+    let container = sandbox.container_named(container)?;
+    let guard = sandbox.begin_in(true, container.clone())?;
     let message = AgentRequest::Attach {
         exec_id: exec_id.to_string(),
         offset,
         stdin,
     };
     let (reply, agent) = sandbox
-        .ask_agent(&message)
+        .ask_agent_in(container.as_deref(), &message)
         .await
         .map_err(|e| agent_failed(sandbox, &e))?;
     let status = match reply {

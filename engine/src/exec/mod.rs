@@ -71,23 +71,28 @@ pub fn new_exec_id() -> String {
 /// user it runs as), reserves an exec slot, and opens the agent connection; the session
 /// records into `metrics`. An agent that cannot be reached is not an admission error: the
 /// session then yields the synthesized exit frame that says why, as a stream lost later would.
+///
+/// `container` names the container it runs in (`?container=`); `None` is the sandbox's own
+/// root.
 pub async fn admit(
     metrics: &Arc<Metrics>,
     sandbox: &Arc<Sandbox>,
     request: ExecRequest,
     interactive: bool,
+    container: Option<&str>,
 ) -> Result<Session, AdmitError> {
     request
         .validate()
         .map_err(|e| AdmitError::Invalid(e.to_string()))?;
+    let container = sandbox.container_named(container)?;
     let mut request = request;
     if request.exec_id.is_empty() {
         request.exec_id = new_exec_id();
     }
     let user = sandbox
-        .apply_defaults(&mut request)
+        .apply_defaults(&mut request, container.as_deref())
         .map_err(AdmitError::Invalid)?;
-    let guard = sandbox.begin(true)?;
+    let guard = sandbox.begin_in(true, container)?;
     if let Some(delay) = debug_exec_delay() {
         tokio::time::sleep(delay).await;
     }

@@ -76,7 +76,7 @@ impl Session {
             interactive,
             user,
         };
-        let connection = sandbox.send_to_agent(&message).await;
+        let connection = guard.send_to_agent(&message).await;
         Session::relay(metrics, guard, exec_id, started, connection)
     }
 

@@ -413,6 +413,8 @@ impl Refiller {
                 mounts: Vec::new(),
                 egress: None,
                 root: None,
+                containers: Vec::new(),
+                shared: Vec::new(),
             };
             let instance = backend
                 .create(spec)

@@ -198,6 +198,8 @@ pub(crate) struct SandboxStorage {
     pub caches: Vec<CacheLease>,
     /// Its image, when imported (kept, with its tree, while the sandbox lives).
     pub(crate) image: Option<oci::ImageLease>,
+    /// Its containers' imported images, likewise.
+    pub(crate) container_images: Vec<oci::ImageLease>,
 }
 
 impl Storage {

@@ -1,0 +1,143 @@
+//! The JSON types of a sandbox's containers: several images in one sandbox, as a Kubernetes
+//! pod's containers or a CI job's `services:` — sharing its network (`localhost`), IPC, limits
+//! and the shared directories they mount, each with its own root, main process and log.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+/// One entry of `"containers"` in a create request.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[serde(deny_unknown_fields)]
+pub struct ContainerRequest {
+    /// Its name, used as `?container=NAME`: 1 to 63 of `a-z`, `0-9` and `-`, starting and
+    /// ending with a letter or a digit; not `main` (the sandbox's own root).
+    pub name: String,
+    /// Its image: `"default"` (also when absent) or one imported with `POST /images`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image: Option<String>,
+    /// Its main process's entrypoint, replacing the image's `Entrypoint`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub entrypoint: Option<Vec<String>>,
+    /// Its main process's arguments, replacing the image's `Cmd` (Docker's `command`). With
+    /// neither this nor an entrypoint (the request's or the image's), the container has no
+    /// main process: it is a root to run commands in.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub command: Option<Vec<String>>,
+    /// Environment of its main process and of every command run in it, over the sandbox's
+    /// `env` and its image's `Env`.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub env: BTreeMap<String, String>,
+    /// The directory its main process and commands start in, over its image's `WorkingDir`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cwd: Option<String>,
+    /// Who its main process and commands run as (`uid`, `uid:gid`, `name`, `name:group`,
+    /// resolved against its image's accounts), over its image's `User`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub user: Option<String>,
+    /// What happens when its main process exits: `no` (default) or `on-failure` (started
+    /// again after a non-zero exit, after 0.1 s, doubling to at most 10 s).
+    #[serde(default)]
+    pub restart: RestartPolicy,
+    /// When it counts as ready; absent: once its main process has started.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ready: Option<ReadyCheck>,
+    /// Containers that must be ready before its main process starts.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub depends_on: Vec<String>,
+    /// Shared directories it mounts.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub shared: Vec<SharedMount>,
+}
+
+/// A shared directory (a Kubernetes `emptyDir`): a directory of the sandbox's writable
+/// scratch, empty at creation, the same files in every container that mounts it by name.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[serde(deny_unknown_fields)]
+pub struct SharedMount {
+    /// The directory's name (the same rules as a container's).
+    pub name: String,
+    /// Where it appears in this container (absolute, not in `/proc`, `/dev` or `/sys`).
+    pub path: String,
+}
+
+/// `"restart"` of a container.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[serde(rename_all = "kebab-case")]
+pub enum RestartPolicy {
+    /// Never started again.
+    #[default]
+    No,
+    /// Started again after a non-zero exit (or a signal).
+    OnFailure,
+}
+
+/// `"ready"` of a container: exactly one of `tcp_port` and `command`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[serde(deny_unknown_fields)]
+pub struct ReadyCheck {
+    /// Ready once something accepts connections on this port of the sandbox's loopback.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tcp_port: Option<u16>,
+    /// Ready once this command, run in the container, exits with 0 (tried every 0.2 s).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub command: Option<Vec<String>>,
+    /// How long it may take, in seconds (default 60): a container not ready by then fails
+    /// the sandbox's creation, which answers with its log's last lines.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout_s: Option<u64>,
+}
+
+/// Where a container is in its life.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[serde(rename_all = "snake_case")]
+pub enum ContainerState {
+    /// Waiting for the containers it depends on.
+    Waiting,
+    /// Its main process runs (or it has none), its ready check has not passed yet.
+    Starting,
+    /// Ready: its check passed (or it has none), its main process (if any) runs.
+    Ready,
+    /// Its main process exited and will not be started again.
+    Exited,
+    /// It could not be started, or its agent is gone.
+    Failed,
+}
+
+/// A container, as `GET /sandboxes/{id}/containers` and a sandbox's `containers` show it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+pub struct ContainerInfo {
+    /// Its name.
+    pub name: String,
+    /// Its image.
+    pub image: String,
+    /// Where it is in its life.
+    pub state: ContainerState,
+    /// Its main process's command line (empty: it has none).
+    pub command: Vec<String>,
+    /// The exec id of its main process (`GET …/execs/{exec_id}?container=NAME`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exec_id: Option<String>,
+    /// How many times its main process was started again.
+    pub restarts: u32,
+    /// Its main process's last exit status (-1: killed by a signal or never started).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exit_code: Option<i32>,
+    /// Why it failed, or why its main process could not run.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub error: String,
+}
+
+/// The body of `GET /sandboxes/{id}/containers`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+pub struct ContainerList {
+    /// Its containers, in the order they were asked for.
+    pub containers: Vec<ContainerInfo>,
+}

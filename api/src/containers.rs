@@ -1,0 +1,44 @@
+//! A sandbox's containers: their list, and each one's log (its main process's output, kept
+//! by the daemon, readable after the process has exited).
+
+use std::sync::Arc;
+
+use axum::body::Body;
+use axum::http::header;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+
+use crate::edge::Edge;
+use crate::error::ApiError;
+use crate::extract::{Authenticated, Path};
+
+/// `GET /sandboxes/{id}/containers`.
+pub(crate) async fn list(
+    axum::extract::State(state): axum::extract::State<Arc<Edge>>,
+    Authenticated(caller): Authenticated,
+    Path(id): Path<String>,
+) -> Result<Json<api_types::ContainerList>, ApiError> {
+    let sandbox = state.registry.get(&id, &caller)?;
+    Ok(Json(api_types::ContainerList {
+        containers: sandbox.containers().iter().map(|c| c.info()).collect(),
+    }))
+}
+
+/// `GET /sandboxes/{id}/containers/{name}/logs`: the kept output of the container's main
+/// process as an exec frame stream (stdout and stderr frames; its exit frame once it has
+/// exited for good).
+pub(crate) async fn logs(
+    axum::extract::State(state): axum::extract::State<Arc<Edge>>,
+    Authenticated(caller): Authenticated,
+    Path((id, name)): Path<(String, String)>,
+) -> Result<Response, ApiError> {
+    let sandbox = state.registry.get(&id, &caller)?;
+    let container = sandbox
+        .container_named(Some(&name))?
+        .ok_or_else(|| ApiError::invalid("the sandbox's own root (main) has no main process, so no log: run commands with POST …/exec"))?;
+    Ok((
+        [(header::CONTENT_TYPE, "application/octet-stream")],
+        Body::from(container.log_frames()),
+    )
+        .into_response())
+}

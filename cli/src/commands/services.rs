@@ -1,0 +1,234 @@
+//! `--service`, `--service-ready`, `--service-restart` and `--shared` of `crucible run` and
+//! `crucible sandbox create`: a CI job's service containers (a database, a cache, a browser)
+//! beside its own root, reached on `localhost`; and `crucible sandbox logs`.
+
+use std::path::Path;
+
+use anyhow::{Context, Result};
+use api_types::{ContainerRequest, ReadyCheck, RestartPolicy, SharedMount};
+use wire::FrameType;
+
+use crate::Global;
+
+/// The service flags, as clap parses them.
+#[derive(clap::Args, Clone, Default)]
+pub(crate) struct ServiceArgs {
+    /// Run a service container NAME of IMAGE beside the job (repeatable), with CMD as its main
+    /// process (run by `/bin/sh -c`; absent: the image's entrypoint and command). Services
+    /// share the sandbox's network (the job reaches them on localhost) and are up, and ready
+    /// (see --service-ready), before the job starts. IMAGE cannot contain `:` here (import
+    /// tagged images under a name without one); the API takes any. Namespace backend only.
+    #[arg(long, value_name = "NAME=IMAGE[:CMD]", value_parser = parse_service)]
+    pub service: Vec<ContainerRequest>,
+    /// When service NAME counts as ready: `tcp:PORT` (something accepts connections on that
+    /// loopback port) or `cmd:COMMAND` (COMMAND, run in the service by `/bin/sh -c`, exits 0),
+    /// within 60 s [default: once its main process has started].
+    #[arg(long, value_name = "NAME=tcp:PORT|cmd:COMMAND", value_parser = parse_ready)]
+    pub service_ready: Vec<(String, ReadyCheck)>,
+    /// Start service NAME's main process again whenever it fails (repeatable).
+    #[arg(long, value_name = "NAME")]
+    pub service_restart: Vec<String>,
+    /// A directory shared by the job and every service, empty at first, mounted at PATH in
+    /// each (repeatable): a Kubernetes emptyDir.
+    #[arg(long, value_name = "NAME:PATH", value_parser = parse_shared)]
+    pub shared: Vec<SharedMount>,
+}
+
+fn parse_service(text: &str) -> Result<ContainerRequest, String> {
+    let (name, rest) = text
+        .split_once('=')
+        .ok_or_else(|| format!("expected NAME=IMAGE[:CMD], got {text:?}"))?;
+    let (image, command) = match rest.split_once(':') {
+        Some((image, command)) => (image, Some(command)),
+        None => (rest, None),
+    };
+    if name.is_empty() || image.is_empty() {
+        return Err(format!("expected NAME=IMAGE[:CMD], got {text:?}"));
+    }
+    Ok(ContainerRequest {
+        name: name.to_string(),
+        image: Some(image.to_string()),
+        command: command.map(|c| vec!["/bin/sh".into(), "-c".into(), c.to_string()]),
+        ..ContainerRequest::default()
+    })
+}
+
+fn parse_ready(text: &str) -> Result<(String, ReadyCheck), String> {
+    let (name, check) = text
+        .split_once('=')
+        .ok_or_else(|| format!("expected NAME=tcp:PORT or NAME=cmd:COMMAND, got {text:?}"))?;
+    let check = if let Some(port) = check.strip_prefix("tcp:") {
+        let port = port
+            .parse::<u16>()
+            .ok()
+            .filter(|p| *p > 0)
+            .ok_or_else(|| format!("tcp:PORT needs a port 1 to 65535, got {port:?}"))?;
+        ReadyCheck {
+            tcp_port: Some(port),
+            ..ReadyCheck::default()
+        }
+    } else if let Some(command) = check.strip_prefix("cmd:") {
+        ReadyCheck {
+            command: Some(vec!["/bin/sh".into(), "-c".into(), command.to_string()]),
+            ..ReadyCheck::default()
+        }
+    } else {
+        return Err(format!(
+            "expected NAME=tcp:PORT or NAME=cmd:COMMAND, got {text:?}"
+        ));
+    };
+    Ok((name.to_string(), check))
+}
+
+fn parse_shared(text: &str) -> Result<SharedMount, String> {
+    let (name, path) = text
+        .split_once(':')
+        .ok_or_else(|| format!("expected NAME:PATH, got {text:?}"))?;
+    Ok(SharedMount {
+        name: name.to_string(),
+        path: path.to_string(),
+    })
+}
+
+impl ServiceArgs {
+    /// The request's `containers` and its own root's `shared`; a flag naming a service that
+    /// was not declared is an error.
+    pub(crate) fn containers(&self) -> Result<(Vec<ContainerRequest>, Vec<SharedMount>)> {
+        let mut containers = self.service.clone();
+        for (name, check) in &self.service_ready {
+            let service = containers
+                .iter_mut()
+                .find(|c| &c.name == name)
+                .with_context(|| format!("--service-ready {name}=…: no --service {name}=…"))?;
+            service.ready = Some(check.clone());
+        }
+        for name in &self.service_restart {
+            let service = containers
+                .iter_mut()
+                .find(|c| &c.name == name)
+                .with_context(|| format!("--service-restart {name}: no --service {name}=…"))?;
+            service.restart = RestartPolicy::OnFailure;
+        }
+        for service in &mut containers {
+            service.shared = self.shared.clone();
+        }
+        Ok((containers, self.shared.clone()))
+    }
+}
+
+/// Splits a log's frame stream into its stdout and stderr bytes.
+/// Hands each stdout and stderr payload of a container's log to `on_output`, in order.
+fn read_log(frames: &[u8], mut on_output: impl FnMut(FrameType, &[u8])) -> Result<()> {
+    // A running container's log has no exit frame yet, so this reads frames rather than a
+    // whole response stream.
+    let mut decoder = wire::Decoder::new(wire::Direction::GuestToHost);
+    decoder.push(frames);
+    while let Some(frame) = decoder
+        .next_frame()
+        .context("the daemon sent a log that is not a frame stream")?
+    {
+        if matches!(frame.frame_type, FrameType::Stdout | FrameType::Stderr) {
+            on_output(frame.frame_type, frame.payload);
+        }
+    }
+    if decoder.buffered() != 0 {
+        anyhow::bail!("the daemon sent a log that ends in half a frame");
+    }
+    Ok(())
+}
+
+/// `crucible sandbox logs ID CONTAINER`: its main process's stdout to stdout, its stderr to
+/// stderr.
+pub(crate) async fn logs(global: &Global, id: &str, container: &str) -> Result<()> {
+    use std::io::Write;
+    let frames = global.client()?.container_logs(id, container).await?;
+    let (mut stdout, mut stderr) = (Vec::new(), Vec::new());
+    read_log(&frames, |kind, payload| match kind {
+        FrameType::Stderr => stderr.extend_from_slice(payload),
+        _ => stdout.extend_from_slice(payload),
+    })?;
+    std::io::stdout()
+        .write_all(&stdout)
+        .context("writing the log")?;
+    std::io::stderr()
+        .write_all(&stderr)
+        .context("writing the log")?;
+    Ok(())
+}
+
+/// Writes each of sandbox `id`'s containers' logs to `dir/NAME.log` (stdout and stderr as
+/// they came, in order), for `crucible run --service-logs DIR`.
+pub(crate) async fn save_logs(client: &client::Client, id: &str, dir: &Path) -> Result<()> {
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    for container in client.containers(id).await? {
+        let frames = client.container_logs(id, &container.name).await?;
+        let mut text = Vec::new();
+        read_log(&frames, |_, payload| text.extend_from_slice(payload))?;
+        let path = dir.join(format!("{}.log", container.name));
+        std::fs::write(&path, &text).with_context(|| format!("writing {}", path.display()))?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn service_flags_become_containers() {
+        let db = parse_service("db=default:nc -l -p 5432").expect("service");
+        assert_eq!(db.image.as_deref(), Some("default"));
+        assert_eq!(
+            db.command,
+            Some(vec!["/bin/sh".into(), "-c".into(), "nc -l -p 5432".into()])
+        );
+        let bare = parse_service("cache=redis").expect("no command");
+        assert_eq!(bare.command, None);
+        for bad in ["db", "=x", "db=", "db=:cmd"] {
+            assert!(parse_service(bad).is_err(), "{bad}");
+        }
+        let (name, check) = parse_ready("db=tcp:5432").expect("tcp");
+        assert_eq!((name.as_str(), check.tcp_port), ("db", Some(5432)));
+        assert!(parse_ready("db=tcp:0").is_err());
+        assert!(parse_ready("db=udp:53").is_err());
+        let args = ServiceArgs {
+            service: vec![db],
+            service_ready: vec![(name, check)],
+            service_restart: vec!["db".into()],
+            shared: vec![parse_shared("work:/work").expect("shared")],
+        };
+        let (containers, shared) = args.containers().expect("containers");
+        assert_eq!(containers[0].restart, RestartPolicy::OnFailure);
+        assert_eq!(
+            containers[0].ready.as_ref().and_then(|r| r.tcp_port),
+            Some(5432)
+        );
+        assert_eq!(containers[0].shared, shared);
+        let unknown = ServiceArgs {
+            service_restart: vec!["web".into()],
+            ..ServiceArgs::default()
+        };
+        let e = unknown.containers().expect_err("unknown").to_string();
+        assert!(e.contains("no --service web"), "{e}");
+    }
+
+    #[test]
+    fn a_log_without_an_exit_frame_is_read_and_half_a_frame_is_refused() {
+        let mut frames = Vec::new();
+        wire::encode_frames(FrameType::Stdout, b"out ", &mut frames);
+        wire::encode_frames(FrameType::Stderr, b"err", &mut frames);
+        wire::encode_frames(FrameType::Stdout, b"more", &mut frames);
+        let mut seen = Vec::new();
+        read_log(&frames, |kind, payload| seen.push((kind, payload.to_vec()))).expect("read");
+        assert_eq!(
+            seen,
+            [
+                (FrameType::Stdout, b"out ".to_vec()),
+                (FrameType::Stderr, b"err".to_vec()),
+                (FrameType::Stdout, b"more".to_vec())
+            ]
+        );
+        let e = read_log(&frames[..frames.len() - 1], |_, _| {}).expect_err("cut");
+        assert!(e.to_string().contains("half a frame"), "{e}");
+    }
+}

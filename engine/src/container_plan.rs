@@ -1,0 +1,339 @@
+//! Turning a create request's `containers` and `shared` into what the backend makes (each
+//! container's image tree, the shared mounts) and what the daemon runs in them (each one's
+//! main process, env, user, checks): every field checked, with its place in the request named
+//! in the error.
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+
+use api_types::{ContainerRequest, CreateSandbox};
+
+use crate::backend::ImagePaths;
+use crate::containers::{ContainerPlan, MAIN_CONTAINER};
+use crate::owner::Owner;
+use crate::state::{CreateError, Engine, DEFAULT_IMAGE};
+use crate::storage::validate_targets;
+
+/// Everything a request's containers need, resolved.
+#[derive(Debug, Default)]
+pub(crate) struct ContainersPlan {
+    /// What runs in each, in the request's order.
+    pub(crate) containers: Vec<ContainerPlan>,
+    /// Each one's image tree, for the backend.
+    pub(crate) roots: Vec<namespace::ContainerRoot>,
+    /// The shared directories' mounts, the sandbox's own root's (`main`) among them.
+    pub(crate) shared: Vec<namespace::SharedMount>,
+    /// The imported images they use, held while the sandbox lives.
+    pub(crate) leases: Vec<oci::ImageLease>,
+}
+
+impl Engine {
+    /// Checks and resolves `request`'s containers for `owner`; an empty plan when it has none.
+    pub(crate) fn plan_containers(
+        &self,
+        request: &CreateSandbox,
+        owner: &Owner,
+    ) -> Result<ContainersPlan, CreateError> {
+        let mut plan = ContainersPlan::default();
+        if request.containers.is_empty() && request.shared.is_empty() {
+            return Ok(plan);
+        }
+        let invalid = |what: String| CreateError::Invalid(what);
+        let mut names = BTreeSet::new();
+        for (i, container) in request.containers.iter().enumerate() {
+            namespace::container::check_name(&container.name, "name")
+                .map_err(|e| invalid(format!("containers[{i}].{e}")))?;
+            if container.name == MAIN_CONTAINER {
+                return Err(invalid(format!(
+                    "containers[{i}].name: {MAIN_CONTAINER:?} is the sandbox's own root"
+                )));
+            }
+            if !names.insert(container.name.as_str()) {
+                return Err(invalid(format!(
+                    "containers[{i}].name: {:?} is asked for twice",
+                    container.name
+                )));
+            }
+        }
+        for (i, container) in request.containers.iter().enumerate() {
+            for dependency in &container.depends_on {
+                if !names.contains(dependency.as_str()) || dependency == &container.name {
+                    return Err(invalid(format!(
+                        "containers[{i}].depends_on: {dependency:?} is not another container \
+                         of this sandbox"
+                    )));
+                }
+            }
+        }
+        check_no_cycle(&request.containers)?;
+        plan.shared = shared_mounts(request)?;
+        for (i, container) in request.containers.iter().enumerate() {
+            let (resolved, root) = self.plan_one(i, container, owner, &mut plan.leases)?;
+            plan.containers.push(resolved);
+            plan.roots.push(root);
+        }
+        Ok(plan)
+    }
+
+    fn plan_one(
+        &self,
+        i: usize,
+        request: &ContainerRequest,
+        owner: &Owner,
+        leases: &mut Vec<oci::ImageLease>,
+    ) -> Result<(ContainerPlan, namespace::ContainerRoot), CreateError> {
+        let field = |name: &str| format!("containers[{i}] ({}).{name}", request.name);
+        let image = request
+            .image
+            .clone()
+            .unwrap_or_else(|| DEFAULT_IMAGE.to_string());
+        let imported = self
+            .lease_image(&image, owner)
+            .map_err(|e| prefix(e, &field("")))?;
+        let record = imported.as_ref().map(|(r, _)| r);
+        let accounts = self.accounts(record)?;
+        let mut defaults =
+            crate::state::sandbox_defaults(record, request.user.as_deref(), &accounts)
+                .map_err(|e| prefix(e, &field("")))?;
+        if let Some(cwd) = &request.cwd {
+            if !cwd.starts_with('/') || cwd.contains('\0') {
+                return Err(CreateError::Invalid(format!(
+                    "{}: must be an absolute path without NUL, got {cwd:?}",
+                    field("cwd")
+                )));
+            }
+            let mut with_cwd = defaults.as_deref().cloned().unwrap_or_default();
+            with_cwd.working_dir = Some(cwd.clone());
+            defaults = Some(Arc::new(with_cwd));
+        }
+        crate::state::check_env(&request.env, &field("env"))?;
+        let config = record.map(|r| &r.run_config);
+        // Docker's rule: an entrypoint of the request's own drops the image's `Cmd` too.
+        let entrypoint = match &request.entrypoint {
+            Some(own) => own.clone(),
+            None => config
+                .and_then(|c| c.entrypoint.clone())
+                .unwrap_or_default(),
+        };
+        let command = match (&request.command, &request.entrypoint) {
+            (Some(own), _) => own.clone(),
+            (None, Some(_)) => Vec::new(),
+            (None, None) => config.and_then(|c| c.cmd.clone()).unwrap_or_default(),
+        };
+        let main: Vec<String> = entrypoint.into_iter().chain(command).collect();
+        if main.iter().any(|a| a.contains('\0')) {
+            return Err(CreateError::Invalid(format!(
+                "{}: arguments may not contain NUL",
+                field("command")
+            )));
+        }
+        if let Some(check) = &request.ready {
+            match (&check.tcp_port, &check.command) {
+                (Some(0), _) => {
+                    return Err(CreateError::Invalid(format!(
+                        "{}: tcp_port must be 1 to 65535",
+                        field("ready")
+                    )))
+                }
+                (Some(_), None) => {}
+                (None, Some(command)) if !command.is_empty() => {}
+                _ => {
+                    return Err(CreateError::Invalid(format!(
+                        "{}: give exactly one of tcp_port and a non-empty command",
+                        field("ready")
+                    )))
+                }
+            }
+            if check.timeout_s == Some(0) || check.timeout_s.is_some_and(|t| t > 3600) {
+                return Err(CreateError::Invalid(format!(
+                    "{}: timeout_s must be 1 to 3600",
+                    field("ready")
+                )));
+            }
+        }
+        let rootfs = match &imported {
+            Some((record, _)) => self.storage()?.images.root_dir(record),
+            None => ImagePaths::in_dir(&self.config.image_dir).rootfs,
+        };
+        if let Some((_, lease)) = imported {
+            leases.push(lease);
+        }
+        // The daemon may have been started with a relative image directory.
+        let rootfs = std::path::absolute(&rootfs).map_err(|e| {
+            CreateError::Invalid(format!(
+                "{}: the image's tree {}: {e}",
+                field("image"),
+                rootfs.display()
+            ))
+        })?;
+        let root = namespace::ContainerRoot {
+            name: request.name.clone(),
+            rootfs,
+        };
+        root.check()
+            .map_err(|e| CreateError::Invalid(format!("{}: {e}", field("image"))))?;
+        Ok((
+            ContainerPlan {
+                name: request.name.clone(),
+                image,
+                env: request.env.clone(),
+                defaults,
+                accounts,
+                main,
+                restart: request.restart,
+                ready: request.ready.clone(),
+                depends_on: request.depends_on.clone(),
+            },
+            root,
+        ))
+    }
+}
+
+/// `error` with `field` in front of its message, for an error about one container.
+fn prefix(error: CreateError, field: &str) -> CreateError {
+    match error {
+        CreateError::Invalid(why) => CreateError::Invalid(format!("{field} {why}")),
+        other => other,
+    }
+}
+
+/// Every shared mount of the request, checked: names, paths, and no two mounts of one root
+/// where one would hide the other (the sandbox's own caches and volumes included).
+fn shared_mounts(request: &CreateSandbox) -> Result<Vec<namespace::SharedMount>, CreateError> {
+    let mut mounts = Vec::new();
+    let mut add = |owner: &str, what: &str, shared: &[api_types::SharedMount]| {
+        let mut targets: Vec<(String, &str)> = Vec::new();
+        if owner == MAIN_CONTAINER {
+            targets.extend(
+                request
+                    .caches
+                    .iter()
+                    .map(|c| (format!("caches ({})", c.name), c.path.as_str())),
+            );
+            targets.extend(
+                request
+                    .volumes
+                    .iter()
+                    .map(|v| (format!("volumes ({})", v.name), v.path.as_str())),
+            );
+        }
+        for (j, mount) in shared.iter().enumerate() {
+            namespace::container::check_name(&mount.name, "name")
+                .map_err(|e| CreateError::Invalid(format!("{what}shared[{j}].{e}")))?;
+            targets.push((format!("{what}shared[{j}] ({})", mount.name), &mount.path));
+        }
+        validate_targets(&targets)?;
+        for mount in shared {
+            mounts.push(namespace::SharedMount {
+                owner: owner.to_string(),
+                dir: mount.name.clone(),
+                target: mount.path.trim_end_matches('/').into(),
+            });
+        }
+        Ok::<(), CreateError>(())
+    };
+    add(MAIN_CONTAINER, "", &request.shared)?;
+    for (i, container) in request.containers.iter().enumerate() {
+        let what = format!("containers[{i}] ({}).", container.name);
+        add(&container.name, &what, &container.shared)?;
+    }
+    Ok(mounts)
+}
+
+/// Refuses `depends_on` that go round in a circle, naming it.
+fn check_no_cycle(containers: &[ContainerRequest]) -> Result<(), CreateError> {
+    // Kahn's order: what is left once nothing more can start is a cycle (or waits on one).
+    let mut started: BTreeSet<&str> = BTreeSet::new();
+    loop {
+        let next: Vec<&str> = containers
+            .iter()
+            .filter(|c| !started.contains(c.name.as_str()))
+            .filter(|c| c.depends_on.iter().all(|d| started.contains(d.as_str())))
+            .map(|c| c.name.as_str())
+            .collect();
+        if next.is_empty() {
+            break;
+        }
+        started.extend(next);
+    }
+    let stuck: Vec<&str> = containers
+        .iter()
+        .map(|c| c.name.as_str())
+        .filter(|name| !started.contains(name))
+        .collect();
+    if stuck.is_empty() {
+        Ok(())
+    } else {
+        Err(CreateError::Invalid(format!(
+            "containers: depends_on goes round in a circle among {}",
+            stuck.join(", ")
+        )))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn container(name: &str, depends_on: &[&str]) -> ContainerRequest {
+        ContainerRequest {
+            name: name.into(),
+            depends_on: depends_on.iter().map(|d| d.to_string()).collect(),
+            ..ContainerRequest::default()
+        }
+    }
+
+    #[test]
+    fn a_circle_of_dependencies_is_refused_and_named() {
+        let fine = [
+            container("db", &[]),
+            container("web", &["db"]),
+            container("job", &["web", "db"]),
+        ];
+        check_no_cycle(&fine).expect("a chain");
+        let circle = [
+            container("db", &[]),
+            container("a", &["b"]),
+            container("b", &["a"]),
+            container("c", &["b"]),
+        ];
+        let e = check_no_cycle(&circle).expect_err("circle").to_string();
+        assert!(e.contains("a, b, c"), "{e}");
+        assert!(!e.contains("db"), "{e}");
+    }
+
+    #[test]
+    fn shared_mounts_are_checked_per_root() {
+        let request = CreateSandbox {
+            shared: vec![api_types::SharedMount {
+                name: "work".into(),
+                path: "/work/".into(),
+            }],
+            containers: vec![ContainerRequest {
+                name: "db".into(),
+                shared: vec![api_types::SharedMount {
+                    name: "work".into(),
+                    path: "/work".into(),
+                }],
+                ..ContainerRequest::default()
+            }],
+            ..CreateSandbox::default()
+        };
+        let mounts = shared_mounts(&request).expect("fine");
+        assert_eq!(
+            mounts.iter().map(|m| m.to_string()).collect::<Vec<_>>(),
+            ["main:work:/work", "db:work:/work"]
+        );
+        let mut hiding = request.clone();
+        hiding.containers[0].shared.push(api_types::SharedMount {
+            name: "other".into(),
+            path: "/work/sub".into(),
+        });
+        let e = shared_mounts(&hiding).expect_err("overlap");
+        assert!(e.to_string().contains("overlap"), "{e}");
+        let mut bad_name = request;
+        bad_name.shared[0].name = "Work".into();
+        let e = shared_mounts(&bad_name).expect_err("name");
+        assert!(e.to_string().starts_with("shared[0].name"), "{e}");
+    }
+}

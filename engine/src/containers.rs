@@ -1,0 +1,472 @@
+//! A sandbox's containers, on the daemon's side: what each runs (its main process, made from
+//! its image's config and its request), its life (started in dependency order, checked for
+//! readiness, started again on failure if asked), and its log (the main process's output,
+//! bounded, kept by the daemon so it can be read after the process has exited). Each
+//! container has an agent of its own in the sandbox (`Instance::connect_container`), which
+//! runs its commands in its root; everything here talks to it through the [`Sandbox`].
+
+use std::collections::{BTreeMap, VecDeque};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::Duration;
+
+use api_types::{ContainerInfo, ContainerState, ReadyCheck, RestartPolicy};
+use bytes::Bytes;
+use tokio::io::AsyncReadExt;
+use tokio::sync::watch;
+use wire::agent::AgentRequest;
+use wire::{ExecRequest, ExecResult, FrameType};
+
+use crate::sandbox::{ExecAccounts, Sandbox};
+
+/// The most output of a container's main process the daemon keeps for its log: the latest
+/// bytes, as `docker logs --tail` would show of a bounded log.
+pub const LOG_LIMIT_BYTES: usize = 1024 * 1024;
+
+/// How long a container's readiness may take unless its check says otherwise.
+pub const DEFAULT_READY_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// How often a readiness check is tried.
+const READY_INTERVAL: Duration = Duration::from_millis(200);
+
+/// The first and the longest wait before a failed main process is started again.
+const RESTART_FIRST: Duration = Duration::from_millis(100);
+const RESTART_MAX: Duration = Duration::from_secs(10);
+
+/// The name that addresses the sandbox's own root where a container's could be
+/// (`?container=main` is the same as none).
+pub const MAIN_CONTAINER: &str = "main";
+
+/// The exec id of every container's main process (each container's agent has its own ids).
+pub const MAIN_EXEC_ID: &str = "main";
+
+/// One container of a sandbox.
+#[derive(Debug)]
+pub struct Container {
+    /// Its name.
+    pub name: String,
+    /// Its place among the sandbox's containers: its agent's socket.
+    pub(crate) index: usize,
+    /// Its image's name.
+    pub(crate) image: String,
+    /// Its env, over the sandbox's.
+    pub(crate) env: BTreeMap<String, String>,
+    /// Its image's config with the request's `cwd` and `user` over it.
+    pub(crate) defaults: Option<Arc<oci::defaults::Defaults>>,
+    /// Where its commands' users are looked up: its image's tree.
+    pub(crate) accounts: Arc<ExecAccounts>,
+    /// Its main process's command line; empty when it has none.
+    pub(crate) main: Vec<String>,
+    restart: RestartPolicy,
+    ready: Option<ReadyCheck>,
+    /// Containers that must be ready before its main process starts.
+    pub(crate) depends_on: Vec<String>,
+    status: Mutex<Status>,
+    state: watch::Sender<ContainerState>,
+    log: Mutex<Log>,
+}
+
+#[derive(Debug, Default)]
+struct Status {
+    restarts: u32,
+    last_exit: Option<ExecResult>,
+    error: String,
+}
+
+/// The kept output of a container's main process: whole frames, oldest first.
+#[derive(Debug, Default)]
+struct Log {
+    frames: VecDeque<(FrameType, Bytes)>,
+    bytes: usize,
+    dropped: u64,
+}
+
+impl Log {
+    fn push(&mut self, kind: FrameType, payload: &[u8]) {
+        self.frames
+            .push_back((kind, Bytes::copy_from_slice(payload)));
+        self.bytes += payload.len();
+        while self.bytes > LOG_LIMIT_BYTES {
+            match self.frames.pop_front() {
+                Some((_, old)) => {
+                    self.bytes -= old.len();
+                    self.dropped += old.len() as u64;
+                }
+                None => break,
+            }
+        }
+    }
+}
+
+/// What a container is made of, resolved from its request by the engine.
+#[derive(Debug)]
+pub(crate) struct ContainerPlan {
+    pub(crate) name: String,
+    pub(crate) image: String,
+    pub(crate) env: BTreeMap<String, String>,
+    pub(crate) defaults: Option<Arc<oci::defaults::Defaults>>,
+    pub(crate) accounts: Arc<ExecAccounts>,
+    pub(crate) main: Vec<String>,
+    pub(crate) restart: RestartPolicy,
+    pub(crate) ready: Option<ReadyCheck>,
+    pub(crate) depends_on: Vec<String>,
+}
+
+impl Container {
+    pub(crate) fn new(index: usize, plan: ContainerPlan) -> Self {
+        Container {
+            name: plan.name,
+            index,
+            image: plan.image,
+            env: plan.env,
+            defaults: plan.defaults,
+            accounts: plan.accounts,
+            main: plan.main,
+            restart: plan.restart,
+            ready: plan.ready,
+            depends_on: plan.depends_on,
+            status: Mutex::new(Status::default()),
+            state: watch::Sender::new(ContainerState::Waiting),
+            log: Mutex::new(Log::default()),
+        }
+    }
+
+    fn status(&self) -> std::sync::MutexGuard<'_, Status> {
+        self.status.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn log(&self) -> std::sync::MutexGuard<'_, Log> {
+        self.log.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Where it is in its life.
+    pub fn state(&self) -> ContainerState {
+        *self.state.borrow()
+    }
+
+    fn fail(&self, error: String) {
+        tracing::warn!("container {}: {error}", self.name);
+        self.status().error = error;
+        self.state.send_replace(ContainerState::Failed);
+    }
+
+    /// The API's view of it.
+    pub fn info(&self) -> ContainerInfo {
+        let status = self.status();
+        ContainerInfo {
+            name: self.name.clone(),
+            image: self.image.clone(),
+            state: self.state(),
+            command: self.main.clone(),
+            exec_id: (!self.main.is_empty()).then(|| MAIN_EXEC_ID.to_string()),
+            restarts: status.restarts,
+            exit_code: status.last_exit.as_ref().map(|r| r.exit_code),
+            error: match (&status.error, &status.last_exit) {
+                (error, Some(exit)) if error.is_empty() => exit.error.clone(),
+                (error, _) => error.clone(),
+            },
+        }
+    }
+
+    /// Its log as an exec frame stream: the kept stdout and stderr frames of its main process
+    /// (every run of it, oldest first), then, once it has exited for good, its last exit
+    /// frame (whose `output_dropped_bytes` counts what the log no longer holds).
+    pub fn log_frames(&self) -> Vec<u8> {
+        let log = self.log();
+        let mut out = Vec::with_capacity(log.bytes + log.frames.len() * wire::HEADER_SIZE);
+        for (kind, payload) in &log.frames {
+            wire::encode_frames(*kind, payload, &mut out);
+        }
+        let finished = matches!(
+            self.state(),
+            ContainerState::Exited | ContainerState::Failed
+        );
+        if finished {
+            if let Some(result) = &self.status().last_exit {
+                let mut result = result.clone();
+                result.output_dropped_bytes = log.dropped;
+                wire::encode_frames(
+                    FrameType::Exit,
+                    &wire::encode_exit_payload(&result),
+                    &mut out,
+                );
+            }
+        }
+        out
+    }
+
+    /// The last lines of its log, for an error message.
+    fn log_tail(&self) -> String {
+        let log = self.log();
+        let mut text = Vec::new();
+        for (_, payload) in log.frames.iter().rev() {
+            text.splice(0..0, payload.iter().copied());
+            if text.len() > 2048 {
+                break;
+            }
+        }
+        let text = String::from_utf8_lossy(&text);
+        let lines: Vec<&str> = text.lines().collect();
+        let last = &lines[lines.len().saturating_sub(10)..];
+        if last.is_empty() {
+            "(its log is empty)".into()
+        } else {
+            format!("its log ends:\n{}", last.join("\n"))
+        }
+    }
+}
+
+/// Runs `request` in `container` to its end, handing each stdout and stderr payload to
+/// `on_output`; the exit result, or why there was none.
+async fn run_to_exit(
+    sandbox: &Sandbox,
+    container: &Container,
+    mut request: ExecRequest,
+    tail_bytes: u64,
+    mut on_output: impl FnMut(FrameType, &[u8]),
+) -> Result<ExecResult, String> {
+    let user = sandbox.apply_defaults(&mut request, Some(container))?;
+    let message = AgentRequest::Exec {
+        request,
+        interactive: false,
+        user,
+        tail_bytes: Some(tail_bytes),
+    };
+    let connection = sandbox
+        .send_to_container(container, &message)
+        .await
+        .map_err(|e| report::chain(&e))?;
+    let (mut read, _write) = connection.into_split();
+    let mut decoder = wire::Decoder::new(wire::Direction::GuestToHost);
+    loop {
+        while let Some(frame) = decoder
+            .next_frame()
+            .map_err(|e| format!("the agent sent an invalid frame stream: {e}"))?
+        {
+            match frame.frame_type {
+                FrameType::Exit => {
+                    return serde_json::from_slice(frame.payload)
+                        .map_err(|e| format!("the agent's exit frame is not valid JSON: {e}"))
+                }
+                kind => on_output(kind, frame.payload),
+            }
+        }
+        match read.read(decoder.unfilled_mut()).await {
+            Ok(0) => return Err("the agent's stream ended without an exit frame".into()),
+            Ok(n) => decoder.mark_filled(n),
+            Err(e) => return Err(format!("reading from the agent failed: {e}")),
+        }
+    }
+}
+
+/// Brings up every container of `sandbox`, in dependency order, and waits until each is
+/// ready; the error names the first that could not be, with the end of its log. Their main
+/// processes go on in tasks of their own, which end with the sandbox.
+pub(crate) async fn start_all(sandbox: &Arc<Sandbox>) -> Result<(), String> {
+    let containers = sandbox.containers().to_vec();
+    if containers.is_empty() {
+        return Ok(());
+    }
+    for container in &containers {
+        sandbox
+            .ping_container(container)
+            .await
+            .map_err(|e| format!("container {}: its agent did not start: {e}", container.name))?;
+    }
+    for container in &containers {
+        tokio::spawn(live(Arc::downgrade(sandbox), container.clone()));
+    }
+    for container in &containers {
+        let mut state = container.state.subscribe();
+        let reached = state
+            .wait_for(|s| {
+                matches!(
+                    s,
+                    ContainerState::Ready | ContainerState::Exited | ContainerState::Failed
+                )
+            })
+            .await
+            .map(|s| *s);
+        match reached {
+            Ok(ContainerState::Ready) => {}
+            Ok(ContainerState::Exited) if container.ready.is_none() => {}
+            _ => {
+                let info = container.info();
+                let exit = container.status().last_exit.as_ref().map(describe_exit);
+                let why = match (info.error.is_empty(), exit) {
+                    (false, Some(exit)) => format!("{}: {exit}", info.error),
+                    (false, None) => info.error,
+                    (true, Some(exit)) => exit,
+                    (true, None) => "it did not become ready".into(),
+                };
+                return Err(format!(
+                    "container {} is not ready: {why}; {}",
+                    container.name,
+                    container.log_tail()
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// How a main process ended, in words: its exit status, its signal or why it was lost.
+fn describe_exit(result: &ExecResult) -> String {
+    if !result.error.is_empty() {
+        format!("its main process failed: {}", result.error)
+    } else if !result.signal.is_empty() {
+        format!("its main process was killed by {}", result.signal)
+    } else {
+        format!("its main process exited with {}", result.exit_code)
+    }
+}
+
+/// A container's life: waits for what it depends on, starts its main process (again, as its
+/// restart policy says), runs its ready check.
+async fn live(sandbox: Weak<Sandbox>, container: Arc<Container>) {
+    let Some(strong) = sandbox.upgrade() else {
+        return;
+    };
+    for name in &container.depends_on {
+        let Some(dependency) = strong.container(name) else {
+            return container.fail(format!("it depends on {name:?}, which does not exist"));
+        };
+        let mut state = dependency.state.subscribe();
+        let ready = state
+            .wait_for(|s| !matches!(s, ContainerState::Waiting | ContainerState::Starting))
+            .await
+            .map(|s| *s);
+        if !matches!(ready, Ok(ContainerState::Ready)) {
+            return container.fail(format!("{name}, which it depends on, is not ready"));
+        }
+    }
+    container.state.send_replace(ContainerState::Starting);
+    drop(strong);
+    let main = (!container.main.is_empty())
+        .then(|| tokio::spawn(run_main(sandbox.clone(), container.clone())));
+    let Some(strong) = sandbox.upgrade() else {
+        return;
+    };
+    match await_ready(&strong, &container).await {
+        Ok(()) => {
+            // A main process that has already exited for good keeps its Exited.
+            container.state.send_if_modified(|s| {
+                let starting = *s == ContainerState::Starting;
+                if starting {
+                    *s = ContainerState::Ready;
+                }
+                starting
+            });
+        }
+        Err(why) => {
+            if let Some(main) = main {
+                main.abort();
+            }
+            container.fail(why);
+        }
+    }
+}
+
+/// Waits until `container` passes its ready check (at once when it has none), within its
+/// timeout.
+async fn await_ready(sandbox: &Sandbox, container: &Container) -> Result<(), String> {
+    let Some(check) = &container.ready else {
+        return Ok(());
+    };
+    let timeout = check
+        .timeout_s
+        .map_or(DEFAULT_READY_TIMEOUT, Duration::from_secs);
+    let attempt = async {
+        loop {
+            if matches!(
+                container.state(),
+                ContainerState::Exited | ContainerState::Failed
+            ) {
+                return Err("its main process exited before it was ready".to_string());
+            }
+            let passed = match (&check.tcp_port, &check.command) {
+                (Some(port), _) => sandbox.probe_tcp(*port).await?,
+                (None, Some(command)) => {
+                    let request = ExecRequest {
+                        cmd: command.clone(),
+                        timeout_s: 10,
+                        ..ExecRequest::default()
+                    };
+                    run_to_exit(sandbox, container, request, 0, |_, _| {})
+                        .await
+                        .is_ok_and(|result| result.exit_code == 0)
+                }
+                (None, None) => true,
+            };
+            if passed {
+                return Ok(());
+            }
+            tokio::time::sleep(READY_INTERVAL).await;
+        }
+    };
+    match tokio::time::timeout(timeout, attempt).await {
+        Ok(result) => result,
+        Err(_) => Err(format!(
+            "its ready check did not pass within {} s",
+            timeout.as_secs()
+        )),
+    }
+}
+
+/// Runs `container`'s main process, and again after each failure when its policy says so,
+/// for as long as the sandbox lives.
+async fn run_main(sandbox: Weak<Sandbox>, container: Arc<Container>) {
+    let mut backoff = RESTART_FIRST;
+    loop {
+        let Some(strong) = sandbox.upgrade() else {
+            return;
+        };
+        let request = ExecRequest {
+            cmd: container.main.clone(),
+            exec_id: MAIN_EXEC_ID.to_string(),
+            ..ExecRequest::default()
+        };
+        let result = run_to_exit(&strong, &container, request, 0, |kind, payload| {
+            container.log().push(kind, payload)
+        })
+        .await;
+        let result = match result {
+            Ok(result) => result,
+            Err(why) if !strong.is_running() => {
+                tracing::debug!("container {}: {why} (its sandbox ended)", container.name);
+                return;
+            }
+            Err(why) => ExecResult::failed(format!("it was lost: {why}")),
+        };
+        let failed = result.exit_code != 0;
+        container.status().last_exit = Some(result);
+        if !failed || container.restart == RestartPolicy::No || !strong.is_running() {
+            container.state.send_replace(ContainerState::Exited);
+            return;
+        }
+        drop(strong);
+        tokio::time::sleep(backoff).await;
+        backoff = (backoff * 2).min(RESTART_MAX);
+        container.status().restarts += 1;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_log_keeps_the_latest_bytes_and_counts_the_rest() {
+        let mut log = Log::default();
+        let piece = vec![b'x'; 300 * 1024];
+        for _ in 0..5 {
+            log.push(FrameType::Stdout, &piece);
+        }
+        log.push(FrameType::Stderr, b"last");
+        assert!(log.bytes <= LOG_LIMIT_BYTES, "{}", log.bytes);
+        assert_eq!(log.bytes as u64 + log.dropped, 5 * 300 * 1024 + 4);
+        assert_eq!(
+            log.frames.back().map(|(k, p)| (*k, p.clone())),
+            Some((FrameType::Stderr, Bytes::from_static(b"last")))
+        );
+    }
+}

@@ -1,0 +1,353 @@
+//! Sandboxes with containers on the namespace backend, end to end through the daemon: services
+//! reached on `localhost` from the sandbox's own root, shared scratch directories, exec, files
+//! and logs addressed to a container, readiness and restarts, and the boundary a pod keeps
+//! toward the host.
+
+use std::time::Duration;
+
+use api_types::{ContainerInfo, ContainerState, CreateSandbox};
+use client::ClientError;
+use harness::{sh, TestDaemon};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::UnixStream;
+use wire::{Decoder, Direction, ExecRequest, ExecResult, FrameType};
+
+/// A sandbox request from JSON, as an API user writes it.
+fn request(json: serde_json::Value) -> CreateSandbox {
+    serde_json::from_value(json).expect("a valid create request")
+}
+
+/// A database-like service on loopback port 5432, a helper that writes into the shared `work`
+/// directory once the service is ready, and the sandbox's own root with `work` at `/work`.
+fn pod() -> CreateSandbox {
+    request(serde_json::json!({
+        "shared": [{"name": "work", "path": "/work"}],
+        "containers": [
+            {"name": "db",
+             "command": ["/bin/sh", "-c",
+                         "echo db starting; while true; do echo hello-from-db | nc -l -p 5432; done"],
+             "ready": {"tcp_port": 5432},
+             "shared": [{"name": "work", "path": "/data"}]},
+            {"name": "helper",
+             "command": ["/bin/sh", "-c", "echo written-by-helper > /data/note; echo helper done"],
+             "depends_on": ["db"],
+             "shared": [{"name": "work", "path": "/data"}]}
+        ]
+    }))
+}
+
+async fn containers(c: &client::Client, id: &str) -> Vec<ContainerInfo> {
+    c.containers(id).await.expect("listing containers")
+}
+
+/// Waits until container `name` has exited (its main process ended for good).
+async fn until_exited(c: &client::Client, id: &str, name: &str) -> ContainerInfo {
+    for _ in 0..200 {
+        let info = containers(c, id)
+            .await
+            .into_iter()
+            .find(|info| info.name == name)
+            .expect("the container is listed");
+        if info.state == ContainerState::Exited {
+            return info;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("container {name} did not exit within 10 s");
+}
+
+/// Runs `sh -c script` in container `container`: stdout, stderr, exit code.
+async fn sh_in(
+    c: &client::Client,
+    id: &str,
+    container: &str,
+    script: &str,
+) -> (String, String, i32) {
+    let out = c
+        .exec_in(id, container, &ExecRequest::new(["sh", "-c", script]))
+        .await
+        .expect("exec in a container")
+        .collect()
+        .await
+        .expect("its output");
+    (
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+        out.result.exit_code,
+    )
+}
+
+/// A container's log: its output, and its exit result when it has exited.
+async fn log(c: &client::Client, id: &str, name: &str) -> (String, Option<ExecResult>) {
+    let bytes = c.container_logs(id, name).await.expect("the log");
+    let mut decoder = Decoder::new(Direction::GuestToHost);
+    decoder.push(&bytes);
+    let (mut text, mut exit) = (Vec::new(), None);
+    while let Some(frame) = decoder.next_frame().expect("the log is a frame stream") {
+        match frame.frame_type {
+            FrameType::Exit => exit = Some(serde_json::from_slice(frame.payload).expect("exit")),
+            _ => text.extend_from_slice(frame.payload),
+        }
+    }
+    assert_eq!(decoder.buffered(), 0, "the log ends on a whole frame");
+    (String::from_utf8_lossy(&text).into_owned(), exit)
+}
+
+/// One raw HTTP/1.1 GET on the daemon's socket: the whole answer.
+async fn raw_get(daemon: &TestDaemon, target: &str) -> String {
+    let mut stream = UnixStream::connect(&daemon.socket).await.expect("connect");
+    let request = format!("GET {target} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+    stream.write_all(request.as_bytes()).await.expect("send");
+    let mut out = Vec::new();
+    tokio::time::timeout(Duration::from_secs(20), stream.read_to_end(&mut out))
+        .await
+        .expect("the daemon answers")
+        .expect("read");
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+fn api_code(error: ClientError) -> (u16, String, String) {
+    match error {
+        ClientError::Api {
+            status,
+            code,
+            message,
+        } => (status, code, message),
+        other => panic!("expected an API error, got {other}"),
+    }
+}
+
+#[tokio::test]
+async fn services_are_reached_on_localhost_share_scratch_and_keep_their_logs() {
+    let daemon = TestDaemon::start();
+    let c = daemon.client();
+    let created = c.create(&pod()).await.expect("create");
+    let id = created.id;
+    let names: Vec<_> = created.containers.iter().map(|i| i.name.as_str()).collect();
+    assert_eq!(names, ["db", "helper"]);
+    let db = &created.containers[0];
+    assert_eq!(db.state, ContainerState::Ready, "{db:?}");
+    assert_eq!(db.exec_id.as_deref(), Some("main"));
+
+    // The job, in the sandbox's own root, reaches the service by name and reads what the
+    // helper left in the shared directory.
+    let helper = until_exited(&c, &id, "helper").await;
+    assert_eq!(helper.exit_code, Some(0), "{helper:?}");
+    let (out, err, code) = sh(&c, &id, "nc -w 2 localhost 5432 </dev/null; cat /work/note").await;
+    assert_eq!(
+        (out.as_str(), code),
+        ("hello-from-db\nwritten-by-helper\n", 0),
+        "{err}"
+    );
+
+    // Exec in a container runs under its agent, in its root, with the shared directory at
+    // its own path.
+    let (out, err, code) = sh_in(
+        &c,
+        &id,
+        "db",
+        "cat /proc/1/cmdline | tr '\\0' ' '; cat /data/note",
+    )
+    .await;
+    assert_eq!(code, 0, "{err}");
+    assert!(out.starts_with("init sandbox-container"), "{out}");
+    assert!(out.ends_with("written-by-helper\n"), "{out}");
+    // `main` names the sandbox's own root, where /work is.
+    let (out, _, code) = sh_in(&c, &id, "main", "cat /work/note").await;
+    assert_eq!((out.as_str(), code), ("written-by-helper\n", 0));
+
+    // Files addressed to a container come from its root.
+    let answer = raw_get(
+        &daemon,
+        &format!("/sandboxes/{id}/files?path=/data/note&container=db"),
+    )
+    .await;
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    assert!(answer.ends_with("written-by-helper\n"), "{answer}");
+    let answer = raw_get(&daemon, &format!("/sandboxes/{id}/files?path=/data/note")).await;
+    assert!(
+        answer.starts_with("HTTP/1.1 404"),
+        "the main root has no /data: {answer}"
+    );
+
+    // Logs: a running service's so far (no exit frame), an exited one's with its exit.
+    let (text, exit) = log(&c, &id, "db").await;
+    assert_eq!((text.as_str(), exit), ("db starting\n", None));
+    let (text, exit) = log(&c, &id, "helper").await;
+    assert_eq!(text, "helper done\n");
+    assert_eq!(exit.map(|e| e.exit_code), Some(0));
+
+    // Unknown containers are 404s that name them.
+    let (status, code, message) = api_code(
+        c.exec_in(&id, "nope", &ExecRequest::new(["true"]))
+            .await
+            .expect_err("no such container"),
+    );
+    assert_eq!((status, code.as_str()), (404, "container_not_found"));
+    assert!(message.contains("\"nope\""), "{message}");
+    let (status, code, _) = api_code(c.container_logs(&id, "nope").await.expect_err("no logs"));
+    assert_eq!((status, code.as_str()), (404, "container_not_found"));
+
+    // The sandbox's own signal reaches its own processes and spares the containers'.
+    let sleeper = harness::spawn_exec(&c, &id, &["sleep", "300"]);
+    harness::wait_for_process(&c, &id, "sleep 300").await;
+    c.signal(&id, 9).await.expect("signal the sandbox");
+    let killed = tokio::time::timeout(Duration::from_secs(10), sleeper)
+        .await
+        .expect("the sleeper ends")
+        .expect("its task");
+    assert_eq!(killed.result.signal, "SIGKILL", "{:?}", killed.result);
+    let (out, _, code) = sh(&c, &id, "nc -w 2 localhost 5432 </dev/null").await;
+    assert_eq!(
+        (out.as_str(), code),
+        ("hello-from-db\n", 0),
+        "the service outlived it"
+    );
+    let db = &containers(&c, &id).await[0];
+    assert_eq!(
+        (db.state, db.restarts),
+        (ContainerState::Ready, 0),
+        "{db:?}"
+    );
+
+    c.delete(&id).await.expect("delete");
+    harness::leaks::assert_nothing_held(&daemon.state.config.state_dir, daemon.cgroup_parent())
+        .await;
+}
+
+#[tokio::test]
+async fn a_failing_service_restarts_and_one_that_never_gets_ready_fails_the_create() {
+    let daemon = TestDaemon::start();
+    let c = daemon.client();
+    let flaky = request(serde_json::json!({
+        "containers": [{"name": "flaky", "restart": "on-failure",
+                        "command": ["/bin/sh", "-c", "echo attempt; exit 7"]}]
+    }));
+    let id = c.create(&flaky).await.expect("create").id;
+    let mut restarted = None;
+    for _ in 0..100 {
+        let info = containers(&c, &id).await.remove(0);
+        if info.restarts >= 2 {
+            restarted = Some(info);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let info = restarted.expect("restarted twice within 10 s");
+    assert_eq!(info.exit_code, Some(7), "{info:?}");
+    let (text, _) = log(&c, &id, "flaky").await;
+    assert!(text.matches("attempt\n").count() >= 2, "{text:?}");
+    c.delete(&id).await.expect("delete");
+
+    // A service whose port never opens fails the create with the end of its log, and leaves
+    // no sandbox behind.
+    let deaf = request(serde_json::json!({
+        "containers": [{"name": "deaf", "ready": {"tcp_port": 6000, "timeout_s": 2},
+                        "command": ["/bin/sh", "-c", "echo never listening; sleep 300"]}]
+    }));
+    let (status, code, message) = api_code(c.create(&deaf).await.expect_err("not ready"));
+    assert_eq!(
+        (status, code.as_str()),
+        (422, "container_not_ready"),
+        "{message}"
+    );
+    assert!(message.contains("container deaf"), "{message}");
+    assert!(message.contains("within 2 s"), "{message}");
+    assert!(message.contains("never listening"), "{message}");
+    // One that exits before it is ready says how it exited.
+    let quitter = request(serde_json::json!({
+        "containers": [{"name": "quitter", "ready": {"command": ["false"]},
+                        "command": ["/bin/sh", "-c", "echo giving up >&2; exit 3"]}]
+    }));
+    let (status, _, message) = api_code(c.create(&quitter).await.expect_err("exited"));
+    assert_eq!(status, 422, "{message}");
+    assert!(message.contains("exited with 3"), "{message}");
+    assert!(message.contains("giving up"), "{message}");
+    assert!(
+        c.list().await.expect("list").is_empty(),
+        "failed creates leave nothing"
+    );
+    harness::leaks::assert_nothing_held(&daemon.state.config.state_dir, daemon.cgroup_parent())
+        .await;
+
+    // Requests that cannot be met are 400s before anything starts.
+    for (bad, says) in [
+        (
+            serde_json::json!({"containers": [{"name": "a", "depends_on": ["b"]}]}),
+            "\"b\"",
+        ),
+        (
+            serde_json::json!({"containers": [{"name": "a", "depends_on": ["b"]},
+                                              {"name": "b", "depends_on": ["a"]}]}),
+            "circle",
+        ),
+        (
+            serde_json::json!({"containers": [{"name": "main"}]}),
+            "main",
+        ),
+        (
+            serde_json::json!({"containers": [{"name": "a", "shared": [{"name": "../x", "path": "/x"}]}]}),
+            "shared[0]",
+        ),
+    ] {
+        let (status, _, message) =
+            api_code(c.create(&request(bad.clone())).await.expect_err("bad"));
+        assert_eq!(status, 400, "{bad}: {message}");
+        assert!(message.contains(says), "{bad}: {message}");
+    }
+}
+
+#[tokio::test]
+async fn a_container_reaches_neither_the_host_image_nor_host_paths() {
+    let daemon = TestDaemon::start();
+    let c = daemon.client();
+    let image_passwd = harness::image_dir().join("rootfs/etc/passwd");
+    let before = std::fs::read(&image_passwd).expect("the image's passwd");
+    let id = c.create(&pod()).await.expect("create").id;
+
+    // Root in a container rewrites its image's files; the image on the host is untouched and
+    // the other roots see none of it.
+    let (_, err, code) = sh_in(
+        &c,
+        &id,
+        "db",
+        "echo 'evil:x:0:0::/:/bin/sh' >> /etc/passwd && touch /pwned-by-db",
+    )
+    .await;
+    assert_eq!(code, 0, "a container's root is its own to change: {err}");
+    assert_eq!(std::fs::read(&image_passwd).expect("passwd"), before);
+    assert!(!harness::image_dir().join("rootfs/pwned-by-db").exists());
+    let (out, _, _) = sh(&c, &id, "grep -c evil /etc/passwd; ls /pwned-by-db 2>&1").await;
+    assert!(
+        out.starts_with("0\n") && out.contains("No such file"),
+        "{out}"
+    );
+
+    // No mount of any root names a host path: the daemon's directories and the image's.
+    let host_paths = [
+        daemon.state.config.state_dir.display().to_string(),
+        harness::image_dir().display().to_string(),
+        "/tmp/crucible-test".to_string(),
+    ];
+    for container in ["db", "helper", "main"] {
+        let (table, err, code) = sh_in(&c, &id, container, "cat /proc/self/mountinfo").await;
+        assert_eq!(code, 0, "{container}: {err}");
+        for path in &host_paths {
+            assert!(
+                !table.contains(path.as_str()),
+                "{container} sees {path}:\n{table}"
+            );
+        }
+    }
+    // A container sees only its own processes: its agent and what runs under it.
+    let (out, _, _) = sh_in(&c, &id, "db", "ps -o comm | sort -u | tr '\\n' ' '").await;
+    assert!(!out.contains("sleep"), "{out}");
+    let (out, _, code) = sh_in(&c, &id, "db", "kill -9 1; echo survived").await;
+    assert_eq!(
+        (out.as_str(), code),
+        ("survived\n", 0),
+        "its agent ignores the kill"
+    );
+
+    c.delete(&id).await.expect("delete");
+}
