@@ -19,6 +19,10 @@ def _opt(value: Any, load: Callable[[Any], _T]) -> _T | None:
 BackendKind = Literal["microvm", "namespace", "process"]
 
 
+#: Where a container is in its life.
+ContainerState = Literal["waiting", "starting", "ready", "exited", "failed"]
+
+
 #: Whether a command still runs.
 ExecState = Literal["running", "exited"]
 
@@ -29,6 +33,10 @@ Hypervisor = Literal["crucible-vmm", "qemu-tcg"]
 
 #: What a command does when the connection that started it drops.
 OnDisconnect = Literal["keep", "kill"]
+
+
+#: `"restart"` of a container.
+RestartPolicy = Literal["no", "on-failure"]
 
 
 #: A sandbox's lifecycle state.
@@ -141,6 +149,169 @@ class CacheMount:
 
 
 @dataclass
+class ContainerInfo:
+    """A container, as `GET /sandboxes/{id}/containers` and a sandbox's `containers` show it."""
+
+    #: Its main process's command line (empty: it has none).
+    command: list[str]
+
+    #: Its image.
+    image: str
+
+    #: Its name.
+    name: str
+
+    #: How many times its main process was started again.
+    restarts: int
+
+    #: Where it is in its life.
+    state: ContainerState
+
+    #: Why it failed, or why its main process could not run.
+    error: str | None = None
+
+    #: The exec id of its main process (`GET …/execs/{exec_id}?container=NAME`).
+    exec_id: str | None = None
+
+    #: Its main process's last exit status (-1: killed by a signal or never started).
+    exit_code: int | None = None
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> ContainerInfo:
+        return cls(
+            command=list(data['command']),
+            image=data['image'],
+            name=data['name'],
+            restarts=data['restarts'],
+            state=data['state'],
+            error=data.get('error', None),
+            exec_id=data.get('exec_id', None),
+            exit_code=data.get('exit_code', None),
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        out['command'] = list(self.command)
+        out['image'] = self.image
+        out['name'] = self.name
+        out['restarts'] = self.restarts
+        out['state'] = self.state
+        if self.error is not None:
+            out['error'] = self.error
+        if self.exec_id is not None:
+            out['exec_id'] = self.exec_id
+        if self.exit_code is not None:
+            out['exit_code'] = self.exit_code
+        return out
+
+
+@dataclass
+class ContainerList:
+    """The body of `GET /sandboxes/{id}/containers`."""
+
+    #: Its containers, in the order they were asked for.
+    containers: list[ContainerInfo]
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> ContainerList:
+        return cls(
+            containers=[ContainerInfo.from_dict(x) for x in data['containers']],
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        out['containers'] = [x.to_dict() for x in self.containers]
+        return out
+
+
+@dataclass
+class ContainerRequest:
+    """One entry of `"containers"` in a create request."""
+
+    # The daemon refuses unknown fields in this body.
+
+    #: Its name, used as `?container=NAME`: 1 to 63 of `a-z`, `0-9` and `-`, starting and
+    #: ending with a letter or a digit; not `main` (the sandbox's own root).
+    name: str
+
+    #: Its main process's arguments, replacing the image's `Cmd` (Docker's `command`). With
+    #: neither this nor an entrypoint (the request's or the image's), the container has no
+    #: main process: it is a root to run commands in.
+    command: list[str] | None = None
+
+    #: The directory its main process and commands start in, over its image's `WorkingDir`.
+    cwd: str | None = None
+
+    #: Containers that must be ready before its main process starts.
+    depends_on: list[str] = field(default_factory=list)
+
+    #: Its main process's entrypoint, replacing the image's `Entrypoint`.
+    entrypoint: list[str] | None = None
+
+    #: Environment of its main process and of every command run in it, over the sandbox's
+    #: `env` and its image's `Env`.
+    env: dict[str, str] = field(default_factory=dict)
+
+    #: Its image: `"default"` (also when absent) or one imported with `POST /images`.
+    image: str | None = None
+
+    #: When it counts as ready; absent: once its main process has started.
+    ready: ReadyCheck | None = None
+
+    #: What happens when its main process exits: `no` (default) or `on-failure` (started
+    #: again after a non-zero exit, after 0.1 s, doubling to at most 10 s).
+    restart: RestartPolicy = 'no'
+
+    #: Shared directories it mounts.
+    shared: list[SharedMount] = field(default_factory=list)
+
+    #: Who its main process and commands run as (`uid`, `uid:gid`, `name`, `name:group`,
+    #: resolved against its image's accounts), over its image's `User`.
+    user: str | None = None
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> ContainerRequest:
+        return cls(
+            name=data['name'],
+            command=_opt(data.get('command'), list),
+            cwd=data.get('cwd', None),
+            depends_on=list(data.get('depends_on', [])),
+            entrypoint=_opt(data.get('entrypoint'), list),
+            env=dict(data.get('env', {})),
+            image=data.get('image', None),
+            ready=_opt(data.get('ready'), ReadyCheck.from_dict),
+            restart=data.get('restart', 'no'),
+            shared=[SharedMount.from_dict(x) for x in data.get('shared', [])],
+            user=data.get('user', None),
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        out['name'] = self.name
+        if self.command is not None:
+            out['command'] = None if self.command is None else list(self.command)
+        if self.cwd is not None:
+            out['cwd'] = self.cwd
+        if self.depends_on:
+            out['depends_on'] = list(self.depends_on)
+        if self.entrypoint is not None:
+            out['entrypoint'] = None if self.entrypoint is None else list(self.entrypoint)
+        if self.env:
+            out['env'] = dict(self.env)
+        if self.image is not None:
+            out['image'] = self.image
+        if self.ready is not None:
+            out['ready'] = None if self.ready is None else self.ready.to_dict()
+        if self.restart != 'no':
+            out['restart'] = self.restart
+        if self.shared:
+            out['shared'] = [x.to_dict() for x in self.shared]
+        if self.user is not None:
+            out['user'] = self.user
+        return out
+
+
+@dataclass
 class CpuStats:
     """A sandbox's CPU time, all its processes together, since it was made."""
 
@@ -171,6 +342,11 @@ class CreateSandbox:
     #: Named caches to mount: persistent, daemon-managed, size-limited, one sandbox at a time.
     caches: list[CacheMount] = field(default_factory=list)
 
+    #: Containers besides the sandbox's own root (its `main`, made of `image`): each its own
+    #: image, root, main process and log, all sharing the sandbox's network (`localhost`),
+    #: IPC, limits and the shared directories they mount. Namespace backend only, for now.
+    containers: list[ContainerRequest] = field(default_factory=list)
+
     #: A disk-backed writable layer of this many MiB (a sparse file on the host's disk)
     #: instead of the default memory-backed one; for builds and checkouts bigger than memory.
     disk_mib: int | None = None
@@ -190,6 +366,9 @@ class CreateSandbox:
 
     #: Egress through the daemon's proxy; absent: the sandbox reaches no network at all.
     network: NetworkRequest | None = None
+
+    #: Shared directories mounted in the sandbox's own root (see a container's `shared`).
+    shared: list[SharedMount] = field(default_factory=list)
 
     #: Lifetime in seconds, after which the sandbox is deleted; default from the daemon.
     ttl_s: int | None = None
@@ -213,12 +392,14 @@ class CreateSandbox:
         return cls(
             backend=data.get('backend', None),
             caches=[CacheMount.from_dict(x) for x in data.get('caches', [])],
+            containers=[ContainerRequest.from_dict(x) for x in data.get('containers', [])],
             disk_mib=data.get('disk_mib', None),
             env=dict(data.get('env', {})),
             image=data.get('image', None),
             labels=dict(data.get('labels', {})),
             memory_mib=data.get('memory_mib', None),
             network=_opt(data.get('network'), NetworkRequest.from_dict),
+            shared=[SharedMount.from_dict(x) for x in data.get('shared', [])],
             ttl_s=data.get('ttl_s', None),
             user=data.get('user', None),
             vcpus=data.get('vcpus', None),
@@ -231,6 +412,8 @@ class CreateSandbox:
             out['backend'] = self.backend
         if self.caches:
             out['caches'] = [x.to_dict() for x in self.caches]
+        if self.containers:
+            out['containers'] = [x.to_dict() for x in self.containers]
         if self.disk_mib is not None:
             out['disk_mib'] = self.disk_mib
         if self.env:
@@ -243,6 +426,8 @@ class CreateSandbox:
             out['memory_mib'] = self.memory_mib
         if self.network is not None:
             out['network'] = None if self.network is None else self.network.to_dict()
+        if self.shared:
+            out['shared'] = [x.to_dict() for x in self.shared]
         if self.ttl_s is not None:
             out['ttl_s'] = self.ttl_s
         if self.user is not None:
@@ -892,6 +1077,41 @@ class PidsStats:
 
 
 @dataclass
+class ReadyCheck:
+    """`"ready"` of a container: exactly one of `tcp_port` and `command`."""
+
+    # The daemon refuses unknown fields in this body.
+
+    #: Ready once this command, run in the container, exits with 0 (tried every 0.2 s).
+    command: list[str] | None = None
+
+    #: Ready once something accepts connections on this port of the sandbox's loopback.
+    tcp_port: int | None = None
+
+    #: How long it may take, in seconds (default 60): a container not ready by then fails
+    #: the sandbox's creation, which answers with its log's last lines.
+    timeout_s: int | None = None
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> ReadyCheck:
+        return cls(
+            command=_opt(data.get('command'), list),
+            tcp_port=data.get('tcp_port', None),
+            timeout_s=data.get('timeout_s', None),
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        if self.command is not None:
+            out['command'] = None if self.command is None else list(self.command)
+        if self.tcp_port is not None:
+            out['tcp_port'] = self.tcp_port
+        if self.timeout_s is not None:
+            out['timeout_s'] = self.timeout_s
+        return out
+
+
+@dataclass
 class RefusedEntry:
     """A tar entry that `put_files` refused, and why."""
 
@@ -987,6 +1207,9 @@ class SandboxInfo:
     #: Its caches.
     caches: list[CacheMount] = field(default_factory=list)
 
+    #: Its containers besides its own root, when it has any.
+    containers: list[ContainerInfo] = field(default_factory=list)
+
     #: The size of its disk-backed writable layer, when it has one.
     disk_mib: int | None = None
 
@@ -1026,6 +1249,7 @@ class SandboxInfo:
             timings=SandboxTimings.from_dict(data['timings']),
             vcpus=data['vcpus'],
             caches=[CacheMount.from_dict(x) for x in data.get('caches', [])],
+            containers=[ContainerInfo.from_dict(x) for x in data.get('containers', [])],
             disk_mib=data.get('disk_mib', None),
             error=data.get('error', None),
             hypervisor=data.get('hypervisor', None),
@@ -1050,6 +1274,8 @@ class SandboxInfo:
         out['vcpus'] = self.vcpus
         if self.caches:
             out['caches'] = [x.to_dict() for x in self.caches]
+        if self.containers:
+            out['containers'] = [x.to_dict() for x in self.containers]
         if self.disk_mib is not None:
             out['disk_mib'] = self.disk_mib
         if self.error is not None:
@@ -1137,6 +1363,34 @@ class SandboxTimings:
         out: dict[str, Any] = {}
         out['agent_uptime_ms'] = self.agent_uptime_ms
         out['create_to_ready_ms'] = self.create_to_ready_ms
+        return out
+
+
+@dataclass
+class SharedMount:
+    """A shared directory (a Kubernetes `emptyDir`): a directory of the sandbox's writable
+    scratch, empty at creation, the same files in every container that mounts it by name.
+    """
+
+    # The daemon refuses unknown fields in this body.
+
+    #: The directory's name (the same rules as a container's).
+    name: str
+
+    #: Where it appears in this container (absolute, not in `/proc`, `/dev` or `/sys`).
+    path: str
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> SharedMount:
+        return cls(
+            name=data['name'],
+            path=data['path'],
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        out['name'] = self.name
+        out['path'] = self.path
         return out
 
 
@@ -1248,6 +1502,10 @@ __all__ = [
     'CacheInfo',
     'CacheList',
     'CacheMount',
+    'ContainerInfo',
+    'ContainerList',
+    'ContainerRequest',
+    'ContainerState',
     'CpuStats',
     'CreateSandbox',
     'ErrorBody',
@@ -1267,13 +1525,16 @@ __all__ = [
     'NetworkRequest',
     'OnDisconnect',
     'PidsStats',
+    'ReadyCheck',
     'RefusedEntry',
+    'RestartPolicy',
     'Rlimit',
     'SandboxInfo',
     'SandboxList',
     'SandboxState',
     'SandboxStats',
     'SandboxTimings',
+    'SharedMount',
     'SignalRequest',
     'Usage',
     'VolumeMount',

@@ -615,7 +615,7 @@ export interface paths {
                         "application/json": components["schemas"]["SandboxInfo"];
                     };
                 };
-                /** @description The request is invalid (a field, an egress rule, a cache name or mount path, an undeclared volume, or a feature the backend lacks). */
+                /** @description The request is invalid (a field, an egress rule, a cache name or mount path, an undeclared volume, a container (its name, image, shared directories, or a depends_on that names no container or goes round in a circle), or a feature the backend lacks: containers are namespace-only for now). */
                 400: {
                     headers: {
                         [name: string]: unknown;
@@ -644,6 +644,15 @@ export interface paths {
                 };
                 /** @description A cache asked for is mounted in another sandbox (one at a time). */
                 409: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/json": components["schemas"]["ErrorBody"];
+                    };
+                };
+                /** @description A container did not become ready: its main process exited, or its ready check did not pass within its timeout (code container_not_ready; the message ends with its log's last lines). The sandbox is deleted. */
+                422: {
                     headers: {
                         [name: string]: unknown;
                     };
@@ -812,6 +821,151 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/sandboxes/{id}/containers": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The sandbox id. */
+                id: string;
+            };
+            cookie?: never;
+        };
+        /** The sandbox's containers: each one's state, main process, restarts and last exit. */
+        get: {
+            parameters: {
+                query?: never;
+                header?: never;
+                path: {
+                    /** @description The sandbox id. */
+                    id: string;
+                };
+                cookie?: never;
+            };
+            requestBody?: never;
+            responses: {
+                /** @description The containers, in the request's order. */
+                200: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/json": components["schemas"]["ContainerList"];
+                    };
+                };
+                /** @description The id is malformed. */
+                400: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/json": components["schemas"]["ErrorBody"];
+                    };
+                };
+                /** @description Missing or invalid API key. */
+                401: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/json": components["schemas"]["ErrorBody"];
+                    };
+                };
+                /** @description No sandbox with this id, as far as the caller can see: another key's sandbox is answered exactly like a missing one. */
+                404: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/json": components["schemas"]["ErrorBody"];
+                    };
+                };
+            };
+        };
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/sandboxes/{id}/containers/{name}/logs": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The sandbox id. */
+                id: string;
+                /** @description The container's name. */
+                name: string;
+            };
+            cookie?: never;
+        };
+        /**
+         * A container's log: the output of its main process (every run of it), as an exec frame stream.
+         * @description Stdout and stderr frames as the process wrote them, oldest                         first: the daemon keeps the latest 1 MiB. Once the container has                         exited for good, the stream ends with its last exit frame, whose                         output_dropped_bytes counts what the log no longer holds; while it                         runs, the stream ends without one.
+         */
+        get: {
+            parameters: {
+                query?: never;
+                header?: never;
+                path: {
+                    /** @description The sandbox id. */
+                    id: string;
+                    /** @description The container's name. */
+                    name: string;
+                };
+                cookie?: never;
+            };
+            requestBody?: never;
+            responses: {
+                /** @description The frame stream. */
+                200: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/octet-stream": string;
+                    };
+                };
+                /** @description The id is malformed. */
+                400: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/json": components["schemas"]["ErrorBody"];
+                    };
+                };
+                /** @description Missing or invalid API key. */
+                401: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/json": components["schemas"]["ErrorBody"];
+                    };
+                };
+                /** @description No sandbox with this id, as far as the caller can see, or no such container (code container_not_found). */
+                404: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/json": components["schemas"]["ErrorBody"];
+                    };
+                };
+            };
+        };
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/sandboxes/{id}/exec": {
         parameters: {
             query?: never;
@@ -828,7 +982,10 @@ export interface paths {
          */
         get: {
             parameters: {
-                query?: never;
+                query?: {
+                    /** @description One of the sandbox's containers, by name (see CreateSandbox.containers); absent or `main`: the sandbox's own root. */
+                    container?: string;
+                };
                 header?: never;
                 path: {
                     /** @description The sandbox id. */
@@ -893,6 +1050,8 @@ export interface paths {
                 query?: {
                     /** @description 1 (or true) for an interactive (hijacked) session; 0, false or empty for a one-shot exec. */
                     stdin?: "0" | "1" | "true" | "false" | "";
+                    /** @description One of the sandbox's containers, by name (see CreateSandbox.containers); absent or `main`: the sandbox's own root. */
+                    container?: string;
                 };
                 header?: never;
                 path: {
@@ -941,7 +1100,7 @@ export interface paths {
                         "application/json": components["schemas"]["ErrorBody"];
                     };
                 };
-                /** @description No sandbox with this id, as far as the caller can see: another key's sandbox is answered exactly like a missing one. */
+                /** @description No sandbox with this id, as far as the caller can see: another key's sandbox is answered exactly like a missing one; or no such container (code container_not_found). */
                 404: {
                     headers: {
                         [name: string]: unknown;
@@ -998,7 +1157,10 @@ export interface paths {
         /** The sandbox's commands that can be found by exec_id: those that run, and those that ended while no client was attached and whose result has not been collected. */
         get: {
             parameters: {
-                query?: never;
+                query?: {
+                    /** @description One of the sandbox's containers, by name (see CreateSandbox.containers); absent or `main`: the sandbox's own root. */
+                    container?: string;
+                };
                 header?: never;
                 path: {
                     /** @description The sandbox id. */
@@ -1087,7 +1249,10 @@ export interface paths {
         /** One command's status (and its result, once it has ended). */
         get: {
             parameters: {
-                query?: never;
+                query?: {
+                    /** @description One of the sandbox's containers, by name (see CreateSandbox.containers); absent or `main`: the sandbox's own root. */
+                    container?: string;
+                };
                 header?: never;
                 path: {
                     /** @description The sandbox id. */
@@ -1188,6 +1353,8 @@ export interface paths {
                     offset?: number;
                     /** @description 1 (or true) to re-attach to an interactive command, its stdin carried on (hijacked; must be the connection's first request); 0, false or empty for its output only. */
                     stdin?: "0" | "1" | "true" | "false" | "";
+                    /** @description One of the sandbox's containers, by name (see CreateSandbox.containers); absent or `main`: the sandbox's own root. */
+                    container?: string;
                 };
                 header?: never;
                 path: {
@@ -1294,6 +1461,8 @@ export interface paths {
                 query: {
                     /** @description The file in the sandbox (absolute). */
                     path: string;
+                    /** @description One of the sandbox's containers, by name (see CreateSandbox.containers); absent or `main`: the sandbox's own root. */
+                    container?: string;
                 };
                 header?: never;
                 path: {
@@ -1376,6 +1545,8 @@ export interface paths {
                 query: {
                     /** @description The destination directory in the sandbox (absolute). */
                     path: string;
+                    /** @description One of the sandbox's containers, by name (see CreateSandbox.containers); absent or `main`: the sandbox's own root. */
+                    container?: string;
                 };
                 header?: never;
                 path: {
@@ -1474,12 +1645,15 @@ export interface paths {
         get?: never;
         put?: never;
         /**
-         * Send a signal to every process of the sandbox but its agent, or to one running command.
+         * Send a signal to every process of the sandbox (or of one container, ?container=) but its agent, or to one running command.
          * @description What `docker kill -s` and containerd's task kill need: the commands see it as they would from `kill`; the agent, PID 1, never does, and serves the next request. With `exec_id`, only the process group of the running command started with that `exec_id` gets it.
          */
         post: {
             parameters: {
-                query?: never;
+                query?: {
+                    /** @description One of the sandbox's containers, by name (see CreateSandbox.containers); absent or `main`: the sandbox's own root. */
+                    container?: string;
+                };
                 header?: never;
                 path: {
                     /** @description The sandbox id. */
@@ -1518,7 +1692,7 @@ export interface paths {
                         "application/json": components["schemas"]["ErrorBody"];
                     };
                 };
-                /** @description No sandbox with this id, as far as the caller can see (code not_found), or no running command with this exec_id (code exec_not_found). */
+                /** @description No sandbox with this id, as far as the caller can see (code not_found), no such container (code container_not_found), or no running command with this exec_id (code exec_not_found). */
                 404: {
                     headers: {
                         [name: string]: unknown;
@@ -1688,6 +1862,82 @@ export interface components {
              */
             size_mib?: number | null;
         };
+        /** @description A container, as `GET /sandboxes/{id}/containers` and a sandbox's `containers` show it. */
+        ContainerInfo: {
+            /** @description Its main process's command line (empty: it has none). */
+            command: string[];
+            /** @description Why it failed, or why its main process could not run. */
+            error?: string;
+            /** @description The exec id of its main process (`GET …/execs/{exec_id}?container=NAME`). */
+            exec_id?: string | null;
+            /**
+             * Format: int32
+             * @description Its main process's last exit status (-1: killed by a signal or never started).
+             */
+            exit_code?: number | null;
+            /** @description Its image. */
+            image: string;
+            /** @description Its name. */
+            name: string;
+            /**
+             * Format: uint32
+             * @description How many times its main process was started again.
+             */
+            restarts: number;
+            /** @description Where it is in its life. */
+            state: components["schemas"]["ContainerState"];
+        };
+        /** @description The body of `GET /sandboxes/{id}/containers`. */
+        ContainerList: {
+            /** @description Its containers, in the order they were asked for. */
+            containers: components["schemas"]["ContainerInfo"][];
+        };
+        /** @description One entry of `"containers"` in a create request. */
+        ContainerRequest: {
+            /**
+             * @description Its main process's arguments, replacing the image's `Cmd` (Docker's `command`). With
+             *     neither this nor an entrypoint (the request's or the image's), the container has no
+             *     main process: it is a root to run commands in.
+             */
+            command?: string[] | null;
+            /** @description The directory its main process and commands start in, over its image's `WorkingDir`. */
+            cwd?: string | null;
+            /** @description Containers that must be ready before its main process starts. */
+            depends_on?: string[];
+            /** @description Its main process's entrypoint, replacing the image's `Entrypoint`. */
+            entrypoint?: string[] | null;
+            /**
+             * @description Environment of its main process and of every command run in it, over the sandbox's
+             *     `env` and its image's `Env`.
+             */
+            env?: {
+                [key: string]: string;
+            };
+            /** @description Its image: `"default"` (also when absent) or one imported with `POST /images`. */
+            image?: string | null;
+            /**
+             * @description Its name, used as `?container=NAME`: 1 to 63 of `a-z`, `0-9` and `-`, starting and
+             *     ending with a letter or a digit; not `main` (the sandbox's own root).
+             */
+            name: string;
+            /** @description When it counts as ready; absent: once its main process has started. */
+            ready?: components["schemas"]["ReadyCheck"] | (null);
+            /**
+             * @description What happens when its main process exits: `no` (default) or `on-failure` (started
+             *     again after a non-zero exit, after 0.1 s, doubling to at most 10 s).
+             * @default no
+             */
+            restart?: components["schemas"]["RestartPolicy"];
+            /** @description Shared directories it mounts. */
+            shared?: components["schemas"]["SharedMount"][];
+            /**
+             * @description Who its main process and commands run as (`uid`, `uid:gid`, `name`, `name:group`,
+             *     resolved against its image's accounts), over its image's `User`.
+             */
+            user?: string | null;
+        };
+        /** @description Where a container is in its life. */
+        ContainerState: "waiting" | "starting" | "ready" | "exited" | "failed";
         /** @description A sandbox's CPU time, all its processes together, since it was made. */
         CpuStats: {
             /**
@@ -1702,6 +1952,12 @@ export interface components {
             backend?: components["schemas"]["BackendKind"] | (null);
             /** @description Named caches to mount: persistent, daemon-managed, size-limited, one sandbox at a time. */
             caches?: components["schemas"]["CacheMount"][];
+            /**
+             * @description Containers besides the sandbox's own root (its `main`, made of `image`): each its own
+             *     image, root, main process and log, all sharing the sandbox's network (`localhost`),
+             *     IPC, limits and the shared directories they mount. Namespace backend only, for now.
+             */
+            containers?: components["schemas"]["ContainerRequest"][];
             /**
              * Format: uint64
              * @description A disk-backed writable layer of this many MiB (a sparse file on the host's disk)
@@ -1728,6 +1984,8 @@ export interface components {
             memory_mib?: number | null;
             /** @description Egress through the daemon's proxy; absent: the sandbox reaches no network at all. */
             network?: components["schemas"]["NetworkRequest"] | (null);
+            /** @description Shared directories mounted in the sandbox's own root (see a container's `shared`). */
+            shared?: components["schemas"]["SharedMount"][];
             /**
              * Format: uint64
              * @description Lifetime in seconds, after which the sandbox is deleted; default from the daemon.
@@ -2137,6 +2395,22 @@ export interface components {
              */
             limit: number;
         };
+        /** @description `"ready"` of a container: exactly one of `tcp_port` and `command`. */
+        ReadyCheck: {
+            /** @description Ready once this command, run in the container, exits with 0 (tried every 0.2 s). */
+            command?: string[] | null;
+            /**
+             * Format: uint16
+             * @description Ready once something accepts connections on this port of the sandbox's loopback.
+             */
+            tcp_port?: number | null;
+            /**
+             * Format: uint64
+             * @description How long it may take, in seconds (default 60): a container not ready by then fails
+             *     the sandbox's creation, which answers with its log's last lines.
+             */
+            timeout_s?: number | null;
+        };
         /** @description A tar entry that `put_files` refused, and why. */
         RefusedEntry: {
             /** @description The entry's path as written in the archive. */
@@ -2144,6 +2418,8 @@ export interface components {
             /** @description Why it was refused (`"escapes the destination"`, `"device nodes are not allowed"`, …). */
             reason: string;
         };
+        /** @description `"restart"` of a container. */
+        RestartPolicy: "no" | "on-failure";
         /** @description One resource limit: `setrlimit(type, {soft, hard})`. */
         Rlimit: {
             /**
@@ -2173,6 +2449,8 @@ export interface components {
             backend: components["schemas"]["BackendKind"];
             /** @description Its caches. */
             caches?: components["schemas"]["CacheMount"][];
+            /** @description Its containers besides its own root, when it has any. */
+            containers?: components["schemas"]["ContainerInfo"][];
             /**
              * Format: uint64
              * @description Creation time, Unix milliseconds.
@@ -2261,6 +2539,16 @@ export interface components {
              * @description From the create request to the agent's hello, in milliseconds (fractional).
              */
             create_to_ready_ms: number;
+        };
+        /**
+         * @description A shared directory (a Kubernetes `emptyDir`): a directory of the sandbox's writable
+         *     scratch, empty at creation, the same files in every container that mounts it by name.
+         */
+        SharedMount: {
+            /** @description The directory's name (the same rules as a container's). */
+            name: string;
+            /** @description Where it appears in this container (absolute, not in `/proc`, `/dev` or `/sys`). */
+            path: string;
         };
         /** @description The body of `POST /sandboxes/{id}/signal`. */
         SignalRequest: {
