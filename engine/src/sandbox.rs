@@ -1016,6 +1016,22 @@ impl Registry {
     pub(crate) async fn leave_all(&self) {
         self.shutting_down.store(true, Ordering::SeqCst);
         self.creating.wait().await;
+        // A sandbox with no record (one with containers) would run on unsupervised with
+        // nobody to take it back: it goes now, as without live restore.
+        let unrecorded: Vec<String> = self
+            .map()
+            .values()
+            .filter(|sandbox| sandbox.record().is_none())
+            .map(|sandbox| sandbox.id.clone())
+            .collect();
+        if !unrecorded.is_empty() {
+            tracing::info!(
+                "deleting {} sandbox(es) a restarted daemon could not take back: {}",
+                unrecorded.len(),
+                unrecorded.join(", ")
+            );
+        }
+        futures_util::future::join_all(unrecorded.iter().map(|id| self.remove(id))).await;
         self.destroying.wait().await;
         // What they hold on the host stays theirs for the next daemon (a writable layer's
         // image, dropped, would be removed under a running sandbox).

@@ -537,7 +537,8 @@ impl Engine {
         let has_containers = !request.containers.is_empty() || !request.shared.is_empty();
         if has_containers && kind != BackendKind::Namespace {
             return Err(CreateError::Invalid(format!(
-                "containers: only the namespace backend runs containers yet, not the {kind}                  backend (ask for \"backend\": \"namespace\")"
+                "containers: only the namespace backend runs containers yet, not the {kind} \
+                 backend (ask for \"backend\": \"namespace\")"
             )));
         }
         let containers = self.plan_containers(&request, &owner)?;

@@ -417,3 +417,68 @@ async fn ten_and_a_hundred_sandboxes_are_taken_back_and_the_time_is_printed() {
     }
     assert_nothing_held(&home.state_dir(), &home.cgroup_parent).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sandbox_with_containers_is_deleted_when_the_daemon_stops_not_left_unsupervised() {
+    let home = DaemonHome::new();
+    let mut daemon = DaemonProcess::start_in(&home, LIVE).await;
+    let c = daemon.client();
+    let plain = c
+        .create(&CreateSandbox::default())
+        .await
+        .expect("create")
+        .id;
+    let pod: CreateSandbox = serde_json::from_value(serde_json::json!({
+        "containers": [{"name": "svc", "command": ["sleep", "600"]}]
+    }))
+    .expect("a pod request");
+    let pod = c.create(&pod).await.expect("create a pod").id;
+    assert!(
+        !record_path(&home, &pod).exists(),
+        "a sandbox with containers has no record"
+    );
+    let pod_pid = {
+        let cgroups = sandbox_cgroups(&home.cgroup_parent);
+        let group = cgroups
+            .iter()
+            .find(|g| g.ends_with(&pod))
+            .expect("the pod's cgroup");
+        let procs = std::fs::read_to_string(group.join("cgroup.procs")).expect("procs");
+        procs
+            .split_whitespace()
+            .next()
+            .and_then(|p| p.parse::<i32>().ok())
+            .expect("a process of the pod")
+    };
+
+    daemon.stop_with(Signal::SIGTERM);
+    // Destroyed before the daemon exits; the wait only covers reaping by init.
+    eventually_within(
+        "the pod's processes to end",
+        Duration::from_secs(10),
+        || !alive(pod_pid),
+    )
+    .await;
+    let left: Vec<_> = sandbox_cgroups(&home.cgroup_parent)
+        .into_iter()
+        .filter(|g| g.ends_with(&pod))
+        .collect();
+    assert!(left.is_empty(), "the pod's cgroups are gone: {left:?}");
+
+    let daemon = DaemonProcess::start_in(&home, LIVE).await;
+    let c = daemon.client();
+    let listed: Vec<String> = c
+        .list()
+        .await
+        .expect("list")
+        .into_iter()
+        .map(|s| s.id)
+        .collect();
+    assert_eq!(
+        listed,
+        vec![plain.clone()],
+        "the plain sandbox is taken back"
+    );
+    c.delete(&plain).await.expect("delete");
+    assert_nothing_held(&home.state_dir(), &home.cgroup_parent).await;
+}
