@@ -83,7 +83,8 @@ pub struct ReadyCheck {
     /// Ready once something accepts connections on this port of the sandbox's loopback.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tcp_port: Option<u16>,
-    /// Ready once this command, run in the container, exits with 0 (tried every 0.2 s).
+    /// Ready once this command, run in the container, exits with 0 (tried at once, then
+    /// after 10 ms, the wait doubling to 0.2 s; so is `tcp_port`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub command: Option<Vec<String>>,
     /// How long it may take, in seconds (default 60): a container not ready by then fails

@@ -8,16 +8,15 @@
 
 use std::fmt::Display;
 use std::path::Path;
-use std::process::{Command, Stdio};
-use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use anyhow::{bail, ensure, Context, Result};
+use anyhow::{ensure, Context, Result};
 use api_types::{BackendKind, CreateSandbox, NetworkInfo, NetworkRequest};
 use wire::ExecRequest;
 
 use super::blob_server::{BlobServer, Served};
 use super::daemon::InProcess;
+use super::host_shell::HostShell;
 use super::metrics::{size, Plan};
 use super::model::{Measurement, Row, Unit};
 use super::peers::gib_per_s;
@@ -122,66 +121,6 @@ impl Workload {
     }
 }
 
-/// The image's busybox on the host, behind a directory of applet links that is the scripts'
-/// whole `PATH`: the host runs the very binary the sandbox runs, never the host's own tools
-/// (its `sh` runs its own applets first anyway, as it does in the sandbox).
-#[derive(Clone)]
-struct HostShell {
-    bin: Arc<tempfile::TempDir>,
-}
-
-impl HostShell {
-    fn new(busybox: &Path) -> Result<Self> {
-        ensure!(
-            busybox.is_file(),
-            "the image has no busybox at {}",
-            busybox.display()
-        );
-        let busybox = busybox
-            .canonicalize()
-            .with_context(|| format!("resolving {}", busybox.display()))?;
-        let bin = tempfile::Builder::new()
-            .prefix("crucible-bench-egress-bin-")
-            .tempdir()
-            .context("a directory for the busybox applet links")?;
-        for applet in APPLETS {
-            let link = bin.path().join(applet);
-            std::os::unix::fs::symlink(&busybox, &link)
-                .with_context(|| format!("linking {} to {}", link.display(), busybox.display()))?;
-        }
-        Ok(HostShell { bin: Arc::new(bin) })
-    }
-
-    /// Runs `script` with no environment but `PATH` (no proxy settings: a direct connection),
-    /// requiring success; milliseconds from spawn to exit, in whole milliseconds as the agent
-    /// reports a sandboxed command's.
-    fn run(&self, script: &str) -> Result<f64> {
-        let mut cmd = Command::new(self.bin.path().join("sh"));
-        cmd.args(["-c", script])
-            .env_clear()
-            .env("PATH", self.bin.path())
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped());
-        let started = Instant::now();
-        let child = cmd
-            .spawn()
-            .with_context(|| format!("starting `sh -c {script:?}` on the host"))?;
-        let output = child
-            .wait_with_output()
-            .with_context(|| format!("waiting for `sh -c {script:?}` on the host"))?;
-        let elapsed = started.elapsed();
-        if !output.status.success() {
-            bail!(
-                "`sh -c {script:?}` on the host failed ({}): {}",
-                output.status,
-                String::from_utf8_lossy(&output.stderr).trim()
-            );
-        }
-        Ok(elapsed.as_millis() as f64)
-    }
-}
-
 /// The sandbox's egress counters.
 async fn network(client: &client::Client, id: &str) -> Result<NetworkInfo> {
     client
@@ -215,7 +154,7 @@ async fn run_pair(
     let before = server.served()?;
     let direct = {
         let (host, script) = (host.clone(), w.direct.clone());
-        tokio::task::spawn_blocking(move || host.run(&script))
+        tokio::task::spawn_blocking(move || host.run_whole_ms(&script))
             .await
             .context("the host command's thread")??
     };
@@ -271,7 +210,7 @@ pub(crate) async fn measure(plan: &Plan, image: &Path) -> Result<Vec<Measurement
         proxy == contract::egress::proxy_url(),
         "the sandbox's proxy is {proxy}"
     );
-    let host = HostShell::new(&image.join("rootfs/bin/busybox"))?;
+    let host = HostShell::new(&image.join("rootfs/bin/busybox"), &APPLETS)?;
 
     let (port, n, blob, k) = (
         server.port(),
@@ -417,7 +356,7 @@ mod tests {
     fn the_direct_scripts_fetch_exactly_what_they_expect_from_the_host_server() -> Result<()> {
         let blob = 2 << 20;
         let server = BlobServer::start(blob)?;
-        let host = HostShell::new(busybox())?;
+        let host = HostShell::new(busybox(), &APPLETS)?;
         for w in [
             Workload::http(server.port(), 3, blob),
             Workload::tcp(server.port(), 2, blob),
@@ -433,7 +372,7 @@ mod tests {
     #[test]
     fn a_script_that_fails_on_the_host_is_an_error_naming_it() -> Result<()> {
         let server = BlobServer::start(1)?;
-        let host = HostShell::new(busybox())?;
+        let host = HostShell::new(busybox(), &APPLETS)?;
         let err = host
             .run(&format!(
                 "wget -q -O /dev/null http://127.0.0.1:{}/missing",

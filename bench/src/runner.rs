@@ -349,6 +349,12 @@ fn namespace(
         done(t);
     }
 
+    if selection.has(Section::Pods) {
+        let t = step("pods: a sandbox with containers, a job beside a service");
+        measurements.extend(runtime.block_on(super::pods::measure(plan, image))?);
+        done(t);
+    }
+
     if selection.has(Section::Footprint) {
         let t = step("footprint (daemon in a child process)");
         measurements.extend(runtime.block_on(metrics::footprint(plan, image))?);
@@ -624,6 +630,7 @@ fn rows(plan: &Plan) -> Vec<Row> {
     }
     rows.extend(super::sdks::rows());
     rows.extend(super::egress::rows());
+    rows.extend(super::pods::rows());
     rows.extend(super::vmm_overhead::rows());
     rows.extend(super::nested::rows());
     rows

@@ -26,6 +26,8 @@ pub(crate) enum Section {
     Tcg,
     /// The egress proxy next to a direct host connection (its floor is measured with it).
     Egress,
+    /// A sandbox with containers beside single sandboxes; a job beside a service.
+    Pods,
     /// The exec round trip through the Python and TypeScript SDKs, each beside raw HTTP in
     /// its own process.
     Sdk,

@@ -25,8 +25,10 @@ pub const LOG_LIMIT_BYTES: usize = 1024 * 1024;
 /// How long a container's readiness may take unless its check says otherwise.
 pub const DEFAULT_READY_TIMEOUT: Duration = Duration::from_secs(60);
 
-/// How often a readiness check is tried.
-const READY_INTERVAL: Duration = Duration::from_millis(200);
+/// The first and the longest wait between two tries of a readiness check: a service up in a
+/// few milliseconds is seen as ready then, one that takes seconds is not polled needlessly.
+const READY_FIRST: Duration = Duration::from_millis(10);
+const READY_MAX: Duration = Duration::from_millis(200);
 
 /// The first and the longest wait before a failed main process is started again.
 const RESTART_FIRST: Duration = Duration::from_millis(100);
@@ -376,6 +378,7 @@ async fn await_ready(sandbox: &Sandbox, container: &Container) -> Result<(), Str
         .timeout_s
         .map_or(DEFAULT_READY_TIMEOUT, Duration::from_secs);
     let attempt = async {
+        let mut wait = READY_FIRST;
         loop {
             if matches!(
                 container.state(),
@@ -400,7 +403,8 @@ async fn await_ready(sandbox: &Sandbox, container: &Container) -> Result<(), Str
             if passed {
                 return Ok(());
             }
-            tokio::time::sleep(READY_INTERVAL).await;
+            tokio::time::sleep(wait).await;
+            wait = (wait * 2).min(READY_MAX);
         }
     };
     match tokio::time::timeout(timeout, attempt).await {

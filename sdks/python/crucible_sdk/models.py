@@ -1082,7 +1082,8 @@ class ReadyCheck:
 
     # The daemon refuses unknown fields in this body.
 
-    #: Ready once this command, run in the container, exits with 0 (tried every 0.2 s).
+    #: Ready once this command, run in the container, exits with 0 (tried at once, then
+    #: after 10 ms, the wait doubling to 0.2 s; so is `tcp_port`).
     command: list[str] | None = None
 
     #: Ready once something accepts connections on this port of the sandbox's loopback.

@@ -2397,7 +2397,10 @@ export interface components {
         };
         /** @description `"ready"` of a container: exactly one of `tcp_port` and `command`. */
         ReadyCheck: {
-            /** @description Ready once this command, run in the container, exits with 0 (tried every 0.2 s). */
+            /**
+             * @description Ready once this command, run in the container, exits with 0 (tried at once, then
+             *     after 10 ms, the wait doubling to 0.2 s; so is `tcp_port`).
+             */
             command?: string[] | null;
             /**
              * Format: uint16
