@@ -7,10 +7,17 @@ use axum::body::Body;
 use axum::http::header;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
+use serde::Deserialize;
 
 use crate::edge::Edge;
 use crate::error::ApiError;
 use crate::extract::{Authenticated, Path};
+
+/// `?container=NAME` on the routes that act in one of a sandbox's containers.
+#[derive(Debug, Deserialize)]
+pub(crate) struct ContainerQuery {
+    pub(crate) container: Option<String>,
+}
 
 /// `GET /sandboxes/{id}/containers`.
 pub(crate) async fn list(

@@ -69,7 +69,7 @@ pub(crate) async fn list(
     State(state): State<Arc<Edge>>,
     Authenticated(caller): Authenticated,
     Path(id): Path<String>,
-    Query(query): Query<crate::routes::ContainerQuery>,
+    Query(query): Query<crate::containers::ContainerQuery>,
 ) -> Result<Json<wire::ExecList>, ApiError> {
     let sandbox = state.registry.get(&id, &caller)?;
     let execs = exec::statuses(&sandbox, None, query.container.as_deref()).await?;
@@ -81,7 +81,7 @@ pub(crate) async fn status(
     State(state): State<Arc<Edge>>,
     Authenticated(caller): Authenticated,
     Path((id, exec_id)): Path<(String, String)>,
-    Query(query): Query<crate::routes::ContainerQuery>,
+    Query(query): Query<crate::containers::ContainerQuery>,
 ) -> Result<Json<wire::ExecStatus>, ApiError> {
     let sandbox = state.registry.get(&id, &caller)?;
     let mut found = exec::statuses(&sandbox, Some(&exec_id), query.container.as_deref()).await?;

@@ -226,7 +226,7 @@ async fn signal_sandbox(
     State(state): State<Arc<Edge>>,
     Authenticated(caller): Authenticated,
     Path(id): Path<String>,
-    Query(query): Query<ContainerQuery>,
+    Query(query): Query<containers::ContainerQuery>,
     body: Body,
 ) -> Result<StatusCode, ApiError> {
     let sandbox = state.registry.get(&id, &caller)?;
@@ -442,12 +442,6 @@ struct ExecQuery {
     container: Option<String>,
 }
 
-/// `?container=NAME` on the routes that act in one of a sandbox's containers.
-#[derive(Debug, Deserialize)]
-pub(crate) struct ContainerQuery {
-    pub(crate) container: Option<String>,
-}
-
 async fn exec_post(
     State(state): State<Arc<Edge>>,
     Authenticated(caller): Authenticated,
@@ -488,7 +482,7 @@ async fn exec_websocket(
     State(state): State<Arc<Edge>>,
     Authenticated(caller): Authenticated,
     Path(id): Path<String>,
-    Query(query): Query<ContainerQuery>,
+    Query(query): Query<containers::ContainerQuery>,
     request: Request,
 ) -> Result<Response, ApiError> {
     let sandbox = state.registry.get(&id, &caller)?;

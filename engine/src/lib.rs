@@ -9,8 +9,6 @@
 
 pub mod agent;
 pub mod backend;
-mod container_plan;
-pub mod containers;
 pub mod egress;
 pub mod exec;
 pub mod host;

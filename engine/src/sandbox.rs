@@ -1,5 +1,7 @@
 //! Sandboxes and their registry: lifecycle state, exec admission, TTL and idle expiry.
 
+pub mod containers;
+
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
@@ -12,9 +14,9 @@ use tokio::task::JoinHandle;
 
 use crate::agent::AgentError;
 use crate::backend::Instance;
-use crate::containers::Container;
 use crate::owner::{Caller, Owner};
 use crate::storage::SandboxStorage;
+use containers::Container;
 
 /// Why a sandbox (or the registry) refused a request. The HTTP edge maps each to a status
 /// (`error.rs`), the WebSocket to a close code (`ws.rs`).
@@ -293,7 +295,7 @@ impl Sandbox {
         name: Option<&str>,
     ) -> Result<Option<Arc<Container>>, SandboxError> {
         match name {
-            None | Some(crate::containers::MAIN_CONTAINER) => Ok(None),
+            None | Some(containers::MAIN_CONTAINER) => Ok(None),
             Some(name) => {
                 self.container(name)
                     .cloned()

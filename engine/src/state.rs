@@ -1,6 +1,8 @@
 //! The daemon's shared state (the composition root: configuration, backends, registry,
 //! metrics) and the sandbox creation path.
 
+mod container_plan;
+
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -13,13 +15,13 @@ use crate::backend::namespace::{IdRanges, NamespaceBackend};
 use crate::backend::{
     Backend, BackendError, Backends, ImagePaths, ImageRoot, InstanceSpec, MountSource, MountSpec,
 };
-use crate::containers::Container;
 use crate::egress::{EgressCounters, EgressProxy, EgressRefused, NoEgress};
 use crate::host;
 use crate::metrics::Metrics;
 use crate::owner::Owner;
 use crate::pool::{PoolSpecError, Pooled, Shape, ShapeBounds, ShapeDefaults, Take, WarmPool};
 use crate::restore::RestoreError;
+use crate::sandbox::containers::Container;
 use crate::sandbox::{
     new_id, ExecAccounts, Registry, Sandbox, SandboxError, SandboxNetwork, SandboxSettings,
 };
@@ -667,7 +669,7 @@ impl Engine {
         let (mut held, disk, mounts) = self
             .claim_storage(&request, &settings.owner, &id, kind)
             .await?;
-        let crate::container_plan::ContainersPlan {
+        let container_plan::ContainersPlan {
             containers,
             roots: container_roots,
             shared,
@@ -730,7 +732,7 @@ impl Engine {
         );
         self.registry.insert(sandbox.clone(), reservation);
         // Listed while its containers come up (it runs); gone again if one cannot.
-        if let Err(reason) = crate::containers::start_all(&sandbox).await {
+        if let Err(reason) = crate::sandbox::containers::start_all(&sandbox).await {
             self.registry.remove(&id).await;
             self.metrics
                 .sandboxes_failed

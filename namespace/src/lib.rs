@@ -26,13 +26,14 @@
 //! ([`harden_pid1`]): commands, root or not, cannot ptrace it or read its memory.
 
 mod bpf;
-pub mod container;
+mod container;
 mod extra_mount;
 mod host_mounts;
 mod idmap;
 mod loop_device;
 mod mount_api;
 mod mounts;
+pub mod pod;
 pub mod privileges;
 pub mod seccomp;
 mod spec;
@@ -40,11 +41,11 @@ mod sys;
 
 use std::ffi::CString;
 
-pub use container::{ContainerRoot, SharedMount};
 pub use extra_mount::{ExtraMount, MountKind};
 pub use host_mounts::HostMountError;
 pub use idmap::{IdMap, SANDBOX_IDS};
 pub use loop_device::LoopError;
+pub use pod::{ContainerRoot, SharedMount};
 pub use spec::{container_socket, SandboxSpec, SpecError};
 pub use sys::{recv_stream, send_stream, SysError};
 

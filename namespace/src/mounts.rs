@@ -126,7 +126,7 @@ pub(crate) fn prepare_scratch(
     // World-writable, as a Kubernetes emptyDir: the containers sharing it may run as
     // different users.
     for shared in &spec.shared {
-        let dir = crate::container::shared_dir(&shared.dir);
+        let dir = crate::pod::shared_dir(&shared.dir);
         mkdir(&dir)?;
         chmod(&dir, 0o777)?;
     }
@@ -179,7 +179,7 @@ pub(crate) fn build_root(
         )?;
     }
     drop(root_dir);
-    attach_shared(spec, crate::container::MAIN, root)?;
+    attach_shared(spec, crate::pod::MAIN, root)?;
     pivot_into(root)
 }
 
@@ -202,7 +202,7 @@ pub(crate) fn attach_shared(spec: &SandboxSpec, owner: &str, root: &Path) -> Res
     let root_dir = sys::open_file(root, libc::O_PATH | libc::O_DIRECTORY)?;
     for shared in spec.shared.iter().filter(|s| s.owner == owner) {
         let what = format!("--shared {shared}");
-        let source = crate::container::shared_dir(&shared.dir);
+        let source = crate::pod::shared_dir(&shared.dir);
         let tree = mount_api::clone_tree(&cstring(&source)?, &what)?;
         mount_api::set_attrs(tree.as_fd(), MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV, None)
             .map_err(|e| SysError::io(format!("make {what} nosuid and nodev"), e))?;

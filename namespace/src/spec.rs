@@ -241,7 +241,7 @@ impl SandboxSpec {
             }
         }
         self.validate_mounts()?;
-        crate::container::check_spec(self).map_err(|(flag, value, reason)| SpecError::BadValue {
+        crate::pod::check_spec(self).map_err(|(flag, value, reason)| SpecError::BadValue {
             flag,
             value,
             reason,

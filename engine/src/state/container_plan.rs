@@ -9,8 +9,8 @@ use std::sync::Arc;
 use api_types::{ContainerRequest, CreateSandbox};
 
 use crate::backend::ImagePaths;
-use crate::containers::{ContainerPlan, MAIN_CONTAINER};
 use crate::owner::Owner;
+use crate::sandbox::containers::{ContainerPlan, MAIN_CONTAINER};
 use crate::state::{CreateError, Engine, DEFAULT_IMAGE};
 use crate::storage::validate_targets;
 
@@ -41,7 +41,7 @@ impl Engine {
         let invalid = |what: String| CreateError::Invalid(what);
         let mut names = BTreeSet::new();
         for (i, container) in request.containers.iter().enumerate() {
-            namespace::container::check_name(&container.name, "name")
+            namespace::pod::check_name(&container.name, "name")
                 .map_err(|e| invalid(format!("containers[{i}].{e}")))?;
             if container.name == MAIN_CONTAINER {
                 return Err(invalid(format!(
@@ -218,7 +218,7 @@ fn shared_mounts(request: &CreateSandbox) -> Result<Vec<namespace::SharedMount>,
             );
         }
         for (j, mount) in shared.iter().enumerate() {
-            namespace::container::check_name(&mount.name, "name")
+            namespace::pod::check_name(&mount.name, "name")
                 .map_err(|e| CreateError::Invalid(format!("{what}shared[{j}].{e}")))?;
             targets.push((format!("{what}shared[{j}] ({})", mount.name), &mount.path));
         }
