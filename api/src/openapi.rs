@@ -367,10 +367,18 @@ pub(crate) fn document() -> Value {
             "/sandboxes/{id}/stats": {
                 "parameters": [id_param()],
                 "get": {
-                    "summary": "What the sandbox uses now: memory, CPU time and processes (a namespace sandbox's cgroups; a microVM's own kernel).",
+                    "summary": "What the sandbox uses now: memory, CPU time and processes (a namespace sandbox's cgroups; a microVM's own kernel), or one container's share (?container=).",
+                    "parameters": [container_param()],
+                    "description": "With ?container=NAME: what that container's processes use \
+                        (their resident memory summed, a page two share counted twice; their \
+                        CPU time, reaped descendants included; how many they are), with the \
+                        sandbox's memory and process limits, which its containers share; \
+                        max_usage_bytes, cache_bytes and oom_kills are kept for the whole \
+                        sandbox only and are 0. The sandbox's own root (main) is the whole \
+                        sandbox.",
                     "responses": with(errors(&[
                         ("400", "The id is malformed."),
-                        ("404", "No sandbox with this id, as far as the caller can see."),
+                        ("404", "No sandbox with this id, as far as the caller can see, or no such container (code container_not_found)."),
                         ("409", "Its backend cannot report them, or its agent did not answer (code not_supported)."),
                     ]), json!({ "200": json_response("The sandbox's usage.", "SandboxStats") }))
                 }
@@ -519,7 +527,11 @@ pub(crate) fn document() -> Value {
                 "parameters": [id_param(), container_name_param()],
                 "get": {
                     "summary": "A container's log: the output of its main process (every run of it), as an exec frame stream.",
-                    "description": "Stdout and stderr frames as the process wrote them, oldest                         first: the daemon keeps the latest 1 MiB. Once the container has                         exited for good, the stream ends with its last exit frame, whose                         output_dropped_bytes counts what the log no longer holds; while it                         runs, the stream ends without one.",
+                    "description": "Stdout and stderr frames as the process wrote them, oldest \
+                        first: the daemon keeps the latest 1 MiB. Once the container has \
+                        exited for good, the stream ends with its last exit frame, whose \
+                        output_dropped_bytes counts what the log no longer holds; while it \
+                        runs, the stream ends without one.",
                     "responses": with(errors(&[
                         ("400", "The id is malformed."),
                         ("404", "No sandbox with this id, as far as the caller can see, or no such container (code container_not_found)."),

@@ -276,14 +276,20 @@ async fn signal_sandbox(
     }
 }
 
-/// `GET /sandboxes/{id}/stats`: memory, CPU and processes, from the sandbox's cgroups.
+/// `GET /sandboxes/{id}/stats[?container=NAME]`: memory, CPU and processes, from the
+/// sandbox's cgroups, or one container's share from its processes.
 async fn sandbox_stats(
     State(state): State<Arc<Edge>>,
     Authenticated(caller): Authenticated,
     Path(id): Path<String>,
+    Query(query): Query<containers::ContainerQuery>,
 ) -> Result<Json<wire::SandboxStats>, ApiError> {
     let sandbox = state.registry.get(&id, &caller)?;
-    match sandbox.stats().await {
+    let stats = match sandbox.container_named(query.container.as_deref())? {
+        Some(container) => sandbox.container_stats(&container).await,
+        None => sandbox.stats().await,
+    };
+    match stats {
         Some(stats) => Ok(Json(stats)),
         None => Err(ApiError::new(
             StatusCode::CONFLICT,

@@ -150,6 +150,16 @@ enum SandboxCommand {
     /// client): print the output it kept from --offset on, then follow it live; exits with its
     /// status, as `sandbox exec` does. Attaching to an ended command collects its result.
     Attach(commands::exec::AttachArgs),
+    /// Print what a sandbox uses now (as `docker stats --no-stream`): memory against its
+    /// limit, CPU time, processes; with --container, that container's share (its processes'
+    /// resident memory and CPU time, the sandbox's limits).
+    Stats {
+        /// The sandbox id.
+        id: String,
+        /// One of its containers (a --service) [default: the whole sandbox].
+        #[arg(long, value_name = "NAME")]
+        container: Option<String>,
+    },
     /// Print the log of one of a sandbox's containers (a --service): its main process's
     /// stdout to stdout and stderr to stderr, the last MiB of it, every run of it.
     Logs {
@@ -239,6 +249,11 @@ fn dispatch(cli: Cli) -> anyhow::Result<i32> {
                 SandboxCommand::Ls => commands::sandbox::list(&global).await.map(|()| 0),
                 SandboxCommand::Get { id } => {
                     commands::sandbox::get(&global, &id).await.map(|()| 0)
+                }
+                SandboxCommand::Stats { id, container } => {
+                    commands::sandbox::stats(&global, &id, container.as_deref())
+                        .await
+                        .map(|()| 0)
                 }
                 SandboxCommand::Logs { id, container } => {
                     commands::services::logs(&global, &id, &container)

@@ -173,6 +173,34 @@ pub(crate) fn sandbox_details(s: &SandboxInfo) -> String {
     out
 }
 
+/// `sandbox stats`: what a sandbox (or one of its containers) uses; a limit or a figure the
+/// backend does not keep (0) is left out.
+pub(crate) fn usage_table(stats: &wire::SandboxStats) -> String {
+    let mib = |bytes: u64| format!("{:.1} MiB", bytes as f64 / 1048576.0);
+    let (memory, cpu, pids) = (&stats.memory, &stats.cpu, &stats.pids);
+    let mut line = mib(memory.usage_bytes);
+    if memory.limit_bytes > 0 {
+        line.push_str(&format!(" of {}", mib(memory.limit_bytes)));
+    }
+    let mut out = format!("memory     {line}\n");
+    if memory.max_usage_bytes > 0 {
+        out.push_str(&format!("peak       {}\n", mib(memory.max_usage_bytes)));
+    }
+    if memory.cache_bytes > 0 {
+        out.push_str(&format!("cache      {}\n", mib(memory.cache_bytes)));
+    }
+    if memory.oom_kills > 0 {
+        out.push_str(&format!("oom kills  {}\n", memory.oom_kills));
+    }
+    out.push_str(&format!("cpu        {:.3} s\n", cpu.usage_ns as f64 / 1e9));
+    let mut processes = pids.current.to_string();
+    if pids.limit > 0 {
+        processes.push_str(&format!(" of {}", pids.limit));
+    }
+    out.push_str(&format!("processes  {processes}\n"));
+    out
+}
+
 /// The `--stats` table.
 pub(crate) fn stats_table(result: &ExecResult) -> String {
     let mut out = format!("duration      {} ms\n", result.duration_ms);
@@ -215,6 +243,26 @@ mod tests {
             endpoint: "unix:/run/crucible.sock".into(),
             source: std::io::Error::new(std::io::ErrorKind::NotFound, "no such socket"),
         }
+    }
+
+    #[test]
+    fn the_usage_table_shows_limits_only_where_there_are_some() {
+        let mut stats = wire::SandboxStats::default();
+        stats.memory.usage_bytes = 3 * 1048576;
+        stats.cpu.usage_ns = 1_500_000_000;
+        stats.pids.current = 4;
+        assert_eq!(
+            usage_table(&stats),
+            "memory     3.0 MiB\ncpu        1.500 s\nprocesses  4\n"
+        );
+        stats.memory.limit_bytes = 512 * 1048576;
+        stats.memory.oom_kills = 1;
+        stats.pids.limit = 1024;
+        assert_eq!(
+            usage_table(&stats),
+            "memory     3.0 MiB of 512.0 MiB\noom kills  1\ncpu        1.500 s\n\
+             processes  4 of 1024\n"
+        );
     }
 
     #[test]

@@ -794,6 +794,20 @@ fn run_with_a_service_talks_to_it_on_localhost_and_keeps_its_log() {
         "hostname",
     ]));
     assert!(out.status.success(), "{}", text(&out.stderr));
+    // What the service uses: its `sh` and `sleep` beside its agent, under the sandbox's limits.
+    let out =
+        run(crucible(&daemon).args(["--json", "sandbox", "stats", &id, "--container", "web"]));
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let stats: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    assert!(stats["pids"]["current"].as_u64() >= Some(2), "{stats}");
+    assert!(stats["memory"]["limit_bytes"].as_u64() > Some(0), "{stats}");
+    let out = run(crucible(&daemon).args(["sandbox", "stats", &id]));
+    let table = text(&out.stdout);
+    assert!(
+        out.status.success() && table.starts_with("memory ") && table.contains("\nprocesses "),
+        "{table}{}",
+        text(&out.stderr)
+    );
     let out = run(crucible(&daemon).args(["sandbox", "logs", &id, "nope"]));
     assert!(
         text(&out.stderr).contains("no container \"nope\""),

@@ -211,6 +211,24 @@ impl Client {
         .await
     }
 
+    /// `GET /sandboxes/{id}/stats?container=NAME`: what one of the sandbox's containers uses
+    /// (its processes' share, with the sandbox's limits).
+    pub async fn container_stats(
+        &self,
+        id: &str,
+        container: &str,
+    ) -> Result<wire::SandboxStats, ClientError> {
+        self.json(self.empty(
+            Method::GET,
+            &format!(
+                "/sandboxes/{}/stats?container={}",
+                path_segment(id),
+                query_value(container)
+            ),
+        )?)
+        .await
+    }
+
     /// `GET /caches`: the caller's named caches (every one for the admin key and the Unix
     /// socket).
     pub async fn caches(&self) -> Result<Vec<api_types::CacheInfo>, ClientError> {

@@ -583,6 +583,38 @@ impl Sandbox {
         self.instance.stats().await
     }
 
+    /// What its container `container` uses: the share of its processes (its agent's
+    /// `process_stats`), with the limits of the sandbox, which its containers share; `None`
+    /// as for [`Sandbox::stats`], or when the container's agent does not answer.
+    pub async fn container_stats(&self, container: &Container) -> Option<wire::SandboxStats> {
+        let sandbox = self.instance.stats().await?;
+        let request = wire::agent::AgentRequest::ProcessStats;
+        match self.ask_agent_in(Some(container), &request).await {
+            Ok((wire::agent::AgentReply::Stats(mut own), _)) => {
+                own.memory.limit_bytes = sandbox.memory.limit_bytes;
+                own.pids.limit = sandbox.pids.limit;
+                Some(own)
+            }
+            Ok((other, _)) => {
+                tracing::warn!(
+                    sandbox = %self.id,
+                    container = %container.name,
+                    "process stats: its agent answered {other:?}"
+                );
+                None
+            }
+            Err(e) => {
+                tracing::warn!(
+                    sandbox = %self.id,
+                    container = %container.name,
+                    "process stats: {}",
+                    report::chain(&e)
+                );
+                None
+            }
+        }
+    }
+
     /// A new connection to its agent, with `message` sent on it.
     pub async fn send_to_agent(
         &self,
@@ -661,7 +693,8 @@ impl Sandbox {
         {
             Ok((wire::agent::AgentReply::Probed { open }, _)) => Ok(open),
             Ok((other, _)) => Err(format!(
-                "its agent answered a TCP probe with {other:?} (rebuild the guest image:                  cargo xtask build-image)"
+                "its agent answered a TCP probe with {other:?} (rebuild the guest image: \
+                 cargo xtask build-image)"
             )),
             Err(e) => Err(report::chain(&e)),
         }

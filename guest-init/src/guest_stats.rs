@@ -1,6 +1,7 @@
 //! What a microVM uses, from its own kernel (`/proc`): the VM is the sandbox, so its memory in
 //! use, CPU time and processes are the sandbox's. A namespace sandbox's come from its cgroups on
-//! the host instead.
+//! the host instead; one of its containers', from the processes of the container's PID
+//! namespace ([`read_processes`]), which its agent's `/proc` shows and nothing else.
 
 use std::fs;
 use std::io;
@@ -80,6 +81,78 @@ pub fn read(proc: &Path, memory_events: &Path) -> io::Result<SandboxStats> {
     Ok(SandboxStats { memory, cpu, pids })
 }
 
+/// What the processes of the `/proc` at `proc` (a container's PID namespace) use: resident
+/// memory summed over them (`VmRSS`: a page two of them share counts twice), CPU time of the
+/// live ones and of every descendant they reaped (`utime + stime + cutime + cstime`: a reaped
+/// process's times are folded into its parent's, so each counts once), and how many there are.
+/// Limits, the high-water mark, cache and OOM kills are the sandbox's, not kept per container:
+/// 0 here. A process that exits while it is read is left out.
+pub fn read_processes(proc: &Path) -> io::Result<SandboxStats> {
+    let mut resident_bytes = 0u64;
+    let mut ticks = 0u64;
+    let mut processes = 0u64;
+    for entry in fs::read_dir(proc)?.flatten() {
+        let name = entry.file_name();
+        let Some(pid) = name
+            .to_str()
+            .filter(|n| n.bytes().all(|b| b.is_ascii_digit()))
+        else {
+            continue;
+        };
+        let dir = proc.join(pid);
+        let Ok(stat) = fs::read_to_string(dir.join("stat")) else {
+            continue;
+        };
+        let Some(times) = cpu_ticks(&stat) else {
+            continue;
+        };
+        processes += 1;
+        ticks = ticks.saturating_add(times);
+        let status = fs::read_to_string(dir.join("status")).unwrap_or_default();
+        resident_bytes = resident_bytes.saturating_add(resident_kib(&status) * 1024);
+    }
+    Ok(SandboxStats {
+        memory: MemoryStats {
+            usage_bytes: resident_bytes,
+            ..MemoryStats::default()
+        },
+        cpu: CpuStats {
+            usage_ns: ticks.saturating_mul(1_000_000_000 / USER_HZ),
+        },
+        pids: PidsStats {
+            current: processes,
+            limit: 0,
+        },
+    })
+}
+
+/// `utime + stime + cutime + cstime` of a `/proc/PID/stat` line, in clock ticks. The command
+/// name in parentheses is the process's own to choose (spaces and `)` included), so the
+/// fields are counted from the last `)`.
+fn cpu_ticks(stat: &str) -> Option<u64> {
+    let (_, after_name) = stat.rsplit_once(')')?;
+    // After the name: state (field 3) first; utime..cstime are fields 14..17.
+    let fields: Vec<&str> = after_name.split_whitespace().collect();
+    let times = fields.get(11..15)?;
+    times.iter().try_fold(0u64, |sum, field| {
+        // cutime and cstime are signed in the kernel's format; never negative in practice.
+        let value = field.parse::<i64>().ok()?.max(0) as u64;
+        Some(sum.saturating_add(value))
+    })
+}
+
+/// `VmRSS` of a `/proc/PID/status`, in KiB (0 for a kernel thread or a zombie, which have
+/// none).
+fn resident_kib(status: &str) -> u64 {
+    status
+        .lines()
+        .find_map(|line| {
+            let rest = line.strip_prefix("VmRSS:")?;
+            rest.split_whitespace().next()?.parse().ok()
+        })
+        .unwrap_or(0)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -117,5 +190,42 @@ mod tests {
             read(dir.path(), &events).expect("stats").memory.oom_kills,
             3
         );
+    }
+
+    #[test]
+    fn a_containers_processes_are_summed_and_a_hostile_name_cannot_shift_the_fields() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let process = |pid: &str, stat: &str, status: &str| {
+            let p = dir.path().join(pid);
+            fs::create_dir(&p).expect("pid dir");
+            fs::write(p.join("stat"), stat).expect("stat");
+            fs::write(p.join("status"), status).expect("status");
+        };
+        // utime 10, stime 5, cutime 100, cstime 20.
+        process(
+            "1",
+            "1 (crucible-agent) S 0 1 1 0 -1 4194560 500 0 0 0 10 5 100 20 20 0 1 0 5 1000 250",
+            "Name:\tcrucible-agent\nVmRSS:\t    2048 kB\n",
+        );
+        // A name made to look like fields: `) R 1 1 1 0 0 0 0 0 0 0 999999 999999 0 0 (`.
+        process(
+            "7",
+            "7 (x) R 1 1 1 0 0 0 0 0 0 0 999999 999999 0 0 () S 1 7 7 0 -1 0 0 0 0 0 3 2 0 0 20 0 1 0 9 500 100",
+            "Name:\tx\nVmRSS:\t     512 kB\n",
+        );
+        // A zombie: no VmRSS, still a process.
+        process(
+            "9",
+            "9 (sh) Z 1 9 9 0 -1 0 0 0 0 0 1 1 0 0 20 0 1 0 9 0 0",
+            "Name:\tsh\n",
+        );
+        // Not a process, and a process whose stat is unreadable (it exited meanwhile).
+        fs::create_dir(dir.path().join("self")).expect("self");
+        fs::create_dir(dir.path().join("12")).expect("gone");
+        let stats = read_processes(dir.path()).expect("stats");
+        assert_eq!(stats.pids.current, 3);
+        assert_eq!(stats.memory.usage_bytes, (2048 + 512) * 1024);
+        assert_eq!(stats.cpu.usage_ns, (135 + 5 + 2) * 10_000_000);
+        assert_eq!(stats.memory.limit_bytes, 0);
     }
 }

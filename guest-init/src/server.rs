@@ -437,6 +437,16 @@ pub fn handle(mut conn: UnixStream, agent: &Agent) {
             };
             let _ = wire::write_message(&mut conn, &reply);
         }
+        AgentRequest::ProcessStats => {
+            let reply = match crate::guest_stats::read_processes(std::path::Path::new("/proc")) {
+                Ok(stats) => AgentReply::Stats(stats),
+                Err(e) => AgentReply::Error(ErrorBody::new(
+                    "io_error",
+                    format!("process stats from /proc: {e}"),
+                )),
+            };
+            let _ = wire::write_message(&mut conn, &reply);
+        }
         AgentRequest::Signal { signal, exec_id } => {
             let reply = match exec_id {
                 Some(exec_id) => match crate::exec_ids::signal(&exec_id, signal) {

@@ -83,14 +83,20 @@ fn become_container(
             &format!("container {name}'s image"),
         )?;
         drop(image);
-        // Names are [a-z0-9-]: nothing in these paths needs escaping in overlay's options.
-        let options = format!(
-            "lowerdir={},upperdir={},workdir={},userxattr",
-            lower.display(),
-            upper.display(),
-            work.display()
-        );
-        mounts::mount("overlay", &root, Some("overlay"), 0, Some(&options))?;
+        // Overlay's options show in the container's mount table: named from the container's
+        // own directory, as the sandbox's root's are from the scratch's, they say nothing of
+        // where it is. `c/NAME` is two plain components ([a-z0-9-]) made just above, so `../..`
+        // is the scratch again.
+        std::env::set_current_dir(&base)
+            .map_err(|e| SysError::io(format!("chdir {}", base.display()), e))?;
+        mounts::mount(
+            "overlay",
+            Path::new("root"),
+            Some("overlay"),
+            0,
+            Some("lowerdir=lower,upperdir=upper,workdir=work,userxattr"),
+        )?;
+        std::env::set_current_dir("../..").map_err(|e| SysError::io("chdir ../..", e))?;
         mounts::finish_root(&root, &tmp)?;
         mounts::attach_shared(spec, name, &root)?;
         mounts::pivot_into(&root)?;

@@ -351,3 +351,65 @@ async fn a_container_reaches_neither_the_host_image_nor_host_paths() {
 
     c.delete(&id).await.expect("delete");
 }
+
+#[tokio::test]
+async fn a_containers_stats_are_its_own_processes_under_the_sandboxs_limits() {
+    let daemon = TestDaemon::start();
+    let c = daemon.client();
+    let id = c.create(&pod()).await.expect("create").id;
+    let sleepers =
+        "for i in 1 2 3 4 5; do sleep 3600 < /dev/null > /dev/null 2>&1 & done; echo started";
+
+    let db_before = c.container_stats(&id, "db").await.expect("db's stats");
+    assert!(
+        db_before.pids.current >= 2 && db_before.memory.usage_bytes > 0,
+        "its agent and its main process at least, resident: {db_before:?}"
+    );
+    let whole = c.stats(&id).await.expect("the sandbox's stats");
+    assert_eq!(db_before.memory.limit_bytes, whole.memory.limit_bytes);
+    assert_eq!(db_before.pids.limit, whole.pids.limit);
+    assert!(
+        whole.memory.limit_bytes > 0 && whole.pids.limit > 0,
+        "{whole:?}"
+    );
+
+    // Five sleepers in the sandbox's own root: the sandbox counts them, db does not.
+    let (out, err, code) = sh(&c, &id, sleepers).await;
+    assert_eq!((out.as_str(), code), ("started\n", 0), "{err}");
+    let db_after_main = c.container_stats(&id, "db").await.expect("db's stats");
+    let whole_after = c.stats(&id).await.expect("the sandbox's stats");
+    assert!(
+        db_after_main.pids.current < db_before.pids.current + 5,
+        "db counts main's processes: {db_before:?} → {db_after_main:?}"
+    );
+    assert!(
+        whole_after.pids.current >= whole.pids.current + 5,
+        "{whole:?} → {whole_after:?}"
+    );
+
+    // Five in db: db counts them.
+    let (out, err, code) = sh_in(&c, &id, "db", sleepers).await;
+    assert_eq!((out.as_str(), code), ("started\n", 0), "{err}");
+    let db_after = c.container_stats(&id, "db").await.expect("db's stats");
+    assert!(
+        db_after.pids.current >= db_before.pids.current + 5,
+        "{db_before:?} → {db_after:?}"
+    );
+
+    // `main` is the whole sandbox; an unknown container is a 404 naming it.
+    let main = c.container_stats(&id, "main").await.expect("main's stats");
+    assert!(main.pids.current >= whole_after.pids.current, "{main:?}");
+    let (status, code, message) = api_code(
+        c.container_stats(&id, "nope")
+            .await
+            .expect_err("no such container"),
+    );
+    assert_eq!(
+        (status, code.as_str()),
+        (404, "container_not_found"),
+        "{message}"
+    );
+    assert!(message.contains("nope"), "{message}");
+
+    c.delete(&id).await.expect("delete");
+}

@@ -26,8 +26,8 @@ use crate::types::{ErrorBody, ExecList, ExecRequest, ExecStatus, FilesPutResult}
 /// Version of this host↔agent protocol, sent in the hello. A daemon talks only to an agent of
 /// its own version (an agent refuses what it does not know, so a newer daemon's requests would
 /// fail one by one): 2 added `attach`, `execs`, `on_disconnect` and `tail_bytes`; 3 added
-/// `egress_uplink`.
-pub const PROTOCOL_VERSION: u32 = 3;
+/// `egress_uplink`; 4 added `probe_tcp` and `process_stats` (a sandbox's containers).
+pub const PROTOCOL_VERSION: u32 = 4;
 
 /// One request, the first message on a connection.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -97,6 +97,10 @@ pub enum AgentRequest {
     /// Answer with what the whole guest uses (`stats`): a microVM is its sandbox, so its own
     /// kernel's counters are the sandbox's.
     Stats,
+    /// Answer with what the processes of the agent's PID namespace use (`stats`): one
+    /// container's share of a sandbox — its processes' resident memory, CPU time and count,
+    /// the sandbox-wide fields (limits, peak, cache, OOM kills) 0.
+    ProcessStats,
     /// Answer with the agent's hello.
     Ping,
     /// Try to connect to `port` on the sandbox's loopback (127.0.0.1, then ::1) within a
@@ -150,7 +154,7 @@ pub enum AgentReply {
     ShuttingDown,
     /// The answer to `signal`: it was sent.
     Signaled,
-    /// The answer to `stats`.
+    /// The answer to `stats` and `process_stats`.
     Stats(crate::SandboxStats),
     /// The answer to `attach`: the command's status as its frame stream starts.
     Attached(ExecStatus),

@@ -136,6 +136,19 @@ pub(crate) async fn get(global: &Global, id: &str) -> Result<()> {
     Ok(())
 }
 
+pub(crate) async fn stats(global: &Global, id: &str, container: Option<&str>) -> Result<()> {
+    let client = global.client()?;
+    let stats = match container {
+        Some(name) => client.container_stats(id, name).await?,
+        None => client.stats(id).await?,
+    };
+    if global.json {
+        return output::print_json(&stats);
+    }
+    print!("{}", output::usage_table(&stats));
+    Ok(())
+}
+
 pub(crate) async fn remove(global: &Global, ids: &[String]) -> Result<()> {
     let client = global.client()?;
     let mut failed = None;

@@ -904,7 +904,7 @@ export interface paths {
         };
         /**
          * A container's log: the output of its main process (every run of it), as an exec frame stream.
-         * @description Stdout and stderr frames as the process wrote them, oldest                         first: the daemon keeps the latest 1 MiB. Once the container has                         exited for good, the stream ends with its last exit frame, whose                         output_dropped_bytes counts what the log no longer holds; while it                         runs, the stream ends without one.
+         * @description Stdout and stderr frames as the process wrote them, oldest first: the daemon keeps the latest 1 MiB. Once the container has exited for good, the stream ends with its last exit frame, whose output_dropped_bytes counts what the log no longer holds; while it runs, the stream ends without one.
          */
         get: {
             parameters: {
@@ -1737,10 +1737,16 @@ export interface paths {
             };
             cookie?: never;
         };
-        /** What the sandbox uses now: memory, CPU time and processes (a namespace sandbox's cgroups; a microVM's own kernel). */
+        /**
+         * What the sandbox uses now: memory, CPU time and processes (a namespace sandbox's cgroups; a microVM's own kernel), or one container's share (?container=).
+         * @description With ?container=NAME: what that container's processes use (their resident memory summed, a page two share counted twice; their CPU time, reaped descendants included; how many they are), with the sandbox's memory and process limits, which its containers share; max_usage_bytes, cache_bytes and oom_kills are kept for the whole sandbox only and are 0. The sandbox's own root (main) is the whole sandbox.
+         */
         get: {
             parameters: {
-                query?: never;
+                query?: {
+                    /** @description One of the sandbox's containers, by name (see CreateSandbox.containers); absent or `main`: the sandbox's own root. */
+                    container?: string;
+                };
                 header?: never;
                 path: {
                     /** @description The sandbox id. */
@@ -1777,7 +1783,7 @@ export interface paths {
                         "application/json": components["schemas"]["ErrorBody"];
                     };
                 };
-                /** @description No sandbox with this id, as far as the caller can see. */
+                /** @description No sandbox with this id, as far as the caller can see, or no such container (code container_not_found). */
                 404: {
                     headers: {
                         [name: string]: unknown;
