@@ -235,7 +235,8 @@ pub enum SandboxState {
 pub struct SandboxTimings {
     /// From the create request to the agent's hello, in milliseconds (fractional).
     pub create_to_ready_ms: f64,
-    /// The guest's uptime when its agent became ready.
+    /// The guest's uptime when its agent became ready: a microVM's kernel's since its boot. A
+    /// namespace sandbox runs on the host's kernel, so there it is the host's uptime.
     pub agent_uptime_ms: u64,
 }
 

@@ -275,7 +275,17 @@ fn dispatch(cli: Cli) -> anyhow::Result<i32> {
 }
 
 fn main() {
-    let cli = Cli::parse();
+    let cli = Cli::try_parse().unwrap_or_else(|e| {
+        // A usage error is crucible's own failure (125, as `docker run`), never a status the
+        // command could have had (clap's 2); `--help` and `--version` are answers (0).
+        let code = if e.use_stderr() {
+            exit::CRUCIBLE_ERROR
+        } else {
+            0
+        };
+        let _ = e.print();
+        std::process::exit(code)
+    });
     let verbose = matches!(cli.command, Command::Serve(_));
     tracing_subscriber::fmt()
         .with_env_filter(

@@ -459,7 +459,7 @@ fn image_import_takes_directories_archives_and_stdin_and_ls_inspect_rm_manage_th
     );
     assert!(pruned["reclaimed_bytes"].as_u64().is_some_and(|b| b > 0));
     let out = run(crucible(&daemon).args(["image", "prune", "--unused-for", "soon"]));
-    assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
+    assert_eq!(out.status.code(), Some(125), "{}", text(&out.stderr));
     let out = run(crucible(&daemon).args(["image", "rm", "fromdir"]));
     assert!(!out.status.success());
     assert!(
@@ -506,7 +506,11 @@ fn exec_user_ulimit_and_kill_of_one_named_command() {
     );
     let bad =
         run(crucible(&daemon).args(["sandbox", "exec", "--ulimit", "files=1", &id, "--", "true"]));
-    assert_eq!(bad.status.code(), Some(2), "a usage error");
+    assert_eq!(
+        bad.status.code(),
+        Some(125),
+        "a usage error is crucible's own (125)"
+    );
     assert!(
         text(&bad.stderr).contains("nofile"),
         "{}",
@@ -551,7 +555,7 @@ fn exec_user_ulimit_and_kill_of_one_named_command() {
         text(&again.stderr)
     );
     let bad = run(crucible(&daemon).args(["sandbox", "kill", "-s", "NOPE", &id]));
-    assert_eq!(bad.status.code(), Some(2), "{}", text(&bad.stderr));
+    assert_eq!(bad.status.code(), Some(125), "{}", text(&bad.stderr));
 }
 
 #[test]
@@ -820,7 +824,7 @@ fn run_with_a_service_talks_to_it_on_localhost_and_keeps_its_log() {
     let out = run(crucible(&daemon).args(["run", "--service", "db", "--", "true"]));
     assert_eq!(
         out.status.code(),
-        Some(2),
+        Some(125),
         "a usage error: {}",
         text(&out.stderr)
     );

@@ -1347,7 +1347,8 @@ class SandboxStats:
 class SandboxTimings:
     """How long creation took."""
 
-    #: The guest's uptime when its agent became ready.
+    #: The guest's uptime when its agent became ready: a microVM's kernel's since its boot. A
+    #: namespace sandbox runs on the host's kernel, so there it is the host's uptime.
     agent_uptime_ms: int
 
     #: From the create request to the agent's hello, in milliseconds (fractional).

@@ -2540,7 +2540,8 @@ export interface components {
         SandboxTimings: {
             /**
              * Format: uint64
-             * @description The guest's uptime when its agent became ready.
+             * @description The guest's uptime when its agent became ready: a microVM's kernel's since its boot. A
+             *     namespace sandbox runs on the host's kernel, so there it is the host's uptime.
              */
             agent_uptime_ms: number;
             /**
