@@ -73,37 +73,30 @@ pub(crate) enum Forked {
 /// Forks into new namespaces: the child is PID 1 of the new PID namespace and, until its id
 /// maps are written, nobody in its new user namespace (with all capabilities there).
 pub(crate) fn clone_into_namespaces() -> Result<Forked, SysError> {
-    let flags = NAMESPACES | libc::SIGCHLD;
-    // SAFETY: with a null stack, clone behaves as fork. The caller guarantees the process is
-    // single-threaded (documented on `enter`), so the child may run arbitrary code; libc's
-    // cached thread id is stale in the child, which therefore makes only plain system calls
-    // until it executes PID 1.
-    let pid = unsafe {
-        libc::syscall(
-            libc::SYS_clone,
-            flags as libc::c_ulong,
-            0usize,
-            0usize,
-            0usize,
-            0usize,
-        )
-    };
-    match pid {
-        -1 => Err(SysError::last(
-            "clone into new user, mount, PID, UTS, IPC, network and cgroup namespaces",
-        )),
-        0 => Ok(Forked::Child),
-        child => Ok(Forked::Parent(child as libc::pid_t)),
-    }
+    fork_into(
+        NAMESPACES,
+        "clone into new user, mount, PID, UTS, IPC, network and cgroup namespaces",
+    )
 }
 
 /// Forks a container of the sandbox: the child is PID 1 of a new PID namespace, in a new
 /// mount namespace (a copy of the caller's), both owned by the sandbox's user namespace; it
 /// shares every other namespace with the caller.
 pub(crate) fn clone_container() -> Result<Forked, SysError> {
-    let flags = libc::CLONE_NEWNS | libc::CLONE_NEWPID | libc::SIGCHLD;
-    // SAFETY: as in clone_into_namespaces: a null stack makes clone a fork, the caller is
-    // single-threaded, and the child makes only plain system calls until it executes.
+    fork_into(
+        libc::CLONE_NEWNS | libc::CLONE_NEWPID,
+        "clone a container into new mount and PID namespaces",
+    )
+}
+
+/// `clone(2)` as a fork (a null stack) into the new namespaces of `namespaces`; `what` names
+/// the step in its error.
+fn fork_into(namespaces: libc::c_int, what: &str) -> Result<Forked, SysError> {
+    let flags = namespaces | libc::SIGCHLD;
+    // SAFETY: with a null stack, clone behaves as fork. The callers' callers guarantee the
+    // process is single-threaded (documented on `enter`), so the child may run arbitrary code;
+    // libc's cached thread id is stale in the child, which therefore makes only plain system
+    // calls until it executes.
     let pid = unsafe {
         libc::syscall(
             libc::SYS_clone,
@@ -115,9 +108,7 @@ pub(crate) fn clone_container() -> Result<Forked, SysError> {
         )
     };
     match pid {
-        -1 => Err(SysError::last(
-            "clone a container into new mount and PID namespaces",
-        )),
+        -1 => Err(SysError::last(what)),
         0 => Ok(Forked::Child),
         child => Ok(Forked::Parent(child as libc::pid_t)),
     }

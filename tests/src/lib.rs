@@ -167,6 +167,25 @@ pub fn keys(list: &[&str]) -> ApiKeys {
     ApiKeys::parse(&list.join(",")).expect("valid API keys")
 }
 
+/// Sends raw bytes on a new connection to `daemon`'s socket and returns everything it sent
+/// back (within 20 s).
+pub async fn raw_exchange(daemon: &TestDaemon, request: &[u8]) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::UnixStream::connect(&daemon.socket)
+        .await
+        .expect("connect");
+    stream.write_all(request).await.expect("send");
+    let mut out = Vec::new();
+    tokio::time::timeout(
+        std::time::Duration::from_secs(20),
+        stream.read_to_end(&mut out),
+    )
+    .await
+    .expect("the daemon answers")
+    .expect("read");
+    String::from_utf8_lossy(&out).into_owned()
+}
+
 /// Runs `sh -c script` in sandbox `id`: its stdout, stderr and exit code.
 pub async fn sh(c: &client::Client, id: &str, script: &str) -> (String, String, i32) {
     let out = c

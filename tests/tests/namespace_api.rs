@@ -9,18 +9,6 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::UnixStream;
 use wire::{encode_frames, Decoder, Direction, ExecRequest, ExecResult, FrameType};
 
-/// Sends raw bytes on a new connection and returns everything the daemon sent back.
-async fn raw_exchange(daemon: &TestDaemon, request: &[u8]) -> String {
-    let mut stream = UnixStream::connect(&daemon.socket).await.expect("connect");
-    stream.write_all(request).await.expect("send");
-    let mut out = Vec::new();
-    tokio::time::timeout(Duration::from_secs(20), stream.read_to_end(&mut out))
-        .await
-        .expect("the daemon answers")
-        .expect("read");
-    String::from_utf8_lossy(&out).into_owned()
-}
-
 fn exec(cmd: &[&str]) -> ExecRequest {
     ExecRequest::new(cmd.iter().copied())
 }
@@ -86,7 +74,7 @@ async fn create_rejects_bad_requests_with_the_json_envelope() {
             "POST /sandboxes HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
             body.len()
         );
-        let response = raw_exchange(&daemon, request.as_bytes()).await;
+        let response = harness::raw_exchange(&daemon, request.as_bytes()).await;
         assert!(response.starts_with("HTTP/1.1 400"), "{body}: {response}");
         assert!(response.contains("application/json"), "{response}");
         assert!(
@@ -192,7 +180,7 @@ async fn exec_validation_errors_come_back_before_streaming() {
             "POST {path} HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
             body.len()
         );
-        let response = raw_exchange(&daemon, request.as_bytes()).await;
+        let response = harness::raw_exchange(&daemon, request.as_bytes()).await;
         assert!(
             response.starts_with(&format!("HTTP/1.1 {status}")),
             "{body}: {response}"
@@ -408,14 +396,14 @@ async fn healthz_and_metrics() {
 #[tokio::test]
 async fn unknown_routes_and_methods_answer_json() {
     let daemon = TestDaemon::start();
-    let response = raw_exchange(
+    let response = harness::raw_exchange(
         &daemon,
         b"GET /nope HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
     )
     .await;
     assert!(response.starts_with("HTTP/1.1 404"), "{response}");
     assert!(response.contains(r#""code":"not_found""#), "{response}");
-    let response = raw_exchange(
+    let response = harness::raw_exchange(
         &daemon,
         b"PUT /sandboxes HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\nConnection: close\r\n\r\n",
     )

@@ -160,6 +160,16 @@ async fn sandboxes_and_their_commands_survive_a_killed_daemon_and_an_upgrade_res
     assert_a_new_sandbox_works(&c).await;
 }
 
+/// The ids of the sandboxes `c` lists.
+async fn listed_ids(c: &Client) -> Vec<String> {
+    c.list()
+        .await
+        .expect("list")
+        .into_iter()
+        .map(|s| s.id)
+        .collect()
+}
+
 fn read_record(home: &DaemonHome, id: &str) -> serde_json::Value {
     let text = std::fs::read(record_path(home, id)).expect("the record");
     serde_json::from_slice(&text).expect("record JSON")
@@ -245,13 +255,7 @@ async fn a_sandbox_that_is_not_as_recorded_is_cleaned_up_never_adopted() {
 
     let daemon = DaemonProcess::start_logging(&home, LIVE, Some(&log)).await;
     let c = daemon.client();
-    let listed: Vec<String> = c
-        .list()
-        .await
-        .expect("list")
-        .into_iter()
-        .map(|s| s.id)
-        .collect();
+    let listed = listed_ids(&c).await;
     assert_eq!(
         listed,
         std::slice::from_ref(&kept),
@@ -467,13 +471,7 @@ async fn a_sandbox_with_containers_is_deleted_when_the_daemon_stops_not_left_uns
 
     let daemon = DaemonProcess::start_in(&home, LIVE).await;
     let c = daemon.client();
-    let listed: Vec<String> = c
-        .list()
-        .await
-        .expect("list")
-        .into_iter()
-        .map(|s| s.id)
-        .collect();
+    let listed = listed_ids(&c).await;
     assert_eq!(
         listed,
         vec![plain.clone()],

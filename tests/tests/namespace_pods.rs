@@ -8,8 +8,6 @@ use std::time::Duration;
 use api_types::{ContainerInfo, ContainerState, CreateSandbox};
 use client::ClientError;
 use harness::{sh, TestDaemon};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::UnixStream;
 use wire::{Decoder, Direction, ExecRequest, ExecResult, FrameType};
 
 /// A sandbox request from JSON, as an API user writes it.
@@ -95,15 +93,8 @@ async fn log(c: &client::Client, id: &str, name: &str) -> (String, Option<ExecRe
 
 /// One raw HTTP/1.1 GET on the daemon's socket: the whole answer.
 async fn raw_get(daemon: &TestDaemon, target: &str) -> String {
-    let mut stream = UnixStream::connect(&daemon.socket).await.expect("connect");
     let request = format!("GET {target} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
-    stream.write_all(request.as_bytes()).await.expect("send");
-    let mut out = Vec::new();
-    tokio::time::timeout(Duration::from_secs(20), stream.read_to_end(&mut out))
-        .await
-        .expect("the daemon answers")
-        .expect("read");
-    String::from_utf8_lossy(&out).into_owned()
+    harness::raw_exchange(daemon, request.as_bytes()).await
 }
 
 fn api_code(error: ClientError) -> (u16, String, String) {
