@@ -12,7 +12,8 @@ from .client import Client
 from .codec import (EXIT, HEADER_SIZE, MAX_PAYLOAD, STDERR, STDIN, STDIN_CLOSE, STDOUT,
                     DecodeError, Decoder, Frame, encode_frame, encode_frames)
 from .errors import (AgentError, BackendUnavailable, CacheBusy, CacheNotFound, CommandFailed,
-                     Conflict, ConnectionFailed, ConnectionLost, CrucibleError,
+                     Conflict, ConnectionFailed, ConnectionLost, ContainerNotFound,
+                     ContainerNotReady, CrucibleError,
                      EgressNotAllowed, ExecNotFound, FileNotFound, ImageNotFound,
                      ImageTooLarge, InsufficientStorage, InternalError, InvalidImage,
                      InvalidRequest, IsADirectory, NoSpace, NotFound, NotSupported,
@@ -20,28 +21,35 @@ from .errors import (AgentError, BackendUnavailable, CacheBusy, CacheNotFound, C
                      SandboxNotFound, ServiceUnavailable, ShuttingDown, Timeout,
                      TooManyRequests, Unauthorized)
 from .files import Files
-from .models import CacheMount, CreateSandbox, ExecRequest, ExecResult, Rlimit, VolumeMount
+from .models import (CacheMount, ContainerInfo, ContainerRequest, CreateSandbox, ExecRequest,
+                     ExecResult, ReadyCheck, Rlimit, SharedMount, VolumeMount)
 from .pool import PoolShape, PoolStatus
-from .result import Event, Exit, RunResult, Stderr, Stdout
-from .sandbox import Sandbox
+from .result import ContainerLog, Event, Exit, RunResult, Stderr, Stdout
+from .sandbox import Container, Root, Sandbox
 from .session import Session
 from .stream import ExecStream
 
-from .aio import AsyncClient, AsyncExecStream, AsyncFiles, AsyncSandbox, AsyncSession
+from .aio import (AsyncClient, AsyncContainer, AsyncExecStream, AsyncFiles, AsyncRoot,
+                  AsyncSandbox, AsyncSession)
 
 __version__ = "0.2.0"
 
 __all__ = [
-    "AsyncClient", "AsyncExecStream", "AsyncFiles", "AsyncSandbox", "AsyncSession",
+    "AsyncClient", "AsyncContainer", "AsyncExecStream", "AsyncFiles", "AsyncRoot",
+    "AsyncSandbox", "AsyncSession",
     "AgentError", "BackendUnavailable", "CacheBusy", "CacheMount", "CacheNotFound", "Client",
-    "CommandFailed", "Conflict", "ConnectionFailed", "ConnectionLost", "CreateSandbox",
+    "CommandFailed", "Conflict", "ConnectionFailed", "ConnectionLost", "Container",
+    "ContainerInfo", "ContainerLog", "ContainerNotFound", "ContainerNotReady",
+    "ContainerRequest", "CreateSandbox",
     "CrucibleError", "DecodeError", "Decoder", "EXIT", "EgressNotAllowed", "Event",
     "ExecNotFound", "ExecRequest", "ExecResult", "ExecStream", "Exit", "FileNotFound", "Files",
     "Frame", "HEADER_SIZE", "ImageNotFound", "ImageTooLarge", "InsufficientStorage",
     "InternalError", "InvalidImage", "InvalidRequest", "IsADirectory", "MAX_PAYLOAD", "NoSpace",
     "NotFound", "NotSupported", "PayloadTooLarge", "PermissionDenied", "PoolShape",
-    "PoolStatus", "ProtocolError", "RefusedEntry", "Rlimit", "RunResult", "STDERR", "STDIN",
+    "PoolStatus", "ProtocolError", "ReadyCheck", "RefusedEntry", "Rlimit", "Root", "RunResult",
+    "STDERR", "STDIN",
     "STDIN_CLOSE", "STDOUT", "Sandbox", "SandboxNotFound", "ServiceUnavailable", "Session",
+    "SharedMount",
     "ShuttingDown", "Stderr", "Stdout", "Timeout", "TooManyRequests", "Unauthorized",
     "VolumeMount", "encode_frame", "encode_frames", "__version__",
 ]

@@ -18,10 +18,12 @@ from urllib.parse import quote, urlencode
 
 from . import errors
 from .errors import NotFound, ProtocolError
-from .models import (CacheInfo, CacheList, CacheMount, CreateSandbox, ExecList, ExecRequest,
-                     ExecStatus, FilesPutResult, ImageInfo, ImageList, ImagesPruned,
-                     NetworkRequest, OnDisconnect, Rlimit, SandboxInfo, SandboxList,
-                     SandboxStats, VolumeMount)
+from .models import (CacheInfo, CacheList, CacheMount, ContainerInfo, ContainerList,
+                     ContainerRequest, CreateSandbox, ExecList, ExecRequest, ExecStatus,
+                     FilesPutResult, ImageInfo, ImageList, ImagesPruned, NetworkRequest,
+                     OnDisconnect, Rlimit, SandboxInfo, SandboxList, SandboxStats,
+                     SharedMount, VolumeMount)
+from .result import ContainerLog, parse_log
 
 T = TypeVar("T")
 
@@ -129,21 +131,33 @@ def exec_path(sandbox_id: str, exec_id: str, tail: str = "") -> str:
     return sandbox_path(sandbox_id, f"/execs/{_seg(exec_id, 'exec_id')}{tail}")
 
 
+def in_container(target: str, container: Optional[str]) -> str:
+    """`target` addressed to one of the sandbox's containers (`?container=NAME`); as it is
+    for None, the sandbox's own root."""
+    if container is None:
+        return target
+    return f"{target}{'&' if '?' in target else '?'}container={_seg(container, 'container')}"
+
+
 @lru_cache(maxsize=1024)
-def exec_target(sandbox_id: str, interactive: bool = False) -> str:
-    return sandbox_path(sandbox_id, "/exec?stdin=1" if interactive else "/exec")
+def exec_target(sandbox_id: str, interactive: bool = False,
+                container: Optional[str] = None) -> str:
+    return in_container(sandbox_path(sandbox_id, "/exec?stdin=1" if interactive else "/exec"),
+                        container)
 
 
-def attach_target(sandbox_id: str, exec_id: str, offset: int) -> str:
+def attach_target(sandbox_id: str, exec_id: str, offset: int,
+                  container: Optional[str] = None) -> str:
     if not isinstance(offset, int) or isinstance(offset, bool) or offset < 0:
         raise ValueError(f"offset must be a non-negative int, got {offset!r}")
-    return exec_path(sandbox_id, exec_id, f"/attach?offset={offset}")
+    return in_container(exec_path(sandbox_id, exec_id, f"/attach?offset={offset}"), container)
 
 
-def files_target(sandbox_id: str, path: str) -> str:
+def files_target(sandbox_id: str, path: str, container: Optional[str] = None) -> str:
     if not isinstance(path, str) or not path.startswith("/"):
         raise ValueError(f"a guest path must be absolute, got {path!r}")
-    return sandbox_path(sandbox_id, "/files?path=" + quote(path, safe="/"))
+    return in_container(sandbox_path(sandbox_id, "/files?path=" + quote(path, safe="/")),
+                        container)
 
 
 def image_import_target(name: str) -> str:
@@ -159,7 +173,9 @@ def create_request(*, image: Optional[str] = None, memory_mib: Optional[int] = N
                    caches: Sequence[CacheMount] = (), volumes: Sequence[VolumeMount] = (),
                    disk_mib: Optional[int] = None, env: Optional[Mapping[str, str]] = None,
                    labels: Optional[Mapping[str, str]] = None, ttl_s: Optional[int] = None,
-                   user: Optional[str] = None, backend: Optional[str] = None) -> CreateSandbox:
+                   user: Optional[str] = None, backend: Optional[str] = None,
+                   containers: Sequence[ContainerRequest] = (),
+                   shared: Sequence[SharedMount] = ()) -> CreateSandbox:
     """A CreateSandbox from keyword arguments; `network` may be the list of allow rules."""
     if isinstance(network, str):
         raise TypeError("network takes a list of allow rules, e.g. ['pypi.org:443']")
@@ -171,6 +187,13 @@ def create_request(*, image: Optional[str] = None, memory_mib: Optional[int] = N
     for volume in volumes:
         if not isinstance(volume, VolumeMount):
             raise TypeError(f"volumes takes VolumeMount(name, path), got {volume!r}")
+    for container in containers:
+        if not isinstance(container, ContainerRequest):
+            raise TypeError("containers takes ContainerRequest(name, image=..., command=...), "
+                            f"got {container!r}")
+    for mount in shared:
+        if not isinstance(mount, SharedMount):
+            raise TypeError(f"shared takes SharedMount(name, path), got {mount!r}")
     if backend is not None and backend not in ("microvm", "namespace", "process"):
         raise ValueError(f"backend must be 'microvm' or 'namespace', got {backend!r}")
     return CreateSandbox(
@@ -180,6 +203,7 @@ def create_request(*, image: Optional[str] = None, memory_mib: Optional[int] = N
         env=_str_map(env, "env"), labels=_str_map(labels, "labels"),
         ttl_s=_opt_int(ttl_s, "ttl_s"), user=user,
         backend=backend,  # type: ignore[arg-type]  # checked against BackendKind above
+        containers=list(containers), shared=list(shared),
     )
 
 
@@ -288,26 +312,39 @@ def delete_sandbox(sandbox_id: str) -> Call[None]:
     return Call("DELETE", sandbox_path(sandbox_id), no_body)
 
 
-def signal(sandbox_id: str, sig: SignalLike, exec_id: Optional[str] = None) -> Call[None]:
+def signal(sandbox_id: str, sig: SignalLike, exec_id: Optional[str] = None,
+           container: Optional[str] = None) -> Call[None]:
     body: Dict[str, Any] = {"signal": signal_number(sig)}
     if exec_id is not None:
         body["exec_id"] = exec_id
-    return Call("POST", sandbox_path(sandbox_id, "/signal"), no_body, json_body(body),
-                not_found=errors.ExecNotFound if exec_id is not None else None)
+    return Call("POST", in_container(sandbox_path(sandbox_id, "/signal"), container), no_body,
+                json_body(body), not_found=errors.ExecNotFound if exec_id is not None else None)
 
 
-def stats(sandbox_id: str) -> Call[SandboxStats]:
-    return Call("GET", sandbox_path(sandbox_id, "/stats"), parse_with(SandboxStats.from_dict))
+def stats(sandbox_id: str, container: Optional[str] = None) -> Call[SandboxStats]:
+    return Call("GET", in_container(sandbox_path(sandbox_id, "/stats"), container),
+                parse_with(SandboxStats.from_dict))
 
 
-def execs(sandbox_id: str) -> Call[List[ExecStatus]]:
-    return Call("GET", sandbox_path(sandbox_id, "/execs"),
+def execs(sandbox_id: str, container: Optional[str] = None) -> Call[List[ExecStatus]]:
+    return Call("GET", in_container(sandbox_path(sandbox_id, "/execs"), container),
                 parse_with(lambda v: ExecList.from_dict(v).execs))
 
 
-def exec_status(sandbox_id: str, exec_id: str) -> Call[ExecStatus]:
-    return Call("GET", exec_path(sandbox_id, exec_id), parse_with(ExecStatus.from_dict),
-                not_found=errors.ExecNotFound)
+def exec_status(sandbox_id: str, exec_id: str,
+                container: Optional[str] = None) -> Call[ExecStatus]:
+    return Call("GET", in_container(exec_path(sandbox_id, exec_id), container),
+                parse_with(ExecStatus.from_dict), not_found=errors.ExecNotFound)
+
+
+def containers(sandbox_id: str) -> Call[List[ContainerInfo]]:
+    return Call("GET", sandbox_path(sandbox_id, "/containers"),
+                parse_with(lambda v: ContainerList.from_dict(v).containers))
+
+
+def container_logs(sandbox_id: str, name: str) -> Call[ContainerLog]:
+    return Call("GET", sandbox_path(sandbox_id, f"/containers/{_seg(name, 'container')}/logs"),
+                parse_log)
 
 
 def caches() -> Call[List[CacheInfo]]:

@@ -12,10 +12,10 @@ from typing import IO, Any, Dict, List, Optional, Type, TypeVar, Union
 from . import _api, _bare_run, _http1, _sync_io
 from ._address import Address, api_key_from_env, parse_address
 from .errors import ExecNotFound, FileNotFound, NotFound, from_response
-from .models import (CacheInfo, CreateSandbox, ExecRequest, ExecStatus, FilesPutResult,
-                     ImageInfo, ImagesPruned, SandboxInfo, SandboxStats)
+from .models import (CacheInfo, ContainerInfo, CreateSandbox, ExecRequest, ExecStatus,
+                     FilesPutResult, ImageInfo, ImagesPruned, SandboxInfo, SandboxStats)
 from .pool import PoolStatus, parse_pool
-from .result import OutputCallback, RunResult
+from .result import ContainerLog, OutputCallback, RunResult
 from .session import HijackChannel, Session, Transport, WebSocketChannel
 from .stream import ExecStream, Reattach
 
@@ -118,36 +118,52 @@ class Client:
         self.call(_api.delete_sandbox(sandbox_id))
 
     def signal(self, sandbox_id: str, sig: _api.SignalLike,
-               exec_id: Optional[str] = None) -> None:
-        """Sends `sig` to every process of the sandbox but its agent, or with `exec_id` to
-        that running command's process group only (ExecNotFound when none runs)."""
-        self.call(_api.signal(sandbox_id, sig, exec_id))
+               exec_id: Optional[str] = None, *, container: Optional[str] = None) -> None:
+        """Sends `sig` to every process of the sandbox (or of its `container`) but its agent,
+        or with `exec_id` to that running command's process group only (ExecNotFound when
+        none runs)."""
+        self.call(_api.signal(sandbox_id, sig, exec_id, container))
 
-    def stats(self, sandbox_id: str) -> SandboxStats:
-        return self.call(_api.stats(sandbox_id))
+    def stats(self, sandbox_id: str, *, container: Optional[str] = None) -> SandboxStats:
+        """What the sandbox uses now, or its `container`'s share (its processes' memory, CPU
+        time and count, the sandbox's limits)."""
+        return self.call(_api.stats(sandbox_id, container))
+
+    # -- containers -------------------------------------------------------------------------
+
+    def containers(self, sandbox_id: str) -> List[ContainerInfo]:
+        """The sandbox's containers: each one's state, main process, restarts, last exit."""
+        return self.call(_api.containers(sandbox_id))
+
+    def container_logs(self, sandbox_id: str, name: str) -> ContainerLog:
+        """Container `name`'s log: its main process's output, the latest MiB of it."""
+        return self.call(_api.container_logs(sandbox_id, name))
 
     # -- exec -------------------------------------------------------------------------------
 
-    def exec(self, sandbox_id: str, request: ExecRequest, *, resumes: int = 5) -> ExecStream:
-        """Starts a command; its output streams as the iterator's events. When the
-        connection breaks and the command runs on, the stream re-attaches up to `resumes`
-        times from the bytes it already yielded."""
-        response = self._open("POST", _api.exec_target(sandbox_id),
+    def exec(self, sandbox_id: str, request: ExecRequest, *, resumes: int = 5,
+             container: Optional[str] = None) -> ExecStream:
+        """Starts a command (in the sandbox's `container`, if named); its output streams as
+        the iterator's events. When the connection breaks and the command runs on, the
+        stream re-attaches up to `resumes` times from the bytes it already yielded."""
+        response = self._open("POST", _api.exec_target(sandbox_id, False, container),
                               _api.exec_body(request),
                               read_timeout=self.stream_timeout)
         keeps = request.on_disconnect != "kill"
-        return ExecStream(response, request.cmd, self._reattach(sandbox_id, response)
+        return ExecStream(response, request.cmd, self._reattach(sandbox_id, response, container)
                           if keeps and resumes else None, resumes)
 
-    def exec_head(self, sandbox_id: str) -> bytes:
+    def exec_head(self, sandbox_id: str, container: Optional[str] = None) -> bytes:
         """The head of `POST /sandboxes/{id}/exec` with a JSON body, up to its length: what
         a Sandbox keeps to start bare commands without building it each time."""
-        return _http1.head_prefix("POST", _api.exec_target(sandbox_id), self.address.host_header,
+        return _http1.head_prefix("POST", _api.exec_target(sandbox_id, False, container),
+                                  self.address.host_header,
                                   self._json_headers).encode("latin-1")
 
     def run_prepared(self, sandbox_id: str, request: bytes, cmd: List[str], *, resumes: int,
                      on_stdout: Optional[OutputCallback] = None,
-                     on_stderr: Optional[OutputCallback] = None) -> RunResult:
+                     on_stderr: Optional[OutputCallback] = None,
+                     container: Optional[str] = None) -> RunResult:
         """A bare command's exec to its end, from the whole request already encoded (a head
         from `exec_head`, its Content-Length and the body): the hot path of Sandbox.run. A
         short answer without callbacks is read in one pass (_bare_run); any other goes the
@@ -163,41 +179,46 @@ class Client:
         response = _sync_io.Response(head, conn, pool)
         if response.status >= 400:
             raise from_response(response.status, response.read(), None)
-        stream = ExecStream(response, cmd, self._reattach(sandbox_id, response)
+        stream = ExecStream(response, cmd, self._reattach(sandbox_id, response, container)
                             if resumes else None, resumes)
         return stream.collect(on_stdout, on_stderr)
 
     def attach(self, sandbox_id: str, exec_id: str, offset: int = 0, *,
-               resumes: int = 5) -> ExecStream:
+               resumes: int = 5, container: Optional[str] = None) -> ExecStream:
         """Re-attaches to a command whose connection dropped, from output byte `offset` (the
         stdout and stderr bytes already received)."""
-        response = self._attach(sandbox_id, exec_id, offset)
-        stream = ExecStream(response, [], self._reattach(sandbox_id, response), resumes, offset)
+        response = self._attach(sandbox_id, exec_id, offset, container)
+        stream = ExecStream(response, [], self._reattach(sandbox_id, response, container),
+                            resumes, offset)
         if not stream.exec_id:
             stream.exec_id = exec_id
         return stream
 
-    def _attach(self, sandbox_id: str, exec_id: str, offset: int) -> _sync_io.Response:
-        return self._open("POST", _api.attach_target(sandbox_id, exec_id, offset),
+    def _attach(self, sandbox_id: str, exec_id: str, offset: int,
+                container: Optional[str] = None) -> _sync_io.Response:
+        return self._open("POST", _api.attach_target(sandbox_id, exec_id, offset, container),
                           read_timeout=self.stream_timeout, not_found=ExecNotFound)
 
-    def _reattach(self, sandbox_id: str, response: _sync_io.Response) -> Reattach:
+    def _reattach(self, sandbox_id: str, response: _sync_io.Response,
+                  container: Optional[str] = None) -> Reattach:
         exec_id = response.header("x-crucible-exec-id")
-        return lambda offset: self._attach(sandbox_id, exec_id, offset)
+        return lambda offset: self._attach(sandbox_id, exec_id, offset, container)
 
-    def execs(self, sandbox_id: str) -> List[ExecStatus]:
+    def execs(self, sandbox_id: str, *, container: Optional[str] = None) -> List[ExecStatus]:
         """The commands that can be found by exec_id: running, or ended with a result
         nobody collected yet."""
-        return self.call(_api.execs(sandbox_id))
+        return self.call(_api.execs(sandbox_id, container))
 
-    def exec_status(self, sandbox_id: str, exec_id: str) -> ExecStatus:
-        return self.call(_api.exec_status(sandbox_id, exec_id))
+    def exec_status(self, sandbox_id: str, exec_id: str, *,
+                    container: Optional[str] = None) -> ExecStatus:
+        return self.call(_api.exec_status(sandbox_id, exec_id, container))
 
     def interactive(self, sandbox_id: str, request: ExecRequest,
-                    transport: Transport = "hijack") -> Session:
+                    transport: Transport = "hijack", *,
+                    container: Optional[str] = None) -> Session:
         """An interactive session: stdin frames out, events in."""
         body = _api.exec_body(request)
-        target = _api.exec_target(sandbox_id, interactive=transport == "hijack")
+        target = _api.exec_target(sandbox_id, transport == "hijack", container)
         if transport == "hijack":
             return Session(HijackChannel(self.address, target, self._auth, body,
                                          self.stream_timeout), request.cmd)
@@ -208,10 +229,10 @@ class Client:
 
     # -- files ------------------------------------------------------------------------------
 
-    def put_tar(self, sandbox_id: str, dest: str,
-                archive: Union[bytes, IO[bytes]]) -> FilesPutResult:
+    def put_tar(self, sandbox_id: str, dest: str, archive: Union[bytes, IO[bytes]], *,
+                container: Optional[str] = None) -> FilesPutResult:
         """Extracts a tar archive beneath the guest directory `dest`."""
-        target = _api.files_target(sandbox_id, dest)
+        target = _api.files_target(sandbox_id, dest, container)
         if isinstance(archive, (bytes, bytearray)):
             response = self._open("POST", target, bytes(archive), _api.TAR)
         else:
@@ -219,13 +240,15 @@ class Client:
             response = self._open("POST", target, archive, _api.TAR, length)
         return _api.parse_put(response.read())
 
-    def get_file(self, sandbox_id: str, path: str) -> bytes:
-        return self._open("GET", _api.files_target(sandbox_id, path),
+    def get_file(self, sandbox_id: str, path: str, *,
+                 container: Optional[str] = None) -> bytes:
+        return self._open("GET", _api.files_target(sandbox_id, path, container),
                           not_found=FileNotFound).read()
 
-    def get_file_to(self, sandbox_id: str, path: str, out: IO[bytes]) -> int:
+    def get_file_to(self, sandbox_id: str, path: str, out: IO[bytes], *,
+                    container: Optional[str] = None) -> int:
         """Streams one file into `out`; returns its size."""
-        response = self._open("GET", _api.files_target(sandbox_id, path),
+        response = self._open("GET", _api.files_target(sandbox_id, path, container),
                               not_found=FileNotFound)
         size = 0
         for piece in _sync_io.iter_body(response):

@@ -84,12 +84,22 @@ class ExecNotFound(NotFound):
     name runs when it is signalled (the daemon then says not_found)."""
 
 
+class ContainerNotFound(NotFound):
+    """404 container_not_found: the sandbox has no container of this name."""
+
+
 class MethodNotAllowed(CrucibleError):
     """405 method_not_allowed."""
 
 
 class RequestTimeout(CrucibleError):
     """408 request_timeout: the request (or an upload) stalled for 30 s."""
+
+
+class ContainerNotReady(CrucibleError):
+    """422 container_not_ready: a container of the create did not become ready (its main
+    process exited, or its check did not pass in time); the message ends with its log's last
+    lines, and the sandbox is gone."""
 
 
 class Conflict(CrucibleError):
@@ -220,6 +230,8 @@ _BY_CODE: Dict[str, Type[CrucibleError]] = {
     "egress_not_allowed": EgressNotAllowed,
     "not_found": NotFound,
     "exec_not_found": ExecNotFound,
+    "container_not_found": ContainerNotFound,
+    "container_not_ready": ContainerNotReady,
     "method_not_allowed": MethodNotAllowed,
     "request_timeout": RequestTimeout,
     "conflict": Conflict,

@@ -67,6 +67,50 @@ def event_of(frame: codec.Frame) -> Event:
     raise ProtocolError(f"the daemon sent a {frame.type_name} frame, which only clients send")
 
 
+@dataclass(frozen=True)
+class ContainerLog:
+    """A container's log (`GET …/containers/{name}/logs`): what its main process wrote, every
+    run of it, the latest MiB the daemon keeps; `exit` once it has exited for good (its
+    `output_dropped_bytes` counts what the log no longer holds), None while it runs."""
+
+    stdout: bytes
+    stderr: bytes
+    exit: Optional[ExecResult]
+
+    @property
+    def stdout_text(self) -> str:
+        return self.stdout.decode("utf-8", "replace")
+
+    @property
+    def stderr_text(self) -> str:
+        return self.stderr.decode("utf-8", "replace")
+
+
+def parse_log(data: bytes) -> ContainerLog:
+    """A container's log from its frame stream, which ends with an exit frame only once the
+    container has exited for good."""
+    decoder = codec.Decoder(response=False)
+    out: List[bytes] = []
+    err: List[bytes] = []
+    exit: Optional[ExecResult] = None
+    try:
+        frames = decoder.feed(data)
+        decoder.close()
+    except codec.DecodeError as e:
+        raise ProtocolError(f"a container log that is not a frame stream: {e}") from e
+    for frame in frames:
+        if exit is not None:
+            raise ProtocolError("a container log with frames after its exit frame")
+        event = event_of(frame)
+        if isinstance(event, Stdout):
+            out.append(event.data)
+        elif isinstance(event, Stderr):
+            err.append(event.data)
+        else:
+            exit = event.result
+    return ContainerLog(b"".join(out), b"".join(err), exit)
+
+
 class RunResult:
     """A finished command: its output, and how it ended (the fields of its ExecResult)."""
 

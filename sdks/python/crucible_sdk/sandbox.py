@@ -6,11 +6,12 @@ from typing import Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 from . import _api, _http1
 from .client import Client
-from .errors import SandboxNotFound
+from .errors import ContainerNotFound, SandboxNotFound
 from .files import Files
-from .models import (BackendKind, CacheMount, ExecStatus, NetworkRequest, OnDisconnect, Rlimit,
-                     SandboxInfo, SandboxStats, VolumeMount)
-from .result import OutputCallback, RunResult
+from .models import (BackendKind, CacheMount, ContainerInfo, ContainerRequest, ExecStatus,
+                     NetworkRequest, OnDisconnect, Rlimit, SandboxInfo, SandboxStats,
+                     SharedMount, VolumeMount)
+from .result import ContainerLog, OutputCallback, RunResult
 from .session import Session, Transport
 from .stream import ExecStream
 
@@ -18,18 +19,18 @@ from .stream import ExecStream
 BARE_REQUESTS_KEPT = 64
 
 
-class Sandbox:
-    """A sandbox on a daemon. Make one with `Sandbox.create(...)` (deleted when its `with`
-    block ends) or find one with `Sandbox.connect(id)` (left alone)."""
+class Root:
+    """Where commands run and files go: a sandbox's own root (a `Sandbox`) or one of its
+    containers (a `Container`, from `Sandbox.container(name)`)."""
 
-    def __init__(self, client: Client, info: SandboxInfo, *, delete_on_exit: bool,
-                 owns_client: bool = False) -> None:
+    client: Client
+
+    def __init__(self, client: Client, sandbox_id: str, container: Optional[str]) -> None:
         self.client = client
-        self.info = info
-        self.delete_on_exit = delete_on_exit
-        self._owns_client = owns_client
+        self._sandbox_id = sandbox_id
+        self._container = container
         #: Files in and out: write, read, upload_dir, upload_tar, download.
-        self.files = Files(client, info.id)
+        self.files = Files(client, sandbox_id, container)
         # run()'s whole request for a bare command, by command, built once: an exec of
         # `true` is about a millisecond, and building a request is a visible part of what the
         # SDK adds to it. Bounded: cleared when full.
@@ -38,7 +39,121 @@ class Sandbox:
 
     @property
     def id(self) -> str:
-        return self.info.id
+        """The sandbox's id."""
+        return self._sandbox_id
+
+    # -- commands ---------------------------------------------------------------------------
+
+    def run(self, cmd: _api.Command, *, env: Optional[Mapping[str, str]] = None,
+            cwd: Optional[str] = None, timeout: Optional[int] = None,
+            user: Optional[str] = None, group_add: Optional[Sequence[str]] = None,
+            rlimits: Optional[Sequence[Rlimit]] = None, exec_id: Optional[str] = None,
+            on_disconnect: Optional[OnDisconnect] = None,
+            on_stdout: Optional[OutputCallback] = None,
+            on_stderr: Optional[OutputCallback] = None, check: bool = False,
+            resumes: int = 5) -> RunResult:
+        """Runs a command to its end. `cmd` is an argv list, or a string run by `sh -c`;
+        `timeout` is whole seconds (the daemon kills the command's process group then).
+        Output goes to the callbacks as it arrives and into the result; `check=True` raises
+        CommandFailed unless it exited 0."""
+        if (env is None and cwd is None and timeout is None and user is None
+                and group_add is None and rlimits is None and exec_id is None
+                and on_disconnect is None):
+            encoded, argv = self._prepared(cmd)
+            result = self.client.run_prepared(self.id, encoded, list(argv), resumes=resumes,
+                                              on_stdout=on_stdout, on_stderr=on_stderr,
+                                              container=self._container)
+        else:
+            request = _api.exec_request(
+                cmd, env=env, cwd=cwd, timeout=timeout, user=user, group_add=group_add,
+                rlimits=rlimits, exec_id=exec_id, on_disconnect=on_disconnect)
+            stream = self.client.exec(self.id, request, resumes=resumes,
+                                      container=self._container)
+            result = stream.collect(on_stdout, on_stderr)
+        return result.check() if check else result
+
+    def _prepared(self, cmd: _api.Command) -> Tuple[bytes, List[str]]:
+        """The whole exec request of a bare command, and its argv."""
+        key: Union[str, Tuple[str, ...], None] = (
+            cmd if type(cmd) is str else tuple(cmd) if type(cmd) is list else None)
+        try:
+            found = self._bare_requests.get(key) if key is not None else None
+        except TypeError:  # an unhashable argument: command() says what is wrong with it
+            key, found = None, None
+        if found is not None:
+            return found
+        argv = _api.command(cmd)
+        head = self._exec_head
+        if head is None:
+            head = self._exec_head = self.client.exec_head(self.id, self._container)
+        body = _api.bare_exec_body(argv)
+        prepared = (_http1.sized_head(head, len(body)) + body, argv)
+        if key is not None:
+            if len(self._bare_requests) >= BARE_REQUESTS_KEPT:
+                self._bare_requests.clear()
+            self._bare_requests[key] = prepared
+        return prepared
+
+    def stream(self, cmd: _api.Command, *, env: Optional[Mapping[str, str]] = None,
+               cwd: Optional[str] = None, timeout: Optional[int] = None,
+               user: Optional[str] = None, group_add: Optional[Sequence[str]] = None,
+               rlimits: Optional[Sequence[Rlimit]] = None, exec_id: Optional[str] = None,
+               on_disconnect: Optional[OnDisconnect] = None, resumes: int = 5) -> ExecStream:
+        """Starts a command; iterate the result for Stdout, Stderr and Exit events."""
+        request = _api.exec_request(
+            cmd, env=env, cwd=cwd, timeout=timeout, user=user, group_add=group_add,
+            rlimits=rlimits, exec_id=exec_id, on_disconnect=on_disconnect)
+        return self.client.exec(self.id, request, resumes=resumes, container=self._container)
+
+    def interactive(self, cmd: _api.Command, *, transport: Transport = "hijack",
+                    env: Optional[Mapping[str, str]] = None, cwd: Optional[str] = None,
+                    timeout: Optional[int] = None, user: Optional[str] = None,
+                    group_add: Optional[Sequence[str]] = None,
+                    rlimits: Optional[Sequence[Rlimit]] = None, exec_id: Optional[str] = None,
+                    on_disconnect: Optional[OnDisconnect] = None) -> Session:
+        """Starts a command with stdin: `send()`, `close_stdin()`, iterate, `wait()`.
+        `transport` is "hijack" (standard library) or "websocket" (the websockets extra)."""
+        request = _api.exec_request(
+            cmd, env=env, cwd=cwd, timeout=timeout, user=user, group_add=group_add,
+            rlimits=rlimits, exec_id=exec_id, on_disconnect=on_disconnect)
+        return self.client.interactive(self.id, request, transport, container=self._container)
+
+    def attach(self, exec_id: str, offset: int = 0, *,
+               on_stdout: Optional[OutputCallback] = None,
+               on_stderr: Optional[OutputCallback] = None) -> RunResult:
+        """Follows a command that outlived its connection to its end, from output byte
+        `offset` (what was already received)."""
+        return self.attach_stream(exec_id, offset).collect(on_stdout, on_stderr)
+
+    def attach_stream(self, exec_id: str, offset: int = 0) -> ExecStream:
+        return self.client.attach(self.id, exec_id, offset, container=self._container)
+
+    def execs(self) -> list[ExecStatus]:
+        return self.client.execs(self.id, container=self._container)
+
+    def exec_status(self, exec_id: str) -> ExecStatus:
+        return self.client.exec_status(self.id, exec_id, container=self._container)
+
+    def signal(self, sig: _api.SignalLike, exec_id: Optional[str] = None) -> None:
+        """`sig` to every process here but the agent, or to one running command's group."""
+        self.client.signal(self.id, sig, exec_id, container=self._container)
+
+    def stats(self) -> SandboxStats:
+        """What the sandbox uses now; for a Container, its share (the sandbox's limits)."""
+        return self.client.stats(self.id, container=self._container)
+
+
+class Sandbox(Root):
+    """A sandbox on a daemon. Make one with `Sandbox.create(...)` (deleted when its `with`
+    block ends) or find one with `Sandbox.connect(id)` (left alone). Commands and files go to
+    its own root; `container(name)` addresses one of its containers."""
+
+    def __init__(self, client: Client, info: SandboxInfo, *, delete_on_exit: bool,
+                 owns_client: bool = False) -> None:
+        super().__init__(client, info.id, None)
+        self.info = info
+        self.delete_on_exit = delete_on_exit
+        self._owns_client = owns_client
 
     def __repr__(self) -> str:
         return f"Sandbox({self.id!r})"
@@ -51,16 +166,20 @@ class Sandbox:
                disk_mib: Optional[int] = None, env: Optional[Mapping[str, str]] = None,
                labels: Optional[Mapping[str, str]] = None, ttl_s: Optional[int] = None,
                user: Optional[str] = None, backend: Optional[BackendKind] = None,
+               containers: Sequence[ContainerRequest] = (),
+               shared: Sequence[SharedMount] = (),
                client: Optional[Client] = None, host: Optional[str] = None,
                api_key: Optional[str] = None) -> Sandbox:
         """Creates a sandbox; `network` is the list of hosts it may reach through the
-        daemon's proxy (none by default), `caches` the named caches it mounts. Without
-        `client`, one is made from `host` and `api_key` (or $CRUCIBLE_HOST and
-        $CRUCIBLE_API_KEY) and closed with the sandbox."""
+        daemon's proxy (none by default), `caches` the named caches it mounts, `containers`
+        the containers beside its own root (services: the create answers once each is
+        ready) and `shared` the shared directories its own root mounts. Without `client`,
+        one is made from `host` and `api_key` (or $CRUCIBLE_HOST and $CRUCIBLE_API_KEY) and
+        closed with the sandbox."""
         request = _api.create_request(
             image=image, memory_mib=memory_mib, vcpus=vcpus, network=network, caches=caches,
             volumes=volumes, disk_mib=disk_mib, env=env, labels=labels, ttl_s=ttl_s, user=user,
-            backend=backend)
+            backend=backend, containers=containers, shared=shared)
         owns = client is None
         c = client if client is not None else Client(host, api_key=api_key)
         try:
@@ -114,99 +233,39 @@ class Sandbox:
         self.info = self.client.get(self.id)
         return self.info
 
-    # -- commands ---------------------------------------------------------------------------
+    # -- containers -------------------------------------------------------------------------
 
-    def run(self, cmd: _api.Command, *, env: Optional[Mapping[str, str]] = None,
-            cwd: Optional[str] = None, timeout: Optional[int] = None,
-            user: Optional[str] = None, group_add: Optional[Sequence[str]] = None,
-            rlimits: Optional[Sequence[Rlimit]] = None, exec_id: Optional[str] = None,
-            on_disconnect: Optional[OnDisconnect] = None,
-            on_stdout: Optional[OutputCallback] = None,
-            on_stderr: Optional[OutputCallback] = None, check: bool = False,
-            resumes: int = 5) -> RunResult:
-        """Runs a command to its end. `cmd` is an argv list, or a string run by `sh -c`;
-        `timeout` is whole seconds (the daemon kills the command's process group then).
-        Output goes to the callbacks as it arrives and into the result; `check=True` raises
-        CommandFailed unless it exited 0."""
-        if (env is None and cwd is None and timeout is None and user is None
-                and group_add is None and rlimits is None and exec_id is None
-                and on_disconnect is None):
-            encoded, argv = self._prepared(cmd)
-            result = self.client.run_prepared(self.id, encoded, list(argv), resumes=resumes,
-                                              on_stdout=on_stdout, on_stderr=on_stderr)
-        else:
-            request = _api.exec_request(
-                cmd, env=env, cwd=cwd, timeout=timeout, user=user, group_add=group_add,
-                rlimits=rlimits, exec_id=exec_id, on_disconnect=on_disconnect)
-            stream = self.client.exec(self.id, request, resumes=resumes)
-            result = stream.collect(on_stdout, on_stderr)
-        return result.check() if check else result
+    def container(self, name: str) -> Container:
+        """Container `name` of this sandbox, to run commands and move files there (each call
+        says ContainerNotFound if it has none by that name)."""
+        _api.in_container("", name)  # the name's checks, at once
+        return Container(self.client, self.id, name)
 
-    def _prepared(self, cmd: _api.Command) -> Tuple[bytes, List[str]]:
-        """The whole exec request of a bare command, and its argv."""
-        key: Union[str, Tuple[str, ...], None] = (
-            cmd if type(cmd) is str else tuple(cmd) if type(cmd) is list else None)
-        try:
-            found = self._bare_requests.get(key) if key is not None else None
-        except TypeError:  # an unhashable argument: command() says what is wrong with it
-            key, found = None, None
-        if found is not None:
-            return found
-        argv = _api.command(cmd)
-        head = self._exec_head
-        if head is None:
-            head = self._exec_head = self.client.exec_head(self.id)
-        body = _api.bare_exec_body(argv)
-        prepared = (_http1.sized_head(head, len(body)) + body, argv)
-        if key is not None:
-            if len(self._bare_requests) >= BARE_REQUESTS_KEPT:
-                self._bare_requests.clear()
-            self._bare_requests[key] = prepared
-        return prepared
+    def containers(self) -> list[ContainerInfo]:
+        """Its containers: each one's state, main process, restarts and last exit."""
+        return self.client.containers(self.id)
 
-    def stream(self, cmd: _api.Command, *, env: Optional[Mapping[str, str]] = None,
-               cwd: Optional[str] = None, timeout: Optional[int] = None,
-               user: Optional[str] = None, group_add: Optional[Sequence[str]] = None,
-               rlimits: Optional[Sequence[Rlimit]] = None, exec_id: Optional[str] = None,
-               on_disconnect: Optional[OnDisconnect] = None, resumes: int = 5) -> ExecStream:
-        """Starts a command; iterate the result for Stdout, Stderr and Exit events."""
-        request = _api.exec_request(
-            cmd, env=env, cwd=cwd, timeout=timeout, user=user, group_add=group_add,
-            rlimits=rlimits, exec_id=exec_id, on_disconnect=on_disconnect)
-        return self.client.exec(self.id, request, resumes=resumes)
 
-    def interactive(self, cmd: _api.Command, *, transport: Transport = "hijack",
-                    env: Optional[Mapping[str, str]] = None, cwd: Optional[str] = None,
-                    timeout: Optional[int] = None, user: Optional[str] = None,
-                    group_add: Optional[Sequence[str]] = None,
-                    rlimits: Optional[Sequence[Rlimit]] = None, exec_id: Optional[str] = None,
-                    on_disconnect: Optional[OnDisconnect] = None) -> Session:
-        """Starts a command with stdin: `send()`, `close_stdin()`, iterate, `wait()`.
-        `transport` is "hijack" (standard library) or "websocket" (the websockets extra)."""
-        request = _api.exec_request(
-            cmd, env=env, cwd=cwd, timeout=timeout, user=user, group_add=group_add,
-            rlimits=rlimits, exec_id=exec_id, on_disconnect=on_disconnect)
-        return self.client.interactive(self.id, request, transport)
+class Container(Root):
+    """One of a sandbox's containers: commands, files, signals and stats there
+    (`?container=NAME`), its state and its log."""
 
-    def attach(self, exec_id: str, offset: int = 0, *,
-               on_stdout: Optional[OutputCallback] = None,
-               on_stderr: Optional[OutputCallback] = None) -> RunResult:
-        """Follows a command that outlived its connection to its end, from output byte
-        `offset` (what was already received)."""
-        return self.client.attach(self.id, exec_id, offset).collect(on_stdout, on_stderr)
+    def __init__(self, client: Client, sandbox_id: str, name: str) -> None:
+        super().__init__(client, sandbox_id, name)
+        self.name = name
 
-    def attach_stream(self, exec_id: str, offset: int = 0) -> ExecStream:
-        return self.client.attach(self.id, exec_id, offset)
+    def __repr__(self) -> str:
+        return f"Container({self.id!r}, {self.name!r})"
 
-    def execs(self) -> list[ExecStatus]:
-        return self.client.execs(self.id)
+    def info(self) -> ContainerInfo:
+        """Its state, main process, restarts and last exit (ContainerNotFound if the
+        sandbox has no such container)."""
+        for info in self.client.containers(self.id):
+            if info.name == self.name:
+                return info
+        raise ContainerNotFound(404, "container_not_found",
+                                f"sandbox {self.id} has no container {self.name!r}")
 
-    def exec_status(self, exec_id: str) -> ExecStatus:
-        return self.client.exec_status(self.id, exec_id)
-
-    def signal(self, sig: _api.SignalLike, exec_id: Optional[str] = None) -> None:
-        """`sig` to every process but the agent, or to one running command's group."""
-        self.client.signal(self.id, sig, exec_id)
-
-    def stats(self) -> SandboxStats:
-        return self.client.stats(self.id)
+    def logs(self) -> ContainerLog:
+        """Its main process's output, every run of it (the latest MiB)."""
+        return self.client.container_logs(self.id, self.name)

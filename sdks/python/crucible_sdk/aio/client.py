@@ -12,9 +12,10 @@ from .. import _api
 from .._address import Address, api_key_from_env, parse_address
 from ..client import DEFAULT_TIMEOUT
 from ..errors import ExecNotFound, FileNotFound, NotFound, from_response
-from ..models import (CacheInfo, CreateSandbox, ExecRequest, ExecStatus, FilesPutResult,
-                      ImageInfo, ImagesPruned, SandboxInfo, SandboxStats)
+from ..models import (CacheInfo, ContainerInfo, CreateSandbox, ExecRequest, ExecStatus,
+                      FilesPutResult, ImageInfo, ImagesPruned, SandboxInfo, SandboxStats)
 from ..pool import PoolStatus, parse_pool
+from ..result import ContainerLog
 from ..session import Transport
 from ._io import AsyncPool, AsyncResponse
 from .session import AsyncSession, open_hijack, open_websocket
@@ -106,36 +107,46 @@ class AsyncClient:
         await self.call(_api.delete_sandbox(sandbox_id))
 
     async def signal(self, sandbox_id: str, sig: _api.SignalLike,
-                     exec_id: Optional[str] = None) -> None:
-        await self.call(_api.signal(sandbox_id, sig, exec_id))
+                     exec_id: Optional[str] = None, *, container: Optional[str] = None) -> None:
+        await self.call(_api.signal(sandbox_id, sig, exec_id, container))
 
-    async def stats(self, sandbox_id: str) -> SandboxStats:
-        return await self.call(_api.stats(sandbox_id))
+    async def stats(self, sandbox_id: str, *,
+                    container: Optional[str] = None) -> SandboxStats:
+        return await self.call(_api.stats(sandbox_id, container))
+
+    # -- containers -------------------------------------------------------------------------
+
+    async def containers(self, sandbox_id: str) -> List[ContainerInfo]:
+        return await self.call(_api.containers(sandbox_id))
+
+    async def container_logs(self, sandbox_id: str, name: str) -> ContainerLog:
+        return await self.call(_api.container_logs(sandbox_id, name))
 
     # -- exec -------------------------------------------------------------------------------
 
     def stream(self, sandbox_id: str, request: ExecRequest, *,
-               resumes: int = 5) -> AsyncExecStream:
+               resumes: int = 5, container: Optional[str] = None) -> AsyncExecStream:
         """The command's stream, started by its first iteration (or `await s.start()`)."""
         body = _api.exec_body(request)
-        target = _api.exec_target(sandbox_id)
+        target = _api.exec_target(sandbox_id, False, container)
 
         async def opener() -> AsyncResponse:
             return await self._open("POST", target, body, read_timeout=self.stream_timeout)
 
         keeps = request.on_disconnect != "kill"
         return AsyncExecStream(opener, request.cmd,
-                               self._reattacher(sandbox_id) if keeps and resumes else None,
-                               resumes)
+                               self._reattacher(sandbox_id, container)
+                               if keeps and resumes else None, resumes)
 
     async def exec(self, sandbox_id: str, request: ExecRequest, *,
-                   resumes: int = 5) -> AsyncExecStream:
+                   resumes: int = 5, container: Optional[str] = None) -> AsyncExecStream:
         """Starts a command (the daemon's refusal is raised here) and returns its stream."""
-        return await self.stream(sandbox_id, request, resumes=resumes).start()
+        return await self.stream(sandbox_id, request, resumes=resumes,
+                                 container=container).start()
 
     async def attach(self, sandbox_id: str, exec_id: str, offset: int = 0, *,
-                     resumes: int = 5) -> AsyncExecStream:
-        reattach = self._reattacher(sandbox_id)
+                     resumes: int = 5, container: Optional[str] = None) -> AsyncExecStream:
+        reattach = self._reattacher(sandbox_id, container)
 
         async def opener() -> AsyncResponse:
             return await reattach(exec_id, offset)
@@ -144,22 +155,26 @@ class AsyncClient:
         stream.exec_id = exec_id
         return await stream.start()
 
-    def _reattacher(self, sandbox_id: str) -> Reattach:
+    def _reattacher(self, sandbox_id: str, container: Optional[str] = None) -> Reattach:
         async def reattach(exec_id: str, offset: int) -> AsyncResponse:
-            return await self._open("POST", _api.attach_target(sandbox_id, exec_id, offset),
-                                    read_timeout=self.stream_timeout, not_found=ExecNotFound)
+            target = _api.attach_target(sandbox_id, exec_id, offset, container)
+            return await self._open("POST", target, read_timeout=self.stream_timeout,
+                                    not_found=ExecNotFound)
         return reattach
 
-    async def execs(self, sandbox_id: str) -> List[ExecStatus]:
-        return await self.call(_api.execs(sandbox_id))
+    async def execs(self, sandbox_id: str, *,
+                    container: Optional[str] = None) -> List[ExecStatus]:
+        return await self.call(_api.execs(sandbox_id, container))
 
-    async def exec_status(self, sandbox_id: str, exec_id: str) -> ExecStatus:
-        return await self.call(_api.exec_status(sandbox_id, exec_id))
+    async def exec_status(self, sandbox_id: str, exec_id: str, *,
+                          container: Optional[str] = None) -> ExecStatus:
+        return await self.call(_api.exec_status(sandbox_id, exec_id, container))
 
     async def interactive(self, sandbox_id: str, request: ExecRequest,
-                          transport: Transport = "hijack") -> AsyncSession:
+                          transport: Transport = "hijack", *,
+                          container: Optional[str] = None) -> AsyncSession:
         body = _api.exec_body(request)
-        target = _api.exec_target(sandbox_id, interactive=transport == "hijack")
+        target = _api.exec_target(sandbox_id, transport == "hijack", container)
         if transport == "hijack":
             return AsyncSession(await open_hijack(self.address, target, self._auth, body,
                                                   self.stream_timeout), request.cmd)
@@ -170,22 +185,24 @@ class AsyncClient:
 
     # -- files ------------------------------------------------------------------------------
 
-    async def put_tar(self, sandbox_id: str, dest: str,
-                      archive: Union[bytes, IO[bytes]]) -> FilesPutResult:
-        target = _api.files_target(sandbox_id, dest)
+    async def put_tar(self, sandbox_id: str, dest: str, archive: Union[bytes, IO[bytes]], *,
+                      container: Optional[str] = None) -> FilesPutResult:
+        target = _api.files_target(sandbox_id, dest, container)
         if isinstance(archive, (bytes, bytearray)):
             response = await self._open("POST", target, bytes(archive), _api.TAR)
         else:
             response = await self._open("POST", target, archive, _api.TAR, _api.body_size(archive))
         return _api.parse_put(await response.read())
 
-    async def get_file(self, sandbox_id: str, path: str) -> bytes:
-        response = await self._open("GET", _api.files_target(sandbox_id, path),
+    async def get_file(self, sandbox_id: str, path: str, *,
+                       container: Optional[str] = None) -> bytes:
+        response = await self._open("GET", _api.files_target(sandbox_id, path, container),
                                     not_found=FileNotFound)
         return await response.read()
 
-    async def get_file_to(self, sandbox_id: str, path: str, out: IO[bytes]) -> int:
-        response = await self._open("GET", _api.files_target(sandbox_id, path),
+    async def get_file_to(self, sandbox_id: str, path: str, out: IO[bytes], *,
+                          container: Optional[str] = None) -> int:
+        response = await self._open("GET", _api.files_target(sandbox_id, path, container),
                                     not_found=FileNotFound)
         size = 0
         while True:
