@@ -45,6 +45,10 @@ export class CacheNotFound extends NotFound {}
 export class FileNotFound extends NotFound {}
 /** 404 `exec_not_found` (re-attach), or `not_found` for a signal to an exec_id that does not run. */
 export class ExecNotFound extends NotFound {}
+/** 404 container_not_found: the sandbox has no container of this name. */
+export class ContainerNotFound extends NotFound {}
+/** 422 container_not_ready: a container of the create did not become ready; the message ends with its log's last lines. */
+export class ContainerNotReady extends CrucibleError {}
 /** 405 `method_not_allowed`. */
 export class MethodNotAllowed extends CrucibleError {}
 /** 408 `request_timeout`: the daemon waited 30 s for the request. */
@@ -101,6 +105,8 @@ const BY_CODE: Readonly<Record<string, ErrorClass>> = {
   egress_not_allowed: EgressNotAllowed,
   not_found: NotFound,
   exec_not_found: ExecNotFound,
+  container_not_found: ContainerNotFound,
+  container_not_ready: ContainerNotReady,
   method_not_allowed: MethodNotAllowed,
   request_timeout: RequestTimeout,
   conflict: Conflict,

@@ -10,7 +10,7 @@ import { pipeline } from "node:stream/promises";
 import { ConnectionError, SandboxNotFound } from "./errors.js";
 import { tarSize, tarStream, treeEntries } from "./tar.js";
 import type { TarEntry } from "./tar.js";
-import { sandboxPath } from "./transport.js";
+import { inContainer, sandboxPath } from "./transport.js";
 import type { Transport } from "./transport.js";
 import type { FilesPutResult } from "./types.js";
 
@@ -24,17 +24,20 @@ function absolute(p: string, what: string): string {
   return p;
 }
 
+/** Files of a sandbox's own root, or of one of its containers. */
 export class Files {
   readonly #t: Transport;
   readonly #id: string;
+  readonly #container: string | undefined;
 
-  constructor(t: Transport, sandboxId: string) {
+  constructor(t: Transport, sandboxId: string, container?: string) {
     this.#t = t;
     this.#id = sandboxId;
+    this.#container = container;
   }
 
   #url(p: string): string {
-    return `${sandboxPath(this.#id, "/files")}?path=${encodeURIComponent(p)}`;
+    return inContainer(`${sandboxPath(this.#id, "/files")}?path=${encodeURIComponent(p)}`, this.#container);
   }
 
   /** Writes one file (its directory is created if missing). `mode` defaults to 0644. */

@@ -2,8 +2,8 @@
 
 export { Crucible, Sandboxes } from "./client.js";
 export type { CrucibleOptions } from "./client.js";
-export { Sandbox, SIGNALS } from "./sandbox.js";
-export type { ClientLike, InteractiveOptions, ResumeOptions, RunOptions, SignalName, StreamOptions } from "./sandbox.js";
+export { Container, Root, Sandbox, SIGNALS } from "./sandbox.js";
+export type { ClientLike, ContainerLog, InteractiveOptions, ResumeOptions, RunOptions, SignalName, StreamOptions } from "./sandbox.js";
 export { ExecStream } from "./exec.js";
 export type { CollectOptions, ExecEvent, OutputCallbacks } from "./exec.js";
 export { InteractiveSession } from "./interactive.js";

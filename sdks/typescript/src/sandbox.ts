@@ -4,17 +4,19 @@
 
 import { randomBytes } from "node:crypto";
 
-import { SandboxNotFound } from "./errors.js";
+import { ContainerNotFound, CrucibleError, SandboxNotFound } from "./errors.js";
+import { FrameType, decodeFrames } from "./codec.js";
 import { ExecStream, collect } from "./exec.js";
 import type { CollectOptions, Resume } from "./exec.js";
 import { Files } from "./files.js";
 import { hijack } from "./hijack.js";
 import { InteractiveSession } from "./interactive.js";
+import { ExecResult } from "./result.js";
 import type { CommandResult } from "./result.js";
-import { sandboxPath } from "./transport.js";
+import { checkContainerName, inContainer, sandboxPath } from "./transport.js";
 import type { Transport } from "./transport.js";
 import { argv, createRequest, execRequest } from "./types.js";
-import type { Command, ExecOptions, ExecStatus, SandboxCreateOptions, SandboxInfo, SandboxStats } from "./types.js";
+import type { Command, ContainerInfo, ExecOptions, ExecResultDocument, ExecStatus, SandboxCreateOptions, SandboxInfo, SandboxStats } from "./types.js";
 import { openWebSocket } from "./websocket.js";
 
 /** The Crucible client a Sandbox was made with (kept structural so the two files need not import each other). */
@@ -53,22 +55,128 @@ export const SIGNALS = {
 } as const;
 export type SignalName = keyof typeof SIGNALS;
 
-export class Sandbox implements AsyncDisposable {
+/**
+ * Where commands run and files go: a sandbox's own root (a `Sandbox`) or one of its
+ * containers (a `Container`, from `sandbox.container(name)`).
+ */
+export class Root {
+  /** The sandbox's id. */
   readonly id: string;
   readonly files: Files;
+  readonly #t: Transport;
+  readonly #container: string | undefined;
+
+  constructor(t: Transport, id: string, container?: string) {
+    this.#t = t;
+    this.id = id;
+    this.#container = container;
+    this.files = new Files(t, id, container);
+  }
+
+  /** `tail` of this sandbox's path, addressed to this root. */
+  #path(tail: string): string {
+    return inContainer(sandboxPath(this.id, tail), this.#container);
+  }
+
+  /**
+   * Runs a command to its end: `cmd` is an argv, or a string for `/bin/sh -c`. Output goes to
+   * the callbacks as it arrives and is collected into the result.
+   */
+  run(cmd: Command, options: RunOptions = {}): Promise<CommandResult> {
+    const args = argv(cmd);
+    const resume = options.onDisconnect === "kill" ? undefined : this.#resume(options);
+    return collect(this.#t, { path: this.#path("/exec"), body: JSON.stringify(execRequest(args, options)), subject: "sandbox", cmd: args, resume }, options);
+  }
+
+  /** A command's output as events: `for await (const ev of sb.stream(cmd))`. */
+  stream(cmd: Command, options: StreamOptions = {}): ExecStream {
+    const args = argv(cmd);
+    const resume = options.onDisconnect === "kill" ? undefined : this.#resume(options);
+    return new ExecStream(this.#t, { path: this.#path("/exec"), body: JSON.stringify(execRequest(args, options)), subject: "sandbox", cmd: args, resume }, options.throwOnError ?? false);
+  }
+
+  /** How this sandbox's streams re-attach (none when `resumes` is 0). */
+  #resume(options: ResumeOptions): Resume | undefined {
+    const tries = options.resumes ?? 5;
+    if (!Number.isSafeInteger(tries) || tries < 0) throw new TypeError(`resumes must be a non-negative integer, got ${tries}`);
+    if (tries === 0) return undefined;
+    return { tries, attachPath: (execId, offset) => this.#attachPath(execId, offset) };
+  }
+
+  #attachPath(execId: string, offset: number): string {
+    return this.#path(`/execs/${encodeURIComponent(execId)}/attach?offset=${offset}`);
+  }
+
+  /** Starts a command with stdin: send(), closeStdin(), iterate its events, wait(). */
+  async interactive(cmd: Command, options: InteractiveOptions = {}): Promise<InteractiveSession> {
+    const args = argv(cmd);
+    if ((options.transport ?? "hijack") === "websocket") {
+      // The upgrade's answer comes before the request, so it cannot name the command: name
+      // it here, so that signal() and attach() can find a WebSocket session too.
+      const execId = options.execId || `ws-${randomBytes(8).toString("hex")}`;
+      const body = JSON.stringify(execRequest(args, { ...options, execId }));
+      const pipe = await openWebSocket(this.#t, this.#path("/exec"), body, "sandbox");
+      return new InteractiveSession(pipe, execId, args, "websocket");
+    }
+    const body = JSON.stringify(execRequest(args, options));
+    const { pipe, headers } = await hijack(this.#t, this.#path("/exec?stdin=1"), body, "sandbox");
+    return new InteractiveSession(pipe, headers.get("x-crucible-exec-id") ?? options.execId ?? "", args, "hijack");
+  }
+
+  /** The commands that can be found by exec id: running, or ended with a result nobody collected. */
+  async execs(): Promise<ExecStatus[]> {
+    return (await this.#t.json<{ execs: ExecStatus[] }>("GET", this.#path("/execs"), undefined, "sandbox")).execs;
+  }
+
+  /** One command's status (ExecNotFound when there is none of that name). */
+  async execStatus(execId: string): Promise<ExecStatus> {
+    return this.#t.json<ExecStatus>("GET", this.#path(`/execs/${encodeURIComponent(execId)}`), undefined, "exec");
+  }
+
+  /**
+   * Re-attaches to a command whose connection dropped, from output byte `offset` (the stdout
+   * and stderr bytes already received; 0: all that is still kept). Attaching to an ended
+   * command collects its result: a second attach is ExecNotFound.
+   */
+  attach(execId: string, options: { offset?: number; throwOnError?: boolean } & ResumeOptions = {}): ExecStream {
+    const offset = options.offset ?? 0;
+    if (!Number.isSafeInteger(offset) || offset < 0) throw new TypeError(`offset must be a non-negative integer, got ${offset}`);
+    const path = this.#attachPath(execId, offset);
+    return new ExecStream(this.#t, { path, body: "", subject: "exec", cmd: [], offset, resume: this.#resume(options) }, options.throwOnError ?? false);
+  }
+
+  /**
+   * Sends a signal to every process of the sandbox but its agent, or with `execId` to that
+   * running command's process group only (ExecNotFound when none runs).
+   */
+  async signal(signal: number | SignalName, options: { execId?: string } = {}): Promise<void> {
+    const number = typeof signal === "number" ? signal : SIGNALS[signal];
+    if (!Number.isInteger(number) || number < 1 || number > 64) throw new TypeError(`not a signal: ${String(signal)}`);
+    const body = options.execId === undefined ? { signal: number } : { signal: number, exec_id: options.execId };
+    await this.#t.json<void>("POST", this.#path("/signal"), body, options.execId === undefined ? "sandbox" : "exec");
+  }
+
+  /**
+   * What the sandbox uses now: memory, CPU time, processes; for a Container, its share (its
+   * processes' memory, CPU time and count, with the sandbox's limits).
+   */
+  async stats(): Promise<SandboxStats> {
+    return this.#t.json<SandboxStats>("GET", this.#path("/stats"), undefined, "sandbox");
+  }
+}
+
+/** A sandbox on a daemon; `await using sb = await Sandbox.create()` deletes it when the scope ends. */
+export class Sandbox extends Root implements AsyncDisposable {
   readonly #client: ClientLike;
   readonly #t: Transport;
-  readonly #execPath: string;
   #info: SandboxInfo | undefined;
 
   /** Use `Sandbox.create`, `Sandbox.connect` or `client.sandboxes`; this wraps a known id. */
   constructor(client: ClientLike, id: string, info?: SandboxInfo) {
+    super(client.transport, id);
     this.#client = client;
     this.#t = client.transport;
-    this.id = id;
     this.#info = info;
-    this.files = new Files(this.#t, id);
-    this.#execPath = sandboxPath(id, "/exec");
   }
 
   /** Creates a sandbox (with the default client, from CRUCIBLE_HOST / CRUCIBLE_API_KEY, unless `client` is given). */
@@ -115,87 +223,68 @@ export class Sandbox implements AsyncDisposable {
     }
   }
 
-  /**
-   * Runs a command to its end: `cmd` is an argv, or a string for `/bin/sh -c`. Output goes to
-   * the callbacks as it arrives and is collected into the result.
-   */
-  run(cmd: Command, options: RunOptions = {}): Promise<CommandResult> {
-    const args = argv(cmd);
-    const resume = options.onDisconnect === "kill" ? undefined : this.#resume(options);
-    return collect(this.#t, { path: this.#execPath, body: JSON.stringify(execRequest(args, options)), subject: "sandbox", cmd: args, resume }, options);
+  /** Container `name` of this sandbox, to run commands and move files there (each call says ContainerNotFound if it has none by that name). */
+  container(name: string): Container {
+    return new Container(this.#t, this.id, checkContainerName(name));
   }
 
-  /** A command's output as events: `for await (const ev of sb.stream(cmd))`. */
-  stream(cmd: Command, options: StreamOptions = {}): ExecStream {
-    const args = argv(cmd);
-    const resume = options.onDisconnect === "kill" ? undefined : this.#resume(options);
-    return new ExecStream(this.#t, { path: this.#execPath, body: JSON.stringify(execRequest(args, options)), subject: "sandbox", cmd: args, resume }, options.throwOnError ?? false);
+  /** Its containers: each one's state, main process, restarts and last exit. */
+  async containers(): Promise<ContainerInfo[]> {
+    return (await this.#t.json<{ containers: ContainerInfo[] }>("GET", sandboxPath(this.id, "/containers"), undefined, "sandbox")).containers;
+  }
+}
+
+/** A container's log: what its main process wrote, every run of it (the latest MiB the daemon keeps). */
+export interface ContainerLog {
+  stdout: Buffer;
+  stderr: Buffer;
+  /** Its last exit, once it has exited for good; undefined while it runs. */
+  exit: ExecResult | undefined;
+}
+
+/** One of a sandbox's containers: commands, files, signals and stats there, its state and its log. */
+export class Container extends Root {
+  readonly name: string;
+  readonly #t: Transport;
+
+  constructor(t: Transport, sandboxId: string, name: string) {
+    super(t, sandboxId, name);
+    this.#t = t;
+    this.name = name;
   }
 
-  /** How this sandbox's streams re-attach (none when `resumes` is 0). */
-  #resume(options: ResumeOptions): Resume | undefined {
-    const tries = options.resumes ?? 5;
-    if (!Number.isSafeInteger(tries) || tries < 0) throw new TypeError(`resumes must be a non-negative integer, got ${tries}`);
-    if (tries === 0) return undefined;
-    return { tries, attachPath: (execId, offset) => this.#attachPath(execId, offset) };
+  /** Its state, main process, restarts and last exit (ContainerNotFound when the sandbox has none of this name). */
+  async info(): Promise<ContainerInfo> {
+    const all = (await this.#t.json<{ containers: ContainerInfo[] }>("GET", sandboxPath(this.id, "/containers"), undefined, "sandbox")).containers;
+    const found = all.find((c) => c.name === this.name);
+    if (found === undefined) throw new ContainerNotFound(404, "container_not_found", `sandbox ${this.id} has no container ${JSON.stringify(this.name)}`);
+    return found;
   }
 
-  #attachPath(execId: string, offset: number): string {
-    return sandboxPath(this.id, `/execs/${encodeURIComponent(execId)}/attach?offset=${offset}`);
-  }
-
-  /** Starts a command with stdin: send(), closeStdin(), iterate its events, wait(). */
-  async interactive(cmd: Command, options: InteractiveOptions = {}): Promise<InteractiveSession> {
-    const args = argv(cmd);
-    if ((options.transport ?? "hijack") === "websocket") {
-      // The upgrade's answer comes before the request, so it cannot name the command: name
-      // it here, so that signal() and attach() can find a WebSocket session too.
-      const execId = options.execId || `ws-${randomBytes(8).toString("hex")}`;
-      const body = JSON.stringify(execRequest(args, { ...options, execId }));
-      const pipe = await openWebSocket(this.#t, this.#execPath, body, "sandbox");
-      return new InteractiveSession(pipe, execId, args, "websocket");
+  /** Its main process's output: stdout and stderr as it wrote them, and its exit once it has exited for good. */
+  async logs(): Promise<ContainerLog> {
+    const path = sandboxPath(this.id, `/containers/${encodeURIComponent(this.name)}/logs`);
+    const res = await this.#t.send("GET", path, undefined, this.#t.authHeaders(), "sandbox", this.#t.requestTimeoutMs);
+    let bytes: Buffer;
+    try {
+      bytes = Buffer.from(await res.body.arrayBuffer());
+    } catch (e) {
+      throw this.#t.connectionError(e, `reading container ${this.name}'s log`);
     }
-    const body = JSON.stringify(execRequest(args, options));
-    const { pipe, headers } = await hijack(this.#t, `${this.#execPath}?stdin=1`, body, "sandbox");
-    return new InteractiveSession(pipe, headers.get("x-crucible-exec-id") ?? options.execId ?? "", args, "hijack");
-  }
-
-  /** The commands that can be found by exec id: running, or ended with a result nobody collected. */
-  async execs(): Promise<ExecStatus[]> {
-    return (await this.#t.json<{ execs: ExecStatus[] }>("GET", sandboxPath(this.id, "/execs"), undefined, "sandbox")).execs;
-  }
-
-  /** One command's status (ExecNotFound when there is none of that name). */
-  async execStatus(execId: string): Promise<ExecStatus> {
-    return this.#t.json<ExecStatus>("GET", sandboxPath(this.id, `/execs/${encodeURIComponent(execId)}`), undefined, "exec");
-  }
-
-  /**
-   * Re-attaches to a command whose connection dropped, from output byte `offset` (the stdout
-   * and stderr bytes already received; 0: all that is still kept). Attaching to an ended
-   * command collects its result: a second attach is ExecNotFound.
-   */
-  attach(execId: string, options: { offset?: number; throwOnError?: boolean } & ResumeOptions = {}): ExecStream {
-    const offset = options.offset ?? 0;
-    if (!Number.isSafeInteger(offset) || offset < 0) throw new TypeError(`offset must be a non-negative integer, got ${offset}`);
-    const path = this.#attachPath(execId, offset);
-    return new ExecStream(this.#t, { path, body: "", subject: "exec", cmd: [], offset, resume: this.#resume(options) }, options.throwOnError ?? false);
-  }
-
-  /**
-   * Sends a signal to every process of the sandbox but its agent, or with `execId` to that
-   * running command's process group only (ExecNotFound when none runs).
-   */
-  async signal(signal: number | SignalName, options: { execId?: string } = {}): Promise<void> {
-    const number = typeof signal === "number" ? signal : SIGNALS[signal];
-    if (!Number.isInteger(number) || number < 1 || number > 64) throw new TypeError(`not a signal: ${String(signal)}`);
-    const body = options.execId === undefined ? { signal: number } : { signal: number, exec_id: options.execId };
-    await this.#t.json<void>("POST", sandboxPath(this.id, "/signal"), body, options.execId === undefined ? "sandbox" : "exec");
-  }
-
-  /** What the sandbox uses now: memory, CPU time, processes. */
-  async stats(): Promise<SandboxStats> {
-    return this.#t.json<SandboxStats>("GET", sandboxPath(this.id, "/stats"), undefined, "sandbox");
+    // The log ends with an exit frame only once the container has exited for good: decoded
+    // without the rule that an output stream must end with one (the other direction's rules).
+    const frames = decodeFrames([bytes], "host_to_guest");
+    const out: Buffer[] = [];
+    const err: Buffer[] = [];
+    let exit: ExecResult | undefined;
+    for (const frame of frames) {
+      if (exit !== undefined) throw new CrucibleError(0, "protocol_error", `container ${this.name}'s log has frames after its exit frame`);
+      if (frame.type === FrameType.Stdout) out.push(frame.payload);
+      else if (frame.type === FrameType.Stderr) err.push(frame.payload);
+      else if (frame.type === FrameType.Exit) exit = new ExecResult(JSON.parse(frame.payload.toString("utf8")) as ExecResultDocument, "main");
+      else throw new CrucibleError(0, "protocol_error", `container ${this.name}'s log holds a ${frame.type} frame`);
+    }
+    return { stdout: Buffer.concat(out), stderr: Buffer.concat(err), exit };
   }
 }
 

@@ -204,3 +204,15 @@ async function readText(res: Dispatcher.ResponseData, t: Transport): Promise<str
 export function sandboxPath(id: string, tail = ""): string {
   return `/sandboxes/${encodeURIComponent(id)}${tail}`;
 }
+
+/** `path` addressed to one of the sandbox's containers (`?container=NAME`); as it is for none. */
+export function inContainer(path: string, container: string | undefined): string {
+  if (container === undefined) return path;
+  return `${path}${path.includes("?") ? "&" : "?"}container=${encodeURIComponent(checkContainerName(container))}`;
+}
+
+/** A container's name as the caller gave it, refused at once when it cannot be one. */
+export function checkContainerName(name: string): string {
+  if (typeof name !== "string" || name === "") throw new TypeError(`a container's name must be a non-empty string, got ${JSON.stringify(name)}`);
+  return name;
+}

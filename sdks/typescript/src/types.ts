@@ -27,6 +27,13 @@ export type Rlimit = Schemas["Rlimit"];
 export type OnDisconnect = Schemas["OnDisconnect"];
 export type Usage = Schemas["Usage"];
 export type ErrorBody = Schemas["ErrorBody"];
+/** One entry of a create's `containers`, in its wire form: `{ name, image?, command?, ready?, shared?, … }`. */
+export type ContainerRequest = Schemas["ContainerRequest"];
+/** A shared directory mounted in a container or the sandbox's own root: `{ name, path }`. */
+export type SharedMount = Schemas["SharedMount"];
+export type ReadyCheck = Schemas["ReadyCheck"];
+export type ContainerInfo = Schemas["ContainerInfo"];
+export type ContainerState = Schemas["ContainerState"];
 /** The wire form of a request body, as the daemon checks it. */
 export type CreateSandboxRequest = Schemas["CreateSandbox"];
 export type ExecRequest = Schemas["ExecRequest"];
@@ -68,6 +75,10 @@ export interface SandboxCreateOptions {
   /** Who every command runs as (`uid`, `uid:gid`, `name`, `name:group`). */
   user?: Value<CreateSandboxRequest["user"]>;
   backend?: BackendKind;
+  /** Containers beside the sandbox's own root (namespace backend); the create answers once each is ready. */
+  containers?: ContainerRequest[];
+  /** Shared directories the sandbox's own root mounts (containers name theirs in their own `shared`). */
+  shared?: SharedMount[];
 }
 
 /** The create request's wire form; fields left out take the daemon's defaults. */
@@ -85,6 +96,8 @@ export function createRequest(o: SandboxCreateOptions): CreateSandboxRequest {
   if (o.diskMib !== undefined) body.disk_mib = o.diskMib;
   if (o.user !== undefined) body.user = o.user;
   if (o.backend !== undefined) body.backend = o.backend;
+  if (o.containers !== undefined) body.containers = o.containers;
+  if (o.shared !== undefined) body.shared = o.shared;
   return body;
 }
 
