@@ -167,10 +167,29 @@ pub(crate) fn sandbox_details(s: &SandboxInfo) -> String {
     if let Some(mib) = s.disk_mib {
         out.push_str(&format!("disk:     {mib} MiB on the host's disk\n"));
     }
+    for c in &s.containers {
+        out.push_str(&format!("container: {}\n", container_line(c)));
+    }
     if !s.error.is_empty() {
         out.push_str(&format!("error:    {}\n", s.error));
     }
     out
+}
+
+/// One container in `sandbox get`: its name, image and state, then what went wrong, if
+/// anything did.
+fn container_line(c: &api_types::ContainerInfo) -> String {
+    let mut line = format!("{} ({}) {}", c.name, c.image, state_name(&c.state));
+    if c.restarts > 0 {
+        line.push_str(&format!(", restarted {}×", c.restarts));
+    }
+    if let Some(code) = c.exit_code {
+        line.push_str(&format!(", last exit {code}"));
+    }
+    if !c.error.is_empty() {
+        line.push_str(&format!(": {}", c.error));
+    }
+    line
 }
 
 /// `sandbox stats`: what a sandbox (or one of its containers) uses; a limit or a figure the
@@ -243,6 +262,29 @@ mod tests {
             endpoint: "unix:/run/crucible.sock".into(),
             source: std::io::Error::new(std::io::ErrorKind::NotFound, "no such socket"),
         }
+    }
+
+    #[test]
+    fn a_container_line_says_what_went_wrong_only_when_something_did() {
+        let mut c = api_types::ContainerInfo {
+            name: "db".into(),
+            image: "postgres:16".into(),
+            state: api_types::ContainerState::Ready,
+            command: vec!["postgres".into()],
+            exec_id: Some("main".into()),
+            restarts: 0,
+            exit_code: None,
+            error: String::new(),
+        };
+        assert_eq!(container_line(&c), "db (postgres:16) ready");
+        c.state = api_types::ContainerState::Exited;
+        c.restarts = 2;
+        c.exit_code = Some(3);
+        c.error = "its main process exited with 3".into();
+        assert_eq!(
+            container_line(&c),
+            "db (postgres:16) exited, restarted 2×, last exit 3: its main process exited with 3"
+        );
     }
 
     #[test]

@@ -798,6 +798,12 @@ fn run_with_a_service_talks_to_it_on_localhost_and_keeps_its_log() {
         "hostname",
     ]));
     assert!(out.status.success(), "{}", text(&out.stderr));
+    let out = run(crucible(&daemon).args(["sandbox", "get", &id]));
+    assert!(
+        text(&out.stdout).contains("\ncontainer: web (default) ready\n"),
+        "{}",
+        text(&out.stdout)
+    );
     // What the service uses: its `sh` and `sleep` beside its agent, under the sandbox's limits.
     let out =
         run(crucible(&daemon).args(["--json", "sandbox", "stats", &id, "--container", "web"]));
