@@ -31,6 +31,17 @@ pub(crate) async fn list(
     }))
 }
 
+/// `DELETE /sandboxes/{id}/containers/{name}`: the container ends, with every process in it.
+pub(crate) async fn remove(
+    axum::extract::State(state): axum::extract::State<Arc<Edge>>,
+    Authenticated(caller): Authenticated,
+    Path((id, name)): Path<(String, String)>,
+) -> Result<axum::http::StatusCode, ApiError> {
+    let sandbox = state.registry.get(&id, &caller)?;
+    sandbox.remove_container(&name).await?;
+    Ok(axum::http::StatusCode::NO_CONTENT)
+}
+
 /// `GET /sandboxes/{id}/containers/{name}/logs`: the kept output of the container's main
 /// process as an exec frame stream (stdout and stderr frames; its exit frame once it has
 /// exited for good).

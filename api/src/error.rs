@@ -119,6 +119,7 @@ impl From<SandboxError> for ApiError {
             SandboxError::NoContainer { .. } => {
                 Self::new(StatusCode::NOT_FOUND, "container_not_found", message)
             }
+            SandboxError::OwnRootNotRemovable => Self::invalid(message),
         }
     }
 }

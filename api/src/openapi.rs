@@ -523,6 +523,22 @@ pub(crate) fn document() -> Value {
                         json!({ "200": json_response("The containers, in the request's order.", "ContainerList") }))
                 }
             },
+            "/sandboxes/{id}/containers/{name}": {
+                "parameters": [id_param(), container_name_param()],
+                "delete": {
+                    "summary": "Remove a container from its sandbox: its agent ends, and with it every process of the container.",
+                    "description": "As kubectl removing a pod's container: the container's \
+                        PID 1 ends, so the kernel kills everything in it, and its name answers \
+                        404 (container_not_found) from then on; its main process is not \
+                        started again whatever its restart policy. Its writable layer stays in \
+                        the sandbox's scratch until the sandbox is deleted. The other \
+                        containers and the sandbox's own root run on.",
+                    "responses": with(errors(&[
+                        ("400", "The id is malformed, or the name is `main`, the sandbox's own root (delete the sandbox instead)."),
+                        ("404", "No sandbox with this id, as far as the caller can see, or no such container (code container_not_found)."),
+                    ]), json!({ "204": { "description": "Removed." } }))
+                }
+            },
             "/sandboxes/{id}/containers/{name}/logs": {
                 "parameters": [id_param(), container_name_param()],
                 "get": {

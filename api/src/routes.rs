@@ -10,7 +10,7 @@ use axum::extract::{FromRequestParts, Request, State};
 use axum::http::{header, StatusCode};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
+use axum::routing::{delete, get, post};
 use axum::{Json, Router};
 use serde::Deserialize;
 
@@ -43,6 +43,10 @@ pub(crate) fn app(state: Arc<Edge>) -> Router {
         )
         .route("/sandboxes/{id}/stats", get(sandbox_stats))
         .route("/sandboxes/{id}/containers", get(containers::list))
+        .route(
+            "/sandboxes/{id}/containers/{name}",
+            delete(containers::remove),
+        )
         .route(
             "/sandboxes/{id}/containers/{name}/logs",
             get(containers::logs),

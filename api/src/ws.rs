@@ -32,7 +32,9 @@ fn close_code(error: &SandboxError) -> u16 {
     match error {
         SandboxError::ExecLimit { .. } | SandboxError::AtCapacity(_) => close::TRY_AGAIN_LATER,
         SandboxError::ShuttingDown => close::GOING_AWAY,
-        SandboxError::InvalidId(_) | SandboxError::NoContainer { .. } => close::POLICY,
+        SandboxError::InvalidId(_)
+        | SandboxError::NoContainer { .. }
+        | SandboxError::OwnRootNotRemovable => close::POLICY,
         SandboxError::NotFound(_) | SandboxError::Dead { .. } | SandboxError::NotRunning { .. } => {
             close::INTERNAL
         }

@@ -339,6 +339,17 @@ impl Client {
         Ok(list.containers)
     }
 
+    /// `DELETE /sandboxes/{id}/containers/{name}`: removes the container, every process in it.
+    pub async fn remove_container(&self, id: &str, name: &str) -> Result<(), ClientError> {
+        let target = format!(
+            "/sandboxes/{}/containers/{}",
+            path_segment(id),
+            path_segment(name)
+        );
+        self.send(self.empty(Method::DELETE, &target)?).await?;
+        Ok(())
+    }
+
     /// `GET /sandboxes/{id}/containers/{name}/logs`: the kept output of the container's main
     /// process, as an exec frame stream (decode it with [`wire::FrameReader`]).
     pub async fn container_logs(&self, id: &str, name: &str) -> Result<Bytes, ClientError> {

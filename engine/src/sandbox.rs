@@ -66,6 +66,12 @@ pub enum SandboxError {
         /// The name asked for.
         name: String,
     },
+    /// Removing `main`, the sandbox's own root, as if it were a container.
+    #[error(
+        "\"main\" is the sandbox's own root, not a container that can be removed: delete the \
+         sandbox instead"
+    )]
+    OwnRootNotRemovable,
 }
 
 pub(crate) use crate::ids::{is_valid_id, new_id, unix_ms};
@@ -279,14 +285,55 @@ impl Sandbox {
         self
     }
 
-    /// Its containers besides its own root.
-    pub fn containers(&self) -> &[Arc<Container>] {
-        &self.containers
+    /// Its containers besides its own root, removed ones left out.
+    pub fn containers(&self) -> Vec<Arc<Container>> {
+        self.containers
+            .iter()
+            .filter(|c| !c.is_removed())
+            .cloned()
+            .collect()
     }
 
-    /// Its container `name`.
+    /// Its container `name`, unless it was removed.
     pub fn container(&self, name: &str) -> Option<&Arc<Container>> {
-        self.containers.iter().find(|c| c.name == name)
+        self.containers
+            .iter()
+            .find(|c| c.name == name && !c.is_removed())
+    }
+
+    /// Removes its container `name`, as `kubectl` removes a pod's container: its agent, PID 1
+    /// of the container's PID namespace, ends, so the kernel kills every process of the
+    /// container with it, and its mount namespace goes; its name answers 404 from then on.
+    /// Its writable layer stays in the sandbox's scratch until the sandbox is deleted.
+    pub async fn remove_container(&self, name: &str) -> Result<(), SandboxError> {
+        let container = self
+            .container_named(Some(name))?
+            .ok_or(SandboxError::OwnRootNotRemovable)?;
+        if !container.mark_removed() {
+            return Err(SandboxError::NoContainer {
+                id: self.id.clone(),
+                name: name.to_string(),
+            });
+        }
+        match self
+            .ask_agent_in(Some(&container), &wire::agent::AgentRequest::Shutdown)
+            .await
+        {
+            Ok((wire::agent::AgentReply::ShuttingDown, _)) => {}
+            Ok((other, _)) => tracing::warn!(
+                sandbox = %self.id,
+                container = name,
+                "removing the container: its agent answered a shutdown with {other:?}"
+            ),
+            // Already gone (its agent died): there is nothing left to end.
+            Err(e) => tracing::debug!(
+                sandbox = %self.id,
+                container = name,
+                "removing the container: {}",
+                report::chain(&e)
+            ),
+        }
+        Ok(())
     }
 
     /// Its container `name` (`None`: its own root), or the error that it has none.
@@ -751,7 +798,7 @@ impl Sandbox {
                 .as_ref()
                 .and_then(|d| d.user.as_ref())
                 .map(|u| format!("{}:{}", u.uid, u.gid)),
-            containers: self.containers.iter().map(|c| c.info()).collect(),
+            containers: self.containers().iter().map(|c| c.info()).collect(),
         }
     }
 

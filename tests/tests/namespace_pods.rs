@@ -404,3 +404,79 @@ async fn a_containers_stats_are_its_own_processes_under_the_sandboxs_limits() {
 
     c.delete(&id).await.expect("delete");
 }
+
+#[tokio::test]
+async fn a_removed_container_ends_with_every_process_in_it_and_is_not_restarted() {
+    let daemon = TestDaemon::start();
+    let c = daemon.client();
+    let mut with_a_restarting_one = pod();
+    with_a_restarting_one.containers.push(
+        serde_json::from_value(serde_json::json!({
+            "name": "flaky",
+            "command": ["sleep", "3600"],
+            "restart": "on-failure"
+        }))
+        .expect("a container request"),
+    );
+    let id = c.create(&with_a_restarting_one).await.expect("create").id;
+    // From the sandbox's own root every container's processes show (their PID namespaces are
+    // nested in the sandbox's): db's `nc` and flaky's `sleep`.
+    let ps = "ps -o comm | grep -cE '^(nc|sleep)$'";
+    let (before, _, _) = sh(&c, &id, ps).await;
+    assert_eq!(before.trim(), "2", "db's nc and flaky's sleep run");
+
+    c.remove_container(&id, "db").await.expect("remove db");
+    c.remove_container(&id, "flaky")
+        .await
+        .expect("remove flaky");
+    let names: Vec<_> = containers(&c, &id)
+        .await
+        .into_iter()
+        .map(|info| info.name)
+        .collect();
+    assert_eq!(names, ["helper"]);
+    // Every process of both is gone, and flaky's restart policy does not bring it back.
+    let mut left = String::new();
+    for _ in 0..100 {
+        left = sh(&c, &id, ps).await.0;
+        if left.trim() == "0" {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(
+        left.trim(),
+        "0",
+        "the removed containers' processes are gone"
+    );
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(
+        sh(&c, &id, ps).await.0.trim(),
+        "0",
+        "flaky was not started again"
+    );
+
+    // Its name answers 404 everywhere; `main` cannot be removed; the rest runs on.
+    for result in [
+        c.exec_in(&id, "db", &ExecRequest::new(["true"]))
+            .await
+            .err(),
+        c.remove_container(&id, "db").await.err(),
+        c.container_logs(&id, "db").await.err(),
+    ] {
+        let (status, code, _) = api_code(result.expect("refused"));
+        assert_eq!((status, code.as_str()), (404, "container_not_found"));
+    }
+    let (status, code, message) =
+        api_code(c.remove_container(&id, "main").await.expect_err("main"));
+    assert_eq!(
+        (status, code.as_str()),
+        (400, "invalid_request"),
+        "{message}"
+    );
+    let (out, _, code) = sh_in(&c, &id, "helper", "echo still here").await;
+    assert_eq!((out.as_str(), code), ("still here\n", 0));
+    assert_eq!(sh(&c, &id, "cat /work/note").await.0, "written-by-helper\n");
+
+    c.delete(&id).await.expect("delete");
+}

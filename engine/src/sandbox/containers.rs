@@ -6,6 +6,7 @@
 //! runs its commands in its root; everything here talks to it through the [`Sandbox`].
 
 use std::collections::{BTreeMap, VecDeque};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
@@ -65,6 +66,8 @@ pub struct Container {
     status: Mutex<Status>,
     state: watch::Sender<ContainerState>,
     log: Mutex<Log>,
+    /// Removed from its sandbox (`Sandbox::remove_container`): never started again.
+    removed: AtomicBool,
 }
 
 #[derive(Debug, Default)]
@@ -129,7 +132,18 @@ impl Container {
             status: Mutex::new(Status::default()),
             state: watch::Sender::new(ContainerState::Waiting),
             log: Mutex::new(Log::default()),
+            removed: AtomicBool::new(false),
         }
+    }
+
+    /// Whether it was removed from its sandbox.
+    pub fn is_removed(&self) -> bool {
+        self.removed.load(Ordering::Acquire)
+    }
+
+    /// Marks it removed; false when it already was.
+    pub(crate) fn mark_removed(&self) -> bool {
+        !self.removed.swap(true, Ordering::AcqRel)
     }
 
     fn status(&self) -> std::sync::MutexGuard<'_, Status> {
@@ -264,7 +278,7 @@ async fn run_to_exit(
 /// ready; the error names the first that could not be, with the end of its log. Their main
 /// processes go on in tasks of their own, which end with the sandbox.
 pub(crate) async fn start_all(sandbox: &Arc<Sandbox>) -> Result<(), String> {
-    let containers = sandbox.containers().to_vec();
+    let containers = sandbox.containers();
     if containers.is_empty() {
         return Ok(());
     }
@@ -424,6 +438,9 @@ async fn run_main(sandbox: Weak<Sandbox>, container: Arc<Container>) {
         let Some(strong) = sandbox.upgrade() else {
             return;
         };
+        if container.is_removed() {
+            return;
+        }
         let request = ExecRequest {
             cmd: container.main.clone(),
             exec_id: MAIN_EXEC_ID.to_string(),
@@ -433,6 +450,13 @@ async fn run_main(sandbox: Weak<Sandbox>, container: Arc<Container>) {
             container.log().push(kind, payload)
         })
         .await;
+        if container.is_removed() {
+            tracing::debug!(
+                "container {}: removed, its main process ended",
+                container.name
+            );
+            return;
+        }
         let result = match result {
             Ok(result) => result,
             Err(why) if !strong.is_running() => {

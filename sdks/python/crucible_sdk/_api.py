@@ -342,6 +342,11 @@ def containers(sandbox_id: str) -> Call[List[ContainerInfo]]:
                 parse_with(lambda v: ContainerList.from_dict(v).containers))
 
 
+def remove_container(sandbox_id: str, name: str) -> Call[None]:
+    return Call("DELETE", sandbox_path(sandbox_id, f"/containers/{_seg(name, 'container')}"),
+                no_body)
+
+
 def container_logs(sandbox_id: str, name: str) -> Call[ContainerLog]:
     return Call("GET", sandbox_path(sandbox_id, f"/containers/{_seg(name, 'container')}/logs"),
                 parse_log)

@@ -135,6 +135,11 @@ class Client:
         """The sandbox's containers: each one's state, main process, restarts, last exit."""
         return self.call(_api.containers(sandbox_id))
 
+    def remove_container(self, sandbox_id: str, name: str) -> None:
+        """Removes container `name`: it ends with every process in it (ContainerNotFound
+        when there is none; InvalidRequest for `main`)."""
+        self.call(_api.remove_container(sandbox_id, name))
+
     def container_logs(self, sandbox_id: str, name: str) -> ContainerLog:
         """Container `name`'s log: its main process's output, the latest MiB of it."""
         return self.call(_api.container_logs(sandbox_id, name))

@@ -269,3 +269,8 @@ class Container(Root):
     def logs(self) -> ContainerLog:
         """Its main process's output, every run of it (the latest MiB)."""
         return self.client.container_logs(self.id, self.name)
+
+    def remove(self) -> None:
+        """Removes it from the sandbox: it ends with every process in it, and is not started
+        again; the sandbox and its other containers run on."""
+        self.client.remove_container(self.id, self.name)

@@ -60,6 +60,12 @@ def test_a_service_a_shared_dir_and_commands_in_a_container(client):
         log = svc.logs()
         assert (log.stdout_text, log.stderr_text, log.exit) == ("svc up\n", "svc warn\n", None)
 
+        svc.remove()
+        assert sb.containers() == []
+        with pytest.raises(ContainerNotFound):
+            svc.run("true")
+        assert sb.run("echo root runs on").stdout_text == "root runs on\n"
+
 
 def test_a_missing_container_and_one_never_ready_are_typed_errors(client):
     with Sandbox.create(client=client, containers=[SERVICE]) as sb:
@@ -97,5 +103,7 @@ def test_the_asyncio_face_of_containers(daemon):
                 assert (await svc.logs()).stdout_text == "svc up\n"
                 with pytest.raises(ContainerNotFound):
                     await sb.container("nope").run("true")
+                await svc.remove()
+                assert await sb.containers() == []
 
     asyncio.run(asyncio.wait_for(main(), 300))

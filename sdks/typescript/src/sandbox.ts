@@ -261,6 +261,11 @@ export class Container extends Root {
     return found;
   }
 
+  /** Removes it from the sandbox: it ends with every process in it and is not started again; the rest runs on. */
+  async remove(): Promise<void> {
+    await this.#t.json<void>("DELETE", sandboxPath(this.id, `/containers/${encodeURIComponent(this.name)}`), undefined, "sandbox");
+  }
+
   /** Its main process's output: stdout and stderr as it wrote them, and its exit once it has exited for good. */
   async logs(): Promise<ContainerLog> {
     const path = sandboxPath(this.id, `/containers/${encodeURIComponent(this.name)}/logs`);

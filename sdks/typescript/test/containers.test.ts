@@ -67,6 +67,11 @@ describe("containers", () => {
 
     const log = await svc.logs();
     assert.deepEqual([log.stdout.toString(), log.stderr.toString(), log.exit], ["svc up\n", "svc warn\n", undefined]);
+
+    await svc.remove();
+    assert.deepEqual(await sb.containers(), []);
+    await assert.rejects(svc.run("true"), ContainerNotFound);
+    assert.equal((await sb.run("echo root runs on")).stdoutText, "root runs on\n");
   });
 
   test("a missing container and one never ready are typed errors", T, async () => {

@@ -119,6 +119,9 @@ class AsyncClient:
     async def containers(self, sandbox_id: str) -> List[ContainerInfo]:
         return await self.call(_api.containers(sandbox_id))
 
+    async def remove_container(self, sandbox_id: str, name: str) -> None:
+        await self.call(_api.remove_container(sandbox_id, name))
+
     async def container_logs(self, sandbox_id: str, name: str) -> ContainerLog:
         return await self.call(_api.container_logs(sandbox_id, name))
 

@@ -287,3 +287,6 @@ class AsyncContainer(AsyncRoot):
 
     async def logs(self) -> ContainerLog:
         return await self.client.container_logs(self.id, self.name)
+
+    async def remove(self) -> None:
+        await self.client.remove_container(self.id, self.name)

@@ -890,6 +890,80 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/sandboxes/{id}/containers/{name}": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The sandbox id. */
+                id: string;
+                /** @description The container's name. */
+                name: string;
+            };
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        post?: never;
+        /**
+         * Remove a container from its sandbox: its agent ends, and with it every process of the container.
+         * @description As kubectl removing a pod's container: the container's PID 1 ends, so the kernel kills everything in it, and its name answers 404 (container_not_found) from then on; its main process is not started again whatever its restart policy. Its writable layer stays in the sandbox's scratch until the sandbox is deleted. The other containers and the sandbox's own root run on.
+         */
+        delete: {
+            parameters: {
+                query?: never;
+                header?: never;
+                path: {
+                    /** @description The sandbox id. */
+                    id: string;
+                    /** @description The container's name. */
+                    name: string;
+                };
+                cookie?: never;
+            };
+            requestBody?: never;
+            responses: {
+                /** @description Removed. */
+                204: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content?: never;
+                };
+                /** @description The id is malformed, or the name is `main`, the sandbox's own root (delete the sandbox instead). */
+                400: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/json": components["schemas"]["ErrorBody"];
+                    };
+                };
+                /** @description Missing or invalid API key. */
+                401: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/json": components["schemas"]["ErrorBody"];
+                    };
+                };
+                /** @description No sandbox with this id, as far as the caller can see, or no such container (code container_not_found). */
+                404: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/json": components["schemas"]["ErrorBody"];
+                    };
+                };
+            };
+        };
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/sandboxes/{id}/containers/{name}/logs": {
         parameters: {
             query?: never;
