@@ -128,11 +128,15 @@ enum SandboxCommand {
         /// The sandbox id.
         id: String,
     },
-    /// Delete sandboxes.
+    /// Delete sandboxes; with --container, remove those containers from one sandbox instead
+    /// (each ends with every process in it; the sandbox runs on).
     Rm {
-        /// The sandbox ids.
+        /// The sandbox ids (exactly one with --container).
         #[arg(required = true)]
         ids: Vec<String>,
+        /// A container of the sandbox to remove, not the sandbox (repeatable).
+        #[arg(long = "container", value_name = "NAME")]
+        containers: Vec<String>,
     },
     /// Run a command in a sandbox, streaming its output; exits with its status (128+N when
     /// killed by signal N, 124 on timeout, 127 when not found).
@@ -260,7 +264,12 @@ fn dispatch(cli: Cli) -> anyhow::Result<i32> {
                         .await
                         .map(|()| 0)
                 }
-                SandboxCommand::Rm { ids } => {
+                SandboxCommand::Rm { ids, containers } if !containers.is_empty() => {
+                    commands::sandbox::remove_containers(&global, &ids, &containers)
+                        .await
+                        .map(|()| 0)
+                }
+                SandboxCommand::Rm { ids, .. } => {
                     commands::sandbox::remove(&global, &ids).await.map(|()| 0)
                 }
                 SandboxCommand::Exec(args) => commands::exec::exec(&global, args).await,

@@ -825,6 +825,25 @@ fn run_with_a_service_talks_to_it_on_localhost_and_keeps_its_log() {
         text(&out.stderr)
     );
     assert!(!out.status.success());
+    // The service removed, the sandbox runs on; two ids with --container is refused.
+    let out = run(crucible(&daemon).args(["sandbox", "rm", "--container", "web", &id, "other"]));
+    assert_eq!(out.status.code(), Some(125));
+    assert!(
+        text(&out.stderr).contains("exactly one sandbox id"),
+        "{}",
+        text(&out.stderr)
+    );
+    let out = run(crucible(&daemon).args(["sandbox", "rm", "--container", "web", &id]));
+    assert_eq!(
+        (text(&out.stdout).as_str(), out.status.code()),
+        ("web\n", Some(0)),
+        "{}",
+        text(&out.stderr)
+    );
+    let out = run(crucible(&daemon).args(["sandbox", "logs", &id, "web"]));
+    assert!(!out.status.success(), "a removed container has no log");
+    let out = run(crucible(&daemon).args(["sandbox", "exec", &id, "--", "true"]));
+    assert!(out.status.success(), "{}", text(&out.stderr));
     let out = run(crucible(&daemon).args(["sandbox", "rm", &id]));
     assert!(out.status.success());
     let out = run(crucible(&daemon).args(["run", "--service", "db", "--", "true"]));

@@ -1,6 +1,6 @@
 //! `crucible sandbox create | ls | get | rm`.
 
-use anyhow::Result;
+use anyhow::{Context, Result};
 use api_types::{BackendKind, CreateSandbox};
 
 use crate::output;
@@ -169,6 +169,32 @@ pub(crate) async fn remove(global: &Global, ids: &[String]) -> Result<()> {
         Some(e) => Err(e.into()),
         None => Ok(()),
     }
+}
+
+/// `crucible sandbox rm --container NAME… ID`: removes containers of one sandbox, printing
+/// each name removed.
+pub(crate) async fn remove_containers(
+    global: &Global,
+    ids: &[String],
+    containers: &[String],
+) -> Result<()> {
+    let [id] = ids else {
+        anyhow::bail!(
+            "--container removes containers of one sandbox: name exactly one sandbox id, not {}",
+            ids.len()
+        );
+    };
+    let client = global.client()?;
+    for name in containers {
+        client
+            .remove_container(id, name)
+            .await
+            .with_context(|| format!("removing container {name} of {id}"))?;
+        if !global.json {
+            println!("{name}");
+        }
+    }
+    Ok(())
 }
 
 /// `crucible sandbox kill`: a signal to every process of a sandbox, or to one named command.
