@@ -31,6 +31,30 @@ pub(crate) async fn list(
     }))
 }
 
+/// `POST /sandboxes/{id}/containers`: a container added to the running sandbox, answered
+/// once it is ready (201, its view).
+pub(crate) async fn add(
+    axum::extract::State(state): axum::extract::State<Arc<Edge>>,
+    Authenticated(caller): Authenticated,
+    Path(id): Path<String>,
+    body: Body,
+) -> Result<Response, ApiError> {
+    let sandbox = state.registry.get(&id, &caller)?;
+    let body = crate::body::read(body, state.http.header_timeout).await?;
+    let request: api_types::ContainerRequest = crate::json::parse_json(&body, "container")?;
+    // Carried to its end even if the client goes: a container half made would be lost.
+    let addition = {
+        let state = state.clone();
+        async move { state.add_container(&sandbox, &request).await }
+    };
+    let info = state
+        .registry
+        .spawn_creation(addition)
+        .await
+        .map_err(|e| ApiError::internal(format!("adding the container failed: {e}")))??;
+    Ok((axum::http::StatusCode::CREATED, Json(info)).into_response())
+}
+
 /// `DELETE /sandboxes/{id}/containers/{name}`: the container ends, with every process in it.
 pub(crate) async fn remove(
     axum::extract::State(state): axum::extract::State<Arc<Edge>>,

@@ -11,7 +11,7 @@ use crate::config::{MAX_HEAD, MAX_HEADERS};
 use crate::json::InvalidJson;
 use engine::backend::BackendError;
 use engine::exec::AdmitError;
-use engine::sandbox::SandboxError;
+use engine::sandbox::{AddContainerError, SandboxError};
 use engine::state::CreateError;
 use engine::storage::StorageError;
 
@@ -120,6 +120,26 @@ impl From<SandboxError> for ApiError {
                 Self::new(StatusCode::NOT_FOUND, "container_not_found", message)
             }
             SandboxError::OwnRootNotRemovable => Self::invalid(message),
+        }
+    }
+}
+
+impl From<AddContainerError> for ApiError {
+    fn from(e: AddContainerError) -> Self {
+        let message = report::chain(&e);
+        match e {
+            AddContainerError::Invalid(_) => ApiError::invalid(message),
+            AddContainerError::Sandbox(e) => e.into(),
+            AddContainerError::Storage(e) => e.into(),
+            AddContainerError::NotRunning(_) | AddContainerError::Exists { .. } => {
+                ApiError::conflict(message)
+            }
+            AddContainerError::NotReady { .. } => Self::new(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "container_not_ready",
+                message,
+            ),
+            AddContainerError::Failed { .. } => ApiError::internal(message),
         }
     }
 }

@@ -3,8 +3,8 @@
 //! `cargo xtask gen-openapi` (CI fails when that file drifts from this code).
 
 use api_types::{
-    CacheList, ContainerList, CreateSandbox, ImageList, ImagesPruned, SandboxInfo, SandboxList,
-    SignalRequest,
+    CacheList, ContainerInfo, ContainerList, ContainerRequest, CreateSandbox, ImageList,
+    ImagesPruned, SandboxInfo, SandboxList, SignalRequest,
 };
 use schemars::generate::SchemaSettings;
 use serde_json::{json, Map, Value};
@@ -194,6 +194,8 @@ pub(crate) fn document() -> Value {
     generator.subschema_for::<ExecStatus>();
     generator.subschema_for::<ExecList>();
     generator.subschema_for::<ContainerList>();
+    generator.subschema_for::<ContainerRequest>();
+    generator.subschema_for::<ContainerInfo>();
     let mut schemas = generator.take_definitions(true);
     constrain(&mut schemas);
 
@@ -520,7 +522,26 @@ pub(crate) fn document() -> Value {
                 "get": {
                     "summary": "The sandbox's containers: each one's state, main process, restarts and last exit.",
                     "responses": with(errors(&sandbox_errors),
-                        json!({ "200": json_response("The containers, in the request's order.", "ContainerList") }))
+                        json!({ "200": json_response("The containers, in the order they were made.", "ContainerList") }))
+                },
+                "post": {
+                    "summary": "Add a container to the running sandbox; answers once it is ready.",
+                    "description": "The body is one entry of CreateSandbox.containers: the \
+                        container joins the sandbox's network, IPC and limits, mounts the \
+                        shared directories it names (made empty if no container had them \
+                        yet), and starts its main process once what it depends_on (containers \
+                        the sandbox runs) is ready. Namespace backend only. A name that was \
+                        removed may be used again: the new container gets a fresh writable \
+                        layer.",
+                    "requestBody": { "required": true, "content": {
+                        "application/json": { "schema": schema_ref("ContainerRequest") } } },
+                    "responses": with(errors(&[
+                        ("400", "The id or the request is invalid (a field, its image, a shared directory, a depends_on naming no container of the sandbox), or the sandbox is not a namespace sandbox."),
+                        ("404", "No sandbox with this id, as far as the caller can see, or no such imported image."),
+                        ("409", "The sandbox already has a container of this name, or it is not running."),
+                        ("422", "The container did not become ready: its main process exited, or its ready check did not pass within its timeout (code container_not_ready; the message ends with its log's last lines). It stays, failed, with its log, until it is removed."),
+                        ("500", "The container could not be made (the message says why: e.g. a process of the sandbox killed its container factory)."),
+                    ]), json!({ "201": json_response("The container, ready.", "ContainerInfo") }))
                 }
             },
             "/sandboxes/{id}/containers/{name}": {

@@ -42,7 +42,10 @@ pub(crate) fn app(state: Arc<Edge>) -> Router {
             post(execs::attach),
         )
         .route("/sandboxes/{id}/stats", get(sandbox_stats))
-        .route("/sandboxes/{id}/containers", get(containers::list))
+        .route(
+            "/sandboxes/{id}/containers",
+            get(containers::list).post(containers::add),
+        )
         .route(
             "/sandboxes/{id}/containers/{name}",
             delete(containers::remove),

@@ -138,6 +138,18 @@ enum SandboxCommand {
         #[arg(long = "container", value_name = "NAME")]
         containers: Vec<String>,
     },
+    /// Add containers to a running sandbox (namespace backend), as with `run --service`: each
+    /// starts once what it depends on is ready; prints each name when it is ready. A name
+    /// that was removed may be used again (a fresh writable layer).
+    Add {
+        /// The sandbox id.
+        id: String,
+        #[command(flatten)]
+        services: commands::services::ServiceArgs,
+        /// Print each container's JSON instead of its name.
+        #[arg(long)]
+        json: bool,
+    },
     /// Run a command in a sandbox, streaming its output; exits with its status (128+N when
     /// killed by signal N, 124 on timeout, 127 when not found).
     Exec(commands::exec::ExecArgs),
@@ -261,6 +273,11 @@ fn dispatch(cli: Cli) -> anyhow::Result<i32> {
                 }
                 SandboxCommand::Logs { id, container } => {
                     commands::services::logs(&global, &id, &container)
+                        .await
+                        .map(|()| 0)
+                }
+                SandboxCommand::Add { id, services, json } => {
+                    commands::services::add(&global, &id, &services, json)
                         .await
                         .map(|()| 0)
                 }

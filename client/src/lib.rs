@@ -155,8 +155,9 @@ impl Client {
     /// `POST /sandboxes/{id}/signal`: sends `signal` to every process of the sandbox but its
     /// agent.
     pub async fn signal(&self, id: &str, signal: i32) -> Result<(), ClientError> {
-        self.send_signal(
+        self.signal_in(
             id,
+            None,
             api_types::SignalRequest {
                 signal,
                 exec_id: None,
@@ -173,8 +174,9 @@ impl Client {
         exec_id: &str,
         signal: i32,
     ) -> Result<(), ClientError> {
-        self.send_signal(
+        self.signal_in(
             id,
+            None,
             api_types::SignalRequest {
                 signal,
                 exec_id: Some(exec_id.to_string()),
@@ -183,18 +185,23 @@ impl Client {
         .await
     }
 
-    async fn send_signal(
+    /// `POST /sandboxes/{id}/signal?container=NAME`: `request`'s signal to its command, or to
+    /// every process but the agent, of one of the sandbox's containers (`None`: its own root).
+    pub async fn signal_in(
         &self,
         id: &str,
+        container: Option<&str>,
         request: api_types::SignalRequest,
     ) -> Result<(), ClientError> {
         let body =
             serde_json::to_vec(&request).map_err(|e| ClientError::Protocol(e.to_string()))?;
+        let target = format!(
+            "/sandboxes/{}/signal{}",
+            path_segment(id),
+            first_query(in_container(container))
+        );
         let request = self
-            .request(
-                Method::POST,
-                &format!("/sandboxes/{}/signal", path_segment(id)),
-            )
+            .request(Method::POST, &target)
             .header(hyper::header::CONTENT_TYPE, "application/json")
             .body(Full::new(Bytes::from(body)))
             .map_err(|e| ClientError::Protocol(e.to_string()))?;
@@ -339,6 +346,18 @@ impl Client {
         Ok(list.containers)
     }
 
+    /// `POST /sandboxes/{id}/containers`: adds a container to the running sandbox; answers
+    /// once it is ready.
+    pub async fn add_container(
+        &self,
+        id: &str,
+        request: &api_types::ContainerRequest,
+    ) -> Result<api_types::ContainerInfo, ClientError> {
+        let target = format!("/sandboxes/{}/containers", path_segment(id));
+        self.json(self.json_body(Method::POST, &target, request)?)
+            .await
+    }
+
     /// `DELETE /sandboxes/{id}/containers/{name}`: removes the container, every process in it.
     pub async fn remove_container(&self, id: &str, name: &str) -> Result<(), ClientError> {
         let target = format!(
@@ -420,7 +439,20 @@ impl Client {
         exec_id: &str,
         offset: u64,
     ) -> Result<(Session, AttachPosition), ClientError> {
-        session::attach(&self.endpoint, self.api_key.as_deref(), id, exec_id, offset).await
+        self.attach_interactive_in(id, None, exec_id, offset).await
+    }
+
+    /// [`Client::attach_interactive`] to a command of one of the sandbox's containers
+    /// (`None`: its own root).
+    pub async fn attach_interactive_in(
+        &self,
+        id: &str,
+        container: Option<&str>,
+        exec_id: &str,
+        offset: u64,
+    ) -> Result<(Session, AttachPosition), ClientError> {
+        let key = self.api_key.as_deref();
+        session::attach(&self.endpoint, key, id, container, exec_id, offset).await
     }
 
     /// Runs a command and collects all its output.
@@ -438,7 +470,24 @@ impl Client {
         id: &str,
         request: &ExecRequest,
     ) -> Result<Session, ClientError> {
-        session::open(&self.endpoint, self.api_key.as_deref(), id, request).await
+        self.interactive_in(id, None, request).await
+    }
+
+    /// [`Client::interactive`] in one of the sandbox's containers (`None`: its own root).
+    pub async fn interactive_in(
+        &self,
+        id: &str,
+        container: Option<&str>,
+        request: &ExecRequest,
+    ) -> Result<Session, ClientError> {
+        session::open(
+            &self.endpoint,
+            self.api_key.as_deref(),
+            id,
+            container,
+            request,
+        )
+        .await
     }
 
     /// `POST /sandboxes/{id}/files?path=DIR`: uploads a tar stream, extracted beneath `dir`.
@@ -451,10 +500,25 @@ impl Client {
     where
         R: AsyncRead + Send + 'static,
     {
+        self.put_tar_in(id, None, dir, tar).await
+    }
+
+    /// [`Client::put_tar`] into one of the sandbox's containers (`None`: its own root).
+    pub async fn put_tar_in<R>(
+        &self,
+        id: &str,
+        container: Option<&str>,
+        dir: &str,
+        tar: R,
+    ) -> Result<FilesPutResult, ClientError>
+    where
+        R: AsyncRead + Send + 'static,
+    {
         let path = format!(
-            "/sandboxes/{}/files?path={}",
+            "/sandboxes/{}/files?path={}{}",
             path_segment(id),
-            query_value(dir)
+            query_value(dir),
+            in_container(container)
         );
         self.post_stream(&path, tar).await
     }
@@ -488,6 +552,17 @@ impl Client {
         local: &Path,
         dir: &str,
     ) -> Result<FilesPutResult, ClientError> {
+        self.put_path_in(id, None, local, dir).await
+    }
+
+    /// [`Client::put_path`] into one of the sandbox's containers (`None`: its own root).
+    pub async fn put_path_in(
+        &self,
+        id: &str,
+        container: Option<&str>,
+        local: &Path,
+        dir: &str,
+    ) -> Result<FilesPutResult, ClientError> {
         let local = local.to_path_buf();
         let name = local
             .file_name()
@@ -508,7 +583,7 @@ impl Client {
             std::io::Write::flush(&mut out)?;
             out.shutdown()
         });
-        let result = self.put_tar(id, dir, reader).await;
+        let result = self.put_tar_in(id, container, dir, reader).await;
         match builder.await {
             Ok(Ok(())) => result,
             Ok(Err(e)) => result.and(Err(ClientError::Local(format!("building the tar: {e}")))),
@@ -587,6 +662,21 @@ pub(crate) fn api_error_from(status: StatusCode, body: &[u8]) -> ClientError {
 /// Percent-encodes a path segment.
 fn path_segment(s: &str) -> String {
     encode(s, |b| b.is_ascii_alphanumeric() || b"-._~".contains(&b))
+}
+
+/// `&container=NAME` to add to a query, or nothing for the sandbox's own root (`None`).
+pub(crate) fn in_container(container: Option<&str>) -> String {
+    container.map_or_else(String::new, |name| {
+        format!("&container={}", query_value(name))
+    })
+}
+
+/// A query of one `&`-led parameter (or none) made the first: `?…`.
+fn first_query(parameter: String) -> String {
+    match parameter.strip_prefix('&') {
+        Some(rest) => format!("?{rest}"),
+        None => parameter,
+    }
 }
 
 /// Percent-encodes a query value.

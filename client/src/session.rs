@@ -136,13 +136,15 @@ pub(crate) async fn attach(
     endpoint: &Endpoint,
     api_key: Option<&str>,
     id: &str,
+    container: Option<&str>,
     exec_id: &str,
     offset: u64,
 ) -> Result<(Session, AttachPosition), ClientError> {
     let target = format!(
-        "/sandboxes/{}/execs/{}/attach?offset={offset}&stdin=1",
+        "/sandboxes/{}/execs/{}/attach?offset={offset}&stdin=1{}",
         path_segment(id),
-        path_segment(exec_id)
+        path_segment(exec_id),
+        crate::in_container(container)
     );
     let response = raw::post(endpoint, api_key, &target, b"").await?;
     let number = |name: &str| {
@@ -164,10 +166,15 @@ pub(crate) async fn open(
     endpoint: &Endpoint,
     api_key: Option<&str>,
     id: &str,
+    container: Option<&str>,
     request: &ExecRequest,
 ) -> Result<Session, ClientError> {
     let body = serde_json::to_vec(request).map_err(|e| ClientError::Protocol(e.to_string()))?;
-    let target = format!("/sandboxes/{}/exec?stdin=1", path_segment(id));
+    let target = format!(
+        "/sandboxes/{}/exec?stdin=1{}",
+        path_segment(id),
+        crate::in_container(container)
+    );
     let response = raw::post(endpoint, api_key, &target, &body).await?;
     Ok(hijacked(response))
 }

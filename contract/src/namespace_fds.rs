@@ -9,3 +9,6 @@ pub const PID1_READY_FD: i32 = 4;
 /// When the spec has an egress socket: the connection to it, over which the agent hands the
 /// daemon connections.
 pub const PID1_EGRESS_FD: i32 = 5;
+/// The connection to the sandbox's container factory (`namespace::factory`), which makes the
+/// containers added after the sandbox was created.
+pub const PID1_FACTORY_FD: i32 = 6;

@@ -74,6 +74,49 @@ pub enum SandboxError {
     OwnRootNotRemovable,
 }
 
+/// Why a container was not added to a running sandbox.
+#[derive(Debug, thiserror::Error)]
+pub enum AddContainerError {
+    /// The request asks for something invalid; the message names the field.
+    #[error("{0}")]
+    Invalid(String),
+    /// The sandbox cannot be used (not found, …).
+    #[error(transparent)]
+    Sandbox(#[from] SandboxError),
+    /// Its image cannot be had (not imported, not the owner's).
+    #[error(transparent)]
+    Storage(#[from] crate::storage::StorageError),
+    /// The sandbox is stopping or dead.
+    #[error("sandbox {0} is not running")]
+    NotRunning(String),
+    /// A container of that name runs in it.
+    #[error("sandbox {id} already has a container {name:?}: remove it first")]
+    Exists {
+        /// The sandbox.
+        id: String,
+        /// The name.
+        name: String,
+    },
+    /// The backend could not make it.
+    #[error("adding container {name:?} to sandbox {id}: {reason}")]
+    Failed {
+        /// The sandbox.
+        id: String,
+        /// The container.
+        name: String,
+        /// What failed.
+        reason: String,
+    },
+    /// It was made but did not become ready; it stays, failed, until it is removed.
+    #[error("sandbox {id}: {reason}")]
+    NotReady {
+        /// The sandbox.
+        id: String,
+        /// Which container, why, and the end of its log.
+        reason: String,
+    },
+}
+
 pub(crate) use crate::ids::{is_valid_id, new_id, unix_ms};
 
 /// Settings a sandbox was created with.
@@ -195,8 +238,10 @@ pub struct Sandbox {
     activity: Notify,
     /// Its caches and disk-backed layer, released once it is destroyed.
     storage: Mutex<Option<SandboxStorage>>,
-    /// Its containers besides its own root, in the order they were asked for.
-    containers: Vec<Arc<Container>>,
+    /// Its containers besides its own root, in the order they were made (removed ones too).
+    containers: std::sync::RwLock<Vec<Arc<Container>>>,
+    /// The index the next container added gets: one lock makes additions one at a time.
+    next_container: tokio::sync::Mutex<usize>,
 }
 
 impl std::fmt::Debug for Sandbox {
@@ -275,19 +320,25 @@ impl Sandbox {
             active_execs: AtomicU32::new(0),
             activity: Notify::new(),
             storage: Mutex::new(Some(storage)),
-            containers: Vec::new(),
+            containers: std::sync::RwLock::default(),
+            next_container: tokio::sync::Mutex::new(0),
         }
     }
 
     /// This sandbox with its containers.
     pub(crate) fn with_containers(mut self, containers: Vec<Arc<Container>>) -> Self {
-        self.containers = containers;
+        self.next_container = tokio::sync::Mutex::new(containers.len());
+        self.containers = std::sync::RwLock::new(containers);
         self
+    }
+
+    fn all_containers(&self) -> std::sync::RwLockReadGuard<'_, Vec<Arc<Container>>> {
+        self.containers.read().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Its containers besides its own root, removed ones left out.
     pub fn containers(&self) -> Vec<Arc<Container>> {
-        self.containers
+        self.all_containers()
             .iter()
             .filter(|c| !c.is_removed())
             .cloned()
@@ -295,10 +346,66 @@ impl Sandbox {
     }
 
     /// Its container `name`, unless it was removed.
-    pub fn container(&self, name: &str) -> Option<&Arc<Container>> {
-        self.containers
+    pub fn container(&self, name: &str) -> Option<Arc<Container>> {
+        self.all_containers()
             .iter()
             .find(|c| c.name == name && !c.is_removed())
+            .cloned()
+    }
+
+    /// Adds container `plan` to it, running, made of the image tree `rootfs` (`lease` holds
+    /// an imported one while the sandbox lives), with `shared` mounted; returns it once it is
+    /// ready. One that does not become ready stays (failed, its log readable) until removed.
+    pub(crate) async fn add_container(
+        self: &Arc<Self>,
+        plan: containers::ContainerPlan,
+        rootfs: &std::path::Path,
+        shared: &[wire::agent::SharedDir],
+        lease: Option<oci::ImageLease>,
+    ) -> Result<Arc<Container>, AddContainerError> {
+        let mut next = self.next_container.lock().await;
+        if !self.is_running() {
+            return Err(AddContainerError::NotRunning(self.id.clone()));
+        }
+        if self.container(&plan.name).is_some() {
+            return Err(AddContainerError::Exists {
+                id: self.id.clone(),
+                name: plan.name,
+            });
+        }
+        let index = *next;
+        *next += 1;
+        self.instance
+            .add_container(index, &plan.name, rootfs, shared)
+            .await
+            .map_err(|reason| AddContainerError::Failed {
+                id: self.id.clone(),
+                name: plan.name.clone(),
+                reason,
+            })?;
+        if let Some(lease) = lease {
+            if let Some(storage) = self
+                .storage
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .as_mut()
+            {
+                storage.container_images.push(lease);
+            }
+        }
+        let container = Arc::new(Container::new(index, plan));
+        self.containers
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(container.clone());
+        drop(next);
+        containers::start_one(self, &container)
+            .await
+            .map_err(|reason| AddContainerError::NotReady {
+                id: self.id.clone(),
+                reason,
+            })?;
+        Ok(container)
     }
 
     /// Removes its container `name`, as `kubectl` removes a pod's container: its agent, PID 1
@@ -343,15 +450,13 @@ impl Sandbox {
     ) -> Result<Option<Arc<Container>>, SandboxError> {
         match name {
             None | Some(containers::MAIN_CONTAINER) => Ok(None),
-            Some(name) => {
-                self.container(name)
-                    .cloned()
-                    .map(Some)
-                    .ok_or_else(|| SandboxError::NoContainer {
-                        id: self.id.clone(),
-                        name: name.to_string(),
-                    })
-            }
+            Some(name) => self
+                .container(name)
+                .map(Some)
+                .ok_or_else(|| SandboxError::NoContainer {
+                    id: self.id.clone(),
+                    name: name.to_string(),
+                }),
         }
     }
 
@@ -582,7 +687,7 @@ impl Sandbox {
     pub(crate) fn record(&self) -> Option<crate::restore::SandboxRecord> {
         // Its containers' life is the daemon's (their main processes, logs and restarts):
         // a restarted daemon could not take it over.
-        if !self.containers.is_empty() {
+        if !self.all_containers().is_empty() {
             return None;
         }
         let instance = self.instance.record()?;
@@ -1002,6 +1107,15 @@ impl Registry {
             counts.push((state, n));
         }
         counts
+    }
+
+    /// Deletes sandbox `id`'s live-restore record: what it holds changed in a way a restarted
+    /// daemon could not take back (a container was added), so one stopping under live
+    /// restore deletes it, and one that crashed leaves nothing to adopt.
+    pub(crate) fn forget_record(&self, id: &str) {
+        if let Some(dir) = &self.records {
+            crate::restore::remove(dir, id);
+        }
     }
 
     /// Adds a ready sandbox and starts watching its lifetime and health.

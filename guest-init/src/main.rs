@@ -86,6 +86,9 @@ struct Args {
     egress: Option<Address>,
     /// The sandbox's containers' agents, which a signal to every process spares.
     container_agents: Vec<i32>,
+    /// The sandbox's container factory, spared too; its connection is at
+    /// `namespace::PID1_FACTORY_FD`.
+    container_factory: Option<i32>,
 }
 
 /// Which half of a namespace sandbox this process is, if any.
@@ -185,13 +188,17 @@ fn parse_args(argv: Vec<String>) -> Result<Option<Args>, String> {
                 }
             }
             "--memory-bytes" => args.memory_bytes = Some(number(&flag, &value(&flag)?)?),
-            "--container-agent" => {
+            "--container-agent" | "--container-factory" => {
                 if !matches!(args.mode, Mode::SandboxPid1) {
                     return Err(format!("{flag} is only valid after `sandbox-pid1`"));
                 }
                 let pid = number(&flag, &value(&flag)?)?;
-                args.container_agents
-                    .push(i32::try_from(pid).map_err(|_| format!("{flag}: {pid} is no pid"))?);
+                let pid = i32::try_from(pid).map_err(|_| format!("{flag}: {pid} is no pid"))?;
+                if flag == "--container-agent" {
+                    args.container_agents.push(pid);
+                } else {
+                    args.container_factory = Some(pid);
+                }
             }
             other if namespace::SandboxSpec::is_flag(other) => {
                 let Mode::Sandbox(spec) = &mut args.mode else {
@@ -259,7 +266,15 @@ fn main() -> ExitCode {
                 eprintln!("guest-init: {}", report::chain(&e));
                 return ExitCode::FAILURE;
             }
-            sys::spare_from_signals(args.container_agents.clone());
+            sys::spare_from_signals(
+                args.container_agents
+                    .iter()
+                    .copied()
+                    .chain(args.container_factory),
+            );
+            if args.container_factory.is_some() {
+                server::adopt_container_factory();
+            }
         }
         Mode::Plain => {}
     }

@@ -308,6 +308,80 @@ pub fn serve(listener: Listener, agent: &'static Agent) -> ServerError {
     }
 }
 
+/// The sandbox's container factory (a namespace sandbox's PID 1 has one), behind a lock: one
+/// container is made at a time.
+static FACTORY: std::sync::OnceLock<std::sync::Mutex<namespace::ContainerFactory>> =
+    std::sync::OnceLock::new();
+
+/// Takes the container factory handed at `namespace::PID1_FACTORY_FD`, if there is one.
+/// Called once, by a namespace sandbox's PID 1 at startup.
+pub fn adopt_container_factory() {
+    if let Some(factory) = namespace::ContainerFactory::inherited() {
+        let _ = FACTORY.set(std::sync::Mutex::new(factory));
+    }
+}
+
+/// Receives the two descriptors that follow an `add_container` request on `conn` (the image,
+/// the listener) and has the factory make the container; its agent's pid.
+fn add_container(
+    conn: &UnixStream,
+    name: &str,
+    index: usize,
+    shared: &[wire::agent::SharedDir],
+) -> Result<i32, ErrorBody> {
+    use std::os::fd::AsFd;
+    let invalid = |why: String| ErrorBody::new("invalid_request", format!("add_container: {why}"));
+    let factory = FACTORY
+        .get()
+        .ok_or_else(|| invalid(namespace::FactoryError::Missing.to_string()))?;
+    conn.set_read_timeout(Some(UPLINK_WAIT))
+        .map_err(|e| invalid(e.to_string()))?;
+    let mut received = Vec::with_capacity(2);
+    for what in ["the image", "the listener"] {
+        match namespace::recv_stream(conn.as_fd()) {
+            Ok(Some(fd)) => received.push(fd),
+            Ok(None) => return Err(invalid(format!("the host hung up before {what}"))),
+            Err(e) => return Err(invalid(format!("receiving {what}: {e}"))),
+        }
+    }
+    let shared = shared
+        .iter()
+        .map(|dir| {
+            let mount = namespace::SharedMount {
+                owner: name.to_string(),
+                dir: dir.name.clone(),
+                target: dir.path.clone().into(),
+            };
+            mount.check().map(|()| mount)
+        })
+        .collect::<Result<Vec<_>, String>>()
+        .map_err(|why| invalid(format!("shared: {why}")))?;
+    let listener = received.pop();
+    let image = received.pop();
+    let (Some(image), Some(listener)) = (image, listener) else {
+        return Err(invalid("two descriptors were expected".into()));
+    };
+    let pid = factory
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .add(index, name, &shared, image, listener)
+        .map_err(|e| {
+            let code = match e {
+                namespace::FactoryError::Missing => "invalid_request",
+                _ => "io_error",
+            };
+            ErrorBody::new(
+                code,
+                format!("add_container {name:?}: {}", report::chain(&e)),
+            )
+        })?;
+    sys::spare_from_signals([pid]);
+    log::info(format_args!(
+        "container {name} added: its agent is pid {pid}"
+    ));
+    Ok(pid)
+}
+
 /// How long the host may take to send the descriptor an `egress_uplink` announces.
 const UPLINK_WAIT: Duration = Duration::from_secs(5);
 
@@ -424,6 +498,17 @@ pub fn handle(mut conn: UnixStream, agent: &Agent) {
             let reply = match receive_uplink(&conn) {
                 Ok(()) => AgentReply::EgressUplinked,
                 Err(why) => AgentReply::Error(ErrorBody::new("invalid_request", why)),
+            };
+            let _ = wire::write_message(&mut conn, &reply);
+        }
+        AgentRequest::AddContainer {
+            name,
+            index,
+            shared,
+        } => {
+            let reply = match add_container(&conn, &name, index, &shared) {
+                Ok(pid) => AgentReply::ContainerAdded { pid },
+                Err(body) => AgentReply::Error(body),
             };
             let _ = wire::write_message(&mut conn, &reply);
         }

@@ -315,13 +315,16 @@ pub fn signal_name(signal: libc::c_int) -> String {
     name.to_string()
 }
 
-static SPARED: std::sync::OnceLock<Vec<libc::pid_t>> = std::sync::OnceLock::new();
+static SPARED: std::sync::Mutex<Vec<libc::pid_t>> = std::sync::Mutex::new(Vec::new());
 
-/// Processes [`signal_all_but_self`] spares besides the caller: a namespace sandbox's
-/// containers' agents (the sandbox's PID 1 sees them, PID 1s of nested PID namespaces).
-/// Set once, at startup.
-pub fn spare_from_signals(pids: Vec<libc::pid_t>) {
-    let _ = SPARED.set(pids);
+/// Processes [`signal_all_but_self`] spares besides the caller, from now on: a namespace
+/// sandbox's containers' agents (the sandbox's PID 1 sees them, PID 1s of nested PID
+/// namespaces) and its container factory.
+pub fn spare_from_signals(pids: impl IntoIterator<Item = libc::pid_t>) {
+    SPARED
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .extend(pids);
 }
 
 /// Sends `signal` to every process this one may signal except itself (and those
@@ -342,9 +345,9 @@ pub fn signal_all_but_self(signal: libc::c_int) -> io::Result<()> {
             format!("signal {signal} is not 1 to 64"),
         ));
     }
-    let spared = SPARED.get().map(Vec::as_slice).unwrap_or_default();
+    let spared = SPARED.lock().unwrap_or_else(|p| p.into_inner()).clone();
     if !spared.is_empty() {
-        return signal_each_but(signal, spared);
+        return signal_each_but(signal, &spared);
     }
     // SAFETY: kill takes no pointers. With pid -1 from PID 1 it reaches every process of the
     // namespace but the caller; ESRCH (none left) is not an error here.

@@ -10,16 +10,18 @@
 //! PID namespace, it builds the container's root, pivots into it, takes the same capabilities
 //! and seccomp filter as the sandbox's PID 1 and executes the agent again as the container's
 //! own agent, serving on a socket the supervisor bound on the host (`c<i>.sock` in the
-//! sandbox's runtime directory). Nothing of a container can mount afterwards: containers are
-//! declared when the sandbox is made.
+//! sandbox's runtime directory). Nothing of a container can mount afterwards. Containers added
+//! to a running sandbox are made the same way by its container factory (`factory`), which
+//! keeps what this needs (the scratch, `CAP_SYS_ADMIN` in the sandbox's user namespace) out
+//! of every command's reach.
 
 use std::ffi::CString;
 use std::os::fd::OwnedFd;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use crate::mounts;
 use crate::sys::{self, cstring, HostSide, SysError};
-use crate::{privileges, seccomp, SandboxSpec};
+use crate::{privileges, seccomp, SandboxSpec, SharedMount};
 
 /// Starts every container of `spec`, each from its image's mount in `images` (in the spec's
 /// order), while the caller is still in the sandbox's first mount namespace with the scratch
@@ -40,7 +42,14 @@ pub(crate) fn start_all(
                 pids.push(pid);
             }
             sys::Forked::Child => {
-                let e = become_container(spec, index, image, agent, host_side, argv);
+                let shared = spec.shared.iter().filter(|s| s.owner == container.name);
+                let layout = Layout {
+                    name: container.name.clone(),
+                    dir: Path::new("c").join(&container.name),
+                    shared: shared.cloned().collect(),
+                };
+                let hand = || host_side.hand_to_container(index);
+                let e = become_container(&layout, image, agent, hand, argv);
                 eprintln!(
                     "guest-init: making container {} failed: {}",
                     container.name,
@@ -53,19 +62,31 @@ pub(crate) fn start_all(
     Ok(pids)
 }
 
-/// The container's side: builds its root, pivots, drops what PID 1 drops and executes its
-/// agent. Returns only with the reason it failed.
-fn become_container(
-    spec: &SandboxSpec,
-    index: usize,
+/// Where a container is built on the scratch, and what it mounts of it.
+#[derive(Debug)]
+pub(crate) struct Layout {
+    /// Its name, for messages.
+    pub(crate) name: String,
+    /// Its directory, relative to the scratch: two components of `[a-z0-9.-]`, so that
+    /// `../..` from it is the scratch again.
+    pub(crate) dir: PathBuf,
+    /// The shared directories it mounts (their owner is the container).
+    pub(crate) shared: Vec<SharedMount>,
+}
+
+/// The container's side, with the scratch as the working directory: builds its root, pivots,
+/// drops what PID 1 drops, has `hand_listener` put its agent's socket in place and executes
+/// its agent. Returns only with the reason it failed.
+pub(crate) fn become_container(
+    layout: &Layout,
     image: OwnedFd,
     agent: &OwnedFd,
-    host_side: &HostSide,
+    hand_listener: impl FnOnce() -> Result<(), SysError>,
     argv: &[CString],
 ) -> SysError {
     let step = || -> Result<std::convert::Infallible, SysError> {
-        let name = &spec.containers[index].name;
-        let base = Path::new("c").join(name);
+        let base = &layout.dir;
+        let name = &layout.name;
         let (lower, upper, work, root, tmp) = (
             base.join("lower"),
             base.join("upper"),
@@ -87,7 +108,7 @@ fn become_container(
         // own directory, as the sandbox's root's are from the scratch's, they say nothing of
         // where it is. `c/NAME` is two plain components ([a-z0-9-]) made just above, so `../..`
         // is the scratch again.
-        std::env::set_current_dir(&base)
+        std::env::set_current_dir(base)
             .map_err(|e| SysError::io(format!("chdir {}", base.display()), e))?;
         mounts::mount(
             "overlay",
@@ -98,12 +119,12 @@ fn become_container(
         )?;
         std::env::set_current_dir("../..").map_err(|e| SysError::io("chdir ../..", e))?;
         mounts::finish_root(&root, &tmp)?;
-        mounts::attach_shared(spec, name, &root)?;
+        mounts::attach_shared_mounts(layout.shared.iter(), &root)?;
         mounts::pivot_into(&root)?;
         privileges::limit_bounding_set()?;
         seccomp::install()?;
         privileges::keep_only_kept()?;
-        host_side.hand_to_container(index)?;
+        hand_listener()?;
         Err(sys::exec_pid1(agent, argv))
     };
     match step() {

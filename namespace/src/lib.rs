@@ -28,6 +28,7 @@
 mod bpf;
 mod container;
 mod extra_mount;
+mod factory;
 mod host_mounts;
 mod idmap;
 mod loop_device;
@@ -42,6 +43,7 @@ mod sys;
 use std::ffi::CString;
 
 pub use extra_mount::{ExtraMount, MountKind};
+pub use factory::{ContainerFactory, FactoryError};
 pub use host_mounts::HostMountError;
 pub use idmap::{IdMap, SANDBOX_IDS};
 pub use loop_device::LoopError;
@@ -49,7 +51,7 @@ pub use pod::{ContainerRoot, SharedMount};
 pub use spec::{container_socket, SandboxSpec, SpecError};
 pub use sys::{recv_stream, send_stream, SysError};
 
-pub use contract::namespace_fds::{PID1_EGRESS_FD, PID1_LISTEN_FD, PID1_READY_FD};
+pub use contract::namespace_fds::{PID1_EGRESS_FD, PID1_FACTORY_FD, PID1_LISTEN_FD, PID1_READY_FD};
 
 /// Why the sandbox could not be entered.
 #[derive(Debug, thiserror::Error)]
@@ -82,7 +84,8 @@ pub enum EnterError {
 #[derive(Debug, Clone, Default)]
 pub struct AgentArgv {
     /// The sandbox's PID 1; `--container-agent PID` is added for each container's agent (its
-    /// pid as PID 1 sees it), which a signal to every process spares.
+    /// pid as PID 1 sees it), which a signal to every process spares, and
+    /// `--container-factory PID` for the container factory (`factory`), spared too.
     pub pid1: Vec<CString>,
     /// Each container's agent, serving on descriptor [`PID1_LISTEN_FD`].
     pub container: Vec<CString>,
@@ -174,6 +177,7 @@ fn inside(
         // container builds its own root on the same scratch.
         let container_agents =
             container::start_all(spec, containers, &agent, host_side, &argv.container)?;
+        let (factory_pid, factory) = factory::start(&agent, &argv.container)?;
         mounts::build_root(spec, image, extra)?;
         sys::set_hostname(&spec.hostname)?;
         sys::bring_up_loopback()?;
@@ -182,8 +186,11 @@ fn inside(
         // no_new_privs: setuid tools of the image keep working, within the bounding set.
         seccomp::install()?;
         privileges::keep_only_kept()?;
-        host_side.hand_to_pid1()?;
+        host_side.hand_to_pid1(std::os::fd::AsRawFd::as_raw_fd(&factory))?;
         let mut pid1_argv = argv.pid1.clone();
+        pid1_argv.push(c"--container-factory".into());
+        // A number has no NUL.
+        pid1_argv.extend(CString::new(factory_pid.to_string()).ok());
         for pid in container_agents {
             pid1_argv.push(c"--container-agent".into());
             // A number has no NUL.
@@ -200,9 +207,21 @@ fn inside(
 /// Called by PID 1 after the `execve` into the sandbox: nothing inside may ptrace it, read its
 /// memory or its descriptors, root or not (it holds the sockets to the daemon). Its memory now
 /// belongs to the sandbox's user namespace, where no process has `CAP_SYS_PTRACE`. The egress
-/// connection ([`PID1_EGRESS_FD`]), if it was handed over, is made close-on-exec at once, so
-/// no command ever inherits it, whether or not the agent uses it.
+/// connection ([`PID1_EGRESS_FD`]), if it was handed over, and the container factory's
+/// ([`PID1_FACTORY_FD`]) are made close-on-exec at once, so no command ever inherits them,
+/// whether or not the agent uses them.
 pub fn harden_pid1() -> Result<(), SysError> {
     sys::set_undumpable()?;
-    sys::keep_from_commands(PID1_EGRESS_FD)
+    sys::keep_from_commands(PID1_EGRESS_FD)?;
+    sys::keep_from_commands(PID1_FACTORY_FD)
+}
+
+/// The image tree `dir` as a detached, read-only mount idmapped through the user namespace
+/// `userns` (a sandbox's): what a container added to a running sandbox is made of, made by
+/// the host (it needs host root) and handed to the sandbox's agent.
+pub fn idmapped_image(
+    dir: &std::path::Path,
+    userns: std::os::fd::BorrowedFd<'_>,
+) -> Result<std::os::fd::OwnedFd, SysError> {
+    host_mounts::image_tree(dir, userns)
 }

@@ -123,12 +123,8 @@ pub(crate) fn prepare_scratch(
         mkdir(Path::new(dir))?;
         chmod(Path::new(dir), 0o1777)?;
     }
-    // World-writable, as a Kubernetes emptyDir: the containers sharing it may run as
-    // different users.
     for shared in &spec.shared {
-        let dir = crate::pod::shared_dir(&shared.dir);
-        mkdir(&dir)?;
-        chmod(&dir, 0o777)?;
+        make_shared_dir(&shared.dir)?;
     }
     Ok(())
 }
@@ -199,8 +195,17 @@ pub(crate) fn finish_root(root: &Path, tmp_source: &Path) -> Result<(), SysError
 
 /// Binds the shared directories `owner` mounts (`--shared OWNER:DIR:TARGET`) under `root`.
 pub(crate) fn attach_shared(spec: &SandboxSpec, owner: &str, root: &Path) -> Result<(), SysError> {
+    attach_shared_mounts(spec.shared.iter().filter(|s| s.owner == owner), root)
+}
+
+/// Binds each of `mounts` (shared directories of the scratch, the working directory) under
+/// `root`.
+pub(crate) fn attach_shared_mounts<'a>(
+    mounts: impl Iterator<Item = &'a crate::SharedMount>,
+    root: &Path,
+) -> Result<(), SysError> {
     let root_dir = sys::open_file(root, libc::O_PATH | libc::O_DIRECTORY)?;
-    for shared in spec.shared.iter().filter(|s| s.owner == owner) {
+    for shared in mounts {
         let what = format!("--shared {shared}");
         let source = crate::pod::shared_dir(&shared.dir);
         let tree = mount_api::clone_tree(&cstring(&source)?, &what)?;
@@ -360,6 +365,36 @@ fn build_dev(dev: &Path, shm_source: &Path) -> Result<(), SysError> {
             .map_err(|e| SysError::io(format!("symlink {} -> {target}", path.display()), e))?;
     }
     Ok(())
+}
+
+/// The container factory's own root, made on the scratch (the working directory) before it
+/// pivots there: a `/proc` (so that a container, in a PID namespace of its own, may mount
+/// one: the kernel lets a user namespace mount procfs only where one is fully visible) and a
+/// `/dev` whose devices each container's `/dev` binds again.
+pub(crate) fn prepare_factory_root() -> Result<(), SysError> {
+    let (proc_dir, dev) = (Path::new(FACTORY_PROC), Path::new(FACTORY_DEV));
+    for dir in [proc_dir, dev] {
+        mkdir(dir)?;
+    }
+    mount_proc(proc_dir)?;
+    build_dev(dev, Path::new(SCRATCH_SHM))
+}
+
+/// Relative to the scratch: where the container factory's `/proc` and `/dev` are mounted (in
+/// its own mount namespace; its pivot makes them `/proc` and `/dev`).
+const FACTORY_PROC: &str = "proc";
+const FACTORY_DEV: &str = "dev";
+
+/// Makes the directory of shared directory `dir` on the scratch (the working directory), if
+/// it is not there yet: world-writable, as a Kubernetes emptyDir (the containers sharing it
+/// may run as different users).
+pub(crate) fn make_shared_dir(dir: &str) -> Result<(), SysError> {
+    let path = crate::pod::shared_dir(dir);
+    if path.is_dir() {
+        return Ok(());
+    }
+    mkdir(&path)?;
+    chmod(&path, 0o777)
 }
 
 /// Makes `root` the new `/` and detaches the old root entirely.

@@ -89,6 +89,15 @@ pub(crate) fn clone_container() -> Result<Forked, SysError> {
     )
 }
 
+/// Forks the sandbox's container factory: in a mount namespace of its own (a copy of the
+/// caller's, owned by the sandbox's user namespace), every other namespace shared.
+pub(crate) fn clone_factory() -> Result<Forked, SysError> {
+    fork_into(
+        libc::CLONE_NEWNS,
+        "clone the container factory into a new mount namespace",
+    )
+}
+
 /// `clone(2)` as a fork (a null stack) into the new namespaces of `namespaces`; `what` names
 /// the step in its error.
 fn fork_into(namespaces: libc::c_int, what: &str) -> Result<Forked, SysError> {
@@ -361,7 +370,7 @@ impl HostSide {
     /// Puts the listener, the ready connection and the egress connection at PID 1's
     /// descriptors 3, 4 and 5 and marks every other descriptor above 2 close-on-exec, so that
     /// nothing else crosses `execve`.
-    pub(crate) fn hand_to_pid1(&self) -> Result<(), SysError> {
+    pub(crate) fn hand_to_pid1(&self, factory: RawFd) -> Result<(), SysError> {
         let mut handed = vec![
             (self.listener.as_raw_fd(), crate::PID1_LISTEN_FD),
             (self.ready.as_raw_fd(), crate::PID1_READY_FD),
@@ -369,6 +378,7 @@ impl HostSide {
         if let Some(egress) = &self.egress {
             handed.push((egress.as_raw_fd(), crate::PID1_EGRESS_FD));
         }
+        handed.push((factory, crate::PID1_FACTORY_FD));
         hand_over(&handed)
     }
 
@@ -382,38 +392,50 @@ impl HostSide {
                 io::Error::new(io::ErrorKind::NotFound, "no such container"),
             )
         })?;
-        hand_over(&[(listener.as_raw_fd(), crate::PID1_LISTEN_FD)])
+        hand_listener(listener.as_raw_fd())
     }
+}
+
+/// Puts `listener` at the agent's descriptor 3 ([`crate::PID1_LISTEN_FD`]) and marks every
+/// other descriptor above 2 close-on-exec.
+pub(crate) fn hand_listener(listener: RawFd) -> Result<(), SysError> {
+    hand_over(&[(listener, crate::PID1_LISTEN_FD)])
 }
 
 /// Duplicates each `(fd, target)` to its target and marks every descriptor above the last
 /// target close-on-exec, so that nothing else crosses `execve`.
 fn hand_over(handed: &[(RawFd, RawFd)]) -> Result<(), SysError> {
-    let mut first_closed = 0;
+    // Every source first goes above every descriptor the agent will get, so no dup2 below can
+    // clobber a later one's source; these copies are close-on-exec.
+    let mut high = Vec::with_capacity(handed.len());
     for &(fd, target) in handed {
-        // Above every descriptor PID 1 will get, so a later dup2 cannot clobber an
-        // earlier one's source.
         // SAFETY: fcntl(F_DUPFD_CLOEXEC) takes integers and returns a new descriptor.
-        let high = unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 16) };
-        check(high, || format!("duplicate descriptor {fd}"))?;
-        // SAFETY: dup2 takes integers; the copy at `target` is not close-on-exec.
-        let ret = unsafe { libc::dup2(high, target) };
-        check(ret, || format!("dup2 to descriptor {target}"))?;
-        first_closed = target as libc::c_uint + 1;
+        let copy = unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 16) };
+        check(copy, || format!("duplicate descriptor {fd}"))?;
+        high.push((copy, target));
     }
+    // Then everything above 2 is close-on-exec, gaps between the targets included (descriptor
+    // 5 when there is no egress connection but a factory at 6)...
     const CLOSE_RANGE_CLOEXEC: libc::c_uint = 1 << 2;
     // SAFETY: close_range takes integers; with CLOSE_RANGE_CLOEXEC it only sets flags.
     let ret = unsafe {
         libc::syscall(
             libc::SYS_close_range,
-            first_closed,
+            3 as libc::c_uint,
             libc::c_uint::MAX,
             CLOSE_RANGE_CLOEXEC,
         )
     };
     check(ret as libc::c_int, || {
         "mark descriptors close-on-exec".into()
-    })
+    })?;
+    // ...but the targets, which dup2 leaves open across execve.
+    for (copy, target) in high {
+        // SAFETY: dup2 takes integers; the copy at `target` is not close-on-exec.
+        let ret = unsafe { libc::dup2(copy, target) };
+        check(ret, || format!("dup2 to descriptor {target}"))?;
+    }
+    Ok(())
 }
 
 /// Executes the agent binary as the sandbox's PID 1, with the current environment.
@@ -454,12 +476,44 @@ pub(crate) fn exec_pid1(agent: &OwnedFd, argv: &[CString]) -> SysError {
 /// and names it `init` (an `execveat` of a descriptor names a process after the descriptor
 /// on older kernels).
 pub(crate) fn set_undumpable() -> Result<(), SysError> {
+    set_undumpable_as(c"init")
+}
+
+/// Makes the caller undumpable (nothing without `CAP_SYS_PTRACE` over its memory's user
+/// namespace may ptrace it or open its `/proc/PID/{fd,root,ns,mem}`) and names it `name`
+/// (at most 15 bytes) in `ps`.
+pub(crate) fn set_undumpable_as(name: &std::ffi::CStr) -> Result<(), SysError> {
     // SAFETY: PR_SET_DUMPABLE takes an integer.
     let ret = unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 0 as libc::c_ulong) };
     check(ret, || "prctl(PR_SET_DUMPABLE, 0)".into())?;
     // SAFETY: PR_SET_NAME reads a NUL-terminated string of at most 16 bytes.
-    let ret = unsafe { libc::prctl(libc::PR_SET_NAME, c"init".as_ptr()) };
-    check(ret, || "prctl(PR_SET_NAME, init)".into())
+    let ret = unsafe { libc::prctl(libc::PR_SET_NAME, name.as_ptr()) };
+    check(ret, || format!("prctl(PR_SET_NAME, {name:?})"))
+}
+
+/// Closes every descriptor above 2 but those in `keep`.
+pub(crate) fn close_all_but(keep: &[RawFd]) -> Result<(), SysError> {
+    let mut keep: Vec<libc::c_uint> = keep
+        .iter()
+        .filter_map(|&fd| libc::c_uint::try_from(fd).ok())
+        .filter(|&fd| fd > 2)
+        .collect();
+    keep.sort_unstable();
+    keep.dedup();
+    let mut first: libc::c_uint = 3;
+    for fd in keep.into_iter().chain(std::iter::once(libc::c_uint::MAX)) {
+        if fd > first {
+            let last = if fd == libc::c_uint::MAX { fd } else { fd - 1 };
+            // SAFETY: close_range takes integers; it closes descriptors this process owns and
+            // no Rust object of ours refers to afterwards (the caller's contract).
+            let ret = unsafe { libc::syscall(libc::SYS_close_range, first, last, 0) };
+            check(ret as libc::c_int, || {
+                format!("close descriptors {first} to {last}")
+            })?;
+        }
+        first = fd.saturating_add(1);
+    }
+    Ok(())
 }
 
 /// Marks `fd` close-on-exec if it is open.

@@ -107,6 +107,30 @@ static long attempt(const char *name) {
         return fd;
     }
     struct iovec local = {&byte, 1}, remote = {(void *)0x400000, 1};
+    /* The same attacks on another process than the agent: ptrace:PID, vm-read:PID,
+     * setns-mnt:PID, pidfd-getfd:PID:FD, and open:PATH (read-only, closed at once). */
+    if (!strncmp(name, "open:", 5)) {
+        long fd = open(name + 5, O_RDONLY | O_CLOEXEC);
+        if (fd >= 0) close((int)fd);
+        return fd;
+    }
+    if (!strncmp(name, "ptrace:", 7)) return ptrace(PTRACE_ATTACH, atoi(name + 7), 0, 0);
+    if (!strncmp(name, "vm-read:", 8))
+        return process_vm_readv(atoi(name + 8), &local, 1, &remote, 1, 0);
+    if (!strncmp(name, "setns-mnt:", 10)) {
+        char path[64];
+        snprintf(path, sizeof path, "/proc/%d/ns/mnt", atoi(name + 10));
+        int fd = open(path, O_RDONLY | O_CLOEXEC);
+        if (fd < 0) return fd;
+        return setns(fd, CLONE_NEWNS);
+    }
+    if (!strncmp(name, "pidfd-getfd:", 12)) {
+        int pid = atoi(name + 12);
+        const char *fd = strchr(name + 12, ':');
+        long pidfd = syscall(SYS_pidfd_open, pid, 0);
+        if (pidfd < 0) return pidfd;
+        return syscall(SYS_pidfd_getfd, pidfd, fd ? atoi(fd + 1) : 0, 0);
+    }
     if (!strcmp(name, "ptrace-agent")) return ptrace(PTRACE_ATTACH, 1, 0, 0);
     if (!strcmp(name, "ptrace-seize-agent")) return ptrace(PTRACE_SEIZE, 1, 0, 0);
     if (!strcmp(name, "ptrace-own-child")) return ptrace_own_child();

@@ -133,6 +133,10 @@ pub fn rss_kib(pid: u32) -> u64 {
     status_kib(pid, "VmRSS")
 }
 
+/// The processes of an idle namespace sandbox, in its cgroups: its supervisor (outside), its
+/// agent (PID 1) and its container factory.
+pub const IDLE_PROCESSES: usize = 3;
+
 /// The host pid of a namespace sandbox's agent: the process in its memory cgroup that is PID 1
 /// of its own PID namespace (the other process outside it is its supervisor).
 pub fn agent_pid(parent: &str, id: &str) -> Option<i32> {

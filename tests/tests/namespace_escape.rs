@@ -585,3 +585,96 @@ fn mount_point(line: &str) -> Option<&str> {
 fn mount_options(line: &str) -> &str {
     line.split(' ').nth(5).unwrap_or("")
 }
+
+/// The pid of the sandbox's container factory, as the attacker sees it; `None` when it sees
+/// none.
+async fn factory_pid(sb: &Sandbox) -> Option<String> {
+    let (out, _, _) = sb
+        .sh(
+            "for p in /proc/[0-9]*; do [ \"$(cat $p/comm 2>/dev/null)\" = pod-factory ] && \
+             echo ${p#/proc/}; done",
+        )
+        .await;
+    let pid = out.trim();
+    (!pid.is_empty()).then(|| pid.to_string())
+}
+
+#[tokio::test]
+async fn the_container_factory_cannot_be_traced_entered_or_read_and_killing_it_harms_nobody() {
+    let daemon = TestDaemon::start();
+    let state_dir = daemon.state.config.state_dir.clone();
+    let image_dir = daemon.state.config.image_dir.clone();
+    for sb in Sandbox::both(daemon).await {
+        sb.announce();
+        // Commands hold none of the agent's sockets: not the factory's (descriptor 6), nor
+        // any other.
+        let (fds, _, _) = sb
+            .sh("for f in /proc/$$/fd/*; do echo \"$f $(readlink $f)\"; done")
+            .await;
+        assert!(!fds.contains("socket:"), "a command holds a socket: {fds}");
+        assert!(
+            !fds.contains("/fd/6 "),
+            "a command holds descriptor 6: {fds}"
+        );
+        let Some(pid) = factory_pid(&sb).await else {
+            // A container's PID namespace is nested in the sandbox's: the factory, in the
+            // sandbox's, is not there to attack.
+            assert!(sb.container.is_some(), "the sandbox's root sees no factory");
+            continue;
+        };
+        assert!(sb.container.is_none(), "container sees the factory: {pid}");
+        let attempts: Vec<String> = [
+            "ptrace:{}",
+            "vm-read:{}",
+            "setns-mnt:{}",
+            "pidfd-getfd:{}:16",
+            "pidfd-getfd:{}:17",
+            "open:/proc/{}/mem",
+            "open:/proc/{}/root/",
+            "open:/proc/{}/cwd/",
+            "open:/proc/{}/fd/16",
+            "open:/proc/{}/ns/mnt",
+            "open:/proc/{}/environ",
+        ]
+        .iter()
+        .map(|a| a.replace("{}", &pid))
+        .collect();
+        let names: Vec<&str> = attempts.iter().map(String::as_str).collect();
+        let verdicts = sb.probe(&names).await;
+        println!("factory pid {pid}: {verdicts:?}");
+        for attempt in &names {
+            assert_verdicts(&verdicts, &[(attempt, &["EPERM", "EACCES"])]);
+        }
+        // Its mount table, if it can be read at all, names nothing of the host.
+        let (mounts, _, _) = sb
+            .sh(&format!("cat /proc/{pid}/mountinfo 2>/dev/null"))
+            .await;
+        for path in [
+            state_dir.display().to_string(),
+            image_dir.display().to_string(),
+            env!("CARGO_MANIFEST_DIR").to_string(),
+        ] {
+            assert!(
+                !mounts.contains(&path),
+                "the factory's mounts name {path}: {mounts}"
+            );
+        }
+
+        // Killed by the sandbox's root (it may: the same user), it takes nothing with it:
+        // adding a container says why it cannot, everything else runs on.
+        let (_, _, code) = sb.sh(&format!("kill -9 {pid}")).await;
+        assert_eq!(code, 0, "the sandbox's root may signal its own processes");
+        let request: api_types::ContainerRequest =
+            serde_json::from_value(serde_json::json!({"name": "late"})).expect("request");
+        let refused = sb
+            .client
+            .add_container(&sb.id, &request)
+            .await
+            .expect_err("no factory");
+        assert!(
+            refused.to_string().contains("killed or stopped"),
+            "{refused}"
+        );
+        sb.assert_alive().await;
+    }
+}

@@ -752,9 +752,10 @@ async fn a_fork_bomb_hits_the_pids_limit_while_the_agent_answers_and_dies_at_its
         .expect("task");
     assert!(bomb.result.timed_out, "{:?}", bomb.result);
     let cgroup = memory_cgroup(&parent, &id);
-    eventually("only the agent and its supervisor to be left", || {
-        pids_in(&cgroup).len() == 2
-    })
+    eventually(
+        "only the agent, its supervisor and its factory to be left",
+        || pids_in(&cgroup).len() == harness::leaks::IDLE_PROCESSES,
+    )
     .await;
     let out = sh(&c, &id, "echo after").await;
     assert_eq!(out.stdout, b"after\n");

@@ -493,3 +493,178 @@ async fn a_removed_container_ends_with_every_process_in_it_and_is_not_restarted(
 
     c.delete(&id).await.expect("delete");
 }
+
+/// A container request from JSON, as an API user writes it.
+fn container(json: serde_json::Value) -> api_types::ContainerRequest {
+    serde_json::from_value(json).expect("a valid container request")
+}
+
+#[tokio::test]
+async fn a_container_added_to_a_running_sandbox_joins_its_network_and_shared_dirs() {
+    let daemon = TestDaemon::start();
+    let c = daemon.client();
+    // A sandbox made with no container at all gets one, then one that depends on it.
+    let id = c
+        .create(&CreateSandbox::default())
+        .await
+        .expect("create")
+        .id;
+    sh(&c, &id, "echo from-main > /tmp/only-main").await;
+    let db = c
+        .add_container(
+            &id,
+            &container(serde_json::json!({
+                "name": "db",
+                "command": ["/bin/sh", "-c",
+                            "echo db up; while true; do echo hello-from-db | nc -l -p 5432; done"],
+                "ready": {"tcp_port": 5432},
+                "shared": [{"name": "work", "path": "/data"}]
+            })),
+        )
+        .await
+        .expect("add db");
+    assert_eq!(
+        (db.name.as_str(), db.state),
+        ("db", ContainerState::Ready),
+        "{db:?}"
+    );
+    let job = c
+        .add_container(
+            &id,
+            &container(serde_json::json!({
+                "name": "job",
+                // db's `nc` starts again after each connection: tried until it answers.
+                "command": ["/bin/sh", "-c",
+                            "until nc 127.0.0.1 5432 > /out/got.new && [ -s /out/got.new ]; \
+                             do sleep 0.05; done; mv /out/got.new /out/got; echo job wrote; \
+                             sleep 3600"],
+                "depends_on": ["db"],
+                "shared": [{"name": "work", "path": "/out"}]
+            })),
+        )
+        .await
+        .expect("add job");
+    assert_eq!(job.state, ContainerState::Ready, "{job:?}");
+    // The job reached db on the loopback they share, through a directory both mount.
+    let mut got = String::new();
+    for _ in 0..200 {
+        got = sh_in(&c, &id, "db", "cat /data/got 2>/dev/null").await.0;
+        if !got.is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(got, "hello-from-db\n");
+    // Each has a root of its own: nothing of the sandbox's own root's /tmp. Its commands'
+    // statuses are theirs.
+    let (_, _, code) = sh_in(&c, &id, "job", "test -e /tmp/only-main").await;
+    assert_eq!(code, 1, "an added container sees the sandbox root's /tmp");
+    let (out, _, code) = sh_in(&c, &id, "job", "echo in-job; exit 7").await;
+    assert_eq!((out.as_str(), code), ("in-job\n", 7));
+    let (text, _) = log(&c, &id, "job").await;
+    assert_eq!(text, "job wrote\n");
+    let names: Vec<_> = containers(&c, &id)
+        .await
+        .into_iter()
+        .map(|info| info.name)
+        .collect();
+    assert_eq!(names, ["db", "job"]);
+
+    // A name in use is a conflict; a dependency the sandbox does not run, `main`, a bad
+    // shared directory, an image nobody imported are 400s, as in a create. None of them leaves a
+    // container behind.
+    let (status, _, message) = api_code(
+        c.add_container(&id, &container(serde_json::json!({"name": "db"})))
+            .await
+            .expect_err("twice"),
+    );
+    assert_eq!(status, 409, "{message}");
+    for (bad, status, says) in [
+        (
+            serde_json::json!({"name": "x", "depends_on": ["nope"]}),
+            400,
+            "\"nope\"",
+        ),
+        (serde_json::json!({"name": "main"}), 400, "main"),
+        (serde_json::json!({"name": "Bad"}), 400, "a-z"),
+        (
+            serde_json::json!({"name": "x", "shared": [{"name": "w", "path": "/proc/w"}]}),
+            400,
+            "shared[0]",
+        ),
+        (
+            serde_json::json!({"name": "x", "image": "no-such-image"}),
+            400,
+            "no-such-image",
+        ),
+    ] {
+        let (got, _, message) = api_code(
+            c.add_container(&id, &container(bad.clone()))
+                .await
+                .expect_err("bad"),
+        );
+        assert_eq!(got, status, "{bad}: {message}");
+        assert!(message.contains(says), "{bad}: {message}");
+    }
+    // One that never gets ready stays, failed, with its log, until it is removed.
+    let (status, code, message) = api_code(
+        c.add_container(
+            &id,
+            &container(serde_json::json!({
+                "name": "deaf",
+                "command": ["/bin/sh", "-c", "echo never listening; sleep 300"],
+                "ready": {"tcp_port": 6001, "timeout_s": 1}
+            })),
+        )
+        .await
+        .expect_err("not ready"),
+    );
+    assert_eq!(
+        (status, code.as_str()),
+        (422, "container_not_ready"),
+        "{message}"
+    );
+    assert!(message.contains("never listening"), "{message}");
+    let deaf = containers(&c, &id)
+        .await
+        .into_iter()
+        .find(|info| info.name == "deaf")
+        .expect("deaf is listed");
+    assert_eq!(deaf.state, ContainerState::Failed, "{deaf:?}");
+    c.remove_container(&id, "deaf").await.expect("remove deaf");
+
+    // A removed name can be used again, with a fresh writable layer.
+    sh_in(&c, &id, "job", "echo old > /left-behind").await;
+    c.remove_container(&id, "job").await.expect("remove job");
+    c.add_container(
+        &id,
+        &container(serde_json::json!({"name": "job", "command": ["sleep", "3600"]})),
+    )
+    .await
+    .expect("add job again");
+    let (_, _, code) = sh_in(&c, &id, "job", "test -e /left-behind").await;
+    assert_eq!(code, 1, "the new job sees the removed one's files");
+    let reach = "for i in $(seq 100); do out=$(nc 127.0.0.1 5432) && [ -n \"$out\" ] && \
+                 { echo \"$out\"; exit 0; }; sleep 0.05; done; exit 1";
+    let out = c
+        .exec_in(&id, "job", &ExecRequest::new(["sh", "-c", reach]))
+        .await
+        .expect("exec in job")
+        .collect()
+        .await
+        .expect("its output");
+    assert_eq!(
+        (
+            String::from_utf8_lossy(&out.stdout).as_ref(),
+            out.result.exit_code
+        ),
+        ("hello-from-db\n", 0),
+        "{:?} {}",
+        out.result,
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    c.delete(&id).await.expect("delete");
+    harness::leaks::assert_nothing_held(&daemon.state.config.state_dir, daemon.cgroup_parent())
+        .await;
+}

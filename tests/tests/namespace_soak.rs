@@ -264,7 +264,7 @@ async fn quiesce(c: &Client, parent: &str, ids: &[String]) {
         eventually_within(
             &format!("sandbox {id} to run only its agent"),
             Duration::from_secs(60),
-            || pids_in(&cgroup).len() == 2,
+            || pids_in(&cgroup).len() == harness::leaks::IDLE_PROCESSES,
         )
         .await;
         let info = c.get(id).await.expect("get");

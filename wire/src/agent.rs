@@ -26,8 +26,9 @@ use crate::types::{ErrorBody, ExecList, ExecRequest, ExecStatus, FilesPutResult}
 /// Version of this host↔agent protocol, sent in the hello. A daemon talks only to an agent of
 /// its own version (an agent refuses what it does not know, so a newer daemon's requests would
 /// fail one by one): 2 added `attach`, `execs`, `on_disconnect` and `tail_bytes`; 3 added
-/// `egress_uplink`; 4 added `probe_tcp` and `process_stats` (a sandbox's containers).
-pub const PROTOCOL_VERSION: u32 = 4;
+/// `egress_uplink`; 4 added `probe_tcp` and `process_stats` (a sandbox's containers); 5 added
+/// `add_container`.
+pub const PROTOCOL_VERSION: u32 = 5;
 
 /// One request, the first message on a connection.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -115,8 +116,34 @@ pub enum AgentRequest {
     /// on, instead of over the one it connected before entering (whose daemon is gone).
     /// Answered with `egress_uplinked`, or `error` when the sandbox has no such proxy.
     EgressUplink,
+    /// A namespace sandbox's new container, made by its container factory: right after this
+    /// message come two messages of one byte each, the first carrying the container's image
+    /// (a detached, read-only mount idmapped into the sandbox, made by the host), the second
+    /// its agent's listening Unix socket (bound on the host). Answered with
+    /// `container_added`, or `error` (`invalid_request`: the request or a descriptor is
+    /// missing or wrong; `io_error`: the factory could not make it or is gone).
+    AddContainer {
+        /// Its name (a DNS label, not `main`).
+        name: String,
+        /// Its place among every container the sandbox ever had (never reused): it names the
+        /// container's directory on the sandbox's scratch.
+        index: usize,
+        /// The shared directories it mounts.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        shared: Vec<SharedDir>,
+    },
     /// Sync and end the VM (or the namespace sandbox).
     Shutdown,
+}
+
+/// A shared directory of the sandbox's scratch mounted in a container.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SharedDir {
+    /// The directory's name: the same name is the same directory.
+    pub name: String,
+    /// Where it appears in the container.
+    pub path: String,
 }
 
 /// The ids a command runs with.
@@ -162,6 +189,11 @@ pub enum AgentReply {
     Execs(ExecList),
     /// The answer to `egress_uplink`: the new uplink is in use.
     EgressUplinked,
+    /// The answer to `add_container`: its agent runs.
+    ContainerAdded {
+        /// The agent's pid, as the sandbox's PID 1 sees it.
+        pid: i32,
+    },
     /// The answer to `probe_tcp`.
     Probed {
         /// Whether something accepted the connection.

@@ -116,7 +116,33 @@ impl ServiceArgs {
     }
 }
 
-/// Splits a log's frame stream into its stdout and stderr bytes.
+/// `crucible sandbox add ID --service …`: adds each service to the running sandbox, in order,
+/// printing each one's name once it is ready (its JSON with `json`).
+pub(crate) async fn add(
+    global: &Global,
+    id: &str,
+    services: &ServiceArgs,
+    json: bool,
+) -> Result<()> {
+    if services.service.is_empty() {
+        anyhow::bail!("name at least one --service NAME=IMAGE[:CMD] to add");
+    }
+    let (containers, _) = services.containers()?;
+    let client = global.client()?;
+    for container in &containers {
+        let info = client
+            .add_container(id, container)
+            .await
+            .with_context(|| format!("adding container {} to sandbox {id}", container.name))?;
+        if json {
+            println!("{}", serde_json::to_string(&info)?);
+        } else {
+            println!("{}", info.name);
+        }
+    }
+    Ok(())
+}
+
 /// Hands each stdout and stderr payload of a container's log to `on_output`, in order.
 fn read_log(frames: &[u8], mut on_output: impl FnMut(FrameType, &[u8])) -> Result<()> {
     // A running container's log has no exit frame yet, so this reads frames rather than a

@@ -4,6 +4,7 @@
 //! run the whole daemon on the host-process backend without root.
 
 pub mod cgroup;
+mod container_add;
 pub mod host_process;
 pub mod leftovers;
 pub(crate) mod microvm;
@@ -297,6 +298,19 @@ pub trait Instance: Send + Sync {
                 "this backend runs no containers",
             ))
         })
+    }
+    /// Makes container `name` in it, running: its image tree `rootfs`, `shared` mounted, its
+    /// agent reached afterwards by [`Instance::connect_container`]`(index)`. `index` is new
+    /// on every call (a failed one included).
+    fn add_container<'a>(
+        &'a self,
+        index: usize,
+        name: &'a str,
+        rootfs: &'a std::path::Path,
+        shared: &'a [wire::agent::SharedDir],
+    ) -> BoxFuture<'a, Result<(), String>> {
+        let _ = (index, name, rootfs, shared);
+        Box::pin(async { Err("this backend cannot add containers to a running sandbox".into()) })
     }
     /// `None` while alive; `Some(reason)` once it died or was destroyed.
     fn exited(&self) -> watch::Receiver<Option<String>>;

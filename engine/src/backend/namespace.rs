@@ -5,7 +5,7 @@
 //! gives each sandbox its id range, prepares the directories and cgroups, starts it, and waits
 //! for its hello on a Unix socket.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::io;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -433,7 +433,9 @@ impl NamespaceBackend {
         Ok(NamespaceInstance {
             hello,
             socket: agent_socket,
-            container_sockets,
+            container_sockets: std::sync::Mutex::new(
+                container_sockets.into_iter().enumerate().collect(),
+            ),
             process: SandboxProcess::watch(child, "the sandbox's init".into(), diagnostics),
             cleanup: tokio::sync::Mutex::new(Some(cleanup)),
             log_path,
@@ -515,7 +517,7 @@ impl NamespaceBackend {
             hello,
             socket,
             // A sandbox with containers leaves no record (`Sandbox::record`).
-            container_sockets: Vec::new(),
+            container_sockets: std::sync::Mutex::default(),
             process,
             cleanup: tokio::sync::Mutex::new(Some(Cleanup {
                 runtime_dir: Some(runtime_dir),
@@ -699,8 +701,8 @@ impl Cleanup {
 pub(crate) struct NamespaceInstance {
     hello: Hello,
     socket: PathBuf,
-    /// Its containers' agents' sockets, in the spec's order.
-    container_sockets: Vec<PathBuf>,
+    /// Its containers' agents' sockets, by index: the spec's, then those added.
+    container_sockets: std::sync::Mutex<BTreeMap<usize, PathBuf>>,
     process: SandboxProcess,
     cleanup: tokio::sync::Mutex<Option<Cleanup>>,
     log_path: PathBuf,
@@ -767,13 +769,60 @@ impl Instance for NamespaceInstance {
 
     fn connect_container(&self, index: usize) -> BoxFuture<'_, io::Result<UnixStream>> {
         Box::pin(async move {
-            match self.container_sockets.get(index) {
-                Some(socket) => super::connect_unix(socket).await,
+            let socket = self
+                .container_sockets
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .get(&index)
+                .cloned();
+            match socket {
+                Some(socket) => super::connect_unix(&socket).await,
                 None => Err(io::Error::new(
                     io::ErrorKind::NotFound,
                     format!("the sandbox has no container {index}"),
                 )),
             }
+        })
+    }
+
+    fn add_container<'a>(
+        &'a self,
+        index: usize,
+        name: &'a str,
+        rootfs: &'a Path,
+        shared: &'a [wire::agent::SharedDir],
+    ) -> BoxFuture<'a, Result<(), String>> {
+        Box::pin(async move {
+            let supervisor = self
+                .record
+                .as_ref()
+                .map(|r| r.supervisor_pid)
+                .ok_or("the daemon has no record of the sandbox's supervisor")?;
+            let runtime_dir = self
+                .socket
+                .parent()
+                .ok_or("the agent's socket has no directory")?
+                .to_path_buf();
+            let socket = namespace::container_socket(&runtime_dir, index);
+            let agent_socket = self.socket.clone();
+            let request = wire::agent::AgentRequest::AddContainer {
+                name: name.to_string(),
+                index,
+                shared: shared.to_vec(),
+            };
+            let rootfs = rootfs.to_path_buf();
+            let made = socket.clone();
+            // Mounts, binds and a blocking exchange with the agent: off the runtime's threads.
+            tokio::task::spawn_blocking(move || {
+                super::container_add::ask_agent(supervisor, &rootfs, &made, &agent_socket, &request)
+            })
+            .await
+            .map_err(|e| format!("adding the container stopped: {e}"))??;
+            self.container_sockets
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .insert(index, socket);
+            Ok(())
         })
     }
 

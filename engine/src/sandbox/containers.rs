@@ -279,50 +279,67 @@ async fn run_to_exit(
 /// processes go on in tasks of their own, which end with the sandbox.
 pub(crate) async fn start_all(sandbox: &Arc<Sandbox>) -> Result<(), String> {
     let containers = sandbox.containers();
-    if containers.is_empty() {
-        return Ok(());
-    }
     for container in &containers {
-        sandbox
-            .ping_container(container)
-            .await
-            .map_err(|e| format!("container {}: its agent did not start: {e}", container.name))?;
+        ping(sandbox, container).await?;
     }
     for container in &containers {
         tokio::spawn(live(Arc::downgrade(sandbox), container.clone()));
     }
     for container in &containers {
-        let mut state = container.state.subscribe();
-        let reached = state
-            .wait_for(|s| {
-                matches!(
-                    s,
-                    ContainerState::Ready | ContainerState::Exited | ContainerState::Failed
-                )
-            })
-            .await
-            .map(|s| *s);
-        match reached {
-            Ok(ContainerState::Ready) => {}
-            Ok(ContainerState::Exited) if container.ready.is_none() => {}
-            _ => {
-                let info = container.info();
-                let exit = container.status().last_exit.as_ref().map(describe_exit);
-                let why = match (info.error.is_empty(), exit) {
-                    (false, Some(exit)) => format!("{}: {exit}", info.error),
-                    (false, None) => info.error,
-                    (true, Some(exit)) => exit,
-                    (true, None) => "it did not become ready".into(),
-                };
-                return Err(format!(
-                    "container {} is not ready: {why}; {}",
-                    container.name,
-                    container.log_tail()
-                ));
-            }
-        }
+        await_started(container).await?;
     }
     Ok(())
+}
+
+/// [`start_all`] for one container, added to a running sandbox.
+pub(crate) async fn start_one(
+    sandbox: &Arc<Sandbox>,
+    container: &Arc<Container>,
+) -> Result<(), String> {
+    ping(sandbox, container).await?;
+    tokio::spawn(live(Arc::downgrade(sandbox), container.clone()));
+    await_started(container).await
+}
+
+async fn ping(sandbox: &Sandbox, container: &Container) -> Result<(), String> {
+    sandbox
+        .ping_container(container)
+        .await
+        .map_err(|e| format!("container {}: its agent did not start: {e}", container.name))
+}
+
+/// Waits until `container` is ready (or, with no ready check, has exited); the error says
+/// why it is not, with the end of its log.
+async fn await_started(container: &Container) -> Result<(), String> {
+    let mut state = container.state.subscribe();
+    let reached = state
+        .wait_for(|s| {
+            matches!(
+                s,
+                ContainerState::Ready | ContainerState::Exited | ContainerState::Failed
+            )
+        })
+        .await
+        .map(|s| *s);
+    match reached {
+        Ok(ContainerState::Ready) => Ok(()),
+        Ok(ContainerState::Exited) if container.ready.is_none() => Ok(()),
+        _ => {
+            let info = container.info();
+            let exit = container.status().last_exit.as_ref().map(describe_exit);
+            let why = match (info.error.is_empty(), exit) {
+                (false, Some(exit)) => format!("{}: {exit}", info.error),
+                (false, None) => info.error,
+                (true, Some(exit)) => exit,
+                (true, None) => "it did not become ready".into(),
+            };
+            Err(format!(
+                "container {} is not ready: {why}; {}",
+                container.name,
+                container.log_tail()
+            ))
+        }
+    }
 }
 
 /// How a main process ended, in words: its exit status, its signal or why it was lost.

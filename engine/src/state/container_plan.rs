@@ -11,6 +11,7 @@ use api_types::{ContainerRequest, CreateSandbox};
 use crate::backend::ImagePaths;
 use crate::owner::Owner;
 use crate::sandbox::containers::{ContainerPlan, MAIN_CONTAINER};
+use crate::sandbox::{AddContainerError, Sandbox};
 use crate::state::{CreateError, Engine, DEFAULT_IMAGE};
 use crate::storage::validate_targets;
 
@@ -68,21 +69,24 @@ impl Engine {
         check_no_cycle(&request.containers)?;
         plan.shared = shared_mounts(request)?;
         for (i, container) in request.containers.iter().enumerate() {
-            let (resolved, root) = self.plan_one(i, container, owner, &mut plan.leases)?;
+            let field = format!("containers[{i}] ({}).", container.name);
+            let (resolved, root) = self.plan_one(&field, container, owner, &mut plan.leases)?;
             plan.containers.push(resolved);
             plan.roots.push(root);
         }
         Ok(plan)
     }
 
+    /// Resolves one container's request; `place` names it in errors (`containers[0] (db).`,
+    /// or nothing for the request that adds it to a running sandbox).
     fn plan_one(
         &self,
-        i: usize,
+        place: &str,
         request: &ContainerRequest,
         owner: &Owner,
         leases: &mut Vec<oci::ImageLease>,
     ) -> Result<(ContainerPlan, namespace::ContainerRoot), CreateError> {
-        let field = |name: &str| format!("containers[{i}] ({}).{name}", request.name);
+        let field = |name: &str| format!("{place}{name}");
         let image = request
             .image
             .clone()
@@ -192,7 +196,9 @@ impl Engine {
 /// `error` with `field` in front of its message, for an error about one container.
 fn prefix(error: CreateError, field: &str) -> CreateError {
     match error {
-        CreateError::Invalid(why) => CreateError::Invalid(format!("{field} {why}")),
+        CreateError::Invalid(why) if !field.is_empty() => {
+            CreateError::Invalid(format!("{field} {why}"))
+        }
         other => other,
     }
 }
@@ -217,19 +223,7 @@ fn shared_mounts(request: &CreateSandbox) -> Result<Vec<namespace::SharedMount>,
                     .map(|v| (format!("volumes ({})", v.name), v.path.as_str())),
             );
         }
-        for (j, mount) in shared.iter().enumerate() {
-            namespace::pod::check_name(&mount.name, "name")
-                .map_err(|e| CreateError::Invalid(format!("{what}shared[{j}].{e}")))?;
-            targets.push((format!("{what}shared[{j}] ({})", mount.name), &mount.path));
-        }
-        validate_targets(&targets)?;
-        for mount in shared {
-            mounts.push(namespace::SharedMount {
-                owner: owner.to_string(),
-                dir: mount.name.clone(),
-                target: mount.path.trim_end_matches('/').into(),
-            });
-        }
+        mounts.extend(check_shared(owner, what, shared, targets)?);
         Ok::<(), CreateError>(())
     };
     add(MAIN_CONTAINER, "", &request.shared)?;
@@ -238,6 +232,89 @@ fn shared_mounts(request: &CreateSandbox) -> Result<Vec<namespace::SharedMount>,
         add(&container.name, &what, &container.shared)?;
     }
     Ok(mounts)
+}
+
+/// The shared mounts `owner` asks for (`what` names its place in the request), checked with
+/// the other mount `targets` of its root: names, paths, none hiding another.
+fn check_shared<'a>(
+    owner: &str,
+    what: &str,
+    shared: &'a [api_types::SharedMount],
+    mut targets: Vec<(String, &'a str)>,
+) -> Result<Vec<namespace::SharedMount>, CreateError> {
+    for (j, mount) in shared.iter().enumerate() {
+        namespace::pod::check_name(&mount.name, "name")
+            .map_err(|e| CreateError::Invalid(format!("{what}shared[{j}].{e}")))?;
+        targets.push((format!("{what}shared[{j}] ({})", mount.name), &mount.path));
+    }
+    validate_targets(&targets)?;
+    Ok(shared
+        .iter()
+        .map(|mount| namespace::SharedMount {
+            owner: owner.to_string(),
+            dir: mount.name.clone(),
+            target: mount.path.trim_end_matches('/').into(),
+        })
+        .collect())
+}
+
+impl Engine {
+    /// Adds the container `request` asks for to the running sandbox `sandbox` (a namespace
+    /// sandbox), as it would have been made with it: its image leased for the sandbox's
+    /// owner, its `depends_on` naming containers the sandbox runs; returns its view once it
+    /// is ready.
+    pub async fn add_container(
+        &self,
+        sandbox: &Arc<Sandbox>,
+        request: &ContainerRequest,
+    ) -> Result<api_types::ContainerInfo, AddContainerError> {
+        let invalid = |e: CreateError| match e {
+            CreateError::Invalid(why) => AddContainerError::Invalid(why),
+            CreateError::Storage(e) => AddContainerError::Storage(e),
+            other => AddContainerError::Invalid(report::chain(&other)),
+        };
+        let kind = sandbox.backend();
+        if kind != api_types::BackendKind::Namespace {
+            return Err(AddContainerError::Invalid(format!(
+                "containers: only the namespace backend runs containers yet; sandbox {} runs on \
+                 the {kind} backend",
+                sandbox.id
+            )));
+        }
+        namespace::pod::check_name(&request.name, "name").map_err(AddContainerError::Invalid)?;
+        if request.name == MAIN_CONTAINER {
+            return Err(AddContainerError::Invalid(format!(
+                "name: {MAIN_CONTAINER:?} is the sandbox's own root"
+            )));
+        }
+        for dependency in &request.depends_on {
+            if dependency == &request.name || sandbox.container(dependency).is_none() {
+                return Err(AddContainerError::Invalid(format!(
+                    "depends_on: {dependency:?} is not another container of sandbox {}",
+                    sandbox.id
+                )));
+            }
+        }
+        let shared =
+            check_shared(&request.name, "", &request.shared, Vec::new()).map_err(invalid)?;
+        let mut leases = Vec::new();
+        let (plan, root) = self
+            .plan_one("", request, sandbox.owner(), &mut leases)
+            .map_err(invalid)?;
+        let shared: Vec<wire::agent::SharedDir> = shared
+            .into_iter()
+            .map(|mount| wire::agent::SharedDir {
+                name: mount.dir,
+                path: mount.target.to_string_lossy().into_owned(),
+            })
+            .collect();
+        // From here on it holds what a restarted daemon could not take back.
+        self.registry.forget_record(&sandbox.id);
+        let container = sandbox
+            .add_container(plan, &root.rootfs, &shared, leases.pop())
+            .await?;
+        Ok(container.info())
+    }
 }
 
 /// Refuses `depends_on` that go round in a circle, naming it.

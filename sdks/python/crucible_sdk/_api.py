@@ -342,6 +342,14 @@ def containers(sandbox_id: str) -> Call[List[ContainerInfo]]:
                 parse_with(lambda v: ContainerList.from_dict(v).containers))
 
 
+def add_container(sandbox_id: str, request: ContainerRequest) -> Call[ContainerInfo]:
+    if not isinstance(request, ContainerRequest):
+        raise TypeError("add_container takes ContainerRequest(name, image=..., command=...), "
+                        f"got {request!r}")
+    return Call("POST", sandbox_path(sandbox_id, "/containers"),
+                parse_with(ContainerInfo.from_dict), json_body(request.to_dict()))
+
+
 def remove_container(sandbox_id: str, name: str) -> Call[None]:
     return Call("DELETE", sandbox_path(sandbox_id, f"/containers/{_seg(name, 'container')}"),
                 no_body)

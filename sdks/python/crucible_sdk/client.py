@@ -12,7 +12,7 @@ from typing import IO, Any, Dict, List, Optional, Type, TypeVar, Union
 from . import _api, _bare_run, _http1, _sync_io
 from ._address import Address, api_key_from_env, parse_address
 from .errors import ExecNotFound, FileNotFound, NotFound, from_response
-from .models import (CacheInfo, ContainerInfo, CreateSandbox, ExecRequest, ExecStatus,
+from .models import (CacheInfo, ContainerInfo, ContainerRequest, CreateSandbox, ExecRequest, ExecStatus,
                      FilesPutResult, ImageInfo, ImagesPruned, SandboxInfo, SandboxStats)
 from .pool import PoolStatus, parse_pool
 from .result import ContainerLog, OutputCallback, RunResult
@@ -134,6 +134,12 @@ class Client:
     def containers(self, sandbox_id: str) -> List[ContainerInfo]:
         """The sandbox's containers: each one's state, main process, restarts, last exit."""
         return self.call(_api.containers(sandbox_id))
+
+    def add_container(self, sandbox_id: str, request: ContainerRequest) -> ContainerInfo:
+        """Adds a container to the running sandbox; returns once it is ready
+        (ContainerNotReady when it does not get ready: it stays, failed, with its log;
+        Conflict when the name is in use)."""
+        return self.call(_api.add_container(sandbox_id, request))
 
     def remove_container(self, sandbox_id: str, name: str) -> None:
         """Removes container `name`: it ends with every process in it (ContainerNotFound

@@ -245,6 +245,12 @@ class Sandbox(Root):
         """Its containers: each one's state, main process, restarts and last exit."""
         return self.client.containers(self.id)
 
+    def add_container(self, request: ContainerRequest) -> Container:
+        """Adds a container to this running sandbox and returns it once it is ready
+        (namespace backend; ContainerNotReady when it does not get ready)."""
+        info = self.client.add_container(self.id, request)
+        return Container(self.client, self.id, info.name)
+
 
 class Container(Root):
     """One of a sandbox's containers: commands, files, signals and stats there

@@ -9,8 +9,9 @@ import time
 import pytest
 from conftest import STREAM_TIMEOUT, TIMEOUT
 
-from crucible_sdk import (AsyncClient, AsyncSandbox, ContainerNotFound, ContainerNotReady,
-                          ContainerRequest, ReadyCheck, Sandbox, SharedMount)
+from crucible_sdk import (AsyncClient, AsyncSandbox, Conflict, ContainerNotFound,
+                          ContainerNotReady, ContainerRequest, ReadyCheck, Sandbox,
+                          SharedMount)
 
 SERVICE = ContainerRequest(
     name="svc",
@@ -105,5 +106,35 @@ def test_the_asyncio_face_of_containers(daemon):
                     await sb.container("nope").run("true")
                 await svc.remove()
                 assert await sb.containers() == []
+
+    asyncio.run(asyncio.wait_for(main(), 300))
+
+
+def test_a_container_added_to_a_running_sandbox(client, daemon):
+    with Sandbox.create(client=client, shared=SHARED) as sb:
+        svc = sb.add_container(SERVICE)
+        assert svc.name == "svc" and svc.info().state == "ready"
+        # It joins the sandbox's loopback and the shared directory it names.
+        assert sb.run("nc 127.0.0.1 7000 < /dev/null", check=True).stdout_text == "pong\n"
+        svc.run("echo added > /data/note", check=True)
+        assert sb.files.read_text("/work/note") == "added\n"
+        with pytest.raises(Conflict):
+            sb.add_container(SERVICE)
+        late = ContainerRequest(name="late", command=["/bin/sh", "-c", "echo bye; exit 3"],
+                                ready=ReadyCheck(tcp_port=7002))
+        with pytest.raises(ContainerNotReady) as not_ready:
+            sb.add_container(late)
+        assert "bye" in str(not_ready.value)
+        assert [c.state for c in sb.containers()] == ["ready", "failed"]
+        with pytest.raises(TypeError):
+            sb.add_container("svc")  # type: ignore[arg-type]
+
+    async def main():
+        async with AsyncClient(str(daemon), timeout=TIMEOUT,
+                               stream_timeout=STREAM_TIMEOUT) as aclient:
+            async with AsyncSandbox.create(client=aclient) as asb:
+                added = await asb.add_container(ContainerRequest(name="idle"))
+                ran = await added.run("echo in-idle", check=True)
+                assert ran.stdout_text == "in-idle\n"
 
     asyncio.run(asyncio.wait_for(main(), 300))

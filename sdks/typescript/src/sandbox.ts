@@ -16,7 +16,7 @@ import type { CommandResult } from "./result.js";
 import { checkContainerName, inContainer, sandboxPath } from "./transport.js";
 import type { Transport } from "./transport.js";
 import { argv, createRequest, execRequest } from "./types.js";
-import type { Command, ContainerInfo, ExecOptions, ExecResultDocument, ExecStatus, SandboxCreateOptions, SandboxInfo, SandboxStats } from "./types.js";
+import type { Command, ContainerInfo, ContainerRequest, ExecOptions, ExecResultDocument, ExecStatus, SandboxCreateOptions, SandboxInfo, SandboxStats } from "./types.js";
 import { openWebSocket } from "./websocket.js";
 
 /** The Crucible client a Sandbox was made with (kept structural so the two files need not import each other). */
@@ -231,6 +231,12 @@ export class Sandbox extends Root implements AsyncDisposable {
   /** Its containers: each one's state, main process, restarts and last exit. */
   async containers(): Promise<ContainerInfo[]> {
     return (await this.#t.json<{ containers: ContainerInfo[] }>("GET", sandboxPath(this.id, "/containers"), undefined, "sandbox")).containers;
+  }
+
+  /** Adds a container to this running sandbox (namespace backend) and returns it once it is ready: ContainerNotReady when it does not get ready (it stays, failed, with its log), Conflict when the name is in use. */
+  async addContainer(request: ContainerRequest): Promise<Container> {
+    const info = await this.#t.json<ContainerInfo>("POST", sandboxPath(this.id, "/containers"), request, "sandbox");
+    return new Container(this.#t, this.id, info.name);
   }
 }
 

@@ -5,7 +5,7 @@
 import assert from "node:assert/strict";
 import { after, before, describe, test } from "node:test";
 
-import { ContainerNotFound, ContainerNotReady, Crucible } from "../src/index.js";
+import { Conflict, ContainerNotFound, ContainerNotReady, Crucible } from "../src/index.js";
 import type { ContainerRequest } from "../src/index.js";
 import { startDaemon } from "./helpers/daemon.js";
 import type { Daemon } from "./helpers/daemon.js";
@@ -87,5 +87,22 @@ describe("containers", () => {
       assert.match(e.message, /bye/);
       return true;
     });
+  });
+
+  test("a container added to a running sandbox", T, async () => {
+    await using sb = await client.sandboxes.create({ shared: [{ name: "work", path: "/work" }] });
+    const svc = await sb.addContainer(service);
+    assert.equal((await svc.info()).state, "ready");
+    assert.equal((await sb.run("nc 127.0.0.1 7000 < /dev/null")).stdoutText, "pong\n");
+    await svc.run("echo added > /data/note");
+    assert.equal((await sb.files.read("/work/note")).toString(), "added\n");
+    await assert.rejects(sb.addContainer(service), Conflict);
+    const late: ContainerRequest = { name: "late", command: ["/bin/sh", "-c", "echo bye; exit 3"], ready: { tcp_port: 7002 } };
+    await assert.rejects(sb.addContainer(late), (e: unknown) => {
+      assert.ok(e instanceof ContainerNotReady, String(e));
+      assert.match(e.message, /bye/);
+      return true;
+    });
+    assert.deepEqual((await sb.containers()).map((c) => [c.name, c.state]), [["svc", "ready"], ["late", "failed"]]);
   });
 });

@@ -12,7 +12,7 @@ from .. import _api
 from .._address import Address, api_key_from_env, parse_address
 from ..client import DEFAULT_TIMEOUT
 from ..errors import ExecNotFound, FileNotFound, NotFound, from_response
-from ..models import (CacheInfo, ContainerInfo, CreateSandbox, ExecRequest, ExecStatus,
+from ..models import (CacheInfo, ContainerInfo, ContainerRequest, CreateSandbox, ExecRequest, ExecStatus,
                       FilesPutResult, ImageInfo, ImagesPruned, SandboxInfo, SandboxStats)
 from ..pool import PoolStatus, parse_pool
 from ..result import ContainerLog
@@ -118,6 +118,9 @@ class AsyncClient:
 
     async def containers(self, sandbox_id: str) -> List[ContainerInfo]:
         return await self.call(_api.containers(sandbox_id))
+
+    async def add_container(self, sandbox_id: str, request: ContainerRequest) -> ContainerInfo:
+        return await self.call(_api.add_container(sandbox_id, request))
 
     async def remove_container(self, sandbox_id: str, name: str) -> None:
         await self.call(_api.remove_container(sandbox_id, name))

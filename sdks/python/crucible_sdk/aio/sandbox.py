@@ -267,6 +267,11 @@ class AsyncSandbox(AsyncRoot):
     async def containers(self) -> list[ContainerInfo]:
         return await self.client.containers(self.id)
 
+    async def add_container(self, request: ContainerRequest) -> AsyncContainer:
+        """As `Sandbox.add_container`."""
+        info = await self.client.add_container(self.id, request)
+        return AsyncContainer(self.client, self.id, info.name)
+
 
 class AsyncContainer(AsyncRoot):
     """`Container` on asyncio."""

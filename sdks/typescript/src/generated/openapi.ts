@@ -844,7 +844,7 @@ export interface paths {
             };
             requestBody?: never;
             responses: {
-                /** @description The containers, in the request's order. */
+                /** @description The containers, in the order they were made. */
                 200: {
                     headers: {
                         [name: string]: unknown;
@@ -883,7 +883,91 @@ export interface paths {
             };
         };
         put?: never;
-        post?: never;
+        /**
+         * Add a container to the running sandbox; answers once it is ready.
+         * @description The body is one entry of CreateSandbox.containers: the container joins the sandbox's network, IPC and limits, mounts the shared directories it names (made empty if no container had them yet), and starts its main process once what it depends_on (containers the sandbox runs) is ready. Namespace backend only. A name that was removed may be used again: the new container gets a fresh writable layer.
+         */
+        post: {
+            parameters: {
+                query?: never;
+                header?: never;
+                path: {
+                    /** @description The sandbox id. */
+                    id: string;
+                };
+                cookie?: never;
+            };
+            requestBody: {
+                content: {
+                    "application/json": components["schemas"]["ContainerRequest"];
+                };
+            };
+            responses: {
+                /** @description The container, ready. */
+                201: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/json": components["schemas"]["ContainerInfo"];
+                    };
+                };
+                /** @description The id or the request is invalid (a field, its image, a shared directory, a depends_on naming no container of the sandbox), or the sandbox is not a namespace sandbox. */
+                400: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/json": components["schemas"]["ErrorBody"];
+                    };
+                };
+                /** @description Missing or invalid API key. */
+                401: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/json": components["schemas"]["ErrorBody"];
+                    };
+                };
+                /** @description No sandbox with this id, as far as the caller can see, or no such imported image. */
+                404: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/json": components["schemas"]["ErrorBody"];
+                    };
+                };
+                /** @description The sandbox already has a container of this name, or it is not running. */
+                409: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/json": components["schemas"]["ErrorBody"];
+                    };
+                };
+                /** @description The container did not become ready: its main process exited, or its ready check did not pass within its timeout (code container_not_ready; the message ends with its log's last lines). It stays, failed, with its log, until it is removed. */
+                422: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/json": components["schemas"]["ErrorBody"];
+                    };
+                };
+                /** @description The container could not be made (the message says why: e.g. a process of the sandbox killed its container factory). */
+                500: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/json": components["schemas"]["ErrorBody"];
+                    };
+                };
+            };
+        };
         delete?: never;
         options?: never;
         head?: never;

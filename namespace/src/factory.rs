@@ -1,0 +1,474 @@
+//! The container factory: makes the containers added to a sandbox after it was created.
+//!
+//! A container is built by a process holding `CAP_SYS_ADMIN` in the sandbox's user namespace
+//! on the sandbox's scratch, which no command of the sandbox may hold or see. At creation the
+//! sandbox's PID 1-to-be has both, for a moment (`container::start_all`); once it is the agent
+//! it has neither. So before it pivots it clones this factory, which keeps both for the
+//! sandbox's life and does nothing else:
+//! - its own mount namespace, pivoted into the scratch: it sees no host path, only what the
+//!   containers are made of (their layers, the shared directories), plus a `/proc` and `/dev`
+//!   for the containers to mount again;
+//! - undumpable, with memory that belongs to the host's user namespace (it was never executed
+//!   inside): nothing in the sandbox, root included, can ptrace it or open its
+//!   `/proc/PID/{fd,root,ns,mem}`;
+//! - no descriptor but its connection to PID 1 and the agent binary; it takes requests from
+//!   PID 1 alone, each with the container's image (an idmapped mount the host made) and its
+//!   agent's listening socket (bound on the host), and answers with the new agent's pid.
+//!
+//! A command running as the sandbox's root can still signal it (same user): then adding a
+//! container fails with an error saying so, and nothing else of the sandbox changes.
+//!
+//! The exchange with PID 1, on a stream socket pair: the image and the listener, each one
+//! byte carrying the descriptor ([`crate::send_stream`]), then the request as text (a
+//! little-endian `u32` length, then `INDEX\nNAME\n` and one `OWNER:DIR:TARGET\n` per shared
+//! mount); the answer is text the same way: `ok PID` or `error WHY`.
+
+use std::ffi::CString;
+use std::io::{self, Read, Write};
+use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use crate::container::{self, Layout};
+use crate::sys::{self, SysError};
+use crate::{mounts, pod, SharedMount};
+
+/// The longest request or answer text: a name, an index and a few shared mounts fit many
+/// times over.
+const MAX_TEXT: u32 = 64 * 1024;
+
+/// How long PID 1 waits for the factory: building a container takes milliseconds; a factory
+/// that takes longer was stopped by a process of the sandbox.
+const ANSWER_WAIT: Duration = Duration::from_secs(10);
+
+/// Why a container could not be added.
+#[derive(Debug, thiserror::Error)]
+pub enum FactoryError {
+    /// This process was handed no factory (it is not a namespace sandbox's PID 1).
+    #[error("this agent has no container factory: only a namespace sandbox's PID 1 has one")]
+    Missing,
+    /// The factory is gone, stopped or out of step.
+    #[error(
+        "the sandbox's container factory does not answer ({why}): a process of the sandbox may \
+         have killed or stopped it; the sandbox's other containers are unaffected"
+    )]
+    Gone {
+        /// What happened on the connection.
+        why: String,
+    },
+    /// The factory could not make the container.
+    #[error("{0}")]
+    Refused(String),
+}
+
+/// Starts the factory while the caller (the sandbox's PID 1-to-be) is single-threaded, in the
+/// sandbox's first mount namespace with the scratch as its working directory. Returns its pid
+/// and PID 1's end of the connection to it.
+pub(crate) fn start(agent: &OwnedFd, argv: &[CString]) -> Result<(libc::pid_t, OwnedFd), SysError> {
+    let (ours, theirs) =
+        UnixStream::pair().map_err(|e| SysError::io("socketpair for the container factory", e))?;
+    match sys::clone_factory()? {
+        sys::Forked::Parent(pid) => {
+            drop(theirs);
+            Ok((pid, OwnedFd::from(ours)))
+        }
+        sys::Forked::Child => {
+            drop(ours);
+            let e = become_factory(theirs, agent, argv);
+            eprintln!(
+                "guest-init: the container factory failed: {}",
+                report::chain(&e)
+            );
+            sys::exit_now(125)
+        }
+    }
+}
+
+/// The factory's side: returns only with the reason it could not start or go on.
+fn become_factory(socket: UnixStream, agent: &OwnedFd, argv: &[CString]) -> SysError {
+    let step = || -> Result<std::convert::Infallible, SysError> {
+        sys::set_undumpable_as(c"pod-factory")?;
+        // High numbers: a container's agent gets its listener at descriptor 3, and the
+        // agent binary and the error pipe must not be in the way of that.
+        let socket = UnixStream::from(move_high(OwnedFd::from(socket))?);
+        let agent = move_high(
+            agent
+                .try_clone()
+                .map_err(|e| SysError::io("dup the agent", e))?,
+        )?;
+        sys::close_all_but(&[socket.as_raw_fd(), agent.as_raw_fd()])?;
+        mounts::prepare_factory_root()?;
+        mounts::pivot_into(Path::new("."))?;
+        // Containers are its children: reaped by the kernel, never zombies.
+        // SAFETY: signal() with SIG_IGN installs no handler.
+        unsafe { libc::signal(libc::SIGCHLD, libc::SIG_IGN) };
+        serve(&socket, &agent, argv)
+    };
+    match step() {
+        Ok(never) => match never {},
+        Err(e) => e,
+    }
+}
+
+/// Answers PID 1's requests until it hangs up (then exits).
+fn serve(
+    socket: &UnixStream,
+    agent: &OwnedFd,
+    argv: &[CString],
+) -> Result<std::convert::Infallible, SysError> {
+    loop {
+        let image = match receive_fd(socket)? {
+            Some(fd) => fd,
+            None => sys::exit_now(0),
+        };
+        let listener = receive_fd(socket)?.ok_or_else(|| {
+            SysError::io("receive a listener", io::ErrorKind::UnexpectedEof.into())
+        })?;
+        let text =
+            read_text(&mut &*socket).map_err(|e| SysError::io("read a request from PID 1", e))?;
+        let answer = match make(&text, image, listener, agent, argv) {
+            Ok(pid) => format!("ok {pid}"),
+            Err(why) => format!("error {why}"),
+        };
+        write_text(&mut &*socket, &answer).map_err(|e| SysError::io("answer PID 1", e))?;
+    }
+}
+
+fn receive_fd(socket: &UnixStream) -> Result<Option<OwnedFd>, SysError> {
+    loop {
+        match crate::recv_stream(socket.as_fd()) {
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            other => return other.map_err(|e| SysError::io("receive a descriptor from PID 1", e)),
+        }
+    }
+}
+
+/// One request: the container's index and name and its shared mounts.
+#[derive(Debug, PartialEq, Eq)]
+struct Request {
+    index: usize,
+    name: String,
+    shared: Vec<SharedMount>,
+}
+
+impl Request {
+    fn encode(&self) -> String {
+        let mut text = format!("{}\n{}\n", self.index, self.name);
+        for mount in &self.shared {
+            text.push_str(&format!("{mount}\n"));
+        }
+        text
+    }
+
+    fn decode(text: &str) -> Result<Self, String> {
+        let mut lines = text.lines();
+        let index = lines
+            .next()
+            .and_then(|l| l.parse().ok())
+            .ok_or("the request has no index")?;
+        let name = lines.next().ok_or("the request has no name")?.to_string();
+        pod::check_name(&name, "a container's name")?;
+        let shared = lines
+            .map(|line| {
+                let mount: SharedMount = line.parse()?;
+                if mount.owner != name {
+                    return Err(format!("shared mount {line:?} is not container {name:?}'s"));
+                }
+                Ok(mount)
+            })
+            .collect::<Result<_, String>>()?;
+        Ok(Request {
+            index,
+            name,
+            shared,
+        })
+    }
+
+    /// Where the container is built: its index and name, with a `.` no name has, so that it
+    /// never meets a directory of a container made with the sandbox (`c/NAME`) or a removed
+    /// one of the same name.
+    fn dir(&self) -> PathBuf {
+        Path::new("c").join(format!("{}.{}", self.index, self.name))
+    }
+}
+
+/// Makes one container; its agent's pid, or why not.
+fn make(
+    text: &str,
+    image: OwnedFd,
+    listener: OwnedFd,
+    agent: &OwnedFd,
+    argv: &[CString],
+) -> Result<libc::pid_t, String> {
+    let request = Request::decode(text)?;
+    let dir = request.dir();
+    if dir.exists() {
+        return Err(format!("{} is in use on the scratch", dir.display()));
+    }
+    for mount in &request.shared {
+        mounts::make_shared_dir(&mount.dir).map_err(|e| report::chain(&e))?;
+    }
+    let (errors_in, errors_out) = error_pipe().map_err(|e| report::chain(&e))?;
+    let layout = Layout {
+        name: request.name.clone(),
+        dir,
+        shared: request.shared,
+    };
+    match sys::clone_container().map_err(|e| report::chain(&e))? {
+        sys::Forked::Parent(pid) => {
+            drop((errors_out, image, listener));
+            let mut why = String::new();
+            let _ = std::fs::File::from(errors_in).read_to_string(&mut why);
+            if why.is_empty() {
+                Ok(pid)
+            } else {
+                Err(why)
+            }
+        }
+        sys::Forked::Child => {
+            drop(errors_in);
+            // An ignored SIGCHLD survives execve: the agent must see its commands exit.
+            // SAFETY: signal() with SIG_DFL installs no handler.
+            unsafe { libc::signal(libc::SIGCHLD, libc::SIG_DFL) };
+            let errors_out = move_high(errors_out).ok();
+            let raw_listener = listener.as_raw_fd();
+            let hand = move || sys::hand_listener(raw_listener);
+            let e = container::become_container(&layout, image, agent, hand, argv);
+            let why = format!(
+                "making container {} failed: {}",
+                layout.name,
+                report::chain(&e)
+            );
+            if let Some(out) = errors_out {
+                let _ = std::fs::File::from(out).write_all(why.as_bytes());
+            }
+            sys::exit_now(125)
+        }
+    }
+}
+
+/// A close-on-exec pipe: the container writes why it failed to the second end; the first
+/// reads nothing but its end once the container's agent is executed.
+fn error_pipe() -> Result<(OwnedFd, OwnedFd), SysError> {
+    let mut fds = [0 as RawFd; 2];
+    // SAFETY: `fds` has room for the two descriptors pipe2 writes.
+    let ret = unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) };
+    sys::check(ret, || "pipe for the container's errors".into())?;
+    // SAFETY: pipe2 succeeded: both descriptors are new and ours alone.
+    Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
+}
+
+/// `fd` moved to descriptor 16 or above, close-on-exec.
+fn move_high(fd: OwnedFd) -> Result<OwnedFd, SysError> {
+    // SAFETY: fcntl(F_DUPFD_CLOEXEC) takes integers and returns a new descriptor.
+    let high = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_DUPFD_CLOEXEC, 16) };
+    sys::check(high, || format!("move descriptor {} up", fd.as_raw_fd()))?;
+    // SAFETY: fcntl succeeded: `high` is a new descriptor, ours alone.
+    Ok(unsafe { OwnedFd::from_raw_fd(high) })
+}
+
+fn write_text(to: &mut impl Write, text: &str) -> io::Result<()> {
+    let len = u32::try_from(text.len())
+        .ok()
+        .filter(|&n| n <= MAX_TEXT)
+        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "text too long"))?;
+    let mut message = len.to_le_bytes().to_vec();
+    message.extend_from_slice(text.as_bytes());
+    to.write_all(&message)
+}
+
+fn read_text(from: &mut impl Read) -> io::Result<String> {
+    let mut len = [0u8; 4];
+    from.read_exact(&mut len)?;
+    let len = u32::from_le_bytes(len);
+    if len > MAX_TEXT {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("a text of {len} bytes is over {MAX_TEXT}"),
+        ));
+    }
+    let mut text = vec![0u8; len as usize];
+    from.read_exact(&mut text)?;
+    String::from_utf8(text).map_err(|_| io::Error::new(io::ErrorKind::InvalidData, "not UTF-8"))
+}
+
+/// PID 1's connection to its container factory.
+#[derive(Debug)]
+pub struct ContainerFactory {
+    socket: UnixStream,
+    /// Set once an exchange broke off: the connection is out of step for good.
+    broken: Option<String>,
+}
+
+impl ContainerFactory {
+    /// The factory PID 1 was handed at [`crate::PID1_FACTORY_FD`], if that descriptor is a
+    /// socket. Call it once: the descriptor is owned by what it returns.
+    pub fn inherited() -> Option<Self> {
+        let fd = crate::PID1_FACTORY_FD;
+        // SAFETY: fstat writes into `stat`, a valid out-pointer; on a closed descriptor it
+        // fails with EBADF.
+        let is_socket = unsafe {
+            let mut stat: libc::stat = std::mem::zeroed();
+            libc::fstat(fd, &mut stat) == 0 && stat.st_mode & libc::S_IFMT == libc::S_IFSOCK
+        };
+        if !is_socket {
+            return None;
+        }
+        // SAFETY: the descriptor is open, a socket, and (the caller's contract) owned by
+        // nothing else in this process.
+        let socket = UnixStream::from(unsafe { OwnedFd::from_raw_fd(fd) });
+        let timeouts = socket
+            .set_read_timeout(Some(ANSWER_WAIT))
+            .and_then(|()| socket.set_write_timeout(Some(ANSWER_WAIT)));
+        Some(ContainerFactory {
+            socket,
+            broken: timeouts.err().map(|e| format!("setting its timeouts: {e}")),
+        })
+    }
+
+    /// Has the factory make container `name` (the sandbox's `index`th, counting every
+    /// container it ever had) from `image` (an idmapped, read-only mount of its tree), its
+    /// agent listening on `listener`, with `shared` mounted; returns the agent's pid.
+    pub fn add(
+        &mut self,
+        index: usize,
+        name: &str,
+        shared: &[SharedMount],
+        image: OwnedFd,
+        listener: OwnedFd,
+    ) -> Result<libc::pid_t, FactoryError> {
+        if let Some(why) = &self.broken {
+            return Err(FactoryError::Gone { why: why.clone() });
+        }
+        let request = Request {
+            index,
+            name: name.to_string(),
+            shared: shared.to_vec(),
+        };
+        let exchange = || -> io::Result<String> {
+            crate::send_stream(self.socket.as_fd(), &image)?;
+            crate::send_stream(self.socket.as_fd(), &listener)?;
+            write_text(&mut &self.socket, &request.encode())?;
+            read_text(&mut &self.socket)
+        };
+        let answer = match exchange() {
+            Ok(answer) => answer,
+            Err(e) => {
+                let why = match e.kind() {
+                    io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => {
+                        format!("no answer within {} s", ANSWER_WAIT.as_secs())
+                    }
+                    io::ErrorKind::UnexpectedEof | io::ErrorKind::BrokenPipe => {
+                        "it is gone".to_string()
+                    }
+                    _ => e.to_string(),
+                };
+                self.broken = Some(why.clone());
+                return Err(FactoryError::Gone { why });
+            }
+        };
+        match answer.split_once(' ') {
+            Some(("ok", pid)) => pid
+                .parse()
+                .map_err(|_| FactoryError::Refused(format!("the factory answered {answer:?}"))),
+            Some(("error", why)) => Err(FactoryError::Refused(why.to_string())),
+            _ => Err(FactoryError::Refused(format!(
+                "the factory answered {answer:?}"
+            ))),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_request_round_trips_and_refuses_what_is_not_its_own() {
+        let request = Request {
+            index: 4,
+            name: "db".into(),
+            shared: vec!["db:work:/var/work".parse().expect("mount")],
+        };
+        let text = request.encode();
+        assert_eq!(Request::decode(&text).expect("decode"), request);
+        assert_eq!(request.dir(), Path::new("c/4.db"));
+        for (bad, says) in [
+            ("", "no index"),
+            ("x\ndb\n", "no index"),
+            ("1\n", "no name"),
+            ("1\nDB\n", "a-z"),
+            ("1\ndb\nweb:work:/w\n", "not container"),
+            ("1\ndb\ndb:work\n", "OWNER:DIR:TARGET"),
+            ("1\ndb\ndb:work:/proc/x\n", "/proc"),
+        ] {
+            let e = Request::decode(bad).expect_err(bad);
+            assert!(e.contains(says), "{bad:?}: {e}");
+        }
+    }
+
+    #[test]
+    fn texts_are_length_prefixed_and_bounded() {
+        let mut buffer = Vec::new();
+        write_text(&mut buffer, "ok 42").expect("write");
+        assert_eq!(read_text(&mut buffer.as_slice()).expect("read"), "ok 42");
+        let mut too_long = (MAX_TEXT + 1).to_le_bytes().to_vec();
+        too_long.extend_from_slice(b"x");
+        assert!(read_text(&mut too_long.as_slice()).is_err());
+        assert!(read_text(&mut [1u8, 0].as_slice()).is_err());
+    }
+
+    #[test]
+    fn a_factory_that_is_gone_is_named_and_stays_gone() {
+        let (ours, theirs) = UnixStream::pair().expect("pair");
+        drop(theirs);
+        let mut factory = ContainerFactory {
+            socket: ours,
+            broken: None,
+        };
+        let null = || OwnedFd::from(std::fs::File::open("/dev/null").expect("null"));
+        for _ in 0..2 {
+            let e = factory.add(0, "db", &[], null(), null()).expect_err("gone");
+            assert!(matches!(e, FactoryError::Gone { .. }), "{e}");
+            assert!(e.to_string().contains("killed or stopped"), "{e}");
+        }
+    }
+
+    #[test]
+    fn a_factory_that_refuses_says_why_and_one_that_is_silent_is_out_of_step() {
+        let (ours, theirs) = UnixStream::pair().expect("pair");
+        let peer = std::thread::spawn(move || {
+            receive_fd(&theirs).expect("image").expect("some");
+            receive_fd(&theirs).expect("listener").expect("some");
+            let text = read_text(&mut &theirs).expect("request");
+            assert!(text.starts_with("7\nweb\n"), "{text}");
+            write_text(&mut &theirs, "error c/7.web is in use").expect("answer");
+            // The second request gets no answer; the socket stays open until the test ends.
+            theirs
+        });
+        let mut factory = ContainerFactory {
+            socket: ours,
+            broken: None,
+        };
+        let null = || OwnedFd::from(std::fs::File::open("/dev/null").expect("null"));
+        let refused = factory
+            .add(7, "web", &[], null(), null())
+            .expect_err("refused");
+        assert_eq!(refused.to_string(), "c/7.web is in use");
+        let theirs = peer.join().expect("peer");
+        factory
+            .socket
+            .set_read_timeout(Some(Duration::from_millis(200)))
+            .expect("timeout");
+        let silent = factory
+            .add(8, "web", &[], null(), null())
+            .expect_err("silent");
+        assert!(silent.to_string().contains("no answer"), "{silent}");
+        let again = factory
+            .add(9, "web", &[], null(), null())
+            .expect_err("broken");
+        assert!(matches!(again, FactoryError::Gone { .. }), "{again}");
+        drop(theirs);
+    }
+}
