@@ -539,7 +539,7 @@ pub(crate) fn document() -> Value {
                         ("400", "The id or the request is invalid (a field, its image, a shared directory, a depends_on naming no container of the sandbox), or the sandbox is not a namespace sandbox."),
                         ("404", "No sandbox with this id, as far as the caller can see, or no such imported image."),
                         ("409", "The sandbox already has a container of this name, or it is not running."),
-                        ("422", "The container did not become ready: its main process exited, or its ready check did not pass within its timeout (code container_not_ready; the message ends with its log's last lines). It stays, failed, with its log, until it is removed."),
+                        ("422", "The container did not become ready: its main process exited, or its ready check did not pass within its timeout (code container_not_ready; the message ends with its log's last lines). It stays (failed, or exited when its main process ended) with its log, until it is removed."),
                         ("500", "The container could not be made (the message says why: e.g. a process of the sandbox killed its container factory)."),
                     ]), json!({ "201": json_response("The container, ready.", "ContainerInfo") }))
                 }

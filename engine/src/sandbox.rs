@@ -107,7 +107,7 @@ pub enum AddContainerError {
         /// What failed.
         reason: String,
     },
-    /// It was made but did not become ready; it stays, failed, until it is removed.
+    /// It was made but did not become ready; it stays (failed or exited) until it is removed.
     #[error("sandbox {id}: {reason}")]
     NotReady {
         /// The sandbox.

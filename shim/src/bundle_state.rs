@@ -23,12 +23,28 @@ pub(crate) struct BundleState {
     pub rootfs: Option<PathBuf>,
     /// The container's own image (not shared with other containers), to remove with it.
     pub private_image: Option<String>,
+    /// A pod member's container in its pod's sandbox (which is the pause container's to
+    /// delete), once added.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pod_member: Option<PodMember>,
+}
+
+/// A container of a pod's sandbox.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct PodMember {
+    /// The pod's sandbox.
+    pub sandbox: String,
+    /// The container's name in it.
+    pub name: String,
 }
 
 impl BundleState {
     /// Whether nothing is held any more.
     pub(crate) fn is_empty(&self) -> bool {
-        self.sandbox.is_none() && self.rootfs.is_none() && self.private_image.is_none()
+        self.sandbox.is_none()
+            && self.rootfs.is_none()
+            && self.private_image.is_none()
+            && self.pod_member.is_none()
     }
 
     /// Reads the bundle's state; a bundle without the file holds nothing.
@@ -72,6 +88,12 @@ pub(crate) async fn release(
     state: &mut BundleState,
 ) -> Result<(), ShimError> {
     let mut first_error = None;
+    if let Some(member) = state.pod_member.clone() {
+        match gone_is_fine(client.remove_container(&member.sandbox, &member.name).await) {
+            Ok(()) => state.pod_member = None,
+            Err(e) => first_error = first_error.or(Some(e)),
+        }
+    }
     if let Some(sandbox) = state.sandbox.clone() {
         match gone_is_fine(client.delete(&sandbox).await) {
             Ok(()) => state.sandbox = None,
@@ -120,9 +142,20 @@ mod tests {
             sandbox: Some("sb-0123456789abcdef".into()),
             rootfs: Some(bundle.path().join("rootfs")),
             private_image: None,
+            pod_member: None,
         };
         state.write(bundle.path()).expect("write");
         assert_eq!(BundleState::read(bundle.path()).expect("read"), state);
+        let member = BundleState {
+            pod_member: Some(PodMember {
+                sandbox: "sb-0123456789abcdef".into(),
+                name: "job".into(),
+            }),
+            ..BundleState::default()
+        };
+        assert!(!member.is_empty(), "a pod member is held");
+        member.write(bundle.path()).expect("write");
+        assert_eq!(BundleState::read(bundle.path()).expect("read"), member);
         BundleState::default()
             .write(bundle.path())
             .expect("write empty");

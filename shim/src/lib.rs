@@ -1,6 +1,6 @@
 //! `containerd-shim-crucible-v2`: a containerd shim v2 (task API v2, containerd 1.6 and 1.7)
 //! that runs each container as a sandbox of the local crucible daemon, reached over its Unix
-//! socket. Design and limits: `docs/kubernetes.md`.
+//! socket, and each Kubernetes pod as one sandbox holding the pod's containers. Design and limits: `docs/kubernetes.md`.
 
 #![forbid(unsafe_code)]
 
@@ -10,6 +10,7 @@ mod error;
 mod events;
 mod exit;
 mod metrics;
+mod pod;
 mod process;
 mod rootfs;
 mod service;

@@ -109,6 +109,8 @@ pub(crate) struct Reattach {
     pub client: client::Client,
     /// The process's sandbox.
     pub sandbox: String,
+    /// Its container in the sandbox (a pod's member); `None`: the sandbox's own root.
+    pub container: Option<String>,
     /// Its exec id at the daemon.
     pub exec_id: String,
     /// How long to keep trying (zero: not at all).
@@ -349,9 +351,12 @@ async fn take_up(
     loop {
         // Each attempt within what is left: a daemon that accepts but never answers (one
         // still taking its sandboxes back, or wedged) must not hold the process for ever.
-        let attempt = again
-            .client
-            .attach_interactive(&again.sandbox, &again.exec_id, written);
+        let attempt = again.client.attach_interactive_in(
+            &again.sandbox,
+            again.container.as_deref(),
+            &again.exec_id,
+            written,
+        );
         let answer = match tokio::time::timeout_at(deadline, attempt).await {
             Ok(answer) => answer,
             Err(_) => {

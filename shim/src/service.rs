@@ -1,5 +1,7 @@
-//! The task service containerd calls: one container per shim, its sandbox made at `Create`,
-//! each process (the init, then execs) an interactive exec in it.
+//! The task service containerd calls: a container alone per shim, its sandbox made at
+//! `Create`; or, one shim per Kubernetes pod, the pod's `pause` container's sandbox with
+//! each app container of the pod added to it (`pod`). Each process (a container's init, then
+//! its execs) is an interactive exec in its container's root.
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
@@ -30,7 +32,7 @@ use crate::error::ShimError;
 use crate::events::Events;
 use crate::exit::exit_status;
 use crate::process::{self, Exited, Io, Process, Reattach, StdioPaths};
-use crate::{rootfs, spec, stdio};
+use crate::{pod, rootfs, spec, stdio};
 
 /// How long a sandbox may live: the daemon's most. A container that runs longer is ended by
 /// the daemon; containerd then sees its processes exit.
@@ -42,12 +44,14 @@ pub(crate) const LABEL_NAMESPACE: &str = "containerd.namespace";
 /// The bundle: unique per containerd state directory and container.
 pub(crate) const LABEL_BUNDLE: &str = "containerd.bundle";
 
-/// The container of this shim.
+/// A container of this shim.
 #[derive(Debug)]
 struct Container {
     id: String,
     bundle: PathBuf,
     sandbox: String,
+    /// Its container in the sandbox (a pod's app container); `None`: the sandbox's own root.
+    root: Option<String>,
     /// What to release at `Delete` (also in the bundle, for `<shim> delete`).
     held: BundleState,
     init: Process,
@@ -92,7 +96,8 @@ struct Inner {
     events: Events,
     namespace: String,
     exit: Arc<ExitSignal>,
-    container: Mutex<Option<Container>>,
+    /// Its containers by task id: one, or a pod's.
+    containers: Mutex<BTreeMap<String, Container>>,
     /// How long a process whose session broke off waits for the daemon to take it up again.
     reconnect: std::time::Duration,
 }
@@ -125,7 +130,7 @@ impl Service {
                 events,
                 namespace,
                 exit,
-                container: Mutex::new(None),
+                containers: Mutex::new(BTreeMap::new()),
                 reconnect,
             }),
         }
@@ -143,12 +148,10 @@ fn now() -> containerd_shim::protos::protobuf::well_known_types::timestamp::Time
 }
 
 fn container_of<'a>(
-    slot: &'a mut Option<Container>,
+    slot: &'a mut BTreeMap<String, Container>,
     id: &str,
 ) -> Result<&'a mut Container, ShimError> {
-    slot.as_mut()
-        .filter(|c| c.id == id)
-        .ok_or_else(|| ShimError::NoTask(id.into()))
+    slot.get_mut(id).ok_or_else(|| ShimError::NoTask(id.into()))
 }
 
 impl Inner {
@@ -159,12 +162,9 @@ impl Inner {
     }
 
     async fn create(&self, req: CreateTaskRequest) -> Result<CreateTaskResponse, ShimError> {
-        let mut slot = self.container.lock().await;
-        if let Some(c) = slot.as_ref() {
-            return Err(ShimError::AlreadyExists(format!(
-                "task {:?} (this shim runs {:?})",
-                req.id, c.id
-            )));
+        let mut slot = self.containers.lock().await;
+        if slot.contains_key(&req.id) {
+            return Err(ShimError::AlreadyExists(format!("task {:?}", req.id)));
         }
         if req.terminal {
             return Err(ShimError::Unsupported("terminals are"));
@@ -182,12 +182,40 @@ impl Inner {
             .as_ref()
             .ok_or_else(|| ShimError::Invalid("the spec has no process".into()))?;
         let request = spec::exec_request(process, "")?;
+        let role = pod::role(spec.annotations().as_ref(), &req.id);
+        let pod_sandbox = match &role {
+            pod::Role::Member { sandbox_id, .. } => {
+                let pause = slot.get(sandbox_id).ok_or_else(|| {
+                    ShimError::Precondition(format!(
+                        "container {} belongs to pod sandbox {sandbox_id}, which this shim \
+                         does not run",
+                        req.id
+                    ))
+                })?;
+                Some(pause.sandbox.clone())
+            }
+            pod::Role::Alone | pod::Role::PodSandbox => None,
+        };
+        if slot.values().any(|c| c.root.is_none()) && pod_sandbox.is_none() {
+            return Err(ShimError::AlreadyExists(format!(
+                "task {:?}: this shim runs a sandbox already, and only a pod's containers \
+                 share one",
+                req.id
+            )));
+        }
         let mut held = BundleState::default();
-        let made = self
-            .make_sandbox(client, &req, &spec, &request, &mut held)
-            .await;
-        let sandbox = match made {
-            Ok(sandbox) => sandbox,
+        let made = match (&role, &pod_sandbox) {
+            (pod::Role::Member { name, .. }, Some(sandbox)) => self
+                .add_to_pod(client, &req, &spec, sandbox, name, &mut held)
+                .await
+                .map(|()| (sandbox.clone(), Some(name.clone()))),
+            _ => self
+                .make_sandbox(client, &req, &spec, &request, &mut held)
+                .await
+                .map(|sandbox| (sandbox, None)),
+        };
+        let (sandbox, root) = match made {
+            Ok(made) => made,
             Err(e) => {
                 if let Err(cleanup) = bundle_state::release(client, &bundle, &mut held).await {
                     log::warn!("cleaning up after a failed create: {cleanup}");
@@ -200,15 +228,19 @@ impl Inner {
             stdout: req.stdout.clone(),
             stderr: req.stderr.clone(),
         };
-        *slot = Some(Container {
-            id: req.id.clone(),
-            bundle,
-            sandbox,
-            held,
-            init: Process::new(request, stdio),
-            execs: HashMap::new(),
-            oom_kills_seen: 0,
-        });
+        slot.insert(
+            req.id.clone(),
+            Container {
+                id: req.id.clone(),
+                bundle,
+                sandbox,
+                root,
+                held,
+                init: Process::new(request, stdio),
+                execs: HashMap::new(),
+                oom_kills_seen: 0,
+            },
+        );
         self.events
             .publish(TaskCreate {
                 container_id: req.id.clone(),
@@ -239,6 +271,87 @@ impl Inner {
         req: &CreateTaskRequest,
         spec: &oci_spec::runtime::Spec,
         request: &ExecRequest,
+        held: &mut BundleState,
+    ) -> Result<String, ShimError> {
+        let image = self.image_of(client, req, spec, held).await?;
+        let bundle = PathBuf::from(&req.bundle);
+        let (memory_mib, vcpus) = spec::limits(spec);
+        let labels = BTreeMap::from([
+            (LABEL_ID.to_string(), req.id.clone()),
+            (LABEL_NAMESPACE.to_string(), self.namespace.clone()),
+            (LABEL_BUNDLE.to_string(), req.bundle.clone()),
+        ]);
+        let info = client
+            .create(&CreateSandbox {
+                image: Some(image.clone()),
+                memory_mib,
+                vcpus,
+                env: request.env.clone(),
+                labels,
+                ttl_s: Some(SANDBOX_TTL_S),
+                user: spec::user(spec),
+                ..CreateSandbox::default()
+            })
+            .await?;
+        held.sandbox = Some(info.id.clone());
+        held.write(&bundle)?;
+        log::info!(
+            "container {} is sandbox {} (image {}, {} MiB, {} vCPUs)",
+            req.id,
+            info.id,
+            image,
+            info.memory_mib,
+            info.vcpus
+        );
+        Ok(info.id)
+    }
+
+    /// Adds the pod member `req` to its pod's sandbox as container `name`: its image as for
+    /// a sandbox, its `emptyDir`s as shared directories, its small host files copied in.
+    async fn add_to_pod(
+        &self,
+        client: &client::Client,
+        req: &CreateTaskRequest,
+        spec: &oci_spec::runtime::Spec,
+        sandbox: &str,
+        name: &str,
+        held: &mut BundleState,
+    ) -> Result<(), ShimError> {
+        let bundle = PathBuf::from(&req.bundle);
+        let image = self.image_of(client, req, spec, held).await?;
+        let mounts = pod::member_mounts(spec);
+        let copies = pod::copies_tar(&mounts.copies)?;
+        held.pod_member = Some(bundle_state::PodMember {
+            sandbox: sandbox.to_string(),
+            name: name.to_string(),
+        });
+        held.write(&bundle)?;
+        let request = api_types::ContainerRequest {
+            name: name.to_string(),
+            image: Some(image.clone()),
+            user: spec::user(spec),
+            shared: mounts.shared,
+            ..api_types::ContainerRequest::default()
+        };
+        client.add_container(sandbox, &request).await?;
+        if !mounts.copies.is_empty() {
+            let tar = std::io::Cursor::new(copies);
+            client.put_tar_in(sandbox, Some(name), "/", tar).await?;
+        }
+        log::info!(
+            "container {} is container {name} of pod sandbox {sandbox} (image {image})",
+            req.id
+        );
+        Ok(())
+    }
+
+    /// The image of `req`'s rootfs at the daemon: found, or imported (mounting the rootfs
+    /// meanwhile); each thing held is recorded in `held` and the bundle before it is taken.
+    async fn image_of(
+        &self,
+        client: &client::Client,
+        req: &CreateTaskRequest,
+        spec: &oci_spec::runtime::Spec,
         held: &mut BundleState,
     ) -> Result<String, ShimError> {
         let bundle = PathBuf::from(&req.bundle);
@@ -274,40 +387,12 @@ impl Inner {
                 held.write(&bundle)?;
             }
         }
-        let (memory_mib, vcpus) = spec::limits(spec);
-        let labels = BTreeMap::from([
-            (LABEL_ID.to_string(), req.id.clone()),
-            (LABEL_NAMESPACE.to_string(), self.namespace.clone()),
-            (LABEL_BUNDLE.to_string(), req.bundle.clone()),
-        ]);
-        let info = client
-            .create(&CreateSandbox {
-                image: Some(choice.name.clone()),
-                memory_mib,
-                vcpus,
-                env: request.env.clone(),
-                labels,
-                ttl_s: Some(SANDBOX_TTL_S),
-                user: spec::user(spec),
-                ..CreateSandbox::default()
-            })
-            .await?;
-        held.sandbox = Some(info.id.clone());
-        held.write(&bundle)?;
-        log::info!(
-            "container {} is sandbox {} (image {}, {} MiB, {} vCPUs)",
-            req.id,
-            info.id,
-            choice.name,
-            info.memory_mib,
-            info.vcpus
-        );
-        Ok(info.id)
+        Ok(choice.name)
     }
 
     async fn start(self: &Arc<Self>, id: &str, exec_id: &str) -> Result<u32, ShimError> {
         let client = self.client()?.clone();
-        let mut slot = self.container.lock().await;
+        let mut slot = self.containers.lock().await;
         let c = container_of(&mut slot, id)?;
         if !exec_id.is_empty() && c.init.status != Status::RUNNING {
             return Err(ShimError::Precondition(format!(
@@ -315,6 +400,7 @@ impl Inner {
             )));
         }
         let sandbox = c.sandbox.clone();
+        let root = c.root.clone();
         let p = c.process_mut(exec_id)?;
         if p.status != Status::CREATED {
             return Err(ShimError::Precondition(format!(
@@ -325,7 +411,9 @@ impl Inner {
         let stdout = stdio::open_output(&p.stdio.stdout).await?;
         let stderr = stdio::open_output(&p.stdio.stderr).await?;
         let stdin = stdio::open_stdin(&p.stdio.stdin)?;
-        let session = client.interactive(&sandbox, &p.request).await?;
+        let session = client
+            .interactive_in(&sandbox, root.as_deref(), &p.request)
+            .await?;
         let (stdin, hold) = match stdin {
             Some(s) => (Some(s.reader), Some(s.hold)),
             None => (None, None),
@@ -360,6 +448,7 @@ impl Inner {
         let again = Reattach {
             client,
             sandbox,
+            container: root,
             exec_id: spec::daemon_exec_id(exec_id),
             patience: self.reconnect,
         };
@@ -385,7 +474,7 @@ impl Inner {
                 .await;
         }
         let at = now();
-        let mut slot = self.container.lock().await;
+        let mut slot = self.containers.lock().await;
         let Ok(c) = container_of(&mut slot, &id) else {
             return;
         };
@@ -408,11 +497,15 @@ impl Inner {
             .await;
         p.set_exited(Exited { status, at });
         let orphans = exec_id.is_empty() && c.execs.values().any(|e| e.status == Status::RUNNING);
-        let sandbox = c.sandbox.clone();
+        let (sandbox, root) = (c.sandbox.clone(), c.root.clone());
         drop(slot);
         if orphans {
             if let Ok(client) = self.client() {
-                if let Err(e) = client.signal(&sandbox, libc::SIGKILL).await {
+                let all = api_types::SignalRequest {
+                    signal: libc::SIGKILL,
+                    exec_id: None,
+                };
+                if let Err(e) = client.signal_in(&sandbox, root.as_deref(), all).await {
                     log::warn!(
                         "killing the processes left in {sandbox}: {}",
                         report::chain(&e)
@@ -425,7 +518,7 @@ impl Inner {
     /// Whether the sandbox's OOM kill count rose since last asked.
     async fn oom_kills_rose(&self, id: &str) -> bool {
         let sandbox = {
-            let mut slot = self.container.lock().await;
+            let mut slot = self.containers.lock().await;
             match container_of(&mut slot, id) {
                 Ok(c) => c.sandbox.clone(),
                 Err(_) => return false,
@@ -437,7 +530,7 @@ impl Inner {
         let Ok(stats) = client.stats(&sandbox).await else {
             return false;
         };
-        let mut slot = self.container.lock().await;
+        let mut slot = self.containers.lock().await;
         let Ok(c) = container_of(&mut slot, id) else {
             return false;
         };
@@ -458,7 +551,7 @@ impl Inner {
             .as_ref()
             .ok_or_else(|| ShimError::Invalid("the exec request has no process spec".into()))?;
         let request = spec::exec_request(&spec::exec_process(&any.value)?, &req.exec_id)?;
-        let mut slot = self.container.lock().await;
+        let mut slot = self.containers.lock().await;
         let c = container_of(&mut slot, &req.id)?;
         if c.execs.contains_key(&req.exec_id) {
             return Err(ShimError::AlreadyExists(format!(
@@ -484,7 +577,7 @@ impl Inner {
     }
 
     async fn state(&self, req: StateRequest) -> Result<StateResponse, ShimError> {
-        let mut slot = self.container.lock().await;
+        let mut slot = self.containers.lock().await;
         let c = container_of(&mut slot, &req.id)?;
         let bundle = c.bundle.display().to_string();
         let p = c.process(&req.exec_id)?;
@@ -510,7 +603,7 @@ impl Inner {
 
     async fn wait(&self, req: WaitRequest) -> Result<WaitResponse, ShimError> {
         let mut receiver = {
-            let mut slot = self.container.lock().await;
+            let mut slot = self.containers.lock().await;
             container_of(&mut slot, &req.id)?
                 .process(&req.exec_id)?
                 .subscribe()
@@ -536,9 +629,9 @@ impl Inner {
             .ok()
             .filter(|s| (0..=64).contains(s))
             .ok_or_else(|| ShimError::Invalid(format!("signal {} is not 0 to 64", req.signal)))?;
-        let mut slot = self.container.lock().await;
+        let mut slot = self.containers.lock().await;
         let c = container_of(&mut slot, &req.id)?;
-        let sandbox = c.sandbox.clone();
+        let (sandbox, root) = (c.sandbox.clone(), c.root.clone());
         let p = c.process_mut(&req.exec_id)?;
         match p.status {
             Status::STOPPED => return Err(ShimError::Finished),
@@ -572,22 +665,19 @@ impl Inner {
             return Ok(());
         }
         let client = self.client()?;
-        if req.all {
-            // `--all`: every process of the container, as runc's kill --all.
-            client.signal(&sandbox, signal).await?;
-            return Ok(());
-        }
-        // The one process, as runc signals its pid (when the container's own process dies of
-        // it, `supervise` kills what is left, as a PID namespace's end would).
-        let exec_id = spec::daemon_exec_id(&req.exec_id);
-        match client.signal_exec(&sandbox, &exec_id, signal).await {
+        // `--all`: every process of the container, as runc's kill --all. Else the one
+        // process, as runc signals its pid (when the container's own process dies of it,
+        // `supervise` kills what is left, as a PID namespace's end would).
+        let exec_id = (!req.all).then(|| spec::daemon_exec_id(&req.exec_id));
+        let request = api_types::SignalRequest { signal, exec_id };
+        match client.signal_in(&sandbox, root.as_deref(), request).await {
             Err(client::ClientError::Api { status: 404, .. }) => Err(ShimError::Finished),
             other => Ok(other?),
         }
     }
 
     async fn delete(&self, req: DeleteRequest) -> Result<DeleteResponse, ShimError> {
-        let mut slot = self.container.lock().await;
+        let mut slot = self.containers.lock().await;
         let c = container_of(&mut slot, &req.id)?;
         if !req.exec_id.is_empty() {
             let p = c.process(&req.exec_id)?;
@@ -621,7 +711,7 @@ impl Inner {
             .await;
         // Forgotten either way: what could not be released is still written in the bundle,
         // and `<shim> delete` tries again once this shim has exited.
-        *slot = None;
+        slot.remove(&req.id);
         drop(slot);
         self.prune_idle_images().await;
         released?;
@@ -656,7 +746,7 @@ impl Inner {
     }
 
     async fn close_io(&self, req: CloseIORequest) -> Result<(), ShimError> {
-        let mut slot = self.container.lock().await;
+        let mut slot = self.containers.lock().await;
         let p = container_of(&mut slot, &req.id)?.process_mut(&req.exec_id)?;
         if req.stdin {
             p.stdin_hold = None;
@@ -665,11 +755,16 @@ impl Inner {
     }
 
     async fn stats(&self, req: StatsRequest) -> Result<StatsResponse, ShimError> {
-        let sandbox = {
-            let mut slot = self.container.lock().await;
-            container_of(&mut slot, &req.id)?.sandbox.clone()
+        let (sandbox, root) = {
+            let mut slot = self.containers.lock().await;
+            let c = container_of(&mut slot, &req.id)?;
+            (c.sandbox.clone(), c.root.clone())
         };
-        let stats = self.client()?.stats(&sandbox).await?;
+        let client = self.client()?;
+        let stats = match root {
+            Some(name) => client.container_stats(&sandbox, &name).await?,
+            None => client.stats(&sandbox).await?,
+        };
         Ok(StatsResponse {
             stats: MessageField::some(crate::metrics::metrics_any(&stats)?),
             ..StatsResponse::default()
@@ -677,7 +772,7 @@ impl Inner {
     }
 
     async fn pids(&self, req: PidsRequest) -> Result<PidsResponse, ShimError> {
-        let mut slot = self.container.lock().await;
+        let mut slot = self.containers.lock().await;
         container_of(&mut slot, &req.id)?;
         Ok(PidsResponse {
             processes: vec![ProcessInfo {
@@ -772,9 +867,9 @@ impl Task for Service {
     }
 
     async fn shutdown(&self, _ctx: &TtrpcContext, _req: ShutdownRequest) -> TtrpcResult<Empty> {
-        // As runc's shim: a shim still holding its container stays (containerd asks again
-        // after the task's Delete).
-        if self.inner.container.lock().await.is_none() {
+        // As runc's shim: a shim still holding a container stays (containerd asks again
+        // after the task's Delete; a pod's shim, after its last container's).
+        if self.inner.containers.lock().await.is_empty() {
             self.inner.exit.signal();
         }
         Ok(Empty::new())

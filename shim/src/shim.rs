@@ -53,8 +53,12 @@ impl Shim for CrucibleShim {
             return Err(Error::InvalidArgument(e.clone()));
         }
         crate::daemon::image_idle_from_env().map_err(Error::InvalidArgument)?;
-        // One shim per container.
-        let grouping = opts.id.clone();
+        // One shim per pod (the pause container's id groups its containers), else one per
+        // container. containerd starts the shim in the task's bundle.
+        let grouping = match containerd_shim::util::read_spec(".").await {
+            Ok(spec) => crate::pod::grouping(spec.annotations().as_ref(), &opts.id),
+            Err(_) => opts.id.clone(),
+        };
         let address = spawn(opts, &grouping, Vec::new()).await?;
         // The serving shim removes the socket named here when it exits.
         write_str_to_file("address", &address).await?;

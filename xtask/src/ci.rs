@@ -259,6 +259,10 @@ const PACKAGES: &[(&str, &str)] = &[
     ("e2fsprogs", "ext4 images for caches, layers and roots"),
     ("containerd", "the containerd shim's tests"),
     (
+        "protobuf-compiler",
+        "the CRI client the shim's pod test builds (k8s-cri runs protoc)",
+    ),
+    (
         "binutils",
         "stripping the binaries the nested tier copies into L1",
     ),

@@ -137,7 +137,7 @@ class Client:
 
     def add_container(self, sandbox_id: str, request: ContainerRequest) -> ContainerInfo:
         """Adds a container to the running sandbox; returns once it is ready
-        (ContainerNotReady when it does not get ready: it stays, failed, with its log;
+        (ContainerNotReady when it does not get ready: it stays, failed or exited, with its log;
         Conflict when the name is in use)."""
         return self.call(_api.add_container(sandbox_id, request))
 

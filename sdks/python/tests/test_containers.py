@@ -125,7 +125,8 @@ def test_a_container_added_to_a_running_sandbox(client, daemon):
         with pytest.raises(ContainerNotReady) as not_ready:
             sb.add_container(late)
         assert "bye" in str(not_ready.value)
-        assert [c.state for c in sb.containers()] == ["ready", "failed"]
+        states = [(c.state, c.exit_code) for c in sb.containers()]
+        assert states == [("ready", None), ("exited", 3)]
         with pytest.raises(TypeError):
             sb.add_container("svc")  # type: ignore[arg-type]
 

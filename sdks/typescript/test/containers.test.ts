@@ -103,6 +103,6 @@ describe("containers", () => {
       assert.match(e.message, /bye/);
       return true;
     });
-    assert.deepEqual((await sb.containers()).map((c) => [c.name, c.state]), [["svc", "ready"], ["late", "failed"]]);
+    assert.deepEqual((await sb.containers()).map((c) => [c.name, c.state, c.exit_code]), [["svc", "ready", undefined], ["late", "exited", 3]]);
   });
 });

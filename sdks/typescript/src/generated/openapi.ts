@@ -948,7 +948,7 @@ export interface paths {
                         "application/json": components["schemas"]["ErrorBody"];
                     };
                 };
-                /** @description The container did not become ready: its main process exited, or its ready check did not pass within its timeout (code container_not_ready; the message ends with its log's last lines). It stays, failed, with its log, until it is removed. */
+                /** @description The container did not become ready: its main process exited, or its ready check did not pass within its timeout (code container_not_ready; the message ends with its log's last lines). It stays (failed, or exited when its main process ended) with its log, until it is removed. */
                 422: {
                     headers: {
                         [name: string]: unknown;

@@ -1,0 +1,305 @@
+//! A Kubernetes pod run the way kubelet runs it: the calls kubelet makes, made over CRI to
+//! containerd 1.6's CRI plugin with `crucible` as the runtime handler, which makes the pod one
+//! sandbox of the daemon (its `pause` container's) and each of the pod's containers a
+//! container in it. A job, a helper and a service share the pod's loopback and an `emptyDir`;
+//! when the pod is gone, nothing of it is left.
+//!
+//! No kubelet and no CNI run here: the pod asks for the node's network (kubelet's
+//! `hostNetwork: true`), which the CRI plugin accepts without a network plugin; the sandbox has
+//! its own loopback whatever the pod asks. The `emptyDir` is a host directory laid out as
+//! kubelet lays one out (`pods/UID/volumes/kubernetes.io~empty-dir/NAME`).
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use harness::leaks;
+use harness::TestDaemon;
+use hyper_util::rt::TokioIo;
+use k8s_cri::v1::runtime_service_client::RuntimeServiceClient;
+use k8s_cri::v1::{
+    ContainerConfig, ContainerFilter, ContainerMetadata, ContainerState, ContainerStatsRequest,
+    ContainerStatusRequest, CreateContainerRequest, ExecSyncRequest, ImageSpec,
+    LinuxPodSandboxConfig, LinuxSandboxSecurityContext, ListContainersRequest, Mount,
+    NamespaceMode, NamespaceOption, PodSandboxConfig, PodSandboxMetadata, RemovePodSandboxRequest,
+    RunPodSandboxRequest, StartContainerRequest, StopPodSandboxRequest,
+};
+use tonic::transport::{Channel, Endpoint, Uri};
+
+mod support;
+
+use support::*;
+
+/// A CRI client on containerd's socket.
+async fn cri(containerd: &Containerd) -> RuntimeServiceClient<Channel> {
+    let socket = containerd.socket.clone();
+    let channel = Endpoint::try_from("http://[::]:0")
+        .expect("an endpoint")
+        .connect_with_connector(tower::service_fn(move |_: Uri| {
+            let socket = socket.clone();
+            async move {
+                Ok::<_, std::io::Error>(TokioIo::new(
+                    tokio::net::UnixStream::connect(socket).await?,
+                ))
+            }
+        }))
+        .await
+        .expect("connect to containerd's CRI");
+    RuntimeServiceClient::new(channel)
+}
+
+/// The pod's configuration: the node's network, as `hostNetwork: true`.
+fn pod_config(logs: &std::path::Path) -> PodSandboxConfig {
+    PodSandboxConfig {
+        metadata: Some(PodSandboxMetadata {
+            name: "ci-job".into(),
+            uid: "c0ffee00-0000-4000-8000-000000000001".into(),
+            namespace: "default".into(),
+            attempt: 0,
+        }),
+        hostname: "ci-job".into(),
+        log_directory: logs.display().to_string(),
+        linux: Some(LinuxPodSandboxConfig {
+            security_context: Some(LinuxSandboxSecurityContext {
+                namespace_options: Some(NamespaceOption {
+                    network: NamespaceMode::Node as i32,
+                    pid: NamespaceMode::Pod as i32,
+                    ipc: NamespaceMode::Pod as i32,
+                    ..NamespaceOption::default()
+                }),
+                ..LinuxSandboxSecurityContext::default()
+            }),
+            ..LinuxPodSandboxConfig::default()
+        }),
+        ..PodSandboxConfig::default()
+    }
+}
+
+/// A container of the pod: busybox running `script`, the `emptyDir` at `/shared`.
+fn container(name: &str, script: &str, empty_dir: &std::path::Path) -> ContainerConfig {
+    ContainerConfig {
+        metadata: Some(ContainerMetadata {
+            name: name.into(),
+            attempt: 0,
+        }),
+        image: Some(ImageSpec {
+            image: IMAGE.into(),
+            ..ImageSpec::default()
+        }),
+        command: vec!["/bin/sh".into(), "-c".into(), script.into()],
+        mounts: vec![Mount {
+            container_path: "/shared".into(),
+            host_path: empty_dir.display().to_string(),
+            ..Mount::default()
+        }],
+        log_path: format!("{name}.log"),
+        ..ContainerConfig::default()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_pod_of_three_containers_runs_as_one_sandbox_the_way_kubelet_drives_it() {
+    // A CRI call that never answers fails the test instead of hanging it.
+    tokio::time::timeout(Duration::from_secs(300), pod_of_three())
+        .await
+        .expect("the pod's life within 5 minutes");
+}
+
+async fn pod_of_three() {
+    let daemon = TestDaemon::start();
+    let c = daemon.client();
+    let containerd = Containerd::start_cri(&daemon);
+    let mut cri = cri(&containerd).await;
+    let scratch = containerd.dir.path();
+    let logs = scratch.join("pod-logs");
+    let empty_dir = scratch.join(
+        "kubelet/pods/c0ffee00-0000-4000-8000-000000000001/volumes/kubernetes.io~empty-dir/shared",
+    );
+    std::fs::create_dir_all(&logs).expect("log dir");
+    std::fs::create_dir_all(&empty_dir).expect("emptyDir");
+    let config = pod_config(&logs);
+
+    let started = Instant::now();
+    let pod = cri
+        .run_pod_sandbox(RunPodSandboxRequest {
+            config: Some(config.clone()),
+            runtime_handler: "crucible".into(),
+        })
+        .await
+        .unwrap_or_else(|e| {
+            panic!(
+                "RunPodSandbox: {e}; containerd's log:\n{}",
+                containerd.log()
+            )
+        })
+        .into_inner()
+        .pod_sandbox_id;
+    let sandboxes = c.list().await.expect("list");
+    assert_eq!(sandboxes.len(), 1, "the pod is one sandbox: {sandboxes:?}");
+    let sandbox = sandboxes[0].id.clone();
+
+    let scripts = [
+        ("svc", "while true; do echo pong | nc -l -p 7000; done"),
+        ("helper", "echo from-helper > /shared/note; exec sleep 3600"),
+        ("job", "exec sleep 3600"),
+    ];
+    let mut ids = HashMap::new();
+    for (name, script) in scripts {
+        let id = cri
+            .create_container(CreateContainerRequest {
+                pod_sandbox_id: pod.clone(),
+                config: Some(container(name, script, &empty_dir)),
+                sandbox_config: Some(config.clone()),
+            })
+            .await
+            .unwrap_or_else(|e| {
+                panic!(
+                    "CreateContainer {name}: {e}; containerd's log:\n{}",
+                    containerd.log()
+                )
+            })
+            .into_inner()
+            .container_id;
+        cri.start_container(StartContainerRequest {
+            container_id: id.clone(),
+        })
+        .await
+        .unwrap_or_else(|e| panic!("StartContainer {name}: {e}"));
+        ids.insert(name, id);
+    }
+    eprintln!(
+        "RunPodSandbox → 3 containers started: {:?}",
+        started.elapsed()
+    );
+    // Still one sandbox, holding the pod's three containers.
+    assert_eq!(c.list().await.expect("list").len(), 1);
+    let mut names: Vec<String> = c
+        .containers(&sandbox)
+        .await
+        .expect("containers")
+        .into_iter()
+        .map(|info| info.name)
+        .collect();
+    names.sort();
+    assert_eq!(names, ["helper", "job", "svc"]);
+
+    // The job reaches the service on localhost and reads what the helper wrote to the
+    // emptyDir (each tried until it is there: the containers start one after another).
+    let reach = "for i in $(seq 200); do \
+                 [ -s /shared/note ] && out=$(nc 127.0.0.1 7000 </dev/null) && [ -n \"$out\" ] \
+                 && { cat /shared/note; echo \"$out\"; exit 0; }; sleep 0.05; done; exit 1";
+    let exec = cri
+        .exec_sync(ExecSyncRequest {
+            container_id: ids["job"].clone(),
+            cmd: vec!["/bin/sh".into(), "-c".into(), reach.into()],
+            timeout: 30,
+        })
+        .await
+        .expect("ExecSync")
+        .into_inner();
+    assert_eq!(
+        (
+            String::from_utf8_lossy(&exec.stdout).as_ref(),
+            exec.exit_code
+        ),
+        ("from-helper\npong\n", 0),
+        "stderr: {}",
+        String::from_utf8_lossy(&exec.stderr)
+    );
+    // An exec's exit status is its own; the job has its own root (the helper's note is in the
+    // shared directory only).
+    let exec = cri
+        .exec_sync(ExecSyncRequest {
+            container_id: ids["job"].clone(),
+            cmd: vec![
+                "/bin/sh".into(),
+                "-c".into(),
+                "test -e /note || exit 3".into(),
+            ],
+            timeout: 10,
+        })
+        .await
+        .expect("ExecSync")
+        .into_inner();
+    assert_eq!(exec.exit_code, 3);
+    // The small files the CRI plugin mounts (/etc/hosts, /etc/resolv.conf) were copied in.
+    let exec = cri
+        .exec_sync(ExecSyncRequest {
+            container_id: ids["job"].clone(),
+            cmd: vec!["cat".into(), "/etc/hostname".into()],
+            timeout: 10,
+        })
+        .await
+        .expect("ExecSync")
+        .into_inner();
+    assert_eq!(
+        (String::from_utf8_lossy(&exec.stdout).trim(), exec.exit_code),
+        ("ci-job", 0)
+    );
+
+    let status = cri
+        .container_status(ContainerStatusRequest {
+            container_id: ids["job"].clone(),
+            verbose: false,
+        })
+        .await
+        .expect("ContainerStatus")
+        .into_inner()
+        .status
+        .expect("a status");
+    assert_eq!(status.state, ContainerState::ContainerRunning as i32);
+    let listed = cri
+        .list_containers(ListContainersRequest {
+            filter: Some(ContainerFilter {
+                pod_sandbox_id: pod.clone(),
+                ..ContainerFilter::default()
+            }),
+        })
+        .await
+        .expect("ListContainers")
+        .into_inner()
+        .containers;
+    assert_eq!(listed.len(), 3, "{listed:?}");
+    assert!(listed
+        .iter()
+        .all(|c| c.state == ContainerState::ContainerRunning as i32));
+    let stats = cri
+        .container_stats(ContainerStatsRequest {
+            container_id: ids["svc"].clone(),
+        })
+        .await
+        .expect("ContainerStats")
+        .into_inner()
+        .stats
+        .expect("stats");
+    let memory = stats
+        .memory
+        .and_then(|m| m.working_set_bytes)
+        .map(|v| v.value);
+    assert!(memory.is_some_and(|bytes| bytes > 0), "{stats:?}");
+
+    cri.stop_pod_sandbox(StopPodSandboxRequest {
+        pod_sandbox_id: pod.clone(),
+    })
+    .await
+    .expect("StopPodSandbox");
+    cri.remove_pod_sandbox(RemovePodSandboxRequest {
+        pod_sandbox_id: pod.clone(),
+    })
+    .await
+    .expect("RemovePodSandbox");
+
+    // Nothing of the pod is left: no sandbox, no shim, no mount, no cgroup.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let left = c.list().await.expect("list");
+        if left.is_empty() {
+            break;
+        }
+        assert!(Instant::now() < deadline, "sandboxes left: {left:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    leaks::eventually("the pod's shim to exit", || containerd.shims().is_empty()).await;
+    let mounts = leaks::mounts_under(containerd.dir.path());
+    assert!(mounts.is_empty(), "mounts left: {mounts:?}");
+    leaks::assert_nothing_held(&daemon.state.config.state_dir, daemon.cgroup_parent()).await;
+}
