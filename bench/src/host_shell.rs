@@ -10,6 +10,16 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, ensure, Context, Result};
 
+/// The longest a host script may take: every one the peers run ends in milliseconds.
+const SCRIPT_LIMIT: Duration = Duration::from_secs(60);
+
+/// SIGKILLs process group `group` (best effort: it may be gone already).
+fn kill_group(group: i32) {
+    // SAFETY: kill takes two integers; a negative pid names a process group, here the one the
+    // script was started as the leader of.
+    unsafe { libc::kill(-group, libc::SIGKILL) };
+}
+
 #[derive(Clone)]
 pub(crate) struct HostShell {
     bin: Arc<tempfile::TempDir>,
@@ -39,35 +49,104 @@ impl HostShell {
     }
 
     /// Runs `script` with no environment but `PATH` (no proxy settings: a direct connection),
-    /// requiring success; the time from spawn to exit.
+    /// requiring success within [`SCRIPT_LIMIT`]; the time from spawn to exit. The script
+    /// runs in a process group of its own, killed once it has exited: what it left in the
+    /// background (a service loop) goes with it.
     pub(crate) fn run(&self, script: &str) -> Result<Duration> {
+        self.run_within(script, SCRIPT_LIMIT)
+    }
+
+    /// [`HostShell::run`] within `limit`.
+    fn run_within(&self, script: &str, limit: Duration) -> Result<Duration> {
+        use std::io::Read;
+        use std::os::unix::process::CommandExt;
         let mut cmd = Command::new(self.bin.path().join("sh"));
         cmd.args(["-c", script])
             .env_clear()
             .env("PATH", self.bin.path())
             .stdin(Stdio::null())
             .stdout(Stdio::null())
-            .stderr(Stdio::piped());
+            .stderr(Stdio::piped())
+            .process_group(0);
         let started = Instant::now();
-        let child = cmd
+        let mut child = cmd
             .spawn()
             .with_context(|| format!("starting `sh -c {script:?}` on the host"))?;
-        let output = child
-            .wait_with_output()
-            .with_context(|| format!("waiting for `sh -c {script:?}` on the host"))?;
-        let elapsed = started.elapsed();
-        if !output.status.success() {
-            bail!(
-                "`sh -c {script:?}` on the host failed ({}): {}",
-                output.status,
-                String::from_utf8_lossy(&output.stderr).trim()
-            );
+        let group = i32::try_from(child.id()).context("the script's pid")?;
+        let stderr_pipe = child.stderr.take();
+        // Waited for on a thread of its own, so that the exit is seen the moment it happens
+        // (the figure is this time) and a script that never ends is still bounded.
+        let (done, exited) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let status = child.wait();
+            let _ = done.send((status, Instant::now()));
+        });
+        let outcome = exited.recv_timeout(limit);
+        kill_group(group);
+        let (status, elapsed) = match outcome {
+            Ok((status, at)) => (
+                Some(
+                    status
+                        .with_context(|| format!("waiting for `sh -c {script:?}` on the host"))?,
+                ),
+                at.duration_since(started),
+            ),
+            Err(_) => (None, started.elapsed()),
+        };
+        let mut stderr = String::new();
+        if let Some(mut pipe) = stderr_pipe {
+            let _ = pipe.read_to_string(&mut stderr);
         }
-        Ok(elapsed)
+        match status {
+            None => bail!(
+                "`sh -c {script:?}` on the host did not finish within {limit:?}: killed; {}",
+                stderr.trim()
+            ),
+            Some(status) if !status.success() => bail!(
+                "`sh -c {script:?}` on the host failed ({status}): {}",
+                stderr.trim()
+            ),
+            Some(_) => Ok(elapsed),
+        }
     }
 
-    /// [`HostShell::run`] in whole milliseconds, as the agent reports a sandboxed command's.
     pub(crate) fn run_whole_ms(&self, script: &str) -> Result<f64> {
         Ok(self.run(script)?.as_millis() as f64)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The build host's static busybox, the one the image ships.
+    fn busybox() -> &'static Path {
+        Path::new(guest_image::initramfs::BUSYBOX_PATH)
+    }
+
+    #[test]
+    fn what_a_script_leaves_behind_is_killed_and_one_that_never_ends_is_bounded() -> Result<()> {
+        let host = HostShell::new(busybox(), &["sh", "sleep", "cat"])?;
+        let marker = tempfile::tempdir()?;
+        let pid_file = marker.path().join("pid");
+        // The background sleep outlives its script unless its process group is killed.
+        host.run(&format!("sleep 30 & echo $! > {}", pid_file.display()))?;
+        let pid = std::fs::read_to_string(&pid_file)?.trim().to_string();
+        let gone = (0..200).any(|_| {
+            let state = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+            let done = state.is_empty() || state.contains(") Z ");
+            if !done {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            done
+        });
+        assert!(gone, "the script's background sleep {pid} still runs");
+        let started = Instant::now();
+        let err = host
+            .run_within("sleep 30", Duration::from_millis(300))
+            .expect_err("bounded");
+        assert!(err.to_string().contains("did not finish"), "{err:#}");
+        assert!(started.elapsed() < Duration::from_secs(10));
+        Ok(())
     }
 }

@@ -99,10 +99,12 @@ fn service_pod() -> CreateSandbox {
     }
 }
 
-/// The same service and job on the host: the service's one listen in the background (the job
-/// is its only client), the job's retries until it answers.
+/// The same service and job on the host: the service's loop in the background (a client that
+/// half-closes at once can end one listen before it answered, so the job may need another),
+/// the job's retries until it answers; the script ends with the job, and the host shell kills
+/// the service's loop with its process group.
 fn host_script(port: u16) -> String {
-    format!("(echo ok | nc -l -p {port}) & {}; wait", job_script(port))
+    format!("({}) & {}", service_script(port), job_script(port))
 }
 
 /// A port on the host's loopback nothing listens on now.

@@ -504,11 +504,7 @@ async fn a_container_added_to_a_running_sandbox_joins_its_network_and_shared_dir
     let daemon = TestDaemon::start();
     let c = daemon.client();
     // A sandbox made with no container at all gets one, then one that depends on it.
-    let id = c
-        .create(&CreateSandbox::default())
-        .await
-        .expect("create")
-        .id;
+    let id = daemon.sandbox().await;
     sh(&c, &id, "echo from-main > /tmp/only-main").await;
     let db = c
         .add_container(
