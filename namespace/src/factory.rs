@@ -89,6 +89,9 @@ pub(crate) fn start(agent: &OwnedFd, argv: &[CString]) -> Result<(libc::pid_t, O
 fn become_factory(socket: UnixStream, agent: &OwnedFd, argv: &[CString]) -> SysError {
     let step = || -> Result<std::convert::Infallible, SysError> {
         sys::set_undumpable_as(c"pod-factory")?;
+        // Never executed inside, it still has the supervisor's command line (host paths:
+        // the runtime directory, the cgroups), which /proc/PID/cmdline shows anyone.
+        blank_command_line()?;
         // High numbers: a container's agent gets its listener at descriptor 3, and the
         // agent binary and the error pipe must not be in the way of that.
         let socket = UnixStream::from(move_high(OwnedFd::from(socket))?);
@@ -109,6 +112,41 @@ fn become_factory(socket: UnixStream, agent: &OwnedFd, argv: &[CString]) -> SysE
         Ok(never) => match never {},
         Err(e) => e,
     }
+}
+
+/// Overwrites this process's command line in place with `pod-factory` (what `ps` and
+/// `/proc/PID/cmdline` show), as setproctitle does: the bytes between the `arg_start` and
+/// `arg_end` that `/proc/self/stat` gives.
+fn blank_command_line() -> Result<(), SysError> {
+    let stat = std::fs::read_to_string("/proc/self/stat")
+        .map_err(|e| SysError::io("read /proc/self/stat", e))?;
+    // Fields 48 and 49 (arg_start, arg_end), counted after the command name's `)`, which
+    // ends field 2.
+    let after_name = stat.rsplit_once(')').map_or("", |(_, rest)| rest);
+    let fields: Vec<usize> = after_name
+        .split_whitespace()
+        .map(|f| f.parse().unwrap_or(0))
+        .collect();
+    let (Some(&start), Some(&end)) = (fields.get(48 - 3), fields.get(49 - 3)) else {
+        return Err(SysError::io(
+            "find the command line in /proc/self/stat",
+            io::ErrorKind::InvalidData.into(),
+        ));
+    };
+    let len = end.saturating_sub(start);
+    if start == 0 || len == 0 {
+        return Ok(());
+    }
+    let mut blank = vec![0u8; len];
+    let name = b"pod-factory";
+    let shown = name.len().min(len - 1);
+    blank[..shown].copy_from_slice(&name[..shown]);
+    // SAFETY: [arg_start, arg_end) is this process's own argument area on its initial stack,
+    // mapped readable and writable for its whole life, `len` bytes long; nothing here reads
+    // it afterwards (the agent's arguments were parsed into owned strings before the clone,
+    // and the factory never asks for them again).
+    unsafe { std::ptr::copy_nonoverlapping(blank.as_ptr(), start as *mut u8, len) };
+    Ok(())
 }
 
 /// Answers PID 1's requests until it hangs up (then exits).

@@ -645,10 +645,13 @@ async fn the_container_factory_cannot_be_traced_entered_or_read_and_killing_it_h
         for attempt in &names {
             assert_verdicts(&verdicts, &[(attempt, &["EPERM", "EACCES"])]);
         }
-        // Its mount table, if it can be read at all, names nothing of the host.
+        // Its mount table and its command line, readable by anyone, name nothing of the host
+        // (it was forked from the supervisor, whose command line is all host paths).
         let (mounts, _, _) = sb
             .sh(&format!("cat /proc/{pid}/mountinfo 2>/dev/null"))
             .await;
+        let (cmdline, _, _) = sb.sh(&format!("tr '\\0' ' ' < /proc/{pid}/cmdline")).await;
+        assert_eq!(cmdline.trim(), "pod-factory", "its command line");
         for path in [
             state_dir.display().to_string(),
             image_dir.display().to_string(),
