@@ -12,3 +12,7 @@ pub const PID1_EGRESS_FD: i32 = 5;
 /// The connection to the sandbox's container factory (`namespace::factory`), which makes the
 /// containers added after the sandbox was created.
 pub const PID1_FACTORY_FD: i32 = 6;
+/// When the spec names a commands cgroup: its `cgroup.procs`, opened for writing on the host.
+/// PID 1 and every container's agent hold it here, close-on-exec, and each command they start
+/// writes itself into it before it executes.
+pub const COMMANDS_CGROUP_FD: i32 = 7;

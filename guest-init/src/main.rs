@@ -305,6 +305,8 @@ fn host_main(args: Args) -> ExitCode {
             if matches!(args.mode, Mode::SandboxPid1 | Mode::SandboxContainer) {
                 // The agent's OOM score is -1000 (set on entering); commands go back to 0.
                 c.reset_oom_score = true;
+                // Commands join their own cgroup, whose process limit leaves us room.
+                c.cgroup_procs = namespace::take_commands_cgroup();
             }
             if let Some(limit) = args.memory_bytes {
                 c.mem_total_bytes = limit;

@@ -65,7 +65,12 @@ pub enum FactoryError {
 /// Starts the factory while the caller (the sandbox's PID 1-to-be) is single-threaded, in the
 /// sandbox's first mount namespace with the scratch as its working directory. Returns its pid
 /// and PID 1's end of the connection to it.
-pub(crate) fn start(agent: &OwnedFd, argv: &[CString]) -> Result<(libc::pid_t, OwnedFd), SysError> {
+/// `commands_cgroup` is the commands' `cgroup.procs`, which it hands each container's agent.
+pub(crate) fn start(
+    agent: &OwnedFd,
+    argv: &[CString],
+    commands_cgroup: Option<RawFd>,
+) -> Result<(libc::pid_t, OwnedFd), SysError> {
     let (ours, theirs) =
         UnixStream::pair().map_err(|e| SysError::io("socketpair for the container factory", e))?;
     match sys::clone_factory()? {
@@ -75,7 +80,7 @@ pub(crate) fn start(agent: &OwnedFd, argv: &[CString]) -> Result<(libc::pid_t, O
         }
         sys::Forked::Child => {
             drop(ours);
-            let e = become_factory(theirs, agent, argv);
+            let e = become_factory(theirs, agent, argv, commands_cgroup);
             eprintln!(
                 "guest-init: the container factory failed: {}",
                 report::chain(&e)
@@ -86,7 +91,12 @@ pub(crate) fn start(agent: &OwnedFd, argv: &[CString]) -> Result<(libc::pid_t, O
 }
 
 /// The factory's side: returns only with the reason it could not start or go on.
-fn become_factory(socket: UnixStream, agent: &OwnedFd, argv: &[CString]) -> SysError {
+fn become_factory(
+    socket: UnixStream,
+    agent: &OwnedFd,
+    argv: &[CString],
+    commands_cgroup: Option<RawFd>,
+) -> SysError {
     let step = || -> Result<std::convert::Infallible, SysError> {
         sys::set_undumpable_as(c"pod-factory")?;
         // Never executed inside, it still has the supervisor's command line (host paths:
@@ -100,13 +110,29 @@ fn become_factory(socket: UnixStream, agent: &OwnedFd, argv: &[CString]) -> SysE
                 .try_clone()
                 .map_err(|e| SysError::io("dup the agent", e))?,
         )?;
-        sys::close_all_but(&[socket.as_raw_fd(), agent.as_raw_fd()])?;
+        let commands_cgroup = commands_cgroup
+            .map(|fd| {
+                // SAFETY: the supervisor's descriptor stays open while we duplicate it.
+                let fd = unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) };
+                fd.try_clone_to_owned()
+                    .map_err(|e| SysError::io("dup the commands' cgroup", e))
+                    .and_then(move_high)
+            })
+            .transpose()?;
+        let mut kept = vec![socket.as_raw_fd(), agent.as_raw_fd()];
+        kept.extend(commands_cgroup.as_ref().map(AsRawFd::as_raw_fd));
+        sys::close_all_but(&kept)?;
         mounts::prepare_factory_root()?;
         mounts::pivot_into(Path::new("."))?;
         // Containers are its children: reaped by the kernel, never zombies.
         // SAFETY: signal() with SIG_IGN installs no handler.
         unsafe { libc::signal(libc::SIGCHLD, libc::SIG_IGN) };
-        serve(&socket, &agent, argv)
+        let launch = Launch {
+            agent: &agent,
+            argv,
+            commands_cgroup: commands_cgroup.as_ref().map(AsRawFd::as_raw_fd),
+        };
+        serve(&socket, &launch)
     };
     match step() {
         Ok(never) => match never {},
@@ -149,12 +175,18 @@ fn blank_command_line() -> Result<(), SysError> {
     Ok(())
 }
 
+/// What a container's agent is started from.
+struct Launch<'a> {
+    /// The agent binary.
+    agent: &'a OwnedFd,
+    /// Its command line.
+    argv: &'a [CString],
+    /// The commands' `cgroup.procs`, handed to it.
+    commands_cgroup: Option<RawFd>,
+}
+
 /// Answers PID 1's requests until it hangs up (then exits).
-fn serve(
-    socket: &UnixStream,
-    agent: &OwnedFd,
-    argv: &[CString],
-) -> Result<std::convert::Infallible, SysError> {
+fn serve(socket: &UnixStream, launch: &Launch<'_>) -> Result<std::convert::Infallible, SysError> {
     loop {
         let image = match receive_fd(socket)? {
             Some(fd) => fd,
@@ -165,7 +197,7 @@ fn serve(
         })?;
         let text =
             read_text(&mut &*socket).map_err(|e| SysError::io("read a request from PID 1", e))?;
-        let answer = match make(&text, image, listener, agent, argv) {
+        let answer = match make(&text, image, listener, launch) {
             Ok(pid) => format!("ok {pid}"),
             Err(why) => format!("error {why}"),
         };
@@ -236,8 +268,7 @@ fn make(
     text: &str,
     image: OwnedFd,
     listener: OwnedFd,
-    agent: &OwnedFd,
-    argv: &[CString],
+    launch: &Launch<'_>,
 ) -> Result<libc::pid_t, String> {
     let request = Request::decode(text)?;
     let dir = request.dir();
@@ -271,8 +302,9 @@ fn make(
             unsafe { libc::signal(libc::SIGCHLD, libc::SIG_DFL) };
             let errors_out = move_high(errors_out).ok();
             let raw_listener = listener.as_raw_fd();
-            let hand = move || sys::hand_listener(raw_listener);
-            let e = container::become_container(&layout, image, agent, hand, argv);
+            let commands_cgroup = launch.commands_cgroup;
+            let hand = move || sys::hand_to_agent(raw_listener, commands_cgroup);
+            let e = container::become_container(&layout, image, launch.agent, hand, launch.argv);
             let why = format!(
                 "making container {} failed: {}",
                 layout.name,

@@ -51,7 +51,9 @@ pub use pod::{ContainerRoot, SharedMount};
 pub use spec::{container_socket, SandboxSpec, SpecError};
 pub use sys::{recv_stream, send_stream, SysError};
 
-pub use contract::namespace_fds::{PID1_EGRESS_FD, PID1_FACTORY_FD, PID1_LISTEN_FD, PID1_READY_FD};
+pub use contract::namespace_fds::{
+    COMMANDS_CGROUP_FD, PID1_EGRESS_FD, PID1_FACTORY_FD, PID1_LISTEN_FD, PID1_READY_FD,
+};
 
 /// Why the sandbox could not be entered.
 #[derive(Debug, thiserror::Error)]
@@ -177,7 +179,8 @@ fn inside(
         // container builds its own root on the same scratch.
         let container_agents =
             container::start_all(spec, containers, &agent, host_side, &argv.container)?;
-        let (factory_pid, factory) = factory::start(&agent, &argv.container)?;
+        let (factory_pid, factory) =
+            factory::start(&agent, &argv.container, host_side.commands_cgroup())?;
         mounts::build_root(spec, image, extra)?;
         sys::set_hostname(&spec.hostname)?;
         sys::bring_up_loopback()?;
@@ -213,7 +216,23 @@ fn inside(
 pub fn harden_pid1() -> Result<(), SysError> {
     sys::set_undumpable()?;
     sys::keep_from_commands(PID1_EGRESS_FD)?;
-    sys::keep_from_commands(PID1_FACTORY_FD)
+    sys::keep_from_commands(PID1_FACTORY_FD)?;
+    sys::keep_from_commands(COMMANDS_CGROUP_FD)
+}
+
+/// The commands' cgroup handed at [`COMMANDS_CGROUP_FD`] (to PID 1 and to each container's
+/// agent), if there is one: the first call takes it, later ones get nothing.
+pub fn take_commands_cgroup() -> Option<std::os::fd::OwnedFd> {
+    use std::os::fd::FromRawFd;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    static TAKEN: AtomicBool = AtomicBool::new(false);
+    if TAKEN.swap(true, Ordering::AcqRel) || !sys::is_open(COMMANDS_CGROUP_FD) {
+        return None;
+    }
+    // SAFETY: the descriptor is open, and only the `sandbox` half that executed this process
+    // put anything there (it marked every other descriptor close-on-exec); the flag above makes
+    // this the one owner.
+    Some(unsafe { std::os::fd::OwnedFd::from_raw_fd(COMMANDS_CGROUP_FD) })
 }
 
 /// The image tree `dir` as a detached, read-only mount idmapped through the user namespace

@@ -43,6 +43,10 @@ pub struct SandboxSpec {
     /// cgroup membership files (`cgroup.procs`) to join before entering, so every process in
     /// the sandbox is accounted and limited.
     pub cgroup_procs: Vec<PathBuf>,
+    /// The commands' cgroup membership file, opened on the host and handed to PID 1 and every
+    /// container's agent as [`crate::COMMANDS_CGROUP_FD`]: each command joins it, so that its
+    /// process limit leaves the agents room to answer.
+    pub commands_cgroup: Option<PathBuf>,
     /// The sandbox's containers besides its own root, each with its own image, mount and PID
     /// namespaces and agent ([`crate::container`]), in this order.
     pub containers: Vec<ContainerRoot>,
@@ -72,7 +76,7 @@ pub enum SpecError {
 }
 
 /// Flags that take a value, in the order [`SandboxSpec::to_args`] writes them.
-const FLAGS: [&str; 14] = [
+const FLAGS: [&str; 15] = [
     "--rootfs",
     "--runtime-dir",
     "--agent-socket",
@@ -87,6 +91,7 @@ const FLAGS: [&str; 14] = [
     "--no-die-with-parent",
     "--container",
     "--shared",
+    "--commands-cgroup",
 ];
 
 impl Default for SandboxSpec {
@@ -104,6 +109,7 @@ impl Default for SandboxSpec {
             id_map: IdMap::default(),
             die_with_parent: true,
             cgroup_procs: Vec::new(),
+            commands_cgroup: None,
             containers: Vec::new(),
             shared: Vec::new(),
         }
@@ -142,6 +148,9 @@ impl SandboxSpec {
         }
         for shared in &self.shared {
             pair(FLAGS[13], shared.to_string().into());
+        }
+        if let Some(procs) = &self.commands_cgroup {
+            pair(FLAGS[14], procs.clone().into());
         }
         if !self.die_with_parent {
             args.push(FLAGS[11].into());
@@ -192,6 +201,7 @@ impl SandboxSpec {
             }
             "--id-map" => self.id_map = v.parse().map_err(|e: String| bad(&e))?,
             "--cgroup" => self.cgroup_procs.push(v.into()),
+            "--commands-cgroup" => self.commands_cgroup = Some(v.into()),
             "--scratch-disk" => self.scratch_disk = Some(v.into()),
             "--mount" => self.mounts.push(v.parse().map_err(|e: String| bad(&e))?),
             "--egress-socket" => self.egress_socket = Some(v.into()),
@@ -311,6 +321,7 @@ mod tests {
             id_map: IdMap::new(2_000_065_536, 65_536).expect("map"),
             die_with_parent: false,
             cgroup_procs: vec!["/sys/fs/cgroup/memory/x/cgroup.procs".into(), "/p".into()],
+            commands_cgroup: Some("/sys/fs/cgroup/pids/x/commands/cgroup.procs".into()),
             containers: vec![
                 "db=/img/pg/rootfs".parse().expect("container"),
                 "web=/img/web/rootfs".parse().expect("container"),

@@ -337,6 +337,9 @@ pub(crate) struct HostSide {
     egress: Option<UnixStream>,
     /// Each container's agent socket, in the spec's order.
     containers: Vec<UnixListener>,
+    /// The commands' `cgroup.procs`, opened for writing with the host's credentials (which
+    /// the kernel checks on each write, not the writer's).
+    commands_cgroup: Option<std::fs::File>,
 }
 
 impl HostSide {
@@ -359,12 +362,28 @@ impl HostSide {
         };
         let ready = connect(&spec.ready_socket)?;
         let egress = spec.egress_socket.as_deref().map(connect).transpose()?;
+        let commands_cgroup = spec
+            .commands_cgroup
+            .as_deref()
+            .map(|path| {
+                std::fs::OpenOptions::new()
+                    .write(true)
+                    .open(path)
+                    .map_err(|e| SysError::io(format!("open {} for writing", path.display()), e))
+            })
+            .transpose()?;
         Ok(HostSide {
             listener,
             ready,
             egress,
             containers,
+            commands_cgroup,
         })
+    }
+
+    /// The commands' `cgroup.procs`, if the spec names one.
+    pub(crate) fn commands_cgroup(&self) -> Option<RawFd> {
+        self.commands_cgroup.as_ref().map(AsRawFd::as_raw_fd)
     }
 
     /// Puts the listener, the ready connection and the egress connection at PID 1's
@@ -379,6 +398,9 @@ impl HostSide {
             handed.push((egress.as_raw_fd(), crate::PID1_EGRESS_FD));
         }
         handed.push((factory, crate::PID1_FACTORY_FD));
+        if let Some(commands) = self.commands_cgroup() {
+            handed.push((commands, crate::COMMANDS_CGROUP_FD));
+        }
         hand_over(&handed)
     }
 
@@ -392,14 +414,22 @@ impl HostSide {
                 io::Error::new(io::ErrorKind::NotFound, "no such container"),
             )
         })?;
-        hand_listener(listener.as_raw_fd())
+        hand_to_agent(listener.as_raw_fd(), self.commands_cgroup())
     }
 }
 
-/// Puts `listener` at the agent's descriptor 3 ([`crate::PID1_LISTEN_FD`]) and marks every
-/// other descriptor above 2 close-on-exec.
-pub(crate) fn hand_listener(listener: RawFd) -> Result<(), SysError> {
-    hand_over(&[(listener, crate::PID1_LISTEN_FD)])
+/// Puts `listener` at a container agent's descriptor 3 ([`crate::PID1_LISTEN_FD`]) and the
+/// commands' cgroup, if any, at [`crate::COMMANDS_CGROUP_FD`], and marks every other
+/// descriptor above 2 close-on-exec.
+pub(crate) fn hand_to_agent(
+    listener: RawFd,
+    commands_cgroup: Option<RawFd>,
+) -> Result<(), SysError> {
+    let mut handed = vec![(listener, crate::PID1_LISTEN_FD)];
+    if let Some(commands) = commands_cgroup {
+        handed.push((commands, crate::COMMANDS_CGROUP_FD));
+    }
+    hand_over(&handed)
 }
 
 /// Duplicates each `(fd, target)` to its target and marks every descriptor above the last
@@ -514,6 +544,12 @@ pub(crate) fn close_all_but(keep: &[RawFd]) -> Result<(), SysError> {
         first = fd.saturating_add(1);
     }
     Ok(())
+}
+
+/// Whether descriptor `fd` is open.
+pub(crate) fn is_open(fd: RawFd) -> bool {
+    // SAFETY: fcntl(F_GETFD) takes integers and only reads the descriptor's flags.
+    unsafe { libc::fcntl(fd, libc::F_GETFD) >= 0 }
 }
 
 /// Marks `fd` close-on-exec if it is open.

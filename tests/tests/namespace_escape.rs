@@ -613,8 +613,18 @@ async fn the_container_factory_cannot_be_traced_entered_or_read_and_killing_it_h
             .await;
         assert!(!fds.contains("socket:"), "a command holds a socket: {fds}");
         assert!(
-            !fds.contains("/fd/6 "),
-            "a command holds descriptor 6: {fds}"
+            !fds.contains("/fd/6 ") && !fds.contains("/fd/7 ") && !fds.contains("cgroup"),
+            "a command holds descriptor 6 or 7 (the commands' cgroup): {fds}"
+        );
+        // Nor can it take the commands' cgroup (descriptor 7) from its agent, PID 1 of its
+        // PID namespace, which opened it with the host's credentials.
+        let verdicts = sb.probe(&["pidfd-getfd:1:7", "open:/proc/1/fd/7"]).await;
+        assert_verdicts(
+            &verdicts,
+            &[
+                ("pidfd-getfd:1:7", &["EPERM", "EACCES"]),
+                ("open:/proc/1/fd/7", &["EPERM", "EACCES"]),
+            ],
         );
         let Some(pid) = factory_pid(&sb).await else {
             // A container's PID namespace is nested in the sandbox's: the factory, in the
@@ -629,10 +639,12 @@ async fn the_container_factory_cannot_be_traced_entered_or_read_and_killing_it_h
             "setns-mnt:{}",
             "pidfd-getfd:{}:16",
             "pidfd-getfd:{}:17",
+            "pidfd-getfd:{}:18",
             "open:/proc/{}/mem",
             "open:/proc/{}/root/",
             "open:/proc/{}/cwd/",
             "open:/proc/{}/fd/16",
+            "open:/proc/{}/fd/18",
             "open:/proc/{}/ns/mnt",
             "open:/proc/{}/environ",
         ]

@@ -409,6 +409,63 @@ async fn a_containers_stats_are_its_own_processes_under_the_sandboxs_limits() {
     c.delete(&id).await.expect("delete");
 }
 
+/// A fork bomb raging in one container keeps the commands' process limit full; the agents,
+/// the sandbox's and every container's, keep the room to answer and to start a command.
+#[tokio::test]
+async fn a_fork_bomb_in_a_container_leaves_every_agent_answering() {
+    let daemon = TestDaemon::start();
+    let c = daemon.client();
+    let id = c.create(&pod()).await.expect("create").id;
+    let bomb = {
+        let (c, id) = (c.clone(), id.clone());
+        tokio::spawn(async move {
+            let request = ExecRequest {
+                timeout_s: 6,
+                ..ExecRequest::new(["sh", "-c", "b() { b | b & }; b; sleep 60"])
+            };
+            c.exec_in(&id, "db", &request)
+                .await
+                .expect("exec in db")
+                .collect()
+                .await
+                .expect("its output")
+        })
+    };
+    let mut raging = false;
+    for _ in 0..100 {
+        let stats = c.stats(&id).await.expect("stats");
+        if stats.pids.current >= stats.pids.limit / 4 * 3 {
+            raging = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(raging, "the bomb never filled the process limit");
+    let (out, err, code) = sh(&c, &id, "echo main answers").await;
+    assert_eq!((out.as_str(), code), ("main answers\n", 0), "{err}");
+    for container in ["db", "helper"] {
+        let out = c
+            .exec_in(&id, container, &ExecRequest::new(["echo", container]))
+            .await
+            .expect("exec in a container")
+            .collect()
+            .await
+            .expect("its output");
+        assert_eq!(
+            (
+                String::from_utf8_lossy(&out.stdout).trim(),
+                out.result.exit_code
+            ),
+            (container, 0),
+            "{:?}",
+            out.result
+        );
+    }
+    let bomb = bomb.await.expect("the bomb's exec");
+    assert!(bomb.result.timed_out, "{:?}", bomb.result);
+    c.delete(&id).await.expect("delete");
+}
+
 #[tokio::test]
 async fn a_removed_container_ends_with_every_process_in_it_and_is_not_restarted() {
     let daemon = TestDaemon::start();

@@ -21,6 +21,19 @@ pub(crate) struct CgroupLimits {
 #[derive(Debug)]
 pub(crate) struct SandboxCgroups {
     dirs: Vec<PathBuf>,
+    /// The commands' own group inside the sandbox's process-limit group, if there is one.
+    commands: Option<PathBuf>,
+}
+
+/// The name of the commands' group inside a sandbox's process-limit group.
+const COMMANDS_GROUP: &str = "commands";
+
+/// How many of a sandbox's processes the commands may use: all but a reserve (at most 64, at
+/// most a quarter) that keeps the agent able to answer (a connection thread, the next
+/// command's first process) when the commands have used up theirs — a fork bomb, or `sleep &`
+/// left behind by thousands. A microVM's agent has the same headroom from its own cgroup.
+fn commands_pids(total: u64) -> u64 {
+    total - (total / 4).min(64)
 }
 
 const CFS_PERIOD_US: u64 = 100_000;
@@ -67,6 +80,7 @@ impl SandboxCgroups {
         mkdir(&dir)?;
         let group = SandboxCgroups {
             dirs: vec![dir.clone()],
+            commands: None,
         };
         write(&dir.join("memory.max"), &limits.memory_bytes.to_string())?;
         let _ = write(&dir.join("memory.swap.max"), "0");
@@ -79,7 +93,10 @@ impl SandboxCgroups {
     }
 
     fn create_v1(root: &Path, parent: &str, id: &str, limits: CgroupLimits) -> io::Result<Self> {
-        let mut group = SandboxCgroups { dirs: Vec::new() };
+        let mut group = SandboxCgroups {
+            dirs: Vec::new(),
+            commands: None,
+        };
         let memory = root.join("memory");
         if !memory.is_dir() {
             return Err(io::Error::new(
@@ -107,6 +124,13 @@ impl SandboxCgroups {
             mkdir(&dir)?;
             group.dirs.push(dir.clone());
             write(&dir.join("pids.max"), &limits.pids.to_string())?;
+            let commands = dir.join(COMMANDS_GROUP);
+            mkdir(&commands)?;
+            write(
+                &commands.join("pids.max"),
+                &commands_pids(limits.pids).to_string(),
+            )?;
+            group.commands = Some(commands);
         }
         let cpu = root.join("cpu");
         if cpu.is_dir() {
@@ -155,7 +179,11 @@ impl SandboxCgroups {
                 )));
             }
         }
-        Ok(SandboxCgroups { dirs })
+        let commands = dirs
+            .iter()
+            .map(|dir| dir.join(COMMANDS_GROUP))
+            .find(|commands| commands.is_dir());
+        Ok(SandboxCgroups { dirs, commands })
     }
 
     /// What the sandbox uses now (fields the kernel does not report are 0).
@@ -215,12 +243,22 @@ impl SandboxCgroups {
         self.dirs.iter().map(|d| d.join("cgroup.procs")).collect()
     }
 
+    /// The `cgroup.procs` file that moves a command into the commands' group (on cgroup v1,
+    /// where the process limit has a hierarchy of its own; on v2 the commands share the
+    /// sandbox's group and its whole limit).
+    pub(crate) fn commands_procs_file(&self) -> Option<PathBuf> {
+        self.commands.as_ref().map(|d| d.join("cgroup.procs"))
+    }
+
     /// Removes the groups. Their processes must be dying: the daemon has killed the sandbox's
     /// supervisor, but the kernel tears the PID namespace down after that, and on a loaded
     /// host that can take seconds. So an in-use group is retried with a growing pause, for up
     /// to about 15 s in all.
     pub(crate) async fn remove(&self) -> io::Result<()> {
-        for dir in &self.dirs {
+        // A group with a child group cannot go: the commands' group first.
+        let children = self.dirs.iter().map(|d| d.join(COMMANDS_GROUP));
+        for dir in children.chain(self.dirs.iter().cloned()) {
+            let dir = &dir;
             let mut pause = Duration::from_millis(2);
             let mut waited = Duration::ZERO;
             loop {
@@ -278,7 +316,10 @@ pub async fn remove_stale(root: &Path, parent: &str, keep: &[String]) -> usize {
             if !dir.is_dir() || keep.iter().any(|id| entry.file_name() == id.as_str()) {
                 continue;
             }
-            if let Ok(procs) = fs::read_to_string(dir.join("cgroup.procs")) {
+            for group in [dir.clone(), dir.join(COMMANDS_GROUP)] {
+                let Ok(procs) = fs::read_to_string(group.join("cgroup.procs")) else {
+                    continue;
+                };
                 for pid in procs
                     .split_whitespace()
                     .filter_map(|p| p.parse::<i32>().ok())
@@ -289,7 +330,10 @@ pub async fn remove_stale(root: &Path, parent: &str, keep: &[String]) -> usize {
                     );
                 }
             }
-            let group = SandboxCgroups { dirs: vec![dir] };
+            let group = SandboxCgroups {
+                dirs: vec![dir],
+                commands: None,
+            };
             if group.remove().await.is_ok() {
                 removed += 1;
             }
@@ -302,5 +346,19 @@ pub async fn remove_stale(root: &Path, parent: &str, keep: &[String]) -> usize {
 pub fn remove_parent(root: &Path, parent: &str) {
     for dir in parent_dirs(root, parent) {
         let _ = fs::remove_dir(dir);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::commands_pids;
+
+    #[test]
+    fn the_commands_leave_the_agents_a_reserve_of_at_most_64_and_a_quarter() {
+        assert_eq!(commands_pids(1024), 960);
+        assert_eq!(commands_pids(100), 75);
+        assert_eq!(commands_pids(16), 12);
+        assert_eq!(commands_pids(3), 3);
+        assert_eq!(commands_pids(1), 1);
     }
 }

@@ -366,6 +366,7 @@ impl NamespaceBackend {
                 .iter()
                 .flat_map(|c| c.procs_files())
                 .collect(),
+            commands_cgroup: cleanup.cgroups.iter().find_map(|c| c.commands_procs_file()),
             containers: spec.containers,
             shared: spec.shared,
         }
