@@ -2,7 +2,8 @@
 //! containerd 1.6's CRI plugin with `crucible` as the runtime handler, which makes the pod one
 //! sandbox of the daemon (its `pause` container's) and each of the pod's containers a
 //! container in it. A job, a helper and a service share the pod's loopback and an `emptyDir`;
-//! when the pod is gone, nothing of it is left.
+//! a container that fails is restarted as kubelet restarts it; when the pod is gone, nothing of
+//! it is left.
 //!
 //! No kubelet and no CNI run here: the pod asks for the node's network (kubelet's
 //! `hostNetwork: true`), which the CRI plugin accepts without a network plugin; the sandbox has
@@ -93,6 +94,35 @@ fn container(name: &str, script: &str, empty_dir: &std::path::Path) -> Container
         }],
         log_path: format!("{name}.log"),
         ..ContainerConfig::default()
+    }
+}
+
+/// Polls a container's status (10 s at most) until it is in `state`.
+async fn until_state(
+    cri: &mut RuntimeServiceClient<Channel>,
+    id: &str,
+    state: ContainerState,
+) -> k8s_cri::v1::ContainerStatus {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let status = cri
+            .container_status(ContainerStatusRequest {
+                container_id: id.into(),
+                verbose: false,
+            })
+            .await
+            .expect("ContainerStatus")
+            .into_inner()
+            .status
+            .expect("a status");
+        if status.state == state as i32 {
+            return status;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "container {id} never got to {state:?}: {status:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
 
@@ -276,6 +306,86 @@ async fn pod_of_three() {
         .and_then(|m| m.working_set_bytes)
         .map(|v| v.value);
     assert!(memory.is_some_and(|bytes| bytes > 0), "{stats:?}");
+
+    // A container that fails is restarted the way kubelet does it: a new container of the
+    // same name, the next attempt, while the dead one is still listed. The second attempt
+    // finds what the first left in the emptyDir and stays up.
+    let flaky = "[ -e /shared/flaky-ran ] && exec sleep 3600; touch /shared/flaky-ran; exit 4";
+    let mut attempts = Vec::new();
+    for attempt in 0..2 {
+        let mut flaky_config = container("flaky", flaky, &empty_dir);
+        if let Some(metadata) = flaky_config.metadata.as_mut() {
+            metadata.attempt = attempt;
+        }
+        flaky_config.log_path = format!("flaky_{attempt}.log");
+        let id = cri
+            .create_container(CreateContainerRequest {
+                pod_sandbox_id: pod.clone(),
+                config: Some(flaky_config),
+                sandbox_config: Some(config.clone()),
+            })
+            .await
+            .unwrap_or_else(|e| {
+                panic!(
+                    "CreateContainer flaky (attempt {attempt}): {e}; containerd's log:\n{}",
+                    containerd.log()
+                )
+            })
+            .into_inner()
+            .container_id;
+        cri.start_container(StartContainerRequest {
+            container_id: id.clone(),
+        })
+        .await
+        .unwrap_or_else(|e| panic!("StartContainer flaky (attempt {attempt}): {e}"));
+        attempts.push(id);
+        if attempt == 0 {
+            let status = until_state(&mut cri, &attempts[0], ContainerState::ContainerExited).await;
+            assert_eq!(status.exit_code, 4, "{status:?}");
+        }
+    }
+    until_state(&mut cri, &attempts[1], ContainerState::ContainerRunning).await;
+    // The CRI plugin deleted the dead one's task when it exited, which removed it from the
+    // sandbox: the new attempt takes its name.
+    let flaky_in_sandbox: Vec<String> = c
+        .containers(&sandbox)
+        .await
+        .expect("containers")
+        .into_iter()
+        .map(|info| info.name)
+        .filter(|name| name.starts_with("flaky"))
+        .collect();
+    assert_eq!(flaky_in_sandbox, ["flaky"]);
+    let first = cri
+        .container_status(ContainerStatusRequest {
+            container_id: attempts[0].clone(),
+            verbose: false,
+        })
+        .await
+        .expect("the first attempt's status, kept for kubelet")
+        .into_inner()
+        .status
+        .expect("a status");
+    assert_eq!(
+        (first.state, first.exit_code),
+        (ContainerState::ContainerExited as i32, 4)
+    );
+    let exec = cri
+        .exec_sync(ExecSyncRequest {
+            container_id: attempts[1].clone(),
+            cmd: vec!["cat".into(), "/shared/note".into()],
+            timeout: 10,
+        })
+        .await
+        .expect("ExecSync in the second attempt")
+        .into_inner();
+    assert_eq!(
+        (
+            String::from_utf8_lossy(&exec.stdout).as_ref(),
+            exec.exit_code
+        ),
+        ("from-helper\n", 0)
+    );
 
     cri.stop_pod_sandbox(StopPodSandboxRequest {
         pod_sandbox_id: pod.clone(),
