@@ -20,13 +20,21 @@ pub(crate) struct CgroupLimits {
 /// The cgroups of one sandbox.
 #[derive(Debug)]
 pub(crate) struct SandboxCgroups {
+    /// The sandbox's groups, one per hierarchy: its limits, and what it uses in all.
     dirs: Vec<PathBuf>,
+    /// The groups its supervisor joins (and with it the agents): `dirs`, but on cgroup v2 the
+    /// agents' leaf when the commands have one beside it.
+    members: Vec<PathBuf>,
     /// The commands' own group inside the sandbox's process-limit group, if there is one.
     commands: Option<PathBuf>,
 }
 
 /// The name of the commands' group inside a sandbox's process-limit group.
 const COMMANDS_GROUP: &str = "commands";
+
+/// On cgroup v2, the agents' group beside the commands': a v2 group that hands a controller
+/// to its children may hold no process itself.
+const AGENT_GROUP: &str = "agent";
 
 /// How many of a sandbox's processes the commands may use: all but a reserve (at most 64, at
 /// most a quarter) that keeps the agent able to answer (a connection thread, the next
@@ -78,8 +86,9 @@ impl SandboxCgroups {
         }
         let dir = parent.join(id);
         mkdir(&dir)?;
-        let group = SandboxCgroups {
+        let mut group = SandboxCgroups {
             dirs: vec![dir.clone()],
+            members: vec![dir.clone()],
             commands: None,
         };
         write(&dir.join("memory.max"), &limits.memory_bytes.to_string())?;
@@ -89,12 +98,29 @@ impl SandboxCgroups {
             &dir.join("cpu.max"),
             &format!("{} {CFS_PERIOD_US}", u64::from(limits.cpus) * CFS_PERIOD_US),
         );
+        // The commands' process limit needs the pids controller handed down; where it cannot
+        // be, they share the sandbox's group as they did before.
+        match write(&dir.join("cgroup.subtree_control"), "+pids") {
+            Ok(()) => {
+                let (agent, commands) = (dir.join(AGENT_GROUP), dir.join(COMMANDS_GROUP));
+                mkdir(&agent)?;
+                mkdir(&commands)?;
+                write(
+                    &commands.join("pids.max"),
+                    &commands_pids(limits.pids).to_string(),
+                )?;
+                group.members = vec![agent];
+                group.commands = Some(commands);
+            }
+            Err(e) => tracing::info!("commands share their sandbox's process limit: {e}"),
+        }
         Ok(group)
     }
 
     fn create_v1(root: &Path, parent: &str, id: &str, limits: CgroupLimits) -> io::Result<Self> {
         let mut group = SandboxCgroups {
             dirs: Vec::new(),
+            members: Vec::new(),
             commands: None,
         };
         let memory = root.join("memory");
@@ -151,6 +177,7 @@ impl SandboxCgroups {
             mkdir(&dir)?;
             group.dirs.push(dir);
         }
+        group.members = group.dirs.clone();
         Ok(group)
     }
 
@@ -158,7 +185,8 @@ impl SandboxCgroups {
     /// [`SandboxCgroups::create`] makes them, never created: each must exist and hold `pid`
     /// (the sandbox's supervisor), or the sandbox is not as it was left.
     pub(crate) fn adopt(root: &Path, parent: &str, id: &str, pid: i32) -> io::Result<Self> {
-        let dirs: Vec<PathBuf> = if root.join("cgroup.controllers").exists() {
+        let v2 = root.join("cgroup.controllers").exists();
+        let dirs: Vec<PathBuf> = if v2 {
             vec![root.join(parent).join(id)]
         } else {
             ["memory", "pids", "cpu", "cpuacct"]
@@ -169,7 +197,14 @@ impl SandboxCgroups {
                 .map(|c| c.join(parent).join(id))
                 .collect()
         };
-        for dir in &dirs {
+        let members: Vec<PathBuf> = dirs
+            .iter()
+            .map(|dir| match dir.join(AGENT_GROUP) {
+                agent if v2 && agent.is_dir() => agent,
+                _ => dir.clone(),
+            })
+            .collect();
+        for dir in &members {
             let procs = fs::read_to_string(dir.join("cgroup.procs"))
                 .map_err(|e| io::Error::new(e.kind(), format!("cgroup {}: {e}", dir.display())))?;
             if !procs.split_whitespace().any(|p| p == pid.to_string()) {
@@ -183,7 +218,11 @@ impl SandboxCgroups {
             .iter()
             .map(|dir| dir.join(COMMANDS_GROUP))
             .find(|commands| commands.is_dir());
-        Ok(SandboxCgroups { dirs, commands })
+        Ok(SandboxCgroups {
+            dirs,
+            members,
+            commands,
+        })
     }
 
     /// What the sandbox uses now (fields the kernel does not report are 0).
@@ -238,14 +277,17 @@ impl SandboxCgroups {
         wire::SandboxStats { memory, cpu, pids }
     }
 
-    /// The `cgroup.procs` files a process writes its pid into to join every group.
+    /// The `cgroup.procs` files the sandbox's supervisor writes its pid into to join every
+    /// group.
     pub(crate) fn procs_files(&self) -> Vec<PathBuf> {
-        self.dirs.iter().map(|d| d.join("cgroup.procs")).collect()
+        self.members
+            .iter()
+            .map(|d| d.join("cgroup.procs"))
+            .collect()
     }
 
-    /// The `cgroup.procs` file that moves a command into the commands' group (on cgroup v1,
-    /// where the process limit has a hierarchy of its own; on v2 the commands share the
-    /// sandbox's group and its whole limit).
+    /// The `cgroup.procs` file that moves a command into the commands' group, whose process
+    /// limit leaves the agents a reserve.
     pub(crate) fn commands_procs_file(&self) -> Option<PathBuf> {
         self.commands.as_ref().map(|d| d.join("cgroup.procs"))
     }
@@ -255,8 +297,11 @@ impl SandboxCgroups {
     /// host that can take seconds. So an in-use group is retried with a growing pause, for up
     /// to about 15 s in all.
     pub(crate) async fn remove(&self) -> io::Result<()> {
-        // A group with a child group cannot go: the commands' group first.
-        let children = self.dirs.iter().map(|d| d.join(COMMANDS_GROUP));
+        // A group with a child group cannot go: the commands' and the agents' first.
+        let children = self
+            .dirs
+            .iter()
+            .flat_map(|d| [d.join(COMMANDS_GROUP), d.join(AGENT_GROUP)]);
         for dir in children.chain(self.dirs.iter().cloned()) {
             let dir = &dir;
             let mut pause = Duration::from_millis(2);
@@ -316,7 +361,7 @@ pub async fn remove_stale(root: &Path, parent: &str, keep: &[String]) -> usize {
             if !dir.is_dir() || keep.iter().any(|id| entry.file_name() == id.as_str()) {
                 continue;
             }
-            for group in [dir.clone(), dir.join(COMMANDS_GROUP)] {
+            for group in [dir.clone(), dir.join(COMMANDS_GROUP), dir.join(AGENT_GROUP)] {
                 let Ok(procs) = fs::read_to_string(group.join("cgroup.procs")) else {
                     continue;
                 };
@@ -331,6 +376,7 @@ pub async fn remove_stale(root: &Path, parent: &str, keep: &[String]) -> usize {
                 }
             }
             let group = SandboxCgroups {
+                members: vec![dir.clone()],
                 dirs: vec![dir],
                 commands: None,
             };
@@ -351,7 +397,70 @@ pub fn remove_parent(root: &Path, parent: &str) {
 
 #[cfg(test)]
 mod tests {
-    use super::commands_pids;
+    use super::*;
+
+    const LIMITS: CgroupLimits = CgroupLimits {
+        memory_bytes: 64 << 20,
+        pids: 1024,
+        cpus: 1,
+    };
+
+    fn read(path: &Path) -> String {
+        fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+    }
+
+    // A cgroup filesystem is files and directories: a plain one shows the layout made, and
+    // what adopting it finds (the kernel's own rules, such as no processes in a v2 group that
+    // hands a controller down, are for the e2e tests).
+    #[test]
+    fn on_v2_the_supervisor_joins_an_agent_leaf_beside_the_commands_and_is_found_there() {
+        let root = tempfile::tempdir().expect("tempdir");
+        fs::write(root.path().join("cgroup.controllers"), "memory pids cpu").expect("v2");
+        let group = SandboxCgroups::create(root.path(), "crucible", "sb-1", LIMITS).expect("made");
+        let dir = root.path().join("crucible/sb-1");
+        assert_eq!(read(&dir.join("pids.max")), "1024");
+        assert_eq!(read(&dir.join("cgroup.subtree_control")), "+pids");
+        assert_eq!(read(&dir.join("commands/pids.max")), "960");
+        assert_eq!(group.procs_files(), [dir.join("agent/cgroup.procs")]);
+        assert_eq!(
+            group.commands_procs_file(),
+            Some(dir.join("commands/cgroup.procs"))
+        );
+
+        fs::write(dir.join("agent/cgroup.procs"), "41\n42\n").expect("procs");
+        let adopted = SandboxCgroups::adopt(root.path(), "crucible", "sb-1", 42).expect("adopt");
+        assert_eq!(adopted.procs_files(), group.procs_files());
+        assert_eq!(adopted.commands_procs_file(), group.commands_procs_file());
+        let err = SandboxCgroups::adopt(root.path(), "crucible", "sb-1", 7).expect_err("not 7");
+        assert!(err.to_string().contains("agent"), "{err}");
+    }
+
+    #[test]
+    fn on_v1_the_supervisor_joins_each_hierarchy_and_the_commands_a_pids_child() {
+        let root = tempfile::tempdir().expect("tempdir");
+        for controller in ["memory", "pids", "cpu"] {
+            fs::create_dir(root.path().join(controller)).expect("hierarchy");
+        }
+        let group = SandboxCgroups::create(root.path(), "crucible", "sb-1", LIMITS).expect("made");
+        let pids = root.path().join("pids/crucible/sb-1");
+        assert_eq!(read(&pids.join("pids.max")), "1024");
+        assert_eq!(read(&pids.join("commands/pids.max")), "960");
+        let expected: Vec<PathBuf> = ["memory", "pids", "cpu"]
+            .iter()
+            .map(|c| root.path().join(c).join("crucible/sb-1/cgroup.procs"))
+            .collect();
+        assert_eq!(group.procs_files(), expected);
+        assert_eq!(
+            group.commands_procs_file(),
+            Some(pids.join("commands/cgroup.procs"))
+        );
+        for file in &expected {
+            fs::write(file, "42\n").expect("procs");
+        }
+        let adopted = SandboxCgroups::adopt(root.path(), "crucible", "sb-1", 42).expect("adopt");
+        assert_eq!(adopted.procs_files(), expected);
+        assert_eq!(adopted.commands_procs_file(), group.commands_procs_file());
+    }
 
     #[test]
     fn the_commands_leave_the_agents_a_reserve_of_at_most_64_and_a_quarter() {
