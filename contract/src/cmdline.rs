@@ -43,6 +43,12 @@ pub mod keys {
     pub const SCRATCH: &str = "crucible.scratch";
     /// One mounted disk, `SERIAL:MODE:TARGET`; the key repeats, once per disk.
     pub const MOUNT: &str = "crucible.mount";
+    /// One container, `NAME:SERIAL` (its image's disk); the key repeats, once per container,
+    /// and a container's place in that order is its index.
+    pub const CONTAINER: &str = "crucible.container";
+    /// One shared directory mounted in a root, `OWNER:NAME:TARGET` (`main` or a container;
+    /// the directory's name; where, percent-encoded); the key repeats.
+    pub const SHARED: &str = "crucible.shared";
 }
 
 /// The most bytes [`BootConfig::to_cmdline`] writes. x86 Linux keeps 2048 bytes of command
@@ -93,6 +99,93 @@ impl DiskMount {
         crate::disk::is_valid_serial(&self.serial)
             && self.target.starts_with('/')
             && !self.target.contains('\0')
+    }
+}
+
+/// Whether `name` is a container's or a shared directory's name: 1 to 63 of `a-z`, `0-9` and
+/// `-`, starting and ending with a letter or a digit.
+pub fn is_valid_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 63
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && !name.starts_with('-')
+        && !name.ends_with('-')
+}
+
+/// A container of a microVM sandbox (`crucible.container=`): its agent is PID 1 of a PID and
+/// mount namespace of its own, its root the image on the disk of this serial, read-only under
+/// an overlay whose writes stay in the guest's memory.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct VmContainer {
+    /// Its name ([`is_valid_name`], never `main`).
+    pub name: String,
+    /// The serial of its image's disk.
+    pub serial: String,
+}
+
+impl VmContainer {
+    fn to_value(&self) -> String {
+        format!("{}:{}", self.name, self.serial)
+    }
+
+    fn parse(value: &str) -> Option<VmContainer> {
+        let (name, serial) = value.split_once(':')?;
+        let container = VmContainer {
+            name: name.to_string(),
+            serial: serial.to_string(),
+        };
+        container.is_valid().then_some(container)
+    }
+
+    fn is_valid(&self) -> bool {
+        is_valid_name(&self.name)
+            && self.name != "main"
+            && crate::disk::is_valid_serial(&self.serial)
+    }
+}
+
+/// A shared directory of a microVM sandbox mounted in one of its roots (`crucible.shared=`):
+/// the same name is the same directory (in the guest's memory) wherever it is mounted.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct VmShared {
+    /// The root that mounts it: `main` (the sandbox's own) or a container's name.
+    pub owner: String,
+    /// The directory's name.
+    pub name: String,
+    /// Where it appears in that root (absolute).
+    pub target: String,
+}
+
+impl VmShared {
+    fn to_value(&self) -> String {
+        format!(
+            "{}:{}:{}",
+            self.owner,
+            self.name,
+            encode_target(&self.target)
+        )
+    }
+
+    fn parse(value: &str) -> Option<VmShared> {
+        let mut parts = value.splitn(3, ':');
+        let (owner, name, target) = (parts.next()?, parts.next()?, parts.next()?);
+        let shared = VmShared {
+            owner: owner.to_string(),
+            name: name.to_string(),
+            target: decode_target(target)?,
+        };
+        shared.is_valid().then_some(shared)
+    }
+
+    fn is_valid(&self) -> bool {
+        is_valid_name(&self.owner)
+            && is_valid_name(&self.name)
+            && self.target.starts_with('/')
+            && self.target != "/"
+            && !self.target.contains('\0')
+            && !self.target.split('/').any(|part| part == "..")
     }
 }
 
@@ -207,6 +300,10 @@ pub struct BootConfig {
     pub scratch: Option<String>,
     /// `crucible.mount=`: disks to mount, in order.
     pub mounts: Vec<DiskMount>,
+    /// `crucible.container=`: the sandbox's containers, in index order.
+    pub containers: Vec<VmContainer>,
+    /// `crucible.shared=`: the shared directories' mounts.
+    pub shared: Vec<VmShared>,
 }
 
 /// The hostname when the command line gives none.
@@ -229,6 +326,8 @@ impl Default for BootConfig {
             egress_port: None,
             scratch: None,
             mounts: Vec::new(),
+            containers: Vec::new(),
+            shared: Vec::new(),
         }
     }
 }
@@ -302,6 +401,8 @@ impl BootConfig {
                     cfg.scratch = Some(value.to_string())
                 }
                 keys::MOUNT => cfg.mounts.extend(DiskMount::parse(value)),
+                keys::CONTAINER => cfg.containers.extend(VmContainer::parse(value)),
+                keys::SHARED => cfg.shared.extend(VmShared::parse(value)),
                 _ => {}
             }
         }
@@ -395,6 +496,24 @@ impl BootConfig {
             }
             push(keys::MOUNT, &mount.to_value());
         }
+        for container in &self.containers {
+            if !container.is_valid() {
+                return Err(CmdlineError::BadValue {
+                    key: keys::CONTAINER,
+                    value: container.to_value(),
+                });
+            }
+            push(keys::CONTAINER, &container.to_value());
+        }
+        for shared in &self.shared {
+            if !shared.is_valid() {
+                return Err(CmdlineError::BadValue {
+                    key: keys::SHARED,
+                    value: format!("{}:{}:{}", shared.owner, shared.name, shared.target),
+                });
+            }
+            push(keys::SHARED, &shared.to_value());
+        }
         let line = words.join(" ");
         if line.len() > MAX_WORDS_BYTES {
             return Err(CmdlineError::TooLong { len: line.len() });
@@ -434,6 +553,22 @@ mod tests {
                     serial: "crucible-mount-1".into(),
                     target: "/opt/my tools/\"q\"%50/\u{e9}".into(),
                     read_only: true,
+                },
+            ],
+            containers: vec![VmContainer {
+                name: "db".into(),
+                serial: "crucible-ctr-0".into(),
+            }],
+            shared: vec![
+                VmShared {
+                    owner: "main".into(),
+                    name: "work".into(),
+                    target: "/work".into(),
+                },
+                VmShared {
+                    owner: "db".into(),
+                    name: "work".into(),
+                    target: "/var/lib/my data".into(),
                 },
             ],
         }
@@ -487,8 +622,30 @@ mod tests {
              crucible.boot_marker=1 crucible.hostname=sb-0123abcd crucible.mem_reserve_mib=32 crucible.pids_max=100 \
              crucible.cgroups=0 crucible.egress_port=1026 crucible.scratch=crucible-scratch \
              crucible.mount=crucible-mount-0:rw:/root/.cargo/registry \
-             crucible.mount=crucible-mount-1:ro:/opt/my%20tools/%22q%22%2550/%C3%A9"
+             crucible.mount=crucible-mount-1:ro:/opt/my%20tools/%22q%22%2550/%C3%A9 \
+             crucible.container=db:crucible-ctr-0 crucible.shared=main:work:/work \
+             crucible.shared=db:work:/var/lib/my%20data"
         );
+    }
+
+    #[test]
+    fn containers_and_shared_dirs_the_builder_would_not_write_are_refused_and_ignored() {
+        for (name, serial) in [("main", "x"), ("Db", "x"), ("db", "x:y"), ("-db", "x")] {
+            let cfg = BootConfig {
+                containers: vec![VmContainer {
+                    name: name.into(),
+                    serial: serial.into(),
+                }],
+                ..BootConfig::default()
+            };
+            assert!(cfg.to_cmdline().is_err(), "{name}:{serial}");
+            let parsed = BootConfig::parse(&format!("crucible.container={name}:{serial}"));
+            assert!(parsed.containers.is_empty(), "{name}:{serial}");
+        }
+        for target in ["relative", "/", "/a/../etc"] {
+            let parsed = BootConfig::parse(&format!("crucible.shared=main:work:{target}"));
+            assert!(parsed.shared.is_empty(), "{target}");
+        }
     }
 
     #[test]

@@ -21,6 +21,11 @@ pub fn mount_serial(index: usize) -> String {
     format!("crucible-mount-{index}")
 }
 
+/// The serial of the image disk of the sandbox's container `index` (`crucible.container=`).
+pub fn container_serial(index: usize) -> String {
+    format!("crucible-ctr-{index}")
+}
+
 /// Whether `serial` is one the guest can match exactly: 1 to [`MAX_SERIAL_BYTES`] bytes of
 /// ASCII letters, digits, `.`, `_` and `-` (no NUL padding to confuse, nothing the kernel
 /// command line would mangle).
@@ -40,6 +45,7 @@ mod tests {
         assert!(is_valid_serial(SCRATCH_SERIAL) && is_valid_serial(ROOT_SERIAL));
         for index in [0, 9, 10, 999] {
             assert!(is_valid_serial(&mount_serial(index)), "{index}");
+            assert!(is_valid_serial(&container_serial(index)), "{index}");
         }
         for bad in ["", "a b", "x:y", "a\0", "123456789012345678901"] {
             assert!(!is_valid_serial(bad), "{bad:?}");

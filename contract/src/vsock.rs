@@ -10,6 +10,15 @@ pub const DEFAULT_AGENT_PORT: u32 = 1024;
 /// The host vsock port the agent connects to when ready (`crucible.ready_port=`).
 pub const DEFAULT_READY_PORT: u32 = 1025;
 
+/// The vsock port the agent of a microVM sandbox's container `index` serves on: one of its
+/// own, since each container's agent is PID 1 of its own namespaces.
+pub fn container_agent_port(index: usize) -> u32 {
+    CONTAINER_AGENT_PORT_BASE.saturating_add(u32::try_from(index).unwrap_or(u32::MAX))
+}
+
+/// The port of container 0's agent ([`container_agent_port`]).
+pub const CONTAINER_AGENT_PORT_BASE: u32 = 2048;
+
 /// How long the vsock device waits for each handshake step by default: a host client's
 /// `CONNECT <port>\n` line and the guest's answer to it (together, counted from the client's
 /// connect), and the guest's RST after the device's SHUTDOWN. Past it the host socket is closed

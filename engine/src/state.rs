@@ -537,10 +537,10 @@ impl Engine {
         let kind = request.backend.unwrap_or_else(|| self.default_backend());
         let backend = self.backend(kind)?;
         let has_containers = !request.containers.is_empty() || !request.shared.is_empty();
-        if has_containers && kind != BackendKind::Namespace {
+        if has_containers && kind == BackendKind::Process {
             return Err(CreateError::Invalid(format!(
-                "containers: only the namespace backend runs containers yet, not the {kind} \
-                 backend (ask for \"backend\": \"namespace\")"
+                "containers: the {kind} backend runs no containers (ask for \"backend\": \
+                 \"namespace\" or \"microvm\")"
             )));
         }
         let containers = self.plan_containers(&request, &owner)?;
@@ -573,8 +573,15 @@ impl Engine {
                 .map(|v| v.path.as_str())
                 .chain(request.caches.iter().map(|c| c.path.as_str()))
                 .collect();
-            microvm_disks::check_request(&new_id(), request.disk_mib.is_some(), &targets)
-                .map_err(CreateError::Invalid)?;
+            let names: Vec<&str> = request.containers.iter().map(|c| c.name.as_str()).collect();
+            microvm_disks::check_request(
+                &new_id(),
+                request.disk_mib.is_some(),
+                &targets,
+                &names,
+                &crate::backend::microvm::vm_shared(&containers.shared),
+            )
+            .map_err(CreateError::Invalid)?;
         }
         if let Some(disk_mib) = request.disk_mib {
             if disk_mib < MIN_DISK_MIB {
@@ -674,8 +681,20 @@ impl Engine {
             roots: container_roots,
             shared,
             leases,
+            images: container_images,
         } = containers;
         held.container_images = leases;
+        // A microVM reaches each container's image as a read-only ext4 snapshot of its tree.
+        let mut container_disks = Vec::new();
+        if kind == BackendKind::Microvm {
+            let images = &self.storage()?.images;
+            for (root, image) in container_roots.iter().zip(&container_images) {
+                container_disks.push(match image {
+                    Some(record) => images.root_disk(record).await?,
+                    None => images.tree_disk(&root.rootfs).await?,
+                });
+            }
+        }
         let root = match imported {
             Some((record, lease)) => {
                 let images = &self.storage()?.images;
@@ -702,6 +721,7 @@ impl Engine {
             egress: network.as_ref().map(|(_, sink)| sink.clone()),
             root,
             containers: container_roots,
+            container_disks,
             shared,
         };
         let instance = backend.create(spec).await.map_err(|e| {

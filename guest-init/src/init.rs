@@ -286,6 +286,13 @@ fn boot_and_serve(cmdline: Option<String>, forwarded: &[String]) -> Stop {
             .map_err(|e| log::info(format_args!("cannot open {}: {e}", events.display())))
             .ok();
     }
+    // Before the listener and the hello: the host connects to the containers once it has the
+    // hello, and each container's agent listens by then.
+    let container_agents = crate::vm_containers::start_all(
+        &cfg,
+        exec_ctx.cgroup_procs.as_ref().map(std::os::fd::AsFd::as_fd),
+    );
+    sys::spare_from_signals(container_agents);
 
     let listener = match Listener::bind(&Address::Vsock(libc::VMADDR_CID_ANY, cfg.port)) {
         Ok(l) => Some(l),

@@ -27,5 +27,6 @@ pub mod selftest;
 pub mod server;
 pub mod spawn;
 pub mod sys;
+pub mod vm_containers;
 pub mod vm_root;
 mod vsock;

@@ -89,6 +89,11 @@ struct Args {
     /// The sandbox's container factory, spared too; its connection is at
     /// `namespace::PID1_FACTORY_FD`.
     container_factory: Option<i32>,
+    /// `sandbox-container` in a microVM: the container's name and its image's disk, to build
+    /// its root from before serving.
+    vm_root: Option<(String, String)>,
+    /// With `vm_root`: shared directories `(name, target)` to bind into it.
+    vm_shared: Vec<(String, String)>,
 }
 
 /// Which half of a namespace sandbox this process is, if any.
@@ -200,6 +205,22 @@ fn parse_args(argv: Vec<String>) -> Result<Option<Args>, String> {
                     args.container_factory = Some(pid);
                 }
             }
+            "--vm-root" | "--vm-shared" => {
+                if !matches!(args.mode, Mode::SandboxContainer) {
+                    return Err(format!("{flag} is only valid after `sandbox-container`"));
+                }
+                let v = value(&flag)?;
+                let (name, rest) = v
+                    .split_once(':')
+                    .filter(|(name, rest)| !name.is_empty() && rest.starts_with('/'))
+                    .ok_or_else(|| format!("{flag} takes NAME:/PATH, got {v:?}"))?;
+                let pair = (name.to_string(), rest.to_string());
+                if flag == "--vm-root" {
+                    args.vm_root = Some(pair);
+                } else {
+                    args.vm_shared.push(pair);
+                }
+            }
             other if namespace::SandboxSpec::is_flag(other) => {
                 let Mode::Sandbox(spec) = &mut args.mode else {
                     return Err(format!("{flag} is only valid after `sandbox` (see --help)"));
@@ -262,6 +283,17 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
         Mode::SandboxPid1 | Mode::SandboxContainer => {
+            if let Some((name, device)) = &args.vm_root {
+                // A microVM's container: PID 1 of its namespaces, its root still to build.
+                if let Err(e) = guest_init::vm_containers::enter_root(name, device, &args.vm_shared)
+                {
+                    eprintln!(
+                        "guest-init: container {name}: cannot build its root: {}",
+                        report::chain(&e)
+                    );
+                    return ExitCode::FAILURE;
+                }
+            }
             if let Err(e) = namespace::harden_pid1() {
                 eprintln!("guest-init: {}", report::chain(&e));
                 return ExitCode::FAILURE;

@@ -128,7 +128,23 @@ impl MicrovmBackend {
                 reason,
             });
         }
-        let plan = DiskPlan::new(spec.disk.as_deref(), &spec.mounts)
+        if spec.container_disks.len() != spec.containers.len() {
+            return Err(BackendError::setup(
+                "attach the containers' images",
+                invalid(&format!(
+                    "{} containers but {} image disks",
+                    spec.containers.len(),
+                    spec.container_disks.len()
+                )),
+            ));
+        }
+        let containers: Vec<(String, PathBuf)> = spec
+            .containers
+            .iter()
+            .map(|c| c.name.clone())
+            .zip(spec.container_disks.iter().cloned())
+            .collect();
+        let plan = DiskPlan::new(spec.disk.as_deref(), &spec.mounts, &containers)
             .map_err(|e| BackendError::setup("attach the sandbox's storage", invalid(&e)))?;
         let dir = self.state_dir.join("sandboxes").join(&spec.id);
         std::fs::create_dir_all(&dir)
@@ -570,10 +586,23 @@ fn boot_config(spec: &InstanceSpec, disks: &DiskPlan) -> BootConfig {
             .egress
             .is_some()
             .then_some(contract::egress::VSOCK_PORT),
+        shared: vm_shared(&spec.shared),
         ..BootConfig::default()
     };
     disks.describe_to(&mut boot);
     boot
+}
+
+/// The shared directories' mounts as the guest is told them (`crucible.shared=`).
+pub(crate) fn vm_shared(shared: &[::namespace::SharedMount]) -> Vec<contract::cmdline::VmShared> {
+    shared
+        .iter()
+        .map(|mount| contract::cmdline::VmShared {
+            owner: mount.owner.clone(),
+            name: mount.dir.clone(),
+            target: mount.target.to_string_lossy().into_owned(),
+        })
+        .collect()
 }
 
 /// The VM for one sandbox: the image's kernel and initramfs, the agent on the default vsock
@@ -744,6 +773,13 @@ impl Instance for MicrovmInstance {
         Box::pin(vsock_connect(&self.uds, DEFAULT_AGENT_PORT))
     }
 
+    fn connect_container(&self, index: usize) -> BoxFuture<'_, io::Result<UnixStream>> {
+        Box::pin(vsock_connect(
+            &self.uds,
+            contract::vsock::container_agent_port(index),
+        ))
+    }
+
     fn exited(&self) -> watch::Receiver<Option<String>> {
         self.exited.clone()
     }
@@ -910,6 +946,7 @@ mod tests {
             egress: None,
             root: None,
             containers: Vec::new(),
+            container_disks: Vec::new(),
             shared: Vec::new(),
         }
     }
@@ -947,6 +984,7 @@ mod tests {
             disks: Vec::new(),
             scratch: None,
             mounts: Vec::new(),
+            containers: Vec::new(),
         },
         links: &[],
     };
@@ -961,7 +999,7 @@ mod tests {
             read_only: false,
         }];
         spec.egress = Some(Arc::new(|_| {}));
-        let plan = DiskPlan::new(spec.disk.as_deref(), &spec.mounts).expect("plan");
+        let plan = DiskPlan::new(spec.disk.as_deref(), &spec.mounts, &[]).expect("plan");
         let links = [
             PathBuf::from("/run/sb/crucible-scratch"),
             PathBuf::from("/run/sb/crucible-mount-0"),

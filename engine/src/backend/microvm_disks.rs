@@ -8,8 +8,8 @@
 
 use std::path::{Path, PathBuf};
 
-use contract::cmdline::{BootConfig, DiskMount};
-use contract::disk::{mount_serial, SCRATCH_SERIAL};
+use contract::cmdline::{BootConfig, DiskMount, VmContainer};
+use contract::disk::{container_serial, mount_serial, SCRATCH_SERIAL};
 
 use super::{MountSource, MountSpec};
 
@@ -37,6 +37,8 @@ pub(crate) struct DiskPlan {
     pub(crate) scratch: Option<String>,
     /// `crucible.mount=`.
     pub(crate) mounts: Vec<DiskMount>,
+    /// `crucible.container=`.
+    pub(crate) containers: Vec<VmContainer>,
 }
 
 /// Why a sandbox's storage cannot be given to a microVM.
@@ -48,19 +50,21 @@ pub(crate) enum DiskPlanError {
     Directory,
     /// More disks than the machine has transports for.
     #[error(
-        "a microVM takes at most {MAX_DISKS} disks beside its root (caches, volumes and \
-         disk_mib together); {0} asked for"
+        "a microVM takes at most {MAX_DISKS} disks beside its root (caches, volumes, \
+         disk_mib and each container's image together); {0} asked for"
     )]
     TooMany(usize),
 }
 
 impl DiskPlan {
-    /// The plan for a writable layer on `scratch` (if any) and `mounts`.
+    /// The plan for a writable layer on `scratch` (if any), `mounts`, and `containers` (each
+    /// one's name and its image's ext4, attached read-only), in that order.
     pub(crate) fn new(
         scratch: Option<&Path>,
         mounts: &[MountSpec],
+        containers: &[(String, PathBuf)],
     ) -> Result<DiskPlan, DiskPlanError> {
-        let count = usize::from(scratch.is_some()) + mounts.len();
+        let count = usize::from(scratch.is_some()) + mounts.len() + containers.len();
         if count > MAX_DISKS {
             return Err(DiskPlanError::TooMany(count));
         }
@@ -89,6 +93,18 @@ impl DiskPlan {
                 read_only: mount.read_only,
             });
         }
+        for (index, (name, image)) in containers.iter().enumerate() {
+            let serial = container_serial(index);
+            plan.disks.push(PlannedDisk {
+                serial: serial.clone(),
+                image: image.clone(),
+                read_only: true,
+            });
+            plan.containers.push(VmContainer {
+                name: name.clone(),
+                serial,
+            });
+        }
         Ok(plan)
     }
 
@@ -102,6 +118,7 @@ impl DiskPlan {
     pub(crate) fn describe_to(&self, boot: &mut BootConfig) {
         boot.scratch = self.scratch.clone();
         boot.mounts = self.mounts.clone();
+        boot.containers = self.containers.clone();
     }
 
     /// Makes each disk's link in `dir` (replacing a stale one) and returns the paths to hand
@@ -123,11 +140,17 @@ impl DiskPlan {
     }
 }
 
-/// Whether a request for a disk-backed layer (`disk`) and caches and volumes at `targets` fits
-/// a microVM:
-/// the number of disks, and the command line that names them (with `hostname` as long as the
-/// sandbox's id will be, egress on), checked before anything is claimed.
-pub(crate) fn check_request(hostname: &str, disk: bool, targets: &[&str]) -> Result<(), String> {
+/// Whether a request for a disk-backed layer (`disk`), caches and volumes at `targets`,
+/// `containers` (their names) and `shared` mounts fits a microVM: the number of disks, and
+/// the command line that names them (with `hostname` as long as the sandbox's id will be,
+/// egress on), checked before anything is claimed.
+pub(crate) fn check_request(
+    hostname: &str,
+    disk: bool,
+    targets: &[&str],
+    containers: &[&str],
+    shared: &[contract::cmdline::VmShared],
+) -> Result<(), String> {
     let mounts: Vec<MountSpec> = targets
         .iter()
         .map(|target| MountSpec {
@@ -137,8 +160,13 @@ pub(crate) fn check_request(hostname: &str, disk: bool, targets: &[&str]) -> Res
         })
         .collect();
     let scratch = disk.then(|| Path::new("/scratch.ext4"));
-    let plan = DiskPlan::new(scratch, &mounts).map_err(|e| e.to_string())?;
+    let containers: Vec<(String, PathBuf)> = containers
+        .iter()
+        .map(|name| (name.to_string(), PathBuf::from("/image.ext4")))
+        .collect();
+    let plan = DiskPlan::new(scratch, &mounts, &containers).map_err(|e| e.to_string())?;
     let mut boot = BootConfig {
+        shared: shared.to_vec(),
         boot_marker: true,
         hostname: hostname.to_string(),
         egress_port: Some(contract::egress::VSOCK_PORT),
@@ -173,15 +201,25 @@ mod tests {
                     ..cache("/data/caches/u/npm.ext4", "/root/.npm")
                 },
             ],
+            &[("db".into(), "/store/disks/pg.ext4".into())],
         )
         .expect("plan");
         let serials: Vec<&str> = plan.disks.iter().map(|d| d.serial.as_str()).collect();
         assert_eq!(
             serials,
-            ["crucible-scratch", "crucible-mount-0", "crucible-mount-1"]
+            [
+                "crucible-scratch",
+                "crucible-mount-0",
+                "crucible-mount-1",
+                "crucible-ctr-0"
+            ]
         );
         assert_eq!(plan.disks[1].image, Path::new("/data/caches/u/cargo.ext4"));
         assert!(plan.disks[2].read_only && !plan.disks[0].read_only);
+        assert!(
+            plan.disks[3].read_only,
+            "a container's image is never written"
+        );
         let mut boot = BootConfig::default();
         plan.describe_to(&mut boot);
         let line = boot.to_cmdline().expect("cmdline");
@@ -189,17 +227,19 @@ mod tests {
             line,
             "crucible.scratch=crucible-scratch \
              crucible.mount=crucible-mount-0:rw:/root/.cargo/registry \
-             crucible.mount=crucible-mount-1:ro:/root/.npm"
+             crucible.mount=crucible-mount-1:ro:/root/.npm \
+             crucible.container=db:crucible-ctr-0"
         );
         // What the guest reads back.
         let parsed = BootConfig::parse(&line);
         assert_eq!(parsed.scratch.as_deref(), Some("crucible-scratch"));
         assert_eq!(parsed.mounts, plan.mounts);
+        assert_eq!(parsed.containers, plan.containers);
     }
 
     #[test]
     fn nothing_asked_is_no_disk_and_no_word() {
-        let plan = DiskPlan::new(None, &[]).expect("plan");
+        let plan = DiskPlan::new(None, &[], &[]).expect("plan");
         assert!(plan.disks.is_empty());
         let mut boot = BootConfig::default();
         plan.describe_to(&mut boot);
@@ -214,29 +254,42 @@ mod tests {
             read_only: true,
         };
         assert_eq!(
-            DiskPlan::new(None, &[volume]),
+            DiskPlan::new(None, &[volume], &[]),
             Err(DiskPlanError::Directory)
         );
         let six: Vec<MountSpec> = (0..6)
             .map(|i| cache("/c.ext4", &format!("/c{i}")))
             .collect();
-        assert!(DiskPlan::new(None, &six).is_ok());
+        assert!(DiskPlan::new(None, &six, &[]).is_ok());
         assert_eq!(
-            DiskPlan::new(Some(Path::new("/s.ext4")), &six),
+            DiskPlan::new(Some(Path::new("/s.ext4")), &six, &[]),
             Err(DiskPlanError::TooMany(7))
         );
-        let err = check_request(ID, true, &["/a", "/b", "/c", "/d", "/e", "/f"]).expect_err("7");
+        let err = check_request(ID, true, &["/a", "/b", "/c", "/d", "/e", "/f"], &[], &[])
+            .expect_err("7");
         assert!(err.contains("at most 6"), "{err}");
+        let err = check_request(ID, true, &["/a", "/b", "/c"], &["db", "web", "cache"], &[])
+            .expect_err("7 with the containers' images");
+        assert!(err.contains("each container's image"), "{err}");
     }
 
     #[test]
     fn a_request_whose_paths_would_not_fit_the_command_line_is_refused_before_anything_is_made() {
-        check_request(ID, true, &["/root/.cargo/registry", "/with space/é"]).expect("fits");
+        check_request(
+            ID,
+            true,
+            &["/root/.cargo/registry", "/with space/é"],
+            &[],
+            &[],
+        )
+        .expect("fits");
         let long = format!("/{}", "d".repeat(300));
         let err = check_request(
             ID,
             false,
             &[&long, &format!("{long}2"), &format!("{long}3")],
+            &[],
+            &[],
         )
         .expect_err("too long");
         assert!(err.contains("kernel command line"), "{err}");
@@ -247,7 +300,8 @@ mod tests {
         let dir = tempfile::tempdir().expect("tempdir");
         let image = dir.path().join("cargo.ext4");
         std::fs::write(&image, b"ext4").expect("image");
-        let plan = DiskPlan::new(None, &[cache(&image.to_string_lossy(), "/c")]).expect("plan");
+        let plan =
+            DiskPlan::new(None, &[cache(&image.to_string_lossy(), "/c")], &[]).expect("plan");
         // A stale link from an earlier attempt is replaced.
         std::os::unix::fs::symlink("/nowhere", dir.path().join("crucible-mount-0")).expect("ln");
         let links = plan.link_in(dir.path()).expect("links");

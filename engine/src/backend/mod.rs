@@ -53,8 +53,11 @@ pub struct InstanceSpec {
     pub(crate) egress: Option<EgressSink>,
     /// Its imported image's root; `None` runs the backend's built-in image.
     pub root: Option<ImageRoot>,
-    /// Its containers besides its own root, each with its image's tree (namespace backend).
+    /// Its containers besides its own root, each with its image's tree.
     pub(crate) containers: Vec<::namespace::ContainerRoot>,
+    /// A microVM's containers' images as read-only ext4 snapshots, in the order of
+    /// `containers` (empty on the other backends).
+    pub(crate) container_disks: Vec<PathBuf>,
     /// The shared directories its root and its containers mount.
     pub(crate) shared: Vec<::namespace::SharedMount>,
 }

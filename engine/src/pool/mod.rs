@@ -414,6 +414,7 @@ impl Refiller {
                 egress: None,
                 root: None,
                 containers: Vec::new(),
+                container_disks: Vec::new(),
                 shared: Vec::new(),
             };
             let instance = backend

@@ -26,6 +26,9 @@ pub(crate) struct ContainersPlan {
     pub(crate) shared: Vec<namespace::SharedMount>,
     /// The imported images they use, held while the sandbox lives.
     pub(crate) leases: Vec<oci::ImageLease>,
+    /// Each one's imported image, in order (`None`: the daemon's own image), for a microVM's
+    /// image disks.
+    pub(crate) images: Vec<Option<oci::ImageRecord>>,
 }
 
 impl Engine {
@@ -70,9 +73,11 @@ impl Engine {
         plan.shared = shared_mounts(request)?;
         for (i, container) in request.containers.iter().enumerate() {
             let field = format!("containers[{i}] ({}).", container.name);
-            let (resolved, root) = self.plan_one(&field, container, owner, &mut plan.leases)?;
+            let (resolved, root, image) =
+                self.plan_one(&field, container, owner, &mut plan.leases)?;
             plan.containers.push(resolved);
             plan.roots.push(root);
+            plan.images.push(image);
         }
         Ok(plan)
     }
@@ -85,7 +90,14 @@ impl Engine {
         request: &ContainerRequest,
         owner: &Owner,
         leases: &mut Vec<oci::ImageLease>,
-    ) -> Result<(ContainerPlan, namespace::ContainerRoot), CreateError> {
+    ) -> Result<
+        (
+            ContainerPlan,
+            namespace::ContainerRoot,
+            Option<oci::ImageRecord>,
+        ),
+        CreateError,
+    > {
         let field = |name: &str| format!("{place}{name}");
         let image = request
             .image
@@ -159,9 +171,10 @@ impl Engine {
             Some((record, _)) => self.storage()?.images.root_dir(record),
             None => ImagePaths::in_dir(&self.config.image_dir).rootfs,
         };
-        if let Some((_, lease)) = imported {
+        let record = imported.map(|(record, lease)| {
             leases.push(lease);
-        }
+            record
+        });
         // The daemon may have been started with a relative image directory.
         let rootfs = std::path::absolute(&rootfs).map_err(|e| {
             CreateError::Invalid(format!(
@@ -189,6 +202,7 @@ impl Engine {
                 depends_on: request.depends_on.clone(),
             },
             root,
+            record,
         ))
     }
 }
@@ -276,8 +290,8 @@ impl Engine {
         let kind = sandbox.backend();
         if kind != api_types::BackendKind::Namespace {
             return Err(AddContainerError::Invalid(format!(
-                "containers: only the namespace backend runs containers yet; sandbox {} runs on \
-                 the {kind} backend",
+                "containers: only a namespace sandbox takes a container once it runs; sandbox {} \
+                 runs on the {kind} backend, whose containers are given when it is created",
                 sandbox.id
             )));
         }
@@ -298,7 +312,7 @@ impl Engine {
         let shared =
             check_shared(&request.name, "", &request.shared, Vec::new()).map_err(invalid)?;
         let mut leases = Vec::new();
-        let (plan, root) = self
+        let (plan, root, _) = self
             .plan_one("", request, sandbox.owner(), &mut leases)
             .map_err(invalid)?;
         let shared: Vec<wire::agent::SharedDir> = shared

@@ -196,6 +196,15 @@ impl Images {
         self.disks.image(&record.root.hex()[..32], &dir).await
     }
 
+    /// The read-only ext4 snapshot of the daemon's own image tree `dir` (a microVM's
+    /// container of that image): built by the first that asks, then shared.
+    pub(crate) async fn tree_disk(&self, dir: &Path) -> Result<PathBuf, StorageError> {
+        let dir = dir
+            .canonicalize()
+            .map_err(|e| StorageError::io(format!("the image tree {}", dir.display()), e))?;
+        self.disks.image("daemon-image", &dir).await
+    }
+
     /// Takes back the root disk of `record` an earlier daemon built, which a microVM taken
     /// back still boots from (live restore).
     pub(crate) async fn reclaim_root_disk(

@@ -21,7 +21,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use api_types::{
-    BackendKind, CacheMount, CreateSandbox, Hypervisor, NetworkRequest, SandboxState, VolumeMount,
+    BackendKind, CacheMount, ContainerInfo, ContainerState, CreateSandbox, Hypervisor,
+    NetworkRequest, SandboxState, VolumeMount,
 };
 use client::{ClientError, ExecEvent};
 use futures_util::{SinkExt, StreamExt};
@@ -47,6 +48,7 @@ macro_rules! microvm_suite {
             a_cache_written_by_one_sandbox_is_read_by_the_next_and_filling_it_is_enospc,
             a_volume_reaches_a_sandbox_as_its_read_only_snapshot_byte_for_byte,
             an_imported_two_layer_image_is_a_sandboxs_ext4_root,
+            a_service_container_is_reached_on_localhost_and_keeps_its_logs,
             a_sandbox_reports_its_guests_stats_and_takes_signals,
             a_command_past_the_sandboxs_memory_is_oom_killed_and_the_agent_answers,
             a_matching_create_is_served_from_the_warm_pool,
@@ -1057,6 +1059,173 @@ pub(crate) async fn an_imported_two_layer_image_is_a_sandboxs_ext4_root(hv: Hype
         .collect();
     assert_eq!(disks.len(), 1, "{disks:?}");
     c.delete(&id).await.expect("delete");
+}
+
+/// Waits until container `name` of sandbox `id` has exited.
+async fn until_container_exited(c: &client::Client, id: &str, name: &str) -> ContainerInfo {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let info = c
+            .containers(id)
+            .await
+            .expect("containers")
+            .into_iter()
+            .find(|info| info.name == name)
+            .expect("the container is listed");
+        if info.state == ContainerState::Exited {
+            return info;
+        }
+        assert!(Instant::now() < deadline, "{name} never exited: {info:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Runs `sh -c script` in container `container` of `id`: stdout and stderr, exit code.
+async fn sh_in(c: &client::Client, id: &str, container: &str, script: &str) -> (String, i32) {
+    let out = c
+        .exec_in(id, container, &sh(script))
+        .await
+        .expect("exec in a container")
+        .collect()
+        .await
+        .expect("its output");
+    let mut text = String::from_utf8_lossy(&out.stdout).into_owned();
+    text.push_str(&String::from_utf8_lossy(&out.stderr));
+    (text, out.result.exit_code)
+}
+
+/// A CI job's service as containers of a microVM sandbox: an imported image's service on a
+/// loopback port, a helper of the daemon's own image writing to a shared directory; the job
+/// in the sandbox's root reaches both. Each container has its own root (its image, read-only
+/// on a disk of its own) and PID namespace, its own exit status and log.
+pub(crate) async fn a_service_container_is_reached_on_localhost_and_keeps_its_logs(hv: Hypervisor) {
+    let daemon = microvm_daemon(hv, |_| {});
+    let c = daemon.client();
+    stage(hv, "import the service's image");
+    harness::images::import_two_layer(&c, "svc")
+        .await
+        .expect("import");
+    let request: CreateSandbox = serde_json::from_value(serde_json::json!({
+        "shared": [{"name": "work", "path": "/work"}],
+        "containers": [
+            {"name": "db", "image": "svc",
+             "command": ["/bin/sh", "-c",
+                         "echo db up; while true; do echo hello-from-db | nc -l -p 5432; done"],
+             "ready": {"tcp_port": 5432},
+             "shared": [{"name": "work", "path": "/data"}]},
+            {"name": "helper",
+             "command": ["/bin/sh", "-c", "echo written-by-helper > /data/note; exit 3"],
+             "depends_on": ["db"],
+             "shared": [{"name": "work", "path": "/data"}]}
+        ]
+    }))
+    .expect("a valid request");
+    stage(hv, "create a sandbox with two containers");
+    let created = c.create(&request).await.expect("create");
+    let id = created.id.clone();
+    assert_eq!(created.backend, BackendKind::Microvm);
+    let names: Vec<&str> = created.containers.iter().map(|i| i.name.as_str()).collect();
+    assert_eq!(names, ["db", "helper"]);
+    assert_eq!(created.containers[0].state, ContainerState::Ready);
+
+    stage(
+        hv,
+        "the job reaches the service and reads the helper's file",
+    );
+    let helper = until_container_exited(&c, &id, "helper").await;
+    assert_eq!(helper.exit_code, Some(3), "{helper:?}");
+    let (out, err, code) =
+        harness::sh(&c, &id, "nc -w 2 localhost 5432 </dev/null; cat /work/note").await;
+    assert_eq!(
+        (out.as_str(), code),
+        ("hello-from-db\nwritten-by-helper\n", 0),
+        "{err}"
+    );
+
+    stage(
+        hv,
+        "the service's container: its image, its user, its own processes",
+    );
+    let (out, code) = sh_in(
+        &c,
+        &id,
+        "db",
+        "pwd; id -u; ls /opt/app; cat /proc/1/comm; ls /proc | grep -c '^[0-9]'; \
+         test ! -e /work && cat /data/note",
+    )
+    .await;
+    assert_eq!(code, 0, "{out}");
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(lines[..4], ["/opt/app", "1000", "new", "init"], "{out}");
+    let processes: usize = lines[4].parse().expect("a count");
+    // Its agent, its service's shell and nc, and this command's three.
+    assert!(processes <= 8, "db sees {processes} processes: {out}");
+    assert_eq!(lines[5], "written-by-helper", "{out}");
+    // The helper's root (the daemon's image, as root) takes writes in a layer of its own.
+    let (out, code) = sh_in(&c, &id, "helper", "id -u; touch /new-file && ls /new-file").await;
+    assert_eq!((out.as_str(), code), ("0\n/new-file\n", 0));
+    let (root_sees, _, _) = harness::sh(&c, &id, "test -e /new-file && echo leaked").await;
+    assert_eq!(root_sees, "", "a container's writes stay in its own layer");
+
+    stage(
+        hv,
+        "a container's root cannot write the image disks other sandboxes share",
+    );
+    let disks_dir = daemon.state.config.storage.data_dir.join("image-disks");
+    let digest = || -> Vec<(std::ffi::OsString, Vec<u8>)> {
+        let mut all: Vec<_> = std::fs::read_dir(&disks_dir)
+            .expect("image disks")
+            .map(|e| {
+                let path = e.expect("entry").path();
+                let bytes = std::fs::read(&path).expect("read a snapshot");
+                (
+                    path.file_name().expect("name").to_owned(),
+                    Sha256::digest(bytes).to_vec(),
+                )
+            })
+            .collect();
+        all.sort();
+        all
+    };
+    let before = digest();
+    assert_eq!(
+        before.len(),
+        2,
+        "the service's and the helper's image: {before:?}"
+    );
+    let (out, code) = sh_in(
+        &c,
+        &id,
+        "helper",
+        "ls -d /dev/vd* | wc -l; for d in /dev/vd*; do \
+           printf x | dd of=$d bs=1 count=1 seek=1024 conv=notrunc 2>/dev/null && echo wrote $d; \
+           blockdev --setrw $d 2>/dev/null; \
+           printf x | dd of=$d bs=1 count=1 seek=1024 conv=notrunc 2>/dev/null && echo wrote $d; \
+         done; sync; echo tried",
+    )
+    .await;
+    // The two containers' image disks are all the VM has.
+    assert_eq!(
+        (out.as_str(), code),
+        ("2\ntried\n", 0),
+        "a disk took a write"
+    );
+    assert_eq!(digest(), before, "an image snapshot changed on the host");
+
+    stage(hv, "logs, stats, removal");
+    let logs = c.container_logs(&id, "db").await.expect("db's log");
+    assert!(
+        String::from_utf8_lossy(&logs).contains("db up"),
+        "{}",
+        String::from_utf8_lossy(&logs)
+    );
+    let stats = c.container_stats(&id, "db").await.expect("db's stats");
+    assert!(stats.pids.current >= 2, "{stats:?}");
+    c.remove_container(&id, "db").await.expect("remove db");
+    let (out, _, code) = harness::sh(&c, &id, "nc -w 1 localhost 5432 </dev/null").await;
+    assert!(out.is_empty() || code != 0, "db still answers: {out}");
+    c.delete(&id).await.expect("delete");
+    assert_no_processes_left(&id).await;
 }
 
 pub(crate) async fn a_sandbox_reports_its_guests_stats_and_takes_signals(hv: Hypervisor) {
