@@ -101,7 +101,8 @@ pub struct CreateSandbox {
     pub user: Option<String>,
     /// Containers besides the sandbox's own root (its `main`, made of `image`): each its own
     /// image, root, main process and log, all sharing the sandbox's network (`localhost`),
-    /// IPC, limits and the shared directories they mount. Namespace backend only, for now.
+    /// IPC, limits and the shared directories they mount. Both backends (the process backend
+    /// of the tests runs none).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub containers: Vec<crate::ContainerRequest>,
     /// Shared directories mounted in the sandbox's own root (see a container's `shared`).

@@ -237,7 +237,7 @@ pub(crate) fn document() -> Value {
                     "requestBody": { "required": false, "content": {
                         "application/json": { "schema": schema_ref("CreateSandbox") } } },
                     "responses": with(errors(&[
-                        ("400", "The request is invalid (a field, an egress rule, a cache name or mount path, an undeclared volume, a container (its name, image, shared directories, or a depends_on that names no container or goes round in a circle), or a feature the backend lacks: containers are namespace-only for now)."),
+                        ("400", "The request is invalid (a field, an egress rule, a cache name or mount path, an undeclared volume, a container (its name, image, shared directories, or a depends_on that names no container or goes round in a circle), or a feature the backend lacks: a microVM takes at most six disks, its containers' images among them)."),
                         ("403", "network.allow asks for a host outside the operator's --egress-allow rules (code egress_not_allowed)."),
                         ("409", "A cache asked for is mounted in another sandbox (one at a time)."),
                         ("422", "A container did not become ready: its main process exited, or its ready check did not pass within its timeout (code container_not_ready; the message ends with its log's last lines). The sandbox is deleted."),
@@ -530,7 +530,8 @@ pub(crate) fn document() -> Value {
                         container joins the sandbox's network, IPC and limits, mounts the \
                         shared directories it names (made empty if no container had them \
                         yet), and starts its main process once what it depends_on (containers \
-                        the sandbox runs) is ready. Namespace backend only. A name that was \
+                        the sandbox runs) is ready. Namespace sandboxes only: a microVM's \
+                        containers are given when it is created. A name that was \
                         removed may be used again: the new container gets a fresh writable \
                         layer.",
                     "requestBody": { "required": true, "content": {

@@ -17,7 +17,7 @@ pub(crate) struct ServiceArgs {
     /// process (run by `/bin/sh -c`; absent: the image's entrypoint and command). Services
     /// share the sandbox's network (the job reaches them on localhost) and are up, and ready
     /// (see --service-ready), before the job starts. IMAGE cannot contain `:` here (import
-    /// tagged images under a name without one); the API takes any. Namespace backend only.
+    /// tagged images under a name without one); the API takes any. Both backends.
     #[arg(long, value_name = "NAME=IMAGE[:CMD]", value_parser = parse_service)]
     pub service: Vec<ContainerRequest>,
     /// When service NAME counts as ready: `tcp:PORT` (something accepts connections on that

@@ -344,7 +344,8 @@ class CreateSandbox:
 
     #: Containers besides the sandbox's own root (its `main`, made of `image`): each its own
     #: image, root, main process and log, all sharing the sandbox's network (`localhost`),
-    #: IPC, limits and the shared directories they mount. Namespace backend only, for now.
+    #: IPC, limits and the shared directories they mount. Both backends (the process backend
+    #: of the tests runs none).
     containers: list[ContainerRequest] = field(default_factory=list)
 
     #: A disk-backed writable layer of this many MiB (a sparse file on the host's disk)

@@ -1121,7 +1121,10 @@ pub(crate) async fn a_service_container_is_reached_on_localhost_and_keeps_its_lo
     }))
     .expect("a valid request");
     stage(hv, "create a sandbox with two containers");
+    let asked = Instant::now();
     let created = c.create(&request).await.expect("create");
+    // Timings are not asserted (hosts differ); the figure is for the record.
+    stage(hv, &format!("created and ready in {:?}", asked.elapsed()));
     let id = created.id.clone();
     assert_eq!(created.backend, BackendKind::Microvm);
     let names: Vec<&str> = created.containers.iter().map(|i| i.name.as_str()).collect();

@@ -615,7 +615,7 @@ export interface paths {
                         "application/json": components["schemas"]["SandboxInfo"];
                     };
                 };
-                /** @description The request is invalid (a field, an egress rule, a cache name or mount path, an undeclared volume, a container (its name, image, shared directories, or a depends_on that names no container or goes round in a circle), or a feature the backend lacks: containers are namespace-only for now). */
+                /** @description The request is invalid (a field, an egress rule, a cache name or mount path, an undeclared volume, a container (its name, image, shared directories, or a depends_on that names no container or goes round in a circle), or a feature the backend lacks: a microVM takes at most six disks, its containers' images among them). */
                 400: {
                     headers: {
                         [name: string]: unknown;
@@ -885,7 +885,7 @@ export interface paths {
         put?: never;
         /**
          * Add a container to the running sandbox; answers once it is ready.
-         * @description The body is one entry of CreateSandbox.containers: the container joins the sandbox's network, IPC and limits, mounts the shared directories it names (made empty if no container had them yet), and starts its main process once what it depends_on (containers the sandbox runs) is ready. Namespace backend only. A name that was removed may be used again: the new container gets a fresh writable layer.
+         * @description The body is one entry of CreateSandbox.containers: the container joins the sandbox's network, IPC and limits, mounts the shared directories it names (made empty if no container had them yet), and starts its main process once what it depends_on (containers the sandbox runs) is ready. Namespace sandboxes only: a microVM's containers are given when it is created. A name that was removed may be used again: the new container gets a fresh writable layer.
          */
         post: {
             parameters: {
@@ -2119,7 +2119,8 @@ export interface components {
             /**
              * @description Containers besides the sandbox's own root (its `main`, made of `image`): each its own
              *     image, root, main process and log, all sharing the sandbox's network (`localhost`),
-             *     IPC, limits and the shared directories they mount. Namespace backend only, for now.
+             *     IPC, limits and the shared directories they mount. Both backends (the process backend
+             *     of the tests runs none).
              */
             containers?: components["schemas"]["ContainerRequest"][];
             /**
