@@ -1215,6 +1215,34 @@ pub(crate) async fn a_service_container_is_reached_on_localhost_and_keeps_its_lo
     );
     assert_eq!(digest(), before, "an image snapshot changed on the host");
 
+    stage(
+        hv,
+        "what a microVM cannot take: a container once it runs, a seventh disk",
+    );
+    let late: api_types::ContainerRequest =
+        serde_json::from_value(serde_json::json!({"name": "late"})).expect("request");
+    match c.add_container(&id, &late).await {
+        Err(ClientError::Api {
+            status: 400,
+            message,
+            ..
+        }) => assert!(message.contains("given when it is created"), "{message}"),
+        other => panic!("adding a container to a running microVM: {other:?}"),
+    }
+    let seven: Vec<serde_json::Value> = (0..7)
+        .map(|i| serde_json::json!({"name": format!("c{i}")}))
+        .collect();
+    let too_many: CreateSandbox =
+        serde_json::from_value(serde_json::json!({"containers": seven})).expect("request");
+    match c.create(&too_many).await {
+        Err(ClientError::Api {
+            status: 400,
+            message,
+            ..
+        }) => assert!(message.contains("at most 6"), "{message}"),
+        other => panic!("seven containers in a microVM: {other:?}"),
+    }
+
     stage(hv, "logs, stats, removal");
     let logs = c.container_logs(&id, "db").await.expect("db's log");
     assert!(
