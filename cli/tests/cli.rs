@@ -729,17 +729,18 @@ fn exec_re_attaches_by_itself_when_its_connection_breaks_mid_stream() {
     );
 }
 
-/// The same CI job with a service, on the microVM backend (QEMU TCG here: a real guest kernel,
-/// no KVM needed): the service is a container of the VM, the job reaches it on localhost.
-#[test]
-fn run_with_a_service_in_a_microvm_talks_to_it_and_keeps_its_log() {
-    let daemon = TestDaemon::start_microvm(api_types::Hypervisor::QemuTcg, |_| {});
+/// `crucible run` of a CI job beside a service (`backend`: `--backend`'s value, if any): the
+/// job reaches the service on localhost, exits with its own status, the service's log is
+/// written out, and nothing is left.
+fn run_job_with_a_service(daemon: &TestDaemon, backend: Option<&str>) {
     let logs = tempfile::tempdir().expect("tempdir");
-    let out = run(crucible(&daemon)
+    let mut command = crucible(daemon);
+    command.arg("run");
+    if let Some(backend) = backend {
+        command.args(["--backend", backend]);
+    }
+    let out = run(command
         .args([
-            "run",
-            "--backend",
-            "microvm",
             "--service",
             "db=default:echo db up; while true; do echo hello-from-db | nc -l -p 5432; done",
             "--service-ready",
@@ -764,49 +765,27 @@ fn run_with_a_service_in_a_microvm_talks_to_it_and_keeps_its_log() {
         std::fs::read_to_string(logs.path().join("db.log")).expect("db.log"),
         "db up\n"
     );
-    let left = run(crucible(&daemon).args(["--json", "sandbox", "ls"]));
-    let listed: serde_json::Value = serde_json::from_slice(&left.stdout).expect("JSON");
-    assert_eq!(listed["sandboxes"], serde_json::json!([]));
-}
-
-#[test]
-fn run_with_a_service_talks_to_it_on_localhost_and_keeps_its_log() {
-    let daemon = TestDaemon::start();
-    let logs = tempfile::tempdir().expect("tempdir");
-    let out = run(crucible(&daemon)
-        .args([
-            "run",
-            "--service",
-            "db=default:echo db up; while true; do echo hello-from-db | nc -l -p 5432; done",
-            "--service-ready",
-            "db=tcp:5432",
-            "--service-logs",
-        ])
-        .arg(logs.path())
-        .args([
-            "--",
-            "sh",
-            "-c",
-            "until nc -w 1 localhost 5432 </dev/null >/tmp/got; do sleep 0.1; done; cat /tmp/got; exit 4",
-        ]));
-    assert_eq!(
-        text(&out.stdout),
-        "hello-from-db\n",
-        "{}",
-        text(&out.stderr)
-    );
-    assert_eq!(out.status.code(), Some(4), "the job's status");
-    assert_eq!(
-        std::fs::read_to_string(logs.path().join("db.log")).expect("db.log"),
-        "db up\n"
-    );
-    let left = run(crucible(&daemon).args(["--json", "sandbox", "ls"]));
+    let left = run(crucible(daemon).args(["--json", "sandbox", "ls"]));
     let listed: serde_json::Value = serde_json::from_slice(&left.stdout).expect("JSON");
     assert_eq!(
         listed["sandboxes"],
         serde_json::json!([]),
         "run tore everything down"
     );
+}
+
+/// The same CI job with a service, on the microVM backend (QEMU TCG here: a real guest kernel,
+/// no KVM needed): the service is a container of the VM, the job reaches it on localhost.
+#[test]
+fn run_with_a_service_in_a_microvm_talks_to_it_and_keeps_its_log() {
+    let daemon = TestDaemon::start_microvm(api_types::Hypervisor::QemuTcg, |_| {});
+    run_job_with_a_service(&daemon, Some("microvm"));
+}
+
+#[test]
+fn run_with_a_service_talks_to_it_on_localhost_and_keeps_its_log() {
+    let daemon = TestDaemon::start();
+    run_job_with_a_service(&daemon, None);
 
     // A sandbox's service log on demand, and a refused service.
     let out = run(crucible(&daemon).args([

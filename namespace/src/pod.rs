@@ -14,14 +14,7 @@ pub const MAIN: &str = "main";
 /// Checks a container's or a shared directory's name: 1 to 63 of `a-z`, `0-9` and `-`,
 /// starting and ending with a letter or a digit (a DNS label, as Kubernetes names them).
 pub fn check_name(name: &str, what: &str) -> Result<(), String> {
-    let fits = !name.is_empty()
-        && name.len() <= 63
-        && name
-            .bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-        && !name.starts_with('-')
-        && !name.ends_with('-');
-    if fits {
+    if contract::cmdline::is_valid_name(name) {
         Ok(())
     } else {
         Err(format!(

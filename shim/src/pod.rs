@@ -75,16 +75,7 @@ pub(crate) fn grouping(annotations: Option<&HashMap<String, String>>, id: &str) 
 /// A container's name in its sandbox: its pod's name for it when that is a DNS label (as
 /// Kubernetes requires), else one made of its task id.
 fn member_name(pod_name: Option<&str>, id: &str) -> String {
-    let is_label = |name: &str| {
-        !name.is_empty()
-            && name.len() <= 63
-            && name
-                .bytes()
-                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-            && !name.starts_with('-')
-            && !name.ends_with('-')
-            && name != "main"
-    };
+    let is_label = |name: &str| contract::cmdline::is_valid_name(name) && name != "main";
     match pod_name {
         Some(name) if is_label(name) => name.to_string(),
         _ => {

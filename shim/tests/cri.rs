@@ -97,6 +97,37 @@ fn container(name: &str, script: &str, empty_dir: &std::path::Path) -> Container
     }
 }
 
+/// `CreateContainer` then `StartContainer`, as kubelet does; the container's id.
+async fn create_and_start(
+    cri: &mut RuntimeServiceClient<Channel>,
+    containerd: &Containerd,
+    request: CreateContainerRequest,
+) -> String {
+    let what = request
+        .config
+        .as_ref()
+        .and_then(|c| c.metadata.as_ref())
+        .map(|m| format!("{} (attempt {})", m.name, m.attempt))
+        .unwrap_or_default();
+    let id = cri
+        .create_container(request)
+        .await
+        .unwrap_or_else(|e| {
+            panic!(
+                "CreateContainer {what}: {e}; containerd's log:\n{}",
+                containerd.log()
+            )
+        })
+        .into_inner()
+        .container_id;
+    cri.start_container(StartContainerRequest {
+        container_id: id.clone(),
+    })
+    .await
+    .unwrap_or_else(|e| panic!("StartContainer {what}: {e}"));
+    id
+}
+
 /// Polls a container's status (10 s at most) until it is in `state`.
 async fn until_state(
     cri: &mut RuntimeServiceClient<Channel>,
@@ -174,27 +205,12 @@ async fn pod_of_three() {
     ];
     let mut ids = HashMap::new();
     for (name, script) in scripts {
-        let id = cri
-            .create_container(CreateContainerRequest {
-                pod_sandbox_id: pod.clone(),
-                config: Some(container(name, script, &empty_dir)),
-                sandbox_config: Some(config.clone()),
-            })
-            .await
-            .unwrap_or_else(|e| {
-                panic!(
-                    "CreateContainer {name}: {e}; containerd's log:\n{}",
-                    containerd.log()
-                )
-            })
-            .into_inner()
-            .container_id;
-        cri.start_container(StartContainerRequest {
-            container_id: id.clone(),
-        })
-        .await
-        .unwrap_or_else(|e| panic!("StartContainer {name}: {e}"));
-        ids.insert(name, id);
+        let request = CreateContainerRequest {
+            pod_sandbox_id: pod.clone(),
+            config: Some(container(name, script, &empty_dir)),
+            sandbox_config: Some(config.clone()),
+        };
+        ids.insert(name, create_and_start(&mut cri, &containerd, request).await);
     }
     eprintln!(
         "RunPodSandbox → 3 containers started: {:?}",
@@ -318,27 +334,12 @@ async fn pod_of_three() {
             metadata.attempt = attempt;
         }
         flaky_config.log_path = format!("flaky_{attempt}.log");
-        let id = cri
-            .create_container(CreateContainerRequest {
-                pod_sandbox_id: pod.clone(),
-                config: Some(flaky_config),
-                sandbox_config: Some(config.clone()),
-            })
-            .await
-            .unwrap_or_else(|e| {
-                panic!(
-                    "CreateContainer flaky (attempt {attempt}): {e}; containerd's log:\n{}",
-                    containerd.log()
-                )
-            })
-            .into_inner()
-            .container_id;
-        cri.start_container(StartContainerRequest {
-            container_id: id.clone(),
-        })
-        .await
-        .unwrap_or_else(|e| panic!("StartContainer flaky (attempt {attempt}): {e}"));
-        attempts.push(id);
+        let request = CreateContainerRequest {
+            pod_sandbox_id: pod.clone(),
+            config: Some(flaky_config),
+            sandbox_config: Some(config.clone()),
+        };
+        attempts.push(create_and_start(&mut cri, &containerd, request).await);
         if attempt == 0 {
             let status = until_state(&mut cri, &attempts[0], ContainerState::ContainerExited).await;
             assert_eq!(status.exit_code, 4, "{status:?}");
