@@ -43,6 +43,13 @@ MODES:
     supervisor: it exits with PID 1's status, and PID 1 dies with it; it dies with the process
     that started it unless --no-die-with-parent. --memory-bytes is the sandbox's memory limit,
     for the OOM verdict. (`sandbox-pid1` is the inside half, started only by `sandbox`.)
+    --commands-cgroup FILE is the cgroup.procs every command joins (handed to each agent as
+    descriptor 7), whose process limit leaves the agents a reserve.
+
+    `sandbox-container` is a container's agent: started by `sandbox` (or its container
+    factory) in a namespace sandbox, or by a microVM's PID 1 with --vm-root NAME:DEVICE, which
+    first builds its root from the read-only ext4 on DEVICE under a tmpfs overlay, with each
+    --vm-shared DIR:TARGET (repeatable) bound in from /run/crucible/shared/DIR.
 
     --scratch-disk FILE puts every write (the overlay's upper layer, /tmp, /dev/shm) on the
     ext4 filesystem in FILE instead of the tmpfs (--scratch-mib is then ignored; a full disk is
@@ -459,6 +466,30 @@ mod tests {
 
     fn words(s: &str) -> Vec<String> {
         s.split_whitespace().map(String::from).collect()
+    }
+
+    #[test]
+    fn a_microvm_containers_root_is_only_for_a_container_agent_and_names_an_absolute_device() {
+        let args = parse_args(words(
+            "sandbox-container --vm-root db:/dev/vdb --vm-shared work:/data \
+             --vm-shared x:/a:b --listen vsock:2048 --ready fd:4",
+        ))
+        .unwrap()
+        .unwrap();
+        assert_eq!(args.vm_root, Some(("db".into(), "/dev/vdb".into())));
+        assert_eq!(
+            args.vm_shared,
+            [("work".into(), "/data".into()), ("x".into(), "/a:b".into())]
+        );
+        for bad in [
+            "--listen unix:/s --vm-root db:/dev/vdb",
+            "sandbox-pid1 --listen fd:3 --vm-root db:/dev/vdb",
+            "sandbox-container --listen fd:3 --vm-root db",
+            "sandbox-container --listen fd:3 --vm-root :/dev/vdb",
+            "sandbox-container --listen fd:3 --vm-shared work:data",
+        ] {
+            assert!(parse_args(words(bad)).is_err(), "{bad}");
+        }
     }
 
     #[test]

@@ -355,3 +355,53 @@ pub fn enter_root(
     std::env::set_current_dir("/").map_err(sys_err("chdir /".into()))?;
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_containers_agent_builds_its_root_then_serves_on_its_own_port_and_says_hello_on_fd_4() {
+        let shared = [
+            VmShared {
+                owner: "db".into(),
+                name: "work".into(),
+                target: "/var/lib/my data".into(),
+            },
+            VmShared {
+                owner: "db".into(),
+                name: "sock".into(),
+                target: "/run/pg".into(),
+            },
+        ];
+        let cfg = BootConfig {
+            log: Some(contract::cmdline::LogLevel::Debug),
+            ..BootConfig::default()
+        };
+        let argv = agent_argv(&cfg, 1, "db", "/dev/vdb", shared.iter());
+        assert_eq!(
+            argv,
+            [
+                "init",
+                "sandbox-container",
+                "--vm-root",
+                "db:/dev/vdb",
+                "--listen",
+                "vsock:4294967295:2049",
+                "--ready",
+                "fd:4",
+                "--vm-shared",
+                "work:/var/lib/my data",
+                "--vm-shared",
+                "sock:/run/pg",
+                "--log",
+                "debug",
+            ]
+        );
+    }
+
+    #[test]
+    fn a_sandbox_without_containers_or_shared_dirs_starts_nothing() {
+        assert!(start_all(&BootConfig::default(), None).is_empty());
+    }
+}
