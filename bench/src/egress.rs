@@ -346,17 +346,11 @@ pub(crate) async fn measure(plan: &Plan, image: &Path) -> Result<Vec<Measurement
 mod tests {
     use super::*;
 
-    /// The busybox the image build copies into the rootfs (Debian's `busybox-static`, which
-    /// `cargo xtask ci provision` installs): the unit tests run before any image is built.
-    fn busybox() -> &'static Path {
-        Path::new(guest_image::initramfs::BUSYBOX_PATH)
-    }
-
     #[test]
     fn the_direct_scripts_fetch_exactly_what_they_expect_from_the_host_server() -> Result<()> {
         let blob = 2 << 20;
         let server = BlobServer::start(blob)?;
-        let host = HostShell::new(busybox(), &APPLETS)?;
+        let host = HostShell::new(crate::host_shell::busybox(), &APPLETS)?;
         for w in [
             Workload::http(server.port(), 3, blob),
             Workload::tcp(server.port(), 2, blob),
@@ -372,7 +366,7 @@ mod tests {
     #[test]
     fn a_script_that_fails_on_the_host_is_an_error_naming_it() -> Result<()> {
         let server = BlobServer::start(1)?;
-        let host = HostShell::new(busybox(), &APPLETS)?;
+        let host = HostShell::new(crate::host_shell::busybox(), &APPLETS)?;
         let err = host
             .run(&format!(
                 "wget -q -O /dev/null http://127.0.0.1:{}/missing",

@@ -115,14 +115,16 @@ impl HostShell {
     }
 }
 
+/// The build host's static busybox, the one the image ships: what the tests run host scripts
+/// with.
+#[cfg(test)]
+pub(crate) fn busybox() -> &'static Path {
+    Path::new(guest_image::initramfs::BUSYBOX_PATH)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// The build host's static busybox, the one the image ships.
-    fn busybox() -> &'static Path {
-        Path::new(guest_image::initramfs::BUSYBOX_PATH)
-    }
 
     #[test]
     fn what_a_script_leaves_behind_is_killed_and_one_that_never_ends_is_bounded() -> Result<()> {

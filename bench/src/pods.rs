@@ -258,15 +258,9 @@ pub(crate) async fn measure(plan: &Plan, image: &Path) -> Result<Vec<Measurement
 mod tests {
     use super::*;
 
-    /// The busybox the image build copies into the rootfs (Debian's `busybox-static`, which
-    /// `cargo xtask ci provision` installs): the unit tests run before any image is built.
-    fn busybox() -> &'static Path {
-        Path::new(guest_image::initramfs::BUSYBOX_PATH)
-    }
-
     #[test]
     fn the_host_floor_script_reaches_its_service_and_ends() -> Result<()> {
-        let host = HostShell::new(busybox(), &APPLETS)?;
+        let host = HostShell::new(crate::host_shell::busybox(), &APPLETS)?;
         host.run(&host_script(free_port()?))?;
         Ok(())
     }
