@@ -61,6 +61,10 @@ pub struct SharedMount {
     pub name: String,
     /// Where it appears in this container (absolute, not in `/proc`, `/dev` or `/sys`).
     pub path: String,
+    /// Mounted read-only in this container (as a Kubernetes `volumeMounts[].readOnly`): it
+    /// reads what the containers that mount it writable write.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub read_only: bool,
 }
 
 /// `"restart"` of a container.

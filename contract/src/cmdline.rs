@@ -156,12 +156,15 @@ pub struct VmShared {
     pub name: String,
     /// Where it appears in that root (absolute).
     pub target: String,
+    /// Mounted read-only there (`:ro` after the target).
+    pub read_only: bool,
 }
 
 impl VmShared {
     fn to_value(&self) -> String {
+        let mode = if self.read_only { ":ro" } else { "" };
         format!(
-            "{}:{}:{}",
+            "{}:{}:{}{mode}",
             self.owner,
             self.name,
             encode_target(&self.target)
@@ -169,12 +172,18 @@ impl VmShared {
     }
 
     fn parse(value: &str) -> Option<VmShared> {
+        // The target is percent-encoded, so a `:` after it can only be the mode's.
+        let (value, read_only) = match value.strip_suffix(":ro") {
+            Some(rest) => (rest, true),
+            None => (value, false),
+        };
         let mut parts = value.splitn(3, ':');
         let (owner, name, target) = (parts.next()?, parts.next()?, parts.next()?);
         let shared = VmShared {
             owner: owner.to_string(),
             name: name.to_string(),
             target: decode_target(target)?,
+            read_only,
         };
         shared.is_valid().then_some(shared)
     }
@@ -564,11 +573,13 @@ mod tests {
                     owner: "main".into(),
                     name: "work".into(),
                     target: "/work".into(),
+                    read_only: false,
                 },
                 VmShared {
                     owner: "db".into(),
                     name: "work".into(),
                     target: "/var/lib/my data".into(),
+                    read_only: true,
                 },
             ],
         }
@@ -624,7 +635,7 @@ mod tests {
              crucible.mount=crucible-mount-0:rw:/root/.cargo/registry \
              crucible.mount=crucible-mount-1:ro:/opt/my%20tools/%22q%22%2550/%C3%A9 \
              crucible.container=db:crucible-ctr-0 crucible.shared=main:work:/work \
-             crucible.shared=db:work:/var/lib/my%20data"
+             crucible.shared=db:work:/var/lib/my%20data:ro"
         );
     }
 

@@ -49,7 +49,8 @@ MODES:
     `sandbox-container` is a container's agent: started by `sandbox` (or its container
     factory) in a namespace sandbox, or by a microVM's PID 1 with --vm-root NAME:DEVICE, which
     first builds its root from the read-only ext4 on DEVICE under a tmpfs overlay, with each
-    --vm-shared DIR:TARGET (repeatable) bound in from /run/crucible/shared/DIR.
+    --vm-shared DIR:TARGET (repeatable; --vm-shared-ro read-only) bound in from
+    /run/crucible/shared/DIR.
 
     --scratch-disk FILE puts every write (the overlay's upper layer, /tmp, /dev/shm) on the
     ext4 filesystem in FILE instead of the tmpfs (--scratch-mib is then ignored; a full disk is
@@ -99,8 +100,8 @@ struct Args {
     /// `sandbox-container` in a microVM: the container's name and its image's disk, to build
     /// its root from before serving.
     vm_root: Option<(String, String)>,
-    /// With `vm_root`: shared directories `(name, target)` to bind into it.
-    vm_shared: Vec<(String, String)>,
+    /// With `vm_root`: shared directories `(name, target, read_only)` to bind into it.
+    vm_shared: Vec<(String, String, bool)>,
 }
 
 /// Which half of a namespace sandbox this process is, if any.
@@ -212,7 +213,7 @@ fn parse_args(argv: Vec<String>) -> Result<Option<Args>, String> {
                     args.container_factory = Some(pid);
                 }
             }
-            "--vm-root" | "--vm-shared" => {
+            "--vm-root" | "--vm-shared" | "--vm-shared-ro" => {
                 if !matches!(args.mode, Mode::SandboxContainer) {
                     return Err(format!("{flag} is only valid after `sandbox-container`"));
                 }
@@ -221,11 +222,10 @@ fn parse_args(argv: Vec<String>) -> Result<Option<Args>, String> {
                     .split_once(':')
                     .filter(|(name, rest)| !name.is_empty() && rest.starts_with('/'))
                     .ok_or_else(|| format!("{flag} takes NAME:/PATH, got {v:?}"))?;
-                let pair = (name.to_string(), rest.to_string());
-                if flag == "--vm-root" {
-                    args.vm_root = Some(pair);
-                } else {
-                    args.vm_shared.push(pair);
+                let (name, rest) = (name.to_string(), rest.to_string());
+                match flag.as_str() {
+                    "--vm-root" => args.vm_root = Some((name, rest)),
+                    ro => args.vm_shared.push((name, rest, ro == "--vm-shared-ro")),
                 }
             }
             other if namespace::SandboxSpec::is_flag(other) => {
@@ -472,14 +472,17 @@ mod tests {
     fn a_microvm_containers_root_is_only_for_a_container_agent_and_names_an_absolute_device() {
         let args = parse_args(words(
             "sandbox-container --vm-root db:/dev/vdb --vm-shared work:/data \
-             --vm-shared x:/a:b --listen vsock:2048 --ready fd:4",
+             --vm-shared-ro x:/a:b --listen vsock:2048 --ready fd:4",
         ))
         .unwrap()
         .unwrap();
         assert_eq!(args.vm_root, Some(("db".into(), "/dev/vdb".into())));
         assert_eq!(
             args.vm_shared,
-            [("work".into(), "/data".into()), ("x".into(), "/a:b".into())]
+            [
+                ("work".into(), "/data".into(), false),
+                ("x".into(), "/a:b".into(), true)
+            ]
         );
         for bad in [
             "--listen unix:/s --vm-root db:/dev/vdb",

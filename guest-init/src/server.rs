@@ -351,6 +351,7 @@ fn add_container(
                 owner: name.to_string(),
                 dir: dir.name.clone(),
                 target: dir.path.clone().into(),
+                read_only: dir.read_only,
             };
             mount.check().map(|()| mount)
         })

@@ -126,10 +126,12 @@ fn agent_argv<'a>(
         format!("fd:{READY_FD}"),
     ];
     for mount in shared {
-        argv.extend([
-            "--vm-shared".into(),
-            format!("{}:{}", mount.name, mount.target),
-        ]);
+        let flag = if mount.read_only {
+            "--vm-shared-ro"
+        } else {
+            "--vm-shared"
+        };
+        argv.extend([flag.into(), format!("{}:{}", mount.name, mount.target)]);
     }
     if let Some(level) = cfg.log {
         argv.extend(["--log".into(), level.as_str().into()]);
@@ -150,17 +152,23 @@ fn make_shared_dirs(shared: &[VmShared]) -> Result<(), VmContainerError> {
     Ok(())
 }
 
-/// Binds shared directory `shared.name` at `shared.target` under `root` (`""`: this root).
+/// Binds shared directory `shared.name` at `shared.target` under `root` (`""`: this root),
+/// read-only if it says so.
 fn bind_shared(shared: &VmShared, root: &str) -> Result<(), VmContainerError> {
     let source = format!("{SHARED_DIR}/{}", shared.name);
     let target = format!("{root}{}", shared.target);
-    mount(
-        &source,
-        &target,
-        "",
-        libc::MS_BIND | libc::MS_NOSUID | libc::MS_NODEV,
-        None,
-    )?;
+    let flags = libc::MS_BIND | libc::MS_NOSUID | libc::MS_NODEV;
+    mount(&source, &target, "", flags, None)?;
+    if shared.read_only {
+        // A bind takes its flags only when remounted.
+        mount(
+            &source,
+            &target,
+            "",
+            flags | libc::MS_REMOUNT | libc::MS_RDONLY,
+            None,
+        )?;
+    }
     Ok(())
 }
 
@@ -270,10 +278,11 @@ fn start_agent(
 /// table: builds its root from its image's disk `device` — read-only, under an overlay on a
 /// tmpfs of its own — with `shared` (`(name, target)`) bound in, `/proc` of its PID
 /// namespace, the guest's `/dev`, a read-only `/sys` and a fresh `/tmp`, then makes it `/`.
+/// Each shared mount is `(name, target, read_only)`.
 pub fn enter_root(
     name: &str,
     device: &str,
-    shared: &[(String, String)],
+    shared: &[(String, String, bool)],
 ) -> Result<(), VmContainerError> {
     let sys_err = |what: String| move |e| VmContainerError::Sys(what, e);
     // Nothing mounted here may reach the guest's own table.
@@ -298,11 +307,12 @@ pub fn enter_root(
     }
     let options = format!("lowerdir={lower},upperdir={upper},workdir={work}");
     mount("overlay", &root, "overlay", 0, Some(&options))?;
-    for (dir, target) in shared {
+    for (dir, target, read_only) in shared {
         let mount = VmShared {
             owner: name.to_string(),
             name: dir.clone(),
             target: target.clone(),
+            read_only: *read_only,
         };
         bind_shared(&mount, &root)?;
     }
@@ -367,11 +377,13 @@ mod tests {
                 owner: "db".into(),
                 name: "work".into(),
                 target: "/var/lib/my data".into(),
+                read_only: false,
             },
             VmShared {
                 owner: "db".into(),
                 name: "sock".into(),
                 target: "/run/pg".into(),
+                read_only: true,
             },
         ];
         let cfg = BootConfig {
@@ -392,7 +404,7 @@ mod tests {
                 "fd:4",
                 "--vm-shared",
                 "work:/var/lib/my data",
-                "--vm-shared",
+                "--vm-shared-ro",
                 "sock:/run/pg",
                 "--log",
                 "debug",

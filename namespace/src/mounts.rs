@@ -209,8 +209,12 @@ pub(crate) fn attach_shared_mounts<'a>(
         let what = format!("--shared {shared}");
         let source = crate::pod::shared_dir(&shared.dir);
         let tree = mount_api::clone_tree(&cstring(&source)?, &what)?;
-        mount_api::set_attrs(tree.as_fd(), MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV, None)
-            .map_err(|e| SysError::io(format!("make {what} nosuid and nodev"), e))?;
+        let mut attrs = MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV;
+        if shared.read_only {
+            attrs |= mount_api::MOUNT_ATTR_RDONLY;
+        }
+        mount_api::set_attrs(tree.as_fd(), attrs, None)
+            .map_err(|e| SysError::io(format!("set the attributes of {what}"), e))?;
         let target = mount_point(&root_dir, &shared.target, &what)?;
         mount_api::attach(&tree, target.as_fd(), &what)?;
     }

@@ -83,6 +83,8 @@ pub struct SharedMount {
     /// Where it appears in that container: absolute, normalised, not `/`, nor in `/proc`,
     /// `/dev` or `/sys`.
     pub target: PathBuf,
+    /// Mounted read-only there (`:ro` in the flag form).
+    pub read_only: bool,
 }
 
 impl SharedMount {
@@ -96,7 +98,11 @@ impl SharedMount {
 
 impl fmt::Display for SharedMount {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}:{}:{}", self.owner, self.dir, self.target.display())
+        write!(f, "{}:{}:{}", self.owner, self.dir, self.target.display())?;
+        if self.read_only {
+            f.write_str(":ro")?;
+        }
+        Ok(())
     }
 }
 
@@ -105,17 +111,22 @@ impl FromStr for SharedMount {
 
     fn from_str(s: &str) -> Result<Self, String> {
         let parts: Vec<&str> = s.split(':').collect();
-        let [owner, dir, target] = parts.as_slice() else {
-            return Err(
-                "must be OWNER:DIR:TARGET (paths cannot contain `:`), as in \
-                        main:work:/work"
-                    .into(),
-            );
+        let (owner, dir, target, read_only) = match parts.as_slice() {
+            [owner, dir, target] => (owner, dir, target, false),
+            [owner, dir, target, "ro"] => (owner, dir, target, true),
+            _ => {
+                return Err(
+                    "must be OWNER:DIR:TARGET[:ro] (paths cannot contain `:`), as in \
+                            main:work:/work"
+                        .into(),
+                )
+            }
         };
         let mount = SharedMount {
             owner: (*owner).into(),
             dir: (*dir).into(),
             target: (*target).into(),
+            read_only,
         };
         mount.check()?;
         Ok(mount)

@@ -328,7 +328,7 @@ mod tests {
             ],
             shared: vec![
                 "main:work:/work".parse().expect("shared"),
-                "db:work:/var/lib/work".parse().expect("shared"),
+                "db:work:/var/lib/work:ro".parse().expect("shared"),
             ],
         }
     }

@@ -128,6 +128,7 @@ fn sort_mount(mount: &Mount, out: &mut MemberMounts) {
             out.shared.push(api_types::SharedMount {
                 name: name.to_string(),
                 path: target.to_string(),
+                read_only: false,
             });
             return;
         }
@@ -318,7 +319,8 @@ mod tests {
             mounts.shared,
             [api_types::SharedMount {
                 name: "work".into(),
-                path: "/work".into()
+                path: "/work".into(),
+                read_only: false,
             }]
         );
         assert_eq!(

@@ -409,6 +409,48 @@ async fn a_containers_stats_are_its_own_processes_under_the_sandboxs_limits() {
     c.delete(&id).await.expect("delete");
 }
 
+/// A shared directory mounted read-only in a container: it reads what the sandbox's root
+/// writes there, and cannot write itself, whether it was made with the sandbox or added later.
+#[tokio::test]
+async fn a_read_only_shared_directory_is_read_but_never_written() {
+    let daemon = TestDaemon::start();
+    let c = daemon.client();
+    let id = c
+        .create(&request(serde_json::json!({
+            "shared": [{"name": "conf", "path": "/conf"}],
+            "containers": [
+                {"name": "reader", "shared": [{"name": "conf", "path": "/in", "read_only": true}]}
+            ]
+        })))
+        .await
+        .expect("create")
+        .id;
+    let (_, err, code) = sh(&c, &id, "echo v1 > /conf/setting").await;
+    assert_eq!(code, 0, "{err}");
+    let late = container(serde_json::json!(
+        {"name": "late", "shared": [{"name": "conf", "path": "/etc/app", "read_only": true}]}
+    ));
+    c.add_container(&id, &late).await.expect("add late");
+    for (name, dir) in [("reader", "/in"), ("late", "/etc/app")] {
+        let (out, err, code) = sh_in(
+            &c,
+            &id,
+            name,
+            &format!("cat {dir}/setting; echo v2 > {dir}/setting; touch {dir}/new"),
+        )
+        .await;
+        assert_eq!(out, "v1\n", "{name}: {err}");
+        assert_ne!(code, 0, "{name} wrote a read-only shared directory");
+        assert!(err.contains("Read-only file system"), "{name}: {err}");
+    }
+    // Still the root's to change, and every reader sees the change.
+    let (_, err, code) = sh(&c, &id, "echo v3 > /conf/setting && ls /conf").await;
+    assert_eq!(code, 0, "{err}");
+    let (out, _, _) = sh_in(&c, &id, "late", "cat /etc/app/setting; ls /etc/app").await;
+    assert_eq!(out, "v3\nsetting\n");
+    c.delete(&id).await.expect("delete");
+}
+
 /// A fork bomb raging in one container keeps the commands' process limit full; the agents,
 /// the sandbox's and every container's, keep the room to answer and to start a command.
 #[tokio::test]

@@ -27,8 +27,8 @@ use crate::types::{ErrorBody, ExecList, ExecRequest, ExecStatus, FilesPutResult}
 /// its own version (an agent refuses what it does not know, so a newer daemon's requests would
 /// fail one by one): 2 added `attach`, `execs`, `on_disconnect` and `tail_bytes`; 3 added
 /// `egress_uplink`; 4 added `probe_tcp` and `process_stats` (a sandbox's containers); 5 added
-/// `add_container`.
-pub const PROTOCOL_VERSION: u32 = 5;
+/// `add_container`; 6 added a shared directory's `read_only`.
+pub const PROTOCOL_VERSION: u32 = 6;
 
 /// One request, the first message on a connection.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -144,6 +144,9 @@ pub struct SharedDir {
     pub name: String,
     /// Where it appears in the container.
     pub path: String,
+    /// Mounted read-only there.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub read_only: bool,
 }
 
 /// The ids a command runs with.

@@ -87,6 +87,7 @@ fn parse_shared(text: &str) -> Result<SharedMount, String> {
     Ok(SharedMount {
         name: name.to_string(),
         path: path.to_string(),
+        read_only: false,
     })
 }
 

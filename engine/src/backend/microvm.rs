@@ -601,6 +601,7 @@ pub(crate) fn vm_shared(shared: &[::namespace::SharedMount]) -> Vec<contract::cm
             owner: mount.owner.clone(),
             name: mount.dir.clone(),
             target: mount.target.to_string_lossy().into_owned(),
+            read_only: mount.read_only,
         })
         .collect()
 }

@@ -268,6 +268,7 @@ fn check_shared<'a>(
             owner: owner.to_string(),
             dir: mount.name.clone(),
             target: mount.path.trim_end_matches('/').into(),
+            read_only: mount.read_only,
         })
         .collect())
 }
@@ -320,6 +321,7 @@ impl Engine {
             .map(|mount| wire::agent::SharedDir {
                 name: mount.dir,
                 path: mount.target.to_string_lossy().into_owned(),
+                read_only: mount.read_only,
             })
             .collect();
         // From here on it holds what a restarted daemon could not take back.
@@ -399,12 +401,14 @@ mod tests {
             shared: vec![api_types::SharedMount {
                 name: "work".into(),
                 path: "/work/".into(),
+                read_only: false,
             }],
             containers: vec![ContainerRequest {
                 name: "db".into(),
                 shared: vec![api_types::SharedMount {
                     name: "work".into(),
                     path: "/work".into(),
+                    read_only: false,
                 }],
                 ..ContainerRequest::default()
             }],
@@ -419,6 +423,7 @@ mod tests {
         hiding.containers[0].shared.push(api_types::SharedMount {
             name: "other".into(),
             path: "/work/sub".into(),
+            read_only: false,
         });
         let e = shared_mounts(&hiding).expect_err("overlap");
         assert!(e.to_string().contains("overlap"), "{e}");

@@ -1383,17 +1383,24 @@ class SharedMount:
     #: Where it appears in this container (absolute, not in `/proc`, `/dev` or `/sys`).
     path: str
 
+    #: Mounted read-only in this container (as a Kubernetes `volumeMounts[].readOnly`): it
+    #: reads what the containers that mount it writable write.
+    read_only: bool | None = None
+
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> SharedMount:
         return cls(
             name=data['name'],
             path=data['path'],
+            read_only=data.get('read_only', None),
         )
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {}
         out['name'] = self.name
         out['path'] = self.path
+        if self.read_only is not None:
+            out['read_only'] = self.read_only
         return out
 
 

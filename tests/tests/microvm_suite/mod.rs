@@ -1112,7 +1112,7 @@ pub(crate) async fn a_service_container_is_reached_on_localhost_and_keeps_its_lo
              "command": ["/bin/sh", "-c",
                          "echo db up; while true; do echo hello-from-db | nc -l -p 5432; done"],
              "ready": {"tcp_port": 5432},
-             "shared": [{"name": "work", "path": "/data"}]},
+             "shared": [{"name": "work", "path": "/data", "read_only": true}]},
             {"name": "helper",
              "command": ["/bin/sh", "-c", "echo written-by-helper > /data/note; exit 3"],
              "depends_on": ["db"],
@@ -1154,7 +1154,7 @@ pub(crate) async fn a_service_container_is_reached_on_localhost_and_keeps_its_lo
         &id,
         "db",
         "pwd; id -u; ls /opt/app; cat /proc/1/comm; ls /proc | grep -c '^[0-9]'; \
-         test ! -e /work && cat /data/note",
+         test ! -e /work && cat /data/note; touch /data/x 2>&1 | grep -c 'Read-only'",
     )
     .await;
     assert_eq!(code, 0, "{out}");
@@ -1163,7 +1163,7 @@ pub(crate) async fn a_service_container_is_reached_on_localhost_and_keeps_its_lo
     let processes: usize = lines[4].parse().expect("a count");
     // Its agent, its service's shell and nc, and this command's three.
     assert!(processes <= 8, "db sees {processes} processes: {out}");
-    assert_eq!(lines[5], "written-by-helper", "{out}");
+    assert_eq!(lines[5..], ["written-by-helper", "1"], "{out}");
     // The helper's root (the daemon's image, as root) takes writes in a layer of its own.
     let (out, code) = sh_in(&c, &id, "helper", "id -u; touch /new-file && ls /new-file").await;
     assert_eq!((out.as_str(), code), ("0\n/new-file\n", 0));

@@ -2718,6 +2718,11 @@ export interface components {
             name: string;
             /** @description Where it appears in this container (absolute, not in `/proc`, `/dev` or `/sys`). */
             path: string;
+            /**
+             * @description Mounted read-only in this container (as a Kubernetes `volumeMounts[].readOnly`): it
+             *     reads what the containers that mount it writable write.
+             */
+            read_only?: boolean;
         };
         /** @description The body of `POST /sandboxes/{id}/signal`. */
         SignalRequest: {
