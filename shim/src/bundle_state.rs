@@ -36,6 +36,9 @@ pub(crate) struct PodMember {
     pub sandbox: String,
     /// The container's name in it.
     pub name: String,
+    /// The container that keeps its kubelet volumes up to date, when it has any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub writer: Option<String>,
 }
 
 impl BundleState {
@@ -89,7 +92,12 @@ pub(crate) async fn release(
 ) -> Result<(), ShimError> {
     let mut first_error = None;
     if let Some(member) = state.pod_member.clone() {
-        match gone_is_fine(client.remove_container(&member.sandbox, &member.name).await) {
+        let writer = match &member.writer {
+            Some(writer) => gone_is_fine(client.remove_container(&member.sandbox, writer).await),
+            None => Ok(()),
+        };
+        let removed = gone_is_fine(client.remove_container(&member.sandbox, &member.name).await);
+        match writer.and(removed) {
             Ok(()) => state.pod_member = None,
             Err(e) => first_error = first_error.or(Some(e)),
         }
@@ -150,6 +158,7 @@ mod tests {
             pod_member: Some(PodMember {
                 sandbox: "sb-0123456789abcdef".into(),
                 name: "job".into(),
+                writer: Some("files-0123456789ab".into()),
             }),
             ..BundleState::default()
         };

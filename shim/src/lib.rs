@@ -11,6 +11,7 @@ mod events;
 mod exit;
 mod metrics;
 mod pod;
+mod pod_volumes;
 mod process;
 mod rootfs;
 mod service;

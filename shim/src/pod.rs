@@ -8,10 +8,11 @@
 //! - an `emptyDir` (kubelet's `…/volumes/kubernetes.io~empty-dir/NAME`) becomes the sandbox's
 //!   shared directory `NAME`: a directory of the sandbox's own scratch, the same files in
 //!   every container that mounts it, empty at first (as an `emptyDir` is);
+//! - a secret, configMap, projected or downward-API volume is a shared directory mounted
+//!   read-only, filled and kept up to date through a writer container ([`crate::pod_volumes`]);
 //! - a small host file (`/etc/hosts`, `/etc/resolv.conf`, `/etc/hostname`, the termination
-//!   log) and the files of a secret, configMap, projected or downward-API volume are copied
-//!   into the container when it is made (they are not refreshed, and root in the container
-//!   can change its copy);
+//!   log, a volume's key mounted by `subPath`) is copied into the container when it is made
+//!   (writable, as Kubernetes mounts it, and not refreshed);
 //! - every other mount (host directories, the spec's own `/proc`, `/dev`, `/sys`) is not
 //!   applied: the sandbox has its own.
 
@@ -97,6 +98,44 @@ pub(crate) struct MemberMounts {
     pub(crate) shared: Vec<api_types::SharedMount>,
     /// Host files to copy in: the source, and the path in the container.
     pub(crate) copies: Vec<(PathBuf, String)>,
+    /// Kubelet's volume directories (secret, configMap, projected, downward API): the source,
+    /// and the path in the container, where it is mounted read-only from a shared directory
+    /// the shim fills and keeps up to date ([`volume_dir`], [`writer_name`]).
+    pub(crate) volumes: Vec<(PathBuf, String)>,
+}
+
+/// Where the writer container mounts its member's volume `index` (writable).
+pub(crate) fn writer_path(index: usize) -> String {
+    format!("/v/{index}")
+}
+
+/// The shared directory that holds volume `index` of the pod member that task `task` is.
+pub(crate) fn volume_dir(task: &str, index: usize) -> String {
+    format!("kv{index}-{}", short_hash(task))
+}
+
+/// The container that fills the volume directories of the pod member that task `task` is: a
+/// container of its own (no main process) that mounts them writable, so that the member
+/// mounts them read-only.
+pub(crate) fn writer_name(task: &str) -> String {
+    format!("files-{}", short_hash(task))
+}
+
+/// 12 hex digits of `text`'s SHA-256: a name part of fixed length from any member name.
+fn short_hash(text: &str) -> String {
+    use sha2::Digest;
+    hex::encode(sha2::Sha256::digest(text.as_bytes()))[..12].to_string()
+}
+
+/// The tar that fills the writer's volume directories with what kubelet wrote in `volumes`
+/// (extracted at `/` in the writer), bounded as [`copies_tar`] is.
+pub(crate) fn volumes_tar(volumes: &[(PathBuf, String)]) -> Result<Vec<u8>, ShimError> {
+    let at_writer: Vec<(PathBuf, String)> = volumes
+        .iter()
+        .enumerate()
+        .map(|(index, (source, _))| (source.clone(), writer_path(index)))
+        .collect();
+    copies_tar(&at_writer)
 }
 
 /// Sorts `spec`'s mounts into what a pod member gets (see the module's doc).
@@ -142,7 +181,9 @@ fn sort_mount(mount: &Mount, out: &mut MemberMounts) {
     .iter()
     .any(|kind| text.contains(kind));
     let is_file = std::fs::metadata(source).is_ok_and(|m| m.is_file());
-    if is_file || copied_kind {
+    if copied_kind && !is_file {
+        out.volumes.push((source.clone(), target.to_string()));
+    } else if is_file {
         out.copies.push((source.clone(), target.to_string()));
     } else {
         log::info!(
@@ -285,7 +326,7 @@ mod tests {
     }
 
     #[test]
-    fn empty_dirs_are_shared_small_files_copied_and_host_dirs_left_out() {
+    fn empty_dirs_are_shared_volumes_mounted_read_only_small_files_copied_and_host_dirs_left_out() {
         let dir = tempfile::tempdir().expect("tempdir");
         let hosts = dir.path().join("hosts");
         std::fs::write(&hosts, "127.0.0.1 localhost\n").expect("hosts");
@@ -323,28 +364,35 @@ mod tests {
                 read_only: false,
             }]
         );
+        assert_eq!(mounts.copies, [(hosts.clone(), "/etc/hosts".to_string())]);
         assert_eq!(
-            mounts.copies,
-            [
-                (hosts.clone(), "/etc/hosts".to_string()),
-                (secret.clone(), "/var/run/secrets/x".to_string())
-            ]
+            mounts.volumes,
+            [(secret.clone(), "/var/run/secrets/x".to_string())]
         );
-        let tar = copies_tar(&mounts.copies).expect("tar");
-        let mut archive = tar::Archive::new(tar.as_slice());
-        let mut seen = Vec::new();
-        for entry in archive.entries().expect("entries") {
-            let mut entry = entry.expect("entry");
-            let mut text = String::new();
-            entry.read_to_string(&mut text).expect("read");
-            seen.push((entry.path().expect("path").display().to_string(), text));
-        }
+        let entries = |tar: Vec<u8>| {
+            let mut archive = tar::Archive::new(std::io::Cursor::new(tar));
+            let mut seen = Vec::new();
+            for entry in archive.entries().expect("entries") {
+                let mut entry = entry.expect("entry");
+                let mut text = String::new();
+                entry.read_to_string(&mut text).expect("read");
+                seen.push((entry.path().expect("path").display().to_string(), text));
+            }
+            seen
+        };
         assert_eq!(
-            seen,
-            [
-                ("etc/hosts".to_string(), "127.0.0.1 localhost\n".to_string()),
-                ("var/run/secrets/x/token".to_string(), "s3cret".to_string())
-            ]
+            entries(copies_tar(&mounts.copies).expect("tar")),
+            [("etc/hosts".to_string(), "127.0.0.1 localhost\n".to_string())]
         );
+        // A volume goes to the writer's directory for it, kubelet's `..` entries left out.
+        assert_eq!(
+            entries(volumes_tar(&mounts.volumes).expect("tar")),
+            [("v/0/token".to_string(), "s3cret".to_string())]
+        );
+        assert_eq!(
+            volume_dir("job", 0),
+            format!("kv0-{}", &writer_name("job")[6..])
+        );
+        assert!(volume_dir(&"x".repeat(63), 99).len() <= 63);
     }
 }

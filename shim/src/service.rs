@@ -32,7 +32,7 @@ use crate::error::ShimError;
 use crate::events::Events;
 use crate::exit::exit_status;
 use crate::process::{self, Exited, Io, Process, Reattach, StdioPaths};
-use crate::{pod, rootfs, spec, stdio};
+use crate::{pod, pod_volumes, rootfs, spec, stdio};
 
 /// How long a sandbox may live: the daemon's most. A container that runs longer is ended by
 /// the daemon; containerd then sees its processes exit.
@@ -307,7 +307,8 @@ impl Inner {
     }
 
     /// Adds the pod member `req` to its pod's sandbox as container `name`: its image as for
-    /// a sandbox, its `emptyDir`s as shared directories, its small host files copied in.
+    /// a sandbox, its `emptyDir`s as shared directories, its kubelet volumes read-only and
+    /// kept up to date ([`pod_volumes`]), its small host files copied in.
     async fn add_to_pod(
         &self,
         client: &client::Client,
@@ -321,16 +322,32 @@ impl Inner {
         let image = self.image_of(client, req, spec, held).await?;
         let mounts = pod::member_mounts(spec);
         let copies = pod::copies_tar(&mounts.copies)?;
+        // Named after the task, not the member: kubelet's next attempt of a container may
+        // come before the dead one's task is deleted.
+        let writer = (!mounts.volumes.is_empty()).then(|| pod::writer_name(&req.id));
         held.pod_member = Some(bundle_state::PodMember {
             sandbox: sandbox.to_string(),
             name: name.to_string(),
+            writer: writer.clone(),
         });
         held.write(&bundle)?;
+        let mut shared = mounts.shared;
+        if writer.is_some() {
+            let (read_only, writer) =
+                pod_volumes::fill(client, sandbox, &req.id, &mounts.volumes).await?;
+            shared.extend(read_only);
+            tokio::spawn(pod_volumes::keep_fresh(
+                client.clone(),
+                sandbox.to_string(),
+                writer,
+                mounts.volumes.clone(),
+            ));
+        }
         let request = api_types::ContainerRequest {
             name: name.to_string(),
             image: Some(image.clone()),
             user: spec::user(spec),
-            shared: mounts.shared,
+            shared,
             ..api_types::ContainerRequest::default()
         };
         client.add_container(sandbox, &request).await?;

@@ -97,6 +97,21 @@ fn container(name: &str, script: &str, empty_dir: &std::path::Path) -> Container
     }
 }
 
+/// Writes secret `dir` as kubelet's atomic writer does: key `token` with `value` in a new
+/// directory `generation`, then `..data` switched to it by a rename.
+fn write_secret(dir: &std::path::Path, generation: &str, value: &str) {
+    std::fs::create_dir_all(dir.join(generation)).expect("secret generation");
+    std::fs::write(dir.join(generation).join("token"), value).expect("secret key");
+    let next = dir.join("..data_tmp");
+    let _ = std::fs::remove_file(&next);
+    std::os::unix::fs::symlink(generation, &next).expect("..data_tmp");
+    std::fs::rename(&next, dir.join("..data")).expect("switch ..data");
+    let key = dir.join("token");
+    if std::fs::symlink_metadata(&key).is_err() {
+        std::os::unix::fs::symlink("..data/token", &key).expect("token link");
+    }
+}
+
 /// `CreateContainer` then `StartContainer`, as kubelet does; the container's id.
 async fn create_and_start(
     cri: &mut RuntimeServiceClient<Channel>,
@@ -203,11 +218,26 @@ async fn pod_of_three() {
         ("helper", "echo from-helper > /shared/note; exec sleep 3600"),
         ("job", "exec sleep 3600"),
     ];
+    // A secret volume as kubelet lays one out: the files in a timestamped directory, `..data`
+    // linking to it, each key linking through `..data`.
+    let secret = scratch.join(
+        "kubelet/pods/c0ffee00-0000-4000-8000-000000000001/volumes/kubernetes.io~secret/token",
+    );
+    write_secret(&secret, "..2026_12_05_first", "s3cret");
     let mut ids = HashMap::new();
     for (name, script) in scripts {
+        let mut config_of = container(name, script, &empty_dir);
+        if name == "job" {
+            config_of.mounts.push(Mount {
+                container_path: "/var/run/secrets/x".into(),
+                host_path: secret.display().to_string(),
+                readonly: true,
+                ..Mount::default()
+            });
+        }
         let request = CreateContainerRequest {
             pod_sandbox_id: pod.clone(),
-            config: Some(container(name, script, &empty_dir)),
+            config: Some(config_of),
             sandbox_config: Some(config.clone()),
         };
         ids.insert(name, create_and_start(&mut cri, &containerd, request).await);
@@ -226,7 +256,50 @@ async fn pod_of_three() {
         .map(|info| info.name)
         .collect();
     names.sort();
-    assert_eq!(names, ["helper", "job", "svc"]);
+    // The job's secret volume has a writer container of its own (`files-…`), which keeps it.
+    assert_eq!(names.len(), 4, "{names:?}");
+    assert!(names[0].starts_with("files-"), "{names:?}");
+    assert_eq!(names[1..], ["helper", "job", "svc"]);
+
+    // The secret is there, read-only, and follows kubelet's rotation.
+    let sync = |cmd: &str| ExecSyncRequest {
+        container_id: ids["job"].clone(),
+        cmd: vec!["/bin/sh".into(), "-c".into(), cmd.into()],
+        timeout: 10,
+    };
+    let out = cri
+        .exec_sync(sync(
+            "cat /var/run/secrets/x/token; echo changed > /var/run/secrets/x/token",
+        ))
+        .await
+        .expect("ExecSync")
+        .into_inner();
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "s3cret");
+    assert_ne!(out.exit_code, 0, "the secret volume was writable");
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("Read-only"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    write_secret(&secret, "..2026_12_05_second", "rotated");
+    let rotated = Instant::now();
+    loop {
+        let out = cri
+            .exec_sync(sync("cat /var/run/secrets/x/token"))
+            .await
+            .expect("ExecSync")
+            .into_inner();
+        if out.stdout == b"rotated" {
+            break;
+        }
+        assert!(
+            rotated.elapsed() < Duration::from_secs(20),
+            "the rotated secret never arrived: {:?}",
+            String::from_utf8_lossy(&out.stdout)
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    eprintln!("a rotated secret arrived in {:?}", rotated.elapsed());
 
     // The job reaches the service on localhost and reads what the helper wrote to the
     // emptyDir (each tried until it is there: the containers start one after another).
@@ -334,6 +407,12 @@ async fn pod_of_three() {
             metadata.attempt = attempt;
         }
         flaky_config.log_path = format!("flaky_{attempt}.log");
+        flaky_config.mounts.push(Mount {
+            container_path: "/etc/flaky".into(),
+            host_path: secret.display().to_string(),
+            readonly: true,
+            ..Mount::default()
+        });
         let request = CreateContainerRequest {
             pod_sandbox_id: pod.clone(),
             config: Some(flaky_config),
@@ -357,6 +436,15 @@ async fn pod_of_three() {
         .filter(|name| name.starts_with("flaky"))
         .collect();
     assert_eq!(flaky_in_sandbox, ["flaky"]);
+    // The dead attempt's volume writer went with it: the job's and the new attempt's are left.
+    let writers = c
+        .containers(&sandbox)
+        .await
+        .expect("containers")
+        .into_iter()
+        .filter(|info| info.name.starts_with("files-"))
+        .count();
+    assert_eq!(writers, 2);
     let first = cri
         .container_status(ContainerStatusRequest {
             container_id: attempts[0].clone(),
