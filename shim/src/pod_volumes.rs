@@ -118,8 +118,13 @@ async fn put(
     if !gone.is_empty() {
         let mut rm = vec!["rm".to_string(), "-f".into(), "--".into()];
         rm.extend(gone.iter().map(|p| format!("/{p}")));
+        // Bounded: a writer that stopped answering must not stall the refresh for good.
+        let request = ExecRequest {
+            timeout_s: 30,
+            ..ExecRequest::new(rm)
+        };
         let out = client
-            .exec_in(sandbox, writer, &ExecRequest::new(rm))
+            .exec_in(sandbox, writer, &request)
             .await?
             .collect()
             .await?;

@@ -97,6 +97,16 @@ fn container(name: &str, script: &str, empty_dir: &std::path::Path) -> Container
     }
 }
 
+/// A read-only bind of host directory `host` at `at`, as kubelet mounts a secret volume.
+fn read_only_mount(host: &std::path::Path, at: &str) -> Mount {
+    Mount {
+        container_path: at.into(),
+        host_path: host.display().to_string(),
+        readonly: true,
+        ..Mount::default()
+    }
+}
+
 /// Writes secret `dir` as kubelet's atomic writer does: key `token` with `value` in a new
 /// directory `generation`, then `..data` switched to it by a rename.
 fn write_secret(dir: &std::path::Path, generation: &str, value: &str) {
@@ -228,12 +238,9 @@ async fn pod_of_three() {
     for (name, script) in scripts {
         let mut config_of = container(name, script, &empty_dir);
         if name == "job" {
-            config_of.mounts.push(Mount {
-                container_path: "/var/run/secrets/x".into(),
-                host_path: secret.display().to_string(),
-                readonly: true,
-                ..Mount::default()
-            });
+            config_of
+                .mounts
+                .push(read_only_mount(&secret, "/var/run/secrets/x"));
         }
         let request = CreateContainerRequest {
             pod_sandbox_id: pod.clone(),
@@ -407,12 +414,9 @@ async fn pod_of_three() {
             metadata.attempt = attempt;
         }
         flaky_config.log_path = format!("flaky_{attempt}.log");
-        flaky_config.mounts.push(Mount {
-            container_path: "/etc/flaky".into(),
-            host_path: secret.display().to_string(),
-            readonly: true,
-            ..Mount::default()
-        });
+        flaky_config
+            .mounts
+            .push(read_only_mount(&secret, "/etc/flaky"));
         let request = CreateContainerRequest {
             pod_sandbox_id: pod.clone(),
             config: Some(flaky_config),
