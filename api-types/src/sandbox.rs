@@ -108,6 +108,14 @@ pub struct CreateSandbox {
     /// Shared directories mounted in the sandbox's own root (see a container's `shared`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub shared: Vec<crate::SharedMount>,
+    /// A microVM's room for containers added once it runs (`POST
+    /// /sandboxes/{id}/containers`): this many empty read-only disks are attached at boot,
+    /// and each added container's image fills one (a microVM's disks are fixed when it
+    /// boots). They count toward its 6 disks beside the root, with caches, volumes,
+    /// `disk_mib` and the containers given here. Default 0. A namespace sandbox takes added
+    /// containers without it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub container_slots: Option<u32>,
 }
 
 /// `"network"` in a create request.

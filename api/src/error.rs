@@ -131,9 +131,9 @@ impl From<AddContainerError> for ApiError {
             AddContainerError::Invalid(_) => ApiError::invalid(message),
             AddContainerError::Sandbox(e) => e.into(),
             AddContainerError::Storage(e) => e.into(),
-            AddContainerError::NotRunning(_) | AddContainerError::Exists { .. } => {
-                ApiError::conflict(message)
-            }
+            AddContainerError::NotRunning(_)
+            | AddContainerError::Exists { .. }
+            | AddContainerError::NoSlot { .. } => ApiError::conflict(message),
             AddContainerError::NotReady { .. } => Self::new(
                 StatusCode::UNPROCESSABLE_ENTITY,
                 "container_not_ready",

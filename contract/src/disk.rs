@@ -36,6 +36,51 @@ pub fn is_valid_serial(serial: &str) -> bool {
             .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
 }
 
+/// The disk control socket's exchange (`crucible-vmm`'s `disk_control`, `crucible-vmm
+/// vhost-user block --control`): how the daemon gives a running VM's empty read-only disk (a
+/// spare container slot) an image. One request per connection: the line `replace SERIAL\n`,
+/// then one byte carrying the image's open descriptor (`SCM_RIGHTS`). The answer is one line:
+/// `ok SECTORS` (the disk's new capacity; the driver was told its configuration changed) or
+/// `error WHY`.
+pub mod control {
+    /// The longest request line, newline excluded.
+    pub const MAX_REQUEST_BYTES: usize = 64;
+
+    /// The request line (newline included) giving the disk `serial` a new image.
+    pub fn request(serial: &str) -> String {
+        format!("replace {serial}\n")
+    }
+
+    /// The serial a request line (without its newline) names, or why it is not a request.
+    pub fn parse_request(line: &str) -> Result<&str, String> {
+        match line.split_once(' ') {
+            Some(("replace", serial)) if super::is_valid_serial(serial) => Ok(serial),
+            Some(("replace", serial)) => Err(format!("{serial:?} is not a disk serial")),
+            _ => Err(format!("{line:?} is not `replace SERIAL`")),
+        }
+    }
+
+    /// The answer line (newline included) for `result`: the new capacity in sectors, or why
+    /// the disk was not given its image.
+    pub fn answer(result: &Result<u64, String>) -> String {
+        match result {
+            Ok(sectors) => format!("ok {sectors}\n"),
+            Err(why) => format!("error {}\n", why.replace('\n', " ")),
+        }
+    }
+
+    /// The capacity an answer line reports, or the device's reason.
+    pub fn parse_answer(line: &str) -> Result<u64, String> {
+        let line = line.trim_end();
+        if let Some(why) = line.strip_prefix("error ") {
+            return Err(why.to_string());
+        }
+        line.strip_prefix("ok ")
+            .and_then(|sectors| sectors.parse().ok())
+            .ok_or_else(|| format!("the disk control answered {line:?}"))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -50,5 +95,23 @@ mod tests {
         for bad in ["", "a b", "x:y", "a\0", "123456789012345678901"] {
             assert!(!is_valid_serial(bad), "{bad:?}");
         }
+    }
+
+    #[test]
+    fn the_disk_control_exchange_round_trips() {
+        let line = control::request("crucible-ctr-2");
+        assert_eq!(
+            control::parse_request(line.trim_end()),
+            Ok("crucible-ctr-2")
+        );
+        assert!(control::parse_request("replace ../x").is_err());
+        assert!(control::parse_request("eject crucible-ctr-2").is_err());
+        assert_eq!(control::parse_answer(&control::answer(&Ok(16))), Ok(16));
+        assert_eq!(
+            control::parse_answer(&control::answer(&Err("no\nway".into()))),
+            Err("no way".into())
+        );
+        assert!(control::parse_answer("").is_err());
+        assert!(control::parse_answer("ok many").is_err());
     }
 }

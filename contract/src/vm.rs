@@ -111,6 +111,11 @@ pub struct VmConfig {
     /// Block devices, `vda`, `vdb`, … in order.
     #[serde(default)]
     pub block: Vec<BlockConfig>,
+    /// The disk control socket (bound when the VM is built): the daemon gives a read-only
+    /// disk another image through it while the guest runs ([`crate::disk::control`]), how an
+    /// empty disk reserved at boot receives a container added later.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub disk_control: Option<PathBuf>,
     /// The vsock device.
     #[serde(default)]
     pub vsock: Option<VsockConfig>,
@@ -185,6 +190,7 @@ impl VmConfig {
             vcpus: default_vcpus(),
             hugepages: false,
             block: Vec::new(),
+            disk_control: None,
             vsock: None,
             console: ConsoleOutput::default(),
             console_input: None,

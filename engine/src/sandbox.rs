@@ -97,6 +97,18 @@ pub enum AddContainerError {
         /// The name.
         name: String,
     },
+    /// A microVM sandbox has no empty disk left for another container.
+    #[error(
+        "sandbox {id} has no room for another container: a microVM's disks are fixed when it \
+         boots, and the {slots} it was created with for added containers (\"container_slots\") \
+         are all in use (remove a container to free one)"
+    )]
+    NoSlot {
+        /// The sandbox.
+        id: String,
+        /// How many slots it was created with.
+        slots: usize,
+    },
     /// The backend could not make it.
     #[error("adding container {name:?} to sandbox {id}: {reason}")]
     Failed {
@@ -353,13 +365,15 @@ impl Sandbox {
             .cloned()
     }
 
-    /// Adds container `plan` to it, running, made of the image tree `rootfs` (`lease` holds
-    /// an imported one while the sandbox lives), with `shared` mounted; returns it once it is
-    /// ready. One that does not become ready stays (failed, its log readable) until removed.
+    /// Adds container `plan` to it, running, made of the image tree `rootfs` (a microVM takes
+    /// its ext4 snapshot, `disk`; `lease` holds an imported one while the sandbox lives), with
+    /// `shared` mounted; returns it once it is ready. One that does not become ready stays
+    /// (failed, its log readable) until removed.
     pub(crate) async fn add_container(
         self: &Arc<Self>,
         plan: containers::ContainerPlan,
         rootfs: &std::path::Path,
+        disk: Option<&std::path::Path>,
         shared: &[wire::agent::SharedDir],
         lease: Option<oci::ImageLease>,
     ) -> Result<Arc<Container>, AddContainerError> {
@@ -374,9 +388,15 @@ impl Sandbox {
             });
         }
         let index = *next;
+        if let Some((0, slots)) = self.instance.container_room() {
+            return Err(AddContainerError::NoSlot {
+                id: self.id.clone(),
+                slots,
+            });
+        }
         *next += 1;
         self.instance
-            .add_container(index, &plan.name, rootfs, shared)
+            .add_container(index, &plan.name, rootfs, disk, shared)
             .await
             .map_err(|reason| AddContainerError::Failed {
                 id: self.id.clone(),
@@ -440,6 +460,7 @@ impl Sandbox {
                 report::chain(&e)
             ),
         }
+        self.instance.container_removed(container.index).await;
         Ok(())
     }
 

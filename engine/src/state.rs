@@ -544,6 +544,11 @@ impl Engine {
             )));
         }
         let containers = self.plan_containers(&request, &owner)?;
+        // Only a microVM's disks are fixed at boot; the other backends need no slots.
+        let container_slots = match kind {
+            BackendKind::Microvm => request.container_slots.unwrap_or(0) as usize,
+            BackendKind::Namespace | BackendKind::Process => 0,
+        };
         let targets: Vec<(String, &str)> = request
             .caches
             .iter()
@@ -579,6 +584,7 @@ impl Engine {
                 request.disk_mib.is_some(),
                 &targets,
                 &names,
+                container_slots,
                 &crate::backend::microvm::vm_shared(&containers.shared),
             )
             .map_err(CreateError::Invalid)?;
@@ -637,6 +643,7 @@ impl Engine {
         };
         let poolable = policy.is_none()
             && !has_containers
+            && container_slots == 0
             && imported.is_none()
             && request.user.is_none()
             && request.caches.is_empty()
@@ -723,6 +730,7 @@ impl Engine {
             containers: container_roots,
             container_disks,
             shared,
+            container_slots,
         };
         let instance = backend.create(spec).await.map_err(|e| {
             self.metrics

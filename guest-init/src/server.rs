@@ -383,6 +383,52 @@ fn add_container(
     Ok(pid)
 }
 
+/// Starts container `name` of a microVM from its image on `disk`; its agent's pid.
+fn add_vm_container(
+    name: &str,
+    index: usize,
+    disk: &wire::agent::ContainerDisk,
+    shared: &[wire::agent::SharedDir],
+) -> Result<i32, ErrorBody> {
+    let serial = disk.serial.as_str();
+    let invalid = |why: String| ErrorBody::new("invalid_request", format!("add_container: {why}"));
+    if !contract::cmdline::is_valid_name(name) || !contract::disk::is_valid_serial(serial) {
+        return Err(invalid(format!(
+            "{name:?} on disk {serial:?} is not a container name on a disk serial"
+        )));
+    }
+    let shared = shared
+        .iter()
+        .map(|dir| {
+            let mount = contract::cmdline::VmShared {
+                owner: name.to_string(),
+                name: dir.name.clone(),
+                target: dir.path.trim_end_matches('/').to_string(),
+                read_only: dir.read_only,
+            };
+            match contract::cmdline::is_valid_name(&mount.name) && mount.target.starts_with('/') {
+                true => Ok(mount),
+                false => Err(invalid(format!(
+                    "shared: {:?} at {:?} is not a directory name at an absolute path",
+                    dir.name, dir.path
+                ))),
+            }
+        })
+        .collect::<Result<Vec<_>, ErrorBody>>()?;
+    let pid =
+        crate::vm_containers::add(name, index, serial, disk.sectors, &shared).map_err(|e| {
+            ErrorBody::new(
+                "io_error",
+                format!("add_container {name:?}: {}", report::chain(&e)),
+            )
+        })?;
+    sys::spare_from_signals([pid]);
+    log::info(format_args!(
+        "container {name} added from {serial}: its agent is pid {pid}"
+    ));
+    Ok(pid)
+}
+
 /// How long the host may take to send the descriptor an `egress_uplink` announces.
 const UPLINK_WAIT: Duration = Duration::from_secs(5);
 
@@ -506,10 +552,25 @@ pub fn handle(mut conn: UnixStream, agent: &Agent) {
             name,
             index,
             shared,
+            disk,
         } => {
-            let reply = match add_container(&conn, &name, index, &shared) {
+            let added = match disk {
+                Some(disk) => add_vm_container(&name, index, &disk, &shared),
+                None => add_container(&conn, &name, index, &shared),
+            };
+            let reply = match added {
                 Ok(pid) => AgentReply::ContainerAdded { pid },
                 Err(body) => AgentReply::Error(body),
+            };
+            let _ = wire::write_message(&mut conn, &reply);
+        }
+        AgentRequest::ReleaseDisk { disk } => {
+            let reply = match crate::vm_containers::await_released(&disk) {
+                Ok(()) => AgentReply::DiskReleased,
+                Err(e @ crate::vm_containers::VmContainerError::NoDisk { .. }) => {
+                    AgentReply::Error(ErrorBody::new("not_found", report::chain(&e)))
+                }
+                Err(e) => AgentReply::Error(ErrorBody::new("io_error", report::chain(&e))),
             };
             let _ = wire::write_message(&mut conn, &reply);
         }

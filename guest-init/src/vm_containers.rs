@@ -16,6 +16,7 @@ use std::ffi::CString;
 use std::fs;
 use std::io::{self, Read};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+use std::os::unix::fs::OpenOptionsExt;
 use std::os::unix::net::UnixStream;
 use std::path::Path;
 use std::time::Duration;
@@ -70,6 +71,11 @@ pub enum VmContainerError {
 /// Returns the agents' pids, which a signal to every process must spare. A container that
 /// cannot start is logged and left out: the host then finds nothing on its port and says so.
 pub fn start_all(cfg: &BootConfig, commands_cgroup: Option<BorrowedFd<'_>>) -> Vec<libc::pid_t> {
+    let kept = commands_cgroup.and_then(|fd| fd.try_clone_to_owned().ok());
+    let _ = LATER.set(Later {
+        log: cfg.log,
+        commands_cgroup: kept,
+    });
     if cfg.containers.is_empty() && cfg.shared.is_empty() {
         return Vec::new();
     }
@@ -92,7 +98,7 @@ pub fn start_all(cfg: &BootConfig, commands_cgroup: Option<BorrowedFd<'_>>) -> V
             })
             .and_then(|device| {
                 let shared = cfg.shared.iter().filter(|s| s.owner == container.name);
-                let argv = agent_argv(cfg, index, &container.name, device, shared);
+                let argv = agent_argv(cfg.log, index, &container.name, device, shared);
                 start_agent(&container.name, &argv, commands_cgroup)
             });
         match started {
@@ -103,9 +109,142 @@ pub fn start_all(cfg: &BootConfig, commands_cgroup: Option<BorrowedFd<'_>>) -> V
     agents
 }
 
+/// What a container added once the guest runs is started with, kept by [`start_all`].
+struct Later {
+    log: Option<contract::cmdline::LogLevel>,
+    commands_cgroup: Option<OwnedFd>,
+}
+
+static LATER: std::sync::OnceLock<Later> = std::sync::OnceLock::new();
+
+/// How long an added container's disk may take to show its image: the host gives the empty
+/// disk its image before it asks, but the kernel learns the new capacity from a work queue.
+const DISK_WITHIN: Duration = Duration::from_secs(5);
+
+/// Starts container `name`, added once the guest runs (`add_container` with a disk): its
+/// image is on the disk `serial` (an empty slot reserved at boot, or one a removed container
+/// released, given the image by the host before it asks, `sectors` long), its agent serves on
+/// the port of `index`, with `shared` made and mounted. Returns its agent's pid, which a
+/// signal to every process must spare.
+pub fn add(
+    name: &str,
+    index: usize,
+    serial: &str,
+    sectors: u64,
+    shared: &[VmShared],
+) -> Result<libc::pid_t, VmContainerError> {
+    let later = LATER.get();
+    make_shared_dirs(shared)?;
+    let device = wait_for_image(name, serial, sectors, Path::new("/sys/block"))?;
+    forget_cached_blocks(&device)?;
+    let argv = agent_argv(
+        later.and_then(|l| l.log),
+        index,
+        name,
+        &device,
+        shared.iter(),
+    );
+    let cgroup = later.and_then(|l| l.commands_cgroup.as_ref().map(AsFd::as_fd));
+    start_agent(name, &argv, cgroup)
+}
+
+/// Drops what the kernel cached of `device`'s blocks (`BLKFLSBUF`): a slot given another
+/// image still holds the previous image's pages, which the new root must never read.
+fn forget_cached_blocks(device: &str) -> Result<(), VmContainerError> {
+    let file =
+        fs::File::open(device).map_err(|e| VmContainerError::Sys(format!("open {device}"), e))?;
+    // SAFETY: BLKFLSBUF takes no argument; the descriptor is open for the call.
+    let flushed = unsafe { libc::ioctl(file.as_raw_fd(), BLKFLSBUF, 0) };
+    sys::cvt(flushed)
+        .map(drop)
+        .map_err(|e| VmContainerError::Sys(format!("drop {device}'s cached blocks"), e))
+}
+
+/// `BLKFLSBUF`, `_IO(0x12, 97)`: the block layer's "flush and forget the buffers" request.
+const BLKFLSBUF: libc::Ioctl = 0x1261;
+
+/// How long a removed container's disk may stay held: its mounts go when its last process
+/// has, which the kernel has done by the time the container's agent is reaped.
+const RELEASE_WITHIN: Duration = Duration::from_secs(10);
+
+/// Waits until nothing holds the disk `serial` (no mount: an exclusive open succeeds), or
+/// says why not within [`RELEASE_WITHIN`].
+pub fn await_released(serial: &str) -> Result<(), VmContainerError> {
+    let device = crate::vm_root::disks_by_serial(Path::new("/sys/block"))
+        .remove(serial)
+        .ok_or_else(|| VmContainerError::NoDisk {
+            name: "(released)".into(),
+            serial: serial.to_string(),
+        })?;
+    let deadline = std::time::Instant::now() + RELEASE_WITHIN;
+    loop {
+        let exclusive = fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_EXCL)
+            .open(&device);
+        match exclusive {
+            Ok(_) => return Ok(()),
+            Err(e) if e.raw_os_error() == Some(libc::EBUSY) => {
+                if std::time::Instant::now() >= deadline {
+                    return Err(VmContainerError::Sys(
+                        format!(
+                            "{device} ({serial}) is still in use after {} s",
+                            RELEASE_WITHIN.as_secs()
+                        ),
+                        e,
+                    ));
+                }
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            Err(e) => return Err(VmContainerError::Sys(format!("open {device}"), e)),
+        }
+    }
+}
+
+/// The device of the disk `serial` once its kernel sees it `sectors` long, or why not within
+/// [`DISK_WITHIN`].
+fn wait_for_image(
+    name: &str,
+    serial: &str,
+    sectors: u64,
+    sys_block: &Path,
+) -> Result<String, VmContainerError> {
+    let deadline = std::time::Instant::now() + DISK_WITHIN;
+    loop {
+        let device = crate::vm_root::disks_by_serial(sys_block).remove(serial);
+        let mut seen = None;
+        if let Some(device) = &device {
+            let vd = device.trim_start_matches("/dev/");
+            let size = fs::read_to_string(sys_block.join(vd).join("size")).unwrap_or_default();
+            seen = size.trim().parse::<u64>().ok();
+            if seen == Some(sectors) {
+                return Ok(device.clone());
+            }
+        }
+        if std::time::Instant::now() >= deadline {
+            return match device {
+                None => Err(VmContainerError::NoDisk {
+                    name: name.to_string(),
+                    serial: serial.to_string(),
+                }),
+                Some(device) => Err(VmContainerError::NotReady {
+                    name: name.to_string(),
+                    why: format!(
+                        "its disk {device} ({serial}) is {} sectors after {} s, not the \
+                         image's {sectors}",
+                        seen.map_or("of unknown size".into(), |s| s.to_string()),
+                        DISK_WITHIN.as_secs()
+                    ),
+                }),
+            };
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
 /// The container agent's command line: `sandbox-container` building its root first.
 fn agent_argv<'a>(
-    cfg: &BootConfig,
+    log: Option<contract::cmdline::LogLevel>,
     index: usize,
     name: &str,
     device: &str,
@@ -133,7 +272,7 @@ fn agent_argv<'a>(
         };
         argv.extend([flag.into(), format!("{}:{}", mount.name, mount.target)]);
     }
-    if let Some(level) = cfg.log {
+    if let Some(level) = log {
         argv.extend(["--log".into(), level.as_str().into()]);
     }
     argv
@@ -386,11 +525,8 @@ mod tests {
                 read_only: true,
             },
         ];
-        let cfg = BootConfig {
-            log: Some(contract::cmdline::LogLevel::Debug),
-            ..BootConfig::default()
-        };
-        let argv = agent_argv(&cfg, 1, "db", "/dev/vdb", shared.iter());
+        let log = Some(contract::cmdline::LogLevel::Debug);
+        let argv = agent_argv(log, 1, "db", "/dev/vdb", shared.iter());
         assert_eq!(
             argv,
             [
@@ -410,6 +546,31 @@ mod tests {
                 "debug",
             ]
         );
+    }
+
+    #[test]
+    fn an_added_containers_disk_is_waited_for_until_it_has_the_images_size() {
+        let sys = tempfile::tempdir().expect("tempdir");
+        let vdc = sys.path().join("vdc");
+        fs::create_dir(&vdc).expect("vdc");
+        fs::write(vdc.join("serial"), "crucible-ctr-2").expect("serial");
+        fs::write(vdc.join("size"), "0\n").expect("size");
+        let grow = {
+            let size = vdc.join("size");
+            std::thread::spawn(move || {
+                std::thread::sleep(Duration::from_millis(50));
+                fs::write(size, "2048\n").expect("grow");
+            })
+        };
+        let device = wait_for_image("web", "crucible-ctr-2", 2048, sys.path()).expect("device");
+        assert_eq!(device, "/dev/vdc");
+        grow.join().expect("grow");
+        let started = std::time::Instant::now();
+        let err = wait_for_image("web", "crucible-ctr-2", 4096, sys.path()).expect_err("size");
+        assert!(err.to_string().contains("2048 sectors"), "{err}");
+        assert!(started.elapsed() >= DISK_WITHIN);
+        let err = wait_for_image("web", "crucible-ctr-3", 1, sys.path()).expect_err("no disk");
+        assert!(err.to_string().contains("crucible-ctr-3"), "{err}");
     }
 
     #[test]

@@ -37,6 +37,12 @@ use crate::{pod, pod_volumes, rootfs, spec, stdio};
 /// How long a sandbox may live: the daemon's most. A container that runs longer is ended by
 /// the daemon; containerd then sees its processes exit.
 const SANDBOX_TTL_S: u64 = 7 * 24 * 3600;
+
+/// The room a pod's sandbox keeps for the containers kubelet adds to it one by one: on a
+/// microVM each takes one of its 6 disks, reserved empty at boot (a writer container for a
+/// member's kubelet volumes takes one too, and a restarted container a new one); the
+/// namespace backend needs none and ignores it.
+const POD_CONTAINER_SLOTS: u32 = 6;
 /// Labels the shim puts on its sandboxes, so an operator (and `delete`) can find them.
 pub(crate) const LABEL_ID: &str = "containerd.id";
 /// The containerd namespace.
@@ -210,7 +216,14 @@ impl Inner {
                 .await
                 .map(|()| (sandbox.clone(), Some(name.clone()))),
             _ => self
-                .make_sandbox(client, &req, &spec, &request, &mut held)
+                .make_sandbox(
+                    client,
+                    &req,
+                    &spec,
+                    &request,
+                    matches!(role, pod::Role::PodSandbox),
+                    &mut held,
+                )
                 .await
                 .map(|sandbox| (sandbox, None)),
         };
@@ -263,14 +276,16 @@ impl Inner {
         })
     }
 
-    /// Mounts the rootfs, makes (or finds) its image, unmounts, creates the sandbox; records
-    /// each thing held in `held` and the bundle before taking it.
+    /// Mounts the rootfs, makes (or finds) its image, unmounts, creates the sandbox (with room
+    /// for the pod's containers when it is a pod's, `pod`); records each thing held in `held`
+    /// and the bundle before taking it.
     async fn make_sandbox(
         &self,
         client: &client::Client,
         req: &CreateTaskRequest,
         spec: &oci_spec::runtime::Spec,
         request: &ExecRequest,
+        pod: bool,
         held: &mut BundleState,
     ) -> Result<String, ShimError> {
         let image = self.image_of(client, req, spec, held).await?;
@@ -290,6 +305,7 @@ impl Inner {
                 labels,
                 ttl_s: Some(SANDBOX_TTL_S),
                 user: spec::user(spec),
+                container_slots: pod.then_some(POD_CONTAINER_SLOTS),
                 ..CreateSandbox::default()
             })
             .await?;

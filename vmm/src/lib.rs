@@ -189,6 +189,30 @@ pub struct Vmm {
     /// Socket files the VMM bound: removed when `run` returns or the build fails (the devices
     /// themselves live on in the vCPU threads until the process exits).
     socket_files: Vec<SocketFile>,
+    /// The disk control socket and the read-only disks it may give another image.
+    disk_control: Option<DiskControl>,
+}
+
+/// The disk control socket ([`devices::virtio::block::control`]) and the read-only disks it
+/// serves, by serial.
+struct DiskControl {
+    listener: std::os::unix::net::UnixListener,
+    disks: Vec<(String, Arc<Mutex<Block>>)>,
+}
+
+impl DiskControl {
+    /// Serves the daemon's requests until accepting fails, on a thread of its own: the only
+    /// thread allowed to receive a descriptor.
+    fn serve(self) {
+        let failed = devices::virtio::block::control::serve(&self.listener, |serial, file| {
+            let Some((_, disk)) = self.disks.iter().find(|(own, _)| own == serial) else {
+                return Err(format!("the VM has no read-only disk {serial:?}"));
+            };
+            let mut disk = disk.lock().unwrap_or_else(|p| p.into_inner());
+            disk.replace_image(file).map_err(|e| error_chain(&e))
+        });
+        eprintln!("crucible-vmm: the disk control socket stopped: {failed}");
+    }
 }
 
 impl std::fmt::Debug for Vmm {
@@ -372,6 +396,7 @@ impl Vmm {
             next_mmio: VIRTIO_MMIO_BASE,
             next_irq: VIRTIO_IRQ_BASE,
             socket_files: Vec::new(),
+            disk_control: None,
         };
         vmm.attach_legacy_devices(cfg)?;
         if cfg.console != ConsoleOutput::Off {
@@ -387,10 +412,29 @@ impl Vmm {
                 .map_err(dev_err("console"))?;
             attach_virtio_device(&mut vmm, Arc::new(Mutex::new(c)), "console")?;
         }
+        let mut read_only_disks = Vec::new();
         for b in &cfg.block {
             let what = format!("block {}", b.path.display());
             let d = Block::new(&b.path, b.read_only).map_err(dev_err(what.clone()))?;
-            attach_virtio_device(&mut vmm, Arc::new(Mutex::new(d)), &what)?;
+            let serial = d.serial();
+            let d = Arc::new(Mutex::new(d));
+            if b.read_only {
+                read_only_disks.push((serial, d.clone()));
+            }
+            attach_virtio_device(&mut vmm, d, &what)?;
+        }
+        if let Some(path) = &cfg.disk_control {
+            // Bound now: no path calls once the filters are on.
+            let what = format!("disk control {}", path.display());
+            let (listener, file) =
+                devices::virtio::vsock::socket_file::bind(path).map_err(dev_err(what.clone()))?;
+            vmm.socket_files.push(file);
+            // Its thread blocks in accept (the vsock device's listener is polled instead).
+            listener.set_nonblocking(false).map_err(dev_err(what))?;
+            vmm.disk_control = Some(DiskControl {
+                listener,
+                disks: read_only_disks,
+            });
         }
         if let Some(v) = &cfg.vsock {
             let d = Vsock::with_config(u64::from(v.guest_cid), &v.uds_path, vsock_config(v))
@@ -507,6 +551,7 @@ impl Vmm {
             kvm_ready_us,
             boot_timeout,
             socket_files,
+            disk_control,
             ..
         } = self;
         let ended = |exit: VmExit, kernel_entry_us: u64, exits| {
@@ -568,9 +613,28 @@ impl Vmm {
             markers: markers.clone(),
         }));
         let filters = filters.map(Arc::new);
-        // Every vCPU thread and the main thread meet here once their filters are on.
-        let all_filtered = Arc::new(Barrier::new(vcpus.len() + 1));
+        // Every vCPU thread, the disk control's and the main thread meet here once their
+        // filters are on.
+        let threads = vcpus.len() + 1 + usize::from(disk_control.is_some());
+        let all_filtered = Arc::new(Barrier::new(threads));
         let mut all_started = true;
+        if let Some(control) = disk_control {
+            let (filters, all_filtered, sh) =
+                (filters.clone(), all_filtered.clone(), shared.clone());
+            let t = std::thread::Builder::new()
+                .name("disk-control".into())
+                .spawn(move || {
+                    if let Some(Err(e)) = filters.map(|f| f.install(VmmThread::DiskControl)) {
+                        sh.report(VmExit::Kvm(format!("disk control: {}", error_chain(&e))));
+                    }
+                    all_filtered.wait();
+                    control.serve();
+                });
+            if let Err(e) = t {
+                shared.report(VmExit::Kvm(format!("cannot start the disk control: {e}")));
+                all_started = false;
+            }
+        }
         for (id, vcpu) in vcpus.into_iter().enumerate() {
             let (pio, mmio, sh) = (pio.clone(), mmio.clone(), shared.clone());
             let (filters, all_filtered) = (filters.clone(), all_filtered.clone());

@@ -127,6 +127,12 @@ enum VhostUserDevice {
         /// The raw disk image; suffix `:ro` for read-only.
         #[arg(long, value_name = "IMG[:ro]")]
         path: String,
+        /// Also listen on this Unix socket for the daemon's requests to give the (read-only)
+        /// disk another image while the guest runs: the line `replace SERIAL`, then one byte
+        /// carrying the image's descriptor; answered `ok SECTORS` or `error WHY` (see
+        /// docs/vmm.md, "Disk slots").
+        #[arg(long, value_name = "C")]
+        control: Option<PathBuf>,
     },
     /// virtio-vsock with the hybrid Unix-socket host side, as `--vsock-uds` gives our own VM
     /// (QEMU: `-chardev socket,id=c,path=S -device vhost-user-vsock-device,chardev=c` with
@@ -170,20 +176,23 @@ fn block_config(arg: &str) -> BlockConfig {
     }
 }
 
-/// Serves `disk` on `socket` until the frontend hangs up; returns the exit code.
-fn serve_vhost_user_block(socket: &Path, disk: &BlockConfig) -> i32 {
+/// Serves `disk` on `socket` (and its control socket on `control`) until the frontend hangs
+/// up; returns the exit code.
+fn serve_vhost_user_block(socket: &Path, disk: &BlockConfig, control: Option<&Path>) -> i32 {
     let listening = || {
         println!(
             "crucible-vmm: vhost-user block listening on {}",
             socket.display()
         )
     };
-    match vhost_user_block::serve(socket, &disk.path, disk.read_only, listening) {
+    match vhost_user_block::serve(socket, &disk.path, disk.read_only, control, listening) {
         Ok(()) => EXIT_OK,
         Err(e) => {
             eprintln!("crucible-vmm: {}", error_chain(&e));
             match e {
-                VhostUserBlockError::Disk(_) | VhostUserBlockError::Listen(_) => EXIT_CONFIG,
+                VhostUserBlockError::Disk(_)
+                | VhostUserBlockError::Listen(_)
+                | VhostUserBlockError::Control { .. } => EXIT_CONFIG,
                 VhostUserBlockError::ExitEvent(_) | VhostUserBlockError::Daemon { .. } => {
                     EXIT_INTERNAL
                 }
@@ -303,8 +312,17 @@ fn main() {
             std::process::exit(if e.use_stderr() { EXIT_CONFIG } else { 0 });
         }
     };
-    if let Some(Mode::VhostUser(VhostUserDevice::Block { socket, path })) = &args.mode {
-        std::process::exit(serve_vhost_user_block(socket, &block_config(path)));
+    if let Some(Mode::VhostUser(VhostUserDevice::Block {
+        socket,
+        path,
+        control,
+    })) = &args.mode
+    {
+        std::process::exit(serve_vhost_user_block(
+            socket,
+            &block_config(path),
+            control.as_deref(),
+        ));
     }
     if let Some(Mode::VhostUser(VhostUserDevice::Vsock {
         socket,

@@ -898,3 +898,97 @@ fn only_a_stop_the_agent_asked_for_ends_a_ready_vm_cleanly() {
         assert!(r.stderr.contains(says), "{markers:?}: {}", r.stderr);
     }
 }
+
+#[test]
+#[cfg_attr(
+    not(crucible_kvm),
+    ignore = "needs a /dev/kvm this user can open; CRUCIBLE_REQUIRE_KVM=1 runs it anyway"
+)]
+fn an_empty_read_only_disk_takes_an_image_through_the_disk_control_socket_under_seccomp() {
+    use std::io::{BufRead, Write};
+    use std::os::fd::AsRawFd;
+    use vmm_sys_util::sock_ctrl_msg::ScmSocket;
+
+    assert_kvm_usable();
+    let dir = tempfile::tempdir().unwrap();
+    let kernel = write_kernel(dir.path(), "spin.elf", SPIN, false);
+    let (slot, writable, control) = (
+        dir.path().join("crucible-ctr-1"),
+        dir.path().join("scratch.img"),
+        dir.path().join("disk-control.sock"),
+    );
+    std::fs::write(&slot, b"").unwrap();
+    std::fs::write(&writable, vec![0u8; 4096]).unwrap();
+    let mut config = crucible_vmm::VmConfig::new(kernel);
+    config.mem_mib = 32;
+    config.boot_timeout_ms = Some(0);
+    config.console = crucible_vmm::ConsoleOutput::Off;
+    config.block = vec![
+        crucible_vmm::BlockConfig {
+            path: writable.clone(),
+            read_only: false,
+        },
+        crucible_vmm::BlockConfig {
+            path: slot.clone(),
+            read_only: true,
+        },
+    ];
+    config.disk_control = Some(control.clone());
+    let config_path = dir.path().join("vm.json");
+    std::fs::write(&config_path, serde_json::to_vec(&config).unwrap()).unwrap();
+    let mut child = Command::new(vmm_binary())
+        .arg("--config")
+        .arg(&config_path)
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let ask = |serial: &str, image: &Path| -> String {
+        let stream = std::os::unix::net::UnixStream::connect(&control).unwrap();
+        stream
+            .set_read_timeout(Some(Duration::from_secs(10)))
+            .unwrap();
+        (&stream)
+            .write_all(format!("replace {serial}\n").as_bytes())
+            .unwrap();
+        let file = std::fs::File::open(image).unwrap();
+        stream.send_with_fd(&[1u8][..], file.as_raw_fd()).unwrap();
+        let mut answer = String::new();
+        std::io::BufReader::new(&stream)
+            .read_line(&mut answer)
+            .unwrap();
+        answer
+    };
+    while !control.exists() && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let image = dir.path().join("image.ext4");
+    std::fs::write(&image, vec![7u8; 8192]).unwrap();
+    // The slot takes it (16 sectors); the writable disk and an unknown serial do not.
+    assert_eq!(ask("crucible-ctr-1", &image), "ok 16\n");
+    let refused = ask("scratch.img", &image);
+    assert!(
+        refused.starts_with("error ") && refused.contains("no read-only disk"),
+        "{refused}"
+    );
+    let refused = ask("crucible-ctr-9", &image);
+    assert!(refused.starts_with("error "), "{refused}");
+    // Every thread, the disk control's included, runs under exactly one filter of its own.
+    let threads = thread_seccomp(child.id());
+    assert!(
+        threads
+            .iter()
+            .any(|(name, mode, n)| name == "disk-control" && mode == "2" && n == "1"),
+        "{threads:?}"
+    );
+    assert!(
+        threads.iter().all(|(_, mode, _)| mode == "2"),
+        "{threads:?}"
+    );
+    // SAFETY: kill(2) on our own child's pid.
+    assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGTERM) }, 0);
+    assert_eq!(
+        testkit::wait_within(&mut child, VM_LIMIT).unwrap().code(),
+        Some(0)
+    );
+    assert!(!control.exists(), "the control socket goes with the VM");
+}

@@ -28,7 +28,7 @@ use crate::types::{ErrorBody, ExecList, ExecRequest, ExecStatus, FilesPutResult}
 /// fail one by one): 2 added `attach`, `execs`, `on_disconnect` and `tail_bytes`; 3 added
 /// `egress_uplink`; 4 added `probe_tcp` and `process_stats` (a sandbox's containers); 5 added
 /// `add_container`; 6 added a shared directory's `read_only`.
-pub const PROTOCOL_VERSION: u32 = 6;
+pub const PROTOCOL_VERSION: u32 = 7;
 
 /// One request, the first message on a connection.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -116,12 +116,14 @@ pub enum AgentRequest {
     /// on, instead of over the one it connected before entering (whose daemon is gone).
     /// Answered with `egress_uplinked`, or `error` when the sandbox has no such proxy.
     EgressUplink,
-    /// A namespace sandbox's new container, made by its container factory: right after this
-    /// message come two messages of one byte each, the first carrying the container's image
-    /// (a detached, read-only mount idmapped into the sandbox, made by the host), the second
-    /// its agent's listening Unix socket (bound on the host). Answered with
-    /// `container_added`, or `error` (`invalid_request`: the request or a descriptor is
-    /// missing or wrong; `io_error`: the factory could not make it or is gone).
+    /// A new container in a running sandbox. In a namespace sandbox its container factory
+    /// makes it: right after this message come two messages of one byte each, the first
+    /// carrying the container's image (a detached, read-only mount idmapped into the sandbox,
+    /// made by the host), the second its agent's listening Unix socket (bound on the host).
+    /// In a microVM (`disk` given) nothing follows: the image is on that disk, an empty slot
+    /// the host gave the image before asking, and the agent serves on the vsock port of
+    /// `index`. Answered with `container_added`, or `error` (`invalid_request`: the request
+    /// or a descriptor is missing or wrong; `io_error`: it could not be made).
     AddContainer {
         /// Its name (a DNS label, not `main`).
         name: String,
@@ -131,9 +133,32 @@ pub enum AgentRequest {
         /// The shared directories it mounts.
         #[serde(default, skip_serializing_if = "Vec::is_empty")]
         shared: Vec<SharedDir>,
+        /// In a microVM: the disk holding its image.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        disk: Option<ContainerDisk>,
+    },
+    /// In a microVM: wait until nothing in the guest holds the disk `disk` (a removed
+    /// container's: its mounts go when its last process has), so the host may give it another
+    /// image. Answered with `disk_released`, or `error` (`not_found`: no such disk;
+    /// `io_error`: still held after 10 s).
+    ReleaseDisk {
+        /// The disk's serial.
+        disk: String,
     },
     /// Sync and end the VM (or the namespace sandbox).
     Shutdown,
+}
+
+/// The disk a microVM's added container's image is on: an empty slot reserved at boot, given
+/// the image by the host before it asks.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ContainerDisk {
+    /// Its serial.
+    pub serial: String,
+    /// Its capacity with the image, in 512-byte sectors: the guest waits until its kernel
+    /// sees it (the device announces the change, the kernel applies it from a work queue).
+    pub sectors: u64,
 }
 
 /// A shared directory of the sandbox's scratch mounted in a container.
@@ -192,6 +217,8 @@ pub enum AgentReply {
     Execs(ExecList),
     /// The answer to `egress_uplink`: the new uplink is in use.
     EgressUplinked,
+    /// The answer to `release_disk`: nothing holds the disk.
+    DiskReleased,
     /// The answer to `add_container`: its agent runs.
     ContainerAdded {
         /// The agent's pid, as the sandbox's PID 1 sees it.

@@ -51,6 +51,12 @@ pub(crate) struct CreateArgs {
     /// bigger than memory.
     #[arg(long = "disk", value_name = "MIB")]
     pub disk_mib: Option<u64>,
+    /// A microVM's room for N containers added once it runs (`POST
+    /// /sandboxes/ID/containers`): N empty read-only disks attached at boot, each filled by
+    /// one added container's image. Counts toward its 6 disks with caches, volumes, --disk
+    /// and --service. A namespace sandbox needs none.
+    #[arg(long, value_name = "N")]
+    pub container_slots: Option<u32>,
     #[command(flatten)]
     pub services: super::services::ServiceArgs,
 }
@@ -104,6 +110,7 @@ impl CreateArgs {
             disk_mib: self.disk_mib,
             containers,
             shared,
+            container_slots: self.container_slots,
         })
     }
 }

@@ -4,15 +4,20 @@
 //!
 //! Offered: `VIRTIO_F_VERSION_1`, `VIRTIO_BLK_F_FLUSH`, `VIRTIO_BLK_F_RO` for read-only
 //! images (the same bits as on our MMIO transport), plus `VHOST_USER_F_PROTOCOL_FEATURES`
-//! with the `CONFIG` protocol feature, which QEMU needs to read the capacity. Not offered:
+//! with the `CONFIG` protocol feature, which QEMU needs to read the capacity, and the
+//! `BACKEND_REQ` protocol feature, over whose channel a replaced image's new capacity is
+//! announced (`--control`, [`crate::virtio::block::control`]). Not offered:
 //! `VIRTIO_RING_F_EVENT_IDX` (the shared queue processing does not do the event-index dance)
 //! and multiqueue.
 
+use std::fs::File;
 use std::io;
+use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, RwLock};
 
 use vhost::vhost_user::message::{VhostUserProtocolFeatures, VhostUserVirtioFeatures};
+use vhost::vhost_user::Backend;
 use vhost_user_backend::{VhostUserBackendMut, VhostUserDaemon, VringRwLock, VringT};
 use vm_memory::{GuestAddressSpace, GuestMemoryAtomic};
 use vmm_sys_util::epoll::EventSet;
@@ -21,9 +26,10 @@ use vmm_sys_util::event::{
 };
 
 use super::{
-    config_buffer, listen, serve_until_hang_up, AtomicGuestMemory, ListenError, MAX_QUEUE_SIZE,
+    backend_channel, config_buffer, listen, serve_until_hang_up, AtomicGuestMemory, ListenError,
+    MAX_QUEUE_SIZE,
 };
-use crate::virtio::block::{BlockError, Disk};
+use crate::virtio::block::{control, BlockError, Disk};
 use crate::virtio::GuestMemory;
 
 /// Why the vhost-user block backend failed.
@@ -38,6 +44,15 @@ pub enum VhostUserBlockError {
     /// The vhost-user socket could not be claimed.
     #[error(transparent)]
     Listen(#[from] ListenError),
+    /// The control socket could not be bound.
+    #[error("cannot listen on the disk control socket {}", path.display())]
+    Control {
+        /// The socket path.
+        path: PathBuf,
+        /// The cause.
+        #[source]
+        source: io::Error,
+    },
     /// The daemon failed to start or its connection failed. `vhost_user_backend::Error` does
     /// not implement `std::error::Error`, so its text is kept instead of a source.
     #[error("vhost-user block on {}: {reason}", path.display())]
@@ -51,11 +66,22 @@ pub enum VhostUserBlockError {
 
 /// The vhost-user backend of a virtio-block device: the device is the [`Disk`], the transport
 /// is the frontend's.
-#[derive(Debug)]
 pub struct VhostUserBlock {
     disk: Disk,
     mem: Option<AtomicGuestMemory>,
     exit: (EventConsumer, EventNotifier),
+    /// The channel to the frontend (`BACKEND_REQ`), once it gave one: the crate's wrapper
+    /// (which owns the descriptor) and our own copy to send on, or why there is none.
+    frontend: Option<(Backend, Result<Arc<UnixStream>, String>)>,
+}
+
+impl std::fmt::Debug for VhostUserBlock {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("VhostUserBlock")
+            .field("disk", &self.disk)
+            .field("backend_channel", &self.frontend.is_some())
+            .finish_non_exhaustive()
+    }
 }
 
 impl VhostUserBlock {
@@ -67,6 +93,7 @@ impl VhostUserBlock {
             disk: Disk::open(path, read_only)?,
             mem: None,
             exit,
+            frontend: None,
         })
     }
 
@@ -74,6 +101,42 @@ impl VhostUserBlock {
     pub fn disk(&self) -> &Disk {
         &self.disk
     }
+
+    /// Gives the disk the image `file` when `serial` is its own ([`Disk::replace`]); the new
+    /// capacity in sectors, or why not. Telling the frontend is the caller's.
+    pub fn replace_image(&mut self, serial: &str, file: File) -> Result<u64, String> {
+        let own = self.disk.serial();
+        if serial != own {
+            return Err(format!("this device's disk is {own:?}, not {serial:?}"));
+        }
+        self.disk.replace(file).map_err(|e| report::chain(&e))
+    }
+}
+
+/// Gives the disk of `backend` the image `file` when `serial` is its own, then tells the
+/// frontend its configuration changed (QEMU then reads the new capacity and interrupts the
+/// driver); the new capacity in sectors, or why not. The lock is not held while the frontend
+/// is told: it reads the configuration back through the backend.
+fn replace_image(
+    backend: &RwLock<VhostUserBlock>,
+    serial: &str,
+    file: File,
+) -> Result<u64, String> {
+    let (sectors, channel) = {
+        let mut backend = backend.write().unwrap_or_else(|p| p.into_inner());
+        let sectors = backend.replace_image(serial, file)?;
+        let channel = backend
+            .frontend
+            .as_ref()
+            .map(|(_, channel)| channel.clone());
+        (sectors, channel)
+    };
+    let channel = channel.ok_or(
+        "the frontend gave no backend channel: the driver cannot be told the new capacity",
+    )??;
+    backend_channel::announce_config_change(&channel)
+        .map(|()| sectors)
+        .map_err(|e| format!("telling the frontend the capacity changed: {e}"))
 }
 
 impl VhostUserBackendMut for VhostUserBlock {
@@ -93,7 +156,15 @@ impl VhostUserBackendMut for VhostUserBlock {
     }
 
     fn protocol_features(&self) -> VhostUserProtocolFeatures {
-        VhostUserProtocolFeatures::CONFIG
+        VhostUserProtocolFeatures::CONFIG | VhostUserProtocolFeatures::BACKEND_REQ
+    }
+
+    fn set_backend_req_fd(&mut self, frontend: Backend) {
+        let channel = backend_channel::find().map(Arc::new);
+        if let Err(why) = &channel {
+            eprintln!("crucible-vmm: vhost-user block: the backend channel: {why}");
+        }
+        self.frontend = Some((frontend, channel));
     }
 
     fn set_event_idx(&mut self, _enabled: bool) {
@@ -143,11 +214,13 @@ impl VhostUserBackendMut for VhostUserBlock {
 /// Serves the raw image at `image` over vhost-user on the Unix socket `socket` to one frontend,
 /// until it disconnects. `listening` runs once the socket accepts connections (so a caller can
 /// start the frontend without polling for the socket). A stale socket at `socket` is replaced;
-/// any other file there is an error.
+/// any other file there is an error. With `control`, a disk control socket there
+/// ([`control`]) gives the (read-only) disk another image while it runs.
 pub fn serve(
     socket: &Path,
     image: &Path,
     read_only: bool,
+    control: Option<&Path>,
     listening: impl FnOnce(),
 ) -> Result<(), VhostUserBlockError> {
     let daemon_err = |e: vhost_user_backend::Error| VhostUserBlockError::Daemon {
@@ -155,6 +228,24 @@ pub fn serve(
         reason: e.to_string(),
     };
     let backend = Arc::new(RwLock::new(VhostUserBlock::new(image, read_only)?));
+    if let Some(path) = control {
+        let listener = UnixListener::bind(path).map_err(|source| VhostUserBlockError::Control {
+            path: path.to_owned(),
+            source,
+        })?;
+        let backend = backend.clone();
+        let path = path.to_owned();
+        // Detached: it serves for as long as the process does.
+        std::thread::spawn(move || {
+            let failed = control::serve(&listener, |serial, file| {
+                replace_image(&backend, serial, file)
+            });
+            eprintln!(
+                "crucible-vmm: vhost-user block: the disk control socket {} stopped: {failed}",
+                path.display()
+            );
+        });
+    }
     let mut daemon = VhostUserDaemon::new(
         "crucible-vhost-user-blk".to_string(),
         backend,
@@ -220,7 +311,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let not_a_socket = dir.path().join("precious");
         std::fs::write(&not_a_socket, b"keep me").unwrap();
-        let err = serve(&not_a_socket, img.path(), false, || {
+        let err = serve(&not_a_socket, img.path(), false, None, || {
             panic!("must not listen")
         })
         .unwrap_err();
@@ -243,7 +334,7 @@ mod tests {
         let server = {
             let (socket, image) = (socket.clone(), img.path().to_owned());
             std::thread::spawn(move || {
-                serve(&socket, &image, true, move || {
+                serve(&socket, &image, true, None, move || {
                     listening_tx.send(()).unwrap()
                 })
             })

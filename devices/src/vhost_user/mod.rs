@@ -15,6 +15,7 @@ use vm_memory::GuestMemoryAtomic;
 
 use crate::virtio::GuestMemory;
 
+mod backend_channel;
 pub mod block;
 pub mod vsock;
 

@@ -334,7 +334,7 @@ impl MmioTransport {
             }
             reg::INTERRUPT_STATUS => self.interrupt.status(),
             reg::STATUS => self.status,
-            reg::CONFIG_GENERATION => self.config_generation,
+            reg::CONFIG_GENERATION => self.config_generation.wrapping_add(dev.config_generation()),
             _ => return None,
         })
     }

@@ -136,6 +136,12 @@ pub trait VirtioDevice: Send {
     fn queue_events(&self) -> &[EventFd];
     /// Reads the device-specific configuration space; out-of-range bytes read as zero.
     fn read_config(&self, offset: u64, data: &mut [u8]);
+    /// How many times the device changed its configuration space on its own (a disk given a
+    /// new image); the transport's `ConfigGeneration` register adds it, so a driver reading
+    /// the space across a change reads it again.
+    fn config_generation(&self) -> u32 {
+        0
+    }
     /// Writes the device-specific configuration space (ignored by default).
     fn write_config(&mut self, _offset: u64, _data: &[u8]) {}
     /// Starts the device with the queues the driver set up.

@@ -319,7 +319,7 @@ mod tests {
         );
         let vsock = vsock_device_args(&dir.join("vhost-vsock.sock"), 3, &dir.join("vsock.sock"));
         assert_eq!(with_program(vsock), Some(ID.into()));
-        let block = block_device_args(&dir.join("vhost-root.sock"), &dir.join("root"), true);
+        let block = block_device_args(&dir.join("vhost-root.sock"), &dir.join("root"), true, None);
         assert_eq!(with_program(block), Some(ID.into()));
         // Only QEMU's `path=` names it (its kernel and initramfs are the image's).
         let guest = QemuGuest {

@@ -28,6 +28,7 @@ use tokio::sync::watch;
 use wire::agent::Hello;
 
 use super::microvm_disks::DiskPlan;
+use super::microvm_slots::{self, SlotTable};
 use super::qemu::{self, QemuGuest, QemuTools};
 use super::supervised::{first_exit, spawn_and_await_hello, Diagnostics, SandboxProcess};
 use super::{
@@ -144,8 +145,13 @@ impl MicrovmBackend {
             .map(|c| c.name.clone())
             .zip(spec.container_disks.iter().cloned())
             .collect();
-        let plan = DiskPlan::new(spec.disk.as_deref(), &spec.mounts, &containers)
-            .map_err(|e| BackendError::setup("attach the sandbox's storage", invalid(&e)))?;
+        let plan = DiskPlan::new(
+            spec.disk.as_deref(),
+            &spec.mounts,
+            &containers,
+            spec.container_slots,
+        )
+        .map_err(|e| BackendError::setup("attach the sandbox's storage", invalid(&e)))?;
         let dir = self.state_dir.join("sandboxes").join(&spec.id);
         std::fs::create_dir_all(&dir)
             .map_err(|e| BackendError::setup(format!("create {}", dir.display()), e))?;
@@ -197,6 +203,7 @@ impl MicrovmBackend {
             egress_task,
             shut_down_first: plan.outlives_the_sandbox(),
             record: record.flatten(),
+            slots: std::sync::Mutex::new(SlotTable::new(plan.slots.clone())),
         })
     }
 
@@ -301,6 +308,9 @@ impl MicrovmBackend {
             egress_task,
             shut_down_first: spec.shut_down_first,
             record: Some(record.clone()),
+            // A sandbox that had containers added is not taken back; one that did not was
+            // created with slots the record does not keep: none are offered again.
+            slots: std::sync::Mutex::default(),
         })
     }
 
@@ -378,6 +388,13 @@ impl MicrovmBackend {
         )
         .map_err(|e| BackendError::setup("build the VM config", e))?;
         let mut config = config;
+        if !disks.plan.slots.is_empty() {
+            config.disk_control = Some(super::microvm_slots::control_socket(
+                dir,
+                Hypervisor::CrucibleVmm,
+                "",
+            ));
+        }
         // Under live restore the VM outlives the daemon, to be taken back by the next one.
         config.die_with_parent = !self.live_restore;
         let config_path = dir.join("vm.json");
@@ -462,6 +479,7 @@ impl MicrovmBackend {
                 &root_socket,
                 root_link,
                 true,
+                None,
                 &log,
             )
             .await?;
@@ -471,12 +489,16 @@ impl MicrovmBackend {
         for (index, (disk, link)) in disks.plan.disks.iter().zip(disks.links).enumerate() {
             let socket = dir.join(format!("vhost-disk{index}.sock"));
             let log = dir.join(format!("disk{index}-device.log"));
+            let control = disk.spare.then(|| {
+                super::microvm_slots::control_socket(dir, Hypervisor::QemuTcg, &disk.serial)
+            });
             let device = qemu::start_block_device(
                 tools,
                 &self.vmm_binary,
                 &socket,
                 link,
                 disk.read_only,
+                control.as_deref(),
                 &log,
             )
             .await?;
@@ -715,6 +737,8 @@ pub(crate) struct MicrovmInstance {
     shut_down_first: bool,
     /// What a restarted daemon needs to take it back (under live restore).
     record: Option<InstanceRecord>,
+    /// Its empty disks for containers added while it runs.
+    slots: std::sync::Mutex<SlotTable>,
 }
 
 /// How long a guest may take to sync its disks and end when asked, before it is killed anyway
@@ -722,6 +746,54 @@ pub(crate) struct MicrovmInstance {
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(20);
 
 impl MicrovmInstance {
+    fn slot_table(&self) -> std::sync::MutexGuard<'_, SlotTable> {
+        self.slots.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Gives the empty disk of `slot` the image `disk` and has the guest build container
+    /// `name` from it, serving on the slot's port.
+    async fn fill_slot(
+        &self,
+        slot: usize,
+        disk: &Path,
+        name: &str,
+        shared: &[wire::agent::SharedDir],
+    ) -> Result<(), String> {
+        let serial = contract::disk::container_serial(slot);
+        let control = microvm_slots::control_socket(&self.dir, self.hypervisor, &serial);
+        let image = disk.to_path_buf();
+        // A connect, a descriptor and a line: off the runtime's threads.
+        let sectors = tokio::task::spawn_blocking(move || {
+            microvm_slots::give_image(&control, &serial, &image)
+        })
+        .await
+        .map_err(|e| format!("giving the disk its image stopped: {e}"))??;
+        let stream = vsock_connect(&self.uds, DEFAULT_AGENT_PORT)
+            .await
+            .map_err(|e| format!("connecting to the guest's agent: {e}"))?;
+        microvm_slots::ask_to_add(stream, slot, name, sectors, shared).await
+    }
+
+    /// Frees the slot container `index` used, once the guest says nothing holds its disk;
+    /// one the guest keeps stays taken (and says why in the daemon's log).
+    async fn release_slot(&self, index: usize) {
+        let Some(slot) = self.slot_table().slot_of(index) else {
+            return; // A container named at boot: its disk is its own for the VM's life.
+        };
+        let released = match vsock_connect(&self.uds, DEFAULT_AGENT_PORT).await {
+            Ok(stream) => microvm_slots::ask_to_release(stream, slot).await,
+            Err(e) => Err(format!("connecting to the guest's agent: {e}")),
+        };
+        match released {
+            Ok(()) => self.slot_table().free(slot),
+            Err(why) => tracing::warn!(
+                dir = %self.dir.display(),
+                slot,
+                "a container's disk stays taken: {why}"
+            ),
+        }
+    }
+
     /// Asks the agent to sync and end the VM (`shutdown`), and waits, within
     /// [`SHUTDOWN_GRACE`], for the VM to be gone. A guest that is already dead, or does not
     /// answer, is left to the kill that follows.
@@ -774,11 +846,45 @@ impl Instance for MicrovmInstance {
         Box::pin(vsock_connect(&self.uds, DEFAULT_AGENT_PORT))
     }
 
+    /// A container named at boot serves on the port of its index, an added one on its slot's.
     fn connect_container(&self, index: usize) -> BoxFuture<'_, io::Result<UnixStream>> {
+        let slot = self.slot_table().slot_of(index).unwrap_or(index);
         Box::pin(vsock_connect(
             &self.uds,
-            contract::vsock::container_agent_port(index),
+            contract::vsock::container_agent_port(slot),
         ))
+    }
+
+    fn container_room(&self) -> Option<(usize, usize)> {
+        Some(self.slot_table().room())
+    }
+
+    /// Fills a free empty disk with `disk` (the image's ext4 snapshot) and has the guest build
+    /// the container from it. A failure gives the disk back once the guest lets go of it.
+    fn add_container<'a>(
+        &'a self,
+        index: usize,
+        name: &'a str,
+        _rootfs: &'a Path,
+        disk: Option<&'a Path>,
+        shared: &'a [wire::agent::SharedDir],
+    ) -> BoxFuture<'a, Result<(), String>> {
+        Box::pin(async move {
+            let disk = disk.ok_or("the container's image has no disk snapshot")?;
+            let slot = self
+                .slot_table()
+                .take(index)
+                .ok_or("the microVM has no empty disk left")?;
+            let added = self.fill_slot(slot, disk, name, shared).await;
+            if added.is_err() {
+                self.release_slot(index).await;
+            }
+            added
+        })
+    }
+
+    fn container_removed(&self, index: usize) -> BoxFuture<'_, ()> {
+        Box::pin(self.release_slot(index))
     }
 
     fn exited(&self) -> watch::Receiver<Option<String>> {
@@ -949,6 +1055,7 @@ mod tests {
             containers: Vec::new(),
             container_disks: Vec::new(),
             shared: Vec::new(),
+            container_slots: 0,
         }
     }
 
@@ -986,6 +1093,7 @@ mod tests {
             scratch: None,
             mounts: Vec::new(),
             containers: Vec::new(),
+            slots: 0..0,
         },
         links: &[],
     };
@@ -1000,7 +1108,7 @@ mod tests {
             read_only: false,
         }];
         spec.egress = Some(Arc::new(|_| {}));
-        let plan = DiskPlan::new(spec.disk.as_deref(), &spec.mounts, &[]).expect("plan");
+        let plan = DiskPlan::new(spec.disk.as_deref(), &spec.mounts, &[], 0).expect("plan");
         let links = [
             PathBuf::from("/run/sb/crucible-scratch"),
             PathBuf::from("/run/sb/crucible-mount-0"),

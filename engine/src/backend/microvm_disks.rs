@@ -26,6 +26,9 @@ pub(crate) struct PlannedDisk {
     pub(crate) image: PathBuf,
     /// Attached read-only.
     pub(crate) read_only: bool,
+    /// An empty slot for a container added later: an empty file, given its image while the
+    /// guest runs (`contract::disk::control`); `image` is unused.
+    pub(crate) spare: bool,
 }
 
 /// Every disk of one sandbox, in attach order, and what the guest is told about them.
@@ -39,6 +42,9 @@ pub(crate) struct DiskPlan {
     pub(crate) mounts: Vec<DiskMount>,
     /// `crucible.container=`.
     pub(crate) containers: Vec<VmContainer>,
+    /// The container indices of the empty slots (their serials are `container_serial` of
+    /// each): the guest is told of them only when one is filled.
+    pub(crate) slots: std::ops::Range<usize>,
 }
 
 /// Why a sandbox's storage cannot be given to a microVM.
@@ -51,20 +57,22 @@ pub(crate) enum DiskPlanError {
     /// More disks than the machine has transports for.
     #[error(
         "a microVM takes at most {MAX_DISKS} disks beside its root (caches, volumes, \
-         disk_mib and each container's image together); {0} asked for"
+         disk_mib, each container's image and container_slots together); {0} asked for"
     )]
     TooMany(usize),
 }
 
 impl DiskPlan {
-    /// The plan for a writable layer on `scratch` (if any), `mounts`, and `containers` (each
-    /// one's name and its image's ext4, attached read-only), in that order.
+    /// The plan for a writable layer on `scratch` (if any), `mounts`, `containers` (each
+    /// one's name and its image's ext4, attached read-only) and `slots` empty read-only disks
+    /// for containers added later, in that order.
     pub(crate) fn new(
         scratch: Option<&Path>,
         mounts: &[MountSpec],
         containers: &[(String, PathBuf)],
+        slots: usize,
     ) -> Result<DiskPlan, DiskPlanError> {
-        let count = usize::from(scratch.is_some()) + mounts.len() + containers.len();
+        let count = usize::from(scratch.is_some()) + mounts.len() + containers.len() + slots;
         if count > MAX_DISKS {
             return Err(DiskPlanError::TooMany(count));
         }
@@ -74,6 +82,7 @@ impl DiskPlan {
                 serial: SCRATCH_SERIAL.into(),
                 image: image.to_owned(),
                 read_only: false,
+                spare: false,
             });
             plan.scratch = Some(SCRATCH_SERIAL.into());
         }
@@ -86,6 +95,7 @@ impl DiskPlan {
                 serial: serial.clone(),
                 image: image.clone(),
                 read_only: mount.read_only,
+                spare: false,
             });
             plan.mounts.push(DiskMount {
                 serial,
@@ -99,10 +109,20 @@ impl DiskPlan {
                 serial: serial.clone(),
                 image: image.clone(),
                 read_only: true,
+                spare: false,
             });
             plan.containers.push(VmContainer {
                 name: name.clone(),
                 serial,
+            });
+        }
+        plan.slots = containers.len()..containers.len() + slots;
+        for index in plan.slots.clone() {
+            plan.disks.push(PlannedDisk {
+                serial: container_serial(index),
+                image: PathBuf::new(),
+                read_only: true,
+                spare: true,
             });
         }
         Ok(plan)
@@ -121,8 +141,8 @@ impl DiskPlan {
         boot.containers = self.containers.clone();
     }
 
-    /// Makes each disk's link in `dir` (replacing a stale one) and returns the paths to hand
-    /// the block devices, in order.
+    /// Makes each disk's link in `dir` (replacing a stale one; an empty file for a slot) and
+    /// returns the paths to hand the block devices, in order.
     pub(crate) fn link_in(&self, dir: &Path) -> std::io::Result<Vec<PathBuf>> {
         self.disks
             .iter()
@@ -133,7 +153,10 @@ impl DiskPlan {
                     Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
                     Err(e) => return Err(e),
                 }
-                std::os::unix::fs::symlink(&disk.image, &link)?;
+                match disk.spare {
+                    true => drop(std::fs::File::create(&link)?),
+                    false => std::os::unix::fs::symlink(&disk.image, &link)?,
+                }
                 Ok(link)
             })
             .collect()
@@ -149,6 +172,7 @@ pub(crate) fn check_request(
     disk: bool,
     targets: &[&str],
     containers: &[&str],
+    slots: usize,
     shared: &[contract::cmdline::VmShared],
 ) -> Result<(), String> {
     let mounts: Vec<MountSpec> = targets
@@ -164,7 +188,7 @@ pub(crate) fn check_request(
         .iter()
         .map(|name| (name.to_string(), PathBuf::from("/image.ext4")))
         .collect();
-    let plan = DiskPlan::new(scratch, &mounts, &containers).map_err(|e| e.to_string())?;
+    let plan = DiskPlan::new(scratch, &mounts, &containers, slots).map_err(|e| e.to_string())?;
     let mut boot = BootConfig {
         shared: shared.to_vec(),
         boot_marker: true,
@@ -202,6 +226,7 @@ mod tests {
                 },
             ],
             &[("db".into(), "/store/disks/pg.ext4".into())],
+            0,
         )
         .expect("plan");
         let serials: Vec<&str> = plan.disks.iter().map(|d| d.serial.as_str()).collect();
@@ -239,7 +264,7 @@ mod tests {
 
     #[test]
     fn nothing_asked_is_no_disk_and_no_word() {
-        let plan = DiskPlan::new(None, &[], &[]).expect("plan");
+        let plan = DiskPlan::new(None, &[], &[], 0).expect("plan");
         assert!(plan.disks.is_empty());
         let mut boot = BootConfig::default();
         plan.describe_to(&mut boot);
@@ -254,22 +279,29 @@ mod tests {
             read_only: true,
         };
         assert_eq!(
-            DiskPlan::new(None, &[volume], &[]),
+            DiskPlan::new(None, &[volume], &[], 0),
             Err(DiskPlanError::Directory)
         );
         let six: Vec<MountSpec> = (0..6)
             .map(|i| cache("/c.ext4", &format!("/c{i}")))
             .collect();
-        assert!(DiskPlan::new(None, &six, &[]).is_ok());
+        assert!(DiskPlan::new(None, &six, &[], 0).is_ok());
         assert_eq!(
-            DiskPlan::new(Some(Path::new("/s.ext4")), &six, &[]),
+            DiskPlan::new(Some(Path::new("/s.ext4")), &six, &[], 0),
             Err(DiskPlanError::TooMany(7))
         );
-        let err = check_request(ID, true, &["/a", "/b", "/c", "/d", "/e", "/f"], &[], &[])
+        let err = check_request(ID, true, &["/a", "/b", "/c", "/d", "/e", "/f"], &[], 0, &[])
             .expect_err("7");
         assert!(err.contains("at most 6"), "{err}");
-        let err = check_request(ID, true, &["/a", "/b", "/c"], &["db", "web", "cache"], &[])
-            .expect_err("7 with the containers' images");
+        let err = check_request(
+            ID,
+            true,
+            &["/a", "/b", "/c"],
+            &["db", "web", "cache"],
+            0,
+            &[],
+        )
+        .expect_err("7 with the containers' images");
         assert!(err.contains("each container's image"), "{err}");
     }
 
@@ -280,6 +312,7 @@ mod tests {
             true,
             &["/root/.cargo/registry", "/with space/é"],
             &[],
+            0,
             &[],
         )
         .expect("fits");
@@ -289,6 +322,7 @@ mod tests {
             false,
             &[&long, &format!("{long}2"), &format!("{long}3")],
             &[],
+            0,
             &[],
         )
         .expect_err("too long");
@@ -301,11 +335,41 @@ mod tests {
         let image = dir.path().join("cargo.ext4");
         std::fs::write(&image, b"ext4").expect("image");
         let plan =
-            DiskPlan::new(None, &[cache(&image.to_string_lossy(), "/c")], &[]).expect("plan");
+            DiskPlan::new(None, &[cache(&image.to_string_lossy(), "/c")], &[], 0).expect("plan");
         // A stale link from an earlier attempt is replaced.
         std::os::unix::fs::symlink("/nowhere", dir.path().join("crucible-mount-0")).expect("ln");
         let links = plan.link_in(dir.path()).expect("links");
         assert_eq!(links, [dir.path().join("crucible-mount-0")]);
         assert_eq!(std::fs::read(&links[0]).expect("through the link"), b"ext4");
+    }
+
+    #[test]
+    fn slots_follow_the_containers_as_empty_read_only_disks_the_guest_is_not_told_of() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let plan =
+            DiskPlan::new(None, &[], &[("db".into(), "/store/pg.ext4".into())], 2).expect("plan");
+        assert_eq!(plan.slots, 1..3);
+        let serials: Vec<&str> = plan.disks.iter().map(|d| d.serial.as_str()).collect();
+        assert_eq!(
+            serials,
+            ["crucible-ctr-0", "crucible-ctr-1", "crucible-ctr-2"]
+        );
+        assert!(plan.disks.iter().all(|d| d.read_only));
+        let mut boot = BootConfig::default();
+        plan.describe_to(&mut boot);
+        assert_eq!(
+            boot.to_cmdline().expect("cmdline"),
+            "crucible.container=db:crucible-ctr-0"
+        );
+        // A stale file of an earlier attempt is replaced by an empty one.
+        std::fs::write(dir.path().join("crucible-ctr-2"), b"stale").expect("stale");
+        let links = plan.link_in(dir.path()).expect("links");
+        for slot in &links[1..] {
+            let meta = std::fs::symlink_metadata(slot).expect("slot");
+            assert!(meta.is_file() && meta.len() == 0, "{}", slot.display());
+        }
+        let err = check_request(ID, true, &["/a", "/b", "/c"], &["db"], 2, &[])
+            .expect_err("7 with the slots");
+        assert!(err.contains("container_slots"), "{err}");
     }
 }

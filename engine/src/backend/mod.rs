@@ -9,6 +9,7 @@ pub mod host_process;
 pub mod leftovers;
 pub(crate) mod microvm;
 pub(crate) mod microvm_disks;
+mod microvm_slots;
 mod mount_table;
 pub mod namespace;
 mod open_files;
@@ -60,6 +61,9 @@ pub struct InstanceSpec {
     pub(crate) container_disks: Vec<PathBuf>,
     /// The shared directories its root and its containers mount.
     pub(crate) shared: Vec<::namespace::SharedMount>,
+    /// A microVM's empty read-only disks for containers added once it runs (the request's
+    /// `container_slots`; 0 on the other backends).
+    pub(crate) container_slots: usize,
 }
 
 /// An imported image's root, as the backends take it. The agent stays the daemon's own
@@ -302,18 +306,31 @@ pub trait Instance: Send + Sync {
             ))
         })
     }
-    /// Makes container `name` in it, running: its image tree `rootfs`, `shared` mounted, its
-    /// agent reached afterwards by [`Instance::connect_container`]`(index)`. `index` is new
-    /// on every call (a failed one included).
+    /// Makes container `name` in it, running: its image tree `rootfs` (a microVM takes its
+    /// read-only ext4 snapshot, `disk`), `shared` mounted, its agent reached afterwards by
+    /// [`Instance::connect_container`]`(index)`. `index` is new on every call (a failed one
+    /// included).
     fn add_container<'a>(
         &'a self,
         index: usize,
         name: &'a str,
         rootfs: &'a std::path::Path,
+        disk: Option<&'a std::path::Path>,
         shared: &'a [wire::agent::SharedDir],
     ) -> BoxFuture<'a, Result<(), String>> {
-        let _ = (index, name, rootfs, shared);
+        let _ = (index, name, rootfs, disk, shared);
         Box::pin(async { Err("this backend cannot add containers to a running sandbox".into()) })
+    }
+    /// How many more containers [`Instance::add_container`] can take, and how many it could
+    /// take at most, when the backend has a fixed number (a microVM's empty disks); `None`:
+    /// no such limit.
+    fn container_room(&self) -> Option<(usize, usize)> {
+        None
+    }
+    /// Its container `index` was removed (its agent ended): what it held can serve another.
+    fn container_removed(&self, index: usize) -> BoxFuture<'_, ()> {
+        let _ = index;
+        Box::pin(async {})
     }
     /// `None` while alive; `Some(reason)` once it died or was destroyed.
     fn exited(&self) -> watch::Receiver<Option<String>>;

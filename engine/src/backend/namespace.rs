@@ -791,6 +791,7 @@ impl Instance for NamespaceInstance {
         index: usize,
         name: &'a str,
         rootfs: &'a Path,
+        _disk: Option<&'a Path>,
         shared: &'a [wire::agent::SharedDir],
     ) -> BoxFuture<'a, Result<(), String>> {
         Box::pin(async move {
@@ -810,6 +811,7 @@ impl Instance for NamespaceInstance {
                 name: name.to_string(),
                 index,
                 shared: shared.to_vec(),
+                disk: None,
             };
             let rootfs = rootfs.to_path_buf();
             let made = socket.clone();

@@ -226,27 +226,35 @@ pub(super) fn vsock_device_args(socket: &Path, guest_cid: u32, uds: &Path) -> Ve
 
 /// Starts `crucible-vmm vhost-user block` serving `image` (read-only with `read_only`: the
 /// image's root, one file shared by every sandbox, under the guest's overlay) and waits until
-/// its socket listens. The guest sees the file name of `image` as the disk's serial.
+/// its socket listens. The guest sees the file name of `image` as the disk's serial. With
+/// `control`, the device takes another image through that socket while the guest runs.
 pub(crate) async fn start_block_device(
     tools: &QemuTools,
     vmm_binary: &Path,
     socket: &Path,
     image: &Path,
     read_only: bool,
+    control: Option<&Path>,
     log: &Path,
 ) -> Result<Child, BackendError> {
     start_device(
         tools,
         vmm_binary,
-        &block_device_args(socket, image, read_only),
+        &block_device_args(socket, image, read_only, control),
         log,
         "block",
     )
     .await
 }
 
-/// `crucible-vmm`'s arguments for serving `image` on `socket`.
-pub(super) fn block_device_args(socket: &Path, image: &Path, read_only: bool) -> Vec<OsString> {
+/// `crucible-vmm`'s arguments for serving `image` on `socket` (and its control socket on
+/// `control`).
+pub(super) fn block_device_args(
+    socket: &Path,
+    image: &Path,
+    read_only: bool,
+    control: Option<&Path>,
+) -> Vec<OsString> {
     let mut args: Vec<OsString> = ["vhost-user", "block", "--socket"]
         .map(OsString::from)
         .into();
@@ -257,6 +265,10 @@ pub(super) fn block_device_args(socket: &Path, image: &Path, read_only: bool) ->
         path.push(":ro");
     }
     args.push(path);
+    if let Some(control) = control {
+        args.push("--control".into());
+        args.push(control.into());
+    }
     args
 }
 
@@ -434,12 +446,22 @@ mod tests {
     fn a_block_device_serves_its_image_read_only_only_when_asked() {
         let (socket, image) = (Path::new("/s.sock"), Path::new("/sb/crucible-mount-0"));
         assert_eq!(
-            text(&block_device_args(socket, image, false)),
+            text(&block_device_args(socket, image, false, None)),
             "vhost-user block --socket /s.sock --path /sb/crucible-mount-0"
         );
         assert_eq!(
-            text(&block_device_args(socket, image, true)),
+            text(&block_device_args(socket, image, true, None)),
             "vhost-user block --socket /s.sock --path /sb/crucible-mount-0:ro"
+        );
+        assert_eq!(
+            text(&block_device_args(
+                socket,
+                Path::new("/sb/crucible-ctr-1"),
+                true,
+                Some(Path::new("/sb/crucible-ctr-1-control.sock"))
+            )),
+            "vhost-user block --socket /s.sock --path /sb/crucible-ctr-1:ro \
+             --control /sb/crucible-ctr-1-control.sock"
         );
     }
 

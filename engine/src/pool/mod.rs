@@ -416,6 +416,7 @@ impl Refiller {
                 containers: Vec::new(),
                 container_disks: Vec::new(),
                 shared: Vec::new(),
+                container_slots: 0,
             };
             let instance = backend
                 .create(spec)

@@ -275,7 +275,8 @@ fn check_shared<'a>(
 
 impl Engine {
     /// Adds the container `request` asks for to the running sandbox `sandbox` (a namespace
-    /// sandbox), as it would have been made with it: its image leased for the sandbox's
+    /// sandbox, or a microVM created with `container_slots`), as it would have been made with
+    /// it: its image leased for the sandbox's
     /// owner, its `depends_on` naming containers the sandbox runs; returns its view once it
     /// is ready.
     pub async fn add_container(
@@ -289,10 +290,9 @@ impl Engine {
             other => AddContainerError::Invalid(report::chain(&other)),
         };
         let kind = sandbox.backend();
-        if kind != api_types::BackendKind::Namespace {
+        if kind == api_types::BackendKind::Process {
             return Err(AddContainerError::Invalid(format!(
-                "containers: only a namespace sandbox takes a container once it runs; sandbox {} \
-                 runs on the {kind} backend, whose containers are given when it is created",
+                "containers: the {kind} backend runs no containers (sandbox {})",
                 sandbox.id
             )));
         }
@@ -313,9 +313,20 @@ impl Engine {
         let shared =
             check_shared(&request.name, "", &request.shared, Vec::new()).map_err(invalid)?;
         let mut leases = Vec::new();
-        let (plan, root, _) = self
+        let (plan, root, record) = self
             .plan_one("", request, sandbox.owner(), &mut leases)
             .map_err(invalid)?;
+        // A microVM reaches the image as a read-only ext4 snapshot, as at creation.
+        let disk = match kind {
+            api_types::BackendKind::Microvm => {
+                let images = &self.storage()?.images;
+                Some(match &record {
+                    Some(record) => images.root_disk(record).await?,
+                    None => images.tree_disk(&root.rootfs).await?,
+                })
+            }
+            api_types::BackendKind::Namespace | api_types::BackendKind::Process => None,
+        };
         let shared: Vec<wire::agent::SharedDir> = shared
             .into_iter()
             .map(|mount| wire::agent::SharedDir {
@@ -327,7 +338,7 @@ impl Engine {
         // From here on it holds what a restarted daemon could not take back.
         self.registry.forget_record(&sandbox.id);
         let container = sandbox
-            .add_container(plan, &root.rootfs, &shared, leases.pop())
+            .add_container(plan, &root.rootfs, disk.as_deref(), &shared, leases.pop())
             .await?;
         Ok(container.info())
     }

@@ -1107,6 +1107,7 @@ pub(crate) async fn a_service_container_is_reached_on_localhost_and_keeps_its_lo
         .expect("import");
     let request: CreateSandbox = serde_json::from_value(serde_json::json!({
         "shared": [{"name": "work", "path": "/work"}],
+        "container_slots": 1,
         "containers": [
             {"name": "db", "image": "svc",
              "command": ["/bin/sh", "-c",
@@ -1196,39 +1197,94 @@ pub(crate) async fn a_service_container_is_reached_on_localhost_and_keeps_its_lo
         2,
         "the service's and the helper's image: {before:?}"
     );
-    let (out, code) = sh_in(
-        &c,
-        &id,
-        "helper",
-        "ls -d /dev/vd* | wc -l; for d in /dev/vd*; do \
+    let write_every_disk = "ls -d /dev/vd* | wc -l; for d in /dev/vd*; do \
            printf x | dd of=$d bs=1 count=1 seek=1024 conv=notrunc 2>/dev/null && echo wrote $d; \
            blockdev --setrw $d 2>/dev/null; \
            printf x | dd of=$d bs=1 count=1 seek=1024 conv=notrunc 2>/dev/null && echo wrote $d; \
-         done; sync; echo tried",
-    )
-    .await;
-    // The two containers' image disks are all the VM has.
+         done; sync; echo tried";
+    let (out, code) = sh_in(&c, &id, "helper", write_every_disk).await;
+    // The two containers' image disks and the empty slot are all the VM has.
     assert_eq!(
         (out.as_str(), code),
-        ("2\ntried\n", 0),
+        ("3\ntried\n", 0),
         "a disk took a write"
+    );
+    assert_eq!(digest(), before, "an image snapshot changed on the host");
+
+    stage(hv, "a container added while it runs fills the empty slot");
+    let late: api_types::ContainerRequest = serde_json::from_value(serde_json::json!({
+        "name": "late", "image": "svc",
+        "command": ["/bin/sh", "-c",
+                    "while true; do echo hello-from-late | nc -l -p 6379; done"],
+        "ready": {"tcp_port": 6379},
+        "shared": [{"name": "work", "path": "/data", "read_only": true}]
+    }))
+    .expect("request");
+    let asked = Instant::now();
+    let added = c.add_container(&id, &late).await.expect("add a container");
+    stage(hv, &format!("added and ready in {:?}", asked.elapsed()));
+    assert_eq!(added.state, ContainerState::Ready, "{added:?}");
+    let (out, err, code) = harness::sh(&c, &id, "nc -w 2 localhost 6379 </dev/null").await;
+    assert_eq!((out.as_str(), code), ("hello-from-late\n", 0), "{err}");
+    let (out, code) = sh_in(
+        &c,
+        &id,
+        "late",
+        "id -u; ls /opt/app; cat /data/note; touch /data/y 2>&1 | grep -c 'Read-only'",
+    )
+    .await;
+    assert_eq!(
+        (out.as_str(), code),
+        ("1000\nnew\nwritten-by-helper\n1\n", 0)
+    );
+    let (out, code) = sh_in(&c, &id, "helper", write_every_disk).await;
+    assert_eq!(
+        (out.as_str(), code),
+        ("3\ntried\n", 0),
+        "the filled slot took a write"
     );
     assert_eq!(digest(), before, "an image snapshot changed on the host");
 
     stage(
         hv,
-        "what a microVM cannot take: a container once it runs, a seventh disk",
+        "what a microVM cannot take: a container beyond its slots, a seventh disk",
     );
-    let late: api_types::ContainerRequest =
-        serde_json::from_value(serde_json::json!({"name": "late"})).expect("request");
-    match c.add_container(&id, &late).await {
+    let later: api_types::ContainerRequest = serde_json::from_value(serde_json::json!({
+        "name": "later",
+        "command": ["/bin/sh", "-c",
+                    "while true; do echo hello-from-later | nc -l -p 6380; done"],
+        "ready": {"tcp_port": 6380}
+    }))
+    .expect("request");
+    match c.add_container(&id, &later).await {
         Err(ClientError::Api {
-            status: 400,
+            status: 409,
             message,
             ..
-        }) => assert!(message.contains("given when it is created"), "{message}"),
-        other => panic!("adding a container to a running microVM: {other:?}"),
+        }) => assert!(message.contains("container_slots"), "{message}"),
+        other => panic!("adding a container beyond the slots: {other:?}"),
     }
+    stage(hv, "a removed container's disk serves the next one");
+    c.remove_container(&id, "late").await.expect("remove late");
+    let added = c
+        .add_container(&id, &later)
+        .await
+        .expect("add into the freed slot");
+    assert_eq!(added.state, ContainerState::Ready, "{added:?}");
+    let (out, err, code) = harness::sh(
+        &c,
+        &id,
+        "nc -w 2 localhost 6380 </dev/null; nc -w 1 localhost 6379 </dev/null || echo late-gone",
+    )
+    .await;
+    assert_eq!(
+        (out.as_str(), code),
+        ("hello-from-later\nlate-gone\n", 0),
+        "{err}"
+    );
+    // Its root is the daemon's image, not what the slot held before.
+    let (out, code) = sh_in(&c, &id, "later", "test -e /opt/app || echo own-image").await;
+    assert_eq!((out.as_str(), code), ("own-image\n", 0));
     let seven: Vec<serde_json::Value> = (0..7)
         .map(|i| serde_json::json!({"name": format!("c{i}")}))
         .collect();

@@ -7,8 +7,8 @@ use std::sync::Arc;
 use virtio_queue::{Queue, QueueT};
 use vmm_sys_util::eventfd::EventFd;
 
-use super::{BlockError, Disk, QUEUE_SIZE};
-use crate::virtio::{ids, ActivateError, GuestMemory, Interrupt, VirtioDevice};
+use super::{BlockError, Disk, ReplaceError, QUEUE_SIZE};
+use crate::virtio::{ids, ActivateError, GuestMemory, Interrupt, VirtioDevice, INT_CONFIG};
 
 struct Active {
     mem: GuestMemory,
@@ -20,6 +20,8 @@ struct Active {
 pub struct Block {
     disk: Disk,
     acked_features: u64,
+    /// Bumped on every image replacement (the transport adds it to its own generation).
+    config_generation: u32,
     queue_evts: [EventFd; 1],
     active: Option<Active>,
 }
@@ -38,6 +40,7 @@ impl Block {
         Ok(Block {
             disk: Disk::open(path, read_only)?,
             acked_features: 0,
+            config_generation: 0,
             queue_evts: [EventFd::new(libc::EFD_NONBLOCK).map_err(BlockError::EventFd)?],
             active: None,
         })
@@ -46,6 +49,24 @@ impl Block {
     /// The capacity in sectors (the config space's `capacity`).
     pub fn capacity_sectors(&self) -> u64 {
         self.disk.capacity_sectors()
+    }
+
+    /// The serial the guest reads.
+    pub fn serial(&self) -> String {
+        self.disk.serial()
+    }
+
+    /// Gives the (read-only) disk the image `file` ([`Disk::replace`]) and tells a driver
+    /// that runs it that its configuration (the capacity) changed; returns the new capacity
+    /// in sectors. A driver that has not started yet reads the new capacity when it does.
+    pub fn replace_image(&mut self, file: std::fs::File) -> Result<u64, ReplaceError> {
+        let sectors = self.disk.replace(file)?;
+        self.config_generation = self.config_generation.wrapping_add(1);
+        if let Some(a) = &self.active {
+            // A full eventfd counter still leaves the interrupt pending: nothing to undo.
+            let _ = a.interrupt.signal(INT_CONFIG);
+        }
+        Ok(sectors)
     }
 }
 
@@ -72,6 +93,10 @@ impl VirtioDevice for Block {
 
     fn read_config(&self, offset: u64, data: &mut [u8]) {
         self.disk.read_config(offset, data);
+    }
+
+    fn config_generation(&self) -> u32 {
+        self.config_generation
     }
 
     fn activate(

@@ -15,6 +15,20 @@ use super::{
 };
 use crate::virtio::{GuestMemory, VIRTIO_F_VERSION_1};
 
+/// Why a disk's image could not be replaced.
+#[derive(Debug, thiserror::Error)]
+pub enum ReplaceError {
+    /// Only a read-only disk takes another image.
+    #[error("the disk is writable; only a read-only disk takes another image")]
+    Writable,
+    /// The new image could not be inspected.
+    #[error("cannot stat the new image")]
+    Stat(#[source] std::io::Error),
+    /// The new image is not a regular file.
+    #[error("the new image is not a regular file")]
+    NotAFile,
+}
+
 /// How much of a request is copied at once (requests are never buffered whole).
 const CHUNK: usize = 64 * 1024;
 
@@ -71,6 +85,31 @@ impl Disk {
             capacity_bytes: len - len % SECTOR_SIZE,
             id,
         })
+    }
+
+    /// Gives a read-only disk another image, `file` (open for reading), keeping its serial:
+    /// how an empty disk reserved at boot (a spare container slot) receives a container's
+    /// image once the VM runs. Returns the new capacity in sectors; the caller tells the
+    /// driver the configuration changed. A writable disk keeps its image: the guest may have
+    /// data in flight to it.
+    pub fn replace(&mut self, file: File) -> Result<u64, ReplaceError> {
+        if !self.read_only {
+            return Err(ReplaceError::Writable);
+        }
+        let meta = file.metadata().map_err(ReplaceError::Stat)?;
+        if !meta.is_file() {
+            return Err(ReplaceError::NotAFile);
+        }
+        let len = meta.len();
+        self.file = file;
+        self.capacity_bytes = len - len % SECTOR_SIZE;
+        Ok(self.capacity_sectors())
+    }
+
+    /// The serial the guest reads (`GET_ID`), without its NUL padding.
+    pub fn serial(&self) -> String {
+        let end = self.id.iter().position(|&b| b == 0).unwrap_or(ID_BYTES);
+        String::from_utf8_lossy(&self.id[..end]).into_owned()
     }
 
     /// Whether writes are refused (and `VIRTIO_BLK_F_RO` offered).

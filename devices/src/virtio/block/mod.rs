@@ -6,6 +6,7 @@
 //! ([`Disk::process_queue`]); [`Block`] puts it behind our virtio-mmio transport, and
 //! `crate::vhost_user::block` serves the same [`Disk`] over vhost-user (QEMU).
 
+pub mod control;
 mod device;
 mod disk;
 #[cfg(test)]
@@ -15,7 +16,7 @@ use std::io;
 use std::path::PathBuf;
 
 pub use device::Block;
-pub use disk::{Disk, Processed};
+pub use disk::{Disk, Processed, ReplaceError};
 
 /// Bytes per sector, whatever the image.
 pub const SECTOR_SIZE: u64 = 512;

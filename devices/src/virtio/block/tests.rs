@@ -19,7 +19,7 @@ use vmm_sys_util::event::{new_event_consumer_and_notifier, EventConsumer, EventF
 use super::*;
 use crate::vhost_user::block::VhostUserBlock;
 use crate::virtio::test_utils::{default_mem, interrupt, Buf, TestQueue};
-use crate::virtio::{GuestMemory, Interrupt, VirtioDevice, INT_VRING};
+use crate::virtio::{GuestMemory, Interrupt, VirtioDevice, INT_CONFIG, INT_VRING};
 
 const Q_SIZE: u16 = 16;
 
@@ -107,6 +107,25 @@ impl Harness {
                     .handle_event(0, EventSet::IN, std::slice::from_ref(vring), 0)
                     .unwrap();
                 call.consume().is_ok()
+            }
+        }
+    }
+
+    /// Gives the disk `file`, as the disk control does; the new capacity, or why not.
+    fn replace(&mut self, file: File) -> Result<u64, String> {
+        match self {
+            Harness::Mmio { dev, irq } => {
+                let generation = dev.config_generation();
+                let sectors = dev.replace_image(file).map_err(|e| e.to_string())?;
+                assert_ne!(dev.config_generation(), generation);
+                assert!(irq.irqfd().read().is_ok(), "the driver is interrupted");
+                assert_ne!(irq.status() & INT_CONFIG, 0, "for a configuration change");
+                irq.ack(INT_CONFIG);
+                Ok(sectors)
+            }
+            Harness::VhostUser { backend, .. } => {
+                let serial = backend.disk().serial();
+                backend.replace_image(&serial, file)
             }
         }
     }
@@ -284,5 +303,72 @@ fn block_config_space_holds_the_capacity() {
         // The rest of `struct virtio_blk_config`, and past it, reads as zero.
         assert_eq!(dev.config(8, 52), [0u8; 52], "{caller:?}");
         assert_eq!(dev.config(4096, 4), [0u8; 4], "{caller:?}");
+    }
+}
+
+#[test]
+fn an_empty_read_only_disk_takes_an_image_and_keeps_its_serial() {
+    for caller in CALLERS {
+        let mem = default_mem();
+        let empty = image(0);
+        let mut dev = Harness::new(caller, &mem, &empty, true);
+        assert_eq!(dev.config(0, 8), 0u64.to_le_bytes(), "{caller:?}");
+        let mut q = TestQueue::new(&mem, 0, Q_SIZE);
+        let early = q.add(&[Buf::R(&header(req::IN, 0)), Buf::W(512), Buf::W(1)]);
+        dev.kick();
+        assert_eq!(
+            q.read(early[2], 1),
+            [status::IOERR],
+            "{caller:?}: nothing yet"
+        );
+
+        let full = image(3);
+        assert_eq!(
+            dev.replace(File::open(full.path()).unwrap()),
+            Ok(3),
+            "{caller:?}"
+        );
+        assert_eq!(dev.config(0, 8), 3u64.to_le_bytes(), "{caller:?}");
+        let read = q.add(&[Buf::R(&header(req::IN, 2)), Buf::W(512), Buf::W(1)]);
+        let id = q.add(&[Buf::R(&header(req::GET_ID, 0)), Buf::W(20), Buf::W(1)]);
+        let write = q.add(&[Buf::R(&header(req::OUT, 0)), Buf::R(&[9u8; 512]), Buf::W(1)]);
+        dev.kick();
+        assert_eq!(q.read(read[2], 1), [status::OK], "{caller:?}");
+        assert_eq!(q.read(read[1], 512), [2u8; 512], "{caller:?}");
+        let serial = empty
+            .path()
+            .file_name()
+            .unwrap()
+            .to_string_lossy()
+            .into_owned();
+        let n = serial.len().min(ID_BYTES);
+        assert_eq!(
+            q.read(id[1], n),
+            serial.as_bytes()[..n],
+            "{caller:?}: the serial stays"
+        );
+        assert_eq!(
+            q.read(write[2], 1),
+            [status::IOERR],
+            "{caller:?}: still read-only"
+        );
+        assert_eq!(std::fs::read(full.path()).unwrap()[..512], [0u8; 512]);
+        // A directory is no image.
+        let dir = tempfile::tempdir().unwrap();
+        let err = dev.replace(File::open(dir.path()).unwrap()).unwrap_err();
+        assert!(err.contains("not a regular file"), "{caller:?}: {err}");
+    }
+}
+
+#[test]
+fn a_writable_disk_keeps_its_image() {
+    for caller in CALLERS {
+        let mem = default_mem();
+        let img = image(2);
+        let mut dev = Harness::new(caller, &mem, &img, false);
+        let other = image(5);
+        let err = dev.replace(File::open(other.path()).unwrap()).unwrap_err();
+        assert!(err.contains("writable"), "{caller:?}: {err}");
+        assert_eq!(dev.config(0, 8), 2u64.to_le_bytes(), "{caller:?}");
     }
 }
