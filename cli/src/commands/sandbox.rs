@@ -231,3 +231,32 @@ pub(crate) async fn kill(global: &Global, args: &KillArgs) -> Result<()> {
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Create {
+        #[command(flatten)]
+        args: CreateArgs,
+    }
+
+    #[test]
+    fn container_slots_reach_the_create_request_only_when_given() {
+        let given =
+            Create::parse_from(["create", "--backend", "microvm", "--container-slots", "2"]);
+        let request = given.args.request().expect("request");
+        assert_eq!(
+            (request.backend, request.container_slots),
+            (Some(BackendKind::Microvm), Some(2))
+        );
+        let plain = Create::parse_from(["create"])
+            .args
+            .request()
+            .expect("request");
+        assert_eq!(plain.container_slots, None);
+        assert!(Create::try_parse_from(["create", "--container-slots", "-1"]).is_err());
+    }
+}

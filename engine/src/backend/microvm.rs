@@ -153,8 +153,15 @@ impl MicrovmBackend {
         )
         .map_err(|e| BackendError::setup("attach the sandbox's storage", invalid(&e)))?;
         let dir = self.state_dir.join("sandboxes").join(&spec.id);
-        std::fs::create_dir_all(&dir)
-            .map_err(|e| BackendError::setup(format!("create {}", dir.display()), e))?;
+        // Private: its sockets (vsock, the disks' control) are the daemon's alone.
+        {
+            use std::os::unix::fs::DirBuilderExt;
+            std::fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o700)
+                .create(&dir)
+                .map_err(|e| BackendError::setup(format!("create {}", dir.display()), e))?;
+        }
         let launched = self.launch(&spec, &plan, &dir).await;
         let ((vm, devices, diagnostics, hello), egress) = match launched {
             Ok(launched) => launched,

@@ -175,7 +175,8 @@ def create_request(*, image: Optional[str] = None, memory_mib: Optional[int] = N
                    labels: Optional[Mapping[str, str]] = None, ttl_s: Optional[int] = None,
                    user: Optional[str] = None, backend: Optional[str] = None,
                    containers: Sequence[ContainerRequest] = (),
-                   shared: Sequence[SharedMount] = ()) -> CreateSandbox:
+                   shared: Sequence[SharedMount] = (),
+                   container_slots: Optional[int] = None) -> CreateSandbox:
     """A CreateSandbox from keyword arguments; `network` may be the list of allow rules."""
     if isinstance(network, str):
         raise TypeError("network takes a list of allow rules, e.g. ['pypi.org:443']")
@@ -204,6 +205,7 @@ def create_request(*, image: Optional[str] = None, memory_mib: Optional[int] = N
         ttl_s=_opt_int(ttl_s, "ttl_s"), user=user,
         backend=backend,  # type: ignore[arg-type]  # checked against BackendKind above
         containers=list(containers), shared=list(shared),
+        container_slots=_opt_int(container_slots, "container_slots"),
     )
 
 

@@ -342,6 +342,14 @@ class CreateSandbox:
     #: Named caches to mount: persistent, daemon-managed, size-limited, one sandbox at a time.
     caches: list[CacheMount] = field(default_factory=list)
 
+    #: A microVM's room for containers added once it runs (`POST
+    #: /sandboxes/{id}/containers`): this many empty read-only disks are attached at boot,
+    #: and each added container's image fills one (a microVM's disks are fixed when it
+    #: boots). They count toward its 6 disks beside the root, with caches, volumes,
+    #: `disk_mib` and the containers given here. Default 0. A namespace sandbox takes added
+    #: containers without it.
+    container_slots: int | None = None
+
     #: Containers besides the sandbox's own root (its `main`, made of `image`): each its own
     #: image, root, main process and log, all sharing the sandbox's network (`localhost`),
     #: IPC, limits and the shared directories they mount. Both backends (the process backend
@@ -393,6 +401,7 @@ class CreateSandbox:
         return cls(
             backend=data.get('backend', None),
             caches=[CacheMount.from_dict(x) for x in data.get('caches', [])],
+            container_slots=data.get('container_slots', None),
             containers=[ContainerRequest.from_dict(x) for x in data.get('containers', [])],
             disk_mib=data.get('disk_mib', None),
             env=dict(data.get('env', {})),
@@ -413,6 +422,8 @@ class CreateSandbox:
             out['backend'] = self.backend
         if self.caches:
             out['caches'] = [x.to_dict() for x in self.caches]
+        if self.container_slots is not None:
+            out['container_slots'] = self.container_slots
         if self.containers:
             out['containers'] = [x.to_dict() for x in self.containers]
         if self.disk_mib is not None:

@@ -78,6 +78,8 @@ def test_models_read_unknown_fields_and_write_minimal_requests():
     assert CreateSandbox().to_dict() == {}
     req = _api.create_request(network=["a.example:443"], memory_mib=256)
     assert req.to_dict() == {"memory_mib": 256, "network": {"allow": ["a.example:443"]}}
+    req = _api.create_request(backend="microvm", container_slots=2)
+    assert req.to_dict() == {"backend": "microvm", "container_slots": 2}
     info = SandboxInfo.from_dict({
         "id": "sb-0123456789abcdef", "state": "running", "backend": "namespace",
         "image": "default", "memory_mib": 512, "vcpus": 1, "created_at_ms": 1,

@@ -79,6 +79,8 @@ export interface SandboxCreateOptions {
   containers?: ContainerRequest[];
   /** Shared directories the sandbox's own root mounts (containers name theirs in their own `shared`). */
   shared?: SharedMount[];
+  /** A microVM's room for containers added once it runs (each takes one of its 6 disks). */
+  containerSlots?: Value<CreateSandboxRequest["container_slots"]>;
 }
 
 /** The create request's wire form; fields left out take the daemon's defaults. */
@@ -98,6 +100,7 @@ export function createRequest(o: SandboxCreateOptions): CreateSandboxRequest {
   if (o.backend !== undefined) body.backend = o.backend;
   if (o.containers !== undefined) body.containers = o.containers;
   if (o.shared !== undefined) body.shared = o.shared;
+  if (o.containerSlots !== undefined) body.container_slots = o.containerSlots;
   return body;
 }
 

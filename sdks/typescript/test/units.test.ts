@@ -159,3 +159,15 @@ describe("results", () => {
     assert.match(r({ exit_code: -1, signal: "SIGKILL", timed_out: true }).describe(), /timed out/);
   });
 });
+
+describe("the create request", () => {
+  test("camelCase options become the wire's fields, and only those given", async () => {
+    const { createRequest } = await import("../src/types.js");
+    assert.deepEqual(createRequest({}), {});
+    assert.deepEqual(createRequest({ backend: "microvm", containerSlots: 2, diskMib: 128 }), {
+      backend: "microvm",
+      container_slots: 2,
+      disk_mib: 128,
+    });
+  });
+});

@@ -1212,6 +1212,16 @@ pub(crate) async fn a_service_container_is_reached_on_localhost_and_keeps_its_lo
     assert_eq!(digest(), before, "an image snapshot changed on the host");
 
     stage(hv, "a container added while it runs fills the empty slot");
+    // The slots' control sockets are the daemon's alone: in a directory no one else enters.
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = daemon.state.config.state_dir.join("sandboxes").join(&id);
+        let mode = std::fs::metadata(&dir)
+            .expect("its directory")
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o777, 0o700, "{}", dir.display());
+    }
     let late: api_types::ContainerRequest = serde_json::from_value(serde_json::json!({
         "name": "late", "image": "svc",
         "command": ["/bin/sh", "-c",

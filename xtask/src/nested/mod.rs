@@ -38,7 +38,7 @@ const L1_INIT: &str = include_str!("l1-init.sh");
 #[derive(clap::Args, Debug)]
 pub(crate) struct Args {
     /// Run only these steps (comma-separated): vmm-e2e, vmm-test-guests, daemon-microvm,
-    /// shim-microvm.
+    /// shim-microvm, shim-pod-microvm.
     #[arg(long, value_delimiter = ',', value_name = "STEP,…")]
     only: Vec<String>,
     /// Boot L1 this many times, each run judged on its own (for measuring the emulator's
@@ -631,6 +631,21 @@ fn plan(args: &Args, tests: &BTreeMap<String, PathBuf>, static_vmm: &Path) -> Re
                 // The shim's microVM case on crucible-vmm; its other cases run on the host.
                 "--exact".into(),
                 "a_container_runs_as_a_crucible_vmm_microvm_with_its_output_status_and_metrics"
+                    .into(),
+                "--test-threads=1".into(),
+            ],
+        },
+        Step {
+            name: "shim-pod-microvm",
+            seconds: 900,
+            env: Vec::new(),
+            argv: vec![
+                test("cri")?,
+                "--include-ignored".into(),
+                // A Kubernetes pod as one crucible-vmm microVM, driven through containerd's CRI
+                // plugin; its other cases run on the host.
+                "--exact".into(),
+                "a_pod_of_three_containers_runs_as_one_crucible_vmm_microvm_the_way_kubelet_drives_it"
                     .into(),
                 "--test-threads=1".into(),
             ],

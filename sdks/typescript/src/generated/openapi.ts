@@ -2117,6 +2117,16 @@ export interface components {
             /** @description Named caches to mount: persistent, daemon-managed, size-limited, one sandbox at a time. */
             caches?: components["schemas"]["CacheMount"][];
             /**
+             * Format: uint32
+             * @description A microVM's room for containers added once it runs (`POST
+             *     /sandboxes/{id}/containers`): this many empty read-only disks are attached at boot,
+             *     and each added container's image fills one (a microVM's disks are fixed when it
+             *     boots). They count toward its 6 disks beside the root, with caches, volumes,
+             *     `disk_mib` and the containers given here. Default 0. A namespace sandbox takes added
+             *     containers without it.
+             */
+            container_slots?: number | null;
+            /**
              * @description Containers besides the sandbox's own root (its `main`, made of `image`): each its own
              *     image, root, main process and log, all sharing the sandbox's network (`localhost`),
              *     IPC, limits and the shared directories they mount. Both backends (the process backend
