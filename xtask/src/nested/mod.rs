@@ -202,6 +202,10 @@ pub(crate) fn base_root(host: &Host, out: &Path, steps: &[Step]) -> Result<L1Roo
     }
     root.file("etc/passwd", 0o644, "root:x:0:0:root:/root:/busybox/sh\n")?;
     root.file("etc/group", 0o644, "root:x:0:\n")?;
+    // What containerd's CRI plugin copies into a host-network pod (the CRI step).
+    root.file("etc/hosts", 0o644, "127.0.0.1 localhost\n::1 localhost\n")?;
+    root.file("etc/resolv.conf", 0o644, "nameserver 127.0.0.1\n")?;
+    root.file("etc/hostname", 0o644, "l1\n")?;
     // `/bin/sh` where the host has it (merged /usr): scripts the tests write start with it.
     root.insert(
         "bin",
