@@ -106,6 +106,11 @@ pub struct InstanceRecord {
     /// A microVM's other processes: its vhost-user devices under QEMU.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub devices: Vec<RecordedProcess>,
+    /// A microVM's empty disks for containers added later (`container_slots`), by the
+    /// container index their serial carries; all still empty, since adding a container ends
+    /// the record.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub container_slots: Vec<usize>,
 }
 
 /// One more process of a sandbox, as a restarted daemon must find it.
@@ -433,6 +438,7 @@ mod tests {
                 },
                 hypervisor: None,
                 devices: Vec::new(),
+                container_slots: Vec::new(),
             },
         }
     }

@@ -186,6 +186,7 @@ impl MicrovmBackend {
                 hello: hello.clone(),
                 hypervisor: Some(self.hypervisor),
                 devices,
+                container_slots: plan.slots.clone().collect(),
             })
         });
         let vm = SandboxProcess::watch(vm, "the VM".into(), diagnostics);
@@ -315,9 +316,9 @@ impl MicrovmBackend {
             egress_task,
             shut_down_first: spec.shut_down_first,
             record: Some(record.clone()),
-            // A sandbox that had containers added is not taken back; one that did not was
-            // created with slots the record does not keep: none are offered again.
-            slots: std::sync::Mutex::default(),
+            // A sandbox that had containers added is not taken back, so its slots are all
+            // still empty, and its devices still serve their control sockets.
+            slots: std::sync::Mutex::new(SlotTable::of(&record.container_slots)),
         })
     }
 

@@ -37,8 +37,13 @@ pub(crate) struct SlotTable {
 impl SlotTable {
     /// The slots `slots`, all free.
     pub(crate) fn new(slots: std::ops::Range<usize>) -> SlotTable {
+        Self::of(&slots.collect::<Vec<_>>())
+    }
+
+    /// The slots `slots` (a live-restore record's), all free.
+    pub(crate) fn of(slots: &[usize]) -> SlotTable {
         SlotTable {
-            holders: slots.map(|slot| (slot, None)).collect(),
+            holders: slots.iter().map(|&slot| (slot, None)).collect(),
         }
     }
 

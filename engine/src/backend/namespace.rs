@@ -421,6 +421,7 @@ impl NamespaceBackend {
                         hello: hello.clone(),
                         hypervisor: None,
                         devices: Vec::new(),
+                        container_slots: Vec::new(),
                     })
                 }),
             None => None,
