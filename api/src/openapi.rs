@@ -530,16 +530,17 @@ pub(crate) fn document() -> Value {
                         container joins the sandbox's network, IPC and limits, mounts the \
                         shared directories it names (made empty if no container had them \
                         yet), and starts its main process once what it depends_on (containers \
-                        the sandbox runs) is ready. Namespace sandboxes only: a microVM's \
-                        containers are given when it is created. A name that was \
-                        removed may be used again: the new container gets a fresh writable \
-                        layer.",
+                        the sandbox runs) is ready. A namespace sandbox takes any number; a \
+                        microVM takes as many at once as the container_slots it was created \
+                        with (its disks are fixed at boot; a removed container's slot serves \
+                        the next). A name that was removed may be used again: the new \
+                        container gets a fresh writable layer.",
                     "requestBody": { "required": true, "content": {
                         "application/json": { "schema": schema_ref("ContainerRequest") } } },
                     "responses": with(errors(&[
-                        ("400", "The id or the request is invalid (a field, its image, a shared directory, a depends_on naming no container of the sandbox), or the sandbox is not a namespace sandbox."),
+                        ("400", "The id or the request is invalid (a field, its image, a shared directory, a depends_on naming no container of the sandbox), or the sandbox runs no containers (the process backend)."),
                         ("404", "No sandbox with this id, as far as the caller can see, or no such imported image."),
-                        ("409", "The sandbox already has a container of this name, or it is not running."),
+                        ("409", "The sandbox already has a container of this name, it is not running, or it is a microVM whose container_slots are all in use."),
                         ("422", "The container did not become ready: its main process exited, or its ready check did not pass within its timeout (code container_not_ready; the message ends with its log's last lines). It stays (failed, or exited when its main process ended) with its log, until it is removed."),
                         ("500", "The container could not be made (the message says why: e.g. a process of the sandbox killed its container factory)."),
                     ]), json!({ "201": json_response("The container, ready.", "ContainerInfo") }))

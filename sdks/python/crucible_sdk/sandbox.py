@@ -249,8 +249,9 @@ class Sandbox(Root):
         return self.client.containers(self.id)
 
     def add_container(self, request: ContainerRequest) -> Container:
-        """Adds a container to this running sandbox and returns it once it is ready
-        (namespace backend; ContainerNotReady when it does not get ready)."""
+        """Adds a container to this running sandbox and returns it once it is ready (a
+        namespace sandbox, or a microVM created with `container_slots`; ContainerNotReady
+        when it does not get ready, Conflict when the name is in use or no slot is free)."""
         info = self.client.add_container(self.id, request)
         return Container(self.client, self.id, info.name)
 

@@ -233,7 +233,7 @@ export class Sandbox extends Root implements AsyncDisposable {
     return (await this.#t.json<{ containers: ContainerInfo[] }>("GET", sandboxPath(this.id, "/containers"), undefined, "sandbox")).containers;
   }
 
-  /** Adds a container to this running sandbox (namespace backend) and returns it once it is ready: ContainerNotReady when it does not get ready (it stays, failed or exited, with its log), Conflict when the name is in use. */
+  /** Adds a container to this running sandbox (a namespace sandbox, or a microVM created with `containerSlots`) and returns it once it is ready: ContainerNotReady when it does not get ready (it stays, failed or exited, with its log), Conflict when the name is in use or a microVM has no free slot. */
   async addContainer(request: ContainerRequest): Promise<Container> {
     const info = await this.#t.json<ContainerInfo>("POST", sandboxPath(this.id, "/containers"), request, "sandbox");
     return new Container(this.#t, this.id, info.name);

@@ -75,7 +75,7 @@ export interface SandboxCreateOptions {
   /** Who every command runs as (`uid`, `uid:gid`, `name`, `name:group`). */
   user?: Value<CreateSandboxRequest["user"]>;
   backend?: BackendKind;
-  /** Containers beside the sandbox's own root (namespace backend); the create answers once each is ready. */
+  /** Containers beside the sandbox's own root (both backends); the create answers once each is ready. */
   containers?: ContainerRequest[];
   /** Shared directories the sandbox's own root mounts (containers name theirs in their own `shared`). */
   shared?: SharedMount[];

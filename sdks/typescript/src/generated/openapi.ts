@@ -885,7 +885,7 @@ export interface paths {
         put?: never;
         /**
          * Add a container to the running sandbox; answers once it is ready.
-         * @description The body is one entry of CreateSandbox.containers: the container joins the sandbox's network, IPC and limits, mounts the shared directories it names (made empty if no container had them yet), and starts its main process once what it depends_on (containers the sandbox runs) is ready. Namespace sandboxes only: a microVM's containers are given when it is created. A name that was removed may be used again: the new container gets a fresh writable layer.
+         * @description The body is one entry of CreateSandbox.containers: the container joins the sandbox's network, IPC and limits, mounts the shared directories it names (made empty if no container had them yet), and starts its main process once what it depends_on (containers the sandbox runs) is ready. A namespace sandbox takes any number; a microVM takes as many at once as the container_slots it was created with (its disks are fixed at boot; a removed container's slot serves the next). A name that was removed may be used again: the new container gets a fresh writable layer.
          */
         post: {
             parameters: {
@@ -912,7 +912,7 @@ export interface paths {
                         "application/json": components["schemas"]["ContainerInfo"];
                     };
                 };
-                /** @description The id or the request is invalid (a field, its image, a shared directory, a depends_on naming no container of the sandbox), or the sandbox is not a namespace sandbox. */
+                /** @description The id or the request is invalid (a field, its image, a shared directory, a depends_on naming no container of the sandbox), or the sandbox runs no containers (the process backend). */
                 400: {
                     headers: {
                         [name: string]: unknown;
@@ -939,7 +939,7 @@ export interface paths {
                         "application/json": components["schemas"]["ErrorBody"];
                     };
                 };
-                /** @description The sandbox already has a container of this name, or it is not running. */
+                /** @description The sandbox already has a container of this name, it is not running, or it is a microVM whose container_slots are all in use. */
                 409: {
                     headers: {
                         [name: string]: unknown;
