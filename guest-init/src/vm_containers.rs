@@ -334,16 +334,11 @@ fn start_agent(
         .map(|a| CString::new(a.as_str()))
         .collect::<Result<_, _>>()
         .map_err(|_| not_ready("an argument holds a NUL byte".into()))?;
-    let env: Vec<CString> = std::env::vars()
-        .filter_map(|(k, v)| CString::new(format!("{k}={v}")).ok())
-        .collect();
-    let pointers = |list: &[CString]| -> Vec<*const libc::c_char> {
-        list.iter()
-            .map(|s| s.as_ptr())
-            .chain(std::iter::once(std::ptr::null()))
-            .collect()
-    };
-    let (args_p, env_p) = (pointers(&args), pointers(&env));
+    let env = namespace::current_env();
+    let (args_p, env_p) = (
+        namespace::null_terminated(&args),
+        namespace::null_terminated(&env),
+    );
     let (ours, theirs) = UnixStream::pair().map_err(sys_err("socketpair for a container"))?;
     // Above every descriptor the child hands on, so one dup2 cannot clobber the other's source.
     let high = |fd: BorrowedFd<'_>| -> Result<OwnedFd, VmContainerError> {

@@ -49,7 +49,7 @@ pub use idmap::{IdMap, SANDBOX_IDS};
 pub use loop_device::LoopError;
 pub use pod::{ContainerRoot, SharedMount};
 pub use spec::{container_socket, SandboxSpec, SpecError};
-pub use sys::{recv_stream, send_stream, SysError};
+pub use sys::{current_env, null_terminated, recv_stream, send_stream, SysError};
 
 pub use contract::namespace_fds::{
     COMMANDS_CGROUP_FD, PID1_EGRESS_FD, PID1_FACTORY_FD, PID1_LISTEN_FD, PID1_READY_FD,

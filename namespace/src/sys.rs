@@ -468,24 +468,33 @@ fn hand_over(handed: &[(RawFd, RawFd)]) -> Result<(), SysError> {
     Ok(())
 }
 
-/// Executes the agent binary as the sandbox's PID 1, with the current environment.
-pub(crate) fn exec_pid1(agent: &OwnedFd, argv: &[CString]) -> SysError {
-    let env: Vec<CString> = std::env::vars_os()
+/// This process's environment as `execve` takes it (`KEY=VALUE`; a pair holding a NUL, which
+/// no exec could pass, is left out).
+pub fn current_env() -> Vec<CString> {
+    std::env::vars_os()
         .filter_map(|(k, v)| {
             let mut pair = k.into_vec();
             pair.push(b'=');
             pair.extend(v.into_vec());
             CString::new(pair).ok()
         })
-        .collect();
-    let pointers = |list: &[CString]| -> Vec<*const libc::c_char> {
-        list.iter()
-            .map(|s| s.as_ptr())
-            .chain(std::iter::once(std::ptr::null()))
-            .collect()
-    };
-    let argv_p = pointers(argv);
-    let env_p = pointers(&env);
+        .collect()
+}
+
+/// `list` as the null-terminated array of pointers `execve` takes; valid while `list` is.
+/// Made before a fork whose child may not allocate.
+pub fn null_terminated(list: &[CString]) -> Vec<*const libc::c_char> {
+    list.iter()
+        .map(|s| s.as_ptr())
+        .chain(std::iter::once(std::ptr::null()))
+        .collect()
+}
+
+/// Executes the agent binary as the sandbox's PID 1, with the current environment.
+pub(crate) fn exec_pid1(agent: &OwnedFd, argv: &[CString]) -> SysError {
+    let env = current_env();
+    let argv_p = null_terminated(argv);
+    let env_p = null_terminated(&env);
     // SAFETY: argv and envp are null-terminated arrays of NUL-terminated strings that outlive
     // the call; with AT_EMPTY_PATH the empty path names `agent` itself. It returns only on
     // failure.
