@@ -128,12 +128,23 @@ fn short_hash(text: &str) -> String {
 }
 
 /// The tar that fills the writer's volume directories with what kubelet wrote in `volumes`
-/// (extracted at `/` in the writer), bounded as [`copies_tar`] is.
-pub(crate) fn volumes_tar(volumes: &[(PathBuf, String)]) -> Result<Vec<u8>, ShimError> {
+/// (extracted at `/` in the writer), bounded as [`copies_tar`] is: a directory's files go
+/// into its `generation` directory (`/v/N/GENERATION/…`, switched to afterwards), a single
+/// file to `/v/N` itself.
+pub(crate) fn volumes_tar(
+    volumes: &[(PathBuf, String)],
+    generation: &str,
+) -> Result<Vec<u8>, ShimError> {
     let at_writer: Vec<(PathBuf, String)> = volumes
         .iter()
         .enumerate()
-        .map(|(index, (source, _))| (source.clone(), writer_path(index)))
+        .map(|(index, (source, _))| match source.is_dir() {
+            true => (
+                source.clone(),
+                format!("{}/{generation}", writer_path(index)),
+            ),
+            false => (source.clone(), writer_path(index)),
+        })
         .collect();
     copies_tar(&at_writer)
 }
@@ -384,10 +395,11 @@ mod tests {
             entries(copies_tar(&mounts.copies).expect("tar")),
             [("etc/hosts".to_string(), "127.0.0.1 localhost\n".to_string())]
         );
-        // A volume goes to the writer's directory for it, kubelet's `..` entries left out.
+        // A volume goes to its generation in the writer's directory for it, kubelet's `..`
+        // entries left out.
         assert_eq!(
-            entries(volumes_tar(&mounts.volumes).expect("tar")),
-            [("v/0/token".to_string(), "s3cret".to_string())]
+            entries(volumes_tar(&mounts.volumes, "..crucible_1").expect("tar")),
+            [("v/0/..crucible_1/token".to_string(), "s3cret".to_string())]
         );
         assert_eq!(
             volume_dir("job", 0),

@@ -1,13 +1,16 @@
 //! A pod member's kubelet volumes (secret, configMap, projected, downward API) as Kubernetes
-//! mounts them: read-only, and refreshed when kubelet changes them.
+//! mounts them: read-only, and refreshed when kubelet changes them, all of a volume at once.
 //!
 //! A sandbox mounts no host directory, so each volume is a shared directory of the pod's
 //! sandbox ([`pod::volume_dir`]). A *writer* container of the member's own
 //! ([`pod::writer_name`], no main process) mounts them writable at `/v/N`; the shim puts the
 //! files there through it, then the member mounts each read-only where kubelet asked. Every
-//! [`REFRESH_EVERY`] the shim reads the volumes again and puts what changed, then removes
-//! what kubelet removed; a file is replaced in turn, not all at once as kubelet's own `..data`
-//! switch does. The refresh ends with the writer (the member's `Delete` removes both).
+//! [`REFRESH_EVERY`] the shim reads the volumes again and, when they changed, switches to
+//! them as kubelet's own volumes switch: each volume's files go into a new generation
+//! directory, `..data` is renamed onto a link to it (one `rename`: a reader sees the old
+//! files or the new ones, never a mix, as a certificate and its key must be read), each
+//! top-level name is a link through `..data`, and the old generation is removed. The refresh
+//! ends with the writer (the member's `Delete` removes both).
 
 use std::collections::BTreeSet;
 use std::path::PathBuf;
@@ -22,22 +25,25 @@ use crate::pod;
 /// How often kubelet's volumes are read again.
 pub(crate) const REFRESH_EVERY: Duration = Duration::from_secs(2);
 
-/// What was put last: the tar's digest, and the paths it held (in the writer).
+/// The prefix of a generation directory's name (kubelet's are `..YYYY_MM_DD_…`).
+const GENERATION_PREFIX: &str = "..crucible_";
+
+/// What was put last: the volumes' digest, and each volume's top-level names.
 #[derive(Debug, Default)]
-struct Put {
+pub(crate) struct Put {
     digest: Vec<u8>,
-    paths: BTreeSet<String>,
+    names: Vec<BTreeSet<String>>,
 }
 
 /// Adds the writer container of the member that task `task` is to `sandbox`, with its
 /// `volumes` (source, path in the member) filled; the shared mounts the member takes
-/// (read-only) and the writer's name.
+/// (read-only), the writer's name, and what was put (for [`keep_fresh`]).
 pub(crate) async fn fill(
     client: &client::Client,
     sandbox: &str,
     task: &str,
     volumes: &[(PathBuf, String)],
-) -> Result<(Vec<api_types::SharedMount>, String), ShimError> {
+) -> Result<(Vec<api_types::SharedMount>, String, Put), ShimError> {
     let writer = pod::writer_name(task);
     let writable = (0..volumes.len())
         .map(|index| api_types::SharedMount {
@@ -52,7 +58,8 @@ pub(crate) async fn fill(
         ..api_types::ContainerRequest::default()
     };
     client.add_container(sandbox, &request).await?;
-    put(client, sandbox, &writer, volumes, &mut Put::default()).await?;
+    let mut last = Put::default();
+    put(client, sandbox, &writer, volumes, &mut last).await?;
     let read_only = volumes
         .iter()
         .enumerate()
@@ -62,24 +69,19 @@ pub(crate) async fn fill(
             read_only: true,
         })
         .collect();
-    Ok((read_only, writer))
+    Ok((read_only, writer, last))
 }
 
 /// Refreshes `writer`'s copy of `volumes` every [`REFRESH_EVERY`] until the writer or the
-/// sandbox is gone. Failures are logged and tried again on the next round.
+/// sandbox is gone, `last` being what [`fill`] put. Failures are logged and tried again on
+/// the next round.
 pub(crate) async fn keep_fresh(
     client: client::Client,
     sandbox: String,
     writer: String,
     volumes: Vec<(PathBuf, String)>,
+    mut last: Put,
 ) {
-    let mut last = match pod::volumes_tar(&volumes) {
-        Ok(tar) => Put {
-            digest: sha2::Sha256::digest(&tar).to_vec(),
-            paths: paths_of(&tar),
-        },
-        Err(_) => Put::default(),
-    };
     loop {
         tokio::time::sleep(REFRESH_EVERY).await;
         match client.containers(&sandbox).await {
@@ -96,8 +98,8 @@ pub(crate) async fn keep_fresh(
     }
 }
 
-/// Puts `volumes` into `writer` unless they are what was put `last`, then removes the files
-/// that are no longer there.
+/// Puts `volumes` into `writer` as a new generation and switches to it, unless they are what
+/// was put `last`.
 async fn put(
     client: &client::Client,
     sandbox: &str,
@@ -105,52 +107,151 @@ async fn put(
     volumes: &[(PathBuf, String)],
     last: &mut Put,
 ) -> Result<(), ShimError> {
-    let tar = pod::volumes_tar(volumes)?;
-    let digest = sha2::Sha256::digest(&tar).to_vec();
+    let digest = sha2::Sha256::digest(pod::volumes_tar(volumes, GENERATION_PREFIX)?).to_vec();
     if digest == last.digest {
         return Ok(());
     }
-    let paths = paths_of(&tar);
+    let generation = generation_name(&digest);
+    let tar = pod::volumes_tar(volumes, &generation)?;
+    let names = top_level_names(&tar, volumes.len(), &generation);
     client
         .put_tar_in(sandbox, Some(writer), "/", std::io::Cursor::new(tar))
         .await?;
-    let gone: Vec<String> = last.paths.difference(&paths).cloned().collect();
-    if !gone.is_empty() {
-        let mut rm = vec!["rm".to_string(), "-f".into(), "--".into()];
-        rm.extend(gone.iter().map(|p| format!("/{p}")));
-        // Bounded: a writer that stopped answering must not stall the refresh for good.
-        let request = ExecRequest {
-            timeout_s: 30,
-            ..ExecRequest::new(rm)
-        };
-        let out = client
-            .exec_in(sandbox, writer, &request)
-            .await?
-            .collect()
-            .await?;
-        if out.result.exit_code != 0 {
-            return Err(ShimError::Invalid(format!(
-                "removing {} file(s) kubelet removed from {writer}: {}",
-                gone.len(),
-                String::from_utf8_lossy(&out.stderr).trim()
-            )));
-        }
+    let dirs: Vec<bool> = volumes.iter().map(|(source, _)| source.is_dir()).collect();
+    let script = switch_script(&dirs, &generation, &names, &last.names);
+    // Bounded: a writer that stopped answering must not stall the refresh for good.
+    let request = ExecRequest {
+        timeout_s: 30,
+        ..ExecRequest::new(vec!["/bin/sh".into(), "-c".into(), script])
+    };
+    let out = client
+        .exec_in(sandbox, writer, &request)
+        .await?
+        .collect()
+        .await?;
+    if out.result.exit_code != 0 {
+        return Err(ShimError::Invalid(format!(
+            "switching {writer}'s volumes to their new files: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        )));
     }
     if !last.digest.is_empty() {
         log::info!("refreshed the kubelet volumes of {writer} in {sandbox}");
     }
-    *last = Put { digest, paths };
+    *last = Put { digest, names };
     Ok(())
 }
 
-/// The file paths in `tar` (relative, as extracted at `/`).
-fn paths_of(tar: &[u8]) -> BTreeSet<String> {
+/// A generation directory's name for volumes of `digest`.
+fn generation_name(digest: &[u8]) -> String {
+    let hex: String = digest.iter().take(6).map(|b| format!("{b:02x}")).collect();
+    format!("{GENERATION_PREFIX}{hex}")
+}
+
+/// Each volume's top-level names in `tar` (a directory volume's, under its generation).
+fn top_level_names(tar: &[u8], volumes: usize, generation: &str) -> Vec<BTreeSet<String>> {
+    let mut names = vec![BTreeSet::new(); volumes];
     let mut archive = tar::Archive::new(tar);
     let Ok(entries) = archive.entries() else {
-        return BTreeSet::new();
+        return names;
     };
-    entries
-        .flatten()
-        .filter_map(|entry| entry.path().ok().map(|p| p.display().to_string()))
-        .collect()
+    for entry in entries.flatten() {
+        let Ok(path) = entry.path() else { continue };
+        let parts: Vec<String> = path
+            .components()
+            .map(|c| c.as_os_str().to_string_lossy().into_owned())
+            .collect();
+        // v / N / GENERATION / NAME / …
+        if let [v, index, gen, name, ..] = &parts[..] {
+            if let (true, Ok(index), true) = (v == "v", index.parse::<usize>(), gen == generation) {
+                if let Some(set) = names.get_mut(index) {
+                    set.insert(name.clone());
+                }
+            }
+        }
+    }
+    names
+}
+
+/// The shell script that switches each directory volume (`dirs[N]`) of the writer to
+/// `generation`: `..data` renamed onto a link to it, a link through `..data` for each of its
+/// top-level `names`, the links of names it no longer has (`before`) and older generations
+/// removed.
+fn switch_script(
+    dirs: &[bool],
+    generation: &str,
+    names: &[BTreeSet<String>],
+    before: &[BTreeSet<String>],
+) -> String {
+    let none = BTreeSet::new();
+    let mut script = String::from("set -e\n");
+    for (index, _) in dirs.iter().enumerate().filter(|(_, dir)| **dir) {
+        let now = names.get(index).unwrap_or(&none);
+        let then = before.get(index).unwrap_or(&none);
+        script.push_str(&format!(
+            "cd {dir}\nln -sfn {gen} ..data_tmp\nmv -T ..data_tmp ..data\n",
+            dir = quote(&pod::writer_path(index)),
+            gen = quote(generation),
+        ));
+        for name in now {
+            let link = quote(name);
+            let target = quote(&format!("..data/{name}"));
+            script.push_str(&format!("[ -L {link} ] || ln -sfn {target} {link}\n"));
+        }
+        for name in then.difference(now) {
+            script.push_str(&format!("rm -f {}\n", quote(name)));
+        }
+        script.push_str(&format!(
+            "for old in {prefix}*; do [ \"$old\" = {gen} ] || rm -rf \"$old\"; done\n",
+            prefix = GENERATION_PREFIX,
+            gen = quote(generation),
+        ));
+    }
+    script
+}
+
+/// `text` as one shell word.
+fn quote(text: &str) -> String {
+    format!("'{}'", text.replace('\'', r"'\''"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_switch_renames_data_links_new_names_and_drops_the_rest_as_kubelet_does() {
+        let names = |list: &[&str]| list.iter().map(|n| n.to_string()).collect::<BTreeSet<_>>();
+        let script = switch_script(
+            &[true, false],
+            "..crucible_0a0b",
+            &[names(&["ca.crt", "it's"]), names(&["file"])],
+            &[names(&["ca.crt", "old"]), BTreeSet::new()],
+        );
+        assert_eq!(
+            script,
+            "set -e\n\
+             cd '/v/0'\n\
+             ln -sfn '..crucible_0a0b' ..data_tmp\n\
+             mv -T ..data_tmp ..data\n\
+             [ -L 'ca.crt' ] || ln -sfn '..data/ca.crt' 'ca.crt'\n\
+             [ -L 'it'\\''s' ] || ln -sfn '..data/it'\\''s' 'it'\\''s'\n\
+             rm -f 'old'\n\
+             for old in ..crucible_*; do [ \"$old\" = '..crucible_0a0b' ] || rm -rf \"$old\"; done\n"
+        );
+    }
+
+    #[test]
+    fn top_level_names_are_read_per_volume_under_their_generation() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let volume = dir.path().join("secret");
+        std::fs::create_dir_all(volume.join("nested")).expect("dirs");
+        std::fs::write(volume.join("token"), "t").expect("token");
+        std::fs::write(volume.join("nested/key"), "k").expect("key");
+        let volumes = [(volume, "/var/run/secrets/x".to_string())];
+        let tar = pod::volumes_tar(&volumes, "..crucible_1").expect("tar");
+        let names = top_level_names(&tar, 1, "..crucible_1");
+        assert_eq!(names, [["nested".to_string(), "token".to_string()].into()]);
+        assert!(generation_name(&[0xab; 32]).starts_with("..crucible_abababab"));
+    }
 }

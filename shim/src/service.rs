@@ -349,7 +349,7 @@ impl Inner {
         held.write(&bundle)?;
         let mut shared = mounts.shared;
         if writer.is_some() {
-            let (read_only, writer) =
+            let (read_only, writer, put) =
                 pod_volumes::fill(client, sandbox, &req.id, &mounts.volumes).await?;
             shared.extend(read_only);
             tokio::spawn(pod_volumes::keep_fresh(
@@ -357,6 +357,7 @@ impl Inner {
                 sandbox.to_string(),
                 writer,
                 mounts.volumes.clone(),
+                put,
             ));
         }
         let request = api_types::ContainerRequest {

@@ -111,15 +111,32 @@ fn read_only_mount(host: &std::path::Path, at: &str) -> Mount {
 /// directory `generation`, then `..data` switched to it by a rename.
 fn write_secret(dir: &std::path::Path, generation: &str, value: &str) {
     std::fs::create_dir_all(dir.join(generation)).expect("secret generation");
-    std::fs::write(dir.join(generation).join("token"), value).expect("secret key");
+    // Two keys that only make sense together, as a certificate and its key.
+    for key in ["token", "pair"] {
+        std::fs::write(dir.join(generation).join(key), value).expect("secret key");
+    }
     let next = dir.join("..data_tmp");
     let _ = std::fs::remove_file(&next);
     std::os::unix::fs::symlink(generation, &next).expect("..data_tmp");
     std::fs::rename(&next, dir.join("..data")).expect("switch ..data");
-    let key = dir.join("token");
-    if std::fs::symlink_metadata(&key).is_err() {
-        std::os::unix::fs::symlink("..data/token", &key).expect("token link");
+    for key in ["token", "pair"] {
+        let link = dir.join(key);
+        if std::fs::symlink_metadata(&link).is_err() {
+            std::os::unix::fs::symlink(format!("..data/{key}"), &link).expect("key link");
+        }
     }
+}
+
+/// A reader in the job that reads the secret's two keys over and over for `seconds` and
+/// prints every time they do not belong together (a missing key or a mix of generations).
+fn mixed_reads_watch(seconds: u32) -> String {
+    format!(
+        "end=$(($(date +%s) + {seconds})); n=0; \
+         while [ $(date +%s) -lt $end ]; do \
+           a=$(cat /var/run/secrets/x/token 2>&1); b=$(cat /var/run/secrets/x/pair 2>&1); \
+           [ \"$a\" = \"$b\" ] || echo \"MIXED $a/$b\"; n=$((n + 1)); \
+         done; echo \"reads $n\""
+    )
 }
 
 /// `CreateContainer` then `StartContainer`, as kubelet does; the container's id.
@@ -310,6 +327,36 @@ async fn pod_of_three(daemon: TestDaemon) {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
+    // Kubelet's own layout: each key a link through `..data`, which links to a generation.
+    let out = cri
+        .exec_sync(sync(
+            "cd /var/run/secrets/x && readlink token && readlink pair \
+             && readlink ..data | grep -c '^\\.\\.'",
+        ))
+        .await
+        .expect("ExecSync")
+        .into_inner();
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        "..data/token\n..data/pair\n1\n",
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // A reader during the rotation sees the old pair or the new one, never a mix.
+    let mut watcher = cri.clone();
+    let watch = ExecSyncRequest {
+        container_id: ids["job"].clone(),
+        cmd: vec!["/bin/sh".into(), "-c".into(), mixed_reads_watch(6)],
+        timeout: 30,
+    };
+    let watching = tokio::spawn(async move {
+        watcher
+            .exec_sync(watch)
+            .await
+            .expect("the reader")
+            .into_inner()
+    });
+    tokio::time::sleep(Duration::from_millis(500)).await;
     write_secret(&secret, "..2026_12_05_second", "rotated");
     let rotated = Instant::now();
     loop {
@@ -329,6 +376,13 @@ async fn pod_of_three(daemon: TestDaemon) {
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     eprintln!("a rotated secret arrived in {:?}", rotated.elapsed());
+    let watched = watching.await.expect("the reader's task");
+    let report = String::from_utf8_lossy(&watched.stdout);
+    assert!(
+        !report.contains("MIXED") && report.contains("reads "),
+        "a reader saw the secret's keys apart: {report}"
+    );
+    eprintln!("the reader during the rotation: {}", report.trim());
 
     // The job reaches the service on localhost and reads what the helper wrote to the
     // emptyDir (each tried until it is there: the containers start one after another).
