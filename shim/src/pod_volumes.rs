@@ -5,8 +5,10 @@
 //! sandbox ([`pod::volume_dir`]). A *writer* container of the member's own
 //! ([`pod::writer_name`], no main process) mounts them writable at `/v/N`; the shim puts the
 //! files there through it, then the member mounts each read-only where kubelet asked. Every
-//! [`REFRESH_EVERY`] the shim reads the volumes again and, when they changed, switches to
-//! them as kubelet's own volumes switch: each volume's files go into a new generation
+//! [`REFRESH_EVERY`], and whenever inotify reports a change in one of kubelet's volume
+//! directories, the shim reads the volumes again and, when they changed, switches to
+//! them as kubelet's own volumes switch (at once when inotify reports kubelet's change in
+//! the volume's directory, its `..data` rename): each volume's files go into a new generation
 //! directory, `..data` is renamed onto a link to it (one `rename`: a reader sees the old
 //! files or the new ones, never a mix, as a certificate and its key must be read), each
 //! top-level name is a link through `..data`, and the old generation is removed. The refresh
@@ -16,14 +18,21 @@ use std::collections::BTreeSet;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use nix::sys::inotify::{AddWatchFlags, InitFlags, Inotify};
+use tokio::sync::mpsc;
+
 use sha2::Digest;
 use wire::ExecRequest;
 
 use crate::error::ShimError;
 use crate::pod;
 
-/// How often kubelet's volumes are read again.
+/// How often kubelet's volumes are read again, whatever inotify says.
 pub(crate) const REFRESH_EVERY: Duration = Duration::from_secs(2);
+
+/// How long the refresh waits after inotify's first report, so that one change of kubelet's
+/// (a generation written, then `..data` renamed) is read once, whole.
+const SETTLE: Duration = Duration::from_millis(50);
 
 /// The prefix of a generation directory's name (kubelet's are `..YYYY_MM_DD_…`).
 const GENERATION_PREFIX: &str = "..crucible_";
@@ -82,8 +91,14 @@ pub(crate) async fn keep_fresh(
     volumes: Vec<(PathBuf, String)>,
     mut last: Put,
 ) {
+    let mut watch = watch(&volumes)
+        .map_err(|e| log::warn!("watching the volumes of {writer}: {e}; polling only"))
+        .ok();
     loop {
-        tokio::time::sleep(REFRESH_EVERY).await;
+        tokio::select! {
+            () = tokio::time::sleep(REFRESH_EVERY) => {}
+            () = changed(watch.as_mut()) => tokio::time::sleep(SETTLE).await,
+        }
         match client.containers(&sandbox).await {
             Ok(listed) if listed.iter().any(|c| c.name == writer) => {}
             Ok(_) | Err(client::ClientError::Api { status: 404, .. }) => return,
@@ -95,6 +110,55 @@ pub(crate) async fn keep_fresh(
         if let Err(e) = put(&client, &sandbox, &writer, &volumes, &mut last).await {
             log::warn!("refreshing the volumes of {writer} in {sandbox}: {e}");
         }
+    }
+}
+
+/// kubelet's volume directories under inotify: a move into one (its `..data` rename), a file
+/// written or removed there. A thread of its own blocks on the events and passes each on;
+/// it ends at the first event after the refresh ended (or when kubelet removes the
+/// directories, which ends their watches).
+fn watch(volumes: &[(PathBuf, String)]) -> std::io::Result<mpsc::Receiver<()>> {
+    let inotify = Inotify::init(InitFlags::IN_CLOEXEC)?;
+    for (source, _) in volumes {
+        let dir = match source.is_dir() {
+            true => source.as_path(),
+            false => source.parent().unwrap_or(source.as_path()),
+        };
+        inotify.add_watch(
+            dir,
+            AddWatchFlags::IN_MOVED_TO
+                | AddWatchFlags::IN_CREATE
+                | AddWatchFlags::IN_CLOSE_WRITE
+                | AddWatchFlags::IN_DELETE,
+        )?;
+    }
+    let (changes, changed) = mpsc::channel(1);
+    std::thread::Builder::new()
+        .name("volume-watch".into())
+        .spawn(move || loop {
+            match inotify.read_events() {
+                Ok(_) if changes.is_closed() => return,
+                // Full: a refresh is already due, which reads everything.
+                Ok(_) => drop(changes.try_send(())),
+                Err(nix::errno::Errno::EINTR) => {}
+                Err(e) => {
+                    log::warn!("reading the volumes' inotify events: {e}; polling only");
+                    return;
+                }
+            }
+        })?;
+    Ok(changed)
+}
+
+/// Returns once `watch` reports a change; never without one.
+async fn changed(watch: Option<&mut mpsc::Receiver<()>>) {
+    match watch {
+        Some(changes) => {
+            if changes.recv().await.is_none() {
+                std::future::pending::<()>().await;
+            }
+        }
+        None => std::future::pending().await,
     }
 }
 
@@ -239,6 +303,27 @@ mod tests {
              rm -f 'old'\n\
              for old in ..crucible_*; do [ \"$old\" = '..crucible_0a0b' ] || rm -rf \"$old\"; done\n"
         );
+    }
+
+    #[tokio::test]
+    async fn kubelets_data_rename_in_a_volume_wakes_the_refresh() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let volume = dir.path().join("secret");
+        std::fs::create_dir(&volume).expect("volume");
+        let mut changes = watch(&[(volume.clone(), "/s".into())]).expect("watch");
+        assert!(changes.try_recv().is_err(), "nothing happened yet");
+        std::os::unix::fs::symlink("..gen", volume.join("..data_tmp")).expect("link");
+        std::fs::rename(volume.join("..data_tmp"), volume.join("..data")).expect("rename");
+        tokio::time::timeout(Duration::from_secs(5), changed(Some(&mut changes)))
+            .await
+            .expect("the rename was reported");
+        // No watch: it never returns, and the poll alone refreshes.
+        assert!(
+            tokio::time::timeout(Duration::from_millis(50), changed(None))
+                .await
+                .is_err()
+        );
+        assert!(watch(&[(dir.path().join("no/such/file"), "/m".into())]).is_err());
     }
 
     #[test]
