@@ -139,7 +139,8 @@ impl VmContainer {
         container.is_valid().then_some(container)
     }
 
-    fn is_valid(&self) -> bool {
+    /// Whether the guest can take it: a container name (never `main`) on a disk serial.
+    pub fn is_valid(&self) -> bool {
         is_valid_name(&self.name)
             && self.name != "main"
             && crate::disk::is_valid_serial(&self.serial)
@@ -188,7 +189,9 @@ impl VmShared {
         shared.is_valid().then_some(shared)
     }
 
-    fn is_valid(&self) -> bool {
+    /// Whether the guest can mount it: names for its owner and directory, an absolute target
+    /// below `/` without NUL or `..`.
+    pub fn is_valid(&self) -> bool {
         is_valid_name(&self.owner)
             && is_valid_name(&self.name)
             && self.target.starts_with('/')

@@ -392,7 +392,11 @@ fn add_vm_container(
 ) -> Result<i32, ErrorBody> {
     let serial = disk.serial.as_str();
     let invalid = |why: String| ErrorBody::new("invalid_request", format!("add_container: {why}"));
-    if !contract::cmdline::is_valid_name(name) || !contract::disk::is_valid_serial(serial) {
+    let container = contract::cmdline::VmContainer {
+        name: name.to_string(),
+        serial: serial.to_string(),
+    };
+    if !container.is_valid() {
         return Err(invalid(format!(
             "{name:?} on disk {serial:?} is not a container name on a disk serial"
         )));
@@ -406,10 +410,10 @@ fn add_vm_container(
                 target: dir.path.trim_end_matches('/').to_string(),
                 read_only: dir.read_only,
             };
-            match contract::cmdline::is_valid_name(&mount.name) && mount.target.starts_with('/') {
+            match mount.is_valid() {
                 true => Ok(mount),
                 false => Err(invalid(format!(
-                    "shared: {:?} at {:?} is not a directory name at an absolute path",
+                    "shared: {:?} at {:?} is not a directory name at an absolute path below /",
                     dir.name, dir.path
                 ))),
             }
