@@ -133,6 +133,7 @@ impl From<AddContainerError> for ApiError {
             AddContainerError::Storage(e) => e.into(),
             AddContainerError::NotRunning(_)
             | AddContainerError::Exists { .. }
+            | AddContainerError::Full { .. }
             | AddContainerError::NoSlot { .. } => ApiError::conflict(message),
             AddContainerError::NotReady { .. } => Self::new(
                 StatusCode::UNPROCESSABLE_ENTITY,

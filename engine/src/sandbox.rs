@@ -97,6 +97,16 @@ pub enum AddContainerError {
         /// The name.
         name: String,
     },
+    /// It holds as many containers as a sandbox may.
+    #[error(
+        "sandbox {id} already has {} containers, the most a sandbox may hold (remove one \
+         first)",
+        containers::MAX_CONTAINERS
+    )]
+    Full {
+        /// The sandbox.
+        id: String,
+    },
     /// A microVM sandbox has no empty disk left for another container.
     #[error(
         "sandbox {id} has no room for another container: a microVM's disks are fixed when it \
@@ -250,8 +260,12 @@ pub struct Sandbox {
     activity: Notify,
     /// Its caches and disk-backed layer, released once it is destroyed.
     storage: Mutex<Option<SandboxStorage>>,
-    /// Its containers besides its own root, in the order they were made (removed ones too).
+    /// Its containers besides its own root, in the order they were made; a removed one
+    /// leaves the list (and with it its log) once its agent has ended.
     containers: std::sync::RwLock<Vec<Arc<Container>>>,
+    /// Whether it ever had a container: a removed one leaves its layer in the scratch and
+    /// its index used, which a restarted daemon could not know.
+    had_containers: AtomicBool,
     /// The index the next container added gets: one lock makes additions one at a time.
     next_container: tokio::sync::Mutex<usize>,
 }
@@ -333,6 +347,7 @@ impl Sandbox {
             activity: Notify::new(),
             storage: Mutex::new(Some(storage)),
             containers: std::sync::RwLock::default(),
+            had_containers: AtomicBool::new(false),
             next_container: tokio::sync::Mutex::new(0),
         }
     }
@@ -340,6 +355,7 @@ impl Sandbox {
     /// This sandbox with its containers.
     pub(crate) fn with_containers(mut self, containers: Vec<Arc<Container>>) -> Self {
         self.next_container = tokio::sync::Mutex::new(containers.len());
+        self.had_containers = AtomicBool::new(!containers.is_empty());
         self.containers = std::sync::RwLock::new(containers);
         self
     }
@@ -387,6 +403,11 @@ impl Sandbox {
                 name: plan.name,
             });
         }
+        if self.containers().len() >= containers::MAX_CONTAINERS {
+            return Err(AddContainerError::Full {
+                id: self.id.clone(),
+            });
+        }
         let index = *next;
         if let Some((0, slots)) = self.instance.container_room() {
             return Err(AddContainerError::NoSlot {
@@ -395,6 +416,7 @@ impl Sandbox {
             });
         }
         *next += 1;
+        self.had_containers.store(true, Ordering::Release);
         self.instance
             .add_container(index, &plan.name, rootfs, disk, shared)
             .await
@@ -410,7 +432,12 @@ impl Sandbox {
                 .unwrap_or_else(|p| p.into_inner())
                 .as_mut()
             {
-                storage.container_images.push(lease);
+                // One lease per image is enough: a container added and removed in a loop
+                // must not grow the list.
+                let held = &storage.container_images;
+                if !held.iter().any(|h| h.holds_the_same_as(&lease)) {
+                    storage.container_images.push(lease);
+                }
             }
         }
         let container = Arc::new(Container::new(index, plan));
@@ -431,7 +458,9 @@ impl Sandbox {
     /// Removes its container `name`, as `kubectl` removes a pod's container: its agent, PID 1
     /// of the container's PID namespace, ends, so the kernel kills every process of the
     /// container with it, and its mount namespace goes; its name answers 404 from then on.
-    /// Its writable layer stays in the sandbox's scratch until the sandbox is deleted.
+    /// Its writable layer stays in the sandbox's scratch until the sandbox is deleted; the
+    /// daemon forgets it (its log, its agent's socket), so that adding and removing containers
+    /// in a loop holds nothing more than one container would.
     pub async fn remove_container(&self, name: &str) -> Result<(), SandboxError> {
         let container = self
             .container_named(Some(name))?
@@ -461,6 +490,10 @@ impl Sandbox {
             ),
         }
         self.instance.container_removed(container.index).await;
+        self.containers
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .retain(|c| !Arc::ptr_eq(c, &container));
         Ok(())
     }
 
@@ -708,7 +741,7 @@ impl Sandbox {
     pub(crate) fn record(&self) -> Option<crate::restore::SandboxRecord> {
         // Its containers' life is the daemon's (their main processes, logs and restarts):
         // a restarted daemon could not take it over.
-        if !self.all_containers().is_empty() {
+        if self.had_containers.load(Ordering::Acquire) {
             return None;
         }
         let instance = self.instance.record()?;

@@ -2,6 +2,7 @@
 //! metrics) and the sandbox creation path.
 
 mod container_plan;
+pub mod request_bounds;
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -500,6 +501,7 @@ impl Engine {
         owner: Owner,
     ) -> Result<SandboxInfo, CreateError> {
         let started = Instant::now();
+        request_bounds::check_create(&request).map_err(CreateError::Invalid)?;
         let limits = &self.config.limits;
         let memory_mib = request.memory_mib.unwrap_or(limits.default_memory_mib);
         if !(16..=limits.max_memory_mib).contains(&memory_mib) {

@@ -238,6 +238,14 @@ pub struct ImageLease {
     keys: Vec<String>,
 }
 
+impl ImageLease {
+    /// Whether `other` holds exactly what this lease holds (the same image, or the same
+    /// set of images): one of the two is then enough.
+    pub fn holds_the_same_as(&self, other: &ImageLease) -> bool {
+        Arc::ptr_eq(&self.store, &other.store) && self.keys == other.keys
+    }
+}
+
 impl Drop for ImageLease {
     fn drop(&mut self) {
         self.store.unpin(&self.keys);

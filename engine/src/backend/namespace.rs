@@ -830,6 +830,24 @@ impl Instance for NamespaceInstance {
         })
     }
 
+    fn container_removed(&self, index: usize) -> BoxFuture<'_, ()> {
+        Box::pin(async move {
+            let socket = self
+                .container_sockets
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .remove(&index);
+            // The daemon bound it; its agent has ended, so nothing listens on it any more.
+            if let Some(socket) = socket {
+                if let Err(e) = std::fs::remove_file(&socket) {
+                    if e.kind() != io::ErrorKind::NotFound {
+                        tracing::warn!("removing {}: {e}", socket.display());
+                    }
+                }
+            }
+        })
+    }
+
     fn exited(&self) -> watch::Receiver<Option<String>> {
         self.process.exited()
     }

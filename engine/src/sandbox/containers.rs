@@ -23,6 +23,15 @@ use crate::sandbox::{ExecAccounts, Sandbox};
 /// bytes, as `docker logs --tail` would show of a bounded log.
 pub const LOG_LIMIT_BYTES: usize = 1024 * 1024;
 
+/// The most containers a sandbox holds at once besides its own root (at creation, and added
+/// later): each costs the daemon its log ([`LOG_LIMIT_BYTES`]) and a task. A Kubernetes pod
+/// or a CI job's services need a handful.
+pub const MAX_CONTAINERS: usize = 16;
+
+/// What the daemon counts for each kept frame of a log beside its bytes (the queue's entry,
+/// the buffer's header): a stream of one-byte frames must not hold many times the limit.
+const LOG_FRAME_COST: usize = 64;
+
 /// How long a container's readiness may take unless its check says otherwise.
 pub const DEFAULT_READY_TIMEOUT: Duration = Duration::from_secs(60);
 
@@ -81,6 +90,7 @@ struct Status {
 #[derive(Debug, Default)]
 struct Log {
     frames: VecDeque<(FrameType, Bytes)>,
+    /// What the kept frames cost: their bytes and [`LOG_FRAME_COST`] each.
     bytes: usize,
     dropped: u64,
 }
@@ -89,11 +99,11 @@ impl Log {
     fn push(&mut self, kind: FrameType, payload: &[u8]) {
         self.frames
             .push_back((kind, Bytes::copy_from_slice(payload)));
-        self.bytes += payload.len();
+        self.bytes += payload.len() + LOG_FRAME_COST;
         while self.bytes > LOG_LIMIT_BYTES {
             match self.frames.pop_front() {
                 Some((_, old)) => {
-                    self.bytes -= old.len();
+                    self.bytes -= old.len() + LOG_FRAME_COST;
                     self.dropped += old.len() as u64;
                 }
                 None => break,
@@ -508,10 +518,30 @@ mod tests {
         }
         log.push(FrameType::Stderr, b"last");
         assert!(log.bytes <= LOG_LIMIT_BYTES, "{}", log.bytes);
-        assert_eq!(log.bytes as u64 + log.dropped, 5 * 300 * 1024 + 4);
+        let kept: usize = log.frames.iter().map(|(_, p)| p.len()).sum();
+        assert_eq!(kept as u64 + log.dropped, 5 * 300 * 1024 + 4);
+        assert_eq!(log.bytes, kept + log.frames.len() * LOG_FRAME_COST);
         assert_eq!(
             log.frames.back().map(|(k, p)| (*k, p.clone())),
             Some((FrameType::Stderr, Bytes::from_static(b"last")))
+        );
+    }
+
+    #[test]
+    fn a_log_of_tiny_frames_keeps_fewer_of_them_not_more_memory() {
+        let mut log = Log::default();
+        for _ in 0..LOG_LIMIT_BYTES {
+            log.push(FrameType::Stdout, b"x");
+        }
+        assert!(log.bytes <= LOG_LIMIT_BYTES, "{}", log.bytes);
+        assert!(
+            log.frames.len() <= LOG_LIMIT_BYTES / (1 + LOG_FRAME_COST),
+            "{} frames kept",
+            log.frames.len()
+        );
+        assert_eq!(
+            log.frames.len() as u64 + log.dropped,
+            LOG_LIMIT_BYTES as u64
         );
     }
 }

@@ -10,7 +10,7 @@ use api_types::{ContainerRequest, CreateSandbox};
 
 use crate::backend::ImagePaths;
 use crate::owner::Owner;
-use crate::sandbox::containers::{ContainerPlan, MAIN_CONTAINER};
+use crate::sandbox::containers::{ContainerPlan, MAIN_CONTAINER, MAX_CONTAINERS};
 use crate::sandbox::{AddContainerError, Sandbox};
 use crate::state::{CreateError, Engine, DEFAULT_IMAGE};
 use crate::storage::validate_targets;
@@ -43,6 +43,12 @@ impl Engine {
             return Ok(plan);
         }
         let invalid = |what: String| CreateError::Invalid(what);
+        if request.containers.len() > MAX_CONTAINERS {
+            return Err(invalid(format!(
+                "containers: {} asked for, a sandbox holds at most {MAX_CONTAINERS}",
+                request.containers.len()
+            )));
+        }
         let mut names = BTreeSet::new();
         for (i, container) in request.containers.iter().enumerate() {
             namespace::pod::check_name(&container.name, "name")
@@ -297,6 +303,7 @@ impl Engine {
             )));
         }
         namespace::pod::check_name(&request.name, "name").map_err(AddContainerError::Invalid)?;
+        super::request_bounds::check_container(request).map_err(AddContainerError::Invalid)?;
         if request.name == MAIN_CONTAINER {
             return Err(AddContainerError::Invalid(format!(
                 "name: {MAIN_CONTAINER:?} is the sandbox's own root"
