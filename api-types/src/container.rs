@@ -59,7 +59,8 @@ pub struct ContainerRequest {
 pub struct SharedMount {
     /// The directory's name (the same rules as a container's).
     pub name: String,
-    /// Where it appears in this container (absolute, not in `/proc`, `/dev` or `/sys`).
+    /// Where it appears in this container (absolute, not in `/proc`, `/dev` or `/sys`, and
+    /// not through a symlink of its image: a 400 names the link).
     pub path: String,
     /// Mounted read-only in this container (as a Kubernetes `volumeMounts[].readOnly`): it
     /// reads what the containers that mount it writable write.

@@ -27,7 +27,7 @@ use crate::sandbox::{
     new_id, ExecAccounts, Registry, Sandbox, SandboxError, SandboxNetwork, SandboxSettings,
 };
 use crate::settings::EngineConfig;
-use crate::storage::{validate_targets, SandboxStorage, Storage, StorageError};
+use crate::storage::{check_in_image, validate_targets, SandboxStorage, Storage, StorageError};
 
 /// Why a sandbox was not created.
 #[derive(Debug, thiserror::Error)]
@@ -545,7 +545,9 @@ impl Engine {
                  \"namespace\" or \"microvm\")"
             )));
         }
-        let containers = self.plan_containers(&request, &owner)?;
+        // A namespace sandbox makes its mount points without following a link of its image.
+        let main_root = (kind == BackendKind::Namespace).then_some(accounts.root.as_path());
+        let containers = self.plan_containers(&request, &owner, main_root)?;
         // Only a microVM's disks are fixed at boot; the other backends need no slots.
         let container_slots = match kind {
             BackendKind::Microvm => request.container_slots.unwrap_or(0) as usize,
@@ -565,6 +567,11 @@ impl Engine {
             )
             .collect();
         validate_targets(&targets)?;
+        if let Some(root) = main_root {
+            for (what, path) in &targets {
+                check_in_image(root, &image, what, path.trim_end_matches('/'))?;
+            }
+        }
         let unsupported = unsupported_storage(kind, &request);
         if !unsupported.is_empty() {
             return Err(CreateError::Invalid(format!(

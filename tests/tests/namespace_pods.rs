@@ -763,3 +763,97 @@ async fn a_container_added_to_a_running_sandbox_joins_its_network_and_shared_dir
     harness::leaks::assert_nothing_held(&daemon.state.config.state_dir, daemon.cgroup_parent())
         .await;
 }
+
+/// Imports, as `name`, a root of busybox whose `/var/run` is a symlink to `../run` (Debian's
+/// layout, which a `postgres` image has).
+async fn import_with_var_run_link(c: &client::Client, name: &str) {
+    let busybox = std::fs::read(harness::image_dir().join("rootfs/bin/busybox")).expect("busybox");
+    let layer = oci::write::LayerBuilder::new()
+        .file("bin/busybox", 0o755, &busybox)
+        .and_then(|l| l.symlink("bin/sh", "busybox"))
+        .and_then(|l| l.dir("run", 0o755))
+        .and_then(|l| l.dir("var", 0o755))
+        .and_then(|l| l.symlink("var/run", "../run"))
+        .and_then(|l| l.finish())
+        .expect("layer");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let tarball = dir.path().join("rootfs.tar");
+    std::fs::write(&tarball, layer).expect("write");
+    harness::images::import_file(c, name, &tarball)
+        .await
+        .expect("import");
+}
+
+#[tokio::test]
+async fn a_shared_dir_through_a_symlink_of_the_image_is_a_400_naming_it() {
+    let daemon = TestDaemon::start();
+    let c = daemon.client();
+    import_with_var_run_link(&c, "linked").await;
+    let says = |message: &str, place: &str| {
+        for part in [
+            place,
+            "\"/var/run/postgresql\"",
+            "/var/run is a symlink (to \"../run\") in image \"linked\"",
+        ] {
+            assert!(message.contains(part), "{part:?} not in {message:?}");
+        }
+    };
+    // A container's, the sandbox root's own, and (below) a container added later.
+    let in_container = request(serde_json::json!({
+        "containers": [
+            {"name": "db", "image": "linked",
+             "shared": [{"name": "sock", "path": "/var/run/postgresql"}]}]
+    }));
+    let in_main = request(serde_json::json!({
+        "image": "linked",
+        "shared": [{"name": "sock", "path": "/var/run/postgresql/"}]
+    }));
+    // A cache of the sandbox's own root is mounted the same way.
+    let cache = request(serde_json::json!({
+        "image": "linked",
+        "caches": [{"name": "pg", "path": "/var/run/postgresql"}]
+    }));
+    for (create, place) in [
+        (in_container, "containers[0] (db).shared[0] (sock)"),
+        (in_main, "shared[0] (sock)"),
+        (cache, "caches[0] (pg)"),
+    ] {
+        let (status, code, message) =
+            api_code(c.create(&create).await.expect_err("through a symlink"));
+        assert_eq!(
+            (status, code.as_str()),
+            (400, "invalid_request"),
+            "{message}"
+        );
+        says(&message, place);
+    }
+    let id = daemon.sandbox().await;
+    let (status, code, message) = api_code(
+        c.add_container(
+            &id,
+            &container(serde_json::json!({
+                "name": "db", "image": "linked",
+                "shared": [{"name": "sock", "path": "/var/run/postgresql"}]
+            })),
+        )
+        .await
+        .expect_err("through a symlink"),
+    );
+    assert_eq!(
+        (status, code.as_str()),
+        (400, "invalid_request"),
+        "{message}"
+    );
+    says(&message, "shared[0] (sock)");
+    assert!(containers(&c, &id).await.is_empty());
+    // The path the link stands for is fine.
+    let fine = request(serde_json::json!({
+        "containers": [
+            {"name": "db", "image": "linked",
+             "shared": [{"name": "sock", "path": "/run/postgresql"}]}]
+    }));
+    let created = c.create(&fine).await.expect("the real path");
+    assert_eq!(created.containers[0].state, ContainerState::Ready);
+    c.delete(&created.id).await.expect("delete");
+    c.delete(&id).await.expect("delete");
+}

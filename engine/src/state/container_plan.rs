@@ -4,6 +4,7 @@
 //! in the error.
 
 use std::collections::BTreeSet;
+use std::path::Path;
 use std::sync::Arc;
 
 use api_types::{ContainerRequest, CreateSandbox};
@@ -13,7 +14,7 @@ use crate::owner::Owner;
 use crate::sandbox::containers::{ContainerPlan, MAIN_CONTAINER, MAX_CONTAINERS};
 use crate::sandbox::{AddContainerError, Sandbox};
 use crate::state::{CreateError, Engine, DEFAULT_IMAGE};
-use crate::storage::validate_targets;
+use crate::storage::{check_in_image, validate_targets};
 
 /// Everything a request's containers need, resolved.
 #[derive(Debug, Default)]
@@ -33,10 +34,13 @@ pub(crate) struct ContainersPlan {
 
 impl Engine {
     /// Checks and resolves `request`'s containers for `owner`; an empty plan when it has none.
+    /// `main_root`: the sandbox's own image tree where its backend refuses a mount point
+    /// reached through a symlink (a namespace sandbox's), to check its shared mounts against.
     pub(crate) fn plan_containers(
         &self,
         request: &CreateSandbox,
         owner: &Owner,
+        main_root: Option<&Path>,
     ) -> Result<ContainersPlan, CreateError> {
         let mut plan = ContainersPlan::default();
         if request.containers.is_empty() && request.shared.is_empty() {
@@ -77,10 +81,15 @@ impl Engine {
         }
         check_no_cycle(&request.containers)?;
         plan.shared = shared_mounts(request)?;
+        if let Some(root) = main_root {
+            let image = request.image.as_deref().unwrap_or(DEFAULT_IMAGE);
+            check_shared_in_image("", &request.shared, root, image)?;
+        }
         for (i, container) in request.containers.iter().enumerate() {
             let field = format!("containers[{i}] ({}).", container.name);
             let (resolved, root, image) =
                 self.plan_one(&field, container, owner, &mut plan.leases)?;
+            check_shared_in_image(&field, &container.shared, &root.rootfs, &resolved.image)?;
             plan.containers.push(resolved);
             plan.roots.push(root);
             plan.images.push(image);
@@ -254,6 +263,24 @@ fn shared_mounts(request: &CreateSandbox) -> Result<Vec<namespace::SharedMount>,
     Ok(mounts)
 }
 
+/// Refuses a shared mount of `shared` (`what` names their place in the request) whose path
+/// passes a symlink or a file of the image tree `root` (image `image`): a namespace sandbox
+/// builds its mount points without following links, so it would fail the sandbox's start,
+/// and in a microVM's container a link would be resolved from the guest's root, not the
+/// container's.
+fn check_shared_in_image(
+    what: &str,
+    shared: &[api_types::SharedMount],
+    root: &Path,
+    image: &str,
+) -> Result<(), CreateError> {
+    for (j, mount) in shared.iter().enumerate() {
+        let field = format!("{what}shared[{j}] ({})", mount.name);
+        check_in_image(root, image, &field, mount.path.trim_end_matches('/'))?;
+    }
+    Ok(())
+}
+
 /// The shared mounts `owner` asks for (`what` names its place in the request), checked with
 /// the other mount `targets` of its root: names, paths, none hiding another.
 fn check_shared<'a>(
@@ -323,6 +350,7 @@ impl Engine {
         let (plan, root, record) = self
             .plan_one("", request, sandbox.owner(), &mut leases)
             .map_err(invalid)?;
+        check_shared_in_image("", &request.shared, &root.rootfs, &plan.image).map_err(invalid)?;
         // A microVM reaches the image as a read-only ext4 snapshot, as at creation.
         let disk = match kind {
             api_types::BackendKind::Microvm => {

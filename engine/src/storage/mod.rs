@@ -21,7 +21,7 @@ pub use caches::CacheStore;
 pub(crate) use ext4::{loop_device_of, mkfs_binary};
 pub(crate) use ext4::{ScratchDisk, ScratchDisks};
 pub use oci_images::Images;
-pub(crate) use targets::validate_targets;
+pub(crate) use targets::{check_in_image, validate_targets};
 pub(crate) use volume_snapshots::VolumeSnapshots;
 pub use volumes::Volumes;
 

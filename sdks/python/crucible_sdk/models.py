@@ -1391,7 +1391,8 @@ class SharedMount:
     #: The directory's name (the same rules as a container's).
     name: str
 
-    #: Where it appears in this container (absolute, not in `/proc`, `/dev` or `/sys`).
+    #: Where it appears in this container (absolute, not in `/proc`, `/dev` or `/sys`, and
+    #: not through a symlink of its image: a 400 names the link).
     path: str
 
     #: Mounted read-only in this container (as a Kubernetes `volumeMounts[].readOnly`): it

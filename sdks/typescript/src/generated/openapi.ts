@@ -2726,7 +2726,10 @@ export interface components {
         SharedMount: {
             /** @description The directory's name (the same rules as a container's). */
             name: string;
-            /** @description Where it appears in this container (absolute, not in `/proc`, `/dev` or `/sys`). */
+            /**
+             * @description Where it appears in this container (absolute, not in `/proc`, `/dev` or `/sys`, and
+             *     not through a symlink of its image: a 400 names the link).
+             */
             path: string;
             /**
              * @description Mounted read-only in this container (as a Kubernetes `volumeMounts[].readOnly`): it
