@@ -3,7 +3,10 @@
 //!
 //! Keys are named (`ci:KEY1,dev:KEY2`); a sandbox belongs to the key that created it, and
 //! other keys cannot tell it from a missing one. One key may be the admin, which sees every
-//! sandbox, as does a request on the Unix socket that carries no key.
+//! sandbox, as does a request on the Unix socket that carries no key. A key given without a
+//! name is named after the key itself ([`derived_name`]), never after its place in the
+//! configuration: removing one key must not rename another, which would hand it the removed
+//! key's sandboxes, caches and images.
 
 use std::fmt;
 use std::io::Read;
@@ -38,6 +41,16 @@ pub enum KeysError {
     /// The name reserved for the Unix socket's sandboxes.
     #[error("{at}: the key name {UNIX_OWNER:?} is reserved for sandboxes created over the Unix socket without a key")]
     ReservedName {
+        /// Where the entry is.
+        at: String,
+    },
+    /// A name of the form bare keys' names take: a key given it could one day be another
+    /// key's owner name. Not shown, like a bad name.
+    #[error(
+        "{at}: key names of the form key-<{DERIVED_HEX_DIGITS} hex digits> are reserved for keys \
+         given without a name (the entry is not shown, it may hold a key)"
+    )]
+    DerivedFormName {
         /// Where the entry is.
         at: String,
     },
@@ -111,6 +124,32 @@ pub(crate) enum Transport {
     Unix,
     /// TCP.
     Tcp,
+}
+
+/// What starts a bare key's derived name.
+const DERIVED_PREFIX: &str = "key-";
+/// How many hex digits of the key's SHA-256 a derived name holds (64 bits).
+const DERIVED_HEX_DIGITS: usize = 16;
+
+/// The name of a key given without one: `key-` and the first 16 hex digits of the SHA-256 of
+/// the key. It depends on the key alone, so a key keeps its name (and with it its sandboxes,
+/// caches and images) wherever it sits in the configuration, and a key that is removed leaves
+/// its name to no other. 64 bits of a digest tell nothing about a random key; names are shown
+/// to their own key, the admin and the daemon's log.
+pub(crate) fn derived_name(key: &str) -> String {
+    let digest = oci::Digest::of(key.as_bytes());
+    let hex = digest.hex();
+    format!(
+        "{DERIVED_PREFIX}{}",
+        hex.get(..DERIVED_HEX_DIGITS).unwrap_or(hex)
+    )
+}
+
+/// Whether `name` has the form of a derived name (either case), which no named key may take.
+fn has_derived_form(name: &str) -> bool {
+    name.strip_prefix(DERIVED_PREFIX).is_some_and(|digits| {
+        digits.len() == DERIVED_HEX_DIGITS && digits.bytes().all(|b| b.is_ascii_hexdigit())
+    })
 }
 
 #[derive(Clone)]
@@ -200,14 +239,17 @@ impl ApiKeys {
         Ok(self)
     }
 
-    /// One `name:key` or bare `key` entry. A bare key is named `key<N>`, N its place among
-    /// every configured entry (from 1), so that its sandboxes keep an owner across restarts of
-    /// the same configuration.
+    /// One `name:key` or bare `key` entry. A bare key is named by [`derived_name`], from the
+    /// key alone: a name taken from its place would pass to another key when an earlier one is
+    /// removed, and with it every sandbox, cache and image of that name.
     fn add_entry(&mut self, entry: &str, at: String) -> Result<(), KeysError> {
         let (name, secret) = match entry.split_once(':') {
             Some((name, secret)) => {
                 if !is_valid_name(name) {
                     return Err(KeysError::BadName { at });
+                }
+                if has_derived_form(name) {
+                    return Err(KeysError::DerivedFormName { at });
                 }
                 if secret.is_empty() {
                     return Err(KeysError::EmptyKey {
@@ -217,26 +259,26 @@ impl ApiKeys {
                 }
                 (name.to_string(), secret)
             }
-            None => (format!("key{}", self.entries.len() + 1), entry),
+            None => (derived_name(entry), entry),
         };
         if name == UNIX_OWNER {
             return Err(KeysError::ReservedName { at });
         }
-        for other in &self.entries {
-            if *other.identity.name == *name {
-                return Err(KeysError::DuplicateName {
-                    at,
-                    name,
-                    first: other.at.clone(),
-                });
-            }
-            if other.secret == secret.as_bytes() {
-                return Err(KeysError::DuplicateKey {
-                    at,
-                    first_name: other.identity.name.to_string(),
-                    first: other.at.clone(),
-                });
-            }
+        // The key first: a bare key given twice has one name twice too, and the key is what
+        // is wrong.
+        if let Some(other) = self.entries.iter().find(|o| o.secret == secret.as_bytes()) {
+            return Err(KeysError::DuplicateKey {
+                at,
+                first_name: other.identity.name.to_string(),
+                first: other.at.clone(),
+            });
+        }
+        if let Some(other) = self.entries.iter().find(|o| *o.identity.name == *name) {
+            return Err(KeysError::DuplicateName {
+                at,
+                name,
+                first: other.at.clone(),
+            });
         }
         self.entries.push(Entry {
             identity: KeyIdentity {
@@ -391,14 +433,102 @@ mod tests {
     }
 
     #[test]
-    fn bare_keys_are_named_by_their_place() {
+    fn a_bare_keys_name_is_the_start_of_its_sha256() {
+        // As `printf %s first | sha256sum | cut -c1-16` says.
+        assert_eq!(derived_name("first"), "key-a7937b64b8caa58f");
         let keys = ApiKeys::parse("first,ci:second third").expect("valid");
-        assert_eq!(name_of(&keys, b"Bearer first").as_deref(), Some("key1"));
+        assert_eq!(
+            name_of(&keys, b"Bearer first").as_deref(),
+            Some("key-a7937b64b8caa58f")
+        );
         assert_eq!(name_of(&keys, b"Bearer second").as_deref(), Some("ci"));
-        assert_eq!(name_of(&keys, b"Bearer third").as_deref(), Some("key3"));
+        assert_eq!(
+            name_of(&keys, b"Bearer third").as_deref(),
+            Some(&*derived_name("third"))
+        );
+        for key in ["first", "third", "a", "x".repeat(4096).as_str()] {
+            let name = derived_name(key);
+            assert!(is_valid_name(&name), "{name}");
+            assert!(has_derived_form(&name), "{name}");
+            assert_ne!(name, UNIX_OWNER);
+        }
+        assert_ne!(derived_name("first"), derived_name("third"));
         // A key may contain ':' after its name.
         let keys = ApiKeys::parse("ci:a:b").expect("valid");
         assert_eq!(name_of(&keys, b"Bearer a:b").as_deref(), Some("ci"));
+    }
+
+    #[test]
+    fn a_bare_keys_name_follows_the_key_not_its_place_so_revoking_one_renames_no_other() {
+        let both = ApiKeys::parse("kA,kB").expect("valid");
+        let names: Vec<_> = both.names().collect();
+        let (name_a, name_b) = (derived_name("kA"), derived_name("kB"));
+        assert_eq!(names, [name_a.as_str(), name_b.as_str()]);
+        // kA revoked: kB keeps its own name and never takes kA's.
+        let revoked = ApiKeys::parse("kB").expect("valid");
+        assert_eq!(name_of(&revoked, b"Bearer kB").as_deref(), Some(&*name_b));
+        assert!(revoked.names().all(|name| name != name_a));
+        // Reordered, or behind named keys and another source: the same names.
+        let reordered = ApiKeys::parse("kB,kA").expect("valid");
+        assert_eq!(name_of(&reordered, b"Bearer kA").as_deref(), Some(&*name_a));
+        assert_eq!(name_of(&reordered, b"Bearer kB").as_deref(), Some(&*name_b));
+        let mixed = ApiKeys::parse("ci:x,dev:y")
+            .and_then(|k| k.add_list("kB kA", "elsewhere"))
+            .expect("valid");
+        assert_eq!(name_of(&mixed, b"Bearer kA").as_deref(), Some(&*name_a));
+        assert_eq!(name_of(&mixed, b"Bearer kB").as_deref(), Some(&*name_b));
+        // A derived name is as good as any for the admin.
+        let admin = ApiKeys::parse("kA,kB")
+            .and_then(|k| k.with_admin(&name_b))
+            .expect("valid");
+        assert_eq!(
+            admin.authenticate(Some(b"Bearer kB")).map(|k| k.admin),
+            Some(true)
+        );
+    }
+
+    #[test]
+    fn no_named_key_may_take_the_form_of_a_derived_name() {
+        let taken = derived_name("kA");
+        for name in [
+            taken.clone(),
+            taken.to_ascii_uppercase().replacen("KEY-", "key-", 1),
+            "key-0123456789abcdef".to_string(),
+        ] {
+            let error =
+                ApiKeys::parse(&format!("kA,{name}:s3cr3t")).expect_err("a name of derived form");
+            let message = error.to_string();
+            assert!(
+                matches!(error, KeysError::DerivedFormName { .. }),
+                "{name}: {message}"
+            );
+            assert!(
+                message.starts_with("CRUCIBLE_API_KEYS entry 2:"),
+                "{message}"
+            );
+            assert!(!message.contains("s3cr3t"), "{message}");
+            // Refused even with no bare key configured: the key it would collide with may be
+            // configured tomorrow, or may have been yesterday.
+            let alone = ApiKeys::parse(&format!("{name}:s3cr3t")).expect_err("alone");
+            assert!(
+                matches!(alone, KeysError::DerivedFormName { .. }),
+                "{alone}"
+            );
+        }
+        // Names that only look alike are anyone's: other lengths, not hex, no dash, and the
+        // positional names of old (`key1:…` keeps what a bare first key had before).
+        for name in [
+            "key-0123456789abcde",
+            "key-0123456789abcdef0",
+            "key-0123456789abcdeg",
+            "key0123456789abcdef",
+            "key-ci",
+            "key1",
+            "key2",
+        ] {
+            let keys = ApiKeys::parse(&format!("kA,{name}:s3cr3t")).expect(name);
+            assert_eq!(name_of(&keys, b"Bearer s3cr3t").as_deref(), Some(name));
+        }
     }
 
     #[test]
@@ -437,9 +567,32 @@ mod tests {
         );
         assert!(message.contains("entry 1"), "{message}");
         assert!(!message.contains("s3cr3t"), "{message}");
-        // A derived name collides like any other.
-        let error = ApiKeys::parse("s3cr3t-1,key1:s3cr3t-2").expect_err("dup derived name");
-        assert!(matches!(error, KeysError::DuplicateName { .. }), "{error}");
+        // A derived name is checked like any other: the same key twice is refused, and its
+        // name may be the admin's.
+        let error = ApiKeys::parse("s3cr3t-1,ci:x,s3cr3t-1").expect_err("dup bare key");
+        let message = error.to_string();
+        assert!(
+            matches!(&error, KeysError::DuplicateKey { first_name, .. }
+                if *first_name == derived_name("s3cr3t-1")),
+            "{message}"
+        );
+        assert!(
+            message.contains("entry 1") && message.contains("entry 3"),
+            "{message}"
+        );
+        assert!(!message.contains("s3cr3t"), "{message}");
+        // Two bare keys whose names collided (64 bits of digest: never in practice) would be
+        // refused by the name check, which a derived name goes through like any other.
+        let mut keys = ApiKeys::parse("ci:x").expect("valid");
+        keys.entries[0].identity.name = derived_name("s3cr3t-2").into();
+        let error = keys
+            .add_list("s3cr3t-2", "CRUCIBLE_API_KEYS")
+            .expect_err("dup derived name");
+        assert!(
+            matches!(&error, KeysError::DuplicateName { name, .. }
+                if *name == derived_name("s3cr3t-2")),
+            "{error}"
+        );
 
         let error = ApiKeys::parse("ci:s3cr3t,dev:s3cr3t").expect_err("dup key");
         let message = error.to_string();
@@ -471,8 +624,9 @@ mod tests {
             .and_then(|k| k.add_file(file.path()))
             .expect("valid");
         let names: Vec<_> = keys.names().collect();
-        // The bare key is the fourth entry in all.
-        assert_eq!(names, ["env", "ci", "dev", "key4"]);
+        // The bare key's name is its own, not its place (the fourth entry in all).
+        let bare = derived_name("KEY-BARE");
+        assert_eq!(names, ["env", "ci", "dev", bare.as_str()]);
         assert_eq!(name_of(&keys, b"Bearer KEY-TWO").as_deref(), Some("dev"));
 
         let file = keys_file("ci:KEY-ONE\n# comment\nci:s3cr3t\n", 0o600);
@@ -552,7 +706,10 @@ mod tests {
         let keys = ApiKeys::parse("ci:s3cr3t-one,s3cr3t-two").expect("valid");
         let text = format!("{keys:?}");
         assert!(!text.contains("s3cr3t"), "{text}");
-        assert!(text.contains("ci") && text.contains("key2"), "{text}");
+        assert!(
+            text.contains("ci") && text.contains(&derived_name("s3cr3t-two")),
+            "{text}"
+        );
     }
 
     #[test]

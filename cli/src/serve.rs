@@ -26,8 +26,9 @@ pub(crate) struct Args {
     state_dir: PathBuf,
     /// A file of API keys, one `name:key` per line (`#` comments; mode 0600, owned by root or
     /// the daemon's user). Keys also come from CRUCIBLE_API_KEYS (`name:key` entries separated
-    /// by commas or whitespace; a bare key is named `key<N>` by its place). A sandbox belongs to
-    /// the key that created it. TCP requests must send `Authorization: Bearer <key>`.
+    /// by commas or whitespace; a bare key is named `key-` and the first 16 hex digits of its
+    /// SHA-256). A sandbox belongs to the key that created it. TCP requests must send
+    /// `Authorization: Bearer <key>`.
     #[arg(long, visible_alias = "keys-file", value_name = "FILE")]
     api_keys_file: Option<PathBuf>,
     /// The name of the admin key, which sees and may act on every sandbox (like the Unix
@@ -156,8 +157,8 @@ pub(crate) fn parse_hypervisor(text: &str) -> Result<api_types::Hypervisor, Stri
     }
 }
 
-/// The keys of CRUCIBLE_API_KEYS, then of the keys file (a bare key's derived name counts
-/// entries across both), with the admin marked. Errors name entries, never keys.
+/// The keys of CRUCIBLE_API_KEYS, then of the keys file (names unique across both), with the
+/// admin marked. Errors name entries, never keys.
 fn api_keys(keys_file: Option<&Path>, admin: Option<&str>) -> Result<api::ApiKeys> {
     let mut keys = api::ApiKeys::default();
     if let Ok(env) = std::env::var("CRUCIBLE_API_KEYS") {
