@@ -1,13 +1,57 @@
 //! Human and JSON output.
+//!
+//! Every string a daemon sends (a tenant's labels and command lines, names, the daemon's
+//! own error messages) goes through [`escape`] before it reaches human output: a terminal
+//! acts on the control characters in what it prints (kubectl's CVE-2021-25743). `--json`
+//! prints the daemon's text exactly, JSON escaping it.
 
+use std::borrow::Cow;
+use std::fmt::Write as _;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use api_types::SandboxInfo;
 use wire::ExecResult;
 
-/// One line for an error, with its causes, never a debug dump.
+/// `text` fit for a terminal, on one line and in one table cell: each control character (C0,
+/// tab and line feed included; DEL; C1) is written out as an escape, `\t`, `\n` and `\r`
+/// for the common ones, `\x1b` for the rest of C0 and DEL, `\u{9b}` for C1. Everything
+/// else is kept, so escaping twice changes nothing.
+pub(crate) fn escape(text: &str) -> Cow<'_, str> {
+    if !text.chars().any(char::is_control) {
+        return Cow::Borrowed(text);
+    }
+    let mut out = String::with_capacity(text.len() + 16);
+    for c in text.chars() {
+        match c {
+            '\t' => out.push_str("\\t"),
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            c if c <= '\u{1f}' || c == '\u{7f}' => {
+                let _ = write!(out, "\\x{:02x}", u32::from(c));
+            }
+            c if c.is_control() => {
+                let _ = write!(out, "\\u{{{:x}}}", u32::from(c));
+            }
+            c => out.push(c),
+        }
+    }
+    Cow::Owned(out)
+}
+
+/// `parts` joined by spaces, [`escape`]d.
+fn escape_joined(parts: &[String]) -> String {
+    escape(&parts.join(" ")).into_owned()
+}
+
+/// One line for an error, with its causes, never a debug dump; escaped, for the causes
+/// include what the daemon said.
 pub(crate) fn error_line(error: &anyhow::Error) -> String {
-    report::chain(error.as_ref())
+    chain(error.as_ref())
+}
+
+/// [`report::chain`], escaped: an error and its causes on one line.
+pub(crate) fn chain(error: &(dyn std::error::Error + 'static)) -> String {
+    escape(&report::chain(error)).into_owned()
 }
 
 /// Prints a value as pretty JSON.
@@ -45,7 +89,7 @@ pub(crate) fn sandbox_table(sandboxes: &[SandboxInfo]) -> String {
     for s in sandboxes {
         out.push_str(&format!(
             "{:<20} {:<9} {:<10} {:>6}M {:>6} {:>8} {:>6}\n",
-            s.id,
+            escape(&s.id),
             state_name(&s.state),
             s.backend,
             s.memory_mib,
@@ -66,20 +110,22 @@ pub(crate) fn exec_table(execs: &[wire::ExecStatus]) -> String {
     for e in execs {
         let state = match (&e.state, &e.result) {
             (wire::ExecState::Running, _) => "running".to_string(),
-            (wire::ExecState::Exited, Some(r)) if !r.signal.is_empty() => r.signal.clone(),
+            (wire::ExecState::Exited, Some(r)) if !r.signal.is_empty() => {
+                escape(&r.signal).into_owned()
+            }
             (wire::ExecState::Exited, Some(r)) => format!("exit {}", r.exit_code),
             (wire::ExecState::Exited, None) => "exited".to_string(),
         };
         out.push_str(&format!(
             "{:<24} {:>7} {:<8} {:<9} {:>10} {:>10} {:>6}  {}\n",
-            e.exec_id,
+            escape(&e.exec_id),
             e.pid,
             state,
             if e.attached { "yes" } else { "no" },
             e.output_bytes,
             e.output_kept_from,
             age(e.started_unix_ms),
-            e.cmd.join(" ")
+            escape_joined(&e.cmd)
         ));
     }
     out
@@ -94,12 +140,12 @@ pub(crate) fn cache_table(caches: &[api_types::CacheInfo]) -> String {
     for c in caches {
         out.push_str(&format!(
             "{:<24} {:<12} {:<10} {:>8}M {:>8}M {:<20}\n",
-            c.name,
-            c.owner,
+            escape(&c.name),
+            escape(&c.owner),
             c.backend,
             c.size_mib,
             c.used_mib,
-            c.in_use_by.as_deref().unwrap_or("-")
+            escape(c.in_use_by.as_deref().unwrap_or("-"))
         ));
     }
     out
@@ -114,13 +160,13 @@ pub(crate) fn image_table(images: &[api_types::ImageInfo]) -> String {
     for i in images {
         out.push_str(&format!(
             "{:<32} {:<12} {:<12} {:>6} {:>9}M {:<12} {:<20}\n",
-            i.name,
-            i.owner,
-            i.format,
+            escape(&i.name),
+            escape(&i.owner),
+            escape(&i.format),
             i.layers.len(),
             i.size_bytes.div_ceil(1024 * 1024),
-            i.user.as_ref().map_or("root", |u| u.spec.as_str()),
-            i.working_dir.as_deref().unwrap_or("-")
+            escape(i.user.as_ref().map_or("root", |u| u.spec.as_str())),
+            escape(i.working_dir.as_deref().unwrap_or("-"))
         ));
     }
     out
@@ -130,10 +176,10 @@ pub(crate) fn image_table(images: &[api_types::ImageInfo]) -> String {
 pub(crate) fn sandbox_details(s: &SandboxInfo) -> String {
     let mut out = format!(
         "id:       {}\nstate:    {}\nbackend:  {}\nimage:    {}\nmemory:   {} MiB\nvcpus:    {}\nage:      {}\nexpires:  in {}\nexecs:    {}\nready in: {:.1} ms\n",
-        s.id,
+        escape(&s.id),
         state_name(&s.state),
         s.backend,
-        s.image,
+        escape(&s.image),
         s.memory_mib,
         s.vcpus,
         age(s.created_at_ms),
@@ -142,16 +188,16 @@ pub(crate) fn sandbox_details(s: &SandboxInfo) -> String {
         s.timings.create_to_ready_ms
     );
     if let Some(owner) = &s.owner {
-        out.push_str(&format!("owner:    {owner}\n"));
+        out.push_str(&format!("owner:    {}\n", escape(owner)));
     }
     for (k, v) in &s.labels {
-        out.push_str(&format!("label:    {k}={v}\n"));
+        out.push_str(&format!("label:    {}={}\n", escape(k), escape(v)));
     }
     if let Some(n) = &s.network {
         out.push_str(&format!(
             "network:  {} via {} ({} connections, {} denied, {} B out, {} B in)\n",
-            n.allow.join(","),
-            n.proxy,
+            escape(&n.allow.join(",")),
+            escape(&n.proxy),
             n.connections,
             n.denied,
             n.bytes_out,
@@ -159,10 +205,18 @@ pub(crate) fn sandbox_details(s: &SandboxInfo) -> String {
         ));
     }
     for c in &s.caches {
-        out.push_str(&format!("cache:    {} at {}\n", c.name, c.path));
+        out.push_str(&format!(
+            "cache:    {} at {}\n",
+            escape(&c.name),
+            escape(&c.path)
+        ));
     }
     for v in &s.volumes {
-        out.push_str(&format!("volume:   {} at {} (read-only)\n", v.name, v.path));
+        out.push_str(&format!(
+            "volume:   {} at {} (read-only)\n",
+            escape(&v.name),
+            escape(&v.path)
+        ));
     }
     if let Some(mib) = s.disk_mib {
         out.push_str(&format!("disk:     {mib} MiB on the host's disk\n"));
@@ -171,7 +225,7 @@ pub(crate) fn sandbox_details(s: &SandboxInfo) -> String {
         out.push_str(&format!("container: {}\n", container_line(c)));
     }
     if !s.error.is_empty() {
-        out.push_str(&format!("error:    {}\n", s.error));
+        out.push_str(&format!("error:    {}\n", escape(&s.error)));
     }
     out
 }
@@ -179,7 +233,12 @@ pub(crate) fn sandbox_details(s: &SandboxInfo) -> String {
 /// One container in `sandbox get`: its name, image and state, then what went wrong, if
 /// anything did.
 fn container_line(c: &api_types::ContainerInfo) -> String {
-    let mut line = format!("{} ({}) {}", c.name, c.image, state_name(&c.state));
+    let mut line = format!(
+        "{} ({}) {}",
+        escape(&c.name),
+        escape(&c.image),
+        state_name(&c.state)
+    );
     if c.restarts > 0 {
         line.push_str(&format!(", restarted {}×", c.restarts));
     }
@@ -187,7 +246,7 @@ fn container_line(c: &api_types::ContainerInfo) -> String {
         line.push_str(&format!(", last exit {code}"));
     }
     if !c.error.is_empty() {
-        line.push_str(&format!(": {}", c.error));
+        line.push_str(&format!(": {}", escape(&c.error)));
     }
     line
 }
@@ -242,7 +301,7 @@ pub(crate) fn stats_table(result: &ExecResult) -> String {
         }
     }
     if !result.signal.is_empty() {
-        out.push_str(&format!("signal        {}\n", result.signal));
+        out.push_str(&format!("signal        {}\n", escape(&result.signal)));
     }
     if result.timed_out {
         out.push_str("timed out     yes\n");
@@ -304,6 +363,92 @@ mod tests {
             usage_table(&stats),
             "memory     3.0 MiB of 512.0 MiB\noom kills  1\ncpu        1.500 s\n\
              processes  4 of 1024\n"
+        );
+    }
+
+    #[test]
+    fn escape_writes_out_every_control_character_and_keeps_the_rest() {
+        assert!(matches!(
+            escape("db-1 (postgres:16) at /work: ünï ✓ \\x1b"),
+            Cow::Borrowed(_)
+        ));
+        assert_eq!(
+            escape("\x1b]0;pwned\x07\x1b[2J"),
+            "\\x1b]0;pwned\\x07\\x1b[2J"
+        );
+        assert_eq!(escape("a\tb\nc\rd"), "a\\tb\\nc\\rd");
+        assert_eq!(escape("\0\x08\x7f"), "\\x00\\x08\\x7f");
+        assert_eq!(escape("\u{9b}31m\u{80}\u{9f}"), "\\u{9b}31m\\u{80}\\u{9f}");
+        let once = escape("\x1b[2J\u{9b}\n");
+        assert_eq!(escape(&once), once, "escaping twice changes nothing");
+        for c in (0..=0x2ffu32).filter_map(char::from_u32) {
+            let shown = escape(c.encode_utf8(&mut [0; 4])).into_owned();
+            let control = c < ' ' || ('\u{7f}'..='\u{9f}').contains(&c);
+            assert_eq!(shown.len() > c.len_utf8(), control, "{c:?}: {shown}");
+            assert!(shown.chars().all(|s| !s.is_control()), "{c:?}: {shown}");
+        }
+    }
+
+    fn hostile_exec() -> wire::ExecStatus {
+        wire::ExecStatus {
+            exec_id: "job\x1b[2J".into(),
+            cmd: vec!["sh".into(), "-c".into(), "echo\n\x1b]0;title\x07".into()],
+            state: wire::ExecState::Exited,
+            pid: 7,
+            started_unix_ms: 0,
+            attached: false,
+            keep: true,
+            output_bytes: 0,
+            output_kept_from: 0,
+            result: Some(ExecResult {
+                signal: "SIG\u{9b}".into(),
+                ..ExecResult::default()
+            }),
+            stdin_bytes: None,
+            stdin_closed: false,
+        }
+    }
+
+    #[test]
+    fn tables_and_details_show_a_daemons_text_escaped_one_row_a_line() {
+        let table = exec_table(&[hostile_exec()]);
+        let rows: Vec<&str> = table.lines().collect();
+        assert_eq!(rows.len(), 2, "{table}");
+        assert!(rows[1].starts_with("job\\x1b[2J "), "{table}");
+        assert!(rows[1].contains(" SIG\\u{9b} "), "{table}");
+        assert!(
+            rows[1].ends_with("  sh -c echo\\n\\x1b]0;title\\x07"),
+            "{table}"
+        );
+        let c = api_types::ContainerInfo {
+            name: "db\x1b".into(),
+            image: "pg\u{85}".into(),
+            state: api_types::ContainerState::Failed,
+            command: vec![],
+            exec_id: None,
+            restarts: 0,
+            exit_code: None,
+            error: "no\nway".into(),
+        };
+        assert_eq!(container_line(&c), "db\\x1b (pg\\u{85}) failed: no\\nway");
+        let result = ExecResult {
+            signal: "SIG\x07".into(),
+            ..ExecResult::default()
+        };
+        assert!(stats_table(&result).contains("signal        SIG\\x07\n"));
+    }
+
+    #[test]
+    fn an_error_line_shows_what_the_daemon_said_escaped() {
+        let error = anyhow::Error::new(client::ClientError::Api {
+            status: 404,
+            code: "not_found".into(),
+            message: "no sandbox\x1b]0;pwned\x07\nforged".into(),
+        })
+        .context("getting sb-1");
+        assert_eq!(
+            error_line(&error),
+            "getting sb-1: no sandbox\\x1b]0;pwned\\x07\\nforged (HTTP 404, not_found)"
         );
     }
 

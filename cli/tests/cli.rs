@@ -878,3 +878,77 @@ fn run_with_a_service_talks_to_it_on_localhost_and_keeps_its_log() {
         text(&out.stderr)
     );
 }
+
+/// A tenant's text (a label, a command line) that would drive the operator's terminal: a
+/// title, a cleared screen, a C1 CSI, a line forged by a line break.
+const TERMINAL_ATTACK: &str = "\x1b]0;pwned\x07\x1b[2J\u{9b}31m\nlabel:    forged=1";
+
+/// Whether `bytes` hold a control character a terminal acts on: C0 (but the line ends of the
+/// output's own lines), DEL, or C1 in UTF-8.
+fn has_control(bytes: &[u8]) -> bool {
+    bytes.iter().any(|&b| (b < 0x20 && b != b'\n') || b == 0x7f)
+        || bytes
+            .windows(2)
+            .any(|w| w[0] == 0xc2 && (0x80..=0x9f).contains(&w[1]))
+}
+
+#[test]
+fn a_tenants_text_is_shown_escaped_by_get_and_ps_and_exact_in_json() {
+    let shown = "\\x1b]0;pwned\\x07\\x1b[2J\\u{9b}31m\\nlabel:    forged=1";
+    let daemon = TestDaemon::start();
+    let out = run(crucible(&daemon)
+        .args(["--json", "sandbox", "create", "--label"])
+        .arg(format!("note={TERMINAL_ATTACK}")));
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let info: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    let id = info["id"].as_str().expect("id").to_string();
+
+    let out = run(crucible(&daemon).args(["sandbox", "get", &id]));
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let details = text(&out.stdout);
+    assert!(!has_control(&out.stdout), "{details:?}");
+    assert!(
+        details.contains(&format!("\nlabel:    note={shown}\n")),
+        "{details}"
+    );
+    assert!(!details.contains("\nlabel:    forged"), "{details}");
+    let out = run(crucible(&daemon).args(["--json", "sandbox", "get", &id]));
+    let got: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    assert_eq!(got["labels"]["note"], TERMINAL_ATTACK, "byte-exact in JSON");
+
+    // A command whose argv carries it, listed while it runs.
+    let mut job = crucible(&daemon)
+        .args(["sandbox", "exec", "--exec-id", "hostile", &id, "--"])
+        .args(["sh", "-c", "sleep 60"])
+        .arg(TERMINAL_ATTACK)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("crucible runs");
+    let mut listed = None;
+    for _ in 0..100 {
+        let out = run(crucible(&daemon).args(["sandbox", "ps", &id]));
+        if text(&out.stdout).contains("\nhostile ") {
+            listed = Some(out);
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let out = listed.expect("ps lists the command");
+    let table = text(&out.stdout);
+    assert!(!has_control(&out.stdout), "{table:?}");
+    assert!(
+        table.contains(&format!("sh -c sleep 60 {shown}\n")),
+        "{table}"
+    );
+    let out = run(crucible(&daemon).args(["--json", "sandbox", "ps", &id]));
+    let list: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    assert_eq!(
+        list["execs"][0]["cmd"],
+        serde_json::json!(["sh", "-c", "sleep 60", TERMINAL_ATTACK]),
+        "byte-exact in JSON"
+    );
+    let out = run(crucible(&daemon).args(["sandbox", "kill", "--exec-id", "hostile", &id]));
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    job.wait().expect("the exec ends");
+}

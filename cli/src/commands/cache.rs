@@ -22,8 +22,8 @@ pub(crate) async fn remove(global: &Global, names: &[String], all: bool) -> Resu
         for cache in &kept {
             eprintln!(
                 "crucible: kept cache {}: in use by {}",
-                cache.name,
-                cache.in_use_by.as_deref().unwrap_or("a sandbox")
+                output::escape(&cache.name),
+                output::escape(cache.in_use_by.as_deref().unwrap_or("a sandbox"))
             );
         }
         anyhow::ensure!(kept.is_empty(), "{} caches in use were kept", kept.len());
@@ -36,7 +36,11 @@ pub(crate) async fn remove(global: &Global, names: &[String], all: bool) -> Resu
     let mut failed = None;
     for name in names {
         if let Err(e) = client.delete_cache(name).await {
-            eprintln!("crucible: cache {name}: {}", report::chain(&e));
+            eprintln!(
+                "crucible: cache {}: {}",
+                output::escape(name),
+                output::chain(&e)
+            );
             failed = Some(e);
         }
     }

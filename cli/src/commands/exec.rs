@@ -231,8 +231,9 @@ async fn follow(
             }
             resumes += 1;
             eprintln!(
-                "crucible: the stream broke ({}); re-attaching to {exec_id} at byte {received}",
-                output::error_line(&last)
+                "crucible: the stream broke ({}); re-attaching to {} at byte {received}",
+                output::error_line(&last),
+                output::escape(&exec_id)
             );
             tokio::time::sleep(std::time::Duration::from_millis(100 << resumes)).await;
             match client.attach(id, &exec_id, received).await {
@@ -342,7 +343,7 @@ fn finish(global: &Global, result: &ExecResult, stats: bool) -> Result<i32> {
         eprint!("{}", output::stats_table(result));
     }
     if !result.error.is_empty() && !global.json {
-        eprintln!("crucible: {}", result.error);
+        eprintln!("crucible: {}", output::escape(&result.error));
     }
     Ok(exit::code(result))
 }

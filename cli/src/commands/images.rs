@@ -157,8 +157,8 @@ pub(crate) async fn import(global: &Global, args: ImportArgs) -> Result<()> {
     }
     eprintln!(
         "crucible: imported {} ({}, {} layer{}, {} files, {:.1} MiB unpacked) from {:.1} MiB in {:.1} s",
-        image.name,
-        image.format,
+        output::escape(&image.name),
+        output::escape(&image.format),
         image.layers.len(),
         if image.layers.len() == 1 { "" } else { "s" },
         image.entries,
@@ -172,7 +172,7 @@ pub(crate) async fn import(global: &Global, args: ImportArgs) -> Result<()> {
             image.dropped_devices
         );
     }
-    println!("{}", image.name);
+    println!("{}", output::escape(&image.name));
     Ok(())
 }
 
@@ -212,7 +212,11 @@ pub(crate) async fn remove(global: &Global, names: &[String]) -> Result<()> {
     let mut failed = None;
     for name in names {
         if let Err(e) = client.delete_image(name).await {
-            eprintln!("crucible: image {name}: {}", report::chain(&e));
+            eprintln!(
+                "crucible: image {}: {}",
+                output::escape(name),
+                output::chain(&e)
+            );
             failed = Some(e);
         }
     }
@@ -263,7 +267,7 @@ pub(crate) async fn prune(global: &Global, args: &PruneArgs) -> Result<()> {
         return output::print_json(&pruned);
     }
     for name in &pruned.removed {
-        println!("{name}");
+        println!("{}", output::escape(name));
     }
     eprintln!(
         "removed {} image(s), reclaimed {:.1} MiB",

@@ -27,7 +27,9 @@ pub(crate) struct Args {
     #[arg(long)]
     pub keep: bool,
     /// Before the sandbox is deleted, write each service's log (see --service) to
-    /// DIR/NAME.log.
+    /// DIR/NAME.log. A symbolic link, or anything but a regular file, already at that path is
+    /// refused (a warning), never followed; a container name the daemon reports that is not a
+    /// container name (a path) fails the run, writing no log.
     #[arg(long, value_name = "DIR")]
     pub service_logs: Option<PathBuf>,
     /// The command and its arguments (after `--`).
@@ -115,23 +117,35 @@ async fn run_in_sandbox(global: &Global, client: &client::Client, args: &Args) -
         result = super::exec::stream(client, &sandbox.id, &request) => Some(result),
         _ = tokio::signal::ctrl_c() => None,
     };
+    // A log that cannot be written is a warning: the job's status stays what it was. A
+    // daemon that names a container with a path, though, is not to be believed about the
+    // job either: that fails the run, once the sandbox is dealt with.
+    let mut untrusted = None;
     if let Some(dir) = &args.service_logs {
-        if let Err(e) = super::services::save_logs(client, &sandbox.id, dir).await {
+        let warn = |e: &anyhow::Error| {
             eprintln!(
                 "crucible: warning: saving the services' logs to {}: {}",
                 dir.display(),
-                report::chain(e.as_ref())
+                output::error_line(e)
             );
+        };
+        match super::services::save_logs(client, &sandbox.id, dir).await {
+            Ok(failed) => failed.iter().for_each(warn),
+            Err(e) if e.is::<super::services::UntrustedNames>() => untrusted = Some(e),
+            Err(e) => warn(&e),
         }
     }
+    let id = output::escape(&sandbox.id);
     if args.keep {
-        eprintln!("crucible: kept sandbox {}", sandbox.id);
+        eprintln!("crucible: kept sandbox {id}");
     } else if let Err(e) = client.delete(&sandbox.id).await {
         eprintln!(
-            "crucible: warning: deleting sandbox {}: {}",
-            sandbox.id,
-            report::chain(&e)
+            "crucible: warning: deleting sandbox {id}: {}",
+            output::chain(&e)
         );
+    }
+    if let Some(e) = untrusted {
+        return Err(e);
     }
     let Some(result) = result else {
         eprintln!("crucible: interrupted; sandbox deleted");
@@ -145,7 +159,7 @@ async fn run_in_sandbox(global: &Global, client: &client::Client, args: &Args) -
         output::print_json(&result)?;
     }
     if !result.error.is_empty() {
-        eprintln!("crucible: {}", result.error);
+        eprintln!("crucible: {}", output::escape(&result.error));
     }
     Ok(exit::code(&result))
 }

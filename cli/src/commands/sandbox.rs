@@ -120,7 +120,7 @@ pub(crate) async fn create(global: &Global, args: CreateArgs) -> Result<()> {
     if global.json {
         output::print_json(&info)
     } else {
-        println!("{}", info.id);
+        println!("{}", output::escape(&info.id));
         Ok(())
     }
 }
@@ -167,7 +167,11 @@ pub(crate) async fn remove(global: &Global, ids: &[String]) -> Result<()> {
                 }
             }
             Err(e) => {
-                eprintln!("crucible: error: {id}: {}", report::chain(&e));
+                eprintln!(
+                    "crucible: error: {}: {}",
+                    output::escape(id),
+                    output::chain(&e)
+                );
                 failed = Some(e);
             }
         }

@@ -2,13 +2,14 @@
 //! `crucible sandbox create`: a CI job's service containers (a database, a cache, a browser)
 //! beside its own root, reached on `localhost`; and `crucible sandbox logs`.
 
+use std::fmt;
 use std::path::Path;
 
 use anyhow::{Context, Result};
 use api_types::{ContainerRequest, ReadyCheck, RestartPolicy, SharedMount};
 use wire::FrameType;
 
-use crate::Global;
+use crate::{output, Global};
 
 /// The service flags, as clap parses them.
 #[derive(clap::Args, Clone, Default)]
@@ -138,7 +139,7 @@ pub(crate) async fn add(
         if json {
             println!("{}", serde_json::to_string(&info)?);
         } else {
-            println!("{}", info.name);
+            println!("{}", output::escape(&info.name));
         }
     }
     Ok(())
@@ -184,17 +185,105 @@ pub(crate) async fn logs(global: &Global, id: &str, container: &str) -> Result<(
 }
 
 /// Writes each of sandbox `id`'s containers' logs to `dir/NAME.log` (stdout and stderr as
-/// they came, in order), for `crucible run --service-logs DIR`.
-pub(crate) async fn save_logs(client: &client::Client, id: &str, dir: &Path) -> Result<()> {
-    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-    for container in client.containers(id).await? {
-        let frames = client.container_logs(id, &container.name).await?;
-        let mut text = Vec::new();
-        read_log(&frames, |_, payload| text.extend_from_slice(payload))?;
-        let path = dir.join(format!("{}.log", container.name));
-        std::fs::write(&path, &text).with_context(|| format!("writing {}", path.display()))?;
+/// they came, in order), for `crucible run --service-logs DIR`; returns why each log that
+/// could not be written was not. Fails, writing nothing, when the daemon does not list the
+/// containers or names one with what is not a container's name ([`UntrustedNames`]): a file
+/// name made of it could lead anywhere (`../../x`, `/etc/x`), and this may run as root.
+pub(crate) async fn save_logs(
+    client: &client::Client,
+    id: &str,
+    dir: &Path,
+) -> Result<Vec<anyhow::Error>> {
+    let containers = client.containers(id).await?;
+    let untrusted: Vec<String> = containers
+        .iter()
+        .filter(|c| !contract::cmdline::is_valid_name(&c.name))
+        .map(|c| c.name.clone())
+        .collect();
+    if !untrusted.is_empty() {
+        return Err(UntrustedNames(untrusted).into());
     }
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    let mut failed = Vec::new();
+    for container in &containers {
+        let path = dir.join(format!("{}.log", container.name));
+        let saved = async {
+            let frames = client.container_logs(id, &container.name).await?;
+            let mut text = Vec::new();
+            read_log(&frames, |_, payload| text.extend_from_slice(payload))?;
+            write_log(&path, &text)
+        };
+        if let Err(e) = saved.await {
+            failed.push(e.context(format!("{}.log", container.name)));
+        }
+    }
+    Ok(failed)
+}
+
+/// Containers the daemon named with what is not a container's name: the daemon's own rule
+/// (`contract::cmdline::is_valid_name`, which the API checks every name it takes by) is
+/// what makes a name safe to make a file name of.
+#[derive(Debug)]
+pub(crate) struct UntrustedNames(Vec<String>);
+
+impl fmt::Display for UntrustedNames {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let names: Vec<String> = self.0.iter().map(|name| format!("{name:?}")).collect();
+        let (named, are_not) = match names.len() {
+            1 => ("a container named", "is not a container name"),
+            _ => ("containers named", "are not container names"),
+        };
+        write!(
+            f,
+            "the daemon reported {named} {}, which {are_not} (1 to 63 of a-z, 0-9 and -, \
+             starting and ending with a letter or a digit): no log was written",
+            names.join(", ")
+        )
+    }
+}
+
+impl std::error::Error for UntrustedNames {}
+
+/// Writes `text` to the log file `path`, made if it is not there, but never through a
+/// symbolic link (`O_NOFOLLOW`: the open fails), nor to anything but a regular file of one
+/// link: what is already where a log goes may have been planted there, and this may run as
+/// root. `O_NONBLOCK` makes a FIFO's open fail rather than wait for a reader; a regular file
+/// ignores it.
+fn write_log(path: &Path, text: &[u8]) -> Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+    let opened = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+        .open(path);
+    let mut file = match opened {
+        Ok(file) => file,
+        Err(e) if e.raw_os_error() == Some(libc::ELOOP) && is_symlink(path) => {
+            anyhow::bail!("refusing to write the log: it is a symbolic link")
+        }
+        Err(e) if e.raw_os_error() == Some(libc::ENXIO) => {
+            anyhow::bail!("refusing to write the log: it is not a regular file")
+        }
+        Err(e) => return Err(anyhow::Error::new(e).context("opening the log")),
+    };
+    let metadata = file.metadata().context("opening the log")?;
+    if !metadata.is_file() {
+        anyhow::bail!("refusing to write the log: it is not a regular file");
+    }
+    if metadata.nlink() > 1 {
+        anyhow::bail!(
+            "refusing to write the log: it has {} hard links",
+            metadata.nlink()
+        );
+    }
+    file.set_len(0).context("emptying the log")?;
+    file.write_all(text).context("writing the log")?;
     Ok(())
+}
+
+fn is_symlink(path: &Path) -> bool {
+    std::fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_symlink())
 }
 
 #[cfg(test)]
@@ -237,6 +326,60 @@ mod tests {
         };
         let e = unknown.containers().expect_err("unknown").to_string();
         assert!(e.contains("no --service web"), "{e}");
+    }
+
+    #[test]
+    fn a_log_is_written_to_a_file_of_its_own_never_through_what_was_planted() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let log = dir.path().join("db.log");
+        write_log(&log, b"first run, a longer log\n").expect("a new file");
+        write_log(&log, b"second\n").expect("the same file again");
+        assert_eq!(std::fs::read(&log).expect("read"), b"second\n");
+
+        let target = dir.path().join("target");
+        std::fs::write(&target, "precious\n").expect("write");
+        let link = dir.path().join("link.log");
+        std::os::unix::fs::symlink(&target, &link).expect("symlink");
+        let dangling = dir.path().join("dangling.log");
+        std::os::unix::fs::symlink(dir.path().join("made-by-following"), &dangling)
+            .expect("symlink");
+        let hard = dir.path().join("hard.log");
+        std::fs::hard_link(&target, &hard).expect("hard link");
+        let fifo = dir.path().join("fifo.log");
+        let made = std::process::Command::new("mkfifo")
+            .arg(&fifo)
+            .status()
+            .expect("mkfifo runs");
+        assert!(made.success());
+        let subdir = dir.path().join("dir.log");
+        std::fs::create_dir(&subdir).expect("mkdir");
+        for (path, why) in [
+            (&link, "it is a symbolic link"),
+            (&dangling, "it is a symbolic link"),
+            (&hard, "it has 2 hard links"),
+            (&fifo, "it is not a regular file"),
+            (&subdir, "Is a directory"),
+        ] {
+            let e = write_log(path, b"pwned\n").expect_err("refused");
+            let e = report::chain(e.as_ref());
+            assert!(e.contains(why), "{}: {e}", path.display());
+        }
+        assert_eq!(std::fs::read(&target).expect("read"), b"precious\n");
+        assert!(!dir.path().join("made-by-following").exists());
+    }
+
+    #[test]
+    fn names_that_are_no_container_names_are_quoted_in_the_refusal() {
+        let one = UntrustedNames(vec!["../../x".into()]).to_string();
+        assert!(
+            one.starts_with("the daemon reported a container named \"../../x\", which is not"),
+            "{one}"
+        );
+        let two = UntrustedNames(vec!["/abs/x".into(), "a\x1bb".into()]).to_string();
+        assert!(
+            two.contains("containers named \"/abs/x\", \"a\\u{1b}b\", which are not"),
+            "{two}"
+        );
     }
 
     #[test]
