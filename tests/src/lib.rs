@@ -162,7 +162,7 @@ impl TestDaemon {
     }
 }
 
-/// API keys from a list of entries (`name:key`, or bare keys named `key1`, `key2`, …).
+/// API keys from a list of entries (`name:key`, or bare keys, named after the key's SHA-256).
 pub fn keys(list: &[&str]) -> ApiKeys {
     ApiKeys::parse(&list.join(",")).expect("valid API keys")
 }
