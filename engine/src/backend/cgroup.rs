@@ -6,6 +6,8 @@ use std::io;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use super::supervised::{pidfd_kill, pidfd_open};
+
 /// The limits to apply.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct CgroupLimits {
@@ -347,6 +349,31 @@ fn parent_dirs(root: &Path, parent: &str) -> [PathBuf; 5] {
     ]
 }
 
+/// The processes (thread-group ids) `group` holds now.
+fn members(group: &Path) -> io::Result<Vec<i32>> {
+    Ok(fs::read_to_string(group.join("cgroup.procs"))?
+        .split_whitespace()
+        .filter_map(|p| p.parse().ok())
+        .collect())
+}
+
+/// SIGKILLs `pid` if it is a member of `group`, and only then. A pid read from `cgroup.procs`
+/// may have been freed and given to another process since: a pidfd pins the process first,
+/// membership is checked again with it held, and the signal goes through the pidfd, so it
+/// reaches that process or, if it has exited meanwhile, no one. Whether it was killed.
+fn kill_member(group: &Path, pid: i32) -> io::Result<bool> {
+    let pidfd = match pidfd_open(pid) {
+        Ok(pidfd) => pidfd,
+        Err(e) if e.raw_os_error() == Some(nix::errno::Errno::ESRCH as i32) => return Ok(false),
+        Err(e) => return Err(e),
+    };
+    if !members(group)?.contains(&pid) {
+        return Ok(false);
+    }
+    pidfd_kill(&pidfd)?;
+    Ok(true)
+}
+
 /// Kills the processes of, and removes, every leftover sandbox cgroup under `parent` (from a
 /// daemon that died) but those of the sandboxes in `keep` (taken back by live restore).
 /// Returns how many groups were removed.
@@ -362,17 +389,13 @@ pub async fn remove_stale(root: &Path, parent: &str, keep: &[String]) -> usize {
                 continue;
             }
             for group in [dir.clone(), dir.join(COMMANDS_GROUP), dir.join(AGENT_GROUP)] {
-                let Ok(procs) = fs::read_to_string(group.join("cgroup.procs")) else {
+                let Ok(pids) = members(&group) else {
                     continue;
                 };
-                for pid in procs
-                    .split_whitespace()
-                    .filter_map(|p| p.parse::<i32>().ok())
-                {
-                    let _ = nix::sys::signal::kill(
-                        nix::unistd::Pid::from_raw(pid),
-                        nix::sys::signal::Signal::SIGKILL,
-                    );
+                for pid in pids {
+                    if let Err(e) = kill_member(&group, pid) {
+                        tracing::warn!("killing pid {pid} of {}: {e}", group.display());
+                    }
                 }
             }
             let group = SandboxCgroups {
@@ -460,6 +483,75 @@ mod tests {
         let adopted = SandboxCgroups::adopt(root.path(), "crucible", "sb-1", 42).expect("adopt");
         assert_eq!(adopted.procs_files(), expected);
         assert_eq!(adopted.commands_procs_file(), group.commands_procs_file());
+    }
+
+    /// Test cgroups under the real hierarchy (v2's root, or v1's `pids`), removed at the end,
+    /// and processes of the test's own (its children: never reaped but by it, so their pids
+    /// are never another process's), killed at the end.
+    struct RealGroups {
+        parent: PathBuf,
+        children: Vec<std::process::Child>,
+    }
+
+    impl RealGroups {
+        /// A `sleep 1000` of the test's; its pid.
+        fn sleeper(&mut self) -> i32 {
+            let child = std::process::Command::new("sleep")
+                .arg("1000")
+                .spawn()
+                .expect("spawn sleep");
+            let pid = i32::try_from(child.id()).expect("a pid");
+            self.children.push(child);
+            pid
+        }
+    }
+
+    impl Drop for RealGroups {
+        fn drop(&mut self) {
+            for child in &mut self.children {
+                let _ = child.kill();
+                let _ = child.wait();
+            }
+            if let Ok(entries) = fs::read_dir(&self.parent) {
+                for entry in entries.flatten().filter(|e| e.path().is_dir()) {
+                    let _ = fs::remove_dir(entry.path());
+                }
+            }
+            let _ = fs::remove_dir(&self.parent);
+        }
+    }
+
+    // Never skipped: CI runs as root, on cgroup v1.
+    #[tokio::test]
+    async fn a_leftover_sandbox_groups_processes_are_killed_through_pidfds_and_none_else() {
+        let root = Path::new("/sys/fs/cgroup");
+        let hierarchy = if root.join("cgroup.controllers").exists() {
+            root.to_path_buf()
+        } else {
+            root.join("pids")
+        };
+        let name = format!("crucible-unit-stale-{}", std::process::id());
+        let mut groups = RealGroups {
+            parent: hierarchy.join(&name),
+            children: Vec::new(),
+        };
+        let sandbox = groups.parent.join("sb-00000000000000aa");
+        fs::create_dir_all(&sandbox).expect("a cgroup (this test needs root)");
+        let (member, outside) = (groups.sleeper(), groups.sleeper());
+        fs::write(sandbox.join("cgroup.procs"), member.to_string()).expect("join");
+        let running =
+            |groups: &mut RealGroups, i: usize| matches!(groups.children[i].try_wait(), Ok(None));
+
+        // A pid that is not (or no longer) the group's is not signalled.
+        assert!(!kill_member(&sandbox, outside).expect("checked"));
+        assert!(running(&mut groups, 1), "not a member: alive");
+
+        assert_eq!(remove_stale(root, &name, &[]).await, 1);
+        let status = groups.children[0].wait().expect("reaped");
+        use std::os::unix::process::ExitStatusExt;
+        assert_eq!(status.signal(), Some(9), "the member was SIGKILLed");
+        assert!(!sandbox.exists(), "its group removed");
+        assert!(running(&mut groups, 1));
     }
 
     #[test]
