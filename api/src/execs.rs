@@ -1,7 +1,8 @@
 //! Finding a command again: `GET /sandboxes/{id}/execs` (the commands that can be found),
-//! `GET …/execs/{exec_id}` (one), and `POST …/execs/{exec_id}/attach?offset=N` (its frame
-//! stream from output byte N: what the agent kept, then live, then its one exit frame). Also
-//! the response every frame stream shares, with the `X-Crucible-Exec-Id` header.
+//! `GET …/execs/{exec_id}` (one), `POST …/execs/{exec_id}/attach?offset=N` (its frame
+//! stream from output byte N: what the agent kept, then live, then its one exit frame), and
+//! `DELETE …/execs/{exec_id}` (ending one and forgetting it). Also the response every frame
+//! stream shares, with the `X-Crucible-Exec-Id` header.
 
 use std::sync::Arc;
 
@@ -92,6 +93,19 @@ pub(crate) async fn status(
         }
         .into()
     })
+}
+
+/// `DELETE /sandboxes/{id}/execs/{exec_id}`: ends the command (SIGKILL to its process
+/// group) and forgets it, or forgets an ended one's uncollected result.
+pub(crate) async fn remove(
+    State(state): State<Arc<Edge>>,
+    Authenticated(caller): Authenticated,
+    Path((id, exec_id)): Path<(String, String)>,
+    Query(query): Query<crate::containers::ContainerQuery>,
+) -> Result<StatusCode, ApiError> {
+    let sandbox = state.registry.get(&id, &caller)?;
+    exec::end(&sandbox, &exec_id, query.container.as_deref()).await?;
+    Ok(StatusCode::NO_CONTENT)
 }
 
 #[derive(Debug, Deserialize)]

@@ -325,6 +325,21 @@ pub(crate) fn document() -> Value {
                         ("409", "The sandbox is not running."),
                         ("502", "The sandbox's agent could not be reached."),
                     ]), json!({ "200": json_response("The command.", "ExecStatus") }))
+                },
+                "delete": {
+                    "summary": "End a command (SIGKILL to its process group) and forget it, or forget an ended command's uncollected result.",
+                    "parameters": [container_param()],
+                    "description": "A running command's process group gets SIGKILL, as with \
+                        POST …/signal and this exec_id, and the answer comes once it has \
+                        ended (at most 10 s): its result is then kept for nobody, and a GET or \
+                        an attach of this exec_id is a 404. A client attached to it gets its \
+                        exit frame (signal SIGKILL) as it would for any kill.",
+                    "responses": with(errors(&[
+                        ("400", "The id or the exec_id is malformed."),
+                        ("404", "No sandbox with this id, as far as the caller can see (code not_found), no such container (code container_not_found), or no command with this exec_id (code exec_not_found)."),
+                        ("409", "The sandbox is not running, or the command has not ended 10 s after SIGKILL."),
+                        ("502", "The sandbox's agent could not be reached."),
+                    ]), json!({ "204": { "description": "Ended and forgotten." } }))
                 }
             },
             "/sandboxes/{id}/execs/{exec_id}/attach": {

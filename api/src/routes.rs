@@ -36,7 +36,10 @@ pub(crate) fn app(state: Arc<Edge>) -> Router {
         .route("/sandboxes/{id}/files", post(files_put).get(files_get))
         .route("/sandboxes/{id}/signal", post(signal_sandbox))
         .route("/sandboxes/{id}/execs", get(execs::list))
-        .route("/sandboxes/{id}/execs/{exec_id}", get(execs::status))
+        .route(
+            "/sandboxes/{id}/execs/{exec_id}",
+            get(execs::status).delete(execs::remove),
+        )
         .route(
             "/sandboxes/{id}/execs/{exec_id}/attach",
             post(execs::attach),

@@ -410,6 +410,21 @@ impl Client {
         .await
     }
 
+    /// `DELETE /sandboxes/{id}/execs/{exec_id}`: ends a command (its process group gets
+    /// SIGKILL) and forgets it, or forgets an ended one's result nobody collected.
+    pub async fn delete_exec(&self, id: &str, exec_id: &str) -> Result<(), ClientError> {
+        self.send(self.empty(
+            Method::DELETE,
+            &format!(
+                "/sandboxes/{}/execs/{}",
+                path_segment(id),
+                path_segment(exec_id)
+            ),
+        )?)
+        .await?;
+        Ok(())
+    }
+
     /// `POST /sandboxes/{id}/execs/{exec_id}/attach?offset=N`: re-attaches to a command whose
     /// connection dropped, from output byte `offset` (the stdout and stderr bytes already
     /// received); the stream ends with its one exit frame, whose `output_dropped_bytes` counts

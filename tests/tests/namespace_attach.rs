@@ -286,3 +286,114 @@ async fn a_detached_command_keeps_its_sandbox_from_idling_out() {
     }
     panic!("{id} outlived its idle timeout after its command ended");
 }
+
+/// The API error `result` is: status, code.
+fn api_error<T: std::fmt::Debug>(result: Result<T, ClientError>) -> (u16, String) {
+    match result {
+        Err(ClientError::Api { status, code, .. }) => (status, code),
+        other => panic!("expected an API error, got {other:?}"),
+    }
+}
+
+/// Waits until no process `pid` of sandbox `id` is left (not even a zombie); false if one
+/// still is after 5 s.
+async fn gone(c: &client::Client, id: &str, pid: &str) -> bool {
+    for _ in 0..100 {
+        let (out, _, _) = sh(c, id, &format!("cat /proc/{pid}/stat 2>/dev/null")).await;
+        if out.is_empty() {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    false
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn delete_ends_a_command_with_its_process_group_and_forgets_it() {
+    let daemon = TestDaemon::start();
+    let c = daemon.client();
+    let id = daemon.sandbox().await;
+
+    // A command whose client went away, with a child in its process group.
+    let mut request = ExecRequest::new([
+        "sh",
+        "-c",
+        "sleep 300 & echo $! > /tmp/child; echo started; wait",
+    ]);
+    request.exec_id = "doomed".into();
+    let mut stream = c.exec(&id, &request).await.expect("exec");
+    read_stdout(&mut stream, "started\n".len()).await;
+    drop(stream);
+    let running = detached(&c, &id, "doomed", ExecState::Running).await;
+    let (child, _, _) = sh(&c, &id, "cat /tmp/child").await;
+    c.delete_exec(&id, "doomed")
+        .await
+        .expect("DELETE a running command");
+    assert_eq!(
+        api_error(c.exec_status(&id, "doomed").await),
+        (404, "exec_not_found".to_string()),
+        "forgotten, not kept as an ended command"
+    );
+    let listed = c.execs(&id).await.expect("list");
+    assert!(listed.iter().all(|e| e.exec_id != "doomed"), "{listed:?}");
+    assert!(
+        gone(&c, &id, &running.pid.to_string()).await,
+        "the command runs on"
+    );
+    assert!(gone(&c, &id, child.trim()).await, "its child runs on");
+    // A second DELETE, and one of a name no command had: 404.
+    for exec_id in ["doomed", "never-ran"] {
+        assert_eq!(
+            api_error(c.delete_exec(&id, exec_id).await),
+            (404, "exec_not_found".to_string()),
+            "{exec_id}"
+        );
+    }
+
+    // An ended command whose result nobody collected: forgotten.
+    let mut request = ExecRequest::new(["sh", "-c", "sleep 0.2; exit 3"]);
+    request.exec_id = "ended".into();
+    drop(c.exec(&id, &request).await.expect("exec"));
+    let ended = detached(&c, &id, "ended", ExecState::Exited).await;
+    assert_eq!(ended.result.map(|r| r.exit_code), Some(3));
+    c.delete_exec(&id, "ended")
+        .await
+        .expect("DELETE an ended command");
+    assert_eq!(
+        api_error(c.attach(&id, "ended", 0).await),
+        (404, "exec_not_found".to_string())
+    );
+
+    // A command with a client attached: the client gets its end, SIGKILL.
+    let mut request = ExecRequest::new(["sleep", "300"]);
+    request.exec_id = "watched".into();
+    let watched = c.exec(&id, &request).await.expect("exec");
+    let waiting = tokio::spawn(watched.collect());
+    for _ in 0..100 {
+        if c.exec_status(&id, "watched").await.is_ok() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    c.delete_exec(&id, "watched")
+        .await
+        .expect("DELETE an attached command");
+    let out = tokio::time::timeout(Duration::from_secs(10), waiting)
+        .await
+        .expect("the attached client gets the end")
+        .expect("join")
+        .expect("its stream");
+    assert_eq!(
+        (out.result.exit_code, out.result.signal.as_str()),
+        (-1, "SIGKILL")
+    );
+    assert_eq!(
+        api_error(c.exec_status(&id, "watched").await),
+        (404, "exec_not_found".to_string())
+    );
+
+    // The sandbox serves on; an invalid exec id is a 400.
+    assert_eq!(sh(&c, &id, "echo still here").await.0, "still here\n");
+    assert_eq!(api_error(c.delete_exec(&id, "bad id!").await).0, 400);
+    c.delete(&id).await.expect("delete");
+}

@@ -151,6 +151,12 @@ fn raw_requests(id: &str, key: &str) -> Vec<(&'static str, String)> {
                 "POST /sandboxes/{id}/execs/owned-job/attach HTTP/1.1\r\nHost: x\r\n{auth}Content-Length: 0\r\nConnection: close\r\n\r\n"
             ),
         ),
+        (
+            "exec DELETE",
+            format!(
+                "DELETE /sandboxes/{id}/execs/owned-job HTTP/1.1\r\nHost: x\r\n{auth}Connection: close\r\n\r\n"
+            ),
+        ),
     ]
 }
 
@@ -278,6 +284,7 @@ async fn another_key_cannot_tell_a_sandbox_from_a_missing_one() {
             expect_not_found(bob.execs(target).await, "execs"),
             expect_not_found(bob.exec_status(target, "owned-job").await, "exec status"),
             expect_not_found(bob.attach(target, "owned-job", 0).await, "exec attach"),
+            expect_not_found(bob.delete_exec(target, "owned-job").await, "exec DELETE"),
         ];
         for message in messages {
             assert_eq!(message, expected);

@@ -3,7 +3,7 @@
 //! client's offset, then the stream goes on live and ends with the one exit frame).
 
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use wire::agent::{AgentReply, AgentRequest};
 use wire::ExecStatus;
@@ -123,6 +123,136 @@ pub async fn statuses(
         AgentReply::Execs(list) => Ok(list.execs),
         other => Err(refused(sandbox, other)),
     }
+}
+
+/// How long [`end`] waits for a killed command's end (a process in uninterruptible sleep
+/// outlives SIGKILL until it wakes).
+const END_WAIT: Duration = Duration::from_secs(10);
+
+/// Ends `exec_id` in `sandbox` and forgets it (`DELETE …/execs/{exec_id}`): a running
+/// command's process group gets SIGKILL, and its end is then collected here, so that no
+/// result is kept for it; an ended command's kept result is collected and dropped. A client
+/// still attached gets the end itself, which forgets it too. `NotFound` when there is no such
+/// command; `Conflict` when it has not ended [`END_WAIT`] after the kill.
+pub async fn end(
+    sandbox: &Arc<Sandbox>,
+    exec_id: &str,
+    container: Option<&str>,
+) -> Result<(), FindError> {
+    check_id(exec_id)?;
+    let deadline = Instant::now() + END_WAIT;
+    let (mut seen, mut killed) = (false, false);
+    loop {
+        let found = match statuses(sandbox, Some(exec_id), container).await {
+            Ok(mut found) => found.pop(),
+            // Gone since the first look: ended and collected.
+            Err(FindError::NotFound { .. }) if seen => None,
+            Err(e) => return Err(e),
+        };
+        let Some(status) = found else {
+            return match seen {
+                true => Ok(()),
+                false => Err(FindError::NotFound {
+                    sandbox: sandbox.id.clone(),
+                    message: format!("no command has exec_id {exec_id:?}"),
+                }),
+            };
+        };
+        seen = true;
+        if status.state == wire::ExecState::Running && !killed {
+            kill(sandbox, exec_id, container).await?;
+            killed = true;
+        }
+        // From the end of its output: what it wrote is nobody's now.
+        match collect(sandbox, exec_id, status.output_bytes, container, deadline).await {
+            // Collected by another attach or delivered to its client meanwhile.
+            Ok(()) | Err(FindError::NotFound { .. }) => return Ok(()),
+            // A client is attached (it gets the end), or the command dies with its
+            // connection: it is forgotten once it has ended.
+            Err(FindError::Conflict { .. }) if Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            Err(FindError::Conflict { .. }) => {
+                return Err(FindError::Conflict {
+                    sandbox: sandbox.id.clone(),
+                    message: format!(
+                        "exec {exec_id:?} got SIGKILL but has not ended after {}s",
+                        END_WAIT.as_secs()
+                    ),
+                })
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+/// SIGKILL to the process group of the running command `exec_id` (one that has just ended
+/// is fine).
+async fn kill(
+    sandbox: &Arc<Sandbox>,
+    exec_id: &str,
+    container: Option<&str>,
+) -> Result<(), FindError> {
+    let container = sandbox.container_named(container)?;
+    let _guard = sandbox.begin(false)?;
+    let message = AgentRequest::Signal {
+        signal: nix::sys::signal::Signal::SIGKILL as i32,
+        exec_id: Some(exec_id.to_string()),
+    };
+    let (reply, _) = sandbox
+        .ask_agent_in(container.as_deref(), &message)
+        .await
+        .map_err(|e| agent_failed(sandbox, &e))?;
+    match reply {
+        AgentReply::Signaled => Ok(()),
+        AgentReply::Error(e) if e.code == "not_found" => Ok(()),
+        other => Err(refused(sandbox, other)),
+    }
+}
+
+/// Attaches to `exec_id` from output byte `offset` and reads its stream to its exit frame,
+/// which collects it; gives up at `deadline` (detached again, it is kept).
+async fn collect(
+    sandbox: &Arc<Sandbox>,
+    exec_id: &str,
+    offset: u64,
+    container: Option<&str>,
+    deadline: Instant,
+) -> Result<(), FindError> {
+    let container = sandbox.container_named(container)?;
+    // Not an exec of its own: ending one must work at the exec cap too.
+    let guard = sandbox.begin_in(false, container.clone())?;
+    let message = AgentRequest::Attach {
+        exec_id: exec_id.to_string(),
+        offset,
+        stdin: false,
+    };
+    let (reply, agent) = sandbox
+        .ask_agent_in(container.as_deref(), &message)
+        .await
+        .map_err(|e| agent_failed(sandbox, &e))?;
+    if !matches!(reply, AgentReply::Attached(_)) {
+        return Err(refused(sandbox, reply));
+    }
+    // Counted nowhere: this is no command's stream, and reading it is no exec.
+    let mut session = Session::relay(
+        Arc::new(Metrics::default()),
+        guard,
+        exec_id.to_string(),
+        Instant::now(),
+        Ok(agent),
+    );
+    let drained = tokio::time::timeout_at(deadline.into(), async {
+        while session.next_output().await.is_some() {}
+    })
+    .await;
+    drained.map_err(|_| FindError::Conflict {
+        sandbox: sandbox.id.clone(),
+        message: format!(
+            "exec {exec_id:?} got SIGKILL but has not ended after {}s",
+            END_WAIT.as_secs()
+        ),
+    })
 }
 
 /// Re-attaches to `exec_id` in `sandbox` from output byte `offset` (with `stdin`, an

@@ -13,7 +13,7 @@ mod session;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
-pub use find::{attach, statuses, FindError};
+pub use find::{attach, end, statuses, FindError};
 pub use session::{pump, ClientInput, ClientReader, ClientWriter, Ending, Session};
 use wire::ExecRequest;
 

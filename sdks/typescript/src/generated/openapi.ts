@@ -1480,7 +1480,81 @@ export interface paths {
         };
         put?: never;
         post?: never;
-        delete?: never;
+        /**
+         * End a command (SIGKILL to its process group) and forget it, or forget an ended command's uncollected result.
+         * @description A running command's process group gets SIGKILL, as with POST …/signal and this exec_id, and the answer comes once it has ended (at most 10 s): its result is then kept for nobody, and a GET or an attach of this exec_id is a 404. A client attached to it gets its exit frame (signal SIGKILL) as it would for any kill.
+         */
+        delete: {
+            parameters: {
+                query?: {
+                    /** @description One of the sandbox's containers, by name (see CreateSandbox.containers); absent or `main`: the sandbox's own root. */
+                    container?: string;
+                };
+                header?: never;
+                path: {
+                    /** @description The sandbox id. */
+                    id: string;
+                    /** @description The command's exec_id (its request's, or the one the daemon gave it in X-Crucible-Exec-Id). */
+                    exec_id: string;
+                };
+                cookie?: never;
+            };
+            requestBody?: never;
+            responses: {
+                /** @description Ended and forgotten. */
+                204: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content?: never;
+                };
+                /** @description The id or the exec_id is malformed. */
+                400: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/json": components["schemas"]["ErrorBody"];
+                    };
+                };
+                /** @description Missing or invalid API key. */
+                401: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/json": components["schemas"]["ErrorBody"];
+                    };
+                };
+                /** @description No sandbox with this id, as far as the caller can see (code not_found), no such container (code container_not_found), or no command with this exec_id (code exec_not_found). */
+                404: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/json": components["schemas"]["ErrorBody"];
+                    };
+                };
+                /** @description The sandbox is not running, or the command has not ended 10 s after SIGKILL. */
+                409: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/json": components["schemas"]["ErrorBody"];
+                    };
+                };
+                /** @description The sandbox's agent could not be reached. */
+                502: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/json": components["schemas"]["ErrorBody"];
+                    };
+                };
+            };
+        };
         options?: never;
         head?: never;
         patch?: never;
