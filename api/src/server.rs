@@ -43,6 +43,9 @@ pub enum ServeError {
     /// An --egress-allow rule is malformed.
     #[error("--egress-allow")]
     Egress(#[from] egress::RuleError),
+    /// The cgroup parent is malformed, or held by another daemon.
+    #[error(transparent)]
+    CgroupParent(#[from] cgroup::ParentLockError),
     /// The storage (data directory, caches) could not be opened.
     #[error("opening the data directory")]
     Storage(#[from] engine::storage::StorageError),
@@ -77,6 +80,8 @@ pub struct Server {
     max_connections: usize,
     unix: Option<(UnixListener, PathBuf)>,
     tcp: Option<TcpListener>,
+    /// The cgroup parent, held for the daemon's life (when it makes cgroups at all).
+    cgroup_lock: Option<cgroup::ParentLock>,
 }
 
 /// Raises the soft limit on open files to the hard one and returns it: every connection holds
@@ -132,6 +137,18 @@ impl Server {
         if config.unix_socket.is_none() && config.tcp.is_none() {
             return Err(ServeError::NoListener);
         }
+        // Before anything on the host is touched (socket, state, leftovers): a second daemon
+        // on a parent in use would take the first one's sandboxes for leftovers and kill
+        // them. A daemon that makes no cgroups neither holds a parent nor cleans one.
+        let cgroup_lock = if backends.make_cgroups() {
+            Some(cgroup::ParentLock::acquire(
+                &cgroup::lock_dir(),
+                &settings.cgroup_parent,
+                &settings.state_dir,
+            )?)
+        } else {
+            None
+        };
         create_dir(&settings.state_dir)?;
         let unix = match &config.unix_socket {
             Some(path) => Some((bind_unix(path).await?, path.clone())),
@@ -146,11 +163,12 @@ impl Server {
             None => None,
         };
         let live_restore = settings.live_restore;
-        let (state_dir, cgroup_parent) =
-            (settings.state_dir.clone(), settings.cgroup_parent.clone());
+        let state_dir = settings.state_dir.clone();
+        // Only the daemon holding the parent removes groups under it.
+        let cgroup_parent = cgroup_lock.as_ref().map(|_| settings.cgroup_parent.clone());
         let leftovers = LeftoverScan::for_config(settings);
         if !live_restore {
-            clean_stale_sandboxes(&state_dir, &cgroup_parent, &leftovers, &[]).await;
+            clean_stale_sandboxes(&state_dir, cgroup_parent.as_deref(), &leftovers, &[]).await;
         }
         let fd_limit = raise_fd_limit();
         let max_connections = config
@@ -172,7 +190,7 @@ impl Server {
                     started.elapsed()
                 );
             }
-            clean_stale_sandboxes(&state_dir, &cgroup_parent, &leftovers, &adopted).await;
+            clean_stale_sandboxes(&state_dir, cgroup_parent.as_deref(), &leftovers, &adopted).await;
         }
         let state = Arc::new(Edge {
             engine: Arc::new(engine),
@@ -189,6 +207,7 @@ impl Server {
             state,
             unix,
             tcp,
+            cgroup_lock,
         })
     }
 
@@ -216,6 +235,7 @@ impl Server {
             max_connections,
             unix,
             tcp,
+            cgroup_lock,
         } = self;
         let unix_path = unix.as_ref().map(|(_, p)| p.clone());
         let front = Arc::new(Front {
@@ -245,11 +265,15 @@ impl Server {
         } else {
             tracing::info!("shutting down: deleting every sandbox");
             state.remove_all().await;
-            cgroup::remove_parent(Path::new(CGROUP_ROOT), &state.config.cgroup_parent);
+            if cgroup_lock.is_some() {
+                cgroup::remove_parent(Path::new(CGROUP_ROOT), &state.config.cgroup_parent);
+            }
         }
         if let Some(path) = unix_path {
             let _ = std::fs::remove_file(path);
         }
+        // Last: the next daemon on this parent may start now.
+        drop(cgroup_lock);
     }
 }
 
@@ -464,13 +488,18 @@ async fn bind_unix(path: &Path) -> Result<UnixListener, ServeError> {
 /// A daemon that died leaves sandboxes behind. Without live restore their init processes died
 /// with it (they are tied to the daemon), so what remains is cgroups and directories; with it,
 /// whatever was not taken back (`keep`) still runs. Kill and remove all of it but `keep`.
+/// `cgroup_parent` is the parent this daemon holds, `None` when it makes no cgroups (then it
+/// removes none).
 async fn clean_stale_sandboxes(
     state_dir: &Path,
-    cgroup_parent: &str,
+    cgroup_parent: Option<&str>,
     leftovers: &LeftoverScan,
     keep: &[String],
 ) {
-    let removed = cgroup::remove_stale(Path::new(CGROUP_ROOT), cgroup_parent, keep).await;
+    let removed = match cgroup_parent {
+        Some(parent) => cgroup::remove_stale(Path::new(CGROUP_ROOT), parent, keep).await,
+        None => 0,
+    };
     // A microVM left by a daemon under live restore is in no cgroup: found by its executable
     // and arguments, a read of all of /proc kept off the runtime's threads. Awaited, so it is
     // done before the directories go and the daemon serves.

@@ -35,8 +35,11 @@ pub(crate) struct Args {
     /// socket).
     #[arg(long, env = "CRUCIBLE_ADMIN_KEY_NAME", value_name = "NAME")]
     admin_key_name: Option<String>,
-    /// The cgroup (under each controller) holding this daemon's sandboxes; daemons sharing a
-    /// host need different ones.
+    /// The cgroup (under each controller) holding this daemon's sandboxes: one or more names
+    /// separated by '/'. At startup a daemon kills and removes the sandbox groups a dead daemon
+    /// left under its parent, and it holds the parent while it runs (a lock file in
+    /// /run/crucible, or the user's runtime directory): daemons sharing a host need different
+    /// ones, and a second daemon given a parent in use refuses to start, naming the holder.
     #[arg(long, default_value = "crucible")]
     cgroup_parent: String,
     /// Host uid/gid of the first namespace sandbox's root. Each live sandbox gets 65,536 host

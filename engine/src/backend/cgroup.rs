@@ -2,9 +2,12 @@
 //! is mounted and on the v1 hierarchies otherwise (this project's CI host has only v1).
 
 use std::fs;
-use std::io;
+use std::io::{self, Read};
+use std::os::unix::fs::{DirBuilderExt, FileExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
+
+use api_types::BackendKind;
 
 use super::supervised::{pidfd_kill, pidfd_open};
 
@@ -339,14 +342,17 @@ fn same_hierarchy(a: &Path, b: &Path) -> bool {
     }
 }
 
-fn parent_dirs(root: &Path, parent: &str) -> [PathBuf; 5] {
-    [
-        root.join(parent),
-        root.join("memory").join(parent),
-        root.join("pids").join(parent),
-        root.join("cpu").join(parent),
-        root.join("cpuacct").join(parent),
-    ]
+/// The daemon's parent group in each hierarchy the sandboxes' groups are made in: the root
+/// itself on cgroup v2, each controller's on v1 (never both: a v1 controller named like the
+/// parent is not the parent).
+fn parent_dirs(root: &Path, parent: &str) -> Vec<PathBuf> {
+    if root.join("cgroup.controllers").exists() {
+        return vec![root.join(parent)];
+    }
+    ["memory", "pids", "cpu", "cpuacct"]
+        .iter()
+        .map(|controller| root.join(controller).join(parent))
+        .collect()
 }
 
 /// The processes (thread-group ids) `group` holds now.
@@ -376,6 +382,9 @@ fn kill_member(group: &Path, pid: i32) -> io::Result<bool> {
 
 /// Kills the processes of, and removes, every leftover sandbox cgroup under `parent` (from a
 /// daemon that died) but those of the sandboxes in `keep` (taken back by live restore).
+/// Only groups named as this project names sandboxes are touched: anything else under the
+/// parent (another daemon's nested parent, an operator's group) is not ours to kill. The
+/// caller holds the parent ([`ParentLock`]), so no running daemon's sandbox is among them.
 /// Returns how many groups were removed.
 pub async fn remove_stale(root: &Path, parent: &str, keep: &[String]) -> usize {
     let mut removed = 0;
@@ -386,6 +395,17 @@ pub async fn remove_stale(root: &Path, parent: &str, keep: &[String]) -> usize {
         for entry in entries.flatten() {
             let dir = entry.path();
             if !dir.is_dir() || keep.iter().any(|id| entry.file_name() == id.as_str()) {
+                continue;
+            }
+            if !entry
+                .file_name()
+                .to_str()
+                .is_some_and(crate::ids::is_valid_id)
+            {
+                tracing::warn!(
+                    "leaving cgroup {} alone: not named as a sandbox's",
+                    dir.display()
+                );
                 continue;
             }
             for group in [dir.clone(), dir.join(COMMANDS_GROUP), dir.join(AGENT_GROUP)] {
@@ -415,6 +435,188 @@ pub async fn remove_stale(root: &Path, parent: &str, keep: &[String]) -> usize {
 pub fn remove_parent(root: &Path, parent: &str) {
     for dir in parent_dirs(root, parent) {
         let _ = fs::remove_dir(dir);
+    }
+}
+
+impl super::Backends {
+    /// Whether one of them makes sandbox cgroups under the cgroup parent (the namespace
+    /// backend; microVMs and host processes make none). Only such a daemon holds the parent
+    /// ([`ParentLock`]) and cleans up under it: one that makes no cgroups has none to clean.
+    pub fn make_cgroups(&self) -> bool {
+        self.get(BackendKind::Namespace).is_some()
+    }
+}
+
+/// Why a daemon cannot have its cgroup parent.
+#[derive(Debug, thiserror::Error)]
+pub enum ParentLockError {
+    /// The name is not a plain relative cgroup path.
+    #[error(
+        "cgroup parent {0:?} is not a cgroup path: one or more names separated by '/', none \
+         empty, \".\" or \"..\""
+    )]
+    Invalid(String),
+    /// A running daemon holds it.
+    #[error(
+        "cgroup parent {parent:?} is in use by another daemon{holder}: each daemon needs one \
+         of its own, since at startup a daemon kills every sandbox it finds under its parent \
+         as a dead daemon's leftover (lock {})",
+        lock.display()
+    )]
+    InUse {
+        /// The parent.
+        parent: String,
+        /// Who holds it, as the holder wrote it (` (pid N, state directory DIR)`), or nothing
+        /// when it could not be read.
+        holder: String,
+        /// The lock file.
+        lock: PathBuf,
+    },
+    /// Making, opening, locking or writing the lock file failed.
+    #[error("{step}")]
+    Io {
+        /// What was done, with its input.
+        step: String,
+        /// The failure.
+        #[source]
+        source: io::Error,
+    },
+}
+
+/// Where daemons lock their cgroup parents: one directory for the host (`/run/crucible` for
+/// root), whatever each daemon's own state directory, so that every daemon finds every
+/// other's lock.
+pub fn lock_dir() -> PathBuf {
+    crate::settings::default_state_dir()
+}
+
+/// A cgroup parent held for the daemon's life: an exclusive `flock` on
+/// `<lock_dir>/cgroup-<parent>.lock`, which holds the holder's pid and state directory for the
+/// message a refused daemon gives. A daemon that dies lets go with its descriptors; one that
+/// stops removes the file while it still holds it.
+#[derive(Debug)]
+pub struct ParentLock {
+    file: nix::fcntl::Flock<fs::File>,
+    path: PathBuf,
+}
+
+/// The file name of `parent`'s lock: `/` and `%` escaped, so that every parent (nested ones
+/// included) has a file of its own.
+fn lock_file_name(parent: &str) -> String {
+    let escaped = parent.replace('%', "%25").replace('/', "%2F");
+    format!("cgroup-{escaped}.lock")
+}
+
+/// Refuses a parent that is not one or more plain names separated by `/`: an absolute path or
+/// a `..` would reach outside the controllers' trees, and an empty name or `.` would be the
+/// hierarchy's root, whose groups cleanup would kill; one spelling per group also gives each
+/// group one lock.
+fn check_parent(parent: &str) -> Result<(), ParentLockError> {
+    let plain = |name: &str| !name.is_empty() && name != "." && name != "..";
+    if parent.split('/').all(plain) {
+        Ok(())
+    } else {
+        Err(ParentLockError::Invalid(parent.to_string()))
+    }
+}
+
+/// Whether `path` names the file `file` is open on.
+fn names_file(path: &Path, file: &fs::File) -> bool {
+    match (fs::symlink_metadata(path), file.metadata()) {
+        (Ok(named), Ok(open)) => named.dev() == open.dev() && named.ino() == open.ino(),
+        _ => false,
+    }
+}
+
+/// What the holder wrote into its lock file, as ` (pid N, state directory DIR)`; nothing when
+/// there is nothing to read (it may be between taking the lock and writing).
+fn holder_of(file: &fs::File) -> String {
+    let mut text = String::new();
+    if file.take(8192).read_to_string(&mut text).is_err() {
+        return String::new();
+    }
+    let field = |key: &str| {
+        text.lines()
+            .find_map(|line| line.strip_prefix(key)?.strip_prefix(' '))
+            .filter(|value| !value.is_empty())
+    };
+    match (field("pid"), field("state_dir")) {
+        (Some(pid), Some(dir)) => format!(" (pid {pid}, state directory {dir})"),
+        (Some(pid), None) => format!(" (pid {pid})"),
+        _ => String::new(),
+    }
+}
+
+impl ParentLock {
+    /// Takes `parent` for a daemon whose state directory is `state_dir`, or says who holds it.
+    /// Never waits: a second daemon is refused at once.
+    pub fn acquire(
+        lock_dir: &Path,
+        parent: &str,
+        state_dir: &Path,
+    ) -> Result<Self, ParentLockError> {
+        check_parent(parent)?;
+        let io_error = |step: String| move |source| ParentLockError::Io { step, source };
+        fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(lock_dir)
+            .map_err(io_error(format!("create {}", lock_dir.display())))?;
+        let path = lock_dir.join(lock_file_name(parent));
+        // A holder that stops removes its file: if that happened between our open and our
+        // lock, the lock is on a file no one else will open, so open again.
+        for _ in 0..16 {
+            let file = fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .create(true)
+                .truncate(false)
+                .mode(0o600)
+                .custom_flags(nix::libc::O_NOFOLLOW)
+                .open(&path)
+                .map_err(io_error(format!("open {}", path.display())))?;
+            let locked =
+                match nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusiveNonblock) {
+                    Ok(locked) => locked,
+                    Err((file, nix::errno::Errno::EWOULDBLOCK)) => {
+                        return Err(ParentLockError::InUse {
+                            parent: parent.to_string(),
+                            holder: holder_of(&file),
+                            lock: path,
+                        })
+                    }
+                    Err((_, errno)) => {
+                        return Err(io_error(format!("lock {}", path.display()))(errno.into()))
+                    }
+                };
+            if !names_file(&path, &locked) {
+                continue;
+            }
+            let state_dir = std::path::absolute(state_dir).unwrap_or_else(|_| state_dir.into());
+            let holder = format!(
+                "pid {}\nstate_dir {}\n",
+                std::process::id(),
+                state_dir.display()
+            );
+            locked
+                .set_len(0)
+                .and_then(|()| locked.write_all_at(holder.as_bytes(), 0))
+                .map_err(io_error(format!("write {}", path.display())))?;
+            return Ok(ParentLock { file: locked, path });
+        }
+        Err(io_error(format!("lock {}", path.display()))(
+            io::Error::other("it was removed and made again every time it was locked"),
+        ))
+    }
+}
+
+impl Drop for ParentLock {
+    /// Removes the file while still holding it (a daemon that opened it meanwhile sees that
+    /// its lock is on a removed file and opens again); the lock goes with the descriptor.
+    fn drop(&mut self) {
+        if names_file(&self.path, &self.file) {
+            let _ = fs::remove_file(&self.path);
+        }
     }
 }
 
@@ -485,6 +687,75 @@ mod tests {
         assert_eq!(adopted.commands_procs_file(), group.commands_procs_file());
     }
 
+    #[test]
+    fn a_parent_is_held_by_one_daemon_and_a_second_is_told_which_holds_it() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let locks = dir.path().join("run/crucible");
+        let first =
+            ParentLock::acquire(&locks, "crucible/ci", Path::new("/srv/a/state")).expect("free");
+        assert!(locks.join("cgroup-crucible%2Fci.lock").is_file());
+        let refused = ParentLock::acquire(&locks, "crucible/ci", Path::new("/srv/b"))
+            .expect_err("held")
+            .to_string();
+        let holder = format!("(pid {}, state directory /srv/a/state)", std::process::id());
+        assert!(
+            refused.contains("\"crucible/ci\" is in use by another daemon"),
+            "{refused}"
+        );
+        assert!(refused.contains(&holder), "{refused}");
+        // Another parent, even one nested in it or spelled like its escaped name, is another
+        // lock.
+        let nested = ParentLock::acquire(&locks, "crucible", Path::new("/srv/b")).expect("free");
+        let lookalike =
+            ParentLock::acquire(&locks, "crucible%2Fci", Path::new("/srv/c")).expect("free");
+
+        drop(first);
+        assert!(!locks.join("cgroup-crucible%2Fci.lock").exists(), "removed");
+        let again = ParentLock::acquire(&locks, "crucible/ci", Path::new("/srv/b")).expect("free");
+        let refused = ParentLock::acquire(&locks, "crucible/ci", Path::new("/srv/a/state"))
+            .expect_err("held")
+            .to_string();
+        assert!(refused.contains("state directory /srv/b)"), "{refused}");
+        drop((again, nested, lookalike));
+        assert_eq!(fs::read_dir(&locks).expect("lock dir").count(), 0);
+    }
+
+    #[test]
+    fn a_lock_on_a_file_its_holder_removed_is_no_lock() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("cgroup-x.lock");
+        let file = fs::File::create(&path).expect("create");
+        assert!(names_file(&path, &file));
+        fs::remove_file(&path).expect("remove");
+        assert!(!names_file(&path, &file), "removed");
+        fs::write(&path, "").expect("made again");
+        assert!(!names_file(&path, &file), "another file now");
+    }
+
+    #[test]
+    fn a_parent_that_is_not_plain_names_under_the_controllers_is_refused() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        for bad in [
+            "",
+            "/",
+            "/crucible",
+            "crucible/",
+            "a//b",
+            ".",
+            "..",
+            "a/../b",
+            "./a",
+        ] {
+            match ParentLock::acquire(dir.path(), bad, dir.path()) {
+                Err(ParentLockError::Invalid(name)) => assert_eq!(name, bad),
+                other => panic!("{bad:?}: {other:?}"),
+            }
+        }
+        for good in ["crucible", "ci/runner-1", "..a", "a.b/.c"] {
+            ParentLock::acquire(dir.path(), good, dir.path()).expect(good);
+        }
+    }
+
     /// Test cgroups under the real hierarchy (v2's root, or v1's `pids`), removed at the end,
     /// and processes of the test's own (its children: never reaped but by it, so their pids
     /// are never another process's), killed at the end.
@@ -523,7 +794,7 @@ mod tests {
 
     // Never skipped: CI runs as root, on cgroup v1.
     #[tokio::test]
-    async fn a_leftover_sandbox_groups_processes_are_killed_through_pidfds_and_none_else() {
+    async fn a_leftover_sandbox_group_is_killed_through_pidfds_and_nothing_else_is() {
         let root = Path::new("/sys/fs/cgroup");
         let hierarchy = if root.join("cgroup.controllers").exists() {
             root.to_path_buf()
@@ -535,23 +806,34 @@ mod tests {
             parent: hierarchy.join(&name),
             children: Vec::new(),
         };
-        let sandbox = groups.parent.join("sb-00000000000000aa");
-        fs::create_dir_all(&sandbox).expect("a cgroup (this test needs root)");
-        let (member, outside) = (groups.sleeper(), groups.sleeper());
+        let (sandbox, foreign) = (
+            groups.parent.join("sb-00000000000000aa"),
+            groups.parent.join("not-a-sandbox"),
+        );
+        for dir in [&sandbox, &foreign] {
+            fs::create_dir_all(dir).expect("a cgroup (this test needs root)");
+        }
+        let (member, other, outside) = (groups.sleeper(), groups.sleeper(), groups.sleeper());
         fs::write(sandbox.join("cgroup.procs"), member.to_string()).expect("join");
+        fs::write(foreign.join("cgroup.procs"), other.to_string()).expect("join");
         let running =
             |groups: &mut RealGroups, i: usize| matches!(groups.children[i].try_wait(), Ok(None));
 
         // A pid that is not (or no longer) the group's is not signalled.
         assert!(!kill_member(&sandbox, outside).expect("checked"));
-        assert!(running(&mut groups, 1), "not a member: alive");
+        assert!(running(&mut groups, 2), "not a member: alive");
 
         assert_eq!(remove_stale(root, &name, &[]).await, 1);
         let status = groups.children[0].wait().expect("reaped");
         use std::os::unix::process::ExitStatusExt;
         assert_eq!(status.signal(), Some(9), "the member was SIGKILLed");
         assert!(!sandbox.exists(), "its group removed");
-        assert!(running(&mut groups, 1));
+        assert!(
+            running(&mut groups, 1),
+            "a group not named as a sandbox's is left alone"
+        );
+        assert!(foreign.is_dir());
+        assert!(running(&mut groups, 2));
     }
 
     #[test]
