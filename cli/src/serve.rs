@@ -76,10 +76,11 @@ pub(crate) struct Args {
     exec_tail_bytes: u64,
     /// Sandboxes outlive the daemon: a crash, a SIGKILL or a SIGTERM (an upgrade) leaves them
     /// running, and the next daemon started with --live-restore on the same --state-dir and
-    /// --cgroup-parent takes back every one it can verify (today: namespace sandboxes on the
-    /// built-in image without network, caches, volumes or disk) and cleans up the rest, saying
-    /// why in its log. Off by default: without it SIGTERM deletes every sandbox, and a daemon
-    /// that dies takes its sandboxes with it.
+    /// --cgroup-parent takes back every one it can verify (namespace and microVM sandboxes,
+    /// with their imported image, network, caches, volumes and disk) and cleans up the rest,
+    /// saying why in its log. Never taken back: a sandbox with containers (SIGTERM deletes
+    /// it, as without --live-restore). Off by default: without it SIGTERM deletes every
+    /// sandbox, and a daemon that dies takes its sandboxes with it.
     #[arg(long)]
     live_restore: bool,
     /// Seconds without activity after which a sandbox is deleted (a command that runs with no
