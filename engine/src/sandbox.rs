@@ -311,7 +311,26 @@ impl ActivityGuard {
         message: &wire::agent::AgentRequest,
     ) -> Result<UnixStream, AgentError> {
         match &self.container {
-            Some(container) => self.sandbox.send_to_container(container, message).await,
+            Some(container) => {
+                // The sandbox's own root can stop a container's agent (its PID namespace is a
+                // child of root's), and a stopped agent still has its connections accepted by
+                // the kernel: an exec sent to it would wait for ever. It must answer a ping
+                // within the agent deadline first; the request follows at once.
+                match self
+                    .sandbox
+                    .ask_agent_in(Some(container), &wire::agent::AgentRequest::Ping)
+                    .await?
+                {
+                    (wire::agent::AgentReply::Pong(_), _) => {}
+                    (other, _) => {
+                        return Err(AgentError::Stream(format!(
+                            "container {}'s agent answered a ping with {other:?}",
+                            container.name
+                        )))
+                    }
+                }
+                self.sandbox.send_to_container(container, message).await
+            }
             None => self.sandbox.send_to_agent(message).await,
         }
     }

@@ -1,6 +1,7 @@
 //! The bounds on what one tenant can make the daemon hold (docs/security.md, "Bounds"): each
 //! test drives one past its limit through the real daemon and checks the refusal, the
-//! daemon's memory and that another tenant's sandbox still answers.
+//! daemon's memory and that another tenant's sandbox still answers; and the deadline on an
+//! agent that stops answering.
 
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -223,4 +224,69 @@ async fn labels_and_env_past_their_bounds_are_refused_naming_the_limit() {
         c.list().await.expect("list").len() == 1,
         "nothing else was made"
     );
+}
+
+/// The pids, as the sandbox's own root sees them, of its containers' agents: each is PID 1 of
+/// a PID namespace one level below root's (`NSpid: N 1`).
+const CONTAINER_AGENTS: &str = "for d in /proc/[0-9]*; do set -- $(grep '^NSpid:' $d/status); \
+     if [ $# -eq 3 ] && [ \"$3\" = 1 ]; then echo ${d#/proc/}; fi; done";
+
+#[tokio::test]
+async fn an_exec_into_a_stopped_container_agent_fails_within_the_agent_deadline() {
+    harness::require_root();
+    let daemon = DaemonProcess::start().await;
+    let c = daemon.client();
+    let id = c
+        .create(&request(serde_json::json!({
+            "containers": [{"name": "db", "command": ["sleep", "1000"]}]
+        })))
+        .await
+        .expect("create")
+        .id;
+    let (agents, err, code) = sh(&c, &id, CONTAINER_AGENTS).await;
+    assert_eq!(code, 0, "{err}");
+    let agent = agents.trim();
+    assert!(
+        !agent.is_empty() && !agent.contains('\n'),
+        "expected the one container agent, found {agents:?}"
+    );
+    // The sandbox's own root stops it (docs/security.md, "Pod members").
+    let (_, err, code) = sh(&c, &id, &format!("kill -STOP {agent}")).await;
+    assert_eq!(code, 0, "{err}");
+
+    let started = Instant::now();
+    let request = wire::ExecRequest::new(["true"]);
+    let out = tokio::time::timeout(Duration::from_secs(60), async {
+        c.exec_in(&id, "db", &request)
+            .await
+            .expect("exec admitted")
+            .collect()
+            .await
+    })
+    .await
+    .expect("the exec into a stopped agent hung past 60 s")
+    .expect("its output");
+    let took = started.elapsed();
+    eprintln!(
+        "exec into the stopped agent failed after {took:.1?}: {}",
+        out.result.error
+    );
+    assert_eq!(out.result.exit_code, -1, "{:?}", out.result);
+    assert!(
+        out.result.error.contains("did not answer within 10 s"),
+        "{}",
+        out.result.error
+    );
+
+    // Once it runs again, so do execs.
+    let (_, err, code) = sh(&c, &id, &format!("kill -CONT {agent}")).await;
+    assert_eq!(code, 0, "{err}");
+    let out = c
+        .exec_in(&id, "db", &wire::ExecRequest::new(["echo", "back"]))
+        .await
+        .expect("exec")
+        .collect()
+        .await
+        .expect("output");
+    assert_eq!(out.stdout, b"back\n", "{:?}", out.result);
 }
