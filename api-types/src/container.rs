@@ -26,7 +26,7 @@ pub struct ContainerRequest {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub command: Option<Vec<String>>,
     /// Environment of its main process and of every command run in it, over the sandbox's
-    /// `env` and its image's `Env`.
+    /// `env` and its image's `Env`: at most 1,024 variables and 64 KiB of names and values.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub env: BTreeMap<String, String>,
     /// The directory its main process and commands start in, over its image's `WorkingDir`.

@@ -72,10 +72,12 @@ pub struct CreateSandbox {
     /// Lifetime in seconds, after which the sandbox is deleted; default from the daemon.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ttl_s: Option<u64>,
-    /// Environment added to every command run in the sandbox.
+    /// Environment added to every command run in the sandbox: at most 1,024 variables and
+    /// 64 KiB of names and values.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub env: BTreeMap<String, String>,
-    /// Free-form labels, returned as given.
+    /// Free-form labels, returned as given: at most 64, keys of 1 to 128 bytes, 16 KiB of
+    /// keys and values in all.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub labels: BTreeMap<String, String>,
     /// Egress through the daemon's proxy; absent: the sandbox reaches no network at all.
@@ -102,7 +104,7 @@ pub struct CreateSandbox {
     /// Containers besides the sandbox's own root (its `main`, made of `image`): each its own
     /// image, root, main process and log, all sharing the sandbox's network (`localhost`),
     /// IPC, limits and the shared directories they mount. Both backends (the process backend
-    /// of the tests runs none).
+    /// of the tests runs none). At most 16, with those added later.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub containers: Vec<crate::ContainerRequest>,
     /// Shared directories mounted in the sandbox's own root (see a container's `shared`).
