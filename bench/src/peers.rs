@@ -303,16 +303,14 @@ pub(crate) fn ensure_tool(tool: &str, package: &str) -> Result<String, String> {
     eprintln!(
         "    {tool} is missing: installing Debian's {package} with apt-get (a benchmark peer)"
     );
+    let note = |note: &str| eprintln!("    {note}");
     let install = |update: bool| {
         if update {
-            let _ = Command::new("apt-get")
-                .args(["update", "-qq"])
+            let _ = guest_image::apt::apt_get(&["update", "-qq"], &note)
                 .stdout(Stdio::null())
                 .status();
         }
-        Command::new("apt-get")
-            .args(["install", "-y", "-qq", package])
-            .env("DEBIAN_FRONTEND", "noninteractive")
+        guest_image::apt::apt_get(&["install", "-y", "-qq", package], &note)
             .stdout(Stdio::null())
             .status()
             .map(|s| s.success())

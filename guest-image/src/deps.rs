@@ -6,6 +6,7 @@ use std::process::Command;
 
 use thiserror::Error;
 
+use crate::apt;
 use crate::process::{self, CommandError};
 use crate::progress::Progress;
 
@@ -98,16 +99,15 @@ pub fn ensure(
         missing.join(" "),
         log.display()
     ));
+    let note = |message: &str| progress.note(message);
     let install = |log: &Path| {
-        let mut cmd = Command::new("apt-get");
-        cmd.env("DEBIAN_FRONTEND", "noninteractive")
-            .args(["install", "-y", "--no-install-recommends"])
-            .args(&missing);
-        process::run_logged(&mut cmd, log)
+        let mut args = vec!["install", "-y", "--no-install-recommends"];
+        args.extend(missing.iter().map(String::as_str));
+        process::run_logged(&mut apt::apt_get(&args, &note), log)
     };
     if install(log).is_err() {
         progress.status("apt-get install failed; running apt-get update and retrying");
-        let update = process::run_logged(Command::new("apt-get").arg("update"), log);
+        let update = process::run_logged(&mut apt::apt_get(&["update"], &note), log);
         let retry = update.and_then(|()| install(log));
         retry.map_err(|source| DepsError::Install {
             packages: missing.clone(),

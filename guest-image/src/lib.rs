@@ -21,6 +21,7 @@ use std::time::{Duration, Instant};
 use thiserror::Error;
 
 pub mod agent;
+pub mod apt;
 pub mod cache;
 pub mod deps;
 pub mod elf;

@@ -69,9 +69,16 @@ fn resolve_package(sh: &Shell, log: &Path) -> Result<String> {
     eprintln!("    apt does not know {META_PACKAGE}: running apt-get update");
     // why std::process::Command: guest_image::process::run_logged (another crate) takes one,
     // to send its output to the log file, which xshell cannot do.
-    guest_image::process::run_logged(Command::new("apt-get").arg("update"), log)
+    guest_image::process::run_logged(&mut apt_get(&["update"]), log)
         .with_context(|| format!("apt-get update (log: {})", log.display()))?;
     ask().with_context(|| format!("apt-cache depends {META_PACKAGE} names no linux-image package"))
+}
+
+/// `apt-get ARGS` as every apt-get of the project runs (waiting for a lock another apt
+/// holds); says so on stderr when one is held now. (why std::process::Command: run_logged
+/// takes one.)
+fn apt_get(args: &[&str]) -> Command {
+    guest_image::apt::apt_get(args, &|note| eprintln!("    {note}"))
 }
 
 /// The most recently unpacked kernel in `cache`, if any.
@@ -140,9 +147,7 @@ fn fetch(cache: &Path, package: &str, log: &Path) -> Result<L1Kernel> {
     );
     // why std::process::Command: run_logged takes one (output to the log file).
     guest_image::process::run_logged(
-        Command::new("apt-get")
-            .args(["download", package])
-            .current_dir(work.path()),
+        apt_get(&["download", package]).current_dir(work.path()),
         log,
     )
     .with_context(|| format!("apt-get download {package} (log: {})", log.display()))?;
