@@ -20,6 +20,16 @@ from crucible_sdk import Client, Sandbox
 
 ROOT = pathlib.Path(__file__).resolve().parents[3]
 
+# The tests must not depend on the environment they are started from: a CRUCIBLE_API_KEY or
+# CRUCIBLE_HOST of the caller's would become the default of every client a test makes without
+# one, and reach the daemon and the examples the tests start. Every CRUCIBLE_* variable leaves
+# this process's environment before any test runs (conftest.py loads first); the two that
+# configure the tests themselves are read first and kept here.
+TEST_BIN = os.environ.get("CRUCIBLE_BIN") or None
+TEST_IMAGE = os.environ.get("CRUCIBLE_IMAGE") or None
+for _name in [name for name in os.environ if name.startswith("CRUCIBLE_")]:
+    del os.environ[_name]
+
 
 BLOB = bytes((i * 7919 + 13) % 251 for i in range(1 << 20))
 
@@ -54,7 +64,7 @@ STREAM_TIMEOUT = 120.0
 
 
 def image_dir() -> pathlib.Path:
-    return pathlib.Path(os.environ.get("CRUCIBLE_IMAGE", ROOT / "target/crucible/image"))
+    return pathlib.Path(TEST_IMAGE or ROOT / "target/crucible/image")
 
 
 def make_client(daemon: str) -> Client:
@@ -88,7 +98,7 @@ class Daemon(str):
 
 @pytest.fixture(scope="session")
 def daemon(blob_server):
-    binary = pathlib.Path(os.environ.get("CRUCIBLE_BIN", ROOT / "target/debug/crucible"))
+    binary = pathlib.Path(TEST_BIN or ROOT / "target/debug/crucible")
     image = image_dir()
     assert binary.is_file(), (f"{binary} is missing: run `cargo build -p crucible-cli` "
                               "or set CRUCIBLE_BIN")
@@ -98,7 +108,8 @@ def daemon(blob_server):
         socket_path = os.path.join(tmp, "crucible.sock")
         port = _free_port()
         key = secrets.token_hex(16)
-        env = {k: v for k, v in os.environ.items() if k not in ("CRUCIBLE_API_KEYS", "CRUCIBLE_HOST")}
+        # No CRUCIBLE_* but its keys (the caller's are gone from os.environ, above).
+        env = {k: v for k, v in os.environ.items() if not k.startswith("CRUCIBLE_")}
         env["CRUCIBLE_API_KEYS"] = f"pytest:{key}"
         log_path = os.path.join(tmp, "daemon.log")
         with open(log_path, "wb") as log:

@@ -12,6 +12,7 @@ import { promisify } from "node:util";
 import { Crucible } from "../src/index.js";
 import { startDaemon } from "./helpers/daemon.js";
 import type { Daemon } from "./helpers/daemon.js";
+import { cleanEnv } from "./helpers/env.js";
 import { PACKAGE_DIR } from "./helpers/paths.js";
 
 const run = promisify(execFile);
@@ -43,7 +44,7 @@ after(async () => {
 }, { timeout: 90_000 });
 
 function env(): NodeJS.ProcessEnv {
-  return { ...process.env, CRUCIBLE_HOST: daemon.socket };
+  return cleanEnv({ CRUCIBLE_HOST: daemon.socket });
 }
 
 async function leftovers(): Promise<number> {

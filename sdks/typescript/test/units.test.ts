@@ -8,6 +8,8 @@ import os from "node:os";
 import path from "node:path";
 import { after, describe, test } from "node:test";
 
+import "./helpers/env.js";
+
 import {
   AgentError,
   CacheBusy,

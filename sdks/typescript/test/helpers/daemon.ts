@@ -12,6 +12,7 @@ import type { AddressInfo } from "node:net";
 import os from "node:os";
 import path from "node:path";
 
+import { TEST_BIN, TEST_IMAGE, cleanEnv } from "./env.js";
 import { REPO_ROOT } from "./paths.js";
 
 /** 1 MiB of a pattern no compression or zero page hides. */
@@ -64,8 +65,8 @@ export interface Daemon {
 }
 
 export function daemonPaths(): { binary: string; image: string } {
-  const binary = process.env["CRUCIBLE_BIN"] || path.join(REPO_ROOT, "target/debug/crucible");
-  const image = process.env["CRUCIBLE_IMAGE"] || path.join(REPO_ROOT, "target/crucible/image");
+  const binary = TEST_BIN ?? path.join(REPO_ROOT, "target/debug/crucible");
+  const image = TEST_IMAGE ?? path.join(REPO_ROOT, "target/crucible/image");
   if (!existsSync(binary) || !statSync(binary).isFile()) {
     throw new Error(`the crucible binary ${binary} is missing: run \`cargo build -p crucible-cli\`, or set CRUCIBLE_BIN to one`);
   }
@@ -78,7 +79,7 @@ export function daemonPaths(): { binary: string; image: string } {
 export interface DaemonOptions {
   /** More `crucible serve` flags. */
   args?: string[];
-  /** More environment (CRUCIBLE_API_KEYS, say). */
+  /** Environment of its own (CRUCIBLE_API_KEYS, say): the only CRUCIBLE_* variables it sees. */
   env?: Record<string, string>;
 }
 
@@ -87,11 +88,7 @@ export async function startDaemon(options: DaemonOptions = {}): Promise<Daemon> 
   const blob = await startBlobServer();
   const dir = mkdtempSync(path.join(os.tmpdir(), "crucible-nodetest-"));
   const socket = path.join(dir, "crucible.sock");
-  const env = { ...process.env };
-  delete env["CRUCIBLE_API_KEYS"];
-  delete env["CRUCIBLE_HOST"];
-  delete env["CRUCIBLE_API_KEY"];
-  Object.assign(env, options.env ?? {});
+  const env = cleanEnv(options.env);
   const args = [
     "serve",
     "--socket", socket,
