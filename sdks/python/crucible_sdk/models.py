@@ -249,7 +249,7 @@ class ContainerRequest:
     entrypoint: list[str] | None = None
 
     #: Environment of its main process and of every command run in it, over the sandbox's
-    #: `env` and its image's `Env`.
+    #: `env` and its image's `Env`: at most 1,024 variables and 64 KiB of names and values.
     env: dict[str, str] = field(default_factory=dict)
 
     #: Its image: `"default"` (also when absent) or one imported with `POST /images`.
@@ -353,21 +353,23 @@ class CreateSandbox:
     #: Containers besides the sandbox's own root (its `main`, made of `image`): each its own
     #: image, root, main process and log, all sharing the sandbox's network (`localhost`),
     #: IPC, limits and the shared directories they mount. Both backends (the process backend
-    #: of the tests runs none).
+    #: of the tests runs none). At most 16, with those added later.
     containers: list[ContainerRequest] = field(default_factory=list)
 
     #: A disk-backed writable layer of this many MiB (a sparse file on the host's disk)
     #: instead of the default memory-backed one; for builds and checkouts bigger than memory.
     disk_mib: int | None = None
 
-    #: Environment added to every command run in the sandbox.
+    #: Environment added to every command run in the sandbox: at most 1,024 variables and
+    #: 64 KiB of names and values.
     env: dict[str, str] = field(default_factory=dict)
 
     #: Image name: `"default"` (the built-in image, also when absent) or one imported with
     #: `POST /images`.
     image: str | None = None
 
-    #: Free-form labels, returned as given.
+    #: Free-form labels, returned as given: at most 64, keys of 1 to 128 bytes, 16 KiB of
+    #: keys and values in all.
     labels: dict[str, str] = field(default_factory=dict)
 
     #: Memory limit (guest RAM for a microVM, cgroup limit for a namespace sandbox).

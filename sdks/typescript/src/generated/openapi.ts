@@ -2146,7 +2146,7 @@ export interface components {
             entrypoint?: string[] | null;
             /**
              * @description Environment of its main process and of every command run in it, over the sandbox's
-             *     `env` and its image's `Env`.
+             *     `env` and its image's `Env`: at most 1,024 variables and 64 KiB of names and values.
              */
             env?: {
                 [key: string]: string;
@@ -2204,7 +2204,7 @@ export interface components {
              * @description Containers besides the sandbox's own root (its `main`, made of `image`): each its own
              *     image, root, main process and log, all sharing the sandbox's network (`localhost`),
              *     IPC, limits and the shared directories they mount. Both backends (the process backend
-             *     of the tests runs none).
+             *     of the tests runs none). At most 16, with those added later.
              */
             containers?: components["schemas"]["ContainerRequest"][];
             /**
@@ -2213,7 +2213,10 @@ export interface components {
              *     instead of the default memory-backed one; for builds and checkouts bigger than memory.
              */
             disk_mib?: number | null;
-            /** @description Environment added to every command run in the sandbox. */
+            /**
+             * @description Environment added to every command run in the sandbox: at most 1,024 variables and
+             *     64 KiB of names and values.
+             */
             env?: {
                 [key: string]: string;
             };
@@ -2222,7 +2225,10 @@ export interface components {
              *     `POST /images`.
              */
             image?: string | null;
-            /** @description Free-form labels, returned as given. */
+            /**
+             * @description Free-form labels, returned as given: at most 64, keys of 1 to 128 bytes, 16 KiB of
+             *     keys and values in all.
+             */
             labels?: {
                 [key: string]: string;
             };
