@@ -182,7 +182,8 @@ impl Server {
         if live_restore {
             // Before anything else is cleaned: what can be taken back is kept.
             let started = std::time::Instant::now();
-            let adopted = engine.restore().await;
+            let keys: Vec<String> = config.api_keys.names().map(str::to_string).collect();
+            let adopted = engine.restore(&keys).await;
             if !adopted.is_empty() {
                 tracing::info!(
                     "live restore: took back {} sandboxes in {:.1?}",

@@ -158,8 +158,10 @@ impl Engine {
     /// verifies, and says (in the log) why it does not take back each of the others. Returns
     /// the ids taken back; the caller cleans up everything else an earlier daemon left.
     /// Sandboxes are checked [`RESTORE_CONCURRENCY`] at a time: a silent agent costs its ping's
-    /// deadline, not the whole restore's.
-    pub async fn restore(&self) -> Vec<String> {
+    /// deadline, not the whole restore's. `keys` names the API keys this daemon has: a sandbox
+    /// of a key no longer among them (revoked) is not taken back but deleted, so that it is
+    /// never anyone's.
+    pub async fn restore(&self, keys: &[String]) -> Vec<String> {
         use futures_util::StreamExt;
         let state_dir = &self.config.state_dir;
         let outcomes: Vec<(String, Result<(), RestoreError>, Duration)> =
@@ -167,7 +169,10 @@ impl Engine {
                 .map(|(id, record)| async move {
                     let started = Instant::now();
                     let outcome = match record {
-                        Ok(record) => self.adopt(record).await,
+                        Ok(record) => match revoked_owner(&record.owner, keys) {
+                            Some(why) => Err(RestoreError::Unsupported(why)),
+                            None => self.adopt(record).await,
+                        },
                         Err(e) => Err(e),
                     };
                     (id, outcome, started.elapsed())
@@ -933,6 +938,20 @@ fn unsupported_storage(kind: BackendKind, request: &CreateSandbox) -> Vec<&'stat
 /// The smallest disk-backed layer: an ext4 needs a few MiB for itself.
 pub const MIN_DISK_MIB: u64 = 64;
 
+/// Why a recorded sandbox's owner no longer owns anything on this daemon: its key is not
+/// among `keys` (revoked). `None` for a configured key and for the Unix socket.
+fn revoked_owner(owner: &crate::restore::RecordedOwner, keys: &[String]) -> Option<String> {
+    match owner {
+        crate::restore::RecordedOwner::Key(name) if !keys.iter().any(|k| k == name) => {
+            Some(format!(
+                "its owner, key {name:?}, is no longer configured: a revoked key's sandboxes \
+                 are deleted, never handed to another key"
+            ))
+        }
+        _ => None,
+    }
+}
+
 impl Engine {
     /// Takes what the request asks of the storage, for sandbox `id` on `backend`: its
     /// caches (made if new) and its disk-backed layer, with the volumes it names (for a
@@ -1052,4 +1071,24 @@ pub(crate) fn sandbox_defaults(
         base.unwrap_or_default()
             .with_user(resolved, accounts.image_sets_home),
     )))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::restore::RecordedOwner;
+
+    #[test]
+    fn a_sandbox_of_a_key_no_longer_configured_is_revoked_and_the_sockets_never_is() {
+        let keys = ["ci".to_string(), "key-0123456789abcdef".to_string()];
+        assert_eq!(revoked_owner(&RecordedOwner::Key("ci".into()), &keys), None);
+        assert_eq!(revoked_owner(&RecordedOwner::Unix, &keys), None);
+        assert_eq!(revoked_owner(&RecordedOwner::Unix, &[]), None);
+        let why = revoked_owner(&RecordedOwner::Key("dev".into()), &keys).expect("revoked");
+        assert!(
+            why.contains("key \"dev\", is no longer configured"),
+            "{why}"
+        );
+        assert!(revoked_owner(&RecordedOwner::Key("ci".into()), &[]).is_some());
+    }
 }
