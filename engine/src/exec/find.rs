@@ -166,7 +166,10 @@ pub async fn end(
         // From the end of its output: what it wrote is nobody's now.
         match collect(sandbox, exec_id, status.output_bytes, container, deadline).await {
             // Collected by another attach or delivered to its client meanwhile.
-            Ok(()) | Err(FindError::NotFound { .. }) => return Ok(()),
+            Err(FindError::NotFound { .. }) => return Ok(()),
+            // The agent forgets it once it has written the exit frame, a moment after this
+            // read it: the answer waits for that, so that the exec is gone when it comes.
+            Ok(()) => return forgotten(sandbox, exec_id, container, deadline).await,
             // A client is attached (it gets the end), or the command dies with its
             // connection: it is forgotten once it has ended.
             Err(FindError::Conflict { .. }) if Instant::now() < deadline => {
@@ -177,6 +180,34 @@ pub async fn end(
                     sandbox: sandbox.id.clone(),
                     message: format!(
                         "exec {exec_id:?} got SIGKILL but has not ended after {}s",
+                        END_WAIT.as_secs()
+                    ),
+                })
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+/// Waits until the agent no longer knows `exec_id` (collected), until `deadline`.
+async fn forgotten(
+    sandbox: &Arc<Sandbox>,
+    exec_id: &str,
+    container: Option<&str>,
+    deadline: Instant,
+) -> Result<(), FindError> {
+    loop {
+        match statuses(sandbox, Some(exec_id), container).await {
+            Err(FindError::NotFound { .. }) => return Ok(()),
+            Ok(found) if found.is_empty() => return Ok(()),
+            Ok(_) if Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(5)).await
+            }
+            Ok(_) => {
+                return Err(FindError::Conflict {
+                    sandbox: sandbox.id.clone(),
+                    message: format!(
+                        "exec {exec_id:?} ended but its agent still had it after {}s",
                         END_WAIT.as_secs()
                     ),
                 })
