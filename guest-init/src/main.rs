@@ -92,11 +92,9 @@ struct Args {
     mode: Mode,
     memory_bytes: Option<u64>,
     egress: Option<Address>,
-    /// The sandbox's containers' agents, which a signal to every process spares.
-    container_agents: Vec<i32>,
-    /// The sandbox's container factory, spared too; its connection is at
+    /// A namespace sandbox's PID 1 has a container factory, its connection at
     /// `namespace::PID1_FACTORY_FD`.
-    container_factory: Option<i32>,
+    container_factory: bool,
     /// `sandbox-container` in a microVM: the container's name and its image's disk, to build
     /// its root from before serving.
     vm_root: Option<(String, String)>,
@@ -201,17 +199,11 @@ fn parse_args(argv: Vec<String>) -> Result<Option<Args>, String> {
                 }
             }
             "--memory-bytes" => args.memory_bytes = Some(number(&flag, &value(&flag)?)?),
-            "--container-agent" | "--container-factory" => {
+            "--container-factory" => {
                 if !matches!(args.mode, Mode::SandboxPid1) {
                     return Err(format!("{flag} is only valid after `sandbox-pid1`"));
                 }
-                let pid = number(&flag, &value(&flag)?)?;
-                let pid = i32::try_from(pid).map_err(|_| format!("{flag}: {pid} is no pid"))?;
-                if flag == "--container-agent" {
-                    args.container_agents.push(pid);
-                } else {
-                    args.container_factory = Some(pid);
-                }
+                args.container_factory = true;
             }
             "--vm-root" | "--vm-shared" | "--vm-shared-ro" => {
                 if !matches!(args.mode, Mode::SandboxContainer) {
@@ -305,13 +297,7 @@ fn main() -> ExitCode {
                 eprintln!("guest-init: {}", report::chain(&e));
                 return ExitCode::FAILURE;
             }
-            sys::spare_from_signals(
-                args.container_agents
-                    .iter()
-                    .copied()
-                    .chain(args.container_factory),
-            );
-            if args.container_factory.is_some() {
+            if args.container_factory {
                 server::adopt_container_factory();
             }
         }

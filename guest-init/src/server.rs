@@ -376,9 +376,10 @@ fn add_container(
                 format!("add_container {name:?}: {}", report::chain(&e)),
             )
         })?;
-    sys::spare_from_signals([pid]);
+    // Its pid is the factory's view: the agent is in a PID namespace beside this one, which
+    // no signal of this agent's reaches.
     log::info(format_args!(
-        "container {name} added: its agent is pid {pid}"
+        "container {name} added: its agent is pid {pid} in the sandbox's first PID namespace"
     ));
     Ok(pid)
 }

@@ -25,22 +25,17 @@ use crate::{privileges, seccomp, SandboxSpec, SharedMount};
 
 /// Starts every container of `spec`, each from its image's mount in `images` (in the spec's
 /// order), while the caller is still in the sandbox's first mount namespace with the scratch
-/// as its working directory; returns their agents' pids. `argv` is the containers' agent
-/// command line.
+/// as its working directory. `argv` is the containers' agent command line.
 pub(crate) fn start_all(
     spec: &SandboxSpec,
     images: Vec<OwnedFd>,
     agent: &OwnedFd,
     host_side: &HostSide,
     argv: &[CString],
-) -> Result<Vec<libc::pid_t>, SysError> {
-    let mut pids = Vec::with_capacity(images.len());
+) -> Result<(), SysError> {
     for (index, (container, image)) in spec.containers.iter().zip(images).enumerate() {
         match sys::clone_container()? {
-            sys::Forked::Parent(pid) => {
-                drop(image);
-                pids.push(pid);
-            }
+            sys::Forked::Parent(_) => drop(image),
             sys::Forked::Child => {
                 let shared = spec.shared.iter().filter(|s| s.owner == container.name);
                 let layout = Layout {
@@ -59,7 +54,7 @@ pub(crate) fn start_all(
             }
         }
     }
-    Ok(pids)
+    Ok(())
 }
 
 /// Where a container is built on the scratch, and what it mounts of it.

@@ -63,20 +63,20 @@ pub enum FactoryError {
 }
 
 /// Starts the factory while the caller (the sandbox's PID 1-to-be) is single-threaded, in the
-/// sandbox's first mount namespace with the scratch as its working directory. Returns its pid
-/// and PID 1's end of the connection to it.
+/// sandbox's first mount namespace with the scratch as its working directory. Returns PID 1's
+/// end of the connection to it.
 /// `commands_cgroup` is the commands' `cgroup.procs`, which it hands each container's agent.
 pub(crate) fn start(
     agent: &OwnedFd,
     argv: &[CString],
     commands_cgroup: Option<RawFd>,
-) -> Result<(libc::pid_t, OwnedFd), SysError> {
+) -> Result<OwnedFd, SysError> {
     let (ours, theirs) =
         UnixStream::pair().map_err(|e| SysError::io("socketpair for the container factory", e))?;
     match sys::clone_factory()? {
-        sys::Forked::Parent(pid) => {
+        sys::Forked::Parent(_) => {
             drop(theirs);
-            Ok((pid, OwnedFd::from(ours)))
+            Ok(OwnedFd::from(ours))
         }
         sys::Forked::Child => {
             drop(ours);

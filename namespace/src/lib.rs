@@ -85,9 +85,10 @@ pub enum EnterError {
 /// The command lines the agent binary is executed again with inside the sandbox.
 #[derive(Debug, Clone, Default)]
 pub struct AgentArgv {
-    /// The sandbox's PID 1; `--container-agent PID` is added for each container's agent (its
-    /// pid as PID 1 sees it), which a signal to every process spares, and
-    /// `--container-factory PID` for the container factory (`factory`), spared too.
+    /// The sandbox's PID 1 (of `main`'s PID namespace); `--container-factory` is added: its
+    /// connection to the container factory (`factory`) is at [`PID1_FACTORY_FD`]. Neither the
+    /// factory nor a container's agent is in its PID namespace, so a signal to every process
+    /// reaches none of them.
     pub pid1: Vec<CString>,
     /// Each container's agent, serving on descriptor [`PID1_LISTEN_FD`].
     pub container: Vec<CString>,
@@ -177,10 +178,15 @@ fn inside(
         mounts::prepare_scratch(spec, &stage, scratch_disk)?;
         // Cloned from the scratch's mount namespace before the sandbox's root hides it: each
         // container builds its own root on the same scratch.
-        let container_agents =
-            container::start_all(spec, containers, &agent, host_side, &argv.container)?;
-        let (factory_pid, factory) =
-            factory::start(&agent, &argv.container, host_side.commands_cgroup())?;
+        container::start_all(spec, containers, &agent, host_side, &argv.container)?;
+        let factory = factory::start(&agent, &argv.container, host_side.commands_cgroup())?;
+        // The sandbox's own root gets a PID namespace of its own beside the containers': a
+        // pod's members see none of each other's processes (their roots, environments,
+        // agents), the factory included. This process stays as their namespace's init.
+        if let sys::Forked::Parent(main) = sys::clone_main_root()? {
+            sys::be_pod_init(main)
+        }
+        // Mounted from inside that namespace, `/proc` shows it alone.
         mounts::build_root(spec, image, extra)?;
         sys::set_hostname(&spec.hostname)?;
         sys::bring_up_loopback()?;
@@ -192,13 +198,6 @@ fn inside(
         host_side.hand_to_pid1(std::os::fd::AsRawFd::as_raw_fd(&factory))?;
         let mut pid1_argv = argv.pid1.clone();
         pid1_argv.push(c"--container-factory".into());
-        // A number has no NUL.
-        pid1_argv.extend(CString::new(factory_pid.to_string()).ok());
-        for pid in container_agents {
-            pid1_argv.push(c"--container-agent".into());
-            // A number has no NUL.
-            pid1_argv.extend(CString::new(pid.to_string()).ok());
-        }
         Err(sys::exec_pid1(&agent, &pid1_argv).into())
     };
     match step() {

@@ -89,6 +89,16 @@ pub(crate) fn clone_container() -> Result<Forked, SysError> {
     )
 }
 
+/// Forks the process that becomes the sandbox's own root (`main`, the agent and its commands):
+/// PID 1 of a new PID namespace, a sibling of every container's, so that `main` sees none of
+/// their processes; every other namespace shared with the caller.
+pub(crate) fn clone_main_root() -> Result<Forked, SysError> {
+    fork_into(
+        libc::CLONE_NEWPID,
+        "clone the sandbox's own root into a new PID namespace",
+    )
+}
+
 /// Forks the sandbox's container factory: in a mount namespace of its own (a copy of the
 /// caller's, owned by the sandbox's user namespace), every other namespace shared.
 pub(crate) fn clone_factory() -> Result<Forked, SysError> {
@@ -575,22 +585,46 @@ pub(crate) fn keep_from_commands(fd: RawFd) -> Result<(), SysError> {
 
 /// The outer process: waits for the sandbox's PID 1 and exits with its status.
 pub(crate) fn supervise(child: libc::pid_t) -> ! {
+    std::process::exit(wait_for(child))
+}
+
+/// The sandbox's first process once it has made the containers, the factory and `main`
+/// (whose PID namespaces are its namespace's children): the init of that namespace, which
+/// nothing of the sandbox can see. It holds no descriptor, reaps what the kernel hands it,
+/// and ends with `main` as the supervisor ends with it (128 + a signal's number), taking
+/// every container with it: a PID namespace ends with its init.
+pub(crate) fn be_pod_init(main: libc::pid_t) -> ! {
+    // SAFETY: close_range takes integers; it closes descriptors this process owns, none of
+    // which is used after this call (the caller never returns).
+    unsafe {
+        libc::syscall(
+            libc::SYS_close_range,
+            3 as libc::c_uint,
+            libc::c_uint::MAX,
+            0,
+        )
+    };
+    exit_now(wait_for(main))
+}
+
+/// Reaps children until `child` ends (any other is reaped and forgotten: an init is handed
+/// orphans); its exit code, or 128 + the signal that killed it; 125 when there is nothing to
+/// wait for.
+fn wait_for(child: libc::pid_t) -> libc::c_int {
     loop {
         let mut status = 0;
         // SAFETY: `status` is a valid out-pointer for the duration of the call.
-        let ret = unsafe { libc::waitpid(child, &mut status, 0) };
+        let ret = unsafe { libc::waitpid(-1, &mut status, 0) };
         if ret == child {
-            let code = if libc::WIFEXITED(status) {
-                libc::WEXITSTATUS(status)
+            if libc::WIFEXITED(status) {
+                return libc::WEXITSTATUS(status);
             } else if libc::WIFSIGNALED(status) {
-                128 + libc::WTERMSIG(status)
-            } else {
-                continue;
-            };
-            std::process::exit(code);
+                return 128 + libc::WTERMSIG(status);
+            }
+            continue;
         }
         if ret < 0 && io::Error::last_os_error().kind() != io::ErrorKind::Interrupted {
-            std::process::exit(125);
+            return 125;
         }
     }
 }

@@ -133,20 +133,41 @@ pub fn rss_kib(pid: u32) -> u64 {
     status_kib(pid, "VmRSS")
 }
 
-/// The processes of an idle namespace sandbox, in its cgroups: its supervisor (outside), its
-/// agent (PID 1) and its container factory.
-pub const IDLE_PROCESSES: usize = 3;
+/// The processes of an idle namespace sandbox, in its cgroups: its supervisor (outside), the
+/// init of its first PID namespace, its agent (PID 1 of `main`'s PID namespace) and its
+/// container factory.
+pub const IDLE_PROCESSES: usize = 4;
 
 /// The host pid of a namespace sandbox's agent: the process in its memory cgroup that is PID 1
-/// of its own PID namespace (the other process outside it is its supervisor).
+/// of `main`'s PID namespace (two levels below the host's) and runs as `sandbox-pid1`.
 pub fn agent_pid(parent: &str, id: &str) -> Option<i32> {
-    pids_in(&memory_cgroup(parent, id)).into_iter().find(|pid| {
-        std::fs::read_to_string(format!("/proc/{pid}/status")).is_ok_and(|s| {
-            s.lines()
-                .find_map(|l| l.strip_prefix("NSpid:"))
-                .is_some_and(|ids| ids.split_whitespace().nth(1) == Some("1"))
+    agents_in(parent, id, "sandbox-pid1").into_iter().next()
+}
+
+/// The host pids of a namespace sandbox's containers' agents (each PID 1 of its container's
+/// PID namespace, running as `sandbox-container`).
+pub fn container_agent_pids(parent: &str, id: &str) -> Vec<i32> {
+    agents_in(parent, id, "sandbox-container")
+}
+
+fn agents_in(parent: &str, id: &str, mode: &str) -> Vec<i32> {
+    pids_in(&memory_cgroup(parent, id))
+        .into_iter()
+        .filter(|pid| {
+            let pid_one_two_levels_down = std::fs::read_to_string(format!("/proc/{pid}/status"))
+                .is_ok_and(|s| {
+                    s.lines()
+                        .find_map(|l| l.strip_prefix("NSpid:"))
+                        .is_some_and(|ids| {
+                            let ids: Vec<&str> = ids.split_whitespace().collect();
+                            ids.len() == 3 && ids[2] == "1"
+                        })
+                });
+            let runs_as = std::fs::read(format!("/proc/{pid}/cmdline"))
+                .is_ok_and(|line| line.split(|b| *b == 0).any(|arg| arg == mode.as_bytes()));
+            pid_one_two_levels_down && runs_as
         })
-    })
+        .collect()
 }
 
 /// Everything a daemon holds on the host for its sandboxes.

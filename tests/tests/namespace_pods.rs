@@ -343,6 +343,78 @@ async fn a_container_reaches_neither_the_host_image_nor_host_paths() {
     c.delete(&id).await.expect("delete");
 }
 
+/// Every process a root of the sandbox sees, one line each: `PID COMMAND LINE`.
+const PROCESSES: &str =
+    "for p in /proc/[0-9]*; do echo \"${p#/proc/} $(tr '\\0' ' ' < $p/cmdline)\"; done";
+
+#[tokio::test]
+async fn pod_members_see_none_of_each_others_processes_roots_or_environments() {
+    let daemon = TestDaemon::start();
+    let c = daemon.client();
+    let id = c
+        .create(&request(serde_json::json!({
+            "containers": [
+                {"name": "db",
+                 "env": {"DB_PASSWORD": "s3cret-of-db"},
+                 "command": ["/bin/sh", "-c",
+                             "echo db-secret-file > /tmp/dbsecret; exec sleep 1001"]},
+                {"name": "cache", "command": ["sleep", "1002"]}
+            ]
+        })))
+        .await
+        .expect("create")
+        .id;
+    let (_, err, code) = sh(
+        &c,
+        &id,
+        "sleep 1003 </dev/null >/dev/null 2>&1 & echo main-secret > /tmp/mainsecret",
+    )
+    .await;
+    assert_eq!(code, 0, "{err}");
+
+    // From the job (`main`): no service's process, agent, environment or root.
+    let (seen, _, _) = sh(&c, &id, PROCESSES).await;
+    for other in [
+        "sleep 1001",
+        "sleep 1002",
+        "sandbox-container",
+        "pod-factory",
+    ] {
+        assert!(!seen.contains(other), "main sees {other:?}:\n{seen}");
+    }
+    assert!(seen.contains("sleep 1003"), "main sees its own:\n{seen}");
+    let (out, _, _) = sh(
+        &c,
+        &id,
+        "cat /proc/[0-9]*/environ 2>/dev/null | tr '\\0' '\\n' | grep -c s3cret-of-db; \
+         cat /proc/[0-9]*/root/tmp/dbsecret 2>/dev/null; true",
+    )
+    .await;
+    assert_eq!(out, "0\n", "main read the service's environment or root");
+
+    // From a service: neither the job's processes nor another service's.
+    for (name, own, others) in [
+        ("db", "sleep 1001", ["sleep 1002", "sleep 1003"]),
+        ("cache", "sleep 1002", ["sleep 1001", "sleep 1003"]),
+    ] {
+        let (seen, err, code) = sh_in(&c, &id, name, PROCESSES).await;
+        assert_eq!(code, 0, "{name}: {err}");
+        assert!(seen.contains(own), "{name} sees its own:\n{seen}");
+        for other in others.iter().chain(&["sandbox-pid1", "pod-factory"]) {
+            assert!(!seen.contains(other), "{name} sees {other:?}:\n{seen}");
+        }
+        let (out, _, _) = sh_in(
+            &c,
+            &id,
+            name,
+            "cat /proc/[0-9]*/root/tmp/mainsecret 2>/dev/null; true",
+        )
+        .await;
+        assert_eq!(out, "", "{name} read main's root");
+    }
+    c.delete(&id).await.expect("delete");
+}
+
 #[tokio::test]
 async fn a_containers_stats_are_its_own_processes_under_the_sandboxs_limits() {
     let daemon = TestDaemon::start();
@@ -522,20 +594,29 @@ async fn a_removed_container_ends_with_every_process_in_it_and_is_not_restarted(
         .expect("a container request"),
     );
     let id = c.create(&with_a_restarting_one).await.expect("create").id;
-    // From the sandbox's own root every container's processes show (their PID namespaces are
-    // nested in the sandbox's): db's `nc` and flaky's `sleep`.
-    let ps = "ps -o comm | grep -cE '^(nc|sleep)$'";
+    // Counted from the host (no root of the sandbox sees another's processes): db's `nc` and
+    // flaky's `sleep` in the sandbox's cgroup.
+    let cgroup = harness::leaks::memory_cgroup(daemon.cgroup_parent(), &id);
+    let ps = || {
+        harness::leaks::pids_in(&cgroup)
+            .into_iter()
+            .filter(|pid| {
+                std::fs::read_to_string(format!("/proc/{pid}/comm"))
+                    .is_ok_and(|comm| matches!(comm.trim(), "nc" | "sleep"))
+            })
+            .count()
+    };
     // db's loop starts `nc` again after each connection (the ready check made one): asked
     // again until both run.
-    let mut before = String::new();
+    let mut before = 0;
     for _ in 0..50 {
-        before = sh(&c, &id, ps).await.0;
-        if before.trim() == "2" {
+        before = ps();
+        if before == 2 {
             break;
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    assert_eq!(before.trim(), "2", "db's nc and flaky's sleep run");
+    assert_eq!(before, 2, "db's nc and flaky's sleep run");
 
     c.remove_container(&id, "db").await.expect("remove db");
     c.remove_container(&id, "flaky")
@@ -548,25 +629,17 @@ async fn a_removed_container_ends_with_every_process_in_it_and_is_not_restarted(
         .collect();
     assert_eq!(names, ["helper"]);
     // Every process of both is gone, and flaky's restart policy does not bring it back.
-    let mut left = String::new();
+    let mut left = usize::MAX;
     for _ in 0..100 {
-        left = sh(&c, &id, ps).await.0;
-        if left.trim() == "0" {
+        left = ps();
+        if left == 0 {
             break;
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    assert_eq!(
-        left.trim(),
-        "0",
-        "the removed containers' processes are gone"
-    );
+    assert_eq!(left, 0, "the removed containers' processes are gone");
     tokio::time::sleep(Duration::from_millis(500)).await;
-    assert_eq!(
-        sh(&c, &id, ps).await.0.trim(),
-        "0",
-        "flaky was not started again"
-    );
+    assert_eq!(ps(), 0, "flaky was not started again");
 
     // Its name answers 404 everywhere; `main` cannot be removed; the rest runs on.
     for result in [
