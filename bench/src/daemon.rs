@@ -252,8 +252,9 @@ pub(crate) fn sandbox_pids(cgroup_parent: &str, id: &str) -> Result<Vec<u32>> {
     Ok(text.lines().filter_map(|l| l.trim().parse().ok()).collect())
 }
 
-/// The sandbox's PID 1 as seen from the host: the process in its cgroup whose innermost PID
-/// (the last `NSpid` entry) is 1.
+/// The sandbox's agent as seen from the host: the process in its cgroup that runs as
+/// `sandbox-pid1` and whose innermost PID (the last `NSpid` entry) is 1 (PID 1 of `main`'s
+/// PID namespace; the pod init above it is PID 1 of the sandbox's first one).
 pub(crate) fn sandbox_init_pid(cgroup_parent: &str, id: &str) -> Result<u32> {
     for pid in sandbox_pids(cgroup_parent, id)? {
         let Ok(status) = std::fs::read_to_string(format!("/proc/{pid}/status")) else {
@@ -263,11 +264,13 @@ pub(crate) fn sandbox_init_pid(cgroup_parent: &str, id: &str) -> Result<u32> {
             .lines()
             .find_map(|l| l.strip_prefix("NSpid:"))
             .and_then(|v| v.split_whitespace().last());
-        if inner == Some("1") {
+        let is_agent = std::fs::read(format!("/proc/{pid}/cmdline"))
+            .is_ok_and(|line| line.split(|b| *b == 0).any(|arg| arg == b"sandbox-pid1"));
+        if inner == Some("1") && is_agent {
             return Ok(pid);
         }
     }
-    bail!("sandbox {id} has no PID 1 in its cgroup under {cgroup_parent}")
+    bail!("sandbox {id} has no agent in its cgroup under {cgroup_parent}")
 }
 
 #[cfg(test)]
