@@ -21,6 +21,7 @@
 
 mod blob_server;
 mod blocking;
+mod bounds;
 mod daemon;
 mod egress;
 mod gate;

@@ -923,8 +923,10 @@ pub(crate) async fn footprint(plan: &Plan, image: &std::path::Path) -> Result<Ve
     for id in ids.iter() {
         client.delete(id).await.context("delete")?;
     }
+    let cycles = if plan.quick { 50 } else { 200 };
+    let bounds = super::bounds::measure(&client, d.pid(), cycles).await?;
     d.stop()?;
-    Ok(vec![
+    let mut measured = vec![
         Measurement::scalar(
             "daemon_rss_idle",
             "daemon RSS, idle",
@@ -957,7 +959,9 @@ pub(crate) async fn footprint(plan: &Plan, image: &std::path::Path) -> Result<Ve
                  sandbox ({daemon_share:.2} MiB); nothing a command touched"
             ),
         ),
-    ])
+    ];
+    measured.extend(bounds);
+    Ok(measured)
 }
 
 #[cfg(test)]

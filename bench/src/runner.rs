@@ -616,7 +616,13 @@ fn rows(plan: &Plan) -> Vec<Row> {
         fork,
         true,
     ));
-    for m in ["daemon_rss_idle", "daemon_rss_load", "host_mem_per_sandbox"] {
+    for m in [
+        "daemon_rss_idle",
+        "daemon_rss_load",
+        "host_mem_per_sandbox",
+        "daemon_rss_bounds",
+        "daemon_rss_churn",
+    ] {
         rows.push(row("Footprint", m, &[], None, false));
     }
     // Emulated CPUs: no floor, no gate, not comparable with the figures above.
