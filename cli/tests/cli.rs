@@ -782,6 +782,33 @@ fn run_with_a_service_in_a_microvm_talks_to_it_and_keeps_its_log() {
     run_job_with_a_service(&daemon, Some("microvm"));
 }
 
+/// The finding of issue 40: from the job of `crucible run --service db=…`, the service's
+/// processes, environment and root were all there to read. Now none of them is.
+#[test]
+fn the_job_of_run_sees_none_of_its_services_processes_environment_or_root() {
+    let daemon = TestDaemon::start();
+    let out = run(crucible(&daemon).args([
+        "run",
+        "--service",
+        "db=default:export DB_PASSWORD=s3cret-of-db; echo db-file > /tmp/dbsecret; exec sleep 301",
+        "--service-ready",
+        "db=cmd:test -e /tmp/dbsecret",
+        "--",
+        "sh",
+        "-c",
+        "for p in /proc/[0-9]*; do tr '\\0' ' ' < $p/cmdline; echo; done | grep -c 'sleep 30[1]'; \
+         cat /proc/[0-9]*/environ 2>/dev/null | tr '\\0' '\\n' | grep -c s3cret-of-db; \
+         cat /proc/[0-9]*/root/tmp/dbsecret 2>/dev/null | grep -c db-file; true",
+    ]));
+    assert_eq!(
+        text(&out.stdout),
+        "0\n0\n0\n",
+        "the job saw the service's process, environment or file: {}",
+        text(&out.stderr)
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+}
+
 #[test]
 fn run_with_a_service_talks_to_it_on_localhost_and_keeps_its_log() {
     let daemon = TestDaemon::start();
