@@ -6,6 +6,9 @@ use std::process::{Command, Output, Stdio};
 use api_types::CreateSandbox;
 use harness::TestDaemon;
 
+mod common;
+use common::has_control;
+
 fn crucible(daemon: &TestDaemon) -> Command {
     let mut command = Command::new(env!("CARGO_BIN_EXE_crucible"));
     command
@@ -909,15 +912,6 @@ fn run_with_a_service_talks_to_it_on_localhost_and_keeps_its_log() {
 /// A tenant's text (a label, a command line) that would drive the operator's terminal: a
 /// title, a cleared screen, a C1 CSI, a line forged by a line break.
 const TERMINAL_ATTACK: &str = "\x1b]0;pwned\x07\x1b[2J\u{9b}31m\nlabel:    forged=1";
-
-/// Whether `bytes` hold a control character a terminal acts on: C0 (but the line ends of the
-/// output's own lines), DEL, or C1 in UTF-8.
-fn has_control(bytes: &[u8]) -> bool {
-    bytes.iter().any(|&b| (b < 0x20 && b != b'\n') || b == 0x7f)
-        || bytes
-            .windows(2)
-            .any(|w| w[0] == 0xc2 && (0x80..=0x9f).contains(&w[1]))
-}
 
 #[test]
 fn a_tenants_text_is_shown_escaped_by_get_and_ps_and_exact_in_json() {

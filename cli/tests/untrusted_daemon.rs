@@ -15,6 +15,9 @@ use api_types::{
 };
 use wire::FrameType;
 
+mod common;
+use common::has_control;
+
 const ID: &str = "sb-00000000000000aa";
 
 /// Text meant for a terminal: sets its title, clears the screen (C0 ESC and BEL, then the
@@ -202,15 +205,6 @@ fn files_under(dir: &Path) -> Vec<PathBuf> {
         }
     }
     found
-}
-
-/// Whether `bytes` hold a control character a terminal acts on: C0 (but the line ends of the
-/// output's own lines), DEL, or C1 in UTF-8.
-fn has_control(bytes: &[u8]) -> bool {
-    bytes.iter().any(|&b| (b < 0x20 && b != b'\n') || b == 0x7f)
-        || bytes
-            .windows(2)
-            .any(|w| w[0] == 0xc2 && (0x80..=0x9f).contains(&w[1]))
 }
 
 #[test]
