@@ -1,29 +1,16 @@
 //! The `crucible` binary as a user runs it, against a real daemon.
 
 use std::io::Write;
-use std::process::{Command, Output, Stdio};
+use std::process::{Command, Stdio};
 
 use api_types::CreateSandbox;
 use harness::TestDaemon;
 
 mod common;
-use common::has_control;
+use common::{crucible_at, has_control, run, text};
 
 fn crucible(daemon: &TestDaemon) -> Command {
-    let mut command = Command::new(env!("CARGO_BIN_EXE_crucible"));
-    command
-        .arg("--host")
-        .arg(&daemon.socket)
-        .env_remove("CRUCIBLE_API_KEY");
-    command
-}
-
-fn run(command: &mut Command) -> Output {
-    command.output().expect("crucible runs")
-}
-
-fn text(bytes: &[u8]) -> String {
-    String::from_utf8_lossy(bytes).into_owned()
+    crucible_at(&daemon.socket)
 }
 
 fn sandbox(daemon: &TestDaemon) -> String {

@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use std::io::{Read, Write};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::Command;
 use std::sync::{Arc, Mutex};
 
 use api_types::{
@@ -16,7 +16,7 @@ use api_types::{
 use wire::FrameType;
 
 mod common;
-use common::has_control;
+use common::{crucible_at, has_control, run, text};
 
 const ID: &str = "sb-00000000000000aa";
 
@@ -175,20 +175,7 @@ fn daemon_for_run(dir: &Path, names: &[&str]) -> (PathBuf, Arc<Mutex<Vec<String>
 }
 
 fn crucible(socket: &Path) -> Command {
-    let mut command = Command::new(env!("CARGO_BIN_EXE_crucible"));
-    command
-        .arg("--host")
-        .arg(socket)
-        .env_remove("CRUCIBLE_API_KEY");
-    command
-}
-
-fn run(command: &mut Command) -> Output {
-    command.output().expect("crucible runs")
-}
-
-fn text(bytes: &[u8]) -> String {
-    String::from_utf8_lossy(bytes).into_owned()
+    crucible_at(socket)
 }
 
 /// Every file (not directory) under `dir`, symlinks included.
