@@ -27,8 +27,10 @@ pub(crate) struct Args {
     /// Hypothesis seed (a fixed one keeps CI reproducible; change it to explore).
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
-    /// Seconds a single request may take before it counts as a hang and fails the run.
-    #[arg(long, default_value_t = 10)]
+    /// Seconds a single request may take before it counts as a hang and fails the run: past
+    /// the longest wait the API documents (adding a container answers once its ready check
+    /// passes or its 60 s default timeout ends, as a generated one on a live sandbox may).
+    #[arg(long, default_value_t = 70)]
     pub request_timeout: u32,
 }
 
