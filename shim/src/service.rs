@@ -288,6 +288,9 @@ impl Inner {
         pod: bool,
         held: &mut BundleState,
     ) -> Result<String, ShimError> {
+        if pod {
+            spec::refuse_host_namespaces(spec)?;
+        }
         let image = self.image_of(client, req, spec, held).await?;
         let bundle = PathBuf::from(&req.bundle);
         let (memory_mib, vcpus) = spec::limits(spec);

@@ -54,6 +54,34 @@ pub(crate) fn user(spec: &Spec) -> Option<String> {
     (user.uid() != 0 || user.gid() != 0).then(|| format!("{}:{}", user.uid(), user.gid()))
 }
 
+/// Refuses a pod sandbox's spec that asks for the node's PID or IPC namespace (Kubernetes'
+/// `hostPID`, `hostIPC`: containerd then leaves that namespace out of the pause container's
+/// spec). A crucible sandbox always has its own: running the pod without them would give it
+/// something else than it asked for, without a word.
+pub(crate) fn refuse_host_namespaces(spec: &Spec) -> Result<(), ShimError> {
+    use oci_spec::runtime::LinuxNamespaceType;
+    let Some(namespaces) = spec.linux().as_ref().and_then(|l| l.namespaces().as_ref()) else {
+        return Ok(());
+    };
+    let has = |kind: LinuxNamespaceType| namespaces.iter().any(|n| n.typ() == kind);
+    let asked: Vec<&str> = [
+        (LinuxNamespaceType::Pid, "hostPID"),
+        (LinuxNamespaceType::Ipc, "hostIPC"),
+    ]
+    .into_iter()
+    .filter(|(kind, _)| !has(*kind))
+    .map(|(_, field)| field)
+    .collect();
+    if asked.is_empty() {
+        return Ok(());
+    }
+    Err(ShimError::Invalid(format!(
+        "{}: a crucible sandbox never shares the node's PID or IPC namespace (run this pod \
+         with another runtime class)",
+        asked.join(", ")
+    )))
+}
+
 /// `KEY=value` entries as a map; an entry without `=` or with an empty key is left out (it
 /// cannot be set with `execve`'s environment either). A later duplicate wins, as with `env`.
 pub(crate) fn env_map(entries: &[String]) -> BTreeMap<String, String> {
@@ -138,6 +166,43 @@ pub(crate) fn exec_process(json: &[u8]) -> Result<Process, ShimError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn with_namespaces(kinds: &[oci_spec::runtime::LinuxNamespaceType]) -> Spec {
+        let namespaces: Vec<_> = kinds
+            .iter()
+            .map(|&kind| {
+                oci_spec::runtime::LinuxNamespaceBuilder::default()
+                    .typ(kind)
+                    .build()
+                    .expect("a namespace")
+            })
+            .collect();
+        let linux = oci_spec::runtime::LinuxBuilder::default()
+            .namespaces(namespaces)
+            .build()
+            .expect("linux");
+        let mut spec = Spec::default();
+        spec.set_linux(Some(linux));
+        spec
+    }
+
+    #[test]
+    fn a_pod_asking_for_the_nodes_pid_or_ipc_namespace_is_refused_naming_the_field() {
+        use oci_spec::runtime::LinuxNamespaceType::{Ipc, Mount, Network, Pid, Uts};
+        refuse_host_namespaces(&with_namespaces(&[Pid, Ipc, Uts, Mount, Network]))
+            .expect("a pod with its own namespaces");
+        refuse_host_namespaces(&with_namespaces(&[Pid, Ipc, Uts, Mount]))
+            .expect("hostNetwork is not refused here");
+        let text = |kinds: &[oci_spec::runtime::LinuxNamespaceType]| {
+            refuse_host_namespaces(&with_namespaces(kinds))
+                .expect_err("refused")
+                .to_string()
+        };
+        let pid = text(&[Ipc, Uts, Mount, Network]);
+        assert!(pid.contains("hostPID") && !pid.contains("hostIPC"), "{pid}");
+        let both = text(&[Uts, Mount, Network]);
+        assert!(both.contains("hostPID, hostIPC"), "{both}");
+    }
 
     #[test]
     fn memory_rounds_up_to_whole_mib_within_the_daemons_bounds() {
