@@ -118,6 +118,12 @@ pub struct CreateSandbox {
     /// containers without it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub container_slots: Option<u32>,
+    /// One PID namespace for the sandbox's own root and every container, as Kubernetes'
+    /// `shareProcessNamespace`: each member then sees, and may signal, the others' processes
+    /// (their `/proc/PID/root` and environment too), the sandbox's agent being PID 1. Default
+    /// `false`: each member has a PID namespace of its own and sees none of the others'.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub share_process_namespace: bool,
 }
 
 /// `"network"` in a create request.
@@ -307,6 +313,9 @@ pub struct SandboxInfo {
     /// Its containers besides its own root, when it has any.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub containers: Vec<crate::ContainerInfo>,
+    /// Whether its root and its containers share one PID namespace (absent: they do not).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub share_process_namespace: bool,
 }
 
 /// The body of `GET /sandboxes`.

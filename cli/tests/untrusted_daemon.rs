@@ -144,6 +144,7 @@ fn sandbox_info(text: &str) -> SandboxInfo {
             image: format!("image{text}"),
             ..container(&format!("c{text}"))
         }],
+        share_process_namespace: false,
     }
 }
 

@@ -49,6 +49,9 @@ pub mod keys {
     /// One shared directory mounted in a root, `OWNER:NAME:TARGET` (`main` or a container;
     /// the directory's name; where, percent-encoded); the key repeats.
     pub const SHARED: &str = "crucible.shared";
+    /// `1`: the containers share the guest's first PID namespace (Kubernetes'
+    /// `shareProcessNamespace`) instead of each getting one of its own.
+    pub const SHARE_PIDS: &str = "crucible.share_pids";
 }
 
 /// The most bytes [`BootConfig::to_cmdline`] writes. x86 Linux keeps 2048 bytes of command
@@ -316,6 +319,9 @@ pub struct BootConfig {
     pub containers: Vec<VmContainer>,
     /// `crucible.shared=`: the shared directories' mounts.
     pub shared: Vec<VmShared>,
+    /// `crucible.share_pids=1`: every container joins the guest's first PID namespace (PID 1,
+    /// the sandbox's own agent, its init) rather than getting one of its own.
+    pub share_pids: bool,
 }
 
 /// The hostname when the command line gives none.
@@ -340,6 +346,7 @@ impl Default for BootConfig {
             mounts: Vec::new(),
             containers: Vec::new(),
             shared: Vec::new(),
+            share_pids: false,
         }
     }
 }
@@ -415,6 +422,7 @@ impl BootConfig {
                 keys::MOUNT => cfg.mounts.extend(DiskMount::parse(value)),
                 keys::CONTAINER => cfg.containers.extend(VmContainer::parse(value)),
                 keys::SHARED => cfg.shared.extend(VmShared::parse(value)),
+                keys::SHARE_PIDS => cfg.share_pids = flag(value),
                 _ => {}
             }
         }
@@ -526,6 +534,9 @@ impl BootConfig {
             }
             push(keys::SHARED, &shared.to_value());
         }
+        if self.share_pids {
+            push(keys::SHARE_PIDS, &1);
+        }
         let line = words.join(" ");
         if line.len() > MAX_WORDS_BYTES {
             return Err(CmdlineError::TooLong { len: line.len() });
@@ -585,6 +596,7 @@ mod tests {
                     read_only: true,
                 },
             ],
+            share_pids: true,
         }
     }
 
@@ -638,7 +650,7 @@ mod tests {
              crucible.mount=crucible-mount-0:rw:/root/.cargo/registry \
              crucible.mount=crucible-mount-1:ro:/opt/my%20tools/%22q%22%2550/%C3%A9 \
              crucible.container=db:crucible-ctr-0 crucible.shared=main:work:/work \
-             crucible.shared=db:work:/var/lib/my%20data:ro"
+             crucible.shared=db:work:/var/lib/my%20data:ro crucible.share_pids=1"
         );
     }
 

@@ -194,6 +194,10 @@ pub struct SandboxRecord {
     pub volumes: Vec<api_types::VolumeMount>,
     /// Its disk-backed writable layer.
     pub disk_mib: Option<u64>,
+    /// Whether its root and its containers share one PID namespace (absent in older records:
+    /// they did not).
+    #[serde(default)]
+    pub share_process_namespace: bool,
     /// The host's boot id (`/proc/sys/kernel/random/boot_id`) when it was written: after a
     /// reboot, pids and start times begin again and could match an unrelated process.
     pub boot_id: String,
@@ -424,6 +428,7 @@ mod tests {
             caches: Vec::new(),
             volumes: Vec::new(),
             disk_mib: None,
+            share_process_namespace: false,
             boot_id: boot_id().expect("this boot's id"),
             instance: InstanceRecord {
                 supervisor_pid: 4242,

@@ -176,6 +176,8 @@ pub(crate) struct SandboxSettings {
     pub volumes: Vec<api_types::VolumeMount>,
     /// The size of its disk-backed writable layer.
     pub(crate) disk_mib: Option<u64>,
+    /// Whether its root and its containers share one PID namespace.
+    pub(crate) share_process_namespace: bool,
     /// Its egress, when it has any.
     pub(crate) network: Option<SandboxNetwork>,
     /// Its imported image's config (`Env`, `WorkingDir`, `User`), the defaults of every
@@ -791,6 +793,7 @@ impl Sandbox {
             caches: s.caches.clone(),
             volumes: s.volumes.clone(),
             disk_mib: s.disk_mib,
+            share_process_namespace: s.share_process_namespace,
             boot_id: crate::restore::boot_id()
                 .inspect_err(|e| tracing::warn!("sandbox {}: its record: boot id: {e}", self.id))
                 .ok()?,
@@ -977,6 +980,7 @@ impl Sandbox {
                 .and_then(|d| d.user.as_ref())
                 .map(|u| format!("{}:{}", u.uid, u.gid)),
             containers: self.containers().iter().map(|c| c.info()).collect(),
+            share_process_namespace: self.settings.share_process_namespace,
         }
     }
 

@@ -269,6 +269,7 @@ impl Engine {
             caches: record.caches,
             volumes: record.volumes,
             disk_mib: record.disk_mib,
+            share_process_namespace: record.share_process_namespace,
             network: network.map(|(counters, _)| SandboxNetwork {
                 allow: record.network,
                 counters,
@@ -651,6 +652,7 @@ impl Engine {
             caches: request.caches.clone(),
             volumes: request.volumes.clone(),
             disk_mib: request.disk_mib,
+            share_process_namespace: request.share_process_namespace,
             network: None,
             image_defaults,
             accounts,
@@ -662,7 +664,8 @@ impl Engine {
             && request.user.is_none()
             && request.caches.is_empty()
             && request.volumes.is_empty()
-            && request.disk_mib.is_none();
+            && request.disk_mib.is_none()
+            && !request.share_process_namespace;
         if poolable {
             // A hit takes no reservation, where the refusal would otherwise come from; a
             // creation under way when shutdown begins is waited for, so this is the last word.
@@ -745,6 +748,7 @@ impl Engine {
             container_disks,
             shared,
             container_slots,
+            share_pids: request.share_process_namespace,
         };
         let instance = backend.create(spec).await.map_err(|e| {
             self.metrics

@@ -293,6 +293,11 @@ fn boot_and_serve(cmdline: Option<String>, forwarded: &[String]) -> Stop {
         exec_ctx.cgroup_procs.as_ref().map(std::os::fd::AsFd::as_fd),
     );
     sys::spare_from_signals(container_agents);
+    if cfg.share_pids {
+        // The containers' processes are in PID 1's namespace: a signal to the sandbox must
+        // still reach its own root's alone.
+        sys::share_pid_namespace();
+    }
 
     let listener = match Listener::bind(&Address::Vsock(libc::VMADDR_CID_ANY, cfg.port)) {
         Ok(l) => Some(l),

@@ -100,6 +100,8 @@ struct Args {
     vm_root: Option<(String, String)>,
     /// With `vm_root`: shared directories `(name, target, read_only)` to bind into it.
     vm_shared: Vec<(String, String, bool)>,
+    /// A sandbox agent whose PID namespace the sandbox's root and every container share.
+    shared_pids: bool,
 }
 
 /// Which half of a namespace sandbox this process is, if any.
@@ -199,6 +201,11 @@ fn parse_args(argv: Vec<String>) -> Result<Option<Args>, String> {
                 }
             }
             "--memory-bytes" => args.memory_bytes = Some(number(&flag, &value(&flag)?)?),
+            "--share-pid-namespace"
+                if matches!(args.mode, Mode::SandboxPid1 | Mode::SandboxContainer) =>
+            {
+                args.shared_pids = true;
+            }
             "--container-factory" => {
                 if !matches!(args.mode, Mode::SandboxPid1) {
                     return Err(format!("{flag} is only valid after `sandbox-pid1`"));
@@ -299,6 +306,9 @@ fn main() -> ExitCode {
             }
             if args.container_factory {
                 server::adopt_container_factory();
+            }
+            if args.shared_pids {
+                sys::share_pid_namespace();
             }
         }
         Mode::Plain => {}
@@ -412,6 +422,9 @@ fn pid1_argv(args: &Args) -> Vec<std::ffi::CString> {
             Address::Fd(namespace::PID1_EGRESS_FD).to_string(),
         ]);
     }
+    if matches!(&args.mode, Mode::Sandbox(spec) if spec.share_pid_namespace) {
+        argv.push("--share-pid-namespace".into());
+    }
     if let Some(level) = args.log {
         argv.extend(["--log".into(), level.as_str().into()]);
     }
@@ -434,6 +447,9 @@ fn container_argv(args: &Args) -> Vec<std::ffi::CString> {
     ];
     if let Some(bytes) = args.memory_bytes {
         argv.extend(["--memory-bytes".into(), bytes.to_string()]);
+    }
+    if matches!(&args.mode, Mode::Sandbox(spec) if spec.share_pid_namespace) {
+        argv.push("--share-pid-namespace".into());
     }
     if let Some(level) = args.log {
         argv.extend(["--log".into(), level.as_str().into()]);

@@ -317,6 +317,9 @@ pub fn signal_name(signal: libc::c_int) -> String {
 
 static SPARED: std::sync::Mutex<Vec<libc::pid_t>> = std::sync::Mutex::new(Vec::new());
 
+/// Set once by a sandbox agent whose PID namespace the sandbox's root and its containers share.
+static SHARED_PIDS: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
 /// Processes [`signal_all_but_self`] spares besides the caller, from now on: a namespace
 /// sandbox's containers' agents (the sandbox's PID 1 sees them, PID 1s of nested PID
 /// namespaces) and its container factory.
@@ -327,13 +330,22 @@ pub fn spare_from_signals(pids: impl IntoIterator<Item = libc::pid_t>) {
         .extend(pids);
 }
 
-/// Sends `signal` to every process this one may signal except itself (and those
-/// [`spare_from_signals`] named): from PID 1, every process of its PID namespace (`kill(2)`
-/// with pid -1, or each process of `/proc` in turn when some are spared). Refused unless this
-/// process is PID 1: elsewhere (the agent as a plain process, in tests) it would reach the
-/// host's processes.
+/// Says that this agent serves one member of a pod sharing one PID namespace (the root's
+/// agent is its PID 1; a container's agent is not PID 1 of anything): [`signal_all_but_self`]
+/// then signals this member's processes alone (those in its mount namespace), never another
+/// member's or their agents.
+pub fn share_pid_namespace() {
+    SHARED_PIDS.store(true, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// Sends `signal` to every process of this agent's own root except itself (and those
+/// [`spare_from_signals`] named): from PID 1 alone in its PID namespace, every process of it
+/// (`kill(2)` with pid -1); otherwise each process of `/proc` in its PID and mount namespaces
+/// in turn. Refused unless this process is PID 1 or serves a member of a shared PID namespace:
+/// elsewhere (the agent as a plain process, in tests) it would reach the host's processes.
 pub fn signal_all_but_self(signal: libc::c_int) -> io::Result<()> {
-    if std::process::id() != 1 {
+    let shared = SHARED_PIDS.load(std::sync::atomic::Ordering::Relaxed);
+    if std::process::id() != 1 && !shared {
         return Err(io::Error::new(
             io::ErrorKind::Unsupported,
             "signalling every process needs the agent to be PID 1",
@@ -346,7 +358,7 @@ pub fn signal_all_but_self(signal: libc::c_int) -> io::Result<()> {
         ));
     }
     let spared = SPARED.lock().unwrap_or_else(|p| p.into_inner()).clone();
-    if !spared.is_empty() {
+    if !spared.is_empty() || shared {
         return signal_each_but(signal, &spared);
     }
     // SAFETY: kill takes no pointers. With pid -1 from PID 1 it reaches every process of the
@@ -359,13 +371,16 @@ pub fn signal_all_but_self(signal: libc::c_int) -> io::Result<()> {
 }
 
 /// [`signal_all_but_self`] with processes to spare: every process of `/proc` in this PID
-/// namespace but PID 1 and `spared`, a few times over while new ones appear (a process forked
-/// between the listing and the signals is caught by the next pass). A container's processes
-/// live in PID namespaces of their own and are spared too: the sandbox's signal is for its main
-/// container; each container's agent signals its own. Processes that exit meanwhile are no
+/// namespace and this mount namespace but PID 1, the caller and `spared`, a few times over
+/// while new ones appear (a process forked between the listing and the signals is caught by
+/// the next pass). The sandbox's signal is for its own root: a container's processes (in PID
+/// namespaces of their own, or, when the pod shares one, in mount namespaces of their own)
+/// are spared; each container's agent signals its own. Processes that exit meanwhile are no
 /// error.
 fn signal_each_but(signal: libc::c_int, spared: &[libc::pid_t]) -> io::Result<()> {
-    let own_namespace = std::fs::read_link("/proc/self/ns/pid")?;
+    let own_pids = std::fs::read_link("/proc/self/ns/pid")?;
+    let own_mounts = std::fs::read_link("/proc/self/ns/mnt")?;
+    let me = std::process::id() as libc::pid_t;
     let mut signalled = std::collections::BTreeSet::new();
     for _ in 0..4 {
         let mut new = 0;
@@ -377,13 +392,15 @@ fn signal_each_but(signal: libc::c_int, spared: &[libc::pid_t]) -> io::Result<()
             else {
                 continue;
             };
-            if pid == 1 || spared.contains(&pid) || !signalled.insert(pid) {
+            if pid == 1 || pid == me || spared.contains(&pid) || !signalled.insert(pid) {
                 continue;
             }
-            // A process that is gone has no namespace link; it needs no signal either.
-            match std::fs::read_link(format!("/proc/{pid}/ns/pid")) {
-                Ok(namespace) if namespace == own_namespace => {}
-                _ => continue,
+            // A process that is gone has no namespace links; it needs no signal either.
+            let same = |kind: &str, own: &std::path::Path| {
+                std::fs::read_link(format!("/proc/{pid}/ns/{kind}")).is_ok_and(|ns| ns == own)
+            };
+            if !same("pid", &own_pids) || !same("mnt", &own_mounts) {
+                continue;
             }
             new += 1;
             // SAFETY: kill takes no pointers.

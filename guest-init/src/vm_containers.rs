@@ -75,6 +75,7 @@ pub fn start_all(cfg: &BootConfig, commands_cgroup: Option<BorrowedFd<'_>>) -> V
     let _ = LATER.set(Later {
         log: cfg.log,
         commands_cgroup: kept,
+        share_pids: cfg.share_pids,
     });
     if cfg.containers.is_empty() && cfg.shared.is_empty() {
         return Vec::new();
@@ -98,8 +99,15 @@ pub fn start_all(cfg: &BootConfig, commands_cgroup: Option<BorrowedFd<'_>>) -> V
             })
             .and_then(|device| {
                 let shared = cfg.shared.iter().filter(|s| s.owner == container.name);
-                let argv = agent_argv(cfg.log, index, &container.name, device, shared);
-                start_agent(&container.name, &argv, commands_cgroup)
+                let argv = agent_argv(
+                    cfg.log,
+                    cfg.share_pids,
+                    index,
+                    &container.name,
+                    device,
+                    shared,
+                );
+                start_agent(&container.name, &argv, commands_cgroup, cfg.share_pids)
             });
         match started {
             Ok(pid) => agents.push(pid),
@@ -113,6 +121,7 @@ pub fn start_all(cfg: &BootConfig, commands_cgroup: Option<BorrowedFd<'_>>) -> V
 struct Later {
     log: Option<contract::cmdline::LogLevel>,
     commands_cgroup: Option<OwnedFd>,
+    share_pids: bool,
 }
 
 static LATER: std::sync::OnceLock<Later> = std::sync::OnceLock::new();
@@ -137,15 +146,17 @@ pub fn add(
     make_shared_dirs(shared)?;
     let device = wait_for_image(name, serial, sectors, Path::new("/sys/block"))?;
     forget_cached_blocks(&device)?;
+    let share_pids = later.is_some_and(|l| l.share_pids);
     let argv = agent_argv(
         later.and_then(|l| l.log),
+        share_pids,
         index,
         name,
         &device,
         shared.iter(),
     );
     let cgroup = later.and_then(|l| l.commands_cgroup.as_ref().map(AsFd::as_fd));
-    start_agent(name, &argv, cgroup)
+    start_agent(name, &argv, cgroup, share_pids)
 }
 
 /// Drops what the kernel cached of `device`'s blocks (`BLKFLSBUF`): a slot given another
@@ -245,6 +256,7 @@ fn wait_for_image(
 /// The container agent's command line: `sandbox-container` building its root first.
 fn agent_argv<'a>(
     log: Option<contract::cmdline::LogLevel>,
+    share_pids: bool,
     index: usize,
     name: &str,
     device: &str,
@@ -271,6 +283,9 @@ fn agent_argv<'a>(
             "--vm-shared"
         };
         argv.extend([flag.into(), format!("{}:{}", mount.name, mount.target)]);
+    }
+    if share_pids {
+        argv.push("--share-pid-namespace".into());
     }
     if let Some(level) = log {
         argv.extend(["--log".into(), level.as_str().into()]);
@@ -311,13 +326,14 @@ fn bind_shared(shared: &VmShared, root: &str) -> Result<(), VmContainerError> {
     Ok(())
 }
 
-/// Clones a process into new PID and mount namespaces that executes this binary with `argv`,
-/// its ready socket at [`READY_FD`] and the commands' cgroup at
-/// [`contract::namespace_fds::COMMANDS_CGROUP_FD`]; waits until it says it listens.
+/// Clones a process into a new mount namespace and, unless `share_pids`, a new PID namespace,
+/// that executes this binary with `argv`, its ready socket at [`READY_FD`] and the commands'
+/// cgroup at [`contract::namespace_fds::COMMANDS_CGROUP_FD`]; waits until it says it listens.
 fn start_agent(
     name: &str,
     argv: &[String],
     commands_cgroup: Option<BorrowedFd<'_>>,
+    share_pids: bool,
 ) -> Result<libc::pid_t, VmContainerError> {
     let not_ready = |why: String| VmContainerError::NotReady {
         name: name.to_string(),
@@ -352,6 +368,11 @@ fn start_agent(
     let cgroup = commands_cgroup.map(high).transpose()?;
     let theirs_fd = theirs.as_raw_fd();
     let cgroup_fd = cgroup.as_ref().map(AsRawFd::as_raw_fd);
+    let namespaces = if share_pids {
+        libc::CLONE_NEWNS
+    } else {
+        libc::CLONE_NEWNS | libc::CLONE_NEWPID
+    };
 
     // SAFETY: a fork-style clone (no new stack: the child runs on a copy of ours). The child
     // only makes async-signal-safe system calls on memory prepared above (dup2, execve,
@@ -359,7 +380,7 @@ fn start_agent(
     let pid = unsafe {
         libc::syscall(
             libc::SYS_clone,
-            libc::CLONE_NEWNS | libc::CLONE_NEWPID | libc::SIGCHLD,
+            namespaces | libc::SIGCHLD,
             0usize,
             0usize,
             0usize,
@@ -521,7 +542,7 @@ mod tests {
             },
         ];
         let log = Some(contract::cmdline::LogLevel::Debug);
-        let argv = agent_argv(log, 1, "db", "/dev/vdb", shared.iter());
+        let argv = agent_argv(log, false, 1, "db", "/dev/vdb", shared.iter());
         assert_eq!(
             argv,
             [
@@ -540,6 +561,11 @@ mod tests {
                 "--log",
                 "debug",
             ]
+        );
+        let shared_pids = agent_argv(None, true, 1, "db", "/dev/vdb", std::iter::empty());
+        assert_eq!(
+            shared_pids.last().map(String::as_str),
+            Some("--share-pid-namespace")
         );
     }
 

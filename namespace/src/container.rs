@@ -25,7 +25,8 @@ use crate::{privileges, seccomp, SandboxSpec, SharedMount};
 
 /// Starts every container of `spec`, each from its image's mount in `images` (in the spec's
 /// order), while the caller is still in the sandbox's first mount namespace with the scratch
-/// as its working directory. `argv` is the containers' agent command line.
+/// as its working directory. `argv` is the containers' agent command line. With a shared PID
+/// namespace the caller has made its children's PID namespace the root's already.
 pub(crate) fn start_all(
     spec: &SandboxSpec,
     images: Vec<OwnedFd>,
@@ -34,7 +35,7 @@ pub(crate) fn start_all(
     argv: &[CString],
 ) -> Result<(), SysError> {
     for (index, (container, image)) in spec.containers.iter().zip(images).enumerate() {
-        match sys::clone_container()? {
+        match sys::clone_container(spec.share_pid_namespace)? {
             sys::Forked::Parent(_) => drop(image),
             sys::Forked::Child => {
                 let shared = spec.shared.iter().filter(|s| s.owner == container.name);

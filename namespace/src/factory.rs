@@ -66,10 +66,13 @@ pub enum FactoryError {
 /// sandbox's first mount namespace with the scratch as its working directory. Returns PID 1's
 /// end of the connection to it.
 /// `commands_cgroup` is the commands' `cgroup.procs`, which it hands each container's agent.
+/// `shared_pids`, the sandbox's root's PID namespace, says the pod shares it: the factory
+/// stays in the sandbox's first one, its containers go to the root's.
 pub(crate) fn start(
     agent: &OwnedFd,
     argv: &[CString],
     commands_cgroup: Option<RawFd>,
+    shared_pids: Option<&OwnedFd>,
 ) -> Result<OwnedFd, SysError> {
     let (ours, theirs) =
         UnixStream::pair().map_err(|e| SysError::io("socketpair for the container factory", e))?;
@@ -80,7 +83,7 @@ pub(crate) fn start(
         }
         sys::Forked::Child => {
             drop(ours);
-            let e = become_factory(theirs, agent, argv, commands_cgroup);
+            let e = become_factory(theirs, agent, argv, commands_cgroup, shared_pids);
             eprintln!(
                 "guest-init: the container factory failed: {}",
                 report::chain(&e)
@@ -96,9 +99,13 @@ fn become_factory(
     agent: &OwnedFd,
     argv: &[CString],
     commands_cgroup: Option<RawFd>,
+    shared_pids: Option<&OwnedFd>,
 ) -> SysError {
     let step = || -> Result<std::convert::Infallible, SysError> {
         sys::set_undumpable_as(c"pod-factory")?;
+        if let Some(namespace) = shared_pids {
+            sys::enter_pid_namespace_for_children(namespace.as_fd())?;
+        }
         // Never executed inside, it still has the supervisor's command line (host paths:
         // the runtime directory, the cgroups), which /proc/PID/cmdline shows anyone.
         blank_command_line()?;
@@ -131,6 +138,7 @@ fn become_factory(
             agent: &agent,
             argv,
             commands_cgroup: commands_cgroup.as_ref().map(AsRawFd::as_raw_fd),
+            shared_pids: shared_pids.is_some(),
         };
         serve(&socket, &launch)
     };
@@ -183,6 +191,8 @@ struct Launch<'a> {
     argv: &'a [CString],
     /// The commands' `cgroup.procs`, handed to it.
     commands_cgroup: Option<RawFd>,
+    /// Whether it joins the sandbox's root's PID namespace rather than getting its own.
+    shared_pids: bool,
 }
 
 /// Answers PID 1's requests until it hangs up (then exits).
@@ -284,7 +294,7 @@ fn make(
         dir,
         shared: request.shared,
     };
-    match sys::clone_container().map_err(|e| report::chain(&e))? {
+    match sys::clone_container(launch.shared_pids).map_err(|e| report::chain(&e))? {
         sys::Forked::Parent(pid) => {
             drop((errors_out, image, listener));
             let mut why = String::new();

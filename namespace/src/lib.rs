@@ -176,16 +176,40 @@ fn inside(
             containers,
         } = handed;
         mounts::prepare_scratch(spec, &stage, scratch_disk)?;
-        // Cloned from the scratch's mount namespace before the sandbox's root hides it: each
-        // container builds its own root on the same scratch.
-        container::start_all(spec, containers, &agent, host_side, &argv.container)?;
-        let factory = factory::start(&agent, &argv.container, host_side.commands_cgroup())?;
-        // The sandbox's own root gets a PID namespace of its own beside the containers': a
-        // pod's members see none of each other's processes (their roots, environments,
-        // agents), the factory included. This process stays as their namespace's init.
-        if let sys::Forked::Parent(main) = sys::clone_main_root()? {
+        // The sandbox's own root (`main`) first, as PID 1 of a PID namespace of its own: its
+        // agent must be that namespace's init, whether the containers join it (a shared PID
+        // namespace) or each get theirs beside it (the default: a pod's members then see none
+        // of each other's processes, roots, environments or agents). This process stays
+        // outside as the init of the sandbox's first PID namespace (the pod init), where the
+        // container factory lives out of every member's sight.
+        let first_pids = sys::new_pid_namespace_for_children()?;
+        let (to_main, from_pod_init) = sys::socketpair()?;
+        if let sys::Forked::Parent(main) = sys::fork_main_root()? {
+            drop(from_pod_init);
+            let namespaces = PidNamespaces {
+                first: first_pids,
+                main: sys::pid_namespace_for_children()?,
+            };
+            let factory = start_members(spec, namespaces, containers, &agent, host_side, argv)?;
+            to_main
+                .send_fd(&factory)
+                .map_err(|e| sys::SysError::io("hand the container factory to PID 1", e))?;
             sys::be_pod_init(main)
         }
+        drop(first_pids);
+        drop((to_main, containers));
+        // The mount namespace is still the pod init's until the containers are made from the
+        // scratch: only then may the root be built over it.
+        let factory = from_pod_init
+            .recv_fd()
+            .map_err(|e| sys::SysError::io("receive the container factory", e))?
+            .ok_or_else(|| {
+                sys::SysError::io(
+                    "receive the container factory (the pod init ended first)",
+                    std::io::ErrorKind::UnexpectedEof.into(),
+                )
+            })?;
+        drop(from_pod_init);
         // Mounted from inside that namespace, `/proc` shows it alone.
         mounts::build_root(spec, image, extra)?;
         sys::set_hostname(&spec.hostname)?;
@@ -204,6 +228,45 @@ fn inside(
         Ok(never) => match never {},
         Err(e) => e,
     }
+}
+
+/// The PID namespaces of a sandbox: its first one (the pod init's, the factory's) and its
+/// root's (`main`'s), below it.
+struct PidNamespaces {
+    first: std::os::fd::OwnedFd,
+    main: std::os::fd::OwnedFd,
+}
+
+/// The pod init's part, with `main` (the sandbox's own root) forked and waiting: starts the
+/// sandbox's containers from the scratch, each in a PID namespace of its own or, when the spec
+/// shares one, in `main`'s, and the container factory in the sandbox's first PID namespace.
+/// Returns PID 1's end of the connection to the factory.
+fn start_members(
+    spec: &SandboxSpec,
+    namespaces: PidNamespaces,
+    containers: Vec<std::os::fd::OwnedFd>,
+    agent: &std::os::fd::OwnedFd,
+    host_side: &sys::HostSide,
+    argv: &AgentArgv,
+) -> Result<std::os::fd::OwnedFd, EnterError> {
+    use std::os::fd::AsFd;
+    let shared = spec.share_pid_namespace;
+    // Until changed, this process's children go to `main`'s namespace.
+    if shared {
+        container::start_all(spec, containers, agent, host_side, &argv.container)?;
+        sys::enter_pid_namespace_for_children(namespaces.first.as_fd())?;
+        let factory = factory::start(
+            agent,
+            &argv.container,
+            host_side.commands_cgroup(),
+            Some(&namespaces.main),
+        )?;
+        return Ok(factory);
+    }
+    sys::enter_pid_namespace_for_children(namespaces.first.as_fd())?;
+    let factory = factory::start(agent, &argv.container, host_side.commands_cgroup(), None)?;
+    container::start_all(spec, containers, agent, host_side, &argv.container)?;
+    Ok(factory)
 }
 
 /// Called by PID 1 after the `execve` into the sandbox: nothing inside may ptrace it, read its

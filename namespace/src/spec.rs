@@ -52,6 +52,10 @@ pub struct SandboxSpec {
     pub containers: Vec<ContainerRoot>,
     /// Shared directories of the scratch mounted in the sandbox's root or its containers.
     pub shared: Vec<SharedMount>,
+    /// One PID namespace for the sandbox's root and every container (Kubernetes'
+    /// `shareProcessNamespace`): the root's agent is its PID 1 and every member sees, and
+    /// may signal, every other's processes. Otherwise each has a PID namespace of its own.
+    pub share_pid_namespace: bool,
 }
 
 /// A spec that cannot be used, or a flag that cannot be parsed.
@@ -76,7 +80,7 @@ pub enum SpecError {
 }
 
 /// Flags that take a value, in the order [`SandboxSpec::to_args`] writes them.
-const FLAGS: [&str; 15] = [
+const FLAGS: [&str; 16] = [
     "--rootfs",
     "--runtime-dir",
     "--agent-socket",
@@ -92,6 +96,7 @@ const FLAGS: [&str; 15] = [
     "--container",
     "--shared",
     "--commands-cgroup",
+    "--share-pid-namespace",
 ];
 
 impl Default for SandboxSpec {
@@ -112,6 +117,7 @@ impl Default for SandboxSpec {
             commands_cgroup: None,
             containers: Vec::new(),
             shared: Vec::new(),
+            share_pid_namespace: false,
         }
     }
 }
@@ -155,6 +161,9 @@ impl SandboxSpec {
         if !self.die_with_parent {
             args.push(FLAGS[11].into());
         }
+        if self.share_pid_namespace {
+            args.push(FLAGS[15].into());
+        }
         args
     }
 
@@ -176,9 +185,16 @@ impl SandboxSpec {
         flag: &str,
         value: impl FnOnce() -> Option<String>,
     ) -> Result<(), SpecError> {
-        if flag == "--no-die-with-parent" {
-            self.die_with_parent = false;
-            return Ok(());
+        match flag {
+            "--no-die-with-parent" => {
+                self.die_with_parent = false;
+                return Ok(());
+            }
+            "--share-pid-namespace" => {
+                self.share_pid_namespace = true;
+                return Ok(());
+            }
+            _ => {}
         }
         let v = value().ok_or_else(|| SpecError::MissingValue(flag.to_string()))?;
         let bad = |reason: &str| SpecError::BadValue {
@@ -330,6 +346,7 @@ mod tests {
                 "main:work:/work".parse().expect("shared"),
                 "db:work:/var/lib/work:ro".parse().expect("shared"),
             ],
+            share_pid_namespace: true,
         }
     }
 
@@ -362,6 +379,7 @@ mod tests {
             egress_socket: None,
             containers: Vec::new(),
             shared: Vec::new(),
+            share_pid_namespace: false,
             ..example()
         };
         let args = bare.to_args();
@@ -371,6 +389,7 @@ mod tests {
             "--egress-socket",
             "--container",
             "--shared",
+            "--share-pid-namespace",
         ] {
             assert!(!args.iter().any(|a| a == flag), "{flag} written when unset");
         }

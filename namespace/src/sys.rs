@@ -79,24 +79,58 @@ pub(crate) fn clone_into_namespaces() -> Result<Forked, SysError> {
     )
 }
 
-/// Forks a container of the sandbox: the child is PID 1 of a new PID namespace, in a new
-/// mount namespace (a copy of the caller's), both owned by the sandbox's user namespace; it
-/// shares every other namespace with the caller.
-pub(crate) fn clone_container() -> Result<Forked, SysError> {
-    fork_into(
-        libc::CLONE_NEWNS | libc::CLONE_NEWPID,
-        "clone a container into new mount and PID namespaces",
-    )
+/// Forks a container of the sandbox: in a new mount namespace (a copy of the caller's) owned
+/// by the sandbox's user namespace, and, unless `shared_pids`, as PID 1 of a new PID namespace;
+/// with it, in the PID namespace the caller's children go to ([`enter_pid_namespace_for_children`]).
+/// It shares every other namespace with the caller.
+pub(crate) fn clone_container(shared_pids: bool) -> Result<Forked, SysError> {
+    if shared_pids {
+        fork_into(
+            libc::CLONE_NEWNS,
+            "clone a container into a new mount namespace",
+        )
+    } else {
+        fork_into(
+            libc::CLONE_NEWNS | libc::CLONE_NEWPID,
+            "clone a container into new mount and PID namespaces",
+        )
+    }
+}
+
+/// Makes a new PID namespace for the caller's children (the caller stays in its own): the
+/// next child is its PID 1. Returns the caller's own PID namespace, to go back to with
+/// [`enter_pid_namespace_for_children`]. Namespaces are opened through `/proc/self`, the one
+/// process whose namespaces the caller may always open (the sandbox's processes are not
+/// dumpable, so a pidfd or `/proc/PID/ns` of another is refused).
+pub(crate) fn new_pid_namespace_for_children() -> Result<OwnedFd, SysError> {
+    let own = open_file(Path::new("/proc/self/ns/pid"), libc::O_RDONLY)?;
+    // SAFETY: unshare takes flags only.
+    let ret = unsafe { libc::unshare(libc::CLONE_NEWPID) };
+    check(ret, || {
+        "unshare a PID namespace for the sandbox's root".into()
+    })?;
+    Ok(own)
+}
+
+/// The PID namespace the caller's children are made in, once its PID 1 exists (before, the
+/// kernel does not show it).
+pub(crate) fn pid_namespace_for_children() -> Result<OwnedFd, SysError> {
+    open_file(Path::new("/proc/self/ns/pid_for_children"), libc::O_RDONLY)
+}
+
+/// From now on the caller's children are made in the PID namespace `namespace` (the caller
+/// itself stays where it is): the caller's own, or one below it.
+pub(crate) fn enter_pid_namespace_for_children(namespace: BorrowedFd<'_>) -> Result<(), SysError> {
+    // SAFETY: setns takes a descriptor and flags.
+    let ret = unsafe { libc::setns(namespace.as_raw_fd(), libc::CLONE_NEWPID) };
+    check(ret, || "setns into a PID namespace for the children".into())
 }
 
 /// Forks the process that becomes the sandbox's own root (`main`, the agent and its commands):
-/// PID 1 of a new PID namespace, a sibling of every container's, so that `main` sees none of
-/// their processes; every other namespace shared with the caller.
-pub(crate) fn clone_main_root() -> Result<Forked, SysError> {
-    fork_into(
-        libc::CLONE_NEWPID,
-        "clone the sandbox's own root into a new PID namespace",
-    )
+/// into the PID namespace [`new_pid_namespace_for_children`] made, as its PID 1; every other
+/// namespace shared with the caller.
+pub(crate) fn fork_main_root() -> Result<Forked, SysError> {
+    fork_into(0, "fork the sandbox's own root into its PID namespace")
 }
 
 /// Forks the sandbox's container factory: in a mount namespace of its own (a copy of the

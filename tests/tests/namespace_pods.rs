@@ -415,6 +415,102 @@ async fn pod_members_see_none_of_each_others_processes_roots_or_environments() {
     c.delete(&id).await.expect("delete");
 }
 
+/// Whether `seen` (a [`PROCESSES`] listing) has a process whose command line holds `what`.
+fn lists(seen: &str, what: &str) -> bool {
+    seen.lines().any(|line| line.contains(what))
+}
+
+#[tokio::test]
+async fn a_pod_sharing_its_pid_namespace_sees_every_member_and_signals_its_own() {
+    let daemon = TestDaemon::start();
+    let c = daemon.client();
+    let info = c
+        .create(&request(serde_json::json!({
+            "share_process_namespace": true,
+            "containers": [
+                {"name": "db",
+                 "env": {"DB_PASSWORD": "s3cret-of-db"},
+                 "command": ["sleep", "1001"]},
+                {"name": "cache", "command": ["sleep", "1002"]}
+            ]
+        })))
+        .await
+        .expect("create");
+    assert!(info.share_process_namespace, "{info:?}");
+    let id = info.id;
+    // Added once it runs: made by the factory, which must put it in the same namespace.
+    c.add_container(
+        &id,
+        &container(serde_json::json!({
+        "name": "late", "command": ["sleep", "1004"]})),
+    )
+    .await
+    .expect("add a container");
+    let (_, err, code) = sh(&c, &id, "sleep 1003 </dev/null >/dev/null 2>&1 &").await;
+    assert_eq!(code, 0, "{err}");
+
+    // Every member sees every member's processes, with the sandbox's agent as PID 1 and the
+    // factory still out of sight.
+    for member in ["main", "db", "cache", "late"] {
+        let (seen, err, code) = sh_in(&c, &id, member, PROCESSES).await;
+        assert_eq!(code, 0, "{member}: {err}");
+        for sleeper in ["sleep 1001", "sleep 1002", "sleep 1003", "sleep 1004"] {
+            assert!(
+                lists(&seen, sleeper),
+                "{member} misses {sleeper:?}:\n{seen}"
+            );
+        }
+        assert!(
+            seen.lines()
+                .any(|l| l.starts_with("1 ") && l.contains("sandbox-pid1")),
+            "{member}: PID 1 is not the sandbox's agent:\n{seen}"
+        );
+        assert!(
+            !lists(&seen, "pod-factory"),
+            "{member} sees the factory:\n{seen}"
+        );
+    }
+    let (out, _, _) = sh(
+        &c,
+        &id,
+        "cat /proc/[0-9]*/environ 2>/dev/null | tr '\\0' '\\n' | grep -c s3cret-of-db",
+    )
+    .await;
+    assert_ne!(out.trim(), "0", "main cannot read db's environment");
+
+    // A member's signal reaches its own processes alone; its agent and the others' stay.
+    c.signal_in(
+        &id,
+        Some("cache"),
+        api_types::SignalRequest {
+            signal: 9,
+            exec_id: None,
+        },
+    )
+    .await
+    .expect("signal cache");
+    c.signal(&id, 9).await.expect("signal the sandbox");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let (seen, err, code) = sh_in(&c, &id, "db", PROCESSES).await;
+    assert_eq!(code, 0, "db's agent answers after both signals: {err}");
+    for (sleeper, alive) in [
+        ("sleep 1001", true),
+        ("sleep 1004", true),
+        ("sleep 1003", false),
+    ] {
+        assert_eq!(lists(&seen, sleeper), alive, "{sleeper}:\n{seen}");
+    }
+    for member in ["main", "cache", "late"] {
+        let (out, err, code) = sh_in(&c, &id, member, "echo alive").await;
+        assert_eq!(
+            (out.as_str(), code),
+            ("alive\n", 0),
+            "{member}'s agent: {err}"
+        );
+    }
+    c.delete(&id).await.expect("delete");
+}
+
 #[tokio::test]
 async fn a_containers_stats_are_its_own_processes_under_the_sandboxs_limits() {
     let daemon = TestDaemon::start();

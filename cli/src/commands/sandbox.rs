@@ -57,6 +57,11 @@ pub(crate) struct CreateArgs {
     /// and --service. A namespace sandbox needs none.
     #[arg(long, value_name = "N")]
     pub container_slots: Option<u32>,
+    /// One PID namespace for the sandbox and its --service containers (Kubernetes'
+    /// shareProcessNamespace): each then sees, and may signal, the others' processes, their
+    /// roots and environments. Without it none sees another's.
+    #[arg(long)]
+    pub share_processes: bool,
     #[command(flatten)]
     pub services: super::services::ServiceArgs,
 }
@@ -111,6 +116,7 @@ impl CreateArgs {
             containers,
             shared,
             container_slots: self.container_slots,
+            share_process_namespace: self.share_processes,
         })
     }
 }

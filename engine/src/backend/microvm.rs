@@ -617,6 +617,7 @@ fn boot_config(spec: &InstanceSpec, disks: &DiskPlan) -> BootConfig {
             .is_some()
             .then_some(contract::egress::VSOCK_PORT),
         shared: vm_shared(&spec.shared),
+        share_pids: spec.share_pids,
         ..BootConfig::default()
     };
     disks.describe_to(&mut boot);
@@ -1064,6 +1065,7 @@ mod tests {
             container_disks: Vec::new(),
             shared: Vec::new(),
             container_slots: 0,
+            share_pids: false,
         }
     }
 

@@ -64,6 +64,8 @@ pub struct InstanceSpec {
     /// A microVM's empty read-only disks for containers added once it runs (the request's
     /// `container_slots`; 0 on the other backends).
     pub(crate) container_slots: usize,
+    /// Whether its root and its containers share one PID namespace.
+    pub(crate) share_pids: bool,
 }
 
 /// An imported image's root, as the backends take it. The agent stays the daemon's own

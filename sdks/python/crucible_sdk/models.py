@@ -378,6 +378,12 @@ class CreateSandbox:
     #: Egress through the daemon's proxy; absent: the sandbox reaches no network at all.
     network: NetworkRequest | None = None
 
+    #: One PID namespace for the sandbox's own root and every container, as Kubernetes'
+    #: `shareProcessNamespace`: each member then sees, and may signal, the others' processes
+    #: (their `/proc/PID/root` and environment too), the sandbox's agent being PID 1. Default
+    #: `false`: each member has a PID namespace of its own and sees none of the others'.
+    share_process_namespace: bool | None = None
+
     #: Shared directories mounted in the sandbox's own root (see a container's `shared`).
     shared: list[SharedMount] = field(default_factory=list)
 
@@ -411,6 +417,7 @@ class CreateSandbox:
             labels=dict(data.get('labels', {})),
             memory_mib=data.get('memory_mib', None),
             network=_opt(data.get('network'), NetworkRequest.from_dict),
+            share_process_namespace=data.get('share_process_namespace', None),
             shared=[SharedMount.from_dict(x) for x in data.get('shared', [])],
             ttl_s=data.get('ttl_s', None),
             user=data.get('user', None),
@@ -440,6 +447,8 @@ class CreateSandbox:
             out['memory_mib'] = self.memory_mib
         if self.network is not None:
             out['network'] = None if self.network is None else self.network.to_dict()
+        if self.share_process_namespace is not None:
+            out['share_process_namespace'] = self.share_process_namespace
         if self.shared:
             out['shared'] = [x.to_dict() for x in self.shared]
         if self.ttl_s is not None:
@@ -1242,6 +1251,9 @@ class SandboxInfo:
     #: socket see the sandbox. Absent from daemons older than ownership.
     owner: str | None = None
 
+    #: Whether its root and its containers share one PID namespace (absent: they do not).
+    share_process_namespace: bool | None = None
+
     #: Who its commands run as (`uid:gid`), when not root: from the request's `user` or its
     #: image's `User`.
     user: str | None = None
@@ -1270,6 +1282,7 @@ class SandboxInfo:
             hypervisor=data.get('hypervisor', None),
             network=_opt(data.get('network'), NetworkInfo.from_dict),
             owner=data.get('owner', None),
+            share_process_namespace=data.get('share_process_namespace', None),
             user=data.get('user', None),
             volumes=[VolumeMount.from_dict(x) for x in data.get('volumes', [])],
         )
@@ -1301,6 +1314,8 @@ class SandboxInfo:
             out['network'] = None if self.network is None else self.network.to_dict()
         if self.owner is not None:
             out['owner'] = self.owner
+        if self.share_process_namespace is not None:
+            out['share_process_namespace'] = self.share_process_namespace
         if self.user is not None:
             out['user'] = self.user
         if self.volumes:

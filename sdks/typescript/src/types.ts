@@ -81,6 +81,8 @@ export interface SandboxCreateOptions {
   shared?: SharedMount[];
   /** A microVM's room for containers added once it runs (each takes one of its 6 disks). */
   containerSlots?: Value<CreateSandboxRequest["container_slots"]>;
+  /** One PID namespace for the sandbox's root and its containers: each sees the others' processes (by default none does). */
+  shareProcessNamespace?: Value<CreateSandboxRequest["share_process_namespace"]>;
 }
 
 /** The create request's wire form; fields left out take the daemon's defaults. */
@@ -101,6 +103,7 @@ export function createRequest(o: SandboxCreateOptions): CreateSandboxRequest {
   if (o.containers !== undefined) body.containers = o.containers;
   if (o.shared !== undefined) body.shared = o.shared;
   if (o.containerSlots !== undefined) body.container_slots = o.containerSlots;
+  if (o.shareProcessNamespace !== undefined) body.share_process_namespace = o.shareProcessNamespace;
   return body;
 }
 

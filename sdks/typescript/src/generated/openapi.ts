@@ -2239,6 +2239,13 @@ export interface components {
             memory_mib?: number | null;
             /** @description Egress through the daemon's proxy; absent: the sandbox reaches no network at all. */
             network?: components["schemas"]["NetworkRequest"] | (null);
+            /**
+             * @description One PID namespace for the sandbox's own root and every container, as Kubernetes'
+             *     `shareProcessNamespace`: each member then sees, and may signal, the others' processes
+             *     (their `/proc/PID/root` and environment too), the sandbox's agent being PID 1. Default
+             *     `false`: each member has a PID namespace of its own and sees none of the others'.
+             */
+            share_process_namespace?: boolean;
             /** @description Shared directories mounted in the sandbox's own root (see a container's `shared`). */
             shared?: components["schemas"]["SharedMount"][];
             /**
@@ -2749,6 +2756,8 @@ export interface components {
              *     socket see the sandbox. Absent from daemons older than ownership.
              */
             owner?: string | null;
+            /** @description Whether its root and its containers share one PID namespace (absent: they do not). */
+            share_process_namespace?: boolean;
             /** @description Lifecycle state. */
             state: components["schemas"]["SandboxState"];
             /** @description Creation timings. */
