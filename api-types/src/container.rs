@@ -49,6 +49,13 @@ pub struct ContainerRequest {
     /// Shared directories it mounts.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub shared: Vec<SharedMount>,
+    /// It joins the PID namespace of the sandbox's own root (`main`, whose agent is its PID
+    /// 1), as a member of a Kubernetes pod with `shareProcessNamespace`: it sees, and may
+    /// signal, the processes of `main` and of every container that joined, and they see its.
+    /// Default `false`: a PID namespace of its own (the sandbox's `share_process_namespace`
+    /// makes every container join).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub share_process_namespace: bool,
 }
 
 /// A shared directory (a Kubernetes `emptyDir`): a directory of the sandbox's writable

@@ -49,9 +49,6 @@ pub mod keys {
     /// One shared directory mounted in a root, `OWNER:NAME:TARGET` (`main` or a container;
     /// the directory's name; where, percent-encoded); the key repeats.
     pub const SHARED: &str = "crucible.shared";
-    /// `1`: the containers share the guest's first PID namespace (Kubernetes'
-    /// `shareProcessNamespace`) instead of each getting one of its own.
-    pub const SHARE_PIDS: &str = "crucible.share_pids";
 }
 
 /// The most bytes [`BootConfig::to_cmdline`] writes. x86 Linux keeps 2048 bytes of command
@@ -126,18 +123,28 @@ pub struct VmContainer {
     pub name: String,
     /// The serial of its image's disk.
     pub serial: String,
+    /// It joins the guest's first PID namespace (PID 1, the sandbox's own agent, its init),
+    /// as Kubernetes' `shareProcessNamespace`, instead of getting one of its own (`:pids`
+    /// after the serial).
+    pub share_pids: bool,
 }
 
 impl VmContainer {
     fn to_value(&self) -> String {
-        format!("{}:{}", self.name, self.serial)
+        let pids = if self.share_pids { ":pids" } else { "" };
+        format!("{}:{}{pids}", self.name, self.serial)
     }
 
     fn parse(value: &str) -> Option<VmContainer> {
-        let (name, serial) = value.split_once(':')?;
+        let (name, rest) = value.split_once(':')?;
+        let (serial, share_pids) = match rest.strip_suffix(":pids") {
+            Some(serial) => (serial, true),
+            None => (rest, false),
+        };
         let container = VmContainer {
             name: name.to_string(),
             serial: serial.to_string(),
+            share_pids,
         };
         container.is_valid().then_some(container)
     }
@@ -319,9 +326,6 @@ pub struct BootConfig {
     pub containers: Vec<VmContainer>,
     /// `crucible.shared=`: the shared directories' mounts.
     pub shared: Vec<VmShared>,
-    /// `crucible.share_pids=1`: every container joins the guest's first PID namespace (PID 1,
-    /// the sandbox's own agent, its init) rather than getting one of its own.
-    pub share_pids: bool,
 }
 
 /// The hostname when the command line gives none.
@@ -346,7 +350,6 @@ impl Default for BootConfig {
             mounts: Vec::new(),
             containers: Vec::new(),
             shared: Vec::new(),
-            share_pids: false,
         }
     }
 }
@@ -422,7 +425,6 @@ impl BootConfig {
                 keys::MOUNT => cfg.mounts.extend(DiskMount::parse(value)),
                 keys::CONTAINER => cfg.containers.extend(VmContainer::parse(value)),
                 keys::SHARED => cfg.shared.extend(VmShared::parse(value)),
-                keys::SHARE_PIDS => cfg.share_pids = flag(value),
                 _ => {}
             }
         }
@@ -534,9 +536,6 @@ impl BootConfig {
             }
             push(keys::SHARED, &shared.to_value());
         }
-        if self.share_pids {
-            push(keys::SHARE_PIDS, &1);
-        }
         let line = words.join(" ");
         if line.len() > MAX_WORDS_BYTES {
             return Err(CmdlineError::TooLong { len: line.len() });
@@ -578,10 +577,18 @@ mod tests {
                     read_only: true,
                 },
             ],
-            containers: vec![VmContainer {
-                name: "db".into(),
-                serial: "crucible-ctr-0".into(),
-            }],
+            containers: vec![
+                VmContainer {
+                    name: "db".into(),
+                    serial: "crucible-ctr-0".into(),
+                    share_pids: false,
+                },
+                VmContainer {
+                    name: "web".into(),
+                    serial: "crucible-ctr-1".into(),
+                    share_pids: true,
+                },
+            ],
             shared: vec![
                 VmShared {
                     owner: "main".into(),
@@ -596,7 +603,6 @@ mod tests {
                     read_only: true,
                 },
             ],
-            share_pids: true,
         }
     }
 
@@ -649,8 +655,8 @@ mod tests {
              crucible.cgroups=0 crucible.egress_port=1026 crucible.scratch=crucible-scratch \
              crucible.mount=crucible-mount-0:rw:/root/.cargo/registry \
              crucible.mount=crucible-mount-1:ro:/opt/my%20tools/%22q%22%2550/%C3%A9 \
-             crucible.container=db:crucible-ctr-0 crucible.shared=main:work:/work \
-             crucible.shared=db:work:/var/lib/my%20data:ro crucible.share_pids=1"
+             crucible.container=db:crucible-ctr-0 crucible.container=web:crucible-ctr-1:pids \
+             crucible.shared=main:work:/work crucible.shared=db:work:/var/lib/my%20data:ro"
         );
     }
 
@@ -661,6 +667,7 @@ mod tests {
                 containers: vec![VmContainer {
                     name: name.into(),
                     serial: serial.into(),
+                    share_pids: false,
                 }],
                 ..BootConfig::default()
             };

@@ -406,12 +406,19 @@ impl Sandbox {
     /// its ext4 snapshot, `disk`; `lease` holds an imported one while the sandbox lives), with
     /// `shared` mounted; returns it once it is ready. One that does not become ready stays
     /// (failed, its log readable) until removed.
+    /// Whether every container joins its own root's PID namespace (`share_process_namespace`
+    /// at creation).
+    pub(crate) fn shares_process_namespace(&self) -> bool {
+        self.settings.share_process_namespace
+    }
+
     pub(crate) async fn add_container(
         self: &Arc<Self>,
         plan: containers::ContainerPlan,
         rootfs: &std::path::Path,
         disk: Option<&std::path::Path>,
         shared: &[wire::agent::SharedDir],
+        share_pids: bool,
         lease: Option<oci::ImageLease>,
     ) -> Result<Arc<Container>, AddContainerError> {
         let mut next = self.next_container.lock().await;
@@ -439,7 +446,7 @@ impl Sandbox {
         *next += 1;
         self.had_containers.store(true, Ordering::Release);
         self.instance
-            .add_container(index, &plan.name, rootfs, disk, shared)
+            .add_container(index, &plan.name, rootfs, disk, shared, share_pids)
             .await
             .map_err(|reason| AddContainerError::Failed {
                 id: self.id.clone(),

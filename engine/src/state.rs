@@ -748,7 +748,6 @@ impl Engine {
             container_disks,
             shared,
             container_slots,
-            share_pids: request.share_process_namespace,
         };
         let instance = backend.create(spec).await.map_err(|e| {
             self.metrics

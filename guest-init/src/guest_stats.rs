@@ -86,8 +86,10 @@ pub fn read(proc: &Path, memory_events: &Path) -> io::Result<SandboxStats> {
 /// live ones and of every descendant they reaped (`utime + stime + cutime + cstime`: a reaped
 /// process's times are folded into its parent's, so each counts once), and how many there are.
 /// Limits, the high-water mark, cache and OOM kills are the sandbox's, not kept per container:
-/// 0 here. A process that exits while it is read is left out.
-pub fn read_processes(proc: &Path) -> io::Result<SandboxStats> {
+/// 0 here. A process that exits while it is read is left out. With `mounts` (the caller's
+/// mount namespace, when its PID namespace is shared with other containers) only the processes
+/// in that mount namespace count: this container's own.
+pub fn read_processes(proc: &Path, mounts: Option<&Path>) -> io::Result<SandboxStats> {
     let mut resident_bytes = 0u64;
     let mut ticks = 0u64;
     let mut processes = 0u64;
@@ -100,6 +102,11 @@ pub fn read_processes(proc: &Path) -> io::Result<SandboxStats> {
             continue;
         };
         let dir = proc.join(pid);
+        if let Some(own) = mounts {
+            if fs::read_link(dir.join("ns/mnt")).ok().as_deref() != Some(own) {
+                continue;
+            }
+        }
         let Ok(stat) = fs::read_to_string(dir.join("stat")) else {
             continue;
         };
@@ -222,10 +229,20 @@ mod tests {
         // Not a process, and a process whose stat is unreadable (it exited meanwhile).
         fs::create_dir(dir.path().join("self")).expect("self");
         fs::create_dir(dir.path().join("12")).expect("gone");
-        let stats = read_processes(dir.path()).expect("stats");
+        let stats = read_processes(dir.path(), None).expect("stats");
         assert_eq!(stats.pids.current, 3);
         assert_eq!(stats.memory.usage_bytes, (2048 + 512) * 1024);
         assert_eq!(stats.cpu.usage_ns, (135 + 5 + 2) * 10_000_000);
         assert_eq!(stats.memory.limit_bytes, 0);
+
+        // In a shared PID namespace: only the processes of the caller's mount namespace.
+        for (pid, mounts) in [("1", "mnt:[4026531841]"), ("7", "mnt:[4026531999]")] {
+            let ns = dir.path().join(pid).join("ns");
+            fs::create_dir_all(&ns).expect("ns");
+            std::os::unix::fs::symlink(mounts, ns.join("mnt")).expect("mnt link");
+        }
+        let own = read_processes(dir.path(), Some(Path::new("mnt:[4026531841]"))).expect("own");
+        assert_eq!(own.pids.current, 1, "{own:?}");
+        assert_eq!(own.memory.usage_bytes, 2048 * 1024);
     }
 }

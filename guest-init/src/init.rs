@@ -293,7 +293,7 @@ fn boot_and_serve(cmdline: Option<String>, forwarded: &[String]) -> Stop {
         exec_ctx.cgroup_procs.as_ref().map(std::os::fd::AsFd::as_fd),
     );
     sys::spare_from_signals(container_agents);
-    if cfg.share_pids {
+    if cfg.containers.iter().any(|c| c.share_pids) {
         // The containers' processes are in PID 1's namespace: a signal to the sandbox must
         // still reach its own root's alone.
         sys::share_pid_namespace();

@@ -100,7 +100,8 @@ struct Args {
     vm_root: Option<(String, String)>,
     /// With `vm_root`: shared directories `(name, target, read_only)` to bind into it.
     vm_shared: Vec<(String, String, bool)>,
-    /// A sandbox agent whose PID namespace the sandbox's root and every container share.
+    /// `sandbox-pid1 --share-pid-namespace`: a container of the sandbox joins this agent's PID
+    /// namespace.
     shared_pids: bool,
 }
 
@@ -201,9 +202,10 @@ fn parse_args(argv: Vec<String>) -> Result<Option<Args>, String> {
                 }
             }
             "--memory-bytes" => args.memory_bytes = Some(number(&flag, &value(&flag)?)?),
-            "--share-pid-namespace"
-                if matches!(args.mode, Mode::SandboxPid1 | Mode::SandboxContainer) =>
-            {
+            "--share-pid-namespace" => {
+                if !matches!(args.mode, Mode::SandboxPid1) {
+                    return Err(format!("{flag} is only valid after `sandbox-pid1`"));
+                }
                 args.shared_pids = true;
             }
             "--container-factory" => {
@@ -307,7 +309,10 @@ fn main() -> ExitCode {
             if args.container_factory {
                 server::adopt_container_factory();
             }
-            if args.shared_pids {
+            // A container's agent that is not PID 1 joined the sandbox's root's PID namespace;
+            // PID 1 is told when a container joins its own.
+            let joined = matches!(args.mode, Mode::SandboxContainer) && sys::getpid() != 1;
+            if args.shared_pids || joined {
                 sys::share_pid_namespace();
             }
         }
@@ -422,7 +427,7 @@ fn pid1_argv(args: &Args) -> Vec<std::ffi::CString> {
             Address::Fd(namespace::PID1_EGRESS_FD).to_string(),
         ]);
     }
-    if matches!(&args.mode, Mode::Sandbox(spec) if spec.share_pid_namespace) {
+    if matches!(&args.mode, Mode::Sandbox(spec) if spec.shares_pids()) {
         argv.push("--share-pid-namespace".into());
     }
     if let Some(level) = args.log {
@@ -447,9 +452,6 @@ fn container_argv(args: &Args) -> Vec<std::ffi::CString> {
     ];
     if let Some(bytes) = args.memory_bytes {
         argv.extend(["--memory-bytes".into(), bytes.to_string()]);
-    }
-    if matches!(&args.mode, Mode::Sandbox(spec) if spec.share_pid_namespace) {
-        argv.push("--share-pid-namespace".into());
     }
     if let Some(level) = args.log {
         argv.extend(["--log".into(), level.as_str().into()]);

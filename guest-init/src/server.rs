@@ -327,6 +327,7 @@ fn add_container(
     conn: &UnixStream,
     name: &str,
     index: usize,
+    share_pids: bool,
     shared: &[wire::agent::SharedDir],
 ) -> Result<i32, ErrorBody> {
     use std::os::fd::AsFd;
@@ -365,7 +366,7 @@ fn add_container(
     let pid = factory
         .lock()
         .unwrap_or_else(|p| p.into_inner())
-        .add(index, name, &shared, image, listener)
+        .add(index, name, share_pids, &shared, image, listener)
         .map_err(|e| {
             let code = match e {
                 namespace::FactoryError::Missing => "invalid_request",
@@ -388,6 +389,7 @@ fn add_container(
 fn add_vm_container(
     name: &str,
     index: usize,
+    share_pids: bool,
     disk: &wire::agent::ContainerDisk,
     shared: &[wire::agent::SharedDir],
 ) -> Result<i32, ErrorBody> {
@@ -396,6 +398,7 @@ fn add_vm_container(
     let container = contract::cmdline::VmContainer {
         name: name.to_string(),
         serial: serial.to_string(),
+        share_pids,
     };
     if !container.is_valid() {
         return Err(invalid(format!(
@@ -420,13 +423,12 @@ fn add_vm_container(
             }
         })
         .collect::<Result<Vec<_>, ErrorBody>>()?;
-    let pid =
-        crate::vm_containers::add(name, index, serial, disk.sectors, &shared).map_err(|e| {
-            ErrorBody::new(
-                "io_error",
-                format!("add_container {name:?}: {}", report::chain(&e)),
-            )
-        })?;
+    let pid = crate::vm_containers::add(&container, index, disk.sectors, &shared).map_err(|e| {
+        ErrorBody::new(
+            "io_error",
+            format!("add_container {name:?}: {}", report::chain(&e)),
+        )
+    })?;
     sys::spare_from_signals([pid]);
     log::info(format_args!(
         "container {name} added from {serial}: its agent is pid {pid}"
@@ -557,11 +559,16 @@ pub fn handle(mut conn: UnixStream, agent: &Agent) {
             name,
             index,
             shared,
+            share_pids,
             disk,
         } => {
+            if share_pids {
+                // Before it exists: a signal to the sandbox must never reach it.
+                sys::share_pid_namespace();
+            }
             let added = match disk {
-                Some(disk) => add_vm_container(&name, index, &disk, &shared),
-                None => add_container(&conn, &name, index, &shared),
+                Some(disk) => add_vm_container(&name, index, share_pids, &disk, &shared),
+                None => add_container(&conn, &name, index, share_pids, &shared),
             };
             let reply = match added {
                 Ok(pid) => AgentReply::ContainerAdded { pid },
@@ -590,7 +597,12 @@ pub fn handle(mut conn: UnixStream, agent: &Agent) {
             let _ = wire::write_message(&mut conn, &reply);
         }
         AgentRequest::ProcessStats => {
-            let reply = match crate::guest_stats::read_processes(std::path::Path::new("/proc")) {
+            // In a shared PID namespace `/proc` shows the other members' processes too.
+            let own_mounts = sys::shares_pid_namespace()
+                .then(|| std::fs::read_link("/proc/self/ns/mnt").ok())
+                .flatten();
+            let proc = std::path::Path::new("/proc");
+            let reply = match crate::guest_stats::read_processes(proc, own_mounts.as_deref()) {
                 Ok(stats) => AgentReply::Stats(stats),
                 Err(e) => AgentReply::Error(ErrorBody::new(
                     "io_error",

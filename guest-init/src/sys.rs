@@ -338,6 +338,11 @@ pub fn share_pid_namespace() {
     SHARED_PIDS.store(true, std::sync::atomic::Ordering::Relaxed);
 }
 
+/// Whether [`share_pid_namespace`] was called.
+pub fn shares_pid_namespace() -> bool {
+    SHARED_PIDS.load(std::sync::atomic::Ordering::Relaxed)
+}
+
 /// Sends `signal` to every process of this agent's own root except itself (and those
 /// [`spare_from_signals`] named): from PID 1 alone in its PID namespace, every process of it
 /// (`kill(2)` with pid -1); otherwise each process of `/proc` in its PID and mount namespaces

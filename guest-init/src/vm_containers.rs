@@ -21,7 +21,7 @@ use std::os::unix::net::UnixStream;
 use std::path::Path;
 use std::time::Duration;
 
-use contract::cmdline::{BootConfig, VmShared};
+use contract::cmdline::{BootConfig, VmContainer, VmShared};
 
 use crate::log;
 use crate::mount::{mount, MountError};
@@ -75,7 +75,6 @@ pub fn start_all(cfg: &BootConfig, commands_cgroup: Option<BorrowedFd<'_>>) -> V
     let _ = LATER.set(Later {
         log: cfg.log,
         commands_cgroup: kept,
-        share_pids: cfg.share_pids,
     });
     if cfg.containers.is_empty() && cfg.shared.is_empty() {
         return Vec::new();
@@ -99,15 +98,13 @@ pub fn start_all(cfg: &BootConfig, commands_cgroup: Option<BorrowedFd<'_>>) -> V
             })
             .and_then(|device| {
                 let shared = cfg.shared.iter().filter(|s| s.owner == container.name);
-                let argv = agent_argv(
-                    cfg.log,
-                    cfg.share_pids,
-                    index,
+                let argv = agent_argv(cfg.log, index, &container.name, device, shared);
+                start_agent(
                     &container.name,
-                    device,
-                    shared,
-                );
-                start_agent(&container.name, &argv, commands_cgroup, cfg.share_pids)
+                    &argv,
+                    commands_cgroup,
+                    container.share_pids,
+                )
             });
         match started {
             Ok(pid) => agents.push(pid),
@@ -121,7 +118,6 @@ pub fn start_all(cfg: &BootConfig, commands_cgroup: Option<BorrowedFd<'_>>) -> V
 struct Later {
     log: Option<contract::cmdline::LogLevel>,
     commands_cgroup: Option<OwnedFd>,
-    share_pids: bool,
 }
 
 static LATER: std::sync::OnceLock<Later> = std::sync::OnceLock::new();
@@ -130,33 +126,31 @@ static LATER: std::sync::OnceLock<Later> = std::sync::OnceLock::new();
 /// disk its image before it asks, but the kernel learns the new capacity from a work queue.
 const DISK_WITHIN: Duration = Duration::from_secs(5);
 
-/// Starts container `name`, added once the guest runs (`add_container` with a disk): its
-/// image is on the disk `serial` (an empty slot reserved at boot, or one a removed container
-/// released, given the image by the host before it asks, `sectors` long), its agent serves on
-/// the port of `index`, with `shared` made and mounted. Returns its agent's pid, which a
-/// signal to every process must spare.
+/// Starts `container`, added once the guest runs (`add_container` with a disk): its image is
+/// on its disk (an empty slot reserved at boot, or one a removed container released, given
+/// the image by the host before it asks, `sectors` long), its agent serves on the port of
+/// `index`, with `shared` made and mounted, in PID 1's namespace if it shares it. Returns its
+/// agent's pid, which a signal to every process must spare.
 pub fn add(
-    name: &str,
+    container: &VmContainer,
     index: usize,
-    serial: &str,
     sectors: u64,
     shared: &[VmShared],
 ) -> Result<libc::pid_t, VmContainerError> {
+    let (name, serial) = (container.name.as_str(), container.serial.as_str());
     let later = LATER.get();
     make_shared_dirs(shared)?;
     let device = wait_for_image(name, serial, sectors, Path::new("/sys/block"))?;
     forget_cached_blocks(&device)?;
-    let share_pids = later.is_some_and(|l| l.share_pids);
     let argv = agent_argv(
         later.and_then(|l| l.log),
-        share_pids,
         index,
         name,
         &device,
         shared.iter(),
     );
     let cgroup = later.and_then(|l| l.commands_cgroup.as_ref().map(AsFd::as_fd));
-    start_agent(name, &argv, cgroup, share_pids)
+    start_agent(name, &argv, cgroup, container.share_pids)
 }
 
 /// Drops what the kernel cached of `device`'s blocks (`BLKFLSBUF`): a slot given another
@@ -256,7 +250,6 @@ fn wait_for_image(
 /// The container agent's command line: `sandbox-container` building its root first.
 fn agent_argv<'a>(
     log: Option<contract::cmdline::LogLevel>,
-    share_pids: bool,
     index: usize,
     name: &str,
     device: &str,
@@ -283,9 +276,6 @@ fn agent_argv<'a>(
             "--vm-shared"
         };
         argv.extend([flag.into(), format!("{}:{}", mount.name, mount.target)]);
-    }
-    if share_pids {
-        argv.push("--share-pid-namespace".into());
     }
     if let Some(level) = log {
         argv.extend(["--log".into(), level.as_str().into()]);
@@ -542,7 +532,7 @@ mod tests {
             },
         ];
         let log = Some(contract::cmdline::LogLevel::Debug);
-        let argv = agent_argv(log, false, 1, "db", "/dev/vdb", shared.iter());
+        let argv = agent_argv(log, 1, "db", "/dev/vdb", shared.iter());
         assert_eq!(
             argv,
             [
@@ -561,11 +551,6 @@ mod tests {
                 "--log",
                 "debug",
             ]
-        );
-        let shared_pids = agent_argv(None, true, 1, "db", "/dev/vdb", std::iter::empty());
-        assert_eq!(
-            shared_pids.last().map(String::as_str),
-            Some("--share-pid-namespace")
         );
     }
 

@@ -23,19 +23,27 @@ use crate::mounts;
 use crate::sys::{self, cstring, HostSide, SysError};
 use crate::{privileges, seccomp, SandboxSpec, SharedMount};
 
-/// Starts every container of `spec`, each from its image's mount in `images` (in the spec's
-/// order), while the caller is still in the sandbox's first mount namespace with the scratch
-/// as its working directory. `argv` is the containers' agent command line. With a shared PID
-/// namespace the caller has made its children's PID namespace the root's already.
-pub(crate) fn start_all(
+/// Starts the containers of `spec` that join its root's PID namespace (`share_pids`) or the
+/// others, each from its image's mount in `images` (in the spec's order), while the caller is
+/// still in the sandbox's first mount namespace with the scratch as its working directory.
+/// `argv` is the containers' agent command line. Those joining the root's namespace are made
+/// while the caller's children go there; the others each get a PID namespace of their own.
+pub(crate) fn start_some(
     spec: &SandboxSpec,
-    images: Vec<OwnedFd>,
+    images: &mut [Option<OwnedFd>],
+    share_pids: bool,
     agent: &OwnedFd,
     host_side: &HostSide,
     argv: &[CString],
 ) -> Result<(), SysError> {
     for (index, (container, image)) in spec.containers.iter().zip(images).enumerate() {
-        match sys::clone_container(spec.share_pid_namespace)? {
+        if container.share_pids != share_pids {
+            continue;
+        }
+        let Some(image) = image.take() else {
+            continue;
+        };
+        match sys::clone_container(share_pids)? {
             sys::Forked::Parent(_) => drop(image),
             sys::Forked::Child => {
                 let shared = spec.shared.iter().filter(|s| s.owner == container.name);

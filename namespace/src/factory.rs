@@ -66,13 +66,13 @@ pub enum FactoryError {
 /// sandbox's first mount namespace with the scratch as its working directory. Returns PID 1's
 /// end of the connection to it.
 /// `commands_cgroup` is the commands' `cgroup.procs`, which it hands each container's agent.
-/// `shared_pids`, the sandbox's root's PID namespace, says the pod shares it: the factory
-/// stays in the sandbox's first one, its containers go to the root's.
+/// It stays in the sandbox's first PID namespace and keeps `namespaces` to make each
+/// container in a PID namespace of its own, or in the root's when the request says so.
 pub(crate) fn start(
     agent: &OwnedFd,
     argv: &[CString],
     commands_cgroup: Option<RawFd>,
-    shared_pids: Option<&OwnedFd>,
+    namespaces: crate::PidNamespaces,
 ) -> Result<OwnedFd, SysError> {
     let (ours, theirs) =
         UnixStream::pair().map_err(|e| SysError::io("socketpair for the container factory", e))?;
@@ -83,7 +83,7 @@ pub(crate) fn start(
         }
         sys::Forked::Child => {
             drop(ours);
-            let e = become_factory(theirs, agent, argv, commands_cgroup, shared_pids);
+            let e = become_factory(theirs, agent, argv, commands_cgroup, namespaces);
             eprintln!(
                 "guest-init: the container factory failed: {}",
                 report::chain(&e)
@@ -99,13 +99,10 @@ fn become_factory(
     agent: &OwnedFd,
     argv: &[CString],
     commands_cgroup: Option<RawFd>,
-    shared_pids: Option<&OwnedFd>,
+    namespaces: crate::PidNamespaces,
 ) -> SysError {
-    let step = || -> Result<std::convert::Infallible, SysError> {
+    let step = move || -> Result<std::convert::Infallible, SysError> {
         sys::set_undumpable_as(c"pod-factory")?;
-        if let Some(namespace) = shared_pids {
-            sys::enter_pid_namespace_for_children(namespace.as_fd())?;
-        }
         // Never executed inside, it still has the supervisor's command line (host paths:
         // the runtime directory, the cgroups), which /proc/PID/cmdline shows anyone.
         blank_command_line()?;
@@ -126,7 +123,16 @@ fn become_factory(
                     .and_then(move_high)
             })
             .transpose()?;
-        let mut kept = vec![socket.as_raw_fd(), agent.as_raw_fd()];
+        let namespaces = crate::PidNamespaces {
+            first: move_high(namespaces.first)?,
+            main: move_high(namespaces.main)?,
+        };
+        let mut kept = vec![
+            socket.as_raw_fd(),
+            agent.as_raw_fd(),
+            namespaces.first.as_raw_fd(),
+            namespaces.main.as_raw_fd(),
+        ];
         kept.extend(commands_cgroup.as_ref().map(AsRawFd::as_raw_fd));
         sys::close_all_but(&kept)?;
         mounts::prepare_factory_root()?;
@@ -138,7 +144,7 @@ fn become_factory(
             agent: &agent,
             argv,
             commands_cgroup: commands_cgroup.as_ref().map(AsRawFd::as_raw_fd),
-            shared_pids: shared_pids.is_some(),
+            namespaces: &namespaces,
         };
         serve(&socket, &launch)
     };
@@ -191,8 +197,8 @@ struct Launch<'a> {
     argv: &'a [CString],
     /// The commands' `cgroup.procs`, handed to it.
     commands_cgroup: Option<RawFd>,
-    /// Whether it joins the sandbox's root's PID namespace rather than getting its own.
-    shared_pids: bool,
+    /// The sandbox's PID namespaces: a container joining the root's is made there.
+    namespaces: &'a crate::PidNamespaces,
 }
 
 /// Answers PID 1's requests until it hangs up (then exits).
@@ -224,17 +230,24 @@ fn receive_fd(socket: &UnixStream) -> Result<Option<OwnedFd>, SysError> {
     }
 }
 
-/// One request: the container's index and name and its shared mounts.
+/// One request: the container's index and name, whether it joins the root's PID namespace,
+/// and its shared mounts.
 #[derive(Debug, PartialEq, Eq)]
 struct Request {
     index: usize,
     name: String,
+    share_pids: bool,
     shared: Vec<SharedMount>,
 }
 
 impl Request {
     fn encode(&self) -> String {
-        let mut text = format!("{}\n{}\n", self.index, self.name);
+        let pids = if self.share_pids {
+            "pids shared"
+        } else {
+            "pids own"
+        };
+        let mut text = format!("{}\n{}\n{pids}\n", self.index, self.name);
         for mount in &self.shared {
             text.push_str(&format!("{mount}\n"));
         }
@@ -249,6 +262,11 @@ impl Request {
             .ok_or("the request has no index")?;
         let name = lines.next().ok_or("the request has no name")?.to_string();
         pod::check_name(&name, "a container's name")?;
+        let share_pids = match lines.next() {
+            Some("pids shared") => true,
+            Some("pids own") => false,
+            other => return Err(format!("the request's PID namespace is {other:?}")),
+        };
         let shared = lines
             .map(|line| {
                 let mount: SharedMount = line.parse()?;
@@ -261,6 +279,7 @@ impl Request {
         Ok(Request {
             index,
             name,
+            share_pids,
             shared,
         })
     }
@@ -294,7 +313,14 @@ fn make(
         dir,
         shared: request.shared,
     };
-    match sys::clone_container(launch.shared_pids).map_err(|e| report::chain(&e))? {
+    let forked = if request.share_pids {
+        in_pid_namespace(&launch.namespaces.main, &launch.namespaces.first, || {
+            sys::clone_container(true)
+        })
+    } else {
+        sys::clone_container(false)
+    };
+    match forked.map_err(|e| report::chain(&e))? {
         sys::Forked::Parent(pid) => {
             drop((errors_out, image, listener));
             let mut why = String::new();
@@ -326,6 +352,22 @@ fn make(
             sys::exit_now(125)
         }
     }
+}
+
+/// Runs `fork` with the caller's children going to PID namespace `there`, then back to `home`
+/// (the caller's own).
+fn in_pid_namespace(
+    there: &OwnedFd,
+    home: &OwnedFd,
+    fork: impl FnOnce() -> Result<sys::Forked, SysError>,
+) -> Result<sys::Forked, SysError> {
+    sys::enter_pid_namespace_for_children(there.as_fd())?;
+    let forked = fork();
+    if let Ok(sys::Forked::Child) = forked {
+        return forked;
+    }
+    sys::enter_pid_namespace_for_children(home.as_fd())?;
+    forked
 }
 
 /// A close-on-exec pipe: the container writes why it failed to the second end; the first
@@ -409,11 +451,13 @@ impl ContainerFactory {
 
     /// Has the factory make container `name` (the sandbox's `index`th, counting every
     /// container it ever had) from `image` (an idmapped, read-only mount of its tree), its
-    /// agent listening on `listener`, with `shared` mounted; returns the agent's pid.
+    /// agent listening on `listener`, with `shared` mounted, in the root's PID namespace when
+    /// `share_pids`; returns the agent's pid.
     pub fn add(
         &mut self,
         index: usize,
         name: &str,
+        share_pids: bool,
         shared: &[SharedMount],
         image: OwnedFd,
         listener: OwnedFd,
@@ -424,6 +468,7 @@ impl ContainerFactory {
         let request = Request {
             index,
             name: name.to_string(),
+            share_pids,
             shared: shared.to_vec(),
         };
         let exchange = || -> io::Result<String> {
@@ -466,22 +511,33 @@ mod tests {
 
     #[test]
     fn a_request_round_trips_and_refuses_what_is_not_its_own() {
+        for share_pids in [false, true] {
+            let request = Request {
+                index: 4,
+                name: "db".into(),
+                share_pids,
+                shared: vec!["db:work:/var/work".parse().expect("mount")],
+            };
+            let text = request.encode();
+            assert_eq!(Request::decode(&text).expect("decode"), request);
+        }
         let request = Request {
             index: 4,
             name: "db".into(),
-            shared: vec!["db:work:/var/work".parse().expect("mount")],
+            share_pids: false,
+            shared: Vec::new(),
         };
-        let text = request.encode();
-        assert_eq!(Request::decode(&text).expect("decode"), request);
         assert_eq!(request.dir(), Path::new("c/4.db"));
         for (bad, says) in [
             ("", "no index"),
             ("x\ndb\n", "no index"),
             ("1\n", "no name"),
             ("1\nDB\n", "a-z"),
-            ("1\ndb\nweb:work:/w\n", "not container"),
-            ("1\ndb\ndb:work\n", "OWNER:DIR:TARGET"),
-            ("1\ndb\ndb:work:/proc/x\n", "/proc"),
+            ("1\ndb\n", "PID namespace"),
+            ("1\ndb\ndb:work:/w\n", "PID namespace"),
+            ("1\ndb\npids own\nweb:work:/w\n", "not container"),
+            ("1\ndb\npids own\ndb:work\n", "OWNER:DIR:TARGET"),
+            ("1\ndb\npids own\ndb:work:/proc/x\n", "/proc"),
         ] {
             let e = Request::decode(bad).expect_err(bad);
             assert!(e.contains(says), "{bad:?}: {e}");
@@ -509,7 +565,9 @@ mod tests {
         };
         let null = || OwnedFd::from(std::fs::File::open("/dev/null").expect("null"));
         for _ in 0..2 {
-            let e = factory.add(0, "db", &[], null(), null()).expect_err("gone");
+            let e = factory
+                .add(0, "db", false, &[], null(), null())
+                .expect_err("gone");
             assert!(matches!(e, FactoryError::Gone { .. }), "{e}");
             assert!(e.to_string().contains("killed or stopped"), "{e}");
         }
@@ -533,7 +591,7 @@ mod tests {
         };
         let null = || OwnedFd::from(std::fs::File::open("/dev/null").expect("null"));
         let refused = factory
-            .add(7, "web", &[], null(), null())
+            .add(7, "web", false, &[], null(), null())
             .expect_err("refused");
         assert_eq!(refused.to_string(), "c/7.web is in use");
         let theirs = peer.join().expect("peer");
@@ -542,11 +600,11 @@ mod tests {
             .set_read_timeout(Some(Duration::from_millis(200)))
             .expect("timeout");
         let silent = factory
-            .add(8, "web", &[], null(), null())
+            .add(8, "web", false, &[], null(), null())
             .expect_err("silent");
         assert!(silent.to_string().contains("no answer"), "{silent}");
         let again = factory
-            .add(9, "web", &[], null(), null())
+            .add(9, "web", false, &[], null(), null())
             .expect_err("broken");
         assert!(matches!(again, FactoryError::Gone { .. }), "{again}");
         drop(theirs);

@@ -232,15 +232,17 @@ fn inside(
 
 /// The PID namespaces of a sandbox: its first one (the pod init's, the factory's) and its
 /// root's (`main`'s), below it.
-struct PidNamespaces {
-    first: std::os::fd::OwnedFd,
-    main: std::os::fd::OwnedFd,
+pub(crate) struct PidNamespaces {
+    /// The sandbox's first.
+    pub(crate) first: std::os::fd::OwnedFd,
+    /// Its own root's.
+    pub(crate) main: std::os::fd::OwnedFd,
 }
 
 /// The pod init's part, with `main` (the sandbox's own root) forked and waiting: starts the
-/// sandbox's containers from the scratch, each in a PID namespace of its own or, when the spec
-/// shares one, in `main`'s, and the container factory in the sandbox's first PID namespace.
-/// Returns PID 1's end of the connection to the factory.
+/// sandbox's containers from the scratch, those that share `main`'s PID namespace in it and
+/// the others each in one of their own, and the container factory in the sandbox's first
+/// PID namespace. Returns PID 1's end of the connection to the factory.
 fn start_members(
     spec: &SandboxSpec,
     namespaces: PidNamespaces,
@@ -250,22 +252,17 @@ fn start_members(
     argv: &AgentArgv,
 ) -> Result<std::os::fd::OwnedFd, EnterError> {
     use std::os::fd::AsFd;
-    let shared = spec.share_pid_namespace;
+    let mut images: Vec<_> = containers.into_iter().map(Some).collect();
     // Until changed, this process's children go to `main`'s namespace.
-    if shared {
-        container::start_all(spec, containers, agent, host_side, &argv.container)?;
-        sys::enter_pid_namespace_for_children(namespaces.first.as_fd())?;
-        let factory = factory::start(
-            agent,
-            &argv.container,
-            host_side.commands_cgroup(),
-            Some(&namespaces.main),
-        )?;
-        return Ok(factory);
-    }
+    container::start_some(spec, &mut images, true, agent, host_side, &argv.container)?;
     sys::enter_pid_namespace_for_children(namespaces.first.as_fd())?;
-    let factory = factory::start(agent, &argv.container, host_side.commands_cgroup(), None)?;
-    container::start_all(spec, containers, agent, host_side, &argv.container)?;
+    container::start_some(spec, &mut images, false, agent, host_side, &argv.container)?;
+    let factory = factory::start(
+        agent,
+        &argv.container,
+        host_side.commands_cgroup(),
+        namespaces,
+    )?;
     Ok(factory)
 }
 

@@ -24,14 +24,21 @@ pub fn check_name(name: &str, what: &str) -> Result<(), String> {
     }
 }
 
-/// A container of the sandbox: `NAME=ROOTFS` in the flag form.
+/// A container of the sandbox: `NAME=ROOTFS` in the flag form, `NAME+pids=ROOTFS` when it
+/// joins the sandbox's own root's PID namespace.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ContainerRoot {
     /// Its name ([`check_name`]; never [`MAIN`]).
     pub name: String,
     /// The host directory of its image's tree: its root's read-only, idmapped lower layer.
     pub rootfs: PathBuf,
+    /// It joins the PID namespace of the sandbox's own root (whose agent is its PID 1), as a
+    /// Kubernetes pod's member with `shareProcessNamespace`, instead of getting its own.
+    pub share_pids: bool,
 }
+
+/// What follows a container's name in the flag form when it joins the root's PID namespace.
+const SHARES_PIDS: &str = "+pids";
 
 impl ContainerRoot {
     /// Checks every rule of the flag form.
@@ -52,7 +59,8 @@ impl ContainerRoot {
 
 impl fmt::Display for ContainerRoot {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}={}", self.name, self.rootfs.display())
+        let pids = if self.share_pids { SHARES_PIDS } else { "" };
+        write!(f, "{}{pids}={}", self.name, self.rootfs.display())
     }
 }
 
@@ -63,9 +71,14 @@ impl FromStr for ContainerRoot {
         let (name, rootfs) = s
             .split_once('=')
             .ok_or("must be NAME=ROOTFS, as in db=/var/lib/crucible/images/pg/rootfs")?;
+        let (name, share_pids) = match name.strip_suffix(SHARES_PIDS) {
+            Some(name) => (name, true),
+            None => (name, false),
+        };
         let container = ContainerRoot {
             name: name.into(),
             rootfs: rootfs.into(),
+            share_pids,
         };
         container.check()?;
         Ok(container)

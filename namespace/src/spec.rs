@@ -52,10 +52,6 @@ pub struct SandboxSpec {
     pub containers: Vec<ContainerRoot>,
     /// Shared directories of the scratch mounted in the sandbox's root or its containers.
     pub shared: Vec<SharedMount>,
-    /// One PID namespace for the sandbox's root and every container (Kubernetes'
-    /// `shareProcessNamespace`): the root's agent is its PID 1 and every member sees, and
-    /// may signal, every other's processes. Otherwise each has a PID namespace of its own.
-    pub share_pid_namespace: bool,
 }
 
 /// A spec that cannot be used, or a flag that cannot be parsed.
@@ -80,7 +76,7 @@ pub enum SpecError {
 }
 
 /// Flags that take a value, in the order [`SandboxSpec::to_args`] writes them.
-const FLAGS: [&str; 16] = [
+const FLAGS: [&str; 15] = [
     "--rootfs",
     "--runtime-dir",
     "--agent-socket",
@@ -96,7 +92,6 @@ const FLAGS: [&str; 16] = [
     "--container",
     "--shared",
     "--commands-cgroup",
-    "--share-pid-namespace",
 ];
 
 impl Default for SandboxSpec {
@@ -117,7 +112,6 @@ impl Default for SandboxSpec {
             commands_cgroup: None,
             containers: Vec::new(),
             shared: Vec::new(),
-            share_pid_namespace: false,
         }
     }
 }
@@ -161,9 +155,6 @@ impl SandboxSpec {
         if !self.die_with_parent {
             args.push(FLAGS[11].into());
         }
-        if self.share_pid_namespace {
-            args.push(FLAGS[15].into());
-        }
         args
     }
 
@@ -185,16 +176,9 @@ impl SandboxSpec {
         flag: &str,
         value: impl FnOnce() -> Option<String>,
     ) -> Result<(), SpecError> {
-        match flag {
-            "--no-die-with-parent" => {
-                self.die_with_parent = false;
-                return Ok(());
-            }
-            "--share-pid-namespace" => {
-                self.share_pid_namespace = true;
-                return Ok(());
-            }
-            _ => {}
+        if flag == "--no-die-with-parent" {
+            self.die_with_parent = false;
+            return Ok(());
         }
         let v = value().ok_or_else(|| SpecError::MissingValue(flag.to_string()))?;
         let bad = |reason: &str| SpecError::BadValue {
@@ -228,6 +212,11 @@ impl SandboxSpec {
             _ => return Err(bad("is not a sandbox flag")),
         }
         Ok(())
+    }
+
+    /// Whether any of its containers joins its own root's PID namespace.
+    pub fn shares_pids(&self) -> bool {
+        self.containers.iter().any(|c| c.share_pids)
     }
 
     /// Checks that everything needed is there and usable.
@@ -339,14 +328,13 @@ mod tests {
             cgroup_procs: vec!["/sys/fs/cgroup/memory/x/cgroup.procs".into(), "/p".into()],
             commands_cgroup: Some("/sys/fs/cgroup/pids/x/commands/cgroup.procs".into()),
             containers: vec![
-                "db=/img/pg/rootfs".parse().expect("container"),
+                "db+pids=/img/pg/rootfs".parse().expect("container"),
                 "web=/img/web/rootfs".parse().expect("container"),
             ],
             shared: vec![
                 "main:work:/work".parse().expect("shared"),
                 "db:work:/var/lib/work:ro".parse().expect("shared"),
             ],
-            share_pid_namespace: true,
         }
     }
 
@@ -379,7 +367,6 @@ mod tests {
             egress_socket: None,
             containers: Vec::new(),
             shared: Vec::new(),
-            share_pid_namespace: false,
             ..example()
         };
         let args = bare.to_args();
@@ -389,7 +376,6 @@ mod tests {
             "--egress-socket",
             "--container",
             "--shared",
-            "--share-pid-namespace",
         ] {
             assert!(!args.iter().any(|a| a == flag), "{flag} written when unset");
         }

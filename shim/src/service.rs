@@ -368,6 +368,7 @@ impl Inner {
             image: Some(image.clone()),
             user: spec::user(spec),
             shared,
+            share_process_namespace: spec::joins_pod_pid_namespace(spec),
             ..api_types::ContainerRequest::default()
         };
         client.add_container(sandbox, &request).await?;

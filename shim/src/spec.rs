@@ -82,6 +82,22 @@ pub(crate) fn refuse_host_namespaces(spec: &Spec) -> Result<(), ShimError> {
     )))
 }
 
+/// Whether a pod member's spec joins another process's PID namespace (a `pid` namespace with a
+/// path: containerd's `NamespaceMode` `POD`, kubelet's `shareProcessNamespace: true`, or
+/// `TARGET`) rather than getting its own (`CONTAINER`, no path): it then joins its pod's
+/// sandbox's root's, where the pause process runs.
+pub(crate) fn joins_pod_pid_namespace(spec: &Spec) -> bool {
+    use oci_spec::runtime::LinuxNamespaceType;
+    spec.linux()
+        .as_ref()
+        .and_then(|l| l.namespaces().as_ref())
+        .is_some_and(|namespaces| {
+            namespaces
+                .iter()
+                .any(|n| n.typ() == LinuxNamespaceType::Pid && n.path().is_some())
+        })
+}
+
 /// `KEY=value` entries as a map; an entry without `=` or with an empty key is left out (it
 /// cannot be set with `execve`'s environment either). A later duplicate wins, as with `env`.
 pub(crate) fn env_map(entries: &[String]) -> BTreeMap<String, String> {
@@ -202,6 +218,31 @@ mod tests {
         assert!(pid.contains("hostPID") && !pid.contains("hostIPC"), "{pid}");
         let both = text(&[Uts, Mount, Network]);
         assert!(both.contains("hostPID, hostIPC"), "{both}");
+    }
+
+    #[test]
+    fn a_member_joins_the_pods_pid_namespace_when_its_spec_names_one() {
+        use oci_spec::runtime::LinuxNamespaceType::{Ipc, Pid};
+        assert!(!joins_pod_pid_namespace(&with_namespaces(&[Pid, Ipc])));
+        let mut spec = with_namespaces(&[Ipc]);
+        assert!(!joins_pod_pid_namespace(&spec), "no pid namespace at all");
+        let pause = oci_spec::runtime::LinuxNamespaceBuilder::default()
+            .typ(Pid)
+            .path("/proc/4242/ns/pid")
+            .build()
+            .expect("a namespace");
+        if let Some(linux) = spec.linux_mut() {
+            linux
+                .namespaces_mut()
+                .get_or_insert_with(Vec::new)
+                .push(pause);
+        }
+        assert!(joins_pod_pid_namespace(&spec));
+        assert!(
+            !joins_pod_pid_namespace(&Spec::default()),
+            "{:?}",
+            "no linux section"
+        );
     }
 
     #[test]

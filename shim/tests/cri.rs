@@ -20,9 +20,10 @@ use k8s_cri::v1::runtime_service_client::RuntimeServiceClient;
 use k8s_cri::v1::{
     ContainerConfig, ContainerFilter, ContainerMetadata, ContainerState, ContainerStatsRequest,
     ContainerStatusRequest, CreateContainerRequest, ExecSyncRequest, ImageSpec,
-    LinuxPodSandboxConfig, LinuxSandboxSecurityContext, ListContainersRequest, Mount,
-    NamespaceMode, NamespaceOption, PodSandboxConfig, PodSandboxMetadata, RemovePodSandboxRequest,
-    RunPodSandboxRequest, StartContainerRequest, StopPodSandboxRequest,
+    LinuxContainerConfig, LinuxContainerSecurityContext, LinuxPodSandboxConfig,
+    LinuxSandboxSecurityContext, ListContainersRequest, Mount, NamespaceMode, NamespaceOption,
+    PodSandboxConfig, PodSandboxMetadata, RemovePodSandboxRequest, RunPodSandboxRequest,
+    StartContainerRequest, StopPodSandboxRequest,
 };
 use tonic::transport::{Channel, Endpoint, Uri};
 
@@ -268,7 +269,7 @@ async fn pod_of_three(daemon: TestDaemon) {
 
     let scripts = [
         ("svc", "while true; do echo pong | nc -l -p 7000; done"),
-        ("helper", "echo from-helper > /shared/note; exec sleep 3600"),
+        ("helper", "echo from-helper > /shared/note; exec sleep 3601"),
         ("job", "exec sleep 3600"),
     ];
     // A secret volume as kubelet lays one out: the files in a timestamped directory, `..data`
@@ -284,6 +285,20 @@ async fn pod_of_three(daemon: TestDaemon) {
             config_of
                 .mounts
                 .push(read_only_mount(&secret, "/var/run/secrets/x"));
+        }
+        if name == "helper" {
+            // Kubelet's default: a PID namespace of its own. The others leave the mode unset,
+            // which is `POD`: containerd joins them to the pause container's.
+            config_of.linux = Some(LinuxContainerConfig {
+                security_context: Some(LinuxContainerSecurityContext {
+                    namespace_options: Some(NamespaceOption {
+                        pid: NamespaceMode::Container as i32,
+                        ..NamespaceOption::default()
+                    }),
+                    ..LinuxContainerSecurityContext::default()
+                }),
+                ..LinuxContainerConfig::default()
+            });
         }
         let request = CreateContainerRequest {
             pod_sandbox_id: pod.clone(),
@@ -311,12 +326,34 @@ async fn pod_of_three(daemon: TestDaemon) {
     assert!(names[0].starts_with("files-"), "{names:?}");
     assert_eq!(names[1..], ["helper", "job", "svc"]);
 
-    // The secret is there, read-only, and follows kubelet's rotation.
     let sync = |cmd: &str| ExecSyncRequest {
         container_id: ids["job"].clone(),
         cmd: vec!["/bin/sh".into(), "-c".into(), cmd.into()],
         timeout: 10,
     };
+    // The job and svc share the pod's PID namespace, as containerd asked; helper keeps its own.
+    let out = cri
+        .exec_sync(sync(
+            "for p in /proc/[0-9]*; do tr '\\0' ' ' < $p/cmdline; echo; done",
+        ))
+        .await
+        .expect("ExecSync")
+        .into_inner();
+    let seen = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        seen.contains("nc -l -p 7000"),
+        "job misses svc's process:\n{seen}"
+    );
+    // In a microVM the root's PID namespace is the guest's first, above every container's: a
+    // member that joins it sees them all, as `main` does (docs/security.md, "Pod members").
+    let backend = c.get(&sandbox).await.expect("the sandbox").backend;
+    assert_eq!(
+        seen.contains("sleep 3601"),
+        backend == api_types::BackendKind::Microvm,
+        "job on the {backend} backend, helper's process:\n{seen}"
+    );
+
+    // The secret is there, read-only, and follows kubelet's rotation.
     let out = cri
         .exec_sync(sync(
             "cat /var/run/secrets/x/token; echo changed > /var/run/secrets/x/token",

@@ -512,6 +512,74 @@ async fn a_pod_sharing_its_pid_namespace_sees_every_member_and_signals_its_own()
 }
 
 #[tokio::test]
+async fn a_container_that_joins_mains_pid_namespace_sees_main_and_no_other() {
+    let daemon = TestDaemon::start();
+    let c = daemon.client();
+    let id = c
+        .create(&request(serde_json::json!({
+            "containers": [
+                {"name": "joined", "share_process_namespace": true,
+                 "command": ["sleep", "1011"]},
+                {"name": "apart", "command": ["sleep", "1012"]}
+            ]
+        })))
+        .await
+        .expect("create")
+        .id;
+    c.add_container(
+        &id,
+        &container(serde_json::json!({
+            "name": "late", "share_process_namespace": true, "command": ["sleep", "1014"]})),
+    )
+    .await
+    .expect("add a container that joins");
+    let (_, err, code) = sh(&c, &id, "sleep 1013 </dev/null >/dev/null 2>&1 &").await;
+    assert_eq!(code, 0, "{err}");
+    let together = ["sleep 1011", "sleep 1013", "sleep 1014"];
+    for member in ["main", "joined", "late"] {
+        let (seen, err, code) = sh_in(&c, &id, member, PROCESSES).await;
+        assert_eq!(code, 0, "{member}: {err}");
+        for sleeper in together {
+            assert!(
+                lists(&seen, sleeper),
+                "{member} misses {sleeper:?}:\n{seen}"
+            );
+        }
+        assert!(
+            !lists(&seen, "sleep 1012"),
+            "{member} sees apart's:\n{seen}"
+        );
+    }
+    let (seen, err, code) = sh_in(&c, &id, "apart", PROCESSES).await;
+    assert_eq!(code, 0, "apart: {err}");
+    assert!(lists(&seen, "sleep 1012"), "apart sees its own:\n{seen}");
+    for other in together {
+        assert!(!lists(&seen, other), "apart sees {other:?}:\n{seen}");
+    }
+    // A signal to the joined container ends its processes only.
+    c.signal_in(
+        &id,
+        Some("late"),
+        api_types::SignalRequest {
+            signal: 9,
+            exec_id: None,
+        },
+    )
+    .await
+    .expect("signal late");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let (seen, _, _) = sh(&c, &id, PROCESSES).await;
+    assert!(
+        !lists(&seen, "sleep 1014"),
+        "late's process lives on:\n{seen}"
+    );
+    for alive in ["sleep 1011", "sleep 1013"] {
+        assert!(lists(&seen, alive), "{alive} was signalled too:\n{seen}");
+    }
+    c.delete(&id).await.expect("delete");
+}
+
+#[tokio::test]
 async fn a_containers_stats_are_its_own_processes_under_the_sandboxs_limits() {
     let daemon = TestDaemon::start();
     let c = daemon.client();

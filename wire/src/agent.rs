@@ -28,7 +28,7 @@ use crate::types::{ErrorBody, ExecList, ExecRequest, ExecStatus, FilesPutResult}
 /// fail one by one): 2 added `attach`, `execs`, `on_disconnect` and `tail_bytes`; 3 added
 /// `egress_uplink`; 4 added `probe_tcp` and `process_stats` (a sandbox's containers); 5 added
 /// `add_container`; 6 added a shared directory's `read_only`.
-pub const PROTOCOL_VERSION: u32 = 7;
+pub const PROTOCOL_VERSION: u32 = 8;
 
 /// One request, the first message on a connection.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -133,6 +133,10 @@ pub enum AgentRequest {
         /// The shared directories it mounts.
         #[serde(default, skip_serializing_if = "Vec::is_empty")]
         shared: Vec<SharedDir>,
+        /// It joins the PID namespace of the sandbox's own root (whose agent is its PID 1)
+        /// instead of getting one of its own: Kubernetes' `shareProcessNamespace`.
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        share_pids: bool,
         /// In a microVM: the disk holding its image.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         disk: Option<ContainerDisk>,

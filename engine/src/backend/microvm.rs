@@ -145,13 +145,16 @@ impl MicrovmBackend {
             .map(|c| c.name.clone())
             .zip(spec.container_disks.iter().cloned())
             .collect();
-        let plan = DiskPlan::new(
+        let mut plan = DiskPlan::new(
             spec.disk.as_deref(),
             &spec.mounts,
             &containers,
             spec.container_slots,
         )
         .map_err(|e| BackendError::setup("attach the sandbox's storage", invalid(&e)))?;
+        for (planned, container) in plan.containers.iter_mut().zip(&spec.containers) {
+            planned.share_pids = container.share_pids;
+        }
         let dir = self.state_dir.join("sandboxes").join(&spec.id);
         // Private: its sockets (vsock, the disks' control) are the daemon's alone.
         {
@@ -617,7 +620,6 @@ fn boot_config(spec: &InstanceSpec, disks: &DiskPlan) -> BootConfig {
             .is_some()
             .then_some(contract::egress::VSOCK_PORT),
         shared: vm_shared(&spec.shared),
-        share_pids: spec.share_pids,
         ..BootConfig::default()
     };
     disks.describe_to(&mut boot);
@@ -767,6 +769,7 @@ impl MicrovmInstance {
         disk: &Path,
         name: &str,
         shared: &[wire::agent::SharedDir],
+        share_pids: bool,
     ) -> Result<(), String> {
         let serial = contract::disk::container_serial(slot);
         let control = microvm_slots::control_socket(&self.dir, self.hypervisor, &serial);
@@ -780,7 +783,7 @@ impl MicrovmInstance {
         let stream = vsock_connect(&self.uds, DEFAULT_AGENT_PORT)
             .await
             .map_err(|e| format!("connecting to the guest's agent: {e}"))?;
-        microvm_slots::ask_to_add(stream, slot, name, sectors, shared).await
+        microvm_slots::ask_to_add(stream, slot, name, sectors, shared, share_pids).await
     }
 
     /// Frees the slot container `index` used, once the guest says nothing holds its disk;
@@ -877,6 +880,7 @@ impl Instance for MicrovmInstance {
         _rootfs: &'a Path,
         disk: Option<&'a Path>,
         shared: &'a [wire::agent::SharedDir],
+        share_pids: bool,
     ) -> BoxFuture<'a, Result<(), String>> {
         Box::pin(async move {
             let disk = disk.ok_or("the container's image has no disk snapshot")?;
@@ -884,7 +888,7 @@ impl Instance for MicrovmInstance {
                 .slot_table()
                 .take(index)
                 .ok_or("the microVM has no empty disk left")?;
-            let added = self.fill_slot(slot, disk, name, shared).await;
+            let added = self.fill_slot(slot, disk, name, shared, share_pids).await;
             if added.is_err() {
                 self.release_slot(index).await;
             }
@@ -1065,7 +1069,6 @@ mod tests {
             container_disks: Vec::new(),
             shared: Vec::new(),
             container_slots: 0,
-            share_pids: false,
         }
     }
 

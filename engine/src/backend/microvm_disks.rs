@@ -114,6 +114,7 @@ impl DiskPlan {
             plan.containers.push(VmContainer {
                 name: name.clone(),
                 serial,
+                share_pids: false,
             });
         }
         plan.slots = containers.len()..containers.len() + slots;

@@ -118,11 +118,13 @@ pub(crate) async fn ask_to_add(
     name: &str,
     sectors: u64,
     shared: &[wire::agent::SharedDir],
+    share_pids: bool,
 ) -> Result<(), String> {
     let request = wire::agent::AgentRequest::AddContainer {
         name: name.to_string(),
         index: slot,
         shared: shared.to_vec(),
+        share_pids,
         disk: Some(wire::agent::ContainerDisk {
             serial: contract::disk::container_serial(slot),
             sectors,

@@ -64,8 +64,6 @@ pub struct InstanceSpec {
     /// A microVM's empty read-only disks for containers added once it runs (the request's
     /// `container_slots`; 0 on the other backends).
     pub(crate) container_slots: usize,
-    /// Whether its root and its containers share one PID namespace.
-    pub(crate) share_pids: bool,
 }
 
 /// An imported image's root, as the backends take it. The agent stays the daemon's own
@@ -319,8 +317,9 @@ pub trait Instance: Send + Sync {
         rootfs: &'a std::path::Path,
         disk: Option<&'a std::path::Path>,
         shared: &'a [wire::agent::SharedDir],
+        share_pids: bool,
     ) -> BoxFuture<'a, Result<(), String>> {
-        let _ = (index, name, rootfs, disk, shared);
+        let _ = (index, name, rootfs, disk, shared, share_pids);
         Box::pin(async { Err("this backend cannot add containers to a running sandbox".into()) })
     }
     /// How many more containers [`Instance::add_container`] can take, and how many it could

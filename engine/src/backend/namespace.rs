@@ -369,7 +369,6 @@ impl NamespaceBackend {
             commands_cgroup: cleanup.cgroups.iter().find_map(|c| c.commands_procs_file()),
             containers: spec.containers,
             shared: spec.shared,
-            share_pid_namespace: spec.share_pids,
         }
         .to_args();
         let mut command = Command::new(self.image.agent());
@@ -795,6 +794,7 @@ impl Instance for NamespaceInstance {
         rootfs: &'a Path,
         _disk: Option<&'a Path>,
         shared: &'a [wire::agent::SharedDir],
+        share_pids: bool,
     ) -> BoxFuture<'a, Result<(), String>> {
         Box::pin(async move {
             let supervisor = self
@@ -813,6 +813,7 @@ impl Instance for NamespaceInstance {
                 name: name.to_string(),
                 index,
                 shared: shared.to_vec(),
+                share_pids,
                 disk: None,
             };
             let rootfs = rootfs.to_path_buf();

@@ -417,7 +417,6 @@ impl Refiller {
                 container_disks: Vec::new(),
                 shared: Vec::new(),
                 container_slots: 0,
-                share_pids: false,
             };
             let instance = backend
                 .create(spec)

@@ -87,8 +87,9 @@ impl Engine {
         }
         for (i, container) in request.containers.iter().enumerate() {
             let field = format!("containers[{i}] ({}).", container.name);
-            let (resolved, root, image) =
+            let (resolved, mut root, image) =
                 self.plan_one(&field, container, owner, &mut plan.leases)?;
+            root.share_pids |= request.share_process_namespace;
             check_shared_in_image(&field, &container.shared, &root.rootfs, &resolved.image)?;
             plan.containers.push(resolved);
             plan.roots.push(root);
@@ -201,6 +202,7 @@ impl Engine {
         let root = namespace::ContainerRoot {
             name: request.name.clone(),
             rootfs,
+            share_pids: request.share_process_namespace,
         };
         root.check()
             .map_err(|e| CreateError::Invalid(format!("{}: {e}", field("image"))))?;
@@ -372,8 +374,16 @@ impl Engine {
             .collect();
         // From here on it holds what a restarted daemon could not take back.
         self.registry.forget_record(&sandbox.id);
+        let share_pids = root.share_pids || sandbox.shares_process_namespace();
         let container = sandbox
-            .add_container(plan, &root.rootfs, disk.as_deref(), &shared, leases.pop())
+            .add_container(
+                plan,
+                &root.rootfs,
+                disk.as_deref(),
+                &shared,
+                share_pids,
+                leases.pop(),
+            )
             .await?;
         Ok(container.info())
     }

@@ -262,6 +262,13 @@ class ContainerRequest:
     #: again after a non-zero exit, after 0.1 s, doubling to at most 10 s).
     restart: RestartPolicy = 'no'
 
+    #: It joins the PID namespace of the sandbox's own root (`main`, whose agent is its PID
+    #: 1), as a member of a Kubernetes pod with `shareProcessNamespace`: it sees, and may
+    #: signal, the processes of `main` and of every container that joined, and they see its.
+    #: Default `false`: a PID namespace of its own (the sandbox's `share_process_namespace`
+    #: makes every container join).
+    share_process_namespace: bool | None = None
+
     #: Shared directories it mounts.
     shared: list[SharedMount] = field(default_factory=list)
 
@@ -281,6 +288,7 @@ class ContainerRequest:
             image=data.get('image', None),
             ready=_opt(data.get('ready'), ReadyCheck.from_dict),
             restart=data.get('restart', 'no'),
+            share_process_namespace=data.get('share_process_namespace', None),
             shared=[SharedMount.from_dict(x) for x in data.get('shared', [])],
             user=data.get('user', None),
         )
@@ -304,6 +312,8 @@ class ContainerRequest:
             out['ready'] = None if self.ready is None else self.ready.to_dict()
         if self.restart != 'no':
             out['restart'] = self.restart
+        if self.share_process_namespace is not None:
+            out['share_process_namespace'] = self.share_process_namespace
         if self.shared:
             out['shared'] = [x.to_dict() for x in self.shared]
         if self.user is not None:

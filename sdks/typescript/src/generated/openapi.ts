@@ -2166,6 +2166,14 @@ export interface components {
              * @default no
              */
             restart?: components["schemas"]["RestartPolicy"];
+            /**
+             * @description It joins the PID namespace of the sandbox's own root (`main`, whose agent is its PID
+             *     1), as a member of a Kubernetes pod with `shareProcessNamespace`: it sees, and may
+             *     signal, the processes of `main` and of every container that joined, and they see its.
+             *     Default `false`: a PID namespace of its own (the sandbox's `share_process_namespace`
+             *     makes every container join).
+             */
+            share_process_namespace?: boolean;
             /** @description Shared directories it mounts. */
             shared?: components["schemas"]["SharedMount"][];
             /**
