@@ -124,6 +124,11 @@ pub struct CreateSandbox {
     /// `false`: each member has a PID namespace of its own and sees none of the others'.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub share_process_namespace: bool,
+    /// Its hostname (what `hostname` prints and `$HOSTNAME` holds in it and its containers):
+    /// 1 to 64 bytes, dot-separated labels of letters, digits and `-`, each 1 to 63 bytes and
+    /// neither starting nor ending with `-`. Default: the sandbox's id.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hostname: Option<String>,
 }
 
 /// `"network"` in a create request.
@@ -316,6 +321,9 @@ pub struct SandboxInfo {
     /// Whether its root and its containers share one PID namespace (absent: they do not).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub share_process_namespace: bool,
+    /// Its hostname, when the create request gave one (else it is the id).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hostname: Option<String>,
 }
 
 /// The body of `GET /sandboxes`.

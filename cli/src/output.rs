@@ -221,6 +221,12 @@ pub(crate) fn sandbox_details(s: &SandboxInfo) -> String {
     if let Some(mib) = s.disk_mib {
         out.push_str(&format!("disk:     {mib} MiB on the host's disk\n"));
     }
+    if let Some(hostname) = &s.hostname {
+        out.push_str(&format!("hostname: {}\n", escape(hostname)));
+    }
+    if s.share_process_namespace {
+        out.push_str("pids:     one PID namespace for the sandbox and its containers\n");
+    }
     for c in &s.containers {
         out.push_str(&format!("container: {}\n", container_line(c)));
     }

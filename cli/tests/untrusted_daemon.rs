@@ -145,6 +145,7 @@ fn sandbox_info(text: &str) -> SandboxInfo {
             ..container(&format!("c{text}"))
         }],
         share_process_namespace: false,
+        hostname: Some(format!("host{text}")),
     }
 }
 

@@ -33,6 +33,7 @@ pub mod boot_marker;
 pub mod cmdline;
 pub mod disk;
 pub mod egress;
+pub mod hostname;
 pub mod namespace_fds;
 pub mod qemu;
 pub mod vm;

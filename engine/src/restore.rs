@@ -198,6 +198,9 @@ pub struct SandboxRecord {
     /// they did not).
     #[serde(default)]
     pub share_process_namespace: bool,
+    /// Its hostname, when the request gave one (absent in older records).
+    #[serde(default)]
+    pub hostname: Option<String>,
     /// The host's boot id (`/proc/sys/kernel/random/boot_id`) when it was written: after a
     /// reboot, pids and start times begin again and could match an unrelated process.
     pub boot_id: String,
@@ -429,6 +432,7 @@ mod tests {
             volumes: Vec::new(),
             disk_mib: None,
             share_process_namespace: false,
+            hostname: None,
             boot_id: boot_id().expect("this boot's id"),
             instance: InstanceRecord {
                 supervisor_pid: 4242,

@@ -178,6 +178,8 @@ pub(crate) struct SandboxSettings {
     pub(crate) disk_mib: Option<u64>,
     /// Whether its root and its containers share one PID namespace.
     pub(crate) share_process_namespace: bool,
+    /// Its hostname, when the request gave one.
+    pub(crate) hostname: Option<String>,
     /// Its egress, when it has any.
     pub(crate) network: Option<SandboxNetwork>,
     /// Its imported image's config (`Env`, `WorkingDir`, `User`), the defaults of every
@@ -801,6 +803,7 @@ impl Sandbox {
             volumes: s.volumes.clone(),
             disk_mib: s.disk_mib,
             share_process_namespace: s.share_process_namespace,
+            hostname: s.hostname.clone(),
             boot_id: crate::restore::boot_id()
                 .inspect_err(|e| tracing::warn!("sandbox {}: its record: boot id: {e}", self.id))
                 .ok()?,
@@ -988,6 +991,7 @@ impl Sandbox {
                 .map(|u| format!("{}:{}", u.uid, u.gid)),
             containers: self.containers().iter().map(|c| c.info()).collect(),
             share_process_namespace: self.settings.share_process_namespace,
+            hostname: self.settings.hostname.clone(),
         }
     }
 

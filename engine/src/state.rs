@@ -270,6 +270,7 @@ impl Engine {
             volumes: record.volumes,
             disk_mib: record.disk_mib,
             share_process_namespace: record.share_process_namespace,
+            hostname: record.hostname,
             network: network.map(|(counters, _)| SandboxNetwork {
                 allow: record.network,
                 counters,
@@ -542,6 +543,10 @@ impl Engine {
             &accounts,
         )?;
         check_env(&request.env, "env")?;
+        if let Some(hostname) = &request.hostname {
+            contract::hostname::check(hostname)
+                .map_err(|why| CreateError::Invalid(format!("hostname: {why}")))?;
+        }
         let kind = request.backend.unwrap_or_else(|| self.default_backend());
         let backend = self.backend(kind)?;
         let has_containers = !request.containers.is_empty() || !request.shared.is_empty();
@@ -595,7 +600,7 @@ impl Engine {
                 .collect();
             let names: Vec<&str> = request.containers.iter().map(|c| c.name.as_str()).collect();
             microvm_disks::check_request(
-                &new_id(),
+                &request.hostname.clone().unwrap_or_else(new_id),
                 request.disk_mib.is_some(),
                 &targets,
                 &names,
@@ -653,6 +658,7 @@ impl Engine {
             volumes: request.volumes.clone(),
             disk_mib: request.disk_mib,
             share_process_namespace: request.share_process_namespace,
+            hostname: request.hostname.clone(),
             network: None,
             image_defaults,
             accounts,
@@ -665,7 +671,8 @@ impl Engine {
             && request.caches.is_empty()
             && request.volumes.is_empty()
             && request.disk_mib.is_none()
-            && !request.share_process_namespace;
+            && !request.share_process_namespace
+            && request.hostname.is_none();
         if poolable {
             // A hit takes no reservation, where the refusal would otherwise come from; a
             // creation under way when shutdown begins is waited for, so this is the last word.
@@ -737,6 +744,7 @@ impl Engine {
         let spec_env = request.env.clone();
         let spec = InstanceSpec {
             id: id.clone(),
+            hostname: request.hostname.clone().unwrap_or_else(|| id.clone()),
             memory_mib,
             vcpus,
             env: request.env,

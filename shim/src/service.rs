@@ -143,6 +143,9 @@ impl Service {
     }
 }
 
+/// How long a kill keeps trying to reach a started process its agent does not know yet.
+const KILL_LANDS_WITHIN: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// The pid containerd is given for every process: crucible reports no host pid for a command,
 /// and containerd never signals a v2 task's pid itself.
 fn pid() -> u32 {
@@ -309,6 +312,8 @@ impl Inner {
                 ttl_s: Some(SANDBOX_TTL_S),
                 user: spec::user(spec),
                 container_slots: pod.then_some(POD_CONTAINER_SLOTS),
+                // A pod's hostname (its name, or its `hostname`), as runc sets it.
+                hostname: spec.hostname().clone().filter(|h| !h.is_empty()),
                 ..CreateSandbox::default()
             })
             .await?;
@@ -708,10 +713,41 @@ impl Inner {
         // `supervise` kills what is left, as a PID namespace's end would).
         let exec_id = (!req.all).then(|| spec::daemon_exec_id(&req.exec_id));
         let request = api_types::SignalRequest { signal, exec_id };
-        match client.signal_in(&sandbox, root.as_deref(), request).await {
-            Err(client::ClientError::Api { status: 404, .. }) => Err(ShimError::Finished),
-            other => Ok(other?),
+        // Start returns once the daemon has passed the command on, a moment before the agent
+        // has made it: a kill in that moment finds no such command. While the process still
+        // runs here (its relay has not ended), that is not its end: the signal is sent again
+        // until it lands, the process ends, or KILL_LANDS_WITHIN has passed.
+        let deadline = tokio::time::Instant::now() + KILL_LANDS_WITHIN;
+        let mut pause = std::time::Duration::from_millis(1);
+        loop {
+            match client
+                .signal_in(&sandbox, root.as_deref(), request.clone())
+                .await
+            {
+                Err(client::ClientError::Api {
+                    status: 404, code, ..
+                }) if code == "exec_not_found"
+                    && tokio::time::Instant::now() < deadline
+                    && self.runs(&req.id, &req.exec_id).await =>
+                {
+                    tokio::time::sleep(pause).await;
+                    pause = (pause * 2).min(std::time::Duration::from_millis(50));
+                }
+                Err(client::ClientError::Api { status: 404, .. }) => {
+                    return Err(ShimError::Finished)
+                }
+                other => return Ok(other?),
+            }
         }
+    }
+
+    /// Whether process `exec_id` of container `id` runs as far as this shim knows: started,
+    /// and its relay not ended.
+    async fn runs(&self, id: &str, exec_id: &str) -> bool {
+        let mut slot = self.containers.lock().await;
+        container_of(&mut slot, id)
+            .and_then(|c| c.process_mut(exec_id).map(|p| p.status == Status::RUNNING))
+            .unwrap_or(false)
     }
 
     async fn delete(&self, req: DeleteRequest) -> Result<DeleteResponse, ShimError> {

@@ -353,6 +353,14 @@ async fn pod_of_three(daemon: TestDaemon) {
         "job on the {backend} backend, helper's process:\n{seen}"
     );
 
+    // The pod's hostname, in every member (they share the sandbox's UTS namespace).
+    let out = cri
+        .exec_sync(sync("hostname; echo $HOSTNAME"))
+        .await
+        .expect("ExecSync")
+        .into_inner();
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "ci-job\nci-job\n");
+
     // The secret is there, read-only, and follows kubelet's rotation.
     let out = cri
         .exec_sync(sync(

@@ -415,6 +415,42 @@ async fn pod_members_see_none_of_each_others_processes_roots_or_environments() {
     c.delete(&id).await.expect("delete");
 }
 
+#[tokio::test]
+async fn a_sandbox_and_its_containers_take_the_hostname_asked_for() {
+    let daemon = TestDaemon::start();
+    let c = daemon.client();
+    let info = c
+        .create(&request(serde_json::json!({
+            "hostname": "build-7.ci",
+            "containers": [{"name": "db", "command": ["sleep", "100"]}]
+        })))
+        .await
+        .expect("create");
+    assert_eq!(info.hostname.as_deref(), Some("build-7.ci"));
+    for member in ["main", "db"] {
+        let (out, err, code) = sh_in(&c, &info.id, member, "hostname; echo $HOSTNAME").await;
+        assert_eq!(
+            (out.as_str(), code),
+            ("build-7.ci\nbuild-7.ci\n", 0),
+            "{member}: {err}"
+        );
+    }
+    c.delete(&info.id).await.expect("delete");
+    for bad in ["bad_name", "-x", "a..b", &"h".repeat(65)] {
+        let e = c
+            .create(&request(serde_json::json!({ "hostname": bad })))
+            .await
+            .expect_err(bad);
+        let (status, code, message) = api_code(e);
+        assert_eq!(
+            (status, code.as_str()),
+            (400, "invalid_request"),
+            "{bad}: {message}"
+        );
+        assert!(message.starts_with("hostname: "), "{bad}: {message}");
+    }
+}
+
 /// Whether `seen` (a [`PROCESSES`] listing) has a process whose command line holds `what`.
 fn lists(seen: &str, what: &str) -> bool {
     seen.lines().any(|line| line.contains(what))

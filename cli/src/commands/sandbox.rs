@@ -62,6 +62,10 @@ pub(crate) struct CreateArgs {
     /// roots and environments. Without it none sees another's.
     #[arg(long)]
     pub share_processes: bool,
+    /// The sandbox's hostname (what `hostname` prints and $HOSTNAME holds inside): RFC 1123
+    /// labels, at most 64 bytes [default: the sandbox's id].
+    #[arg(long, value_name = "NAME")]
+    pub hostname: Option<String>,
     #[command(flatten)]
     pub services: super::services::ServiceArgs,
 }
@@ -117,6 +121,7 @@ impl CreateArgs {
             shared,
             container_slots: self.container_slots,
             share_process_namespace: self.share_processes,
+            hostname: self.hostname.clone(),
         })
     }
 }

@@ -67,7 +67,7 @@ impl HostProcessBackend {
             .env_clear()
             .env("PATH", std::env::var_os("PATH").unwrap_or_default())
             .env("HOME", &dir)
-            .env("HOSTNAME", &spec.id)
+            .env("HOSTNAME", &spec.hostname)
             .envs(&spec.env)
             .stdin(Stdio::null())
             .stdout(Stdio::null())

@@ -614,7 +614,7 @@ fn link_root_disk(disk: Option<&Path>, dir: &Path) -> Result<Option<PathBuf>, Ba
 fn boot_config(spec: &InstanceSpec, disks: &DiskPlan) -> BootConfig {
     let mut boot = BootConfig {
         boot_marker: true,
-        hostname: spec.id.clone(),
+        hostname: spec.hostname.clone(),
         egress_port: spec
             .egress
             .is_some()
@@ -1058,6 +1058,7 @@ mod tests {
     fn spec(memory_mib: u64) -> InstanceSpec {
         InstanceSpec {
             id: "sb-0123456789abcdef".into(),
+            hostname: "sb-0123456789abcdef".into(),
             memory_mib,
             vcpus: 2,
             env: Default::default(),

@@ -34,8 +34,10 @@ pub(crate) type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 /// What to create.
 #[derive(Clone)]
 pub struct InstanceSpec {
-    /// The sandbox id (also its hostname).
+    /// The sandbox id.
     pub id: String,
+    /// Its hostname: the request's, else the id.
+    pub(crate) hostname: String,
     /// Memory limit.
     pub(crate) memory_mib: u64,
     /// CPUs.

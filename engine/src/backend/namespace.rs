@@ -339,7 +339,7 @@ impl NamespaceBackend {
             None => None,
         };
         let agent_socket = runtime_dir.join("agent.sock");
-        let hostname = spec.id.clone();
+        let hostname = spec.hostname.clone();
         let spec_id = spec.id.clone();
         let rootfs = spec
             .root
@@ -353,7 +353,7 @@ impl NamespaceBackend {
             runtime_dir: runtime_dir.clone(),
             agent_socket: agent_socket.clone(),
             ready_socket: ready_path.clone(),
-            hostname: spec.id.clone(),
+            hostname: hostname.clone(),
             scratch_mib: disk_mib(self.scratch_mib, spec.memory_mib),
             scratch_disk: spec.disk.clone(),
             mounts: spec.mounts.iter().map(extra_mount).collect(),

@@ -406,6 +406,7 @@ impl Refiller {
             let started = Instant::now();
             let spec = InstanceSpec {
                 id: id.clone(),
+                hostname: id.clone(),
                 memory_mib: pool.shape.memory_mib,
                 vcpus: pool.shape.vcpus,
                 env: Default::default(),

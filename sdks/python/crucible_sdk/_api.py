@@ -177,7 +177,8 @@ def create_request(*, image: Optional[str] = None, memory_mib: Optional[int] = N
                    containers: Sequence[ContainerRequest] = (),
                    shared: Sequence[SharedMount] = (),
                    container_slots: Optional[int] = None,
-                   share_process_namespace: bool = False) -> CreateSandbox:
+                   share_process_namespace: bool = False,
+                   hostname: Optional[str] = None) -> CreateSandbox:
     """A CreateSandbox from keyword arguments; `network` may be the list of allow rules."""
     if isinstance(network, str):
         raise TypeError("network takes a list of allow rules, e.g. ['pypi.org:443']")
@@ -208,6 +209,7 @@ def create_request(*, image: Optional[str] = None, memory_mib: Optional[int] = N
         containers=list(containers), shared=list(shared),
         container_slots=_opt_int(container_slots, "container_slots"),
         share_process_namespace=True if share_process_namespace else None,
+        hostname=hostname,
     )
 
 

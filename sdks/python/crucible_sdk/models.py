@@ -374,6 +374,11 @@ class CreateSandbox:
     #: 64 KiB of names and values.
     env: dict[str, str] = field(default_factory=dict)
 
+    #: Its hostname (what `hostname` prints and `$HOSTNAME` holds in it and its containers):
+    #: 1 to 64 bytes, dot-separated labels of letters, digits and `-`, each 1 to 63 bytes and
+    #: neither starting nor ending with `-`. Default: the sandbox's id.
+    hostname: str | None = None
+
     #: Image name: `"default"` (the built-in image, also when absent) or one imported with
     #: `POST /images`.
     image: str | None = None
@@ -423,6 +428,7 @@ class CreateSandbox:
             containers=[ContainerRequest.from_dict(x) for x in data.get('containers', [])],
             disk_mib=data.get('disk_mib', None),
             env=dict(data.get('env', {})),
+            hostname=data.get('hostname', None),
             image=data.get('image', None),
             labels=dict(data.get('labels', {})),
             memory_mib=data.get('memory_mib', None),
@@ -449,6 +455,8 @@ class CreateSandbox:
             out['disk_mib'] = self.disk_mib
         if self.env:
             out['env'] = dict(self.env)
+        if self.hostname is not None:
+            out['hostname'] = self.hostname
         if self.image is not None:
             out['image'] = self.image
         if self.labels:
@@ -1250,6 +1258,9 @@ class SandboxInfo:
     #: Why the sandbox is dead, when it is.
     error: str | None = None
 
+    #: Its hostname, when the create request gave one (else it is the id).
+    hostname: str | None = None
+
     #: What runs a `microvm` sandbox's guest; absent for other backends.
     hypervisor: Hypervisor | None = None
 
@@ -1289,6 +1300,7 @@ class SandboxInfo:
             containers=[ContainerInfo.from_dict(x) for x in data.get('containers', [])],
             disk_mib=data.get('disk_mib', None),
             error=data.get('error', None),
+            hostname=data.get('hostname', None),
             hypervisor=data.get('hypervisor', None),
             network=_opt(data.get('network'), NetworkInfo.from_dict),
             owner=data.get('owner', None),
@@ -1318,6 +1330,8 @@ class SandboxInfo:
             out['disk_mib'] = self.disk_mib
         if self.error is not None:
             out['error'] = self.error
+        if self.hostname is not None:
+            out['hostname'] = self.hostname
         if self.hypervisor is not None:
             out['hypervisor'] = self.hypervisor
         if self.network is not None:

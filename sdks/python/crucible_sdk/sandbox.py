@@ -170,6 +170,7 @@ class Sandbox(Root):
                shared: Sequence[SharedMount] = (),
                container_slots: Optional[int] = None,
                share_process_namespace: bool = False,
+               hostname: Optional[str] = None,
                client: Optional[Client] = None, host: Optional[str] = None,
                api_key: Optional[str] = None) -> Sandbox:
         """Creates a sandbox; `network` is the list of hosts it may reach through the
@@ -178,7 +179,7 @@ class Sandbox(Root):
         ready), `shared` the shared directories its own root mounts, `container_slots` a
         microVM's room for containers added once it runs and `share_process_namespace` one
         PID namespace for its root and its containers (each sees the others' processes; by
-        default none does). Without `client`,
+        default none does) and `hostname` its hostname (default: its id). Without `client`,
         one is made from `host` and `api_key` (or $CRUCIBLE_HOST and $CRUCIBLE_API_KEY) and
         closed with the sandbox."""
         request = _api.create_request(
@@ -186,7 +187,7 @@ class Sandbox(Root):
             volumes=volumes, disk_mib=disk_mib, env=env, labels=labels, ttl_s=ttl_s, user=user,
             backend=backend, containers=containers, shared=shared,
             container_slots=container_slots,
-            share_process_namespace=share_process_namespace)
+            share_process_namespace=share_process_namespace, hostname=hostname)
         owns = client is None
         c = client if client is not None else Client(host, api_key=api_key)
         try:

@@ -83,6 +83,8 @@ export interface SandboxCreateOptions {
   containerSlots?: Value<CreateSandboxRequest["container_slots"]>;
   /** One PID namespace for the sandbox's root and its containers: each sees the others' processes (by default none does). */
   shareProcessNamespace?: Value<CreateSandboxRequest["share_process_namespace"]>;
+  /** Its hostname: RFC 1123 labels, at most 64 bytes (default: the sandbox's id). */
+  hostname?: Value<CreateSandboxRequest["hostname"]>;
 }
 
 /** The create request's wire form; fields left out take the daemon's defaults. */
@@ -104,6 +106,7 @@ export function createRequest(o: SandboxCreateOptions): CreateSandboxRequest {
   if (o.shared !== undefined) body.shared = o.shared;
   if (o.containerSlots !== undefined) body.container_slots = o.containerSlots;
   if (o.shareProcessNamespace !== undefined) body.share_process_namespace = o.shareProcessNamespace;
+  if (o.hostname !== undefined) body.hostname = o.hostname;
   return body;
 }
 

@@ -2229,6 +2229,12 @@ export interface components {
                 [key: string]: string;
             };
             /**
+             * @description Its hostname (what `hostname` prints and `$HOSTNAME` holds in it and its containers):
+             *     1 to 64 bytes, dot-separated labels of letters, digits and `-`, each 1 to 63 bytes and
+             *     neither starting nor ending with `-`. Default: the sandbox's id.
+             */
+            hostname?: string | null;
+            /**
              * @description Image name: `"default"` (the built-in image, also when absent) or one imported with
              *     `POST /images`.
              */
@@ -2741,6 +2747,8 @@ export interface components {
              * @description When it will be deleted, Unix milliseconds (TTL or idle timeout, whichever is sooner).
              */
             expires_at_ms: number;
+            /** @description Its hostname, when the create request gave one (else it is the id). */
+            hostname?: string | null;
             /** @description What runs a `microvm` sandbox's guest; absent for other backends. */
             hypervisor?: components["schemas"]["Hypervisor"] | (null);
             /** @description `sb-` followed by 16 hex digits. */
