@@ -123,9 +123,9 @@ pub struct VmContainer {
     pub name: String,
     /// The serial of its image's disk.
     pub serial: String,
-    /// It joins the guest's first PID namespace (PID 1, the sandbox's own agent, its init),
-    /// as Kubernetes' `shareProcessNamespace`, instead of getting one of its own (`:pids`
-    /// after the serial).
+    /// It joins `main`'s PID namespace (its init the main init PID 1 starts for a pod), as
+    /// Kubernetes' `shareProcessNamespace`, instead of getting one of its own (`:pids` after
+    /// the serial).
     pub share_pids: bool,
 }
 

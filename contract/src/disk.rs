@@ -26,6 +26,14 @@ pub fn container_serial(index: usize) -> String {
     format!("crucible-ctr-{index}")
 }
 
+/// Whether `serial` is a container's image disk ([`container_serial`]): a container named at
+/// boot, or an empty slot for one added later.
+pub fn is_container_serial(serial: &str) -> bool {
+    serial
+        .strip_prefix("crucible-ctr-")
+        .is_some_and(|index| !index.is_empty() && index.bytes().all(|b| b.is_ascii_digit()))
+}
+
 /// Whether `serial` is one the guest can match exactly: 1 to [`MAX_SERIAL_BYTES`] bytes of
 /// ASCII letters, digits, `.`, `_` and `-` (no NUL padding to confuse, nothing the kernel
 /// command line would mangle).
@@ -84,6 +92,21 @@ pub mod control {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn container_disks_are_told_from_the_others_by_serial() {
+        assert!(is_container_serial(&container_serial(0)));
+        assert!(is_container_serial(&container_serial(17)));
+        for other in [
+            SCRATCH_SERIAL,
+            ROOT_SERIAL,
+            "crucible-ctr-",
+            "crucible-ctr-1x",
+        ] {
+            assert!(!is_container_serial(other), "{other}");
+        }
+        assert!(!is_container_serial(&mount_serial(0)));
+    }
 
     #[test]
     fn every_serial_the_daemon_uses_fits_a_virtio_blk_id() {

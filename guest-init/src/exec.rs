@@ -86,6 +86,7 @@ impl ExecContext {
             devnull: self.devnull.as_fd(),
             cgroup_procs: self.cgroup_procs.as_ref().map(|f| f.as_fd()),
             reset_oom_score: self.reset_oom_score,
+            namespaces: crate::main_ns::get(),
         }
     }
 

@@ -125,6 +125,7 @@ mod tests {
             devnull: devnull.as_fd(),
             cgroup_procs: None,
             reset_oom_score: false,
+            namespaces: None,
         };
         let request = ExecRequest::new(cmd.iter().copied());
         spawn_named(exec_id, || spawn::spawn(&request, None, stdio, &ctx))

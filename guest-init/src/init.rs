@@ -288,10 +288,17 @@ fn boot_and_serve(cmdline: Option<String>, forwarded: &[String]) -> Stop {
     }
     // Before the listener and the hello: the host connects to the containers once it has the
     // hello, and each container's agent listens by then.
-    let container_agents = crate::vm_containers::start_all(
+    let container_agents = match crate::vm_containers::start_all(
         &cfg,
         exec_ctx.cgroup_procs.as_ref().map(std::os::fd::AsFd::as_fd),
-    );
+    ) {
+        Ok(agents) => agents,
+        Err(e) => {
+            // No hello: the host sees the VM end before it was ready, and says so.
+            log::error(format_args!("ending the VM: {}", report::chain(&e)));
+            return Stop::Failed;
+        }
+    };
     sys::spare_from_signals(container_agents);
     if cfg.containers.iter().any(|c| c.share_pids) {
         // The containers' processes are in PID 1's namespace: a signal to the sandbox must

@@ -20,6 +20,7 @@ pub mod files;
 pub mod guest_stats;
 pub mod init;
 pub mod log;
+pub mod main_ns;
 pub mod mount;
 pub mod power;
 pub mod reaper;

@@ -597,10 +597,14 @@ pub fn handle(mut conn: UnixStream, agent: &Agent) {
             let _ = wire::write_message(&mut conn, &reply);
         }
         AgentRequest::ProcessStats => {
-            // In a shared PID namespace `/proc` shows the other members' processes too.
-            let own_mounts = sys::shares_pid_namespace()
-                .then(|| std::fs::read_link("/proc/self/ns/mnt").ok())
-                .flatten();
+            // In a shared PID namespace `/proc` shows the other members' processes too; in a
+            // microVM pod PID 1's shows every member's, and `main`'s are in its namespaces.
+            let own_mounts = match crate::main_ns::get() {
+                Some(main) => Some(main.mounts_link().to_path_buf()),
+                None => sys::shares_pid_namespace()
+                    .then(|| std::fs::read_link("/proc/self/ns/mnt").ok())
+                    .flatten(),
+            };
             let proc = std::path::Path::new("/proc");
             let reply = match crate::guest_stats::read_processes(proc, own_mounts.as_deref()) {
                 Ok(stats) => AgentReply::Stats(stats),

@@ -89,6 +89,8 @@ pub struct SpawnContext<'a> {
     pub cgroup_procs: Option<BorrowedFd<'a>>,
     /// Whether the child must reset `oom_score_adj` to 0 (the agent runs at -1000).
     pub reset_oom_score: bool,
+    /// `main`'s own namespaces in a microVM pod, which the child is cloned into.
+    pub namespaces: Option<&'a crate::main_ns::MainNamespaces>,
 }
 
 /// The three descriptors the child gets as 0, 1, 2. None of them may be 0, 1 or 2 already.
@@ -185,6 +187,8 @@ struct ChildPlan {
     stdio: [RawFd; 3],
     cgroup_procs: Option<RawFd>,
     reset_oom_score: bool,
+    /// The mount namespace to enter first (`main`'s in a microVM pod).
+    mount_namespace: Option<RawFd>,
     /// The open-file limit commands get (the one the agent had before raising its own).
     nofile: Option<libc::rlimit>,
     /// The request's own limits, set after `nofile`.
@@ -298,6 +302,7 @@ pub fn spawn(
         ],
         cgroup_procs: ctx.cgroup_procs.map(|fd| fd.as_raw_fd()),
         reset_oom_score: ctx.reset_oom_score,
+        mount_namespace: ctx.namespaces.map(|ns| ns.mounts().as_raw_fd()),
         nofile: COMMAND_FD_LIMIT.get().copied().flatten(),
         limits: limits.as_ptr(),
         limit_count: limits.len(),
@@ -307,36 +312,42 @@ pub fn spawn(
     // The child runs on its own small stack in our address space (CLONE_VM | CLONE_VFORK, as
     // posix_spawn does): no page tables are copied, and this thread is suspended until the
     // child has exec'd or exited, so everything above stays alive and unchanged meanwhile.
-    let mut child = CHILD_STACKS.with(|stack| {
-        let mut stack = stack.borrow_mut();
-        if stack.len() < CHILD_STACK {
-            stack.resize(CHILD_STACK, 0);
-        }
-        reaper::register_spawn(|| {
-            // The stack grows down: pass its (16-byte aligned) top.
-            let top = stack.as_mut_ptr_range().end as usize & !0xf;
-            let mut pidfd: libc::c_int = -1;
-            // SAFETY: `child_entry` only makes async-signal-safe system calls using `plan`,
-            // which outlives the call (CLONE_VFORK suspends us until the child execs or exits),
-            // and runs on `stack`, which nothing else uses meanwhile. CLONE_PIDFD writes the
-            // pidfd into the live int passed as the parent-tid argument.
-            let pid = unsafe {
-                libc::clone(
-                    child_entry,
-                    top as *mut libc::c_void,
-                    libc::CLONE_VM | libc::CLONE_VFORK | libc::CLONE_PIDFD | libc::SIGCHLD,
-                    (&plan as *const ChildPlan).cast_mut().cast(),
-                    &mut pidfd as *mut libc::c_int,
-                )
-            };
-            if pid == -1 {
-                return Err(io::Error::last_os_error());
+    let clone_child = || {
+        CHILD_STACKS.with(|stack| {
+            let mut stack = stack.borrow_mut();
+            if stack.len() < CHILD_STACK {
+                stack.resize(CHILD_STACK, 0);
             }
-            // SAFETY: clone succeeded with CLONE_PIDFD, so `pidfd` is a new descriptor that
-            // nothing else owns.
-            Ok((pid, unsafe { OwnedFd::from_raw_fd(pidfd) }))
+            reaper::register_spawn(|| {
+                // The stack grows down: pass its (16-byte aligned) top.
+                let top = stack.as_mut_ptr_range().end as usize & !0xf;
+                let mut pidfd: libc::c_int = -1;
+                // SAFETY: `child_entry` only makes async-signal-safe system calls using `plan`,
+                // which outlives the call (CLONE_VFORK suspends us until the child execs or exits),
+                // and runs on `stack`, which nothing else uses meanwhile. CLONE_PIDFD writes the
+                // pidfd into the live int passed as the parent-tid argument.
+                let pid = unsafe {
+                    libc::clone(
+                        child_entry,
+                        top as *mut libc::c_void,
+                        libc::CLONE_VM | libc::CLONE_VFORK | libc::CLONE_PIDFD | libc::SIGCHLD,
+                        (&plan as *const ChildPlan).cast_mut().cast(),
+                        &mut pidfd as *mut libc::c_int,
+                    )
+                };
+                if pid == -1 {
+                    return Err(io::Error::last_os_error());
+                }
+                // SAFETY: clone succeeded with CLONE_PIDFD, so `pidfd` is a new descriptor that
+                // nothing else owns.
+                Ok((pid, unsafe { OwnedFd::from_raw_fd(pidfd) }))
+            })
         })
-    })?;
+    };
+    let mut child = match ctx.namespaces {
+        Some(namespaces) => namespaces.spawn_inside(clone_child)?,
+        None => clone_child()?,
+    };
 
     let report = plan.report.load(Ordering::Acquire);
     if report == 0 {
@@ -444,6 +455,13 @@ fn program_candidates(name: &str, path: &OsStr) -> Vec<PathBuf> {
 
 /// The child's side of the fork. Only async-signal-safe calls; never returns.
 fn child_after_fork(plan: &ChildPlan) -> ! {
+    if let Some(fd) = plan.mount_namespace {
+        // First: every path below (`/proc/self/…`, the cwd, the program) is `main`'s view.
+        // SAFETY: setns takes a live descriptor (the parent's, shared by CLONE_VM) and a flag.
+        if unsafe { libc::setns(fd, libc::CLONE_NEWNS) } != 0 {
+            fail(&plan.report, STAGE_SETUP);
+        }
+    }
     // SAFETY: setsid takes no arguments; the child is not a group leader, so it succeeds.
     unsafe { libc::setsid() };
     if let Some(fd) = plan.cgroup_procs {

@@ -363,8 +363,14 @@ pub fn signal_all_but_self(signal: libc::c_int) -> io::Result<()> {
         ));
     }
     let spared = SPARED.lock().unwrap_or_else(|p| p.into_inner()).clone();
+    if let Some(main) = crate::main_ns::get() {
+        // A microVM pod: the sandbox's own root is `main`, in namespaces of its own.
+        return signal_each_but(signal, &spared, main.pids_link(), main.mounts_link());
+    }
     if !spared.is_empty() || shared {
-        return signal_each_but(signal, &spared);
+        let own_pids = std::fs::read_link("/proc/self/ns/pid")?;
+        let own_mounts = std::fs::read_link("/proc/self/ns/mnt")?;
+        return signal_each_but(signal, &spared, &own_pids, &own_mounts);
     }
     // SAFETY: kill takes no pointers. With pid -1 from PID 1 it reaches every process of the
     // namespace but the caller; ESRCH (none left) is not an error here.
@@ -375,16 +381,20 @@ pub fn signal_all_but_self(signal: libc::c_int) -> io::Result<()> {
     }
 }
 
-/// [`signal_all_but_self`] with processes to spare: every process of `/proc` in this PID
-/// namespace and this mount namespace but PID 1, the caller and `spared`, a few times over
+/// [`signal_all_but_self`] with processes to spare: every process of `/proc` in the PID
+/// namespace `own_pids` and the mount namespace `own_mounts` (their `readlink`s: this agent's own, or
+/// `main`'s in a microVM pod) but PID 1, the caller and `spared`, a few times over
 /// while new ones appear (a process forked between the listing and the signals is caught by
 /// the next pass). The sandbox's signal is for its own root: a container's processes (in PID
 /// namespaces of their own, or, when the pod shares one, in mount namespaces of their own)
 /// are spared; each container's agent signals its own. Processes that exit meanwhile are no
 /// error.
-fn signal_each_but(signal: libc::c_int, spared: &[libc::pid_t]) -> io::Result<()> {
-    let own_pids = std::fs::read_link("/proc/self/ns/pid")?;
-    let own_mounts = std::fs::read_link("/proc/self/ns/mnt")?;
+fn signal_each_but(
+    signal: libc::c_int,
+    spared: &[libc::pid_t],
+    own_pids: &std::path::Path,
+    own_mounts: &std::path::Path,
+) -> io::Result<()> {
     let me = std::process::id() as libc::pid_t;
     let mut signalled = std::collections::BTreeSet::new();
     for _ in 0..4 {
@@ -404,7 +414,7 @@ fn signal_each_but(signal: libc::c_int, spared: &[libc::pid_t]) -> io::Result<()
             let same = |kind: &str, own: &std::path::Path| {
                 std::fs::read_link(format!("/proc/{pid}/ns/{kind}")).is_ok_and(|ns| ns == own)
             };
-            if !same("pid", &own_pids) || !same("mnt", &own_mounts) {
+            if !same("pid", own_pids) || !same("mnt", own_mounts) {
                 continue;
             }
             new += 1;

@@ -66,18 +66,29 @@ pub enum VmContainerError {
     },
 }
 
-/// Makes the shared directories, mounts the sandbox's own root's (`main`'s), and starts each
-/// container's agent, handing it the commands' cgroup (`cgroup.procs`) when there is one.
-/// Returns the agents' pids, which a signal to every process must spare. A container that
-/// cannot start is logged and left out: the host then finds nothing on its port and says so.
-pub fn start_all(cfg: &BootConfig, commands_cgroup: Option<BorrowedFd<'_>>) -> Vec<libc::pid_t> {
+/// Makes the shared directories, mounts the sandbox's own root's (`main`'s), gives `main`
+/// namespaces of its own when the sandbox is a pod (it has containers, or disks for them:
+/// [`crate::main_ns`]), and starts each container's agent, handing it the commands' cgroup
+/// (`cgroup.procs`) when there is one. Returns the pids every signal to the sandbox must
+/// spare (the agents and the main init). A container that cannot start is logged and left
+/// out: the host then finds nothing on its port and says so. A pod whose `main` cannot be
+/// isolated is an error: it would run with every container's processes in sight.
+pub fn start_all(
+    cfg: &BootConfig,
+    commands_cgroup: Option<BorrowedFd<'_>>,
+) -> Result<Vec<libc::pid_t>, crate::main_ns::MainNamespaceError> {
     let kept = commands_cgroup.and_then(|fd| fd.try_clone_to_owned().ok());
     let _ = LATER.set(Later {
         log: cfg.log,
         commands_cgroup: kept,
     });
-    if cfg.containers.is_empty() && cfg.shared.is_empty() {
-        return Vec::new();
+    let disks = crate::vm_root::disks_by_serial(Path::new("/sys/block"));
+    let pod = !cfg.containers.is_empty()
+        || disks
+            .keys()
+            .any(|serial| contract::disk::is_container_serial(serial));
+    if !pod && cfg.shared.is_empty() {
+        return Ok(Vec::new());
     }
     if let Err(e) = make_shared_dirs(&cfg.shared) {
         log::error(format_args!("{}", report::chain(&e)));
@@ -87,8 +98,12 @@ pub fn start_all(cfg: &BootConfig, commands_cgroup: Option<BorrowedFd<'_>>) -> V
             log::error(format_args!("{}", report::chain(&e)));
         }
     }
-    let disks = crate::vm_root::disks_by_serial(Path::new("/sys/block"));
     let mut agents = Vec::new();
+    if pod {
+        // After main's own mounts, which its namespace copies; before any container, which
+        // may join it.
+        agents.push(crate::main_ns::start()?.init_pid());
+    }
     for (index, container) in cfg.containers.iter().enumerate() {
         let started = disks
             .get(&container.serial)
@@ -111,7 +126,7 @@ pub fn start_all(cfg: &BootConfig, commands_cgroup: Option<BorrowedFd<'_>>) -> V
             Err(e) => log::error(format_args!("{}", report::chain(&e))),
         }
     }
-    agents
+    Ok(agents)
 }
 
 /// What a container added once the guest runs is started with, kept by [`start_all`].
@@ -364,6 +379,13 @@ fn start_agent(
         libc::CLONE_NEWNS | libc::CLONE_NEWPID
     };
 
+    // A container sharing `main`'s PID namespace joins `main`'s own, when it has one. Not
+    // through `spawn_inside`: this child returns from the clone, and must not run its code.
+    let join = crate::main_ns::get().filter(|_| share_pids);
+    if let Some(main) = join {
+        main.children_inside()
+            .map_err(sys_err("enter main's PID namespace"))?;
+    }
     // SAFETY: a fork-style clone (no new stack: the child runs on a copy of ours). The child
     // only makes async-signal-safe system calls on memory prepared above (dup2, execve,
     // _exit), so the locks other threads may hold in the copy never matter.
@@ -377,6 +399,11 @@ fn start_agent(
             0usize,
         )
     };
+    if pid != 0 {
+        if let Some(main) = join {
+            main.children_back();
+        }
+    }
     if pid == 0 {
         // SAFETY: dup2 and execve take integers and pointers to the live, NUL-terminated
         // arrays above; _exit never returns. The sources are above 15, so never a target; dup2
@@ -581,6 +608,7 @@ mod tests {
 
     #[test]
     fn a_sandbox_without_containers_or_shared_dirs_starts_nothing() {
-        assert!(start_all(&BootConfig::default(), None).is_empty());
+        let started = start_all(&BootConfig::default(), None).expect("nothing to fail");
+        assert!(started.is_empty());
     }
 }

@@ -1110,6 +1110,7 @@ pub(crate) async fn a_service_container_is_reached_on_localhost_and_keeps_its_lo
         "container_slots": 1,
         "containers": [
             {"name": "db", "image": "svc",
+             "env": {"DB_PASSWORD": "db-s3cret"},
              "command": ["/bin/sh", "-c",
                          "echo db up; while true; do echo hello-from-db | nc -l -p 5432; done"],
              "ready": {"tcp_port": 5432},
@@ -1145,6 +1146,40 @@ pub(crate) async fn a_service_container_is_reached_on_localhost_and_keeps_its_lo
         ("hello-from-db\nwritten-by-helper\n", 0),
         "{err}"
     );
+
+    stage(
+        hv,
+        "the job sees none of the service's processes, roots or environments",
+    );
+    let (out, err, code) = harness::sh(
+        &c,
+        &id,
+        "for p in /proc/[0-9]*; do tr '\\0' ' ' < $p/cmdline; echo; done; \
+         cat /proc/[0-9]*/environ 2>/dev/null | tr '\\0' '\\n' | grep -c db-s3cret; \
+         umount -l /proc && ls /proc | grep -c '^[0-9]'; mount -t proc proc /proc; \
+         ls /proc | grep -c '^[0-9]'",
+    )
+    .await;
+    assert_eq!(code, 0, "{err}");
+    // db's shell (its command line, unlike this one's, holds `hello-from-db`).
+    assert!(
+        !out.contains("hello-from-db"),
+        "main sees db's shell:\n{out}"
+    );
+    assert!(
+        !out.contains("sandbox-container"),
+        "main sees an agent:\n{out}"
+    );
+    let lines: Vec<&str> = out.lines().collect();
+    let [secrets, uncovered, processes] = lines[lines.len() - 3..] else {
+        panic!("three counts last:\n{out}");
+    };
+    assert_eq!(secrets, "0", "main reads db's environment:\n{out}");
+    // Root in `main` unmounting its /proc finds no other beneath.
+    assert_eq!(uncovered, "0", "main's /proc covered the guest's:\n{out}");
+    // Its namespace's init and this command's few.
+    let processes: usize = processes.parse().expect("a count");
+    assert!(processes <= 5, "main sees {processes} processes:\n{out}");
 
     stage(
         hv,
@@ -1308,6 +1343,18 @@ pub(crate) async fn a_service_container_is_reached_on_localhost_and_keeps_its_lo
         }) => assert!(message.contains("at most 6"), "{message}"),
         other => panic!("seven containers in a microVM: {other:?}"),
     }
+
+    stage(
+        hv,
+        "a signal to the sandbox reaches main's commands, not its init or the services",
+    );
+    let sleeper = harness::spawn_exec(&c, &id, &["sleep", "1000"]);
+    harness::wait_for_process(&c, &id, "sleep 1000").await;
+    c.signal(&id, 9).await.expect("signal");
+    let out = sleeper.await.expect("join");
+    assert_eq!(out.result.signal, "SIGKILL", "{:?}", out.result);
+    let (out, err, code) = harness::sh(&c, &id, "nc -w 2 localhost 5432 </dev/null").await;
+    assert_eq!((out.as_str(), code), ("hello-from-db\n", 0), "{err}");
 
     stage(hv, "logs, stats, removal");
     let logs = c.container_logs(&id, "db").await.expect("db's log");
