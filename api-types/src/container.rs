@@ -56,6 +56,42 @@ pub struct ContainerRequest {
     /// makes every container join).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub share_process_namespace: bool,
+    /// What its processes may do, as a Kubernetes container's `securityContext` asks: within
+    /// the sandbox's own rules, never beyond them. Namespace backend only (a microVM answers
+    /// `400`).
+    #[serde(default, skip_serializing_if = "ContainerSecurity::is_default")]
+    pub security: ContainerSecurity,
+}
+
+/// `"security"` of a container. Each setting only takes away from what the sandbox allows.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[serde(deny_unknown_fields)]
+pub struct ContainerSecurity {
+    /// Its root filesystem is mounted read-only (`readOnlyRootFilesystem`, `docker run
+    /// --read-only`): a write there fails with `EROFS`. Its shared directories, `/tmp`,
+    /// `/dev/shm` and `/proc` are mounts of their own and keep their modes.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub read_only_root: bool,
+    /// No process of it gains privileges through `execve`: a setuid binary runs with its
+    /// caller's ids, file capabilities are not granted (`allowPrivilegeEscalation: false`,
+    /// `--security-opt no-new-privileges`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub no_new_privileges: bool,
+    /// The capabilities its commands may hold at most (their bounding set): names as Docker
+    /// and Kubernetes write them (`CAP_CHOWN` or `CHOWN`, any case), `ALL` for the whole set
+    /// a sandbox grants (`CHOWN`, `DAC_OVERRIDE`, `FOWNER`, `FSETID`, `KILL`, `SETGID`,
+    /// `SETUID`, `SETPCAP`, `NET_BIND_SERVICE`, `SYS_CHROOT`, `SETFCAP`), `[]` for none. A
+    /// name outside that set is a `400` naming it. Absent: the whole set.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub capabilities: Option<Vec<String>>,
+}
+
+impl ContainerSecurity {
+    /// Whether it asks for nothing beyond the sandbox's own rules.
+    pub fn is_default(&self) -> bool {
+        *self == Self::default()
+    }
 }
 
 /// A shared directory (a Kubernetes `emptyDir`): a directory of the sandbox's writable

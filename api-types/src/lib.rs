@@ -10,8 +10,8 @@ mod image;
 mod sandbox;
 
 pub use container::{
-    ContainerInfo, ContainerList, ContainerRequest, ContainerState, ReadyCheck, RestartPolicy,
-    SharedMount,
+    ContainerInfo, ContainerList, ContainerRequest, ContainerSecurity, ContainerState, ReadyCheck,
+    RestartPolicy, SharedMount,
 };
 pub use image::{ImageInfo, ImageList, ImageUser, ImagesPruned};
 pub use sandbox::{

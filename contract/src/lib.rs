@@ -31,6 +31,7 @@
 pub mod block_selftest;
 pub mod boot_marker;
 pub mod cmdline;
+pub mod container_security;
 pub mod disk;
 pub mod egress;
 pub mod hostname;

@@ -404,9 +404,9 @@ impl Sandbox {
             .cloned()
     }
 
-    /// Adds container `plan` to it, running, made of the image tree `rootfs` (a microVM takes
-    /// its ext4 snapshot, `disk`; `lease` holds an imported one while the sandbox lives), with
-    /// `shared` mounted; returns it once it is ready. One that does not become ready stays
+    /// Adds container `plan` to it, running, made as `root` says (its image tree: a microVM
+    /// takes its ext4 snapshot, `disk`; `lease` holds an imported one while the sandbox
+    /// lives), with `shared` mounted; returns it once it is ready. One that does not become ready stays
     /// (failed, its log readable) until removed.
     /// Whether every container joins its own root's PID namespace (`share_process_namespace`
     /// at creation).
@@ -417,10 +417,9 @@ impl Sandbox {
     pub(crate) async fn add_container(
         self: &Arc<Self>,
         plan: containers::ContainerPlan,
-        rootfs: &std::path::Path,
+        root: &namespace::ContainerRoot,
         disk: Option<&std::path::Path>,
         shared: &[wire::agent::SharedDir],
-        share_pids: bool,
         lease: Option<oci::ImageLease>,
     ) -> Result<Arc<Container>, AddContainerError> {
         let mut next = self.next_container.lock().await;
@@ -448,7 +447,7 @@ impl Sandbox {
         *next += 1;
         self.had_containers.store(true, Ordering::Release);
         self.instance
-            .add_container(index, &plan.name, rootfs, disk, shared, share_pids)
+            .add_container(index, root, disk, shared)
             .await
             .map_err(|reason| AddContainerError::Failed {
                 id: self.id.clone(),

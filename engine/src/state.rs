@@ -559,6 +559,9 @@ impl Engine {
         // A namespace sandbox makes its mount points without following a link of its image.
         let main_root = (kind == BackendKind::Namespace).then_some(accounts.root.as_path());
         let containers = self.plan_containers(&request, &owner, main_root)?;
+        for (i, root) in containers.roots.iter().enumerate() {
+            container_plan::refuse_security_on(kind, root, &format!("containers[{i}]."))?;
+        }
         // Only a microVM's disks are fixed at boot; the other backends need no slots.
         let container_slots = match kind {
             BackendKind::Microvm => request.container_slots.unwrap_or(0) as usize,

@@ -103,6 +103,8 @@ struct Args {
     /// `sandbox-pid1 --share-pid-namespace`: a container of the sandbox joins this agent's PID
     /// namespace.
     shared_pids: bool,
+    /// `sandbox-container --command-capabilities HEX`: the bounding set of every command.
+    command_capabilities: Option<u64>,
 }
 
 /// Which half of a namespace sandbox this process is, if any.
@@ -208,6 +210,15 @@ fn parse_args(argv: Vec<String>) -> Result<Option<Args>, String> {
                 }
                 args.shared_pids = true;
             }
+            "--command-capabilities" => {
+                if !matches!(args.mode, Mode::SandboxContainer) {
+                    return Err(format!("{flag} is only valid after `sandbox-container`"));
+                }
+                let v = value(&flag)?;
+                let mask = u64::from_str_radix(&v, 16)
+                    .map_err(|_| format!("{flag} needs a hexadecimal mask, got {v:?}"))?;
+                args.command_capabilities = Some(mask);
+            }
             "--container-factory" => {
                 if !matches!(args.mode, Mode::SandboxPid1) {
                     return Err(format!("{flag} is only valid after `sandbox-pid1`"));
@@ -308,6 +319,9 @@ fn main() -> ExitCode {
             }
             if args.container_factory {
                 server::adopt_container_factory();
+            }
+            if let Some(mask) = args.command_capabilities {
+                guest_init::spawn::bound_commands_to(mask);
             }
             // A container's agent that is not PID 1 joined the sandbox's root's PID namespace;
             // PID 1 is told when a container joins its own.

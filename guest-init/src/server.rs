@@ -327,7 +327,7 @@ fn add_container(
     conn: &UnixStream,
     name: &str,
     index: usize,
-    share_pids: bool,
+    (share_pids, security): (bool, contract::container_security::ContainerSecurity),
     shared: &[wire::agent::SharedDir],
 ) -> Result<i32, ErrorBody> {
     use std::os::fd::AsFd;
@@ -366,7 +366,17 @@ fn add_container(
     let pid = factory
         .lock()
         .unwrap_or_else(|p| p.into_inner())
-        .add(index, name, share_pids, &shared, image, listener)
+        .add(
+            &namespace::AddRequest {
+                index,
+                name: name.to_string(),
+                share_pids,
+                security,
+                shared,
+            },
+            image,
+            listener,
+        )
         .map_err(|e| {
             let code = match e {
                 namespace::FactoryError::Missing => "invalid_request",
@@ -561,14 +571,33 @@ pub fn handle(mut conn: UnixStream, agent: &Agent) {
             shared,
             share_pids,
             disk,
+            security,
         } => {
             if share_pids {
                 // Before it exists: a signal to the sandbox must never reach it.
                 sys::share_pid_namespace();
             }
-            let added = match disk {
-                Some(disk) => add_vm_container(&name, index, share_pids, &disk, &shared),
-                None => add_container(&conn, &name, index, share_pids, &shared),
+            let security = match security.as_str() {
+                "" => Ok(Default::default()),
+                text => text.parse::<contract::container_security::ContainerSecurity>(),
+            };
+            let added = match (disk, security) {
+                (_, Err(why)) => Err(ErrorBody::new(
+                    "invalid_request",
+                    format!("add_container {name:?}: {why}"),
+                )),
+                (Some(_), Ok(security)) if !security.is_default() => Err(ErrorBody::new(
+                    "invalid_request",
+                    format!(
+                        "add_container {name:?}: a microVM's containers take no security \
+                         settings ({security})"
+                    ),
+                )),
+                (Some(disk), Ok(_)) => add_vm_container(&name, index, share_pids, &disk, &shared),
+                (None, Ok(security)) => {
+                    let member = (share_pids, security);
+                    add_container(&conn, &name, index, member, &shared)
+                }
             };
             let reply = match added {
                 Ok(pid) => AgentReply::ContainerAdded { pid },

@@ -189,6 +189,8 @@ struct ChildPlan {
     reset_oom_score: bool,
     /// The mount namespace to enter first (`main`'s in a microVM pod).
     mount_namespace: Option<RawFd>,
+    /// The capabilities to keep in the bounding set ([`bound_commands_to`]).
+    bounding_set: Option<u64>,
     /// The open-file limit commands get (the one the agent had before raising its own).
     nofile: Option<libc::rlimit>,
     /// The request's own limits, set after `nofile`.
@@ -207,6 +209,17 @@ static COMMAND_FD_LIMIT: std::sync::OnceLock<Option<libc::rlimit>> = std::sync::
 /// one for the commands it starts. Called once, before serving.
 pub fn raise_agent_fd_limit() {
     let _ = COMMAND_FD_LIMIT.set(crate::sys::raise_fd_limit());
+}
+
+/// The capability bounding set of every command, when the container has one of its own
+/// (`--command-capabilities`): the agent keeps its own set to start commands as their user.
+static COMMAND_BOUNDING_SET: OnceLock<u64> = OnceLock::new();
+
+/// From now on every command drops every capability outside `mask` from its bounding set
+/// before it executes (before it switches user, while it may): as root, or through a setuid
+/// binary, it never has more.
+pub fn bound_commands_to(mask: u64) {
+    let _ = COMMAND_BOUNDING_SET.set(mask);
 }
 
 /// The child's stack: it only makes a few system calls before exec.
@@ -303,6 +316,7 @@ pub fn spawn(
         cgroup_procs: ctx.cgroup_procs.map(|fd| fd.as_raw_fd()),
         reset_oom_score: ctx.reset_oom_score,
         mount_namespace: ctx.namespaces.map(|ns| ns.mounts().as_raw_fd()),
+        bounding_set: COMMAND_BOUNDING_SET.get().copied(),
         nofile: COMMAND_FD_LIMIT.get().copied().flatten(),
         limits: limits.as_ptr(),
         limit_count: limits.len(),
@@ -464,6 +478,22 @@ fn child_after_fork(plan: &ChildPlan) -> ! {
     }
     // SAFETY: setsid takes no arguments; the child is not a group leader, so it succeeds.
     unsafe { libc::setsid() };
+    if let Some(keep) = plan.bounding_set {
+        // Before the id switch, while CAP_SETPCAP is still held.
+        for cap in 0..64u32 {
+            if keep & (1 << cap) != 0 {
+                continue;
+            }
+            // SAFETY: PR_CAPBSET_DROP takes an integer capability number.
+            let ret = unsafe { libc::prctl(libc::PR_CAPBSET_DROP, cap as libc::c_ulong, 0, 0, 0) };
+            if ret < 0 {
+                if errno() == libc::EINVAL {
+                    break; // past the last capability this kernel knows
+                }
+                fail(&plan.report, STAGE_SETUP);
+            }
+        }
+    }
     if let Some(fd) = plan.cgroup_procs {
         // SAFETY: writes one byte from a static buffer; "0" means "this process". Best effort.
         unsafe { libc::write(fd, b"0".as_ptr().cast(), 1) };

@@ -17,6 +17,8 @@
 
 use std::ffi::CString;
 use std::os::fd::OwnedFd;
+
+use contract::container_security::ContainerSecurity;
 use std::path::{Path, PathBuf};
 
 use crate::mounts;
@@ -43,6 +45,7 @@ pub(crate) fn start_some(
         let Some(image) = image.take() else {
             continue;
         };
+        let argv = agent_argv(argv, &container.security);
         match sys::clone_container(share_pids)? {
             sys::Forked::Parent(_) => drop(image),
             sys::Forked::Child => {
@@ -51,9 +54,10 @@ pub(crate) fn start_some(
                     name: container.name.clone(),
                     dir: Path::new("c").join(&container.name),
                     shared: shared.cloned().collect(),
+                    security: container.security,
                 };
                 let hand = || host_side.hand_to_container(index);
-                let e = become_container(&layout, image, agent, hand, argv);
+                let e = become_container(&layout, image, agent, hand, &argv);
                 eprintln!(
                     "guest-init: making container {} failed: {}",
                     container.name,
@@ -66,6 +70,21 @@ pub(crate) fn start_some(
     Ok(())
 }
 
+/// A container's agent command line: `base`, and the bounding set its commands get when the
+/// container has one of its own (`--command-capabilities HEX`). Its agent keeps the sandbox's
+/// set (it starts commands as their user), and drops to the container's in each command
+/// before it executes, so that nothing it runs, as root or through a setuid binary, has more.
+/// Made before the fork.
+pub(crate) fn agent_argv(base: &[CString], security: &ContainerSecurity) -> Vec<CString> {
+    let mut argv = base.to_vec();
+    if let Some(mask) = security.capabilities {
+        argv.push(c"--command-capabilities".to_owned());
+        // Hex digits: never a NUL.
+        argv.extend(CString::new(format!("{mask:x}")).ok());
+    }
+    argv
+}
+
 /// Where a container is built on the scratch, and what it mounts of it.
 #[derive(Debug)]
 pub(crate) struct Layout {
@@ -76,6 +95,8 @@ pub(crate) struct Layout {
     pub(crate) dir: PathBuf,
     /// The shared directories it mounts (their owner is the container).
     pub(crate) shared: Vec<SharedMount>,
+    /// What its processes may do, within the sandbox's rules.
+    pub(crate) security: ContainerSecurity,
 }
 
 /// The container's side, with the scratch as the working directory: builds its root, pivots,
@@ -124,10 +145,18 @@ pub(crate) fn become_container(
         std::env::set_current_dir("../..").map_err(|e| SysError::io("chdir ../..", e))?;
         mounts::finish_root(&root, &tmp)?;
         mounts::attach_shared_mounts(layout.shared.iter(), &root)?;
+        if layout.security.read_only_root {
+            // The root's own mount alone: its `/tmp`, `/dev`, `/proc` and shared directories
+            // are mounts of their own and stay as they are, as Kubernetes' volumes do.
+            mounts::make_read_only(&root)?;
+        }
         mounts::pivot_into(&root)?;
         privileges::limit_bounding_set()?;
         seccomp::install()?;
         privileges::keep_only_kept()?;
+        if layout.security.no_new_privileges {
+            privileges::no_new_privileges()?;
+        }
         hand_listener()?;
         Err(sys::exec_pid1(agent, argv))
     };

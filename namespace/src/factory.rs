@@ -32,6 +32,8 @@ use std::time::Duration;
 
 use crate::container::{self, Layout};
 use crate::sys::{self, SysError};
+use contract::container_security::ContainerSecurity;
+
 use crate::{mounts, pod, SharedMount};
 
 /// The longest request or answer text: a name, an index and a few shared mounts fit many
@@ -230,24 +232,32 @@ fn receive_fd(socket: &UnixStream) -> Result<Option<OwnedFd>, SysError> {
     }
 }
 
-/// One request: the container's index and name, whether it joins the root's PID namespace,
-/// and its shared mounts.
-#[derive(Debug, PartialEq, Eq)]
-struct Request {
-    index: usize,
-    name: String,
-    share_pids: bool,
-    shared: Vec<SharedMount>,
+/// One request to the factory: the container to make.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AddRequest {
+    /// Its place among every container the sandbox ever had (never reused).
+    pub index: usize,
+    /// Its name.
+    pub name: String,
+    /// It joins the root's PID namespace.
+    pub share_pids: bool,
+    /// What its processes may do, within the sandbox's rules.
+    pub security: ContainerSecurity,
+    /// Its shared mounts (their owner is the container).
+    pub shared: Vec<SharedMount>,
 }
 
-impl Request {
+impl AddRequest {
     fn encode(&self) -> String {
         let pids = if self.share_pids {
             "pids shared"
         } else {
             "pids own"
         };
-        let mut text = format!("{}\n{}\n{pids}\n", self.index, self.name);
+        let mut text = format!(
+            "{}\n{}\n{pids}\nsecurity {}\n",
+            self.index, self.name, self.security
+        );
         for mount in &self.shared {
             text.push_str(&format!("{mount}\n"));
         }
@@ -267,6 +277,11 @@ impl Request {
             Some("pids own") => false,
             other => return Err(format!("the request's PID namespace is {other:?}")),
         };
+        let security = lines
+            .next()
+            .and_then(|line| line.strip_prefix("security "))
+            .ok_or("the request has no security line")?
+            .parse()?;
         let shared = lines
             .map(|line| {
                 let mount: SharedMount = line.parse()?;
@@ -276,10 +291,11 @@ impl Request {
                 Ok(mount)
             })
             .collect::<Result<_, String>>()?;
-        Ok(Request {
+        Ok(AddRequest {
             index,
             name,
             share_pids,
+            security,
             shared,
         })
     }
@@ -299,7 +315,7 @@ fn make(
     listener: OwnedFd,
     launch: &Launch<'_>,
 ) -> Result<libc::pid_t, String> {
-    let request = Request::decode(text)?;
+    let request = AddRequest::decode(text)?;
     let dir = request.dir();
     if dir.exists() {
         return Err(format!("{} is in use on the scratch", dir.display()));
@@ -308,10 +324,12 @@ fn make(
         mounts::make_shared_dir(&mount.dir).map_err(|e| report::chain(&e))?;
     }
     let (errors_in, errors_out) = error_pipe().map_err(|e| report::chain(&e))?;
+    let argv = container::agent_argv(launch.argv, &request.security);
     let layout = Layout {
         name: request.name.clone(),
         dir,
         shared: request.shared,
+        security: request.security,
     };
     let forked = if request.share_pids {
         in_pid_namespace(&launch.namespaces.main, &launch.namespaces.first, || {
@@ -340,7 +358,7 @@ fn make(
             let raw_listener = listener.as_raw_fd();
             let commands_cgroup = launch.commands_cgroup;
             let hand = move || sys::hand_to_agent(raw_listener, commands_cgroup);
-            let e = container::become_container(&layout, image, launch.agent, hand, launch.argv);
+            let e = container::become_container(&layout, image, launch.agent, hand, &argv);
             let why = format!(
                 "making container {} failed: {}",
                 layout.name,
@@ -455,22 +473,13 @@ impl ContainerFactory {
     /// `share_pids`; returns the agent's pid.
     pub fn add(
         &mut self,
-        index: usize,
-        name: &str,
-        share_pids: bool,
-        shared: &[SharedMount],
+        request: &AddRequest,
         image: OwnedFd,
         listener: OwnedFd,
     ) -> Result<libc::pid_t, FactoryError> {
         if let Some(why) = &self.broken {
             return Err(FactoryError::Gone { why: why.clone() });
         }
-        let request = Request {
-            index,
-            name: name.to_string(),
-            share_pids,
-            shared: shared.to_vec(),
-        };
         let exchange = || -> io::Result<String> {
             crate::send_stream(self.socket.as_fd(), &image)?;
             crate::send_stream(self.socket.as_fd(), &listener)?;
@@ -509,22 +518,35 @@ impl ContainerFactory {
 mod tests {
     use super::*;
 
+    /// A container request with nothing but an index and a name.
+    fn member(index: usize, name: &str) -> AddRequest {
+        AddRequest {
+            index,
+            name: name.into(),
+            share_pids: false,
+            security: ContainerSecurity::default(),
+            shared: Vec::new(),
+        }
+    }
+
     #[test]
     fn a_request_round_trips_and_refuses_what_is_not_its_own() {
         for share_pids in [false, true] {
-            let request = Request {
+            let request = AddRequest {
                 index: 4,
                 name: "db".into(),
                 share_pids,
+                security: "ro nnp caps:0".parse().expect("security"),
                 shared: vec!["db:work:/var/work".parse().expect("mount")],
             };
             let text = request.encode();
-            assert_eq!(Request::decode(&text).expect("decode"), request);
+            assert_eq!(AddRequest::decode(&text).expect("decode"), request);
         }
-        let request = Request {
+        let request = AddRequest {
             index: 4,
             name: "db".into(),
             share_pids: false,
+            security: ContainerSecurity::default(),
             shared: Vec::new(),
         };
         assert_eq!(request.dir(), Path::new("c/4.db"));
@@ -535,11 +557,16 @@ mod tests {
             ("1\nDB\n", "a-z"),
             ("1\ndb\n", "PID namespace"),
             ("1\ndb\ndb:work:/w\n", "PID namespace"),
-            ("1\ndb\npids own\nweb:work:/w\n", "not container"),
-            ("1\ndb\npids own\ndb:work\n", "OWNER:DIR:TARGET"),
-            ("1\ndb\npids own\ndb:work:/proc/x\n", "/proc"),
+            ("1\ndb\npids own\nweb:work:/w\n", "no security line"),
+            ("1\ndb\npids own\nsecurity rw\n", "\"rw\""),
+            (
+                "1\ndb\npids own\nsecurity -\nweb:work:/w\n",
+                "not container",
+            ),
+            ("1\ndb\npids own\nsecurity -\ndb:work\n", "OWNER:DIR:TARGET"),
+            ("1\ndb\npids own\nsecurity -\ndb:work:/proc/x\n", "/proc"),
         ] {
-            let e = Request::decode(bad).expect_err(bad);
+            let e = AddRequest::decode(bad).expect_err(bad);
             assert!(e.contains(says), "{bad:?}: {e}");
         }
     }
@@ -566,7 +593,7 @@ mod tests {
         let null = || OwnedFd::from(std::fs::File::open("/dev/null").expect("null"));
         for _ in 0..2 {
             let e = factory
-                .add(0, "db", false, &[], null(), null())
+                .add(&member(0, "db"), null(), null())
                 .expect_err("gone");
             assert!(matches!(e, FactoryError::Gone { .. }), "{e}");
             assert!(e.to_string().contains("killed or stopped"), "{e}");
@@ -591,7 +618,7 @@ mod tests {
         };
         let null = || OwnedFd::from(std::fs::File::open("/dev/null").expect("null"));
         let refused = factory
-            .add(7, "web", false, &[], null(), null())
+            .add(&member(7, "web"), null(), null())
             .expect_err("refused");
         assert_eq!(refused.to_string(), "c/7.web is in use");
         let theirs = peer.join().expect("peer");
@@ -600,11 +627,11 @@ mod tests {
             .set_read_timeout(Some(Duration::from_millis(200)))
             .expect("timeout");
         let silent = factory
-            .add(8, "web", false, &[], null(), null())
+            .add(&member(8, "web"), null(), null())
             .expect_err("silent");
         assert!(silent.to_string().contains("no answer"), "{silent}");
         let again = factory
-            .add(9, "web", false, &[], null(), null())
+            .add(&member(9, "web"), null(), null())
             .expect_err("broken");
         assert!(matches!(again, FactoryError::Gone { .. }), "{again}");
         drop(theirs);

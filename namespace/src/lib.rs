@@ -43,7 +43,7 @@ mod sys;
 use std::ffi::CString;
 
 pub use extra_mount::{ExtraMount, MountKind};
-pub use factory::{ContainerFactory, FactoryError};
+pub use factory::{AddRequest, ContainerFactory, FactoryError};
 pub use host_mounts::HostMountError;
 pub use idmap::{IdMap, SANDBOX_IDS};
 pub use loop_device::LoopError;

@@ -317,6 +317,37 @@ fn mount_proc(dir: &Path) -> Result<(), SysError> {
     Ok(())
 }
 
+/// Makes the mount at `target` read-only, keeping its other per-mount flags (a remount sets
+/// them all, and the kernel refuses to clear one a user namespace may not).
+pub(crate) fn make_read_only(target: &Path) -> Result<(), SysError> {
+    let target_c = cstring(target)?;
+    // SAFETY: `target_c` is NUL-terminated; `stat` is a valid out-pointer.
+    let stat = unsafe {
+        let mut stat: libc::statvfs = std::mem::zeroed();
+        check(libc::statvfs(target_c.as_ptr(), &mut stat), || {
+            format!("statvfs {}", target.display())
+        })?;
+        stat
+    };
+    let kept = [
+        (libc::ST_NOSUID, libc::MS_NOSUID),
+        (libc::ST_NODEV, libc::MS_NODEV),
+        (libc::ST_NOEXEC, libc::MS_NOEXEC),
+        (libc::ST_NOATIME, libc::MS_NOATIME),
+        (libc::ST_NODIRATIME, libc::MS_NODIRATIME),
+    ]
+    .iter()
+    .filter(|(st, _)| stat.f_flag & st != 0)
+    .fold(0, |flags, (_, ms)| flags | ms);
+    mount(
+        "none",
+        target,
+        None,
+        libc::MS_REMOUNT | libc::MS_BIND | libc::MS_RDONLY | kept,
+        None,
+    )
+}
+
 /// Binds `source` on `target`, then applies `flags` to the new mount (a bind ignores them).
 fn bind_with_flags(source: &Path, target: &Path, flags: libc::c_ulong) -> Result<(), SysError> {
     let source = source.to_string_lossy();

@@ -6,6 +6,8 @@ use std::fmt;
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
 
+use contract::container_security::ContainerSecurity;
+
 use crate::extra_mount::{check_target, utf8};
 use crate::SandboxSpec;
 /// The name of the sandbox's own root, its first container, in a [`SharedMount`].
@@ -24,8 +26,9 @@ pub fn check_name(name: &str, what: &str) -> Result<(), String> {
     }
 }
 
-/// A container of the sandbox: `NAME=ROOTFS` in the flag form, `NAME+pids=ROOTFS` when it
-/// joins the sandbox's own root's PID namespace.
+/// A container of the sandbox: `NAME=ROOTFS` in the flag form, with `+pids` after the name
+/// when it joins the sandbox's own root's PID namespace and each word of its security
+/// settings after a `+` too (`db+pids+ro+nnp+caps:5fb=/…/rootfs`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ContainerRoot {
     /// Its name ([`check_name`]; never [`MAIN`]).
@@ -35,10 +38,12 @@ pub struct ContainerRoot {
     /// It joins the PID namespace of the sandbox's own root (whose agent is its PID 1), as a
     /// Kubernetes pod's member with `shareProcessNamespace`, instead of getting its own.
     pub share_pids: bool,
+    /// What its processes may do, within the sandbox's own rules.
+    pub security: ContainerSecurity,
 }
 
-/// What follows a container's name in the flag form when it joins the root's PID namespace.
-const SHARES_PIDS: &str = "+pids";
+/// The word after a container's name in the flag form when it joins the root's PID namespace.
+const SHARES_PIDS: &str = "pids";
 
 impl ContainerRoot {
     /// Checks every rule of the flag form.
@@ -59,8 +64,16 @@ impl ContainerRoot {
 
 impl fmt::Display for ContainerRoot {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let pids = if self.share_pids { SHARES_PIDS } else { "" };
-        write!(f, "{}{pids}={}", self.name, self.rootfs.display())
+        f.write_str(&self.name)?;
+        if self.share_pids {
+            write!(f, "+{SHARES_PIDS}")?;
+        }
+        if !self.security.is_default() {
+            for word in self.security.to_string().split(' ') {
+                write!(f, "+{word}")?;
+            }
+        }
+        write!(f, "={}", self.rootfs.display())
     }
 }
 
@@ -71,14 +84,26 @@ impl FromStr for ContainerRoot {
         let (name, rootfs) = s
             .split_once('=')
             .ok_or("must be NAME=ROOTFS, as in db=/var/lib/crucible/images/pg/rootfs")?;
-        let (name, share_pids) = match name.strip_suffix(SHARES_PIDS) {
-            Some(name) => (name, true),
-            None => (name, false),
+        let mut words = name.split('+');
+        let name = words.next().unwrap_or_default();
+        let mut share_pids = false;
+        let mut security = Vec::new();
+        for word in words {
+            if word == SHARES_PIDS && !share_pids {
+                share_pids = true;
+            } else {
+                security.push(word);
+            }
+        }
+        let security = match security.is_empty() {
+            true => ContainerSecurity::default(),
+            false => security.join(" ").parse()?,
         };
         let container = ContainerRoot {
             name: name.into(),
             rootfs: rootfs.into(),
             share_pids,
+            security,
         };
         container.check()?;
         Ok(container)
@@ -185,6 +210,20 @@ pub(crate) fn check_spec(spec: &SandboxSpec) -> Result<(), (String, String, Stri
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_containers_flag_carries_its_pid_namespace_and_security() {
+        let text = "db+pids+ro+nnp+caps:21=/img/db";
+        let root: ContainerRoot = text.parse().expect(text);
+        assert!(root.share_pids && root.security.read_only_root);
+        assert!(root.security.no_new_privileges);
+        assert_eq!(root.security.capabilities, Some(0x21));
+        assert_eq!(root.to_string(), text);
+        let plain: ContainerRoot = "db=/img/db".parse().expect("plain");
+        assert_eq!(plain.to_string(), "db=/img/db");
+        let err = "db+rw=/img/db".parse::<ContainerRoot>().expect_err("rw");
+        assert!(err.contains("\"rw\""), "{err}");
+    }
 
     #[test]
     fn the_flag_forms_round_trip_and_refuse_bad_names() {

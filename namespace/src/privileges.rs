@@ -15,19 +15,7 @@ const CAPABILITY_VERSION_3: u32 = 0x2008_0522;
 
 /// The capabilities root keeps inside the sandbox (within its user namespace), by name and
 /// number.
-pub const KEPT: &[(&str, u32)] = &[
-    ("CAP_CHOWN", 0),
-    ("CAP_DAC_OVERRIDE", 1),
-    ("CAP_FOWNER", 3),
-    ("CAP_FSETID", 4),
-    ("CAP_KILL", 5),
-    ("CAP_SETGID", 6),
-    ("CAP_SETUID", 7),
-    ("CAP_SETPCAP", 8),
-    ("CAP_NET_BIND_SERVICE", 10),
-    ("CAP_SYS_CHROOT", 18),
-    ("CAP_SETFCAP", 31),
-];
+pub use contract::container_security::SANDBOX_CAPABILITIES as KEPT;
 
 /// The kept set as a capability mask (`CapBnd` in `/proc/PID/status`).
 pub fn kept_mask() -> u64 {
@@ -73,7 +61,13 @@ pub(crate) fn protect_from_oom_killer() -> Result<(), SysError> {
 /// Drops every capability outside [`KEPT`] from the bounding set, for good (for this process
 /// and everything it starts), and clears the ambient set.
 pub(crate) fn limit_bounding_set() -> Result<(), SysError> {
-    let kept = kept_mask();
+    limit_bounding_set_to(kept_mask())
+}
+
+/// Drops every capability outside `keep` from the bounding set, for good, and clears the
+/// ambient set.
+pub(crate) fn limit_bounding_set_to(keep: u64) -> Result<(), SysError> {
+    let kept = keep;
     // Capabilities the running kernel does not know yet are refused with EINVAL: stop there.
     for cap in 0..64u64 {
         if kept & (1 << cap) != 0 {
@@ -116,6 +110,12 @@ pub(crate) fn keep_only_kept() -> Result<(), SysError> {
     check(ret as libc::c_int, || {
         "capset(the kept capabilities)".into()
     })
+}
+
+/// `PR_SET_NO_NEW_PRIVS`: nothing this process executes from now on gains a privilege (a
+/// setuid or setgid bit, file capabilities), for good.
+pub(crate) fn no_new_privileges() -> Result<(), SysError> {
+    prctl(libc::PR_SET_NO_NEW_PRIVS, 1, "PR_SET_NO_NEW_PRIVS")
 }
 
 #[cfg(test)]

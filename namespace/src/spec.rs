@@ -329,7 +329,9 @@ mod tests {
             commands_cgroup: Some("/sys/fs/cgroup/pids/x/commands/cgroup.procs".into()),
             containers: vec![
                 "db+pids=/img/pg/rootfs".parse().expect("container"),
-                "web=/img/web/rootfs".parse().expect("container"),
+                "web+ro+nnp+caps:21=/img/web/rootfs"
+                    .parse()
+                    .expect("container"),
             ],
             shared: vec![
                 "main:work:/work".parse().expect("shared"),

@@ -374,6 +374,7 @@ impl Inner {
             user: spec::user(spec),
             shared,
             share_process_namespace: spec::joins_pod_pid_namespace(spec),
+            security: spec::security(spec)?,
             ..api_types::ContainerRequest::default()
         };
         client.add_container(sandbox, &request).await?;

@@ -1,7 +1,7 @@
 //! What of an OCI runtime spec a crucible sandbox takes: the process to run (args, env, cwd,
-//! user and its additional groups, rlimits), the memory and CPU limits. Everything else
-//! (capabilities, namespaces, mounts) is the sandbox's own and documented in
-//! `docs/kubernetes.md`.
+//! user and its additional groups, rlimits), the memory and CPU limits, a pod member's security
+//! settings (read-only root, `noNewPrivileges`, capabilities within the sandbox's). Everything
+//! else (namespaces, mounts) is the sandbox's own and documented in `docs/kubernetes.md`.
 
 use std::collections::BTreeMap;
 
@@ -96,6 +96,62 @@ pub(crate) fn joins_pod_pid_namespace(spec: &Spec) -> bool {
                 .iter()
                 .any(|n| n.typ() == LinuxNamespaceType::Pid && n.path().is_some())
         })
+}
+
+/// A pod member's security settings as the sandbox applies them: a read-only root
+/// (`readOnlyRootFilesystem`), `noNewPrivileges` (`allowPrivilegeEscalation: false`) and the
+/// capability bounding set. Containerd's default set (Docker's) is the sandbox's whole set
+/// (the three of it a sandbox never grants, `NET_RAW`, `MKNOD`, `AUDIT_WRITE`, are left out,
+/// as documented); a set without some of the sandbox's is sent as it is (`drop`); one asking
+/// for a capability beyond Docker's default (`add: [NET_ADMIN]`, `privileged`) is refused,
+/// naming it, rather than run without it.
+pub(crate) fn security(spec: &Spec) -> Result<api_types::ContainerSecurity, ShimError> {
+    use contract::container_security::{
+        capability_name, DEFAULT_NOT_GRANTED, SANDBOX_CAPABILITIES,
+    };
+    let process = spec.process().as_ref();
+    let mut security = api_types::ContainerSecurity {
+        read_only_root: spec
+            .root()
+            .as_ref()
+            .and_then(|r| r.readonly())
+            .unwrap_or(false),
+        no_new_privileges: process.and_then(|p| p.no_new_privileges()).unwrap_or(false),
+        capabilities: None,
+    };
+    let Some(bounding) = process
+        .and_then(|p| p.capabilities().as_ref())
+        .and_then(|c| c.bounding().as_ref())
+    else {
+        return Ok(security);
+    };
+    let asked: std::collections::BTreeSet<String> = bounding
+        .iter()
+        .map(|c| capability_name(&c.to_string()))
+        .collect();
+    let beyond: Vec<&str> = asked
+        .iter()
+        .map(String::as_str)
+        .filter(|name| !DEFAULT_NOT_GRANTED.contains(name))
+        .filter(|name| !SANDBOX_CAPABILITIES.iter().any(|(kept, _)| kept == name))
+        .collect();
+    if !beyond.is_empty() {
+        return Err(ShimError::Invalid(format!(
+            "securityContext.capabilities: {} beyond what a crucible sandbox grants (at most \
+             Docker's default set, less NET_RAW, MKNOD and AUDIT_WRITE; privileged containers \
+             are refused)",
+            beyond.join(", ")
+        )));
+    }
+    let granted: Vec<String> = SANDBOX_CAPABILITIES
+        .iter()
+        .map(|(name, _)| name.to_string())
+        .filter(|name| asked.contains(name))
+        .collect();
+    if granted.len() < SANDBOX_CAPABILITIES.len() {
+        security.capabilities = Some(granted);
+    }
+    Ok(security)
 }
 
 /// `KEY=value` entries as a map; an entry without `=` or with an empty key is left out (it
@@ -200,6 +256,60 @@ mod tests {
         let mut spec = Spec::default();
         spec.set_linux(Some(linux));
         spec
+    }
+
+    /// A spec whose process has `bounding` (as containerd writes it) and the other settings.
+    fn with_security(bounding: &[&str], read_only: bool, no_new_privileges: bool) -> Spec {
+        let caps: Vec<String> = bounding.iter().map(|c| format!("CAP_{c}")).collect();
+        serde_json::from_value(serde_json::json!({
+            "ociVersion": "1.0.2",
+            "root": {"path": "rootfs", "readonly": read_only},
+            "process": {
+                "cwd": "/", "args": ["sh"], "user": {"uid": 0, "gid": 0},
+                "noNewPrivileges": no_new_privileges,
+                "capabilities": {"bounding": caps, "effective": caps, "permitted": caps}
+            }
+        }))
+        .expect("a spec")
+    }
+
+    /// containerd's default capabilities (Docker's).
+    const CONTAINERD_DEFAULT: &[&str] = &[
+        "CHOWN",
+        "DAC_OVERRIDE",
+        "FSETID",
+        "FOWNER",
+        "MKNOD",
+        "NET_RAW",
+        "SETGID",
+        "SETUID",
+        "SETFCAP",
+        "SETPCAP",
+        "NET_BIND_SERVICE",
+        "SYS_CHROOT",
+        "KILL",
+        "AUDIT_WRITE",
+    ];
+
+    #[test]
+    fn a_pods_security_context_reaches_the_sandbox_or_is_refused_naming_it() {
+        let plain = security(&with_security(CONTAINERD_DEFAULT, false, false)).expect("plain");
+        assert!(plain.is_default(), "{plain:?}");
+        let strict = security(&with_security(&[], true, true)).expect("restricted");
+        assert_eq!(
+            strict,
+            api_types::ContainerSecurity {
+                read_only_root: true,
+                no_new_privileges: true,
+                capabilities: Some(Vec::new()),
+            }
+        );
+        let some = security(&with_security(&["CHOWN", "NET_RAW"], false, false)).expect("drop");
+        assert_eq!(some.capabilities, Some(vec!["CAP_CHOWN".to_string()]));
+        let mut more = CONTAINERD_DEFAULT.to_vec();
+        more.push("NET_ADMIN");
+        let err = security(&with_security(&more, false, false)).expect_err("NET_ADMIN");
+        assert!(err.to_string().contains("CAP_NET_ADMIN"), "{err}");
     }
 
     #[test]

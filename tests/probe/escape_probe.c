@@ -227,6 +227,12 @@ static long attempt(const char *name) {
     if (!strcmp(name, "socket-alg")) return socket(AF_ALG, SOCK_SEQPACKET, 0);
     if (!strcmp(name, "socket-unix")) return socket(AF_UNIX, SOCK_STREAM, 0);
     if (!strcmp(name, "unknown-syscall")) return syscall(1000);
+    /* Run setuid root by another user: did the exec make us root? */
+    if (!strcmp(name, "euid-root")) {
+        if (geteuid() == 0) return 0;
+        errno = EPERM;
+        return -1;
+    }
     if (!strcmp(name, "x32-syscall")) return syscall(0x40000000 | 39 /* getpid */);
     errno = EINVAL;
     fprintf(stderr, "escape-probe: unknown attempt %s\n", name);

@@ -1130,3 +1130,139 @@ async fn a_shared_dir_through_a_symlink_of_the_image_is_a_400_naming_it() {
     c.delete(&created.id).await.expect("delete");
     c.delete(&id).await.expect("delete");
 }
+
+/// The kernel's view of the calling process's security: `NoNewPrivs`, `CapEff`, `CapBnd`.
+const SECURITY_OF_SELF: &str = "grep -E '^(NoNewPrivs|CapEff|CapBnd):' /proc/self/status";
+
+#[tokio::test]
+async fn a_containers_security_settings_hold_at_creation_and_when_added() {
+    let daemon = TestDaemon::start();
+    let c = daemon.client();
+    let strict = serde_json::json!({
+        "read_only_root": true, "no_new_privileges": true, "capabilities": []
+    });
+    let created = c
+        .create(&request(serde_json::json!({
+            "shared": [{"name": "work", "path": "/work"}],
+            "containers": [
+                {"name": "locked", "command": ["sleep", "3600"], "security": strict,
+                 "shared": [{"name": "work", "path": "/data"}]},
+                {"name": "plain", "command": ["sleep", "3600"]},
+                {"name": "nnp", "command": ["sleep", "3600"],
+                 "security": {"no_new_privileges": true}}
+            ]
+        })))
+        .await
+        .expect("create");
+    let id = created.id;
+    // Through the factory, as the Kubernetes shim adds every pod member.
+    c.add_container(
+        &id,
+        &container(serde_json::json!({
+            "name": "added", "command": ["sleep", "3600"], "user": "1000:1000",
+            "security": {"read_only_root": true, "no_new_privileges": true,
+                         "capabilities": ["CAP_CHOWN", "kill"]}
+        })),
+    )
+    .await
+    .expect("add a container with security settings");
+
+    let status = |kind: &str, bnd: &str, eff: &str| {
+        format!("CapEff:\t{eff}\nCapBnd:\t{bnd}\nNoNewPrivs:\t{kind}\n")
+    };
+    let (out, _, code) = sh_in(&c, &id, "locked", SECURITY_OF_SELF).await;
+    assert_eq!(
+        (out.as_str(), code),
+        (
+            status("1", "0000000000000000", "0000000000000000").as_str(),
+            0
+        )
+    );
+    // Root as a sandbox makes it: every capability it grants, nothing more.
+    let (out, _, _) = sh_in(&c, &id, "plain", SECURITY_OF_SELF).await;
+    assert_eq!(out, status("0", "00000000800405fb", "00000000800405fb"));
+    // The agent still starts commands as the container's user; theirs are bounded too.
+    let (out, err, _) = sh_in(&c, &id, "added", &format!("id -u; {SECURITY_OF_SELF}")).await;
+    assert_eq!(
+        out,
+        format!(
+            "1000\n{}",
+            status("1", "0000000000000021", "0000000000000000")
+        ),
+        "{err}"
+    );
+
+    // A read-only root, with its shared directories and /tmp writable.
+    for name in ["locked", "added"] {
+        let (out, _, code) = sh_in(
+            &c,
+            &id,
+            name,
+            "touch /new 2>&1; touch /tmp/t && echo tmp-ok",
+        )
+        .await;
+        assert!(out.contains("Read-only file system"), "{name}: {out}");
+        assert!(out.contains("tmp-ok"), "{name}: {out}");
+        assert_eq!(code, 0, "{name}: {out}");
+    }
+    let (out, _, _) = sh_in(&c, &id, "locked", "echo shared > /data/x && cat /work/x").await;
+    assert_eq!(
+        out, "",
+        "the shared dir is mounted in main at /work, not here"
+    );
+    assert_eq!(sh(&c, &id, "cat /work/x").await.0, "shared\n");
+    let (out, _, code) = sh_in(&c, &id, "plain", "touch /new && echo root-ok").await;
+    assert_eq!((out.as_str(), code), ("root-ok\n", 0));
+    // Root in a container without CAP_CHOWN cannot give a file away.
+    let (out, _, _) = sh_in(
+        &c,
+        &id,
+        "locked",
+        "chown 1000 /tmp/t 2>&1 | grep -c 'not permitted'",
+    )
+    .await;
+    assert_eq!(out, "1\n");
+
+    // A setuid-root binary run by another user: root without no_new_privileges, not with it.
+    let probe = std::path::Path::new(env!("CRUCIBLE_ESCAPE_PROBE"));
+    for (name, verdict) in [("plain", "euid-root OK\n"), ("nnp", "euid-root EPERM\n")] {
+        c.put_path_in(&id, Some(name), probe, "/usr/local/bin")
+            .await
+            .expect("upload the probe");
+        let (_, err, code) = sh_in(&c, &id, name, "chmod 4755 /usr/local/bin/escape-probe").await;
+        assert_eq!(code, 0, "{err}");
+        let mut as_user = ExecRequest::new(["/usr/local/bin/escape-probe", "euid-root"]);
+        as_user.user = "1000".into();
+        let out = c
+            .exec_in(&id, name, &as_user)
+            .await
+            .expect("exec")
+            .collect()
+            .await
+            .expect("output");
+        assert_eq!(
+            String::from_utf8_lossy(&out.stdout),
+            verdict,
+            "{name}: {:?}",
+            out.result
+        );
+    }
+
+    // What a sandbox never grants is refused, naming it.
+    let refused = c
+        .add_container(
+            &id,
+            &container(serde_json::json!({
+                "name": "admin", "command": ["sleep", "1"],
+                "security": {"capabilities": ["NET_ADMIN"]}
+            })),
+        )
+        .await
+        .expect_err("NET_ADMIN");
+    let message = refused.to_string();
+    assert!(
+        message.contains("security.capabilities") && message.contains("\"NET_ADMIN\""),
+        "{message}"
+    );
+    c.delete(&id).await.expect("delete");
+}

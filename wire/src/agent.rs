@@ -27,8 +27,9 @@ use crate::types::{ErrorBody, ExecList, ExecRequest, ExecStatus, FilesPutResult}
 /// its own version (an agent refuses what it does not know, so a newer daemon's requests would
 /// fail one by one): 2 added `attach`, `execs`, `on_disconnect` and `tail_bytes`; 3 added
 /// `egress_uplink`; 4 added `probe_tcp` and `process_stats` (a sandbox's containers); 5 added
-/// `add_container`; 6 added a shared directory's `read_only`.
-pub const PROTOCOL_VERSION: u32 = 8;
+/// `add_container`; 6 added a shared directory's `read_only`; 9 added `add_container`'s
+/// `security`.
+pub const PROTOCOL_VERSION: u32 = 9;
 
 /// One request, the first message on a connection.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -140,6 +141,10 @@ pub enum AgentRequest {
         /// In a microVM: the disk holding its image.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         disk: Option<ContainerDisk>,
+        /// Its security settings in their text form (`contract::container_security`: `ro`,
+        /// `nnp`, `caps:HEX`); empty: none beyond the sandbox's rules.
+        #[serde(default, skip_serializing_if = "String::is_empty")]
+        security: String,
     },
     /// In a microVM: wait until nothing in the guest holds the disk `disk` (a removed
     /// container's: its mounts go when its last process has), so the host may give it another

@@ -876,13 +876,12 @@ impl Instance for MicrovmInstance {
     fn add_container<'a>(
         &'a self,
         index: usize,
-        name: &'a str,
-        _rootfs: &'a Path,
+        root: &'a namespace::ContainerRoot,
         disk: Option<&'a Path>,
         shared: &'a [wire::agent::SharedDir],
-        share_pids: bool,
     ) -> BoxFuture<'a, Result<(), String>> {
         Box::pin(async move {
+            let (name, share_pids) = (root.name.as_str(), root.share_pids);
             let disk = disk.ok_or("the container's image has no disk snapshot")?;
             let slot = self
                 .slot_table()

@@ -129,6 +129,7 @@ pub(crate) async fn ask_to_add(
             serial: contract::disk::container_serial(slot),
             sectors,
         }),
+        security: String::new(),
     };
     match ask(stream, &request).await? {
         wire::agent::AgentReply::ContainerAdded { .. } => Ok(()),

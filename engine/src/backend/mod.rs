@@ -308,20 +308,19 @@ pub trait Instance: Send + Sync {
             ))
         })
     }
-    /// Makes container `name` in it, running: its image tree `rootfs` (a microVM takes its
-    /// read-only ext4 snapshot, `disk`), `shared` mounted, its agent reached afterwards by
+    /// Makes container `root.name` in it, running: its image tree `root.rootfs` (a microVM
+    /// takes its read-only ext4 snapshot, `disk`), in the root's PID namespace if it says so,
+    /// with its security settings, `shared` mounted, its agent reached afterwards by
     /// [`Instance::connect_container`]`(index)`. `index` is new on every call (a failed one
     /// included).
     fn add_container<'a>(
         &'a self,
         index: usize,
-        name: &'a str,
-        rootfs: &'a std::path::Path,
+        root: &'a ::namespace::ContainerRoot,
         disk: Option<&'a std::path::Path>,
         shared: &'a [wire::agent::SharedDir],
-        share_pids: bool,
     ) -> BoxFuture<'a, Result<(), String>> {
-        let _ = (index, name, rootfs, disk, shared, share_pids);
+        let _ = (index, root, disk, shared);
         Box::pin(async { Err("this backend cannot add containers to a running sandbox".into()) })
     }
     /// How many more containers [`Instance::add_container`] can take, and how many it could

@@ -790,11 +790,9 @@ impl Instance for NamespaceInstance {
     fn add_container<'a>(
         &'a self,
         index: usize,
-        name: &'a str,
-        rootfs: &'a Path,
+        root: &'a namespace::ContainerRoot,
         _disk: Option<&'a Path>,
         shared: &'a [wire::agent::SharedDir],
-        share_pids: bool,
     ) -> BoxFuture<'a, Result<(), String>> {
         Box::pin(async move {
             let supervisor = self
@@ -810,13 +808,17 @@ impl Instance for NamespaceInstance {
             let socket = namespace::container_socket(&runtime_dir, index);
             let agent_socket = self.socket.clone();
             let request = wire::agent::AgentRequest::AddContainer {
-                name: name.to_string(),
+                name: root.name.clone(),
                 index,
                 shared: shared.to_vec(),
-                share_pids,
+                share_pids: root.share_pids,
                 disk: None,
+                security: match root.security.is_default() {
+                    true => String::new(),
+                    false => root.security.to_string(),
+                },
             };
-            let rootfs = rootfs.to_path_buf();
+            let rootfs = root.rootfs.clone();
             let made = socket.clone();
             // Mounts, binds and a blocking exchange with the agent: off the runtime's threads.
             tokio::task::spawn_blocking(move || {

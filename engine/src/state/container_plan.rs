@@ -203,6 +203,8 @@ impl Engine {
             name: request.name.clone(),
             rootfs,
             share_pids: request.share_process_namespace,
+            security: security_settings(&request.security)
+                .map_err(|why| CreateError::Invalid(format!("{}.{why}", field("security"))))?,
         };
         root.check()
             .map_err(|e| CreateError::Invalid(format!("{}: {e}", field("image"))))?;
@@ -353,6 +355,7 @@ impl Engine {
             .plan_one("", request, sandbox.owner(), &mut leases)
             .map_err(invalid)?;
         check_shared_in_image("", &request.shared, &root.rootfs, &plan.image).map_err(invalid)?;
+        refuse_security_on(kind, &root, "").map_err(invalid)?;
         // A microVM reaches the image as a read-only ext4 snapshot, as at creation.
         let disk = match kind {
             api_types::BackendKind::Microvm => {
@@ -374,19 +377,51 @@ impl Engine {
             .collect();
         // From here on it holds what a restarted daemon could not take back.
         self.registry.forget_record(&sandbox.id);
-        let share_pids = root.share_pids || sandbox.shares_process_namespace();
+        let root = namespace::ContainerRoot {
+            share_pids: root.share_pids || sandbox.shares_process_namespace(),
+            ..root
+        };
         let container = sandbox
-            .add_container(
-                plan,
-                &root.rootfs,
-                disk.as_deref(),
-                &shared,
-                share_pids,
-                leases.pop(),
-            )
+            .add_container(plan, &root, disk.as_deref(), &shared, leases.pop())
             .await?;
         Ok(container.info())
     }
+}
+
+/// A container's security settings as the backend applies them: capability names as a mask.
+fn security_settings(
+    request: &api_types::ContainerSecurity,
+) -> Result<contract::container_security::ContainerSecurity, String> {
+    let capabilities = request
+        .capabilities
+        .as_ref()
+        .map(|names| {
+            contract::container_security::capability_mask(names.iter().map(String::as_str))
+                .map_err(|why| format!("capabilities: {why}"))
+        })
+        .transpose()?;
+    Ok(contract::container_security::ContainerSecurity {
+        read_only_root: request.read_only_root,
+        no_new_privileges: request.no_new_privileges,
+        capabilities,
+    })
+}
+
+/// Refuses security settings on a backend that cannot apply them (a microVM's containers run
+/// as the guest's root, whose capabilities and mounts are the guest kernel's), naming the
+/// container by `field` (`containers[N].` or nothing).
+pub(crate) fn refuse_security_on(
+    kind: api_types::BackendKind,
+    root: &namespace::ContainerRoot,
+    field: &str,
+) -> Result<(), CreateError> {
+    if kind == api_types::BackendKind::Namespace || root.security.is_default() {
+        return Ok(());
+    }
+    Err(CreateError::Invalid(format!(
+        "{field}security: the {kind} backend applies no container security settings \
+         (read_only_root, no_new_privileges, capabilities); a namespace sandbox does"
+    )))
 }
 
 /// Refuses `depends_on` that go round in a circle, naming it.

@@ -262,6 +262,11 @@ class ContainerRequest:
     #: again after a non-zero exit, after 0.1 s, doubling to at most 10 s).
     restart: RestartPolicy = 'no'
 
+    #: What its processes may do, as a Kubernetes container's `securityContext` asks: within
+    #: the sandbox's own rules, never beyond them. Namespace backend only (a microVM answers
+    #: `400`).
+    security: ContainerSecurity | None = None
+
     #: It joins the PID namespace of the sandbox's own root (`main`, whose agent is its PID
     #: 1), as a member of a Kubernetes pod with `shareProcessNamespace`: it sees, and may
     #: signal, the processes of `main` and of every container that joined, and they see its.
@@ -288,6 +293,7 @@ class ContainerRequest:
             image=data.get('image', None),
             ready=_opt(data.get('ready'), ReadyCheck.from_dict),
             restart=data.get('restart', 'no'),
+            security=_opt(data.get('security'), ContainerSecurity.from_dict),
             share_process_namespace=data.get('share_process_namespace', None),
             shared=[SharedMount.from_dict(x) for x in data.get('shared', [])],
             user=data.get('user', None),
@@ -312,12 +318,56 @@ class ContainerRequest:
             out['ready'] = None if self.ready is None else self.ready.to_dict()
         if self.restart != 'no':
             out['restart'] = self.restart
+        if self.security is not None:
+            out['security'] = None if self.security is None else self.security.to_dict()
         if self.share_process_namespace is not None:
             out['share_process_namespace'] = self.share_process_namespace
         if self.shared:
             out['shared'] = [x.to_dict() for x in self.shared]
         if self.user is not None:
             out['user'] = self.user
+        return out
+
+
+@dataclass
+class ContainerSecurity:
+    """`"security"` of a container. Each setting only takes away from what the sandbox allows."""
+
+    # The daemon refuses unknown fields in this body.
+
+    #: The capabilities its commands may hold at most (their bounding set): names as Docker
+    #: and Kubernetes write them (`CAP_CHOWN` or `CHOWN`, any case), `ALL` for the whole set
+    #: a sandbox grants (`CHOWN`, `DAC_OVERRIDE`, `FOWNER`, `FSETID`, `KILL`, `SETGID`,
+    #: `SETUID`, `SETPCAP`, `NET_BIND_SERVICE`, `SYS_CHROOT`, `SETFCAP`), `[]` for none. A
+    #: name outside that set is a `400` naming it. Absent: the whole set.
+    capabilities: list[str] | None = None
+
+    #: No process of it gains privileges through `execve`: a setuid binary runs with its
+    #: caller's ids, file capabilities are not granted (`allowPrivilegeEscalation: false`,
+    #: `--security-opt no-new-privileges`).
+    no_new_privileges: bool | None = None
+
+    #: Its root filesystem is mounted read-only (`readOnlyRootFilesystem`, `docker run
+    #: --read-only`): a write there fails with `EROFS`. Its shared directories, `/tmp`,
+    #: `/dev/shm` and `/proc` are mounts of their own and keep their modes.
+    read_only_root: bool | None = None
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> ContainerSecurity:
+        return cls(
+            capabilities=_opt(data.get('capabilities'), list),
+            no_new_privileges=data.get('no_new_privileges', None),
+            read_only_root=data.get('read_only_root', None),
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        if self.capabilities is not None:
+            out['capabilities'] = None if self.capabilities is None else list(self.capabilities)
+        if self.no_new_privileges is not None:
+            out['no_new_privileges'] = self.no_new_privileges
+        if self.read_only_root is not None:
+            out['read_only_root'] = self.read_only_root
         return out
 
 
@@ -1568,6 +1618,7 @@ __all__ = [
     'ContainerInfo',
     'ContainerList',
     'ContainerRequest',
+    'ContainerSecurity',
     'ContainerState',
     'CpuStats',
     'CreateSandbox',

@@ -2167,6 +2167,12 @@ export interface components {
              */
             restart?: components["schemas"]["RestartPolicy"];
             /**
+             * @description What its processes may do, as a Kubernetes container's `securityContext` asks: within
+             *     the sandbox's own rules, never beyond them. Namespace backend only (a microVM answers
+             *     `400`).
+             */
+            security?: components["schemas"]["ContainerSecurity"];
+            /**
              * @description It joins the PID namespace of the sandbox's own root (`main`, whose agent is its PID
              *     1), as a member of a Kubernetes pod with `shareProcessNamespace`: it sees, and may
              *     signal, the processes of `main` and of every container that joined, and they see its.
@@ -2181,6 +2187,29 @@ export interface components {
              *     resolved against its image's accounts), over its image's `User`.
              */
             user?: string | null;
+        };
+        /** @description `"security"` of a container. Each setting only takes away from what the sandbox allows. */
+        ContainerSecurity: {
+            /**
+             * @description The capabilities its commands may hold at most (their bounding set): names as Docker
+             *     and Kubernetes write them (`CAP_CHOWN` or `CHOWN`, any case), `ALL` for the whole set
+             *     a sandbox grants (`CHOWN`, `DAC_OVERRIDE`, `FOWNER`, `FSETID`, `KILL`, `SETGID`,
+             *     `SETUID`, `SETPCAP`, `NET_BIND_SERVICE`, `SYS_CHROOT`, `SETFCAP`), `[]` for none. A
+             *     name outside that set is a `400` naming it. Absent: the whole set.
+             */
+            capabilities?: string[] | null;
+            /**
+             * @description No process of it gains privileges through `execve`: a setuid binary runs with its
+             *     caller's ids, file capabilities are not granted (`allowPrivilegeEscalation: false`,
+             *     `--security-opt no-new-privileges`).
+             */
+            no_new_privileges?: boolean;
+            /**
+             * @description Its root filesystem is mounted read-only (`readOnlyRootFilesystem`, `docker run
+             *     --read-only`): a write there fails with `EROFS`. Its shared directories, `/tmp`,
+             *     `/dev/shm` and `/proc` are mounts of their own and keep their modes.
+             */
+            read_only_root?: boolean;
         };
         /** @description Where a container is in its life. */
         ContainerState: "waiting" | "starting" | "ready" | "exited" | "failed";

@@ -1,0 +1,205 @@
+//! A container's security settings, as a Kubernetes `securityContext` asks for them, in the
+//! one form every hop carries them (the daemon's request to the agent, the supervisor's
+//! command line, the container factory's request): words separated by spaces, `-` for none.
+//!
+//! - `ro`: its root is mounted read-only (its shared directories, `/tmp`, `/dev` and `/proc`
+//!   are not its root);
+//! - `nnp`: no process of it gains privileges through `execve` (`PR_SET_NO_NEW_PRIVS`: a
+//!   setuid binary runs as its caller);
+//! - `caps:HEX`: the capability bounding set of its commands, a mask (bit N: capability N)
+//!   within the sandbox's own set; absent: the sandbox's whole set.
+
+use std::fmt;
+use std::str::FromStr;
+
+/// The capabilities root keeps inside a namespace sandbox (within its user namespace), by
+/// name and number: Docker's default set minus what has no use in a sandbox without a network
+/// device (`NET_RAW`, `MKNOD`, `AUDIT_WRITE`). A container's `capabilities` are within it.
+pub const SANDBOX_CAPABILITIES: &[(&str, u32)] = &[
+    ("CAP_CHOWN", 0),
+    ("CAP_DAC_OVERRIDE", 1),
+    ("CAP_FOWNER", 3),
+    ("CAP_FSETID", 4),
+    ("CAP_KILL", 5),
+    ("CAP_SETGID", 6),
+    ("CAP_SETUID", 7),
+    ("CAP_SETPCAP", 8),
+    ("CAP_NET_BIND_SERVICE", 10),
+    ("CAP_SYS_CHROOT", 18),
+    ("CAP_SETFCAP", 31),
+];
+
+/// Docker's (and containerd's) default capabilities that a sandbox never grants: a spec
+/// asking for them asks for no more than the default.
+pub const DEFAULT_NOT_GRANTED: &[&str] = &["CAP_NET_RAW", "CAP_MKNOD", "CAP_AUDIT_WRITE"];
+
+/// A capability's name as the kernel's headers spell it: `CAP_` and upper case, from
+/// `chown`, `CHOWN` or `cap_chown`.
+pub fn capability_name(name: &str) -> String {
+    let upper = name.to_ascii_uppercase();
+    match upper.starts_with("CAP_") {
+        true => upper,
+        false => format!("CAP_{upper}"),
+    }
+}
+
+/// Turns capability names (`CAP_CHOWN` or `chown`, any case; `ALL`: every one of
+/// [`SANDBOX_CAPABILITIES`]) into a bounding-set mask, or names one a sandbox does not grant.
+pub fn capability_mask<'a>(names: impl IntoIterator<Item = &'a str>) -> Result<u64, String> {
+    let mut mask = 0;
+    for name in names {
+        if name.eq_ignore_ascii_case("ALL") {
+            mask |= all_capabilities();
+            continue;
+        }
+        let full = capability_name(name);
+        let Some((_, cap)) = SANDBOX_CAPABILITIES.iter().find(|(kept, _)| *kept == full) else {
+            let granted: Vec<&str> = SANDBOX_CAPABILITIES.iter().map(|(name, _)| *name).collect();
+            return Err(format!(
+                "{name:?} is not a capability a sandbox grants (it grants {})",
+                granted.join(", ")
+            ));
+        };
+        mask |= 1 << cap;
+    }
+    Ok(mask)
+}
+
+/// [`SANDBOX_CAPABILITIES`] as a mask.
+pub fn all_capabilities() -> u64 {
+    SANDBOX_CAPABILITIES
+        .iter()
+        .fold(0, |mask, (_, cap)| mask | (1u64 << cap))
+}
+
+/// A container's security settings; the default is the sandbox's own rules, nothing more.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct ContainerSecurity {
+    /// Its root is mounted read-only.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub read_only_root: bool,
+    /// `PR_SET_NO_NEW_PRIVS` for every process of it.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub no_new_privileges: bool,
+    /// The bounding set of its commands (bit N: capability N); `None`: the sandbox's set.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub capabilities: Option<u64>,
+}
+
+impl ContainerSecurity {
+    /// Whether it asks for nothing beyond the sandbox's rules.
+    pub fn is_default(&self) -> bool {
+        *self == Self::default()
+    }
+}
+
+impl fmt::Display for ContainerSecurity {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut words = Vec::new();
+        if self.read_only_root {
+            words.push("ro".to_string());
+        }
+        if self.no_new_privileges {
+            words.push("nnp".to_string());
+        }
+        if let Some(mask) = self.capabilities {
+            words.push(format!("caps:{mask:x}"));
+        }
+        if words.is_empty() {
+            f.write_str("-")
+        } else {
+            f.write_str(&words.join(" "))
+        }
+    }
+}
+
+impl FromStr for ContainerSecurity {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        let mut security = ContainerSecurity::default();
+        if s == "-" {
+            return Ok(security);
+        }
+        for word in s.split(' ') {
+            let repeated = match word {
+                "ro" => std::mem::replace(&mut security.read_only_root, true),
+                "nnp" => std::mem::replace(&mut security.no_new_privileges, true),
+                _ => match word.strip_prefix("caps:") {
+                    Some(hex) => {
+                        let mask = u64::from_str_radix(hex, 16).map_err(|_| {
+                            format!("security: {word:?} is not caps: and a hexadecimal mask")
+                        })?;
+                        security.capabilities.replace(mask).is_some()
+                    }
+                    None => {
+                        return Err(format!(
+                            "security: {word:?} is none of ro, nnp, caps:HEX (in {s:?})"
+                        ))
+                    }
+                },
+            };
+            if repeated {
+                return Err(format!("security: {word:?} is given twice in {s:?}"));
+            }
+        }
+        Ok(security)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_setting_survives_its_text_form() {
+        for security in [
+            ContainerSecurity::default(),
+            ContainerSecurity {
+                read_only_root: true,
+                ..ContainerSecurity::default()
+            },
+            ContainerSecurity {
+                read_only_root: true,
+                no_new_privileges: true,
+                capabilities: Some(0),
+            },
+            ContainerSecurity {
+                no_new_privileges: false,
+                read_only_root: false,
+                capabilities: Some(0x8004_05fb),
+            },
+        ] {
+            let text = security.to_string();
+            assert_eq!(text.parse::<ContainerSecurity>(), Ok(security), "{text}");
+        }
+        assert_eq!(ContainerSecurity::default().to_string(), "-");
+    }
+
+    #[test]
+    fn capabilities_are_named_as_docker_and_kubernetes_name_them() {
+        assert_eq!(capability_mask(["CAP_CHOWN"]), Ok(1));
+        assert_eq!(capability_mask(["chown", "Kill"]), Ok(1 | 1 << 5));
+        assert_eq!(capability_mask(["ALL"]), Ok(all_capabilities()));
+        assert_eq!(capability_mask([]), Ok(0));
+        let err = capability_mask(["NET_ADMIN"]).expect_err("not granted");
+        assert!(
+            err.contains("\"NET_ADMIN\"") && err.contains("CAP_CHOWN"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn a_bad_word_is_named() {
+        for (text, named) in [
+            ("ro rw", "\"rw\""),
+            ("caps:xyz", "\"caps:xyz\""),
+            ("ro ro", "twice"),
+            ("", "\"\""),
+            ("nnp  ro", "\"\""),
+        ] {
+            let err = text.parse::<ContainerSecurity>().expect_err(text);
+            assert!(err.contains(named), "{text}: {err}");
+        }
+    }
+}
