@@ -129,6 +129,15 @@ pub struct CreateSandbox {
     /// neither starting nor ending with `-`. Default: the sandbox's id.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub hostname: Option<String>,
+    /// A network namespace on the host for the sandbox to join instead of having one of its
+    /// own: the path of a namespace file (a bind mount of `/proc/PID/ns/net`), such as the one
+    /// CNI configured for a Kubernetes pod. The sandbox uses its interfaces, addresses and
+    /// routes and can change none of them; ports below 1024 may be bound there. Namespace
+    /// backend only, never with `network`, never the host's own namespace; only the admin key
+    /// and the daemon's Unix socket may ask (`403` otherwise), as a host path it is theirs to
+    /// name.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub network_namespace: Option<String>,
 }
 
 /// `"network"` in a create request.

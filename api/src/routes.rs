@@ -181,6 +181,15 @@ async fn create_sandbox(
     } else {
         parse_json(&body, "sandbox request")?
     };
+    if request.network_namespace.is_some() && !caller.sees_all() {
+        // A path on the host: another tenant's pod's namespace would be one to name.
+        return Err(ApiError::new(
+            StatusCode::FORBIDDEN,
+            "forbidden",
+            "network_namespace: only the admin key or the daemon's Unix socket may have a \
+             sandbox join a host network namespace",
+        ));
+    }
     let creation = {
         let state = state.clone();
         async move { state.create_sandbox(request, caller.owner()).await }

@@ -549,6 +549,29 @@ impl Engine {
         }
         let kind = request.backend.unwrap_or_else(|| self.default_backend());
         let backend = self.backend(kind)?;
+        let network_namespace = match &request.network_namespace {
+            None => None,
+            Some(_) if kind != BackendKind::Namespace => {
+                return Err(CreateError::Invalid(format!(
+                    "network_namespace: the {kind} backend joins no host network namespace \
+                     (the namespace backend does)"
+                )))
+            }
+            Some(_) if request.network.is_some() => {
+                return Err(CreateError::Invalid(
+                    "network_namespace: a sandbox in a host network namespace reaches the \
+                     network through it, not through the egress proxy: leave out `network`"
+                        .into(),
+                ))
+            }
+            Some(path) => {
+                let path = std::path::PathBuf::from(path);
+                // Checked here for a clear 400; the supervisor checks what it opens again.
+                ::namespace::netns::open_checked(&path)
+                    .map_err(|e| CreateError::Invalid(report::chain(&e)))?;
+                Some(path)
+            }
+        };
         let has_containers = !request.containers.is_empty() || !request.shared.is_empty();
         if has_containers && kind == BackendKind::Process {
             return Err(CreateError::Invalid(format!(
@@ -675,7 +698,8 @@ impl Engine {
             && request.volumes.is_empty()
             && request.disk_mib.is_none()
             && !request.share_process_namespace
-            && request.hostname.is_none();
+            && request.hostname.is_none()
+            && network_namespace.is_none();
         if poolable {
             // A hit takes no reservation, where the refusal would otherwise come from; a
             // creation under way when shutdown begins is waited for, so this is the last word.
@@ -759,6 +783,7 @@ impl Engine {
             container_disks,
             shared,
             container_slots,
+            network_namespace,
         };
         let instance = backend.create(spec).await.map_err(|e| {
             self.metrics

@@ -34,6 +34,7 @@ mod idmap;
 mod loop_device;
 mod mount_api;
 mod mounts;
+pub mod netns;
 pub mod pod;
 pub mod privileges;
 pub mod seccomp;
@@ -77,6 +78,9 @@ pub enum EnterError {
     /// could not be made.
     #[error(transparent)]
     Mount(#[from] HostMountError),
+    /// The network namespace it was to join cannot be joined.
+    #[error(transparent)]
+    Netns(#[from] netns::NetnsError),
     /// The process that started the sandbox died before it was made.
     #[error("the process that started the sandbox is gone")]
     Orphaned,
@@ -118,10 +122,16 @@ pub fn enter(spec: &SandboxSpec, argv: &AgentArgv) -> Result<std::convert::Infal
             source,
         })?;
     }
+    if let Some(path) = &spec.network_namespace {
+        // With the host's privileges, which the sandbox's user namespace will not have.
+        let netns = netns::open_checked(path)?;
+        netns::join(&netns, path)?;
+        netns::allow_low_ports()?;
+    }
     // Opened with the host's view and privileges; PID 1 receives them as descriptors.
     let host_side = sys::HostSide::open(spec)?;
     let (parent_end, child_end) = sys::socketpair()?;
-    match sys::clone_into_namespaces()? {
+    match sys::clone_into_namespaces(spec.network_namespace.is_none())? {
         sys::Forked::Parent(child) => {
             drop(child_end);
             drop(host_side);
@@ -213,7 +223,11 @@ fn inside(
         // Mounted from inside that namespace, `/proc` shows it alone.
         mounts::build_root(spec, image, extra)?;
         sys::set_hostname(&spec.hostname)?;
-        sys::bring_up_loopback()?;
+        if spec.network_namespace.is_none() {
+            // A joined namespace's `lo` is its maker's (CNI's loopback plugin), and not ours
+            // to change.
+            sys::bring_up_loopback()?;
+        }
         privileges::limit_bounding_set()?;
         // Installed while we still hold CAP_SYS_ADMIN in our namespace, so without
         // no_new_privs: setuid tools of the image keep working, within the bounding set.

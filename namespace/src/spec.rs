@@ -52,6 +52,9 @@ pub struct SandboxSpec {
     pub containers: Vec<ContainerRoot>,
     /// Shared directories of the scratch mounted in the sandbox's root or its containers.
     pub shared: Vec<SharedMount>,
+    /// A network namespace to join instead of making one ([`crate::netns`]): a Kubernetes
+    /// pod's, as CNI made it.
+    pub network_namespace: Option<PathBuf>,
 }
 
 /// A spec that cannot be used, or a flag that cannot be parsed.
@@ -76,7 +79,7 @@ pub enum SpecError {
 }
 
 /// Flags that take a value, in the order [`SandboxSpec::to_args`] writes them.
-const FLAGS: [&str; 15] = [
+const FLAGS: [&str; 16] = [
     "--rootfs",
     "--runtime-dir",
     "--agent-socket",
@@ -92,6 +95,7 @@ const FLAGS: [&str; 15] = [
     "--container",
     "--shared",
     "--commands-cgroup",
+    "--netns",
 ];
 
 impl Default for SandboxSpec {
@@ -112,6 +116,7 @@ impl Default for SandboxSpec {
             commands_cgroup: None,
             containers: Vec::new(),
             shared: Vec::new(),
+            network_namespace: None,
         }
     }
 }
@@ -151,6 +156,9 @@ impl SandboxSpec {
         }
         if let Some(procs) = &self.commands_cgroup {
             pair(FLAGS[14], procs.clone().into());
+        }
+        if let Some(netns) = &self.network_namespace {
+            pair(FLAGS[15], netns.clone().into());
         }
         if !self.die_with_parent {
             args.push(FLAGS[11].into());
@@ -209,6 +217,7 @@ impl SandboxSpec {
                 .containers
                 .push(v.parse().map_err(|e: String| bad(&e))?),
             "--shared" => self.shared.push(v.parse().map_err(|e: String| bad(&e))?),
+            "--netns" => self.network_namespace = Some(v.into()),
             _ => return Err(bad("is not a sandbox flag")),
         }
         Ok(())
@@ -337,6 +346,7 @@ mod tests {
                 "main:work:/work".parse().expect("shared"),
                 "db:work:/var/lib/work:ro".parse().expect("shared"),
             ],
+            network_namespace: Some("/run/netns/cni-1".into()),
         }
     }
 

@@ -71,12 +71,20 @@ pub(crate) enum Forked {
 }
 
 /// Forks into new namespaces: the child is PID 1 of the new PID namespace and, until its id
-/// maps are written, nobody in its new user namespace (with all capabilities there).
-pub(crate) fn clone_into_namespaces() -> Result<Forked, SysError> {
-    fork_into(
-        NAMESPACES,
-        "clone into new user, mount, PID, UTS, IPC, network and cgroup namespaces",
-    )
+/// maps are written, nobody in its new user namespace (with all capabilities there). With
+/// `own_network` false it stays in the caller's network namespace (one it joined).
+pub(crate) fn clone_into_namespaces(own_network: bool) -> Result<Forked, SysError> {
+    if own_network {
+        fork_into(
+            NAMESPACES,
+            "clone into new user, mount, PID, UTS, IPC, network and cgroup namespaces",
+        )
+    } else {
+        fork_into(
+            NAMESPACES & !libc::CLONE_NEWNET,
+            "clone into new user, mount, PID, UTS, IPC and cgroup namespaces",
+        )
+    }
 }
 
 /// Forks a container of the sandbox: in a new mount namespace (a copy of the caller's) owned

@@ -314,6 +314,8 @@ impl Inner {
                 container_slots: pod.then_some(POD_CONTAINER_SLOTS),
                 // A pod's hostname (its name, or its `hostname`), as runc sets it.
                 hostname: spec.hostname().clone().filter(|h| !h.is_empty()),
+                // The pod's network as CNI made it: its IP, routes and port mappings.
+                network_namespace: pod.then(|| spec::pod_network_namespace(spec)).flatten(),
                 ..CreateSandbox::default()
             })
             .await?;

@@ -82,6 +82,22 @@ pub(crate) fn refuse_host_namespaces(spec: &Spec) -> Result<(), ShimError> {
     )))
 }
 
+/// The network namespace CNI made for a pod: the path of the `network` namespace in the pause
+/// container's spec. `None` for a `hostNetwork` pod (containerd leaves that namespace out) or
+/// one whose namespace has no path (made by the runtime, without CNI).
+pub(crate) fn pod_network_namespace(spec: &Spec) -> Option<String> {
+    use oci_spec::runtime::LinuxNamespaceType;
+    spec.linux()
+        .as_ref()?
+        .namespaces()
+        .as_ref()?
+        .iter()
+        .find(|n| n.typ() == LinuxNamespaceType::Network)?
+        .path()
+        .as_ref()
+        .map(|path| path.display().to_string())
+}
+
 /// Whether a pod member's spec joins another process's PID namespace (a `pid` namespace with a
 /// path: containerd's `NamespaceMode` `POD`, kubelet's `shareProcessNamespace: true`, or
 /// `TARGET`) rather than getting its own (`CONTAINER`, no path): it then joins its pod's

@@ -5,10 +5,11 @@
 //! a container that fails is restarted as kubelet restarts it; when the pod is gone, nothing of
 //! it is left.
 //!
-//! No kubelet and no CNI run here: the pod asks for the node's network (kubelet's
-//! `hostNetwork: true`), which the CRI plugin accepts without a network plugin; the sandbox has
-//! its own loopback whatever the pod asks. The `emptyDir` is a host directory laid out as
-//! kubelet lays one out (`pods/UID/volumes/kubernetes.io~empty-dir/NAME`).
+//! No kubelet runs here. The pod of three asks for the node's network (kubelet's `hostNetwork:
+//! true`), which the CRI plugin accepts without a network plugin, and the sandbox has its own
+//! loopback; the pod network test runs CNI's `bridge` plugin, and its pods join the network
+//! namespaces it made. The `emptyDir` is a host directory laid out as kubelet lays one out
+//! (`pods/UID/volumes/kubernetes.io~empty-dir/NAME`).
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
@@ -629,4 +630,167 @@ async fn pod_of_three(daemon: TestDaemon) {
     let mounts = leaks::mounts_under(containerd.dir.path());
     assert!(mounts.is_empty(), "mounts left: {mounts:?}");
     leaks::assert_nothing_held(&daemon.state.config.state_dir, daemon.cgroup_parent()).await;
+}
+
+/// A pod on the CNI network, its own PID and IPC namespaces, named `name`.
+fn networked_pod(name: &str, uid: &str, logs: &std::path::Path) -> PodSandboxConfig {
+    let mut config = pod_config(logs);
+    config.hostname = name.into();
+    if let Some(metadata) = config.metadata.as_mut() {
+        metadata.name = name.into();
+        metadata.uid = uid.into();
+    }
+    if let Some(options) = config
+        .linux
+        .as_mut()
+        .and_then(|l| l.security_context.as_mut())
+        .and_then(|s| s.namespace_options.as_mut())
+    {
+        options.network = NamespaceMode::Pod as i32;
+    }
+    config
+}
+
+/// Runs `config` as a pod with one busybox container running `script`; the pod's and the
+/// container's ids and the pod's IP.
+async fn pod_running(
+    cri: &mut RuntimeServiceClient<Channel>,
+    containerd: &Containerd,
+    config: PodSandboxConfig,
+    script: &str,
+) -> (String, String, String) {
+    let pod = cri
+        .run_pod_sandbox(RunPodSandboxRequest {
+            config: Some(config.clone()),
+            runtime_handler: "crucible".into(),
+        })
+        .await
+        .unwrap_or_else(|e| {
+            panic!(
+                "RunPodSandbox: {e}; containerd's log:\n{}",
+                containerd.log()
+            )
+        })
+        .into_inner()
+        .pod_sandbox_id;
+    let ip = cri
+        .pod_sandbox_status(k8s_cri::v1::PodSandboxStatusRequest {
+            pod_sandbox_id: pod.clone(),
+            verbose: false,
+        })
+        .await
+        .expect("PodSandboxStatus")
+        .into_inner()
+        .status
+        .and_then(|s| s.network)
+        .map(|n| n.ip)
+        .expect("the pod's network status");
+    let mut container = container("main", script, &containerd.dir.path().join("unused"));
+    container.mounts.clear();
+    let id = create_and_start(
+        cri,
+        containerd,
+        CreateContainerRequest {
+            pod_sandbox_id: pod.clone(),
+            config: Some(container),
+            sandbox_config: Some(config),
+        },
+    )
+    .await;
+    (pod, id, ip)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn pods_on_a_cni_network_reach_the_node_and_each_other() {
+    tokio::time::timeout(Duration::from_secs(300), pods_on_a_cni_network())
+        .await
+        .expect("the pods finished within 5 minutes");
+}
+
+async fn pods_on_a_cni_network() {
+    let daemon = TestDaemon::start();
+    let network = CniBridge::new();
+    let containerd = Containerd::start_cri_on(&daemon, &network);
+    let mut cri = cri(&containerd).await;
+    let logs = containerd.dir.path().join("pod-logs");
+    std::fs::create_dir_all(&logs).expect("mkdir logs");
+
+    let (web, _, web_ip) = pod_running(
+        &mut cri,
+        &containerd,
+        networked_pod("web", "c0ffee00-0000-4000-8000-0000000000a1", &logs),
+        "while true; do echo hello-from-web | nc -l -p 80; done",
+    )
+    .await;
+    assert!(web_ip.starts_with("10.215."), "the pod's IP: {web_ip:?}");
+    // The node, as the pods reach it: a server on the bridge's address (there once the
+    // first pod is up).
+    let node = std::net::TcpListener::bind((network.gateway, 0)).expect("bind on the bridge");
+    let node_port = node.local_addr().expect("address").port();
+    std::thread::spawn(move || {
+        use std::io::Write;
+        for mut stream in node.incoming().flatten() {
+            let _ = stream.write_all(b"hello-from-the-node\n");
+        }
+    });
+    let (client_pod, client, client_ip) = pod_running(
+        &mut cri,
+        &containerd,
+        networked_pod("client", "c0ffee00-0000-4000-8000-0000000000a2", &logs),
+        "sleep 3600",
+    )
+    .await;
+    assert_ne!(client_ip, web_ip);
+    let fetch = format!(
+        "ip -4 -o addr show | grep -c 'inet {client_ip}/'; \
+         for i in 1 2 3 4 5 6 7 8 9 10; do nc -w 2 {web_ip} 80 </dev/null && break; sleep 0.3; done; \
+         nc -w 3 {} {node_port} </dev/null",
+        network.gateway
+    );
+    let out = cri
+        .exec_sync(ExecSyncRequest {
+            container_id: client.clone(),
+            cmd: vec!["/bin/sh".into(), "-c".into(), fetch],
+            timeout: 30,
+        })
+        .await
+        .expect("ExecSync")
+        .into_inner();
+    assert_eq!(
+        text(&out.stdout),
+        "1\nhello-from-web\nhello-from-the-node\n",
+        "{}",
+        text(&out.stderr)
+    );
+    // The pod's root cannot change the network CNI gave it.
+    let out = cri
+        .exec_sync(ExecSyncRequest {
+            container_id: client,
+            cmd: vec![
+                "/bin/sh".into(),
+                "-c".into(),
+                "ip link set eth0 down 2>&1".into(),
+            ],
+            timeout: 10,
+        })
+        .await
+        .expect("ExecSync")
+        .into_inner();
+    assert!(
+        text(&out.stdout).contains("Operation not permitted"),
+        "{}",
+        text(&out.stdout)
+    );
+    for pod in [web, client_pod] {
+        cri.stop_pod_sandbox(StopPodSandboxRequest {
+            pod_sandbox_id: pod.clone(),
+        })
+        .await
+        .expect("StopPodSandbox");
+        cri.remove_pod_sandbox(RemovePodSandboxRequest {
+            pod_sandbox_id: pod,
+        })
+        .await
+        .expect("RemovePodSandbox");
+    }
 }

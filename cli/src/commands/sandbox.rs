@@ -122,6 +122,8 @@ impl CreateArgs {
             container_slots: self.container_slots,
             share_process_namespace: self.share_processes,
             hostname: self.hostname.clone(),
+            // Joining a host network namespace is the Kubernetes shim's (admin) business.
+            network_namespace: None,
         })
     }
 }

@@ -1069,6 +1069,7 @@ mod tests {
             container_disks: Vec::new(),
             shared: Vec::new(),
             container_slots: 0,
+            network_namespace: None,
         }
     }
 

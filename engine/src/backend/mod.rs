@@ -66,6 +66,8 @@ pub struct InstanceSpec {
     /// A microVM's empty read-only disks for containers added once it runs (the request's
     /// `container_slots`; 0 on the other backends).
     pub(crate) container_slots: usize,
+    /// A host network namespace to join instead of making one (namespace backend).
+    pub(crate) network_namespace: Option<PathBuf>,
 }
 
 /// An imported image's root, as the backends take it. The agent stays the daemon's own

@@ -369,6 +369,7 @@ impl NamespaceBackend {
             commands_cgroup: cleanup.cgroups.iter().find_map(|c| c.commands_procs_file()),
             containers: spec.containers,
             shared: spec.shared,
+            network_namespace: spec.network_namespace,
         }
         .to_args();
         let mut command = Command::new(self.image.agent());

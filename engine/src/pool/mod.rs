@@ -418,6 +418,7 @@ impl Refiller {
                 container_disks: Vec::new(),
                 shared: Vec::new(),
                 container_slots: 0,
+                network_namespace: None,
             };
             let instance = backend
                 .create(spec)

@@ -443,6 +443,15 @@ class CreateSandbox:
     #: Egress through the daemon's proxy; absent: the sandbox reaches no network at all.
     network: NetworkRequest | None = None
 
+    #: A network namespace on the host for the sandbox to join instead of having one of its
+    #: own: the path of a namespace file (a bind mount of `/proc/PID/ns/net`), such as the one
+    #: CNI configured for a Kubernetes pod. The sandbox uses its interfaces, addresses and
+    #: routes and can change none of them; ports below 1024 may be bound there. Namespace
+    #: backend only, never with `network`, never the host's own namespace; only the admin key
+    #: and the daemon's Unix socket may ask (`403` otherwise), as a host path it is theirs to
+    #: name.
+    network_namespace: str | None = None
+
     #: One PID namespace for the sandbox's own root and every container, as Kubernetes'
     #: `shareProcessNamespace`: each member then sees, and may signal, the others' processes
     #: (their `/proc/PID/root` and environment too), the sandbox's agent being PID 1. Default
@@ -483,6 +492,7 @@ class CreateSandbox:
             labels=dict(data.get('labels', {})),
             memory_mib=data.get('memory_mib', None),
             network=_opt(data.get('network'), NetworkRequest.from_dict),
+            network_namespace=data.get('network_namespace', None),
             share_process_namespace=data.get('share_process_namespace', None),
             shared=[SharedMount.from_dict(x) for x in data.get('shared', [])],
             ttl_s=data.get('ttl_s', None),
@@ -515,6 +525,8 @@ class CreateSandbox:
             out['memory_mib'] = self.memory_mib
         if self.network is not None:
             out['network'] = None if self.network is None else self.network.to_dict()
+        if self.network_namespace is not None:
+            out['network_namespace'] = self.network_namespace
         if self.share_process_namespace is not None:
             out['share_process_namespace'] = self.share_process_namespace
         if self.shared:

@@ -28,6 +28,48 @@ pub(crate) const PAUSE_IMAGE: &str = "docker.io/crucible-test/pause:1";
 /// Where a shim v2 puts its socket, whatever containerd's own paths (hard-coded, as in Go).
 pub(crate) const SHIM_SOCKETS: &str = "/run/containerd/s";
 
+/// Where Debian's `containernetworking-plugins` installs the CNI plugins.
+const CNI_PLUGINS: &str = "/usr/lib/cni";
+
+/// Fails, saying what to install, without the CNI plugins (never skips).
+pub(crate) fn require_cni() {
+    assert!(
+        Path::new(CNI_PLUGINS).join("bridge").is_file(),
+        "{CNI_PLUGINS}/bridge missing: the pod network tests run CNI's bridge plugin \
+         (apt-get install containernetworking-plugins; `cargo xtask ci provision` does)"
+    );
+}
+
+/// A CNI bridge network of the test's own, its bridge removed when dropped.
+pub(crate) struct CniBridge {
+    /// The bridge's name.
+    pub(crate) bridge: String,
+    /// The pods' subnet, a /24.
+    pub(crate) subnet: String,
+    /// The bridge's address, the pods' gateway: the node as a pod reaches it.
+    pub(crate) gateway: std::net::Ipv4Addr,
+}
+
+impl CniBridge {
+    pub(crate) fn new() -> Self {
+        let n = (std::process::id() % 200) as u8 + 20;
+        CniBridge {
+            bridge: format!("crbr{}", std::process::id() % 100_000),
+            subnet: format!("10.215.{n}.0/24"),
+            gateway: std::net::Ipv4Addr::new(10, 215, n, 1),
+        }
+    }
+}
+
+impl Drop for CniBridge {
+    fn drop(&mut self) {
+        let _ = Command::new("ip")
+            .args(["link", "del", &self.bridge])
+            .stderr(Stdio::null())
+            .status();
+    }
+}
+
 /// A containerd of its own, with the busybox image imported.
 pub(crate) struct Containerd {
     pub(crate) dir: tempfile::TempDir,
@@ -183,6 +225,40 @@ impl Containerd {
         let sleep = vec!["sleep".to_string(), "2147483647".to_string()];
         busybox_archive(&pause, PAUSE_REFERENCE, Some(sleep));
         containerd.import(CRI_NAMESPACE, &pause);
+        containerd
+    }
+
+    /// [`Containerd::start_cri`] with a CNI network, as a node has: `bridge` pods on
+    /// `network.bridge`, addresses from `network.subnet`, the bridge the gateway (`.1`).
+    pub(crate) fn start_cri_on(daemon: &TestDaemon, network: &CniBridge) -> Self {
+        require_cni();
+        let containerd = Self::start_cri(daemon);
+        let cni = containerd.dir.path().join("cni");
+        std::fs::create_dir_all(cni.join("bin")).expect("mkdir cni/bin");
+        std::fs::create_dir_all(cni.join("net.d")).expect("mkdir cni/net.d");
+        for plugin in ["bridge", "host-local", "loopback", "portmap"] {
+            std::os::unix::fs::symlink(
+                Path::new(CNI_PLUGINS).join(plugin),
+                cni.join("bin").join(plugin),
+            )
+            .expect("link a CNI plugin");
+        }
+        let conflist = serde_json::json!({
+            "cniVersion": "0.4.0",
+            "name": network.bridge,
+            "plugins": [
+                {"type": "bridge", "bridge": network.bridge, "isGateway": true,
+                 "ipMasq": false, "hairpinMode": true,
+                 "ipam": {"type": "host-local", "ranges": [[{"subnet": network.subnet}]],
+                          "routes": [{"dst": "0.0.0.0/0"}]}},
+                {"type": "portmap", "capabilities": {"portMappings": true}}
+            ]
+        });
+        std::fs::write(
+            cni.join("net.d/10-crucible-test.conflist"),
+            serde_json::to_vec_pretty(&conflist).expect("json"),
+        )
+        .expect("write the CNI configuration");
         containerd
     }
 

@@ -2283,6 +2283,16 @@ export interface components {
             /** @description Egress through the daemon's proxy; absent: the sandbox reaches no network at all. */
             network?: components["schemas"]["NetworkRequest"] | (null);
             /**
+             * @description A network namespace on the host for the sandbox to join instead of having one of its
+             *     own: the path of a namespace file (a bind mount of `/proc/PID/ns/net`), such as the one
+             *     CNI configured for a Kubernetes pod. The sandbox uses its interfaces, addresses and
+             *     routes and can change none of them; ports below 1024 may be bound there. Namespace
+             *     backend only, never with `network`, never the host's own namespace; only the admin key
+             *     and the daemon's Unix socket may ask (`403` otherwise), as a host path it is theirs to
+             *     name.
+             */
+            network_namespace?: string | null;
+            /**
              * @description One PID namespace for the sandbox's own root and every container, as Kubernetes'
              *     `shareProcessNamespace`: each member then sees, and may signal, the others' processes
              *     (their `/proc/PID/root` and environment too), the sandbox's agent being PID 1. Default

@@ -1,0 +1,165 @@
+//! A network namespace made by someone else that a sandbox joins instead of making its own: a
+//! Kubernetes pod's, which CNI configured (its interfaces, addresses and routes) and whose file
+//! containerd names in the pause container's spec.
+//!
+//! The namespace belongs to the host's user namespace, so the sandbox's root (root only in the
+//! sandbox's own user namespace) can use it — open sockets, listen, connect — but never change
+//! it: no interface, address, route or firewall rule, as a pod's containers under runc with
+//! `NET_ADMIN` dropped. The supervisor joins it while it still has the host's privileges,
+//! before it clones the sandbox without a network namespace of its own.
+//!
+//! What is refused: a file that is not a network namespace, and the host's own (the daemon's:
+//! a pod asking for `hostNetwork` is refused by the shim, never run on the node's network).
+
+use std::fs::File;
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+use std::path::Path;
+
+/// `NSFS_MAGIC`: the filesystem of `/proc/PID/ns/*` and of their bind mounts.
+const NSFS_MAGIC: i64 = 0x6e73_6673;
+
+/// `NS_GET_NSTYPE`, `_IO(0xb7, 0x3)`: which kind of namespace a namespace file is.
+const NS_GET_NSTYPE: libc::Ioctl = 0xb703;
+
+/// Why a network namespace cannot be joined.
+#[derive(Debug, thiserror::Error)]
+pub enum NetnsError {
+    /// It could not be opened or examined.
+    #[error("network namespace {path}: {what}")]
+    Io {
+        /// The file.
+        path: String,
+        /// What failed.
+        what: String,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// It is not what a sandbox may join.
+    #[error("network namespace {path}: {why}")]
+    Refused {
+        /// The file.
+        path: String,
+        /// Why not.
+        why: String,
+    },
+}
+
+/// Opens `path` and checks that it is a network namespace other than the caller's own (the
+/// host's, for the daemon and the supervisor); the descriptor to [`join`].
+pub fn open_checked(path: &Path) -> Result<OwnedFd, NetnsError> {
+    let shown = path.display().to_string();
+    let io = |what: &str| {
+        let (path, what) = (shown.clone(), what.to_string());
+        move |source| NetnsError::Io { path, what, source }
+    };
+    let refused = |why: &str| NetnsError::Refused {
+        path: shown.clone(),
+        why: why.to_string(),
+    };
+    if !path.is_absolute() {
+        return Err(refused("must be an absolute path"));
+    }
+    let file = File::options()
+        .read(true)
+        .custom_flags(libc::O_CLOEXEC)
+        .open(path)
+        .map_err(io("open"))?;
+    // SAFETY: fstatfs writes into `fs`, a valid out-pointer, for a live descriptor.
+    let fs_type = unsafe {
+        let mut fs: libc::statfs = std::mem::zeroed();
+        if libc::fstatfs(file.as_raw_fd(), &mut fs) != 0 {
+            return Err(io("fstatfs")(std::io::Error::last_os_error()));
+        }
+        fs.f_type
+    };
+    // The field's type differs between libcs (i64 in glibc, u64 in musl); the magic fits both.
+    #[allow(clippy::unnecessary_cast)]
+    if fs_type as i64 != NSFS_MAGIC {
+        return Err(refused(
+            "is not a namespace file (a bind mount of /proc/PID/ns/net)",
+        ));
+    }
+    // SAFETY: NS_GET_NSTYPE takes no argument and returns the namespace's CLONE_NEW* flag.
+    let kind = unsafe { libc::ioctl(file.as_raw_fd(), NS_GET_NSTYPE) };
+    if kind < 0 {
+        return Err(io("ioctl(NS_GET_NSTYPE)")(std::io::Error::last_os_error()));
+    }
+    if kind != libc::CLONE_NEWNET {
+        return Err(refused("is a namespace, but not a network namespace"));
+    }
+    let own = std::fs::metadata("/proc/self/ns/net").map_err(io("stat /proc/self/ns/net"))?;
+    let theirs = file.metadata().map_err(io("fstat"))?;
+    if (own.dev(), own.ino()) == (theirs.dev(), theirs.ino()) {
+        return Err(refused(
+            "is the host's own network namespace, which a sandbox never joins",
+        ));
+    }
+    Ok(OwnedFd::from(file))
+}
+
+/// Moves the caller into the network namespace `netns` ([`open_checked`]).
+pub(crate) fn join(netns: &OwnedFd, path: &Path) -> Result<(), NetnsError> {
+    // SAFETY: setns takes a live descriptor and a flag.
+    if unsafe { libc::setns(netns.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
+        return Err(NetnsError::Io {
+            path: path.display().to_string(),
+            what: "setns".into(),
+            source: std::io::Error::last_os_error(),
+        });
+    }
+    Ok(())
+}
+
+/// Lets every user of the namespace the caller is in bind ports below 1024
+/// (`net.ipv4.ip_unprivileged_port_start = 0`, as containerd's `enable_unprivileged_ports`
+/// and Kubernetes' safe sysctl do for pods): the sandbox's root holds `NET_BIND_SERVICE` in
+/// its own user namespace only, which does not own the pod's network namespace. Written
+/// through the caller's own view of `/proc/sys/net`, which is its network namespace's.
+pub(crate) fn allow_low_ports() -> Result<(), NetnsError> {
+    let path = "/proc/sys/net/ipv4/ip_unprivileged_port_start";
+    std::fs::write(path, "0").map_err(|source| NetnsError::Io {
+        path: path.into(),
+        what: "write 0".into(),
+        source,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_another_network_namespace_is_taken() {
+        for (path, says) in [
+            ("/proc/self/ns/net", "host's own"),
+            ("/proc/self/ns/mnt", "not a network namespace"),
+            ("/etc/hostname", "not a namespace file"),
+            ("relative/net", "absolute"),
+        ] {
+            let err = open_checked(Path::new(path)).expect_err(path);
+            assert!(err.to_string().contains(says), "{path}: {err}");
+        }
+        // A process in a network namespace of its own (util-linux's unshare; root runs tests).
+        let mut other = std::process::Command::new("unshare")
+            .args(["--net", "sleep", "10"])
+            .spawn()
+            .expect("unshare --net sleep");
+        let path = format!("/proc/{}/ns/net", other.id());
+        let mut joined = None;
+        for _ in 0..100 {
+            // Until unshare has executed sleep, its namespace is still ours.
+            match open_checked(Path::new(&path)) {
+                Ok(fd) => {
+                    joined = Some(fd);
+                    break;
+                }
+                Err(_) => std::thread::sleep(std::time::Duration::from_millis(20)),
+            }
+        }
+        let _ = other.kill();
+        let _ = other.wait();
+        assert!(joined.is_some(), "{path} was never taken");
+    }
+}

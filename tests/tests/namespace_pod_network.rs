@@ -1,0 +1,241 @@
+//! A namespace sandbox in a network namespace made on the host (`network_namespace`), as the
+//! Kubernetes shim runs a pod in the one CNI made: a veth pair between the host and a named
+//! namespace (`ip netns add`), the sandbox reaching a server on the host's side of it and
+//! serving a port below 1024 the host reaches, and unable to change the namespace.
+
+use std::io::{Read, Write};
+use std::net::{Ipv4Addr, TcpListener, TcpStream};
+use std::process::Command;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use api_types::CreateSandbox;
+use client::{ClientError, Endpoint};
+use harness::{sh, TestDaemon};
+
+static NEXT: AtomicUsize = AtomicUsize::new(0);
+
+/// A named network namespace joined to the host by a veth pair (host side `.1`, namespace
+/// side `.2` of a /30), removed when dropped.
+struct HostLinkedNamespace {
+    name: String,
+    host_veth: String,
+    host_ip: Ipv4Addr,
+    inside_ip: Ipv4Addr,
+}
+
+fn ip(args: &[&str]) {
+    let out = Command::new("ip")
+        .args(args)
+        .output()
+        .expect("run ip (iproute2)");
+    assert!(
+        out.status.success(),
+        "ip {}: {}",
+        args.join(" "),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+impl HostLinkedNamespace {
+    fn new() -> Self {
+        let n = (std::process::id() as usize * 7 + NEXT.fetch_add(1, Ordering::Relaxed)) % 250;
+        let name = format!("crucible-t{}-{n}", std::process::id());
+        let (host_veth, inside_veth) = (
+            format!("cr{n}h{}", std::process::id() % 1000),
+            format!("cr{n}i"),
+        );
+        let (host_ip, inside_ip) = (
+            Ipv4Addr::new(10, 213, n as u8, 1),
+            Ipv4Addr::new(10, 213, n as u8, 2),
+        );
+        ip(&["netns", "add", &name]);
+        let made = HostLinkedNamespace {
+            name: name.clone(),
+            host_veth: host_veth.clone(),
+            host_ip,
+            inside_ip,
+        };
+        ip(&[
+            "link",
+            "add",
+            &host_veth,
+            "type",
+            "veth",
+            "peer",
+            "name",
+            &inside_veth,
+        ]);
+        ip(&["link", "set", &inside_veth, "netns", &name]);
+        ip(&["addr", "add", &format!("{host_ip}/30"), "dev", &host_veth]);
+        ip(&["link", "set", &host_veth, "up"]);
+        let inside = |args: &[&str]| {
+            let mut all = vec!["netns", "exec", name.as_str(), "ip"];
+            all.extend_from_slice(args);
+            ip(&all);
+        };
+        inside(&[
+            "addr",
+            "add",
+            &format!("{inside_ip}/30"),
+            "dev",
+            &inside_veth,
+        ]);
+        inside(&["link", "set", &inside_veth, "up"]);
+        inside(&["link", "set", "lo", "up"]);
+        made
+    }
+
+    fn path(&self) -> String {
+        format!("/run/netns/{}", self.name)
+    }
+}
+
+impl Drop for HostLinkedNamespace {
+    fn drop(&mut self) {
+        let _ = Command::new("ip")
+            .args(["link", "del", &self.host_veth])
+            .status();
+        let _ = Command::new("ip")
+            .args(["netns", "del", &self.name])
+            .status();
+    }
+}
+
+fn joining(path: String) -> CreateSandbox {
+    CreateSandbox {
+        network_namespace: Some(path),
+        ..CreateSandbox::default()
+    }
+}
+
+#[tokio::test]
+async fn a_sandbox_in_a_host_made_network_namespace_uses_it_and_cannot_change_it() {
+    let daemon = TestDaemon::start();
+    let c = daemon.client();
+    let netns = HostLinkedNamespace::new();
+    let server = TcpListener::bind((netns.host_ip, 0)).expect("bind on the host's side");
+    let port = server.local_addr().expect("address").port();
+    std::thread::spawn(move || {
+        for mut stream in server.incoming().flatten() {
+            let _ = stream.write_all(b"hello-from-the-node\n");
+        }
+    });
+
+    let id = c.create(&joining(netns.path())).await.expect("create").id;
+    // Its address and route are the namespace's; the node answers through them.
+    let (out, err, code) = sh(
+        &c,
+        &id,
+        &format!(
+            "ip -4 -o addr show | grep -c {}; nc -w 3 {} {port} </dev/null",
+            netns.inside_ip, netns.host_ip
+        ),
+    )
+    .await;
+    assert_eq!(
+        (out.as_str(), code),
+        ("1\nhello-from-the-node\n", 0),
+        "{err}"
+    );
+
+    // Root in it changes nothing of the namespace: no link, address or route.
+    let (out, _, _) = sh(
+        &c,
+        &id,
+        "ip link set lo down 2>&1; ip addr add 10.9.9.9/32 dev lo 2>&1; \
+         ip route add 10.8.0.0/16 dev lo 2>&1",
+    )
+    .await;
+    assert_eq!(
+        out.matches("Operation not permitted").count(),
+        3,
+        "a change went through:\n{out}"
+    );
+
+    // A port below 1024, served from inside and reached from the node.
+    let served = sh(
+        &c,
+        &id,
+        "(echo hello-from-the-pod | nc -l -p 80 &) ; sleep 0.3; echo listening",
+    )
+    .await;
+    assert_eq!(served.0, "listening\n", "{}", served.1);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let answer = loop {
+        match TcpStream::connect_timeout(&(netns.inside_ip, 80).into(), Duration::from_secs(1)) {
+            Ok(mut stream) => {
+                let mut answer = String::new();
+                stream
+                    .set_read_timeout(Some(Duration::from_secs(3)))
+                    .expect("timeout");
+                let _ = stream.read_to_string(&mut answer);
+                break answer;
+            }
+            Err(e) if Instant::now() < deadline => {
+                let _ = e;
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            Err(e) => panic!("the pod's port 80: {e}"),
+        }
+    };
+    assert_eq!(answer, "hello-from-the-pod\n");
+    c.delete(&id).await.expect("delete");
+}
+
+#[tokio::test]
+async fn only_another_network_namespace_is_joined_and_only_by_the_admin() {
+    const KEY: &str = "tenant-key-48c1e2a9f0";
+    let daemon = TestDaemon::start_with(|c| {
+        c.tcp = Some("127.0.0.1:0".parse().expect("addr"));
+        c.api_keys = api::ApiKeys::parse(&format!("tenant:{KEY}")).expect("valid keys");
+    });
+    let netns = HostLinkedNamespace::new();
+    let tenant = client::Client::new(Endpoint::Tcp(daemon.tcp.expect("tcp address").to_string()))
+        .with_api_key(KEY);
+    match tenant.create(&joining(netns.path())).await {
+        Err(ClientError::Api {
+            status: 403,
+            message,
+            ..
+        }) => {
+            assert!(message.contains("network_namespace"), "{message}")
+        }
+        other => panic!("a tenant joining a host network namespace: {other:?}"),
+    }
+    let c = daemon.client();
+    for (path, says) in [
+        // The daemon runs in this process, on the host's network.
+        (format!("/proc/{}/ns/net", std::process::id()), "host's own"),
+        ("/proc/self/ns/mnt".to_string(), "not a network namespace"),
+        ("/etc/hostname".to_string(), "not a namespace file"),
+        ("/run/netns/crucible-no-such-namespace".to_string(), "open"),
+    ] {
+        match c.create(&joining(path.clone())).await {
+            Err(ClientError::Api {
+                status: 400,
+                message,
+                ..
+            }) => {
+                assert!(message.contains(says), "{path}: {message}")
+            }
+            other => panic!("{path}: {other:?}"),
+        }
+    }
+    let with_egress = CreateSandbox {
+        network: Some(api_types::NetworkRequest {
+            allow: vec!["example.com:443".into()],
+        }),
+        ..joining(netns.path())
+    };
+    match c.create(&with_egress).await {
+        Err(ClientError::Api {
+            status: 400,
+            message,
+            ..
+        }) => {
+            assert!(message.contains("leave out `network`"), "{message}")
+        }
+        other => panic!("a joined namespace with egress: {other:?}"),
+    }
+}
