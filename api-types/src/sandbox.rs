@@ -228,6 +228,21 @@ pub struct CacheList {
     pub caches: Vec<CacheInfo>,
 }
 
+/// The body of `PATCH /sandboxes/{id}`: new limits for a running sandbox (`docker update
+/// --memory --cpus`; the Kubernetes shim's pod limits). A field left out keeps its value.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[serde(deny_unknown_fields)]
+pub struct UpdateSandbox {
+    /// Its memory limit, within the bounds a create request has. Lower than what its
+    /// processes use, the kernel reclaims and then kills within it, as it would at creation.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_mib: Option<u64>,
+    /// Its CPU limit in whole CPUs, within the bounds a create request has.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vcpus: Option<u32>,
+}
+
 /// The body of `POST /sandboxes/{id}/signal`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]

@@ -11,7 +11,7 @@ use crate::config::{MAX_HEAD, MAX_HEADERS};
 use crate::json::InvalidJson;
 use engine::backend::BackendError;
 use engine::exec::AdmitError;
-use engine::sandbox::{AddContainerError, SandboxError};
+use engine::sandbox::{AddContainerError, SandboxError, UpdateError};
 use engine::state::CreateError;
 use engine::storage::StorageError;
 
@@ -120,6 +120,16 @@ impl From<SandboxError> for ApiError {
                 Self::new(StatusCode::NOT_FOUND, "container_not_found", message)
             }
             SandboxError::OwnRootNotRemovable => Self::invalid(message),
+        }
+    }
+}
+
+impl From<UpdateError> for ApiError {
+    fn from(e: UpdateError) -> Self {
+        let message = report::chain(&e);
+        match e {
+            UpdateError::Invalid(_) => ApiError::invalid(message),
+            UpdateError::Refused { .. } => ApiError::conflict(message),
         }
     }
 }

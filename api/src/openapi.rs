@@ -4,7 +4,7 @@
 
 use api_types::{
     CacheList, ContainerInfo, ContainerList, ContainerRequest, CreateSandbox, ImageList,
-    ImagesPruned, SandboxInfo, SandboxList, SignalRequest,
+    ImagesPruned, SandboxInfo, SandboxList, SignalRequest, UpdateSandbox,
 };
 use schemars::generate::SchemaSettings;
 use serde_json::{json, Map, Value};
@@ -191,6 +191,7 @@ pub(crate) fn document() -> Value {
     generator.subschema_for::<ImagesPruned>();
     generator.subschema_for::<SandboxStats>();
     generator.subschema_for::<SignalRequest>();
+    generator.subschema_for::<UpdateSandbox>();
     generator.subschema_for::<ExecStatus>();
     generator.subschema_for::<ExecList>();
     generator.subschema_for::<ContainerList>();
@@ -483,6 +484,21 @@ pub(crate) fn document() -> Value {
                     "summary": "Delete a sandbox and everything it holds.",
                     "responses": with(errors(&sandbox_errors),
                         json!({ "204": { "description": "Deleted." } }))
+                },
+                "patch": {
+                    "summary": "Change a running sandbox's memory and CPU limits.",
+                    "description": "As `docker update --memory --cpus`: a field left out keeps \
+                        its value; the bounds are a create request's. Namespace backend (its \
+                        cgroups); a microVM's are fixed at boot (409). A restarted daemon \
+                        does not take the sandbox back afterwards (live restore).",
+                    "requestBody": { "required": true, "content": {
+                        "application/json": { "schema": schema_ref("UpdateSandbox") } } },
+                    "responses": with(errors(&[
+                        ("400", "Bad JSON, a value out of its bounds, or a malformed id."),
+                        ("404", "No sandbox with this id, as far as the caller can see."),
+                        ("409", "The sandbox is not running, or its backend cannot change its limits."),
+                        ("413", "The request body is too large."),
+                    ]), json!({ "200": json_response("The sandbox, with its new limits.", "SandboxInfo") }))
                 }
             },
             "/sandboxes/{id}/exec": {

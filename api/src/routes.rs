@@ -31,7 +31,12 @@ pub(crate) fn app(state: Arc<Edge>) -> Router {
         .route("/metrics", get(metrics))
         .route("/openapi.json", get(openapi))
         .route("/sandboxes", post(create_sandbox).get(list_sandboxes))
-        .route("/sandboxes/{id}", get(get_sandbox).delete(delete_sandbox))
+        .route(
+            "/sandboxes/{id}",
+            get(get_sandbox)
+                .delete(delete_sandbox)
+                .patch(update_sandbox),
+        )
         .route("/sandboxes/{id}/exec", post(exec_post).get(exec_websocket))
         .route("/sandboxes/{id}/files", post(files_put).get(files_get))
         .route("/sandboxes/{id}/signal", post(signal_sandbox))
@@ -222,6 +227,19 @@ async fn get_sandbox(
     Path(id): Path<String>,
 ) -> Result<Json<api_types::SandboxInfo>, ApiError> {
     Ok(Json(state.registry.get(&id, &caller)?.info()))
+}
+
+/// `PATCH /sandboxes/{id}`: new memory and CPU limits for a running sandbox.
+async fn update_sandbox(
+    State(state): State<Arc<Edge>>,
+    Authenticated(caller): Authenticated,
+    Path(id): Path<String>,
+    body: Body,
+) -> Result<Json<api_types::SandboxInfo>, ApiError> {
+    let sandbox = state.registry.get(&id, &caller)?;
+    let body = body::read(body, state.http.header_timeout).await?;
+    let request: api_types::UpdateSandbox = parse_json(&body, "update request")?;
+    Ok(Json(state.update_sandbox(&sandbox, &request).await?))
 }
 
 async fn delete_sandbox(

@@ -128,6 +128,18 @@ enum SandboxCommand {
         /// The sandbox id.
         id: String,
     },
+    /// Change a running sandbox's memory and CPU limits, as `docker update` (namespace
+    /// backend; a microVM's are fixed at boot); prints the sandbox as `get` does.
+    Update {
+        /// The sandbox id.
+        id: String,
+        /// The new memory limit in MiB.
+        #[arg(long, value_name = "MIB")]
+        memory: Option<u64>,
+        /// The new CPU limit in whole CPUs.
+        #[arg(long, value_name = "N")]
+        cpus: Option<u32>,
+    },
     /// Delete sandboxes; with --container, remove those containers from one sandbox instead
     /// (each ends with every process in it; the sandbox runs on).
     Rm {
@@ -265,6 +277,11 @@ fn dispatch(cli: Cli) -> anyhow::Result<i32> {
                 SandboxCommand::Ls => commands::sandbox::list(&global).await.map(|()| 0),
                 SandboxCommand::Get { id } => {
                     commands::sandbox::get(&global, &id).await.map(|()| 0)
+                }
+                SandboxCommand::Update { id, memory, cpus } => {
+                    commands::sandbox::update(&global, &id, memory, cpus)
+                        .await
+                        .map(|()| 0)
                 }
                 SandboxCommand::Stats { id, container } => {
                     commands::sandbox::stats(&global, &id, container.as_deref())

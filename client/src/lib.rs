@@ -145,6 +145,17 @@ impl Client {
             .await
     }
 
+    /// `PATCH /sandboxes/{id}`: new memory and CPU limits for a running sandbox.
+    pub async fn update(
+        &self,
+        id: &str,
+        request: &api_types::UpdateSandbox,
+    ) -> Result<SandboxInfo, ClientError> {
+        let path = format!("/sandboxes/{}", path_segment(id));
+        self.json(self.json_body(Method::PATCH, &path, request)?)
+            .await
+    }
+
     /// `DELETE /sandboxes/{id}`.
     pub async fn delete(&self, id: &str) -> Result<(), ClientError> {
         self.send(self.empty(Method::DELETE, &format!("/sandboxes/{}", path_segment(id)))?)

@@ -74,6 +74,22 @@ pub enum SandboxError {
     OwnRootNotRemovable,
 }
 
+/// Why a running sandbox's limits were not changed.
+#[derive(Debug, thiserror::Error)]
+pub enum UpdateError {
+    /// A value is out of its bounds; the message names the field.
+    #[error("{0}")]
+    Invalid(String),
+    /// Its backend (or its state) cannot take the change.
+    #[error("sandbox {id}: {why}")]
+    Refused {
+        /// The sandbox.
+        id: String,
+        /// Why not.
+        why: String,
+    },
+}
+
 /// Why a container was not added to a running sandbox.
 #[derive(Debug, thiserror::Error)]
 pub enum AddContainerError {
@@ -272,6 +288,11 @@ pub struct Sandbox {
     had_containers: AtomicBool,
     /// The index the next container added gets: one lock makes additions one at a time.
     next_container: tokio::sync::Mutex<usize>,
+    /// Its limits now (`settings` has them as created; `PATCH` changes these), one lock
+    /// making changes one at a time.
+    limits: tokio::sync::Mutex<(u64, u32)>,
+    /// The same, for readers that must not wait.
+    limits_now: std::sync::Mutex<(u64, u32)>,
 }
 
 impl std::fmt::Debug for Sandbox {
@@ -353,6 +374,7 @@ impl Sandbox {
             create_to_ready_ms: create_to_ready.as_secs_f64() * 1000.0,
             agent_uptime_ms: instance.hello().uptime_ms,
         };
+        let settings_limits = (settings.memory_mib, settings.vcpus);
         Sandbox {
             id,
             exec_slots: Arc::new(Semaphore::new(settings.max_execs)),
@@ -372,7 +394,31 @@ impl Sandbox {
             containers: std::sync::RwLock::default(),
             had_containers: AtomicBool::new(false),
             next_container: tokio::sync::Mutex::new(0),
+            limits: tokio::sync::Mutex::new((settings_limits.0, settings_limits.1)),
+            limits_now: std::sync::Mutex::new(settings_limits),
         }
+    }
+
+    /// Its memory (MiB) and CPU limits now.
+    pub fn limits_now(&self) -> (u64, u32) {
+        *self.limits_now.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Gives it new limits while it runs (`None` keeps one), one change at a time; why not,
+    /// where its backend cannot.
+    pub(crate) async fn set_limits(
+        &self,
+        memory_mib: Option<u64>,
+        vcpus: Option<u32>,
+    ) -> Result<(), String> {
+        let mut limits = self.limits.lock().await;
+        if !self.is_running() {
+            return Err(format!("sandbox {} is not running", self.id));
+        }
+        self.instance.set_limits(memory_mib, vcpus).await?;
+        *limits = (memory_mib.unwrap_or(limits.0), vcpus.unwrap_or(limits.1));
+        *self.limits_now.lock().unwrap_or_else(|p| p.into_inner()) = *limits;
+        Ok(())
     }
 
     /// This sandbox with its containers.
@@ -969,8 +1015,8 @@ impl Sandbox {
             backend: self.settings.backend,
             hypervisor: self.instance.hypervisor(),
             image: self.settings.image.clone(),
-            memory_mib: self.settings.memory_mib,
-            vcpus: self.settings.vcpus,
+            memory_mib: self.limits_now().0,
+            vcpus: self.limits_now().1,
             created_at_ms: self.created_at_ms,
             expires_at_ms,
             labels: self.settings.labels.clone(),

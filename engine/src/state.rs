@@ -501,6 +501,46 @@ impl Engine {
         }
     }
 
+    /// Gives running sandbox `sandbox` the limits `request` asks for (`PATCH
+    /// /sandboxes/{id}`), within a create request's bounds. A restarted daemon could not know
+    /// them, so the sandbox is not taken back by live restore from then on.
+    pub async fn update_sandbox(
+        &self,
+        sandbox: &Arc<crate::sandbox::Sandbox>,
+        request: &api_types::UpdateSandbox,
+    ) -> Result<SandboxInfo, crate::sandbox::UpdateError> {
+        use crate::sandbox::UpdateError;
+        let limits = &self.config.limits;
+        if let Some(memory_mib) = request.memory_mib {
+            if !(16..=limits.max_memory_mib).contains(&memory_mib) {
+                return Err(UpdateError::Invalid(format!(
+                    "memory_mib: must be between 16 and {}, got {memory_mib}",
+                    limits.max_memory_mib
+                )));
+            }
+        }
+        if let Some(vcpus) = request.vcpus {
+            if !(1..=limits.max_vcpus).contains(&vcpus) {
+                return Err(UpdateError::Invalid(format!(
+                    "vcpus: must be between 1 and {}, got {vcpus}",
+                    limits.max_vcpus
+                )));
+            }
+        }
+        if request.memory_mib.is_none() && request.vcpus.is_none() {
+            return Ok(sandbox.info());
+        }
+        sandbox
+            .set_limits(request.memory_mib, request.vcpus)
+            .await
+            .map_err(|why| UpdateError::Refused {
+                id: sandbox.id.clone(),
+                why,
+            })?;
+        self.registry.forget_record(&sandbox.id);
+        Ok(sandbox.info())
+    }
+
     /// Validates a create request, starts the sandbox for `owner` and waits for its agent.
     pub async fn create_sandbox(
         &self,

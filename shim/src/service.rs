@@ -64,6 +64,9 @@ struct Container {
     execs: HashMap<String, Process>,
     /// The sandbox's OOM kill count last seen: a rise is reported as `TaskOOM`.
     oom_kills_seen: u64,
+    /// A pod member's limits (`memory_mib`, `vcpus`) from its spec, which its pod's sandbox
+    /// is sized by ([`pod_limits`]).
+    limits: (Option<u64>, Option<u32>),
 }
 
 impl Container {
@@ -88,6 +91,26 @@ impl Container {
                 id: id.clone(),
                 exec_id: exec_id.into(),
             })
+    }
+}
+
+/// A pod's limits from its members' (`memory_mib`, `vcpus`): the sum of each, as kubelet's pod
+/// cgroup has it, when every member has that limit (one without any means the pod has none,
+/// and the sandbox keeps what it has); `None` too with no member.
+fn pod_limits(
+    members: impl Iterator<Item = (Option<u64>, Option<u32>)>,
+) -> (Option<u64>, Option<u32>) {
+    let mut sums = (Some(0u64), Some(0u32));
+    let mut any = false;
+    for (memory, cpus) in members {
+        any = true;
+        sums.0 = sums.0.zip(memory).map(|(sum, m)| sum.saturating_add(m));
+        sums.1 = sums.1.zip(cpus).map(|(sum, c)| sum.saturating_add(c));
+    }
+    if any {
+        sums
+    } else {
+        (None, None)
     }
 }
 
@@ -255,8 +278,13 @@ impl Inner {
                 init: Process::new(request, stdio),
                 execs: HashMap::new(),
                 oom_kills_seen: 0,
+                limits: spec::limits(&spec),
             },
         );
+        if let Some(member) = slot.get(&req.id).filter(|c| c.root.is_some()) {
+            let sandbox = member.sandbox.clone();
+            self.size_pod(&slot, &sandbox).await;
+        }
         self.events
             .publish(TaskCreate {
                 container_id: req.id.clone(),
@@ -788,11 +816,43 @@ impl Inner {
             .await;
         // Forgotten either way: what could not be released is still written in the bundle,
         // and `<shim> delete` tries again once this shim has exited.
-        slot.remove(&req.id);
+        if let Some(gone) = slot.remove(&req.id).filter(|c| c.root.is_some()) {
+            self.size_pod(&slot, &gone.sandbox).await;
+        }
         drop(slot);
         self.prune_idle_images().await;
         released?;
         Ok(response)
+    }
+
+    /// Sizes pod sandbox `sandbox` from its members' limits ([`pod_limits`]), as kubelet sizes
+    /// a pod's cgroup: containerd 1.6 gives the pause container none, so the sandbox starts
+    /// with the daemon's defaults and follows its members as they come and go. A backend that
+    /// cannot change them (a microVM's are fixed at boot) is logged, and the pod runs on.
+    async fn size_pod(&self, slot: &BTreeMap<String, Container>, sandbox: &str) {
+        let members = slot
+            .values()
+            .filter(|c| c.root.is_some() && c.sandbox == sandbox)
+            .map(|c| c.limits);
+        let (memory_mib, vcpus) = spec::clamped(pod_limits(members));
+        if memory_mib.is_none() && vcpus.is_none() {
+            return;
+        }
+        let Ok(client) = self.client() else {
+            return;
+        };
+        let request = api_types::UpdateSandbox { memory_mib, vcpus };
+        match client.update(sandbox, &request).await {
+            Ok(info) => log::info!(
+                "pod sandbox {sandbox} sized by its members: {} MiB, {} vCPUs",
+                info.memory_mib,
+                info.vcpus
+            ),
+            Err(e) => log::warn!(
+                "pod sandbox {sandbox} keeps its limits, not its members' ({memory_mib:?} MiB, \
+                 {vcpus:?} vCPUs): {e}"
+            ),
+        }
     }
 
     /// Removes this node's `containerd-` images that no sandbox has used for
@@ -974,5 +1034,25 @@ impl Task for Service {
 
     async fn update(&self, _ctx: &TtrpcContext, _req: UpdateTaskRequest) -> TtrpcResult<Empty> {
         Err(unsupported("changing a running task's resources is"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_pods_limits_are_its_members_sums_when_every_member_has_one() {
+        let pod = |members: &[(Option<u64>, Option<u32>)]| pod_limits(members.iter().copied());
+        assert_eq!(pod(&[]), (None, None));
+        assert_eq!(pod(&[(Some(1024), Some(1))]), (Some(1024), Some(1)));
+        assert_eq!(
+            pod(&[(Some(1024), Some(2)), (Some(256), None)]),
+            (Some(1280), None)
+        );
+        assert_eq!(
+            pod(&[(None, Some(1)), (Some(64), Some(1))]),
+            (None, Some(2))
+        );
     }
 }

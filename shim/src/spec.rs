@@ -33,6 +33,14 @@ pub(crate) fn vcpus(quota: Option<i64>, period: Option<u64>) -> Option<u32> {
     Some(cpus.clamp(VCPUS.0, VCPUS.1))
 }
 
+/// `(memory_mib, vcpus)` within what the daemon accepts (a pod's sum may be more).
+pub(crate) fn clamped(limits: (Option<u64>, Option<u32>)) -> (Option<u64>, Option<u32>) {
+    (
+        limits.0.map(|m| m.clamp(MEMORY_MIB.0, MEMORY_MIB.1)),
+        limits.1.map(|c| c.clamp(VCPUS.0, VCPUS.1)),
+    )
+}
+
 /// The limits of a container's spec, as `(memory_mib, vcpus)`.
 pub(crate) fn limits(spec: &Spec) -> (Option<u64>, Option<u32>) {
     let resources = spec.linux().as_ref().and_then(|l| l.resources().as_ref());

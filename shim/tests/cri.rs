@@ -651,13 +651,14 @@ fn networked_pod(name: &str, uid: &str, logs: &std::path::Path) -> PodSandboxCon
     config
 }
 
-/// Runs `config` as a pod with one busybox container running `script`; the pod's and the
-/// container's ids and the pod's IP.
+/// Runs `config` as a pod with one busybox container running `script`, with a memory limit
+/// of `memory_bytes` if given; the pod's and the container's ids and the pod's IP.
 async fn pod_running(
     cri: &mut RuntimeServiceClient<Channel>,
     containerd: &Containerd,
     config: PodSandboxConfig,
     script: &str,
+    memory_bytes: Option<i64>,
 ) -> (String, String, String) {
     let pod = cri
         .run_pod_sandbox(RunPodSandboxRequest {
@@ -687,6 +688,15 @@ async fn pod_running(
         .expect("the pod's network status");
     let mut container = container("main", script, &containerd.dir.path().join("unused"));
     container.mounts.clear();
+    if let Some(bytes) = memory_bytes {
+        container.linux = Some(LinuxContainerConfig {
+            resources: Some(k8s_cri::v1::LinuxContainerResources {
+                memory_limit_in_bytes: bytes,
+                ..Default::default()
+            }),
+            ..Default::default()
+        });
+    }
     let id = create_and_start(
         cri,
         containerd,
@@ -720,8 +730,22 @@ async fn pods_on_a_cni_network() {
         &containerd,
         networked_pod("web", "c0ffee00-0000-4000-8000-0000000000a1", &logs),
         "while true; do echo hello-from-web | nc -l -p 80; done",
+        Some(1 << 30),
     )
     .await;
+    // The pod's sandbox is sized by its member's limit, as kubelet sizes a pod's cgroup.
+    let c = daemon.client();
+    let sandboxes = c.list().await.expect("list");
+    let pod_sandbox = sandboxes
+        .iter()
+        .find(|s| s.labels.get("containerd.id") == Some(&web))
+        .expect("the web pod's sandbox");
+    assert_eq!(
+        pod_sandbox.memory_mib,
+        1024,
+        "{pod_sandbox:?}\n{}",
+        containerd.log()
+    );
     assert!(web_ip.starts_with("10.215."), "the pod's IP: {web_ip:?}");
     // The node, as the pods reach it: a server on the bridge's address (there once the
     // first pod is up).
@@ -738,6 +762,7 @@ async fn pods_on_a_cni_network() {
         &containerd,
         networked_pod("client", "c0ffee00-0000-4000-8000-0000000000a2", &logs),
         "sleep 3600",
+        None,
     )
     .await;
     assert_ne!(client_ip, web_ip);

@@ -743,7 +743,9 @@ async fn a_fork_bomb_hits_the_pids_limit_while_the_agent_answers_and_dies_at_its
     let c = daemon.client();
     let id = daemon.sandbox().await;
     // The command itself waits, so its timeout applies: it kills the whole process group.
-    let bomb = fork_bomb(&c, &parent, &id, "b() { b | b & }; b; sleep 1000").await;
+    // It waits by `exec`, which needs no new process: a `sleep` the shell had to fork could
+    // fail at the very limit the bomb reaches, ending the command before its timeout.
+    let bomb = fork_bomb(&c, &parent, &id, "b() { b | b & }; b; exec sleep 1000").await;
     answers_during_a_bomb(&c, &id).await;
     let bomb = tokio::time::timeout(Duration::from_secs(60), bomb)
         .await

@@ -147,3 +147,62 @@ async fn a_signal_with_an_exec_id_reaches_that_command_alone() {
     let (out, _, code) = sh(&c, &id, "echo still here").await;
     assert_eq!((out.as_str(), code), ("still here\n", 0));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_running_sandboxs_limits_change_in_place_and_bad_ones_are_refused() {
+    let daemon = TestDaemon::start();
+    let c = daemon.client();
+    let id = c
+        .create(&api_types::CreateSandbox {
+            memory_mib: Some(256),
+            ..api_types::CreateSandbox::default()
+        })
+        .await
+        .expect("create")
+        .id;
+    let update = |memory_mib, vcpus| api_types::UpdateSandbox { memory_mib, vcpus };
+    let info = c
+        .update(&id, &update(Some(1024), Some(2)))
+        .await
+        .expect("update");
+    assert_eq!((info.memory_mib, info.vcpus), (1024, 2));
+    assert_eq!(c.get(&id).await.expect("get").memory_mib, 1024);
+    // The kernel's limit, as the sandbox's commands meet it.
+    let stats = c.stats(&id).await.expect("stats");
+    assert_eq!(stats.memory.limit_bytes, 1024 << 20, "{stats:?}");
+    let root = std::path::Path::new("/sys/fs/cgroup");
+    let quota = if root.join("cgroup.controllers").exists() {
+        let max = root.join(daemon.cgroup_parent()).join(&id).join("cpu.max");
+        std::fs::read_to_string(max).expect("the sandbox's cpu.max")
+    } else {
+        let dir = root.join("cpu").join(daemon.cgroup_parent()).join(&id);
+        std::fs::read_to_string(dir.join("cpu.cfs_quota_us")).expect("the sandbox's CPU quota")
+    };
+    assert!(quota.starts_with("200000"), "{quota}");
+    // Down again, one field alone: the other stays.
+    let info = c
+        .update(&id, &update(Some(128), None))
+        .await
+        .expect("shrink");
+    assert_eq!((info.memory_mib, info.vcpus), (128, 2));
+    let stats = c.stats(&id).await.expect("stats");
+    assert_eq!(stats.memory.limit_bytes, 128 << 20, "{stats:?}");
+    let (out, _, code) = sh(&c, &id, "echo still-running").await;
+    assert_eq!((out.as_str(), code), ("still-running\n", 0));
+    for (bad, field) in [
+        (update(Some(8), None), "memory_mib"),
+        (update(None, Some(999)), "vcpus"),
+    ] {
+        match c.update(&id, &bad).await {
+            Err(ClientError::Api {
+                status: 400,
+                message,
+                ..
+            }) => {
+                assert!(message.starts_with(field), "{message}")
+            }
+            other => panic!("{bad:?}: {other:?}"),
+        }
+    }
+    assert_eq!(c.get(&id).await.expect("get").memory_mib, 128);
+}

@@ -156,6 +156,24 @@ pub(crate) async fn get(global: &Global, id: &str) -> Result<()> {
     Ok(())
 }
 
+pub(crate) async fn update(
+    global: &Global,
+    id: &str,
+    memory_mib: Option<u64>,
+    vcpus: Option<u32>,
+) -> Result<()> {
+    if memory_mib.is_none() && vcpus.is_none() {
+        anyhow::bail!("nothing to change: give --memory MIB, --cpus N or both");
+    }
+    let request = api_types::UpdateSandbox { memory_mib, vcpus };
+    let info = global.client()?.update(id, &request).await?;
+    if global.json {
+        return output::print_json(&info);
+    }
+    print!("{}", output::sandbox_details(&info));
+    Ok(())
+}
+
 pub(crate) async fn stats(global: &Global, id: &str, container: Option<&str>) -> Result<()> {
     let client = global.client()?;
     let stats = match container {

@@ -230,6 +230,47 @@ impl SandboxCgroups {
         })
     }
 
+    /// Sets new limits on the running sandbox's groups (either may be left as it is), as
+    /// [`SandboxCgroups::create`] set them: memory (and v1's memory+swap, in the order the
+    /// kernel takes), CPU quota.
+    pub(crate) fn set_limits(
+        &self,
+        memory_bytes: Option<u64>,
+        cpus: Option<u32>,
+    ) -> io::Result<()> {
+        for dir in &self.dirs {
+            if let Some(bytes) = memory_bytes {
+                let bytes = bytes.to_string();
+                if dir.join("memory.max").exists() {
+                    write(&dir.join("memory.max"), &bytes)?;
+                }
+                let (memory, memsw) = (
+                    dir.join("memory.limit_in_bytes"),
+                    dir.join("memory.memsw.limit_in_bytes"),
+                );
+                if memory.exists() {
+                    // memory+swap may never be below memory: raised first when growing.
+                    if write(&memory, &bytes).is_err() && memsw.exists() {
+                        write(&memsw, &bytes)?;
+                        write(&memory, &bytes)?;
+                    } else if memsw.exists() {
+                        write(&memsw, &bytes)?;
+                    }
+                }
+            }
+            if let Some(cpus) = cpus {
+                let quota = u64::from(cpus) * CFS_PERIOD_US;
+                if dir.join("cpu.max").exists() {
+                    write(&dir.join("cpu.max"), &format!("{quota} {CFS_PERIOD_US}"))?;
+                }
+                if dir.join("cpu.cfs_quota_us").exists() {
+                    write(&dir.join("cpu.cfs_quota_us"), &quota.to_string())?;
+                }
+            }
+        }
+        Ok(())
+    }
+
     /// What the sandbox uses now (fields the kernel does not report are 0).
     pub(crate) fn stats(&self) -> wire::SandboxStats {
         let value = |file: &str| -> Option<String> {

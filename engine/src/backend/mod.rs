@@ -359,6 +359,21 @@ pub trait Instance: Send + Sync {
     fn stats(&self) -> BoxFuture<'_, Option<wire::SandboxStats>> {
         Box::pin(async { None })
     }
+    /// Gives it new limits while it runs (either may stay); why not, where its backend cannot.
+    fn set_limits(
+        &self,
+        memory_mib: Option<u64>,
+        vcpus: Option<u32>,
+    ) -> BoxFuture<'_, Result<(), String>> {
+        let _ = (memory_mib, vcpus);
+        Box::pin(async {
+            Err(
+                "its memory and CPUs are fixed when it starts on this backend (a microVM's \
+                 guest has them from boot)"
+                    .into(),
+            )
+        })
+    }
 }
 
 /// Connects to a Unix socket (an agent's) without a trip through the event loop when, as

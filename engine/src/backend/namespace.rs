@@ -881,6 +881,23 @@ impl Instance for NamespaceInstance {
             Some(cgroups.stats())
         })
     }
+
+    fn set_limits(
+        &self,
+        memory_mib: Option<u64>,
+        vcpus: Option<u32>,
+    ) -> BoxFuture<'_, Result<(), String>> {
+        Box::pin(async move {
+            let cleanup = self.cleanup.lock().await;
+            let cgroups = cleanup
+                .as_ref()
+                .and_then(|c| c.cgroups.as_ref())
+                .ok_or("it is being destroyed")?;
+            cgroups
+                .set_limits(memory_mib.map(|m| m * 1024 * 1024), vcpus)
+                .map_err(|e| format!("its cgroups: {e}"))
+        })
+    }
 }
 
 impl Backend for NamespaceBackend {

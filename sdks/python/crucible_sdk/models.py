@@ -1548,6 +1548,37 @@ class SignalRequest:
 
 
 @dataclass
+class UpdateSandbox:
+    """The body of `PATCH /sandboxes/{id}`: new limits for a running sandbox (`docker update
+    --memory --cpus`; the Kubernetes shim's pod limits). A field left out keeps its value.
+    """
+
+    # The daemon refuses unknown fields in this body.
+
+    #: Its memory limit, within the bounds a create request has. Lower than what its
+    #: processes use, the kernel reclaims and then kills within it, as it would at creation.
+    memory_mib: int | None = None
+
+    #: Its CPU limit in whole CPUs, within the bounds a create request has.
+    vcpus: int | None = None
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> UpdateSandbox:
+        return cls(
+            memory_mib=data.get('memory_mib', None),
+            vcpus=data.get('vcpus', None),
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        if self.memory_mib is not None:
+            out['memory_mib'] = self.memory_mib
+        if self.vcpus is not None:
+            out['vcpus'] = self.vcpus
+        return out
+
+
+@dataclass
 class Usage:
     """Resource usage of a finished command."""
 
@@ -1662,6 +1693,7 @@ __all__ = [
     'SandboxTimings',
     'SharedMount',
     'SignalRequest',
+    'UpdateSandbox',
     'Usage',
     'VolumeMount',
 ]

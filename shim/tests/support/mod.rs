@@ -119,7 +119,7 @@ fn cri_plugin_config(t: &str, sandbox_image: &str) -> String {
         r#"disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapshotter.v1.zfs",
                     "io.containerd.snapshotter.v1.devmapper", "io.containerd.snapshotter.v1.aufs"]
 [plugins."io.containerd.grpc.v1.cri"]
-  disable_cgroup = true
+  disable_cgroup = false
   netns_mounts_under_state_dir = true
   restrict_oom_score_adj = true
   disable_apparmor = true

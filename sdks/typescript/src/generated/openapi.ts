@@ -818,7 +818,82 @@ export interface paths {
         };
         options?: never;
         head?: never;
-        patch?: never;
+        /**
+         * Change a running sandbox's memory and CPU limits.
+         * @description As `docker update --memory --cpus`: a field left out keeps its value; the bounds are a create request's. Namespace backend (its cgroups); a microVM's are fixed at boot (409). A restarted daemon does not take the sandbox back afterwards (live restore).
+         */
+        patch: {
+            parameters: {
+                query?: never;
+                header?: never;
+                path: {
+                    /** @description The sandbox id. */
+                    id: string;
+                };
+                cookie?: never;
+            };
+            requestBody: {
+                content: {
+                    "application/json": components["schemas"]["UpdateSandbox"];
+                };
+            };
+            responses: {
+                /** @description The sandbox, with its new limits. */
+                200: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/json": components["schemas"]["SandboxInfo"];
+                    };
+                };
+                /** @description Bad JSON, a value out of its bounds, or a malformed id. */
+                400: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/json": components["schemas"]["ErrorBody"];
+                    };
+                };
+                /** @description Missing or invalid API key. */
+                401: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/json": components["schemas"]["ErrorBody"];
+                    };
+                };
+                /** @description No sandbox with this id, as far as the caller can see. */
+                404: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/json": components["schemas"]["ErrorBody"];
+                    };
+                };
+                /** @description The sandbox is not running, or its backend cannot change its limits. */
+                409: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/json": components["schemas"]["ErrorBody"];
+                    };
+                };
+                /** @description The request body is too large. */
+                413: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/json": components["schemas"]["ErrorBody"];
+                    };
+                };
+            };
+        };
         trace?: never;
     };
     "/sandboxes/{id}/containers": {
@@ -2893,6 +2968,23 @@ export interface components {
              * @description The signal number (1 to 64).
              */
             signal: number;
+        };
+        /**
+         * @description The body of `PATCH /sandboxes/{id}`: new limits for a running sandbox (`docker update
+         *     --memory --cpus`; the Kubernetes shim's pod limits). A field left out keeps its value.
+         */
+        UpdateSandbox: {
+            /**
+             * Format: uint64
+             * @description Its memory limit, within the bounds a create request has. Lower than what its
+             *     processes use, the kernel reclaims and then kills within it, as it would at creation.
+             */
+            memory_mib?: number | null;
+            /**
+             * Format: uint32
+             * @description Its CPU limit in whole CPUs, within the bounds a create request has.
+             */
+            vcpus?: number | null;
         };
         /** @description Resource usage of a finished command. */
         Usage: {
