@@ -138,6 +138,12 @@ pub struct CreateSandbox {
     /// name.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub network_namespace: Option<String>,
+    /// Kernel settings of the sandbox's own namespaces, written before anything runs in it,
+    /// as a Kubernetes pod's `sysctls`: only namespaced ones (`kernel.shm*`, `kernel.msg*`,
+    /// `kernel.sem`, `fs.mqueue.*`, `net.*`), at most 64, each value one line of at most 256
+    /// bytes; anything else is a `400` naming it. Namespace backend only.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub sysctls: BTreeMap<String, String>,
 }
 
 /// `"network"` in a create request.

@@ -99,6 +99,44 @@ pub const DEFAULT_IMAGE: &str = "default";
 /// How many sandboxes live restore checks at once.
 const RESTORE_CONCURRENCY: usize = 16;
 
+/// Most kernel settings one create request may ask for.
+const MAX_SYSCTLS: usize = 64;
+
+/// A create request's `sysctls`, checked: namespaced settings only, on the namespace backend.
+fn check_sysctls(
+    request: &CreateSandbox,
+    kind: BackendKind,
+) -> Result<Vec<::namespace::sysctl::Sysctl>, CreateError> {
+    if request.sysctls.is_empty() {
+        return Ok(Vec::new());
+    }
+    if kind != BackendKind::Namespace {
+        return Err(CreateError::Invalid(format!(
+            "sysctls: the {kind} backend sets no kernel settings (the namespace backend does)"
+        )));
+    }
+    if request.sysctls.len() > MAX_SYSCTLS {
+        return Err(CreateError::Invalid(format!(
+            "sysctls: {} given, a sandbox takes at most {MAX_SYSCTLS}",
+            request.sysctls.len()
+        )));
+    }
+    request
+        .sysctls
+        .iter()
+        .map(|(name, value)| {
+            let sysctl = ::namespace::sysctl::Sysctl {
+                name: name.clone(),
+                value: value.clone(),
+            };
+            sysctl
+                .check()
+                .map(|()| sysctl)
+                .map_err(|why| CreateError::Invalid(format!("sysctls: {why}")))
+        })
+        .collect()
+}
+
 impl Engine {
     /// State for `config`, with the backends it describes: microVMs where the host can boot
     /// them, else namespaces.
@@ -589,6 +627,7 @@ impl Engine {
         }
         let kind = request.backend.unwrap_or_else(|| self.default_backend());
         let backend = self.backend(kind)?;
+        let sysctls = check_sysctls(&request, kind)?;
         let network_namespace = match &request.network_namespace {
             None => None,
             Some(_) if kind != BackendKind::Namespace => {
@@ -739,7 +778,8 @@ impl Engine {
             && request.disk_mib.is_none()
             && !request.share_process_namespace
             && request.hostname.is_none()
-            && network_namespace.is_none();
+            && network_namespace.is_none()
+            && sysctls.is_empty();
         if poolable {
             // A hit takes no reservation, where the refusal would otherwise come from; a
             // creation under way when shutdown begins is waited for, so this is the last word.
@@ -824,6 +864,7 @@ impl Engine {
             shared,
             container_slots,
             network_namespace,
+            sysctls,
         };
         let instance = backend.create(spec).await.map_err(|e| {
             self.metrics

@@ -40,6 +40,7 @@ pub mod privileges;
 pub mod seccomp;
 mod spec;
 mod sys;
+pub mod sysctl;
 
 use std::ffi::CString;
 
@@ -127,6 +128,10 @@ pub fn enter(spec: &SandboxSpec, argv: &AgentArgv) -> Result<std::convert::Infal
         let netns = netns::open_checked(path)?;
         netns::join(&netns, path)?;
         netns::allow_low_ports()?;
+        // The namespace is the host's: its settings are written with the host's privileges.
+        for sysctl in spec.sysctls.iter().filter(|s| s.is_network()) {
+            sysctl.apply()?;
+        }
     }
     // Opened with the host's view and privileges; PID 1 receives them as descriptors.
     let host_side = sys::HostSide::open(spec)?;
@@ -171,6 +176,12 @@ fn inside(
         // one moment we may traverse the daemon's root-only state directory.
         let stage = mounts::open_stage(&spec.runtime_dir)?;
         sys::become_root_inside()?;
+        // Root of the namespaces just made, which own these settings; the host's `/proc`
+        // still shows them as this process's.
+        let joined = spec.network_namespace.is_some();
+        for sysctl in spec.sysctls.iter().filter(|s| !(joined && s.is_network())) {
+            sysctl.apply()?;
+        }
         // Opened with the credentials it is executed with: a descriptor opened by host root
         // before the clone is refused by execveat (EACCES) once we are the sandbox's root.
         let agent = sys::open_file(std::path::Path::new("/proc/self/exe"), libc::O_PATH)?;

@@ -55,6 +55,8 @@ pub struct SandboxSpec {
     /// A network namespace to join instead of making one ([`crate::netns`]): a Kubernetes
     /// pod's, as CNI made it.
     pub network_namespace: Option<PathBuf>,
+    /// Namespaced kernel settings written before anything runs ([`crate::sysctl`]).
+    pub sysctls: Vec<crate::sysctl::Sysctl>,
 }
 
 /// A spec that cannot be used, or a flag that cannot be parsed.
@@ -79,7 +81,7 @@ pub enum SpecError {
 }
 
 /// Flags that take a value, in the order [`SandboxSpec::to_args`] writes them.
-const FLAGS: [&str; 16] = [
+const FLAGS: [&str; 17] = [
     "--rootfs",
     "--runtime-dir",
     "--agent-socket",
@@ -96,6 +98,7 @@ const FLAGS: [&str; 16] = [
     "--shared",
     "--commands-cgroup",
     "--netns",
+    "--sysctl",
 ];
 
 impl Default for SandboxSpec {
@@ -117,6 +120,7 @@ impl Default for SandboxSpec {
             containers: Vec::new(),
             shared: Vec::new(),
             network_namespace: None,
+            sysctls: Vec::new(),
         }
     }
 }
@@ -159,6 +163,9 @@ impl SandboxSpec {
         }
         if let Some(netns) = &self.network_namespace {
             pair(FLAGS[15], netns.clone().into());
+        }
+        for sysctl in &self.sysctls {
+            pair(FLAGS[16], sysctl.to_string().into());
         }
         if !self.die_with_parent {
             args.push(FLAGS[11].into());
@@ -218,6 +225,7 @@ impl SandboxSpec {
                 .push(v.parse().map_err(|e: String| bad(&e))?),
             "--shared" => self.shared.push(v.parse().map_err(|e: String| bad(&e))?),
             "--netns" => self.network_namespace = Some(v.into()),
+            "--sysctl" => self.sysctls.push(v.parse().map_err(|e: String| bad(&e))?),
             _ => return Err(bad("is not a sandbox flag")),
         }
         Ok(())
@@ -347,6 +355,7 @@ mod tests {
                 "db:work:/var/lib/work:ro".parse().expect("shared"),
             ],
             network_namespace: Some("/run/netns/cni-1".into()),
+            sysctls: vec!["kernel.shm_rmid_forced=1".parse().expect("sysctl")],
         }
     }
 

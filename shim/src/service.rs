@@ -344,6 +344,13 @@ impl Inner {
                 hostname: spec.hostname().clone().filter(|h| !h.is_empty()),
                 // The pod's network as CNI made it: its IP, routes and port mappings.
                 network_namespace: pod.then(|| spec::pod_network_namespace(spec)).flatten(),
+                // A pod's `sysctls`, namespaced ones only (the daemon refuses the others).
+                sysctls: spec
+                    .linux()
+                    .as_ref()
+                    .and_then(|l| l.sysctl().clone())
+                    .map(|s| s.into_iter().collect())
+                    .unwrap_or_default(),
                 ..CreateSandbox::default()
             })
             .await?;

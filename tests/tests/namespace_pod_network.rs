@@ -239,3 +239,76 @@ async fn only_another_network_namespace_is_joined_and_only_by_the_admin() {
         other => panic!("a joined namespace with egress: {other:?}"),
     }
 }
+
+#[tokio::test]
+async fn namespaced_sysctls_are_set_in_the_sandbox_alone_and_the_hosts_are_refused() {
+    let daemon = TestDaemon::start();
+    let c = daemon.client();
+    let host = |path: &str| std::fs::read_to_string(path).expect("the host's value");
+    let (shm_before, mqueue_before) = (
+        host("/proc/sys/kernel/shm_rmid_forced"),
+        host("/proc/sys/fs/mqueue/msg_max"),
+    );
+    let netns = HostLinkedNamespace::new();
+    let sysctls = |pairs: &[(&str, &str)]| {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    };
+    let settings = [
+        ("kernel.shm_rmid_forced", "1"),
+        ("fs.mqueue.msg_max", "100"),
+        ("net.ipv4.ip_local_port_range", "40000 41000"),
+    ];
+    // In a network namespace of its own, and in one the host made (set by the supervisor).
+    for network_namespace in [None, Some(netns.path())] {
+        let id = c
+            .create(&CreateSandbox {
+                sysctls: sysctls(&settings),
+                network_namespace: network_namespace.clone(),
+                ..CreateSandbox::default()
+            })
+            .await
+            .expect("create")
+            .id;
+        let (out, err, code) = sh(
+            &c,
+            &id,
+            "cat /proc/sys/kernel/shm_rmid_forced /proc/sys/fs/mqueue/msg_max \
+             /proc/sys/net/ipv4/ip_local_port_range",
+        )
+        .await;
+        assert_eq!(
+            (out.as_str(), code),
+            ("1\n100\n40000\t41000\n", 0),
+            "{network_namespace:?}: {err}"
+        );
+        c.delete(&id).await.expect("delete");
+    }
+    assert_eq!(host("/proc/sys/kernel/shm_rmid_forced"), shm_before);
+    assert_eq!(host("/proc/sys/fs/mqueue/msg_max"), mqueue_before);
+    for (name, value) in [
+        ("vm.swappiness", "10"),
+        ("kernel.panic", "1"),
+        ("net.x", "1\n"),
+    ] {
+        let request = CreateSandbox {
+            sysctls: sysctls(&[(name, value)]),
+            ..CreateSandbox::default()
+        };
+        match c.create(&request).await {
+            Err(ClientError::Api {
+                status: 400,
+                message,
+                ..
+            }) => {
+                assert!(
+                    message.starts_with("sysctls: ") && message.contains(name),
+                    "{message}"
+                )
+            }
+            other => panic!("{name}: {other:?}"),
+        }
+    }
+}

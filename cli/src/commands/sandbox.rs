@@ -124,6 +124,7 @@ impl CreateArgs {
             hostname: self.hostname.clone(),
             // Joining a host network namespace is the Kubernetes shim's (admin) business.
             network_namespace: None,
+            sysctls: Default::default(),
         })
     }
 }

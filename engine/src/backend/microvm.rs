@@ -1070,6 +1070,7 @@ mod tests {
             shared: Vec::new(),
             container_slots: 0,
             network_namespace: None,
+            sysctls: Vec::new(),
         }
     }
 

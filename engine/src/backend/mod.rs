@@ -68,6 +68,8 @@ pub struct InstanceSpec {
     pub(crate) container_slots: usize,
     /// A host network namespace to join instead of making one (namespace backend).
     pub(crate) network_namespace: Option<PathBuf>,
+    /// Namespaced kernel settings (namespace backend).
+    pub(crate) sysctls: Vec<::namespace::sysctl::Sysctl>,
 }
 
 /// An imported image's root, as the backends take it. The agent stays the daemon's own

@@ -370,6 +370,7 @@ impl NamespaceBackend {
             containers: spec.containers,
             shared: spec.shared,
             network_namespace: spec.network_namespace,
+            sysctls: spec.sysctls,
         }
         .to_args();
         let mut command = Command::new(self.image.agent());

@@ -419,6 +419,7 @@ impl Refiller {
                 shared: Vec::new(),
                 container_slots: 0,
                 network_namespace: None,
+                sysctls: Vec::new(),
             };
             let instance = backend
                 .create(spec)

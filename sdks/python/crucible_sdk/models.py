@@ -461,6 +461,12 @@ class CreateSandbox:
     #: Shared directories mounted in the sandbox's own root (see a container's `shared`).
     shared: list[SharedMount] = field(default_factory=list)
 
+    #: Kernel settings of the sandbox's own namespaces, written before anything runs in it,
+    #: as a Kubernetes pod's `sysctls`: only namespaced ones (`kernel.shm*`, `kernel.msg*`,
+    #: `kernel.sem`, `fs.mqueue.*`, `net.*`), at most 64, each value one line of at most 256
+    #: bytes; anything else is a `400` naming it. Namespace backend only.
+    sysctls: dict[str, str] = field(default_factory=dict)
+
     #: Lifetime in seconds, after which the sandbox is deleted; default from the daemon.
     ttl_s: int | None = None
 
@@ -495,6 +501,7 @@ class CreateSandbox:
             network_namespace=data.get('network_namespace', None),
             share_process_namespace=data.get('share_process_namespace', None),
             shared=[SharedMount.from_dict(x) for x in data.get('shared', [])],
+            sysctls=dict(data.get('sysctls', {})),
             ttl_s=data.get('ttl_s', None),
             user=data.get('user', None),
             vcpus=data.get('vcpus', None),
@@ -531,6 +538,8 @@ class CreateSandbox:
             out['share_process_namespace'] = self.share_process_namespace
         if self.shared:
             out['shared'] = [x.to_dict() for x in self.shared]
+        if self.sysctls:
+            out['sysctls'] = dict(self.sysctls)
         if self.ttl_s is not None:
             out['ttl_s'] = self.ttl_s
         if self.user is not None:

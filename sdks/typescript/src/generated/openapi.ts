@@ -2377,6 +2377,15 @@ export interface components {
             /** @description Shared directories mounted in the sandbox's own root (see a container's `shared`). */
             shared?: components["schemas"]["SharedMount"][];
             /**
+             * @description Kernel settings of the sandbox's own namespaces, written before anything runs in it,
+             *     as a Kubernetes pod's `sysctls`: only namespaced ones (`kernel.shm*`, `kernel.msg*`,
+             *     `kernel.sem`, `fs.mqueue.*`, `net.*`), at most 64, each value one line of at most 256
+             *     bytes; anything else is a `400` naming it. Namespace backend only.
+             */
+            sysctls?: {
+                [key: string]: string;
+            };
+            /**
              * Format: uint64
              * @description Lifetime in seconds, after which the sandbox is deleted; default from the daemon.
              */
