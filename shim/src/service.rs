@@ -382,6 +382,17 @@ impl Inner {
         let bundle = PathBuf::from(&req.bundle);
         let image = self.image_of(client, req, spec, held).await?;
         let mounts = pod::member_mounts(spec);
+        let security = spec::security(spec)?;
+        if security.read_only_root && !mounts.copies.is_empty() {
+            // Said before anything is made: the copies go in after the container is.
+            let files: Vec<&str> = mounts.copies.iter().map(|(_, at)| at.as_str()).collect();
+            return Err(ShimError::Invalid(format!(
+                "securityContext.readOnlyRootFilesystem: the files kubelet mounts into this \
+                 container ({}) are copied into its root, which cannot take them once it is \
+                 read-only; crucible does not run such a container yet",
+                files.join(", ")
+            )));
+        }
         let copies = pod::copies_tar(&mounts.copies)?;
         // Named after the task, not the member: kubelet's next attempt of a container may
         // come before the dead one's task is deleted.
@@ -411,7 +422,7 @@ impl Inner {
             user: spec::user(spec),
             shared,
             share_process_namespace: spec::joins_pod_pid_namespace(spec),
-            security: spec::security(spec)?,
+            security,
             ..api_types::ContainerRequest::default()
         };
         client.add_container(sandbox, &request).await?;

@@ -143,14 +143,15 @@ pub(crate) fn security(spec: &Spec) -> Result<api_types::ContainerSecurity, Shim
         no_new_privileges: process.and_then(|p| p.no_new_privileges()).unwrap_or(false),
         capabilities: None,
     };
-    let Some(bounding) = process
-        .and_then(|p| p.capabilities().as_ref())
-        .and_then(|c| c.bounding().as_ref())
-    else {
+    let Some(capabilities) = process.and_then(|p| p.capabilities().as_ref()) else {
         return Ok(security);
     };
-    let asked: std::collections::BTreeSet<String> = bounding
+    // Go's encoder leaves an empty set out (`omitempty`): containerd's `drop: [ALL]` has no
+    // `bounding` at all, which is none, not the default.
+    let asked: std::collections::BTreeSet<String> = capabilities
+        .bounding()
         .iter()
+        .flatten()
         .map(|c| capability_name(&c.to_string()))
         .collect();
     let beyond: Vec<&str> = asked
@@ -320,6 +321,17 @@ mod tests {
         let plain = security(&with_security(CONTAINERD_DEFAULT, false, false)).expect("plain");
         assert!(plain.is_default(), "{plain:?}");
         let strict = security(&with_security(&[], true, true)).expect("restricted");
+        // As containerd writes `drop: [ALL]`: the empty set left out.
+        let omitted: Spec = serde_json::from_value(serde_json::json!({
+            "ociVersion": "1.0.2",
+            "process": {"cwd": "/", "args": ["sh"], "user": {"uid": 0, "gid": 0},
+                        "capabilities": {}}
+        }))
+        .expect("a spec");
+        assert_eq!(
+            security(&omitted).expect("no capabilities").capabilities,
+            Some(Vec::new())
+        );
         assert_eq!(
             strict,
             api_types::ContainerSecurity {
