@@ -7,6 +7,7 @@
 //! | `fast` | fmt, clippy, the architecture's rules, generated files up to date, unit tests |
 //! | `e2e` | the guest images, the smoke boot, every integration test through the real daemon, the Python SDK |
 //! | `nested` | the hardware-KVM tests inside a nested-KVM L1 (`cargo xtask nested`) |
+//! | `critest` | Kubernetes' CRI validation suite, runc vs crucible (`cargo xtask critest`) |
 //! | `slow` | fuzzing (short), the benchmark gate and its self-test, schemathesis |
 //!
 //! No tier: all of them, in that order. Each step's time is printed as it ends and again in a
@@ -30,6 +31,8 @@ pub(crate) enum Tier {
     E2e,
     /// The hardware-KVM tests inside a nested-KVM L1.
     Nested,
+    /// Kubernetes' CRI validation suite (critest) with runc and crucible, compared.
+    Critest,
     /// Fuzzing, the benchmark gate, schemathesis.
     Slow,
 }
@@ -100,6 +103,7 @@ pub(crate) fn run(sh: &Shell, args: Args) -> Result<()> {
             Tier::Fast,
             Tier::E2e,
             Tier::Nested,
+            Tier::Critest,
             Tier::Slow,
         ]
     } else {
@@ -125,6 +129,10 @@ pub(crate) fn run(sh: &Shell, args: Args) -> Result<()> {
             Tier::Nested => steps.run(
                 "nested (crucible-vmm under KVM in L1)",
                 steps.cargo(&["xtask", "nested", "--quiet"]),
+            ),
+            Tier::Critest => steps.run(
+                "critest (CRI validation, runc vs crucible)",
+                steps.cargo(&["xtask", "critest"]),
             ),
             Tier::Slow => slow(&mut steps),
         };
@@ -267,6 +275,25 @@ const PACKAGES: &[(&str, &str)] = &[
         "stripping the binaries the nested tier copies into L1",
     ),
     ("python3-venv", "schemathesis's virtual environment"),
+    ("runc", "the critest tier's baseline runtime handler"),
+    (
+        "golang-go",
+        "building critest and crictl from cri-tools' source (critest tier)",
+    ),
+    (
+        "docker-registry",
+        "serving the critest tier's stand-in images to containerd",
+    ),
+    ("skopeo", "pushing the stand-in images into that registry"),
+    (
+        "containernetworking-plugins",
+        "the pod network of the shim's CRI tests and the critest tier (bridge, host-local, portmap)",
+    ),
+    (
+        "iproute2",
+        "the pod network tests' named network namespaces and veth pairs (ip netns, ip link)",
+    ),
+    ("iptables", "the portmap plugin's host ports (critest tier)"),
 ];
 
 /// fmt, clippy, the architecture's rules, generated files up to date, then the unit tests
@@ -468,6 +495,16 @@ mod tests {
         ensure_free_space(&sh, root, 0).expect("any disk has 0 bytes free");
         let refused = ensure_free_space(&sh, root, u64::MAX).expect_err("no disk is that big");
         assert!(refused.to_string().contains("a CI run needs"), "{refused}");
+    }
+
+    #[test]
+    fn provision_installs_everything_the_critest_tier_installs() {
+        for (package, _) in crate::critest::PACKAGES {
+            assert!(
+                PACKAGES.iter().any(|(p, _)| p == package),
+                "{package} is missing from ci's PACKAGES"
+            );
+        }
     }
 
     #[test]

@@ -6,6 +6,7 @@ use clap::{Parser, Subcommand};
 mod architecture;
 mod bench;
 mod ci;
+mod critest;
 mod doc_paths;
 mod fixtures;
 mod fuzz;
@@ -25,12 +26,14 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Everything CI checks, in tiers: provision, fast, e2e, nested, slow (none given: all).
+    /// Everything CI checks, in tiers: provision, fast, e2e, nested, critest, slow (none given:
+    /// all).
     ///
     /// `fast` (fmt, clippy, the architecture's rules, generated files, unit tests) runs in a
     /// few minutes; `e2e` builds the guest images and runs every integration test through the
     /// real daemon and the Python SDK; `nested` the hardware-KVM tests in a nested-KVM L1;
-    /// `slow` fuzzing, the benchmark gate and schemathesis. `provision` installs what they
+    /// `critest` Kubernetes' CRI validation suite with runc and crucible, compared; `slow`
+    /// fuzzing, the benchmark gate and schemathesis. `provision` installs what they
     /// need, saying what. Each step's time is printed, and a table of them at the end.
     Ci(ci::Args),
     /// The architecture's rules: no module cycle in any crate, the engine knows no HTTP, no
@@ -49,6 +52,31 @@ enum Command {
     /// Targets: frame_decoder, agent_request, http_exec_request, http1_head, tar_extract,
     /// virtqueue_chain, vsock_packet.
     Fuzz(fuzz::Args),
+    /// Kubernetes' CRI validation suite (critest) against containerd, runc vs crucible.
+    ///
+    /// Runs critest from kubernetes-sigs/cri-tools v1.26.1 against Debian's containerd with two
+    /// runtime handlers in one containerd, on the same images, in the same run: `runc` (the
+    /// baseline) and `crucible` (containerd-shim-crucible-v2 backed by a private `crucible serve`
+    /// on the namespace backend, its own socket, state and cgroup parent). Fails when a spec
+    /// passes with runc and fails with crucible unless shim/critest/known-failures.txt lists it
+    /// (SPEC | WAITS FOR | REASON), when a listed spec passes with crucible ("remove it from the
+    /// list"), and when runc itself fails a spec. Prints handler | passed | failed | skipped |
+    /// time and each crucible-only failure's first error line.
+    ///
+    /// Installs with apt when missing: containerd, runc, golang-go, docker-registry, skopeo,
+    /// containernetworking-plugins, iptables, build-essential. critest and crictl are built
+    /// once from cri-tools' source (offline: its vendor/) into
+    /// ~/.cache/crucible/cri-tools-v1.26.1/; the source is $CRUCIBLE_CRI_TOOLS_SRC (a tarball or
+    /// an unpacked tree of the tag), else the tag's archive downloaded when online. Nothing
+    /// upstream is pulled: stand-in images (busybox, nginx, httpd, nonewprivs, pause, the
+    /// test-image-* tags) are built from Debian's busybox and nginx packages (fetched with
+    /// apt-get download, not installed) by shim/critest/rootfs.sh, cached in
+    /// ~/.cache/crucible/critest-images/, pushed to a private docker-registry on 127.0.0.1, and
+    /// containerd's registry mirrors send critest's pulls there. Pods get a CNI bridge on
+    /// 10.88.77.0/24, removed afterwards with its iptables chains. Needs root and the guest image
+    /// (`cargo xtask build-image`). Reports (JUnit XML, ginkgo JSON, logs, summary.md):
+    /// target/crucible/critest/.
+    Critest(critest::Args),
     /// Regenerate the conformance fixtures (`fixtures/*.bin` + `manifest.json`) from the codec.
     GenFixtures(fixtures::Args),
     /// Regenerate `docs/openapi.json` from the API's wire types and route table.
@@ -90,6 +118,7 @@ fn main() -> Result<()> {
         Command::Ci(args) => ci::run(sh, args),
         Command::Architecture => architecture::run(sh),
         Command::Fuzz(args) => fuzz::run(sh, args),
+        Command::Critest(args) => critest::run(sh, args),
         Command::GenFixtures(args) => fixtures::run(args),
         Command::GenOpenapi => openapi::run(sh),
         Command::Hostile(args) => hostile::run(sh, args),
