@@ -113,6 +113,18 @@ fn constrain(schemas: &mut Map<String, Value>) {
         "vcpus",
         json!({ "minimum": 1, "maximum": limits.max_vcpus }),
     );
+    for (field, bounds) in [
+        (
+            "memory_mib",
+            json!({ "minimum": 16, "maximum": limits.max_memory_mib }),
+        ),
+        (
+            "vcpus",
+            json!({ "minimum": 1, "maximum": limits.max_vcpus }),
+        ),
+    ] {
+        set(schemas, "UpdateSandbox", field, bounds);
+    }
     set(
         schemas,
         "CreateSandbox",
