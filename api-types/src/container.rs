@@ -85,6 +85,18 @@ pub struct ContainerSecurity {
     /// name outside that set is a `400` naming it. Absent: the whole set.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub capabilities: Option<Vec<String>>,
+    /// Paths hidden from it (OCI's and Kubernetes' `maskedPaths`): a directory is covered by
+    /// an empty read-only tmpfs, anything else by `/dev/null`. A path missing from its root is left
+    /// alone, as runc does; a symlink is followed within the root. At most 64, each absolute,
+    /// at most 256 bytes of ASCII letters, digits and `/._-,@:`, with no `.` or `..`. Its
+    /// `/proc` already hides what runc's defaults hide (`/proc/kcore`, `/proc/keys`, …).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub masked_paths: Vec<String>,
+    /// Paths of it made read-only (OCI's `readonlyPaths`): each is bound on itself read-only,
+    /// the mounts below it included; the same rules as `masked_paths`. Its `/proc` already
+    /// has runc's defaults (`/proc/sys`, `/proc/bus`, …) read-only.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub read_only_paths: Vec<String>,
 }
 
 impl ContainerSecurity {

@@ -164,6 +164,22 @@ fn constrain(schemas: &mut Map<String, Value>) {
             json!({ "pattern": "^/[^:\\u0000-\\u001f]*$", "maxLength": 4096 }),
         );
     }
+    for field in ["masked_paths", "read_only_paths"] {
+        // `.` and `..` components are refused too (400), which a pattern cannot say simply.
+        set(
+            schemas,
+            "ContainerSecurity",
+            field,
+            json!({
+                "maxItems": contract::container_security::MAX_PATHS,
+                "items": {
+                    "type": "string",
+                    "pattern": "^(/[A-Za-z0-9._,@:-]+)+$",
+                    "maxLength": contract::container_security::MAX_PATH_BYTES,
+                },
+            }),
+        );
+    }
     set(
         schemas,
         "ExecRequest",

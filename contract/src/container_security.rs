@@ -7,7 +7,12 @@
 //! - `nnp`: no process of it gains privileges through `execve` (`PR_SET_NO_NEW_PRIVS`: a
 //!   setuid binary runs as its caller);
 //! - `caps:HEX`: the capability bounding set of its commands, a mask (bit N: capability N)
-//!   within the sandbox's own set; absent: the sandbox's whole set.
+//!   within the sandbox's own set; absent: the sandbox's whole set;
+//! - `mask:PATH` (any number): a path of it hidden (OCI's `maskedPaths`);
+//! - `rop:PATH` (any number): a path of it made read-only (OCI's `readonlyPaths`).
+//!
+//! A path is absolute and plain ([`check_path`]): no space, `+` or `=` (the supervisor's
+//! `--container` flag joins words with `+` and ends them with `=`), no `.` or `..`.
 
 use std::fmt;
 use std::str::FromStr;
@@ -72,8 +77,53 @@ pub fn all_capabilities() -> u64 {
         .fold(0, |mask, (_, cap)| mask | (1u64 << cap))
 }
 
+/// At most this many masked paths, and as many read-only paths, per container (containerd's
+/// defaults are 10 and 5).
+pub const MAX_PATHS: usize = 64;
+
+/// The longest masked or read-only path, in bytes.
+pub const MAX_PATH_BYTES: usize = 256;
+
+/// Checks a masked or read-only path: absolute, at most [`MAX_PATH_BYTES`], of ASCII letters,
+/// digits and `/._-,@:` only, with no empty, `.` or `..` component and not `/` itself.
+pub fn check_path(path: &str) -> Result<(), String> {
+    if !path.starts_with('/') || path.len() < 2 {
+        return Err(format!("{path:?} is not an absolute path below /"));
+    }
+    if let Some(bad) = path
+        .chars()
+        .find(|c| !(c.is_ascii_alphanumeric() || "/._-,@:".contains(*c)))
+    {
+        return Err(format!(
+            "{path:?} has {bad:?}: a path may have ASCII letters, digits and /._-,@: only"
+        ));
+    }
+    if path.len() > MAX_PATH_BYTES {
+        return Err(format!(
+            "{:?}… is {} bytes long, more than {MAX_PATH_BYTES}",
+            path.get(..32).unwrap_or(path),
+            path.len()
+        ));
+    }
+    if path[1..].split('/').any(|c| matches!(c, "" | "." | "..")) {
+        return Err(format!(
+            "{path:?} is not plain: an empty, `.` or `..` component"
+        ));
+    }
+    Ok(())
+}
+
+/// Checks a list of masked or read-only paths: each with [`check_path`], at most
+/// [`MAX_PATHS`].
+pub fn check_paths(paths: &[String]) -> Result<(), String> {
+    if paths.len() > MAX_PATHS {
+        return Err(format!("{} paths, more than {MAX_PATHS}", paths.len()));
+    }
+    paths.iter().try_for_each(|path| check_path(path))
+}
+
 /// A container's security settings; the default is the sandbox's own rules, nothing more.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct ContainerSecurity {
     /// Its root is mounted read-only.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
@@ -84,6 +134,13 @@ pub struct ContainerSecurity {
     /// The bounding set of its commands (bit N: capability N); `None`: the sandbox's set.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub capabilities: Option<u64>,
+    /// Paths hidden from it: a directory under an empty read-only tmpfs, anything else under
+    /// `/dev/null`; one missing from its root is left alone.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub masked_paths: Vec<String>,
+    /// Paths of it bound read-only on themselves; one missing from its root is left alone.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub read_only_paths: Vec<String>,
 }
 
 impl ContainerSecurity {
@@ -105,6 +162,12 @@ impl fmt::Display for ContainerSecurity {
         if let Some(mask) = self.capabilities {
             words.push(format!("caps:{mask:x}"));
         }
+        words.extend(self.masked_paths.iter().map(|path| format!("mask:{path}")));
+        words.extend(
+            self.read_only_paths
+                .iter()
+                .map(|path| format!("rop:{path}")),
+        );
         if words.is_empty() {
             f.write_str("-")
         } else {
@@ -125,6 +188,21 @@ impl FromStr for ContainerSecurity {
             let repeated = match word {
                 "ro" => std::mem::replace(&mut security.read_only_root, true),
                 "nnp" => std::mem::replace(&mut security.no_new_privileges, true),
+                _ if word.starts_with("mask:") || word.starts_with("rop:") => {
+                    let (kind, path) = word.split_once(':').unwrap_or_default();
+                    check_path(path).map_err(|why| format!("security: {kind}: {why}"))?;
+                    let paths = match kind {
+                        "mask" => &mut security.masked_paths,
+                        _ => &mut security.read_only_paths,
+                    };
+                    if paths.len() == MAX_PATHS {
+                        return Err(format!(
+                            "security: more than {MAX_PATHS} {kind}: paths"
+                        ));
+                    }
+                    paths.push(path.to_string());
+                    false
+                }
                 _ => match word.strip_prefix("caps:") {
                     Some(hex) => {
                         let mask = u64::from_str_radix(hex, 16).map_err(|_| {
@@ -134,7 +212,7 @@ impl FromStr for ContainerSecurity {
                     }
                     None => {
                         return Err(format!(
-                            "security: {word:?} is none of ro, nnp, caps:HEX (in {s:?})"
+                            "security: {word:?} is none of ro, nnp, caps:HEX, mask:PATH, rop:PATH (in {s:?})"
                         ))
                     }
                 },
@@ -163,15 +241,22 @@ mod tests {
                 read_only_root: true,
                 no_new_privileges: true,
                 capabilities: Some(0),
+                ..ContainerSecurity::default()
             },
             ContainerSecurity {
                 no_new_privileges: false,
                 read_only_root: false,
                 capabilities: Some(0x8004_05fb),
+                masked_paths: vec!["/proc/kcore".into(), "/bin/ls".into()],
+                read_only_paths: vec!["/tmp".into()],
             },
         ] {
             let text = security.to_string();
-            assert_eq!(text.parse::<ContainerSecurity>(), Ok(security), "{text}");
+            assert_eq!(
+                text.parse::<ContainerSecurity>(),
+                Ok(security.clone()),
+                "{text}"
+            );
         }
         assert_eq!(ContainerSecurity::default().to_string(), "-");
     }
@@ -197,6 +282,12 @@ mod tests {
             ("ro ro", "twice"),
             ("", "\"\""),
             ("nnp  ro", "\"\""),
+            ("mask:tmp", "absolute"),
+            ("rop:/a/../b", "not plain"),
+            ("mask:/a b", "\"b\""),
+            ("mask:/é", "'é'"),
+            ("rop:/", "absolute"),
+            ("mask:/a+b", "'+'"),
         ] {
             let err = text.parse::<ContainerSecurity>().expect_err(text);
             assert!(err.contains(named), "{text}: {err}");

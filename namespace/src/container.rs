@@ -54,7 +54,7 @@ pub(crate) fn start_some(
                     name: container.name.clone(),
                     dir: Path::new("c").join(&container.name),
                     shared: shared.cloned().collect(),
-                    security: container.security,
+                    security: container.security.clone(),
                 };
                 let hand = || host_side.hand_to_container(index);
                 let e = become_container(&layout, image, agent, hand, &argv);
@@ -145,6 +145,7 @@ pub(crate) fn become_container(
         std::env::set_current_dir("../..").map_err(|e| SysError::io("chdir ../..", e))?;
         mounts::finish_root(&root, &tmp)?;
         mounts::attach_shared_mounts(layout.shared.iter(), &root)?;
+        crate::path_rules::apply(&root, &layout.security)?;
         if layout.security.read_only_root {
             // The root's own mount alone: its `/tmp`, `/dev`, `/proc` and shared directories
             // are mounts of their own and stay as they are, as Kubernetes' volumes do.

@@ -35,6 +35,7 @@ mod loop_device;
 mod mount_api;
 mod mounts;
 pub mod netns;
+mod path_rules;
 pub mod pod;
 pub mod privileges;
 pub mod seccomp;

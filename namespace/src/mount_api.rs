@@ -10,6 +10,7 @@ use crate::sys::{check, owned_fd, SysError};
 pub(crate) const MOUNT_ATTR_RDONLY: u64 = 0x1;
 pub(crate) const MOUNT_ATTR_NOSUID: u64 = 0x2;
 pub(crate) const MOUNT_ATTR_NODEV: u64 = 0x4;
+pub(crate) const MOUNT_ATTR_NOEXEC: u64 = 0x8;
 pub(crate) const MOUNT_ATTR_IDMAP: u64 = 0x0010_0000;
 
 /// `struct mount_attr` of mount_setattr(2).
@@ -121,6 +122,19 @@ pub(crate) fn clone_tree(path: &CStr, what: &str) -> Result<OwnedFd, SysError> {
         )
     };
     owned_fd(tree, || format!("open_tree({path:?}) for {what}"))
+}
+
+/// A detached copy of the mount tree at the open path `at` (an `O_PATH` descriptor), the
+/// mounts below it included, as `mount --rbind` would make it.
+pub(crate) fn clone_tree_below(at: BorrowedFd<'_>, what: &str) -> Result<OwnedFd, SysError> {
+    let flags = libc::OPEN_TREE_CLONE
+        | libc::OPEN_TREE_CLOEXEC
+        | libc::AT_EMPTY_PATH as libc::c_uint
+        | libc::AT_RECURSIVE as libc::c_uint;
+    // SAFETY: open_tree reads the empty NUL-terminated path relative to our descriptor and
+    // returns a new descriptor or -1.
+    let tree = unsafe { libc::syscall(libc::SYS_open_tree, at.as_raw_fd(), c"".as_ptr(), flags) };
+    owned_fd(tree, || format!("open_tree for {what}"))
 }
 
 /// Sets `attrs` (`MOUNT_ATTR_*`) on the mount `mnt`; `userns` is the user namespace of

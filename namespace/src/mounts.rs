@@ -289,6 +289,32 @@ fn mount_point(root: &OwnedFd, target: &Path, mount: &str) -> Result<OwnedFd, Sy
     })
 }
 
+/// `path` (absolute, as the container sees it) under the root `root`, opened `O_PATH`: every
+/// symlink of it followed within the root (an absolute one, or `..`, never leaves it), no
+/// `/proc` magic link. `None` when it does not exist.
+pub(crate) fn open_in_root(root: &OwnedFd, path: &str) -> Result<Option<OwnedFd>, SysError> {
+    let name = cstring(Path::new(path.trim_start_matches('/')))?;
+    let how = OpenHow {
+        flags: (libc::O_PATH | libc::O_CLOEXEC) as u64,
+        mode: 0,
+        resolve: libc::RESOLVE_IN_ROOT | libc::RESOLVE_NO_MAGICLINKS,
+    };
+    // SAFETY: openat2 reads the NUL-terminated name and `how`, whose size is passed.
+    let fd = unsafe {
+        libc::syscall(
+            libc::SYS_openat2,
+            root.as_raw_fd(),
+            name.as_ptr(),
+            &how as *const OpenHow,
+            std::mem::size_of::<OpenHow>(),
+        )
+    };
+    if fd < 0 && std::io::Error::last_os_error().raw_os_error() == Some(libc::ENOENT) {
+        return Ok(None);
+    }
+    owned_fd(fd, || format!("open {path} in the container's root")).map(Some)
+}
+
 /// A `/proc` of the sandbox's PID namespace at `dir`, with runc's masked and read-only paths.
 fn mount_proc(dir: &Path) -> Result<(), SysError> {
     let flags = libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC;

@@ -382,7 +382,10 @@ impl Inner {
         let bundle = PathBuf::from(&req.bundle);
         let image = self.image_of(client, req, spec, held).await?;
         let mounts = pod::member_mounts(spec);
-        let security = spec::security(spec)?;
+        let mut security = spec::security(spec)?;
+        if client.get(sandbox).await?.backend == api_types::BackendKind::Microvm {
+            security = spec::for_microvm(security);
+        }
         if security.read_only_root && !mounts.copies.is_empty() {
             // Said before anything is made: the copies go in after the container is.
             let files: Vec<&str> = mounts.copies.iter().map(|(_, at)| at.as_str()).collect();

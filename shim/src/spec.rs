@@ -142,6 +142,8 @@ pub(crate) fn security(spec: &Spec) -> Result<api_types::ContainerSecurity, Shim
             .unwrap_or(false),
         no_new_privileges: process.and_then(|p| p.no_new_privileges()).unwrap_or(false),
         capabilities: None,
+        masked_paths: linux_paths(spec, |l| l.masked_paths().as_ref()),
+        read_only_paths: linux_paths(spec, |l| l.readonly_paths().as_ref()),
     };
     let Some(capabilities) = process.and_then(|p| p.capabilities().as_ref()) else {
         return Ok(security);
@@ -177,6 +179,36 @@ pub(crate) fn security(spec: &Spec) -> Result<api_types::ContainerSecurity, Shim
         security.capabilities = Some(granted);
     }
     Ok(security)
+}
+
+/// One of the spec's lists of paths (`linux.maskedPaths`, `linux.readonlyPaths`).
+fn linux_paths(
+    spec: &Spec,
+    list: impl FnOnce(&oci_spec::runtime::Linux) -> Option<&Vec<String>>,
+) -> Vec<String> {
+    spec.linux()
+        .as_ref()
+        .and_then(list)
+        .cloned()
+        .unwrap_or_default()
+}
+
+/// `security` as a microVM sandbox takes it: its containers' `/proc` and `/sys` are the
+/// guest kernel's, not the node's, so the masked and read-only paths there (containerd's
+/// defaults for every container: `/proc/kcore`, `/sys/firmware`, `/proc/sys`, …), which keep
+/// a container from the node kernel's, have nothing of the node's to keep it from and are
+/// left out. Any other path, or any other setting, the daemon refuses, naming it.
+pub(crate) fn for_microvm(
+    mut security: api_types::ContainerSecurity,
+) -> api_types::ContainerSecurity {
+    let of_the_kernel = |path: &String| {
+        ["/proc", "/sys"]
+            .iter()
+            .any(|top| path == top || path.starts_with(&format!("{top}/")))
+    };
+    security.masked_paths.retain(|path| !of_the_kernel(path));
+    security.read_only_paths.retain(|path| !of_the_kernel(path));
+    security
 }
 
 /// `KEY=value` entries as a map; an entry without `=` or with an empty key is left out (it
@@ -338,6 +370,7 @@ mod tests {
                 read_only_root: true,
                 no_new_privileges: true,
                 capabilities: Some(Vec::new()),
+                ..api_types::ContainerSecurity::default()
             }
         );
         let some = security(&with_security(&["CHOWN", "NET_RAW"], false, false)).expect("drop");
@@ -346,6 +379,33 @@ mod tests {
         more.push("NET_ADMIN");
         let err = security(&with_security(&more, false, false)).expect_err("NET_ADMIN");
         assert!(err.to_string().contains("CAP_NET_ADMIN"), "{err}");
+    }
+
+    #[test]
+    fn masked_and_read_only_paths_reach_the_sandbox_and_a_microvm_keeps_its_kernels() {
+        let spec: Spec = serde_json::from_value(serde_json::json!({
+            "ociVersion": "1.0.2",
+            "process": {"cwd": "/", "args": ["sh"], "user": {"uid": 0, "gid": 0}},
+            "linux": {
+                "maskedPaths": ["/proc/kcore", "/sys/firmware", "/bin/ls"],
+                "readonlyPaths": ["/proc/sys", "/tmp"]
+            }
+        }))
+        .expect("a spec");
+        let asked = security(&spec).expect("paths");
+        assert_eq!(
+            asked.masked_paths,
+            ["/proc/kcore", "/sys/firmware", "/bin/ls"]
+        );
+        assert_eq!(asked.read_only_paths, ["/proc/sys", "/tmp"]);
+        let microvm = for_microvm(asked);
+        assert_eq!(microvm.masked_paths, ["/bin/ls"]);
+        assert_eq!(microvm.read_only_paths, ["/tmp"]);
+        let procfs_like = for_microvm(api_types::ContainerSecurity {
+            masked_paths: vec!["/processes".into(), "/sys".into()],
+            ..api_types::ContainerSecurity::default()
+        });
+        assert_eq!(procfs_like.masked_paths, ["/processes"]);
     }
 
     #[test]

@@ -1266,3 +1266,111 @@ async fn a_containers_security_settings_hold_at_creation_and_when_added() {
     );
     c.delete(&id).await.expect("delete");
 }
+
+#[tokio::test]
+async fn masked_and_read_only_paths_hold_within_the_containers_root_only() {
+    let daemon = TestDaemon::start();
+    let c = daemon.client();
+    let created = c
+        .create(&request(serde_json::json!({
+            "shared": [{"name": "work", "path": "/work"}],
+            "containers": [
+                {"name": "rules", "command": ["sleep", "3600"],
+                 "shared": [{"name": "work", "path": "/data"}],
+                 "security": {
+                     "masked_paths": ["/etc/hosts", "/sbin", "/not/in/the/image"],
+                     "read_only_paths": ["/tmp", "/data"]
+                 }}
+            ]
+        })))
+        .await
+        .expect("create");
+    let id = created.id;
+    let script = "wc -c < /etc/hosts; ls /sbin | wc -l; touch /sbin/x 2>&1; \
+                  touch /tmp/x 2>&1; touch /data/x 2>&1; touch /new && echo root-rw";
+    let (out, err, _) = sh_in(&c, &id, "rules", script).await;
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(lines.first().map(|l| l.trim()), Some("0"), "{out} {err}");
+    assert_eq!(lines.get(1).map(|l| l.trim()), Some("0"), "{out} {err}");
+    assert_eq!(
+        out.matches("Read-only file system").count(),
+        3,
+        "/sbin, /tmp and /data: {out}"
+    );
+    assert!(
+        out.ends_with("root-rw\n"),
+        "the root itself stays writable: {out}"
+    );
+    // The sandbox's own root, which shares /work, is untouched.
+    let (out, _, _) = sh(
+        &c,
+        &id,
+        "test -s /etc/hosts && ls /sbin | wc -l && touch /work/y && echo main-rw",
+    )
+    .await;
+    assert!(
+        out.ends_with("main-rw\n") && !out.starts_with("0\n"),
+        "{out}"
+    );
+
+    // Symlinks a tenant plants are followed within the container's root, never out of it.
+    let (_, err, code) = sh(
+        &c,
+        &id,
+        "ln -s /etc /work/etc-link && ln -s ../../../../../../../../etc/passwd /work/up-link",
+    )
+    .await;
+    assert_eq!(code, 0, "{err}");
+    c.add_container(
+        &id,
+        &container(serde_json::json!({
+            "name": "linked", "command": ["sleep", "3600"],
+            "shared": [{"name": "work", "path": "/data"}],
+            "security": {"masked_paths": ["/data/etc-link/hosts", "/data/up-link"]}
+        })),
+    )
+    .await
+    .expect("add a container whose masked paths go through symlinks");
+    let (out, _, _) = sh_in(&c, &id, "linked", "cat /etc/hosts /etc/passwd | wc -c").await;
+    assert_eq!(
+        out.trim(),
+        "0",
+        "its own /etc/hosts and /etc/passwd are hidden"
+    );
+    let (out, _, _) = sh(&c, &id, "cat /etc/passwd | wc -c").await;
+    assert_ne!(out.trim(), "0", "main's /etc/passwd is not");
+    let host = std::fs::read_to_string("/etc/passwd").expect("the host's /etc/passwd");
+    assert!(
+        host.starts_with("root:"),
+        "the host's /etc/passwd: {host:.40}"
+    );
+
+    // Paths that are not plain absolute ones, or too many, are refused, naming the field.
+    for (security, named) in [
+        (
+            serde_json::json!({"masked_paths": ["etc/hosts"]}),
+            "security.masked_paths",
+        ),
+        (
+            serde_json::json!({"read_only_paths": ["/a/../../b"]}),
+            "security.read_only_paths",
+        ),
+        (
+            serde_json::json!({"masked_paths": (0..65).map(|i| format!("/p{i}")).collect::<Vec<_>>()}),
+            "more than 64",
+        ),
+    ] {
+        let refused = c
+            .add_container(
+                &id,
+                &container(serde_json::json!({
+                    "name": "bad", "command": ["sleep", "1"], "security": security
+                })),
+            )
+            .await
+            .expect_err("refused");
+        let message = refused.to_string();
+        assert!(message.contains(named), "{named}: {message}");
+    }
+    c.delete(&id).await.expect("delete");
+}

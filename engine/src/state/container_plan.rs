@@ -400,10 +400,17 @@ fn security_settings(
                 .map_err(|why| format!("capabilities: {why}"))
         })
         .transpose()?;
+    let paths = |paths: &[String], field: &str| {
+        contract::container_security::check_paths(paths)
+            .map(|()| paths.to_vec())
+            .map_err(|why| format!("{field}: {why}"))
+    };
     Ok(contract::container_security::ContainerSecurity {
         read_only_root: request.read_only_root,
         no_new_privileges: request.no_new_privileges,
         capabilities,
+        masked_paths: paths(&request.masked_paths, "masked_paths")?,
+        read_only_paths: paths(&request.read_only_paths, "read_only_paths")?,
     })
 }
 
@@ -420,7 +427,8 @@ pub(crate) fn refuse_security_on(
     }
     Err(CreateError::Invalid(format!(
         "{field}security: the {kind} backend applies no container security settings \
-         (read_only_root, no_new_privileges, capabilities); a namespace sandbox does"
+         (read_only_root, no_new_privileges, capabilities, masked_paths, read_only_paths); \
+         a namespace sandbox does"
     )))
 }
 

@@ -342,10 +342,22 @@ class ContainerSecurity:
     #: name outside that set is a `400` naming it. Absent: the whole set.
     capabilities: list[str] | None = None
 
+    #: Paths hidden from it (OCI's and Kubernetes' `maskedPaths`): a directory is covered by
+    #: an empty read-only tmpfs, anything else by `/dev/null`. A path missing from its root is left
+    #: alone, as runc does; a symlink is followed within the root. At most 64, each absolute,
+    #: at most 256 bytes of ASCII letters, digits and `/._-,@:`, with no `.` or `..`. Its
+    #: `/proc` already hides what runc's defaults hide (`/proc/kcore`, `/proc/keys`, …).
+    masked_paths: list[str] = field(default_factory=list)
+
     #: No process of it gains privileges through `execve`: a setuid binary runs with its
     #: caller's ids, file capabilities are not granted (`allowPrivilegeEscalation: false`,
     #: `--security-opt no-new-privileges`).
     no_new_privileges: bool | None = None
+
+    #: Paths of it made read-only (OCI's `readonlyPaths`): each is bound on itself read-only,
+    #: the mounts below it included; the same rules as `masked_paths`. Its `/proc` already
+    #: has runc's defaults (`/proc/sys`, `/proc/bus`, …) read-only.
+    read_only_paths: list[str] = field(default_factory=list)
 
     #: Its root filesystem is mounted read-only (`readOnlyRootFilesystem`, `docker run
     #: --read-only`): a write there fails with `EROFS`. Its shared directories, `/tmp`,
@@ -356,7 +368,9 @@ class ContainerSecurity:
     def from_dict(cls, data: Mapping[str, Any]) -> ContainerSecurity:
         return cls(
             capabilities=_opt(data.get('capabilities'), list),
+            masked_paths=list(data.get('masked_paths', [])),
             no_new_privileges=data.get('no_new_privileges', None),
+            read_only_paths=list(data.get('read_only_paths', [])),
             read_only_root=data.get('read_only_root', None),
         )
 
@@ -364,8 +378,12 @@ class ContainerSecurity:
         out: dict[str, Any] = {}
         if self.capabilities is not None:
             out['capabilities'] = None if self.capabilities is None else list(self.capabilities)
+        if self.masked_paths:
+            out['masked_paths'] = list(self.masked_paths)
         if self.no_new_privileges is not None:
             out['no_new_privileges'] = self.no_new_privileges
+        if self.read_only_paths:
+            out['read_only_paths'] = list(self.read_only_paths)
         if self.read_only_root is not None:
             out['read_only_root'] = self.read_only_root
         return out

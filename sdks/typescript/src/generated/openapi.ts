@@ -2274,11 +2274,25 @@ export interface components {
              */
             capabilities?: string[] | null;
             /**
+             * @description Paths hidden from it (OCI's and Kubernetes' `maskedPaths`): a directory is covered by
+             *     an empty read-only tmpfs, anything else by `/dev/null`. A path missing from its root is left
+             *     alone, as runc does; a symlink is followed within the root. At most 64, each absolute,
+             *     at most 256 bytes of ASCII letters, digits and `/._-,@:`, with no `.` or `..`. Its
+             *     `/proc` already hides what runc's defaults hide (`/proc/kcore`, `/proc/keys`, …).
+             */
+            masked_paths?: string[];
+            /**
              * @description No process of it gains privileges through `execve`: a setuid binary runs with its
              *     caller's ids, file capabilities are not granted (`allowPrivilegeEscalation: false`,
              *     `--security-opt no-new-privileges`).
              */
             no_new_privileges?: boolean;
+            /**
+             * @description Paths of it made read-only (OCI's `readonlyPaths`): each is bound on itself read-only,
+             *     the mounts below it included; the same rules as `masked_paths`. Its `/proc` already
+             *     has runc's defaults (`/proc/sys`, `/proc/bus`, …) read-only.
+             */
+            read_only_paths?: string[];
             /**
              * @description Its root filesystem is mounted read-only (`readOnlyRootFilesystem`, `docker run
              *     --read-only`): a write there fails with `EROFS`. Its shared directories, `/tmp`,
