@@ -97,6 +97,13 @@ pub struct ContainerSecurity {
     /// has runc's defaults (`/proc/sys`, `/proc/bus`, …) read-only.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub read_only_paths: Vec<String>,
+    /// Files that stay writable when its root is read-only, as kubelet's `/etc/hosts`,
+    /// `/etc/hostname` and `/etc/resolv.conf` do: each becomes a mount of its own, on a tmpfs
+    /// of the container's (1 MiB for them all), holding the image's file (empty if the image
+    /// has none). A symlink is followed within the root; a file is written in place (`PUT`
+    /// of `/files` too), never replaced. The same rules as `masked_paths`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub writable_files: Vec<String>,
 }
 
 impl ContainerSecurity {

@@ -164,7 +164,7 @@ fn constrain(schemas: &mut Map<String, Value>) {
             json!({ "pattern": "^/[^:\\u0000-\\u001f]*$", "maxLength": 4096 }),
         );
     }
-    for field in ["masked_paths", "read_only_paths"] {
+    for field in ["masked_paths", "read_only_paths", "writable_files"] {
         // `.` and `..` components are refused too (400), which a pattern cannot say simply.
         set(
             schemas,

@@ -9,7 +9,9 @@
 //! - `caps:HEX`: the capability bounding set of its commands, a mask (bit N: capability N)
 //!   within the sandbox's own set; absent: the sandbox's whole set;
 //! - `mask:PATH` (any number): a path of it hidden (OCI's `maskedPaths`);
-//! - `rop:PATH` (any number): a path of it made read-only (OCI's `readonlyPaths`).
+//! - `rop:PATH` (any number): a path of it made read-only (OCI's `readonlyPaths`);
+//! - `file:PATH` (any number): a file of it that is a mount of its own, writable when its
+//!   root is not (kubelet's `/etc/hosts`).
 //!
 //! A path is absolute and plain ([`check_path`]): no space, `+` or `=` (the supervisor's
 //! `--container` flag joins words with `+` and ends them with `=`), no `.` or `..`.
@@ -141,6 +143,10 @@ pub struct ContainerSecurity {
     /// Paths of it bound read-only on themselves; one missing from its root is left alone.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub read_only_paths: Vec<String>,
+    /// Files of it that are each a mount of their own, on a small tmpfs of the container's,
+    /// with the image's content: writable when its root is read-only.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub writable_files: Vec<String>,
 }
 
 impl ContainerSecurity {
@@ -162,12 +168,13 @@ impl fmt::Display for ContainerSecurity {
         if let Some(mask) = self.capabilities {
             words.push(format!("caps:{mask:x}"));
         }
-        words.extend(self.masked_paths.iter().map(|path| format!("mask:{path}")));
-        words.extend(
-            self.read_only_paths
-                .iter()
-                .map(|path| format!("rop:{path}")),
-        );
+        for (kind, paths) in [
+            ("mask", &self.masked_paths),
+            ("rop", &self.read_only_paths),
+            ("file", &self.writable_files),
+        ] {
+            words.extend(paths.iter().map(|path| format!("{kind}:{path}")));
+        }
         if words.is_empty() {
             f.write_str("-")
         } else {
@@ -188,17 +195,19 @@ impl FromStr for ContainerSecurity {
             let repeated = match word {
                 "ro" => std::mem::replace(&mut security.read_only_root, true),
                 "nnp" => std::mem::replace(&mut security.no_new_privileges, true),
-                _ if word.starts_with("mask:") || word.starts_with("rop:") => {
+                _ if ["mask:", "rop:", "file:"]
+                    .iter()
+                    .any(|k| word.starts_with(k)) =>
+                {
                     let (kind, path) = word.split_once(':').unwrap_or_default();
                     check_path(path).map_err(|why| format!("security: {kind}: {why}"))?;
                     let paths = match kind {
                         "mask" => &mut security.masked_paths,
-                        _ => &mut security.read_only_paths,
+                        "rop" => &mut security.read_only_paths,
+                        _ => &mut security.writable_files,
                     };
                     if paths.len() == MAX_PATHS {
-                        return Err(format!(
-                            "security: more than {MAX_PATHS} {kind}: paths"
-                        ));
+                        return Err(format!("security: more than {MAX_PATHS} {kind}: paths"));
                     }
                     paths.push(path.to_string());
                     false
@@ -212,7 +221,8 @@ impl FromStr for ContainerSecurity {
                     }
                     None => {
                         return Err(format!(
-                            "security: {word:?} is none of ro, nnp, caps:HEX, mask:PATH, rop:PATH (in {s:?})"
+                            "security: {word:?} is none of ro, nnp, caps:HEX, mask:PATH, rop:PATH, \
+                             file:PATH (in {s:?})"
                         ))
                     }
                 },
@@ -249,6 +259,7 @@ mod tests {
                 capabilities: Some(0x8004_05fb),
                 masked_paths: vec!["/proc/kcore".into(), "/bin/ls".into()],
                 read_only_paths: vec!["/tmp".into()],
+                writable_files: vec!["/etc/hosts".into(), "/dev/termination-log".into()],
             },
         ] {
             let text = security.to_string();

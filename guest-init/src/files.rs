@@ -263,14 +263,27 @@ fn extract<R: Read>(
             result.dirs += 1;
         }
         tar::EntryType::Regular | tar::EntryType::Continuous | tar::EntryType::GNUSparse => {
-            clear_non_dir(&target)?;
-            let mut file = OpenOptions::new()
-                .write(true)
-                .create_new(true)
-                .mode(mode)
-                .custom_flags(libc::O_NOFOLLOW)
-                .open(&target)
-                .map_err(|e| FilesError::io(format!("creating {}", target.display()), e))?;
+            let mut file = match sys::is_mount_root(&target) {
+                // A file that is a mount of its own (a container's writable file under a
+                // read-only root, kubelet's /etc/hosts) cannot be replaced: it is rewritten.
+                Ok(true) if fs::symlink_metadata(&target).is_ok_and(|m| m.is_file()) => {
+                    OpenOptions::new()
+                        .write(true)
+                        .truncate(true)
+                        .custom_flags(libc::O_NOFOLLOW)
+                        .open(&target)
+                }
+                _ => {
+                    clear_non_dir(&target)?;
+                    OpenOptions::new()
+                        .write(true)
+                        .create_new(true)
+                        .mode(mode)
+                        .custom_flags(libc::O_NOFOLLOW)
+                        .open(&target)
+                }
+            }
+            .map_err(|e| FilesError::io(format!("creating {}", target.display()), e))?;
             let declared = entry.size();
             let n = copy_in_blocks(entry, &mut file, block)
                 .map_err(|e| FilesError::io(format!("writing {}", target.display()), e))?;

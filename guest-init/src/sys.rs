@@ -432,6 +432,28 @@ fn signal_each_but(
     Ok(())
 }
 
+/// Whether `path` (not followed if a symlink) is the root of a mount of its own: a file
+/// bound there (kubelet's `/etc/hosts`), which can be written but not replaced.
+pub fn is_mount_root(path: &std::path::Path) -> io::Result<bool> {
+    /// `STATX_ATTR_MOUNT_ROOT` (Linux 5.8).
+    const MOUNT_ROOT: u64 = 0x2000;
+    let c = std::ffi::CString::new(std::os::unix::ffi::OsStrExt::as_bytes(path.as_os_str()))
+        .map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
+    // SAFETY: statx is plain old data; all-zeroes is valid and statx overwrites it.
+    let mut stx: libc::statx = unsafe { std::mem::zeroed() };
+    // SAFETY: `c` is NUL-terminated and `stx` a valid out-pointer, both alive for the call.
+    cvt(unsafe {
+        libc::statx(
+            libc::AT_FDCWD,
+            c.as_ptr(),
+            libc::AT_SYMLINK_NOFOLLOW,
+            libc::STATX_BASIC_STATS,
+            &mut stx,
+        )
+    })?;
+    Ok(stx.stx_attributes_mask & MOUNT_ROOT != 0 && stx.stx_attributes & MOUNT_ROOT != 0)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -145,6 +145,7 @@ pub(crate) fn become_container(
         std::env::set_current_dir("../..").map_err(|e| SysError::io("chdir ../..", e))?;
         mounts::finish_root(&root, &tmp)?;
         mounts::attach_shared_mounts(layout.shared.iter(), &root)?;
+        crate::writable_files::mount(&root, &layout.security.writable_files)?;
         crate::path_rules::apply(&root, &layout.security)?;
         if layout.security.read_only_root {
             // The root's own mount alone: its `/tmp`, `/dev`, `/proc` and shared directories

@@ -42,6 +42,7 @@ pub mod seccomp;
 mod spec;
 mod sys;
 pub mod sysctl;
+mod writable_files;
 
 use std::ffi::CString;
 

@@ -238,10 +238,24 @@ struct OpenHow {
     resolve: u64,
 }
 
+/// openat2(2) of `name` relative to `dir`: the new descriptor, or -1 with `errno` set.
+fn openat2(dir: &OwnedFd, name: &std::ffi::CStr, how: &OpenHow) -> libc::c_long {
+    // SAFETY: openat2 reads the NUL-terminated name and `how`, whose size is passed.
+    unsafe {
+        libc::syscall(
+            libc::SYS_openat2,
+            dir.as_raw_fd(),
+            name.as_ptr(),
+            how as *const OpenHow,
+            std::mem::size_of::<OpenHow>(),
+        )
+    }
+}
+
 /// The directory `target` under the new root `root`, for `mount` (named in errors), made if missing. No component may
 /// be a symlink (or leave `root`): the image decides what its paths are, and a link must not
 /// carry a mount out of the root or into `/proc` or `/dev`.
-fn mount_point(root: &OwnedFd, target: &Path, mount: &str) -> Result<OwnedFd, SysError> {
+pub(crate) fn mount_point(root: &OwnedFd, target: &Path, mount: &str) -> Result<OwnedFd, SysError> {
     let mut current: Option<OwnedFd> = None;
     let mut prefix = PathBuf::from("/");
     for component in target.components() {
@@ -264,16 +278,7 @@ fn mount_point(root: &OwnedFd, target: &Path, mount: &str) -> Result<OwnedFd, Sy
             mode: 0,
             resolve: libc::RESOLVE_NO_SYMLINKS | libc::RESOLVE_BENEATH,
         };
-        // SAFETY: openat2 reads the NUL-terminated name and `how`, whose size is passed.
-        let fd = unsafe {
-            libc::syscall(
-                libc::SYS_openat2,
-                parent.as_raw_fd(),
-                name_c.as_ptr(),
-                &how as *const OpenHow,
-                std::mem::size_of::<OpenHow>(),
-            )
-        };
+        let fd = openat2(parent, &name_c, &how);
         current = Some(owned_fd(fd, || {
             format!(
                 "open {} for {mount} (it must be a directory, not a symlink)",
@@ -293,22 +298,22 @@ fn mount_point(root: &OwnedFd, target: &Path, mount: &str) -> Result<OwnedFd, Sy
 /// symlink of it followed within the root (an absolute one, or `..`, never leaves it), no
 /// `/proc` magic link. `None` when it does not exist.
 pub(crate) fn open_in_root(root: &OwnedFd, path: &str) -> Result<Option<OwnedFd>, SysError> {
+    open_in_root_with(root, path, libc::O_PATH)
+}
+
+/// [`open_in_root`] with open(2)'s `flags` (`O_CLOEXEC` added).
+pub(crate) fn open_in_root_with(
+    root: &OwnedFd,
+    path: &str,
+    flags: libc::c_int,
+) -> Result<Option<OwnedFd>, SysError> {
     let name = cstring(Path::new(path.trim_start_matches('/')))?;
     let how = OpenHow {
-        flags: (libc::O_PATH | libc::O_CLOEXEC) as u64,
+        flags: (flags | libc::O_CLOEXEC) as u64,
         mode: 0,
         resolve: libc::RESOLVE_IN_ROOT | libc::RESOLVE_NO_MAGICLINKS,
     };
-    // SAFETY: openat2 reads the NUL-terminated name and `how`, whose size is passed.
-    let fd = unsafe {
-        libc::syscall(
-            libc::SYS_openat2,
-            root.as_raw_fd(),
-            name.as_ptr(),
-            &how as *const OpenHow,
-            std::mem::size_of::<OpenHow>(),
-        )
-    };
+    let fd = openat2(root, &name, &how);
     if fd < 0 && std::io::Error::last_os_error().raw_os_error() == Some(libc::ENOENT) {
         return Ok(None);
     }

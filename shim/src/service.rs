@@ -369,7 +369,8 @@ impl Inner {
 
     /// Adds the pod member `req` to its pod's sandbox as container `name`: its image as for
     /// a sandbox, its `emptyDir`s as shared directories, its kubelet volumes read-only and
-    /// kept up to date ([`pod_volumes`]), its small host files copied in.
+    /// kept up to date ([`pod_volumes`]), its small host files copied in (files of their own
+    /// under a read-only root).
     async fn add_to_pod(
         &self,
         client: &client::Client,
@@ -386,15 +387,10 @@ impl Inner {
         if client.get(sandbox).await?.backend == api_types::BackendKind::Microvm {
             security = spec::for_microvm(security);
         }
-        if security.read_only_root && !mounts.copies.is_empty() {
-            // Said before anything is made: the copies go in after the container is.
-            let files: Vec<&str> = mounts.copies.iter().map(|(_, at)| at.as_str()).collect();
-            return Err(ShimError::Invalid(format!(
-                "securityContext.readOnlyRootFilesystem: the files kubelet mounts into this \
-                 container ({}) are copied into its root, which cannot take them once it is \
-                 read-only; crucible does not run such a container yet",
-                files.join(", ")
-            )));
+        if security.read_only_root {
+            // The copies go in after the container is made: under a read-only root they are
+            // files of their own, writable, as kubelet's bind mounts are under runc.
+            security.writable_files = mounts.copies.iter().map(|(_, at)| at.clone()).collect();
         }
         let copies = pod::copies_tar(&mounts.copies)?;
         // Named after the task, not the member: kubelet's next attempt of a container may

@@ -144,6 +144,7 @@ pub(crate) fn security(spec: &Spec) -> Result<api_types::ContainerSecurity, Shim
         capabilities: None,
         masked_paths: linux_paths(spec, |l| l.masked_paths().as_ref()),
         read_only_paths: linux_paths(spec, |l| l.readonly_paths().as_ref()),
+        writable_files: Vec::new(),
     };
     let Some(capabilities) = process.and_then(|p| p.capabilities().as_ref()) else {
         return Ok(security);

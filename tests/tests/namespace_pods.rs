@@ -1374,3 +1374,83 @@ async fn masked_and_read_only_paths_hold_within_the_containers_root_only() {
     }
     c.delete(&id).await.expect("delete");
 }
+
+/// A tar archive of one regular file `path` holding `content`.
+fn one_file_tar(path: &str, content: &[u8]) -> Vec<u8> {
+    let mut builder = tar::Builder::new(Vec::new());
+    let mut header = tar::Header::new_gnu();
+    header.set_size(content.len() as u64);
+    header.set_mode(0o644);
+    header.set_cksum();
+    builder
+        .append_data(&mut header, path, content)
+        .expect("append to the archive");
+    builder.into_inner().expect("the archive")
+}
+
+#[tokio::test]
+async fn writable_files_stay_writable_under_a_read_only_root() {
+    let daemon = TestDaemon::start();
+    let c = daemon.client();
+    let sealed = serde_json::json!({
+        "read_only_root": true,
+        "writable_files": ["/etc/hosts", "/etc/resolv.conf", "/dev/termination-log"]
+    });
+    let created = c
+        .create(&request(serde_json::json!({
+            "shared": [{"name": "work", "path": "/work"}],
+            "containers": [{"name": "sealed", "command": ["sleep", "3600"], "security": sealed}]
+        })))
+        .await
+        .expect("create");
+    let id = created.id;
+    let (image_hosts, _, _) = sh(&c, &id, "cat /etc/hosts").await;
+    assert!(!image_hosts.is_empty());
+    let (out, err, _) = sh_in(
+        &c,
+        &id,
+        "sealed",
+        "cat /etc/hosts; wc -c < /etc/resolv.conf; echo nameserver 10.0.0.10 >> /etc/resolv.conf \
+         && cat /etc/resolv.conf; touch /etc/other 2>&1",
+    )
+    .await;
+    assert_eq!(
+        out,
+        format!("{image_hosts}0\nnameserver 10.0.0.10\ntouch: /etc/other: Read-only file system\n"),
+        "{err}"
+    );
+    // As the Kubernetes shim puts kubelet's files: written in place, since a mount cannot be
+    // replaced.
+    let archive = one_file_tar("etc/hosts", b"10.1.2.3 pod\n");
+    c.put_tar_in(&id, Some("sealed"), "/", std::io::Cursor::new(archive))
+        .await
+        .expect("put /etc/hosts into the read-only container");
+    let (out, _, _) = sh_in(&c, &id, "sealed", "cat /etc/hosts").await;
+    assert_eq!(out, "10.1.2.3 pod\n");
+    let (out, _, _) = sh(&c, &id, "cat /etc/hosts").await;
+    assert_eq!(out, image_hosts, "main's /etc/hosts is its own");
+
+    // A FIFO or an oversized file a tenant plants in a shared directory is refused, at once.
+    let (_, err, code) = sh(
+        &c,
+        &id,
+        "mkfifo /work/fifo && head -c 1100000 /dev/zero > /work/big",
+    )
+    .await;
+    assert_eq!(code, 0, "{err}");
+    for (file, named) in [("fifo", "regular file"), ("big", "1048576 bytes")] {
+        let request = container(serde_json::json!({
+            "name": format!("with-{file}"), "command": ["sleep", "3600"],
+            "shared": [{"name": "work", "path": "/data"}],
+            "security": {"writable_files": [format!("/data/{file}")]}
+        }));
+        let add = c.add_container(&id, &request);
+        let refused = tokio::time::timeout(Duration::from_secs(30), add)
+            .await
+            .expect("an answer, not a hang")
+            .expect_err("refused");
+        let message = refused.to_string();
+        assert!(message.contains(named), "{file}: {message}");
+    }
+    c.delete(&id).await.expect("delete");
+}

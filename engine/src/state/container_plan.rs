@@ -411,6 +411,7 @@ fn security_settings(
         capabilities,
         masked_paths: paths(&request.masked_paths, "masked_paths")?,
         read_only_paths: paths(&request.read_only_paths, "read_only_paths")?,
+        writable_files: paths(&request.writable_files, "writable_files")?,
     })
 }
 
@@ -427,7 +428,8 @@ pub(crate) fn refuse_security_on(
     }
     Err(CreateError::Invalid(format!(
         "{field}security: the {kind} backend applies no container security settings \
-         (read_only_root, no_new_privileges, capabilities, masked_paths, read_only_paths); \
+         (read_only_root, no_new_privileges, capabilities, masked_paths, read_only_paths, \
+         writable_files); \
          a namespace sandbox does"
     )))
 }

@@ -364,6 +364,13 @@ class ContainerSecurity:
     #: `/dev/shm` and `/proc` are mounts of their own and keep their modes.
     read_only_root: bool | None = None
 
+    #: Files that stay writable when its root is read-only, as kubelet's `/etc/hosts`,
+    #: `/etc/hostname` and `/etc/resolv.conf` do: each becomes a mount of its own, on a tmpfs
+    #: of the container's (1 MiB for them all), holding the image's file (empty if the image
+    #: has none). A symlink is followed within the root; a file is written in place (`PUT`
+    #: of `/files` too), never replaced. The same rules as `masked_paths`.
+    writable_files: list[str] = field(default_factory=list)
+
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> ContainerSecurity:
         return cls(
@@ -372,6 +379,7 @@ class ContainerSecurity:
             no_new_privileges=data.get('no_new_privileges', None),
             read_only_paths=list(data.get('read_only_paths', [])),
             read_only_root=data.get('read_only_root', None),
+            writable_files=list(data.get('writable_files', [])),
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -386,6 +394,8 @@ class ContainerSecurity:
             out['read_only_paths'] = list(self.read_only_paths)
         if self.read_only_root is not None:
             out['read_only_root'] = self.read_only_root
+        if self.writable_files:
+            out['writable_files'] = list(self.writable_files)
         return out
 
 

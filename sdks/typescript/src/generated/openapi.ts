@@ -2299,6 +2299,14 @@ export interface components {
              *     `/dev/shm` and `/proc` are mounts of their own and keep their modes.
              */
             read_only_root?: boolean;
+            /**
+             * @description Files that stay writable when its root is read-only, as kubelet's `/etc/hosts`,
+             *     `/etc/hostname` and `/etc/resolv.conf` do: each becomes a mount of its own, on a tmpfs
+             *     of the container's (1 MiB for them all), holding the image's file (empty if the image
+             *     has none). A symlink is followed within the root; a file is written in place (`PUT`
+             *     of `/files` too), never replaced. The same rules as `masked_paths`.
+             */
+            writable_files?: string[];
         };
         /** @description Where a container is in its life. */
         ContainerState: "waiting" | "starting" | "ready" | "exited" | "failed";
