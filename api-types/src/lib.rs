@@ -17,5 +17,5 @@ pub use image::{ImageInfo, ImageList, ImageUser, ImagesPruned};
 pub use sandbox::{
     BackendKind, CacheInfo, CacheList, CacheMount, CreateSandbox, Hypervisor, NetworkInfo,
     NetworkRequest, SandboxInfo, SandboxList, SandboxState, SandboxTimings, SignalRequest,
-    UpdateSandbox, VolumeMount,
+    UpdateSandbox, VolumeMount, HOST_NETWORK_NAMESPACE,
 };

@@ -643,6 +643,16 @@ impl Engine {
                         .into(),
                 ))
             }
+            Some(path) if path == api_types::HOST_NETWORK_NAMESPACE => {
+                if let Some(sysctl) = sysctls.iter().find(|s| s.is_network()) {
+                    return Err(CreateError::Invalid(format!(
+                        "sysctls: {} would set the host's own network settings: a sandbox on \
+                         the host's network (network_namespace \"host\") takes no net.* sysctl",
+                        sysctl.name
+                    )));
+                }
+                Some(std::path::PathBuf::from(::namespace::netns::HOST))
+            }
             Some(path) => {
                 let path = std::path::PathBuf::from(path);
                 // Checked here for a clear 400; the supervisor checks what it opens again.

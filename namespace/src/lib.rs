@@ -125,7 +125,19 @@ pub fn enter(spec: &SandboxSpec, argv: &AgentArgv) -> Result<std::convert::Infal
             source,
         })?;
     }
-    if let Some(path) = &spec.network_namespace {
+    let host_network = spec
+        .network_namespace
+        .as_deref()
+        .is_some_and(netns::is_host);
+    if host_network && spec.sysctls.iter().any(|s| s.is_network()) {
+        // The daemon refuses them first; never written into the host's own settings.
+        return Err(netns::NetnsError::Refused {
+            path: netns::HOST.into(),
+            why: "a net.* sysctl there would be the host's own setting".into(),
+        }
+        .into());
+    }
+    if let Some(path) = spec.network_namespace.as_ref().filter(|_| !host_network) {
         // With the host's privileges, which the sandbox's user namespace will not have.
         let netns = netns::open_checked(path)?;
         netns::join(&netns, path)?;

@@ -8,13 +8,24 @@
 //! `NET_ADMIN` dropped. The supervisor joins it while it still has the host's privileges,
 //! before it clones the sandbox without a network namespace of its own.
 //!
-//! What is refused: a file that is not a network namespace, and the host's own (the daemon's:
-//! a pod asking for `hostNetwork` is refused by the shim, never run on the node's network).
+//! What is refused: a file that is not a network namespace, and the host's own (the daemon's)
+//! named by its file. The host's own is asked for by name, [`HOST`] (a Kubernetes
+//! `hostNetwork` pod): the supervisor then stays where it is, makes no network namespace,
+//! and writes nothing in it (no `ip_unprivileged_port_start`, no `net.*` sysctl), since its
+//! settings are the host's.
 
 use std::fs::File;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::Path;
+
+/// What names the daemon's own network namespace in place of a path.
+pub const HOST: &str = "host";
+
+/// Whether `path` names the daemon's own network namespace ([`HOST`]).
+pub fn is_host(path: &Path) -> bool {
+    path == Path::new(HOST)
+}
 
 /// `NSFS_MAGIC`: the filesystem of `/proc/PID/ns/*` and of their bind mounts.
 const NSFS_MAGIC: i64 = 0x6e73_6673;
@@ -129,6 +140,16 @@ pub(crate) fn allow_low_ports() -> Result<(), NetnsError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_hosts_namespace_is_named_not_a_path() {
+        assert!(is_host(Path::new("host")));
+        for path in ["/host", "./host", "hosts", "/proc/self/ns/net"] {
+            assert!(!is_host(Path::new(path)), "{path}");
+        }
+        let err = open_checked(Path::new(HOST)).expect_err("not a path to open");
+        assert!(err.to_string().contains("absolute"), "{err}");
+    }
 
     #[test]
     fn only_another_network_namespace_is_taken() {

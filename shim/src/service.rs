@@ -322,6 +322,10 @@ impl Inner {
         if pod {
             spec::refuse_host_namespaces(spec)?;
         }
+        let network_namespace = match pod {
+            true => self.pod_network(client, spec).await?,
+            false => None,
+        };
         let image = self.image_of(client, req, spec, held).await?;
         let bundle = PathBuf::from(&req.bundle);
         let (memory_mib, vcpus) = spec::limits(spec);
@@ -342,8 +346,7 @@ impl Inner {
                 container_slots: pod.then_some(POD_CONTAINER_SLOTS),
                 // A pod's hostname (its name, or its `hostname`), as runc sets it.
                 hostname: spec.hostname().clone().filter(|h| !h.is_empty()),
-                // The pod's network as CNI made it: its IP, routes and port mappings.
-                network_namespace: pod.then(|| spec::pod_network_namespace(spec)).flatten(),
+                network_namespace,
                 // A pod's `sysctls`, namespaced ones only (the daemon refuses the others).
                 sysctls: spec
                     .linux()
@@ -365,6 +368,32 @@ impl Inner {
             info.vcpus
         );
         Ok(info.id)
+    }
+
+    /// The network a pod's sandbox joins ([`spec::pod_network_namespace`]): the one CNI made
+    /// (its IP, routes and port mappings), or the node's for a `hostNetwork` pod. A microVM
+    /// cannot share the node's network namespace: there a `hostNetwork` pod keeps the VM's
+    /// own network (loopback and the egress proxy), as Kata Containers does, and says so.
+    async fn pod_network(
+        &self,
+        client: &client::Client,
+        spec: &oci_spec::runtime::Spec,
+    ) -> Result<Option<String>, ShimError> {
+        let network = spec::pod_network_namespace(spec);
+        if network.as_deref() != Some(api_types::HOST_NETWORK_NAMESPACE) {
+            return Ok(network);
+        }
+        let health = client.health().await?;
+        let backend = health.get("default_backend").cloned();
+        let backend = backend.and_then(|b| serde_json::from_value(b).ok());
+        if backend == Some(api_types::BackendKind::Microvm) {
+            log::warn!(
+                "hostNetwork: a microVM pod cannot share the node's network; it keeps the VM's \
+                 own (loopback and the egress proxy)"
+            );
+            return Ok(None);
+        }
+        Ok(network)
     }
 
     /// Adds the pod member `req` to its pod's sandbox as container `name`: its image as for

@@ -90,20 +90,23 @@ pub(crate) fn refuse_host_namespaces(spec: &Spec) -> Result<(), ShimError> {
     )))
 }
 
-/// The network namespace CNI made for a pod: the path of the `network` namespace in the pause
-/// container's spec. `None` for a `hostNetwork` pod (containerd leaves that namespace out) or
-/// one whose namespace has no path (made by the runtime, without CNI).
+/// The network a pod's sandbox joins, from the pause container's spec: the path of the
+/// `network` namespace CNI made; the node's own (`"host"`) for a `hostNetwork` pod, whose
+/// spec has no `network` namespace at all (containerd leaves it out); `None` for a namespace
+/// without a path (the runtime makes it: the sandbox gets one of its own).
 pub(crate) fn pod_network_namespace(spec: &Spec) -> Option<String> {
     use oci_spec::runtime::LinuxNamespaceType;
-    spec.linux()
-        .as_ref()?
-        .namespaces()
-        .as_ref()?
+    let namespaces = spec.linux().as_ref()?.namespaces().as_ref()?;
+    match namespaces
         .iter()
-        .find(|n| n.typ() == LinuxNamespaceType::Network)?
-        .path()
-        .as_ref()
-        .map(|path| path.display().to_string())
+        .find(|n| n.typ() == LinuxNamespaceType::Network)
+    {
+        None => Some(api_types::HOST_NETWORK_NAMESPACE.to_string()),
+        Some(network) => network
+            .path()
+            .as_ref()
+            .map(|path| path.display().to_string()),
+    }
 }
 
 /// Whether a pod member's spec joins another process's PID namespace (a `pid` namespace with a
@@ -407,6 +410,33 @@ mod tests {
             ..api_types::ContainerSecurity::default()
         });
         assert_eq!(procfs_like.masked_paths, ["/processes"]);
+    }
+
+    #[test]
+    fn a_pods_network_is_cnis_namespace_the_nodes_or_its_own() {
+        use oci_spec::runtime::LinuxNamespaceType::{Ipc, Mount, Network, Pid, Uts};
+        assert_eq!(
+            pod_network_namespace(&with_namespaces(&[Pid, Ipc, Uts, Mount, Network])),
+            None,
+            "a network namespace without a path: one of its own"
+        );
+        assert_eq!(
+            pod_network_namespace(&with_namespaces(&[Pid, Ipc, Uts, Mount])).as_deref(),
+            Some("host"),
+            "hostNetwork: containerd leaves the network namespace out"
+        );
+        let mut cni = with_namespaces(&[Pid, Network]);
+        if let Some(linux) = cni.linux_mut() {
+            let namespaces = linux.namespaces().clone().map(|mut namespaces| {
+                namespaces[1].set_path(Some("/var/run/netns/cni-1".into()));
+                namespaces
+            });
+            linux.set_namespaces(namespaces);
+        }
+        assert_eq!(
+            pod_network_namespace(&cni).as_deref(),
+            Some("/var/run/netns/cni-1")
+        );
     }
 
     #[test]

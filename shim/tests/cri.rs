@@ -250,20 +250,7 @@ async fn pod_of_three(daemon: TestDaemon) {
     let config = pod_config(&logs);
 
     let started = Instant::now();
-    let pod = cri
-        .run_pod_sandbox(RunPodSandboxRequest {
-            config: Some(config.clone()),
-            runtime_handler: "crucible".into(),
-        })
-        .await
-        .unwrap_or_else(|e| {
-            panic!(
-                "RunPodSandbox: {e}; containerd's log:\n{}",
-                containerd.log()
-            )
-        })
-        .into_inner()
-        .pod_sandbox_id;
+    let pod = run_pod(&mut cri, &containerd, &config).await;
     let sandboxes = c.list().await.expect("list");
     assert_eq!(sandboxes.len(), 1, "the pod is one sandbox: {sandboxes:?}");
     let sandbox = sandboxes[0].id.clone();
@@ -651,6 +638,27 @@ fn networked_pod(name: &str, uid: &str, logs: &std::path::Path) -> PodSandboxCon
     config
 }
 
+/// Runs the pod `config` with the crucible handler; its id.
+async fn run_pod(
+    cri: &mut RuntimeServiceClient<Channel>,
+    containerd: &Containerd,
+    config: &PodSandboxConfig,
+) -> String {
+    cri.run_pod_sandbox(RunPodSandboxRequest {
+        config: Some(config.clone()),
+        runtime_handler: "crucible".into(),
+    })
+    .await
+    .unwrap_or_else(|e| {
+        panic!(
+            "RunPodSandbox: {e}; containerd's log:\n{}",
+            containerd.log()
+        )
+    })
+    .into_inner()
+    .pod_sandbox_id
+}
+
 /// Runs `config` as a pod with one busybox container running `script`, with a memory limit
 /// of `memory_bytes` if given; the pod's and the container's ids and the pod's IP.
 async fn pod_running(
@@ -660,20 +668,7 @@ async fn pod_running(
     script: &str,
     memory_bytes: Option<i64>,
 ) -> (String, String, String) {
-    let pod = cri
-        .run_pod_sandbox(RunPodSandboxRequest {
-            config: Some(config.clone()),
-            runtime_handler: "crucible".into(),
-        })
-        .await
-        .unwrap_or_else(|e| {
-            panic!(
-                "RunPodSandbox: {e}; containerd's log:\n{}",
-                containerd.log()
-            )
-        })
-        .into_inner()
-        .pod_sandbox_id;
+    let pod = run_pod(cri, containerd, &config).await;
     let ip = cri
         .pod_sandbox_status(k8s_cri::v1::PodSandboxStatusRequest {
             pod_sandbox_id: pod.clone(),

@@ -102,6 +102,27 @@ impl Drop for HostLinkedNamespace {
     }
 }
 
+/// What a server at `address` sends, once something listens there (within 5 s).
+async fn read_once_listening(address: std::net::SocketAddr) -> String {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        match TcpStream::connect_timeout(&address, Duration::from_secs(1)) {
+            Ok(mut stream) => {
+                let mut answer = String::new();
+                stream
+                    .set_read_timeout(Some(Duration::from_secs(3)))
+                    .expect("timeout");
+                let _ = stream.read_to_string(&mut answer);
+                return answer;
+            }
+            Err(_) if Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            Err(e) => panic!("{address}: {e}"),
+        }
+    }
+}
+
 fn joining(path: String) -> CreateSandbox {
     CreateSandbox {
         network_namespace: Some(path),
@@ -161,24 +182,7 @@ async fn a_sandbox_in_a_host_made_network_namespace_uses_it_and_cannot_change_it
     )
     .await;
     assert_eq!(served.0, "listening\n", "{}", served.1);
-    let deadline = Instant::now() + Duration::from_secs(5);
-    let answer = loop {
-        match TcpStream::connect_timeout(&(netns.inside_ip, 80).into(), Duration::from_secs(1)) {
-            Ok(mut stream) => {
-                let mut answer = String::new();
-                stream
-                    .set_read_timeout(Some(Duration::from_secs(3)))
-                    .expect("timeout");
-                let _ = stream.read_to_string(&mut answer);
-                break answer;
-            }
-            Err(e) if Instant::now() < deadline => {
-                let _ = e;
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
-            Err(e) => panic!("the pod's port 80: {e}"),
-        }
-    };
+    let answer = read_once_listening((netns.inside_ip, 80).into()).await;
     assert_eq!(answer, "hello-from-the-pod\n");
     c.delete(&id).await.expect("delete");
 }
@@ -310,5 +314,85 @@ async fn namespaced_sysctls_are_set_in_the_sandbox_alone_and_the_hosts_are_refus
             }
             other => panic!("{name}: {other:?}"),
         }
+    }
+}
+
+#[tokio::test]
+async fn a_sandbox_on_the_hosts_network_is_a_host_process_to_it_and_changes_nothing() {
+    let daemon = TestDaemon::start();
+    let c = daemon.client();
+    let unprivileged_ports = || {
+        std::fs::read_to_string("/proc/sys/net/ipv4/ip_unprivileged_port_start")
+            .expect("the host's ip_unprivileged_port_start")
+    };
+    let ports_before = unprivileged_ports();
+    let server = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).expect("bind on the host");
+    let port = server.local_addr().expect("address").port();
+    std::thread::spawn(move || {
+        for mut stream in server.incoming().flatten() {
+            let _ = stream.write_all(b"hello-from-the-node\n");
+        }
+    });
+    let free_port = {
+        let probe = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).expect("a free port");
+        probe.local_addr().expect("address").port()
+    };
+
+    let id = c
+        .create(&joining(api_types::HOST_NETWORK_NAMESPACE.to_string()))
+        .await
+        .expect("create on the host's network")
+        .id;
+    // The node's loopback services answer it, and it serves on the node's loopback.
+    let (out, err, code) = sh(
+        &c,
+        &id,
+        &format!(
+            "nc -w 3 127.0.0.1 {port} </dev/null; \
+             (echo hello-from-the-pod | nc -l -p {free_port} &); sleep 0.3"
+        ),
+    )
+    .await;
+    assert_eq!((out.as_str(), code), ("hello-from-the-node\n", 0), "{err}");
+    let answer = read_once_listening((Ipv4Addr::LOCALHOST, free_port).into()).await;
+    assert_eq!(answer, "hello-from-the-pod\n");
+
+    // Root in it changes nothing of the host's network and binds no port below 1024.
+    let (out, _, _) = sh(
+        &c,
+        &id,
+        "ip link set lo down 2>&1; ip addr add 10.9.9.9/32 dev lo 2>&1; nc -l -p 81 2>&1; \
+         echo 1 > /proc/sys/net/ipv4/ip_forward 2>&1 || echo sysctl-refused",
+    )
+    .await;
+    assert_eq!(
+        out.matches("Operation not permitted").count(),
+        2,
+        "a change went through:\n{out}"
+    );
+    assert!(
+        out.contains("Permission denied"),
+        "port 81 was bound:\n{out}"
+    );
+    assert!(out.contains("sysctl-refused"), "{out}");
+    assert_eq!(
+        unprivileged_ports(),
+        ports_before,
+        "the host's setting changed"
+    );
+    c.delete(&id).await.expect("delete");
+
+    // A net.* sysctl would be the host's: refused before anything is made.
+    let with_sysctl = CreateSandbox {
+        sysctls: [("net.ipv4.ip_forward".to_string(), "1".to_string())].into(),
+        ..joining(api_types::HOST_NETWORK_NAMESPACE.to_string())
+    };
+    match c.create(&with_sysctl).await {
+        Err(ClientError::Api {
+            status: 400,
+            message,
+            ..
+        }) => assert!(message.contains("host's own network settings"), "{message}"),
+        other => panic!("a net.* sysctl on the host's network: {other:?}"),
     }
 }

@@ -474,10 +474,13 @@ class CreateSandbox:
     #: A network namespace on the host for the sandbox to join instead of having one of its
     #: own: the path of a namespace file (a bind mount of `/proc/PID/ns/net`), such as the one
     #: CNI configured for a Kubernetes pod. The sandbox uses its interfaces, addresses and
-    #: routes and can change none of them; ports below 1024 may be bound there. Namespace
-    #: backend only, never with `network`, never the host's own namespace; only the admin key
-    #: and the daemon's Unix socket may ask (`403` otherwise), as a host path it is theirs to
-    #: name.
+    #: routes and can change none of them; ports below 1024 may be bound there. `"host"`: the
+    #: daemon's own network namespace (a Kubernetes `hostNetwork` pod): it listens and
+    #: connects as a host process does, changes nothing of the host's network, may not bind
+    #: ports below 1024 and takes no `net.*` sysctl (a `400`); the host's namespace named by
+    #: its file is refused. Namespace backend only, never with `network`; only the admin key
+    #: and the daemon's Unix socket may ask (`403` otherwise): the host's network, or a host
+    #: path, is theirs to give.
     network_namespace: str | None = None
 
     #: One PID namespace for the sandbox's own root and every container, as Kubernetes'
