@@ -35,6 +35,7 @@ pub mod container_security;
 pub mod disk;
 pub mod egress;
 pub mod hostname;
+pub mod mountinfo;
 pub mod namespace_fds;
 pub mod qemu;
 pub mod vm;

@@ -32,34 +32,8 @@ pub(crate) fn mounted_at(mountinfo: &str, device: &str, target: &str) -> bool {
         let mut fields = line.split(' ');
         let dev = fields.nth(2);
         let point = fields.nth(1);
-        dev == Some(device) && point.is_some_and(|p| unescape(p) == target)
+        dev == Some(device) && point.is_some_and(|p| contract::mountinfo::unescape(p) == target)
     })
-}
-
-/// A mountinfo path with the kernel's octal escapes (`\040` for a space, `\134` for a
-/// backslash, …) undone.
-fn unescape(field: &str) -> String {
-    let bytes = field.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        let octal = bytes.get(i + 1..i + 4).and_then(|digits| {
-            std::str::from_utf8(digits)
-                .ok()
-                .and_then(|d| u8::from_str_radix(d, 8).ok())
-        });
-        match (bytes[i], octal) {
-            (b'\\', Some(byte)) => {
-                out.push(byte);
-                i += 4;
-            }
-            (byte, _) => {
-                out.push(byte);
-                i += 1;
-            }
-        }
-    }
-    String::from_utf8_lossy(&out).into_owned()
 }
 
 #[cfg(test)]
@@ -83,13 +57,6 @@ mod tests {
         assert!(mounted_at(TABLE, "7:4", "/with space"));
         assert!(!mounted_at("", "7:3", "/root/.cargo/registry"));
         assert!(!mounted_at("garbage", "7:3", "/"));
-    }
-
-    #[test]
-    fn escapes_are_undone_and_odd_backslashes_kept() {
-        assert_eq!(unescape("/a\\040b\\011c\\134d"), "/a b\tc\\d");
-        assert_eq!(unescape("/trailing\\"), "/trailing\\");
-        assert_eq!(unescape("/not\\9oct"), "/not\\9oct");
     }
 
     #[test]

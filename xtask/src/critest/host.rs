@@ -220,49 +220,15 @@ fn parse_mountinfo(table: &str, dir: &Path) -> Vec<PathBuf> {
     table
         .lines()
         .filter_map(|line| line.split(' ').nth(4))
-        .map(|point| PathBuf::from(unescape_mount_point(point)))
+        .map(|point| PathBuf::from(contract::mountinfo::unescape(point)))
         .filter(|point| point.starts_with(dir))
         .collect()
 }
 
-/// A mountinfo path with its octal escapes (`\040` for a space) decoded.
-fn unescape_mount_point(field: &str) -> String {
-    let bytes = field.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        let octal = bytes.get(i + 1..i + 4).and_then(|d| {
-            let text = std::str::from_utf8(d).ok()?;
-            u8::from_str_radix(text, 8).ok()
-        });
-        match (bytes[i], octal) {
-            (b'\\', Some(byte)) => {
-                out.push(byte);
-                i += 4;
-            }
-            (byte, _) => {
-                out.push(byte);
-                i += 1;
-            }
-        }
-    }
-    String::from_utf8_lossy(&out).into_owned()
-}
-
-/// A command's stdout, or an error naming it with its stderr.
+/// A host tool's stdout (`ip`, `iptables`, `ipcs`: each answers at once; 30 s is a hung
+/// one), or an error naming it with its stderr.
 fn read(command: &mut Command) -> Result<String> {
-    let what = crate::util::describe(command);
-    let out = command
-        .output()
-        .with_context(|| format!("running {what}"))?;
-    if !out.status.success() {
-        bail!(
-            "{what} failed ({}): {}",
-            out.status,
-            String::from_utf8_lossy(&out.stderr).trim()
-        );
-    }
-    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    super::services::stdout_within(command, std::time::Duration::from_secs(30))
 }
 
 /// The chains of an iptables table (`-N NAME` lines of `iptables -S`).

@@ -121,6 +121,21 @@ pub(crate) fn tail(log: &Path) -> String {
     guest_image::process::tail(log, 30).unwrap_or_else(|e| format!("(unreadable: {e})"))
 }
 
+/// `command`'s stdout, run to its end within `limit` ([`output_within`]), or an error naming
+/// it with its stderr.
+pub(crate) fn stdout_within(command: &mut Command, limit: Duration) -> Result<String> {
+    let what = describe(command);
+    let out = output_within(command, limit).with_context(|| format!("running {what}"))?;
+    if !out.status.success() {
+        bail!(
+            "{what} failed ({}): {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
 /// Runs `command` to its end with stdout and stderr captured (read as they come, so a full
 /// pipe never blocks it); past `limit` it is killed, and the error says so.
 fn output_within(command: &mut Command, limit: Duration) -> Result<std::process::Output> {
@@ -395,17 +410,7 @@ impl Containerd {
             ])
             .args(["--timeout", &format!("{}s", limit.as_secs().max(1))])
             .args(args);
-        let what = describe(&command);
-        let out = output_within(&mut command, limit + Duration::from_secs(10))
-            .with_context(|| format!("running {what}"))?;
-        if !out.status.success() {
-            bail!(
-                "{what} failed ({}): {}",
-                out.status,
-                String::from_utf8_lossy(&out.stderr).trim()
-            );
-        }
-        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+        stdout_within(&mut command, limit + Duration::from_secs(10))
     }
 
     /// Stops and removes every pod (and so its containers), as between the two handlers'
