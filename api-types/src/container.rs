@@ -80,9 +80,13 @@ pub struct ContainerSecurity {
     pub no_new_privileges: bool,
     /// The capabilities its commands may hold at most (their bounding set): names as Docker
     /// and Kubernetes write them (`CAP_CHOWN` or `CHOWN`, any case), `ALL` for the whole set
-    /// a sandbox grants (`CHOWN`, `DAC_OVERRIDE`, `FOWNER`, `FSETID`, `KILL`, `SETGID`,
-    /// `SETUID`, `SETPCAP`, `NET_BIND_SERVICE`, `SYS_CHROOT`, `SETFCAP`), `[]` for none. A
-    /// name outside that set is a `400` naming it. Absent: the whole set.
+    /// a sandbox grants by default (`CHOWN`, `DAC_OVERRIDE`, `FOWNER`, `FSETID`, `KILL`,
+    /// `SETGID`, `SETUID`, `SETPCAP`, `NET_BIND_SERVICE`, `SYS_CHROOT`, `SETFCAP`), `[]` for
+    /// none. Any other capability (`SYS_ADMIN`, `NET_ADMIN`, …) is granted too, within the
+    /// sandbox's user namespace: it acts on what the sandbox owns (its hostname, its own
+    /// network namespace), never on the host's, and the sandbox's seccomp filter still
+    /// refuses mounts, new namespaces, the keyring, `bpf`, packet and netfilter sockets. A
+    /// name that is no Linux capability is a `400` naming it. Absent: the default set.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub capabilities: Option<Vec<String>>,
     /// Paths hidden from it (OCI's and Kubernetes' `maskedPaths`): a directory is covered by

@@ -50,8 +50,59 @@ pub fn capability_name(name: &str) -> String {
     }
 }
 
+/// Every capability the kernel knows (Linux 6.x), by name and number. A container may ask
+/// for any of them beyond [`SANDBOX_CAPABILITIES`] (Kubernetes' `capabilities.add`,
+/// `privileged`): each acts within the sandbox's user namespace only, on what that namespace
+/// owns, and the sandbox's seccomp filter still refuses what it refuses (mounts, new
+/// namespaces, the keyring, `bpf`, netfilter's and packet sockets, …).
+pub const ALL_CAPABILITIES: &[(&str, u32)] = &[
+    ("CAP_CHOWN", 0),
+    ("CAP_DAC_OVERRIDE", 1),
+    ("CAP_DAC_READ_SEARCH", 2),
+    ("CAP_FOWNER", 3),
+    ("CAP_FSETID", 4),
+    ("CAP_KILL", 5),
+    ("CAP_SETGID", 6),
+    ("CAP_SETUID", 7),
+    ("CAP_SETPCAP", 8),
+    ("CAP_LINUX_IMMUTABLE", 9),
+    ("CAP_NET_BIND_SERVICE", 10),
+    ("CAP_NET_BROADCAST", 11),
+    ("CAP_NET_ADMIN", 12),
+    ("CAP_NET_RAW", 13),
+    ("CAP_IPC_LOCK", 14),
+    ("CAP_IPC_OWNER", 15),
+    ("CAP_SYS_MODULE", 16),
+    ("CAP_SYS_RAWIO", 17),
+    ("CAP_SYS_CHROOT", 18),
+    ("CAP_SYS_PTRACE", 19),
+    ("CAP_SYS_PACCT", 20),
+    ("CAP_SYS_ADMIN", 21),
+    ("CAP_SYS_BOOT", 22),
+    ("CAP_SYS_NICE", 23),
+    ("CAP_SYS_RESOURCE", 24),
+    ("CAP_SYS_TIME", 25),
+    ("CAP_SYS_TTY_CONFIG", 26),
+    ("CAP_MKNOD", 27),
+    ("CAP_LEASE", 28),
+    ("CAP_AUDIT_WRITE", 29),
+    ("CAP_AUDIT_CONTROL", 30),
+    ("CAP_SETFCAP", 31),
+    ("CAP_MAC_OVERRIDE", 32),
+    ("CAP_MAC_ADMIN", 33),
+    ("CAP_SYSLOG", 34),
+    ("CAP_WAKE_ALARM", 35),
+    ("CAP_BLOCK_SUSPEND", 36),
+    ("CAP_AUDIT_READ", 37),
+    ("CAP_PERFMON", 38),
+    ("CAP_BPF", 39),
+    ("CAP_CHECKPOINT_RESTORE", 40),
+];
+
 /// Turns capability names (`CAP_CHOWN` or `chown`, any case; `ALL`: every one of
-/// [`SANDBOX_CAPABILITIES`]) into a bounding-set mask, or names one a sandbox does not grant.
+/// [`SANDBOX_CAPABILITIES`], the sandbox's default set) into a bounding-set mask, or names
+/// one the kernel does not know. Names beyond the default set are granted (see
+/// [`ALL_CAPABILITIES`]).
 pub fn capability_mask<'a>(names: impl IntoIterator<Item = &'a str>) -> Result<u64, String> {
     let mut mask = 0;
     for name in names {
@@ -60,16 +111,23 @@ pub fn capability_mask<'a>(names: impl IntoIterator<Item = &'a str>) -> Result<u
             continue;
         }
         let full = capability_name(name);
-        let Some((_, cap)) = SANDBOX_CAPABILITIES.iter().find(|(kept, _)| *kept == full) else {
-            let granted: Vec<&str> = SANDBOX_CAPABILITIES.iter().map(|(name, _)| *name).collect();
+        let Some((_, cap)) = ALL_CAPABILITIES.iter().find(|(known, _)| *known == full) else {
             return Err(format!(
-                "{name:?} is not a capability a sandbox grants (it grants {})",
-                granted.join(", ")
+                "{name:?} is not a Linux capability (CAP_CHOWN … CAP_CHECKPOINT_RESTORE)"
             ));
         };
         mask |= 1 << cap;
     }
     Ok(mask)
+}
+
+/// The capabilities of `mask` beyond the sandbox's default set, by name.
+pub fn beyond_sandbox_set(mask: u64) -> Vec<&'static str> {
+    ALL_CAPABILITIES
+        .iter()
+        .filter(|(_, cap)| mask & (1 << cap) != 0 && all_capabilities() & (1 << cap) == 0)
+        .map(|(name, _)| *name)
+        .collect()
 }
 
 /// [`SANDBOX_CAPABILITIES`] as a mask.
@@ -278,11 +336,25 @@ mod tests {
         assert_eq!(capability_mask(["chown", "Kill"]), Ok(1 | 1 << 5));
         assert_eq!(capability_mask(["ALL"]), Ok(all_capabilities()));
         assert_eq!(capability_mask([]), Ok(0));
-        let err = capability_mask(["NET_ADMIN"]).expect_err("not granted");
-        assert!(
-            err.contains("\"NET_ADMIN\"") && err.contains("CAP_CHOWN"),
-            "{err}"
+        assert_eq!(
+            capability_mask(["NET_ADMIN", "sys_admin"]),
+            Ok(1 << 12 | 1 << 21)
         );
+        assert_eq!(
+            beyond_sandbox_set(capability_mask(["NET_ADMIN", "CHOWN"]).expect("known")),
+            ["CAP_NET_ADMIN"]
+        );
+        let err = capability_mask(["NET_ADMINISTRATOR"]).expect_err("unknown");
+        assert!(err.contains("\"NET_ADMINISTRATOR\""), "{err}");
+        for (name, cap) in ALL_CAPABILITIES {
+            assert_eq!(
+                ALL_CAPABILITIES[*cap as usize].0, *name,
+                "numbered in order"
+            );
+        }
+        for (name, cap) in SANDBOX_CAPABILITIES {
+            assert_eq!(ALL_CAPABILITIES[*cap as usize].0, *name, "{name}");
+        }
     }
 
     #[test]

@@ -7,8 +7,8 @@
 //!
 //! Each container is made by a child the sandbox's PID 1-to-be clones before it pivots (while
 //! it still holds `CAP_SYS_ADMIN` in the sandbox's user namespace): PID 1 of the container's
-//! PID namespace, it builds the container's root, pivots into it, takes the same capabilities
-//! and seccomp filter as the sandbox's PID 1 and executes the agent again as the container's
+//! PID namespace, it builds the container's root, pivots into it, takes the sandbox PID 1's
+//! capabilities (and those the container was granted beyond them) and seccomp filter and executes the agent again as the container's
 //! own agent, serving on a socket the supervisor bound on the host (`c<i>.sock` in the
 //! sandbox's runtime directory). Nothing of a container can mount afterwards. Containers added
 //! to a running sandbox are made the same way by its container factory (`factory`), which
@@ -153,9 +153,12 @@ pub(crate) fn become_container(
             mounts::make_read_only(&root)?;
         }
         mounts::pivot_into(&root)?;
-        privileges::limit_bounding_set()?;
+        // Its agent holds what its commands may: the sandbox's set and any capability the
+        // container was granted beyond it (each command then drops to the container's own).
+        let held = privileges::kept_mask() | layout.security.capabilities.unwrap_or(0);
+        privileges::limit_bounding_set_to(held)?;
         seccomp::install()?;
-        privileges::keep_only_kept()?;
+        privileges::keep_only(held)?;
         if layout.security.no_new_privileges {
             privileges::no_new_privileges()?;
         }

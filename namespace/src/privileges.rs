@@ -93,11 +93,16 @@ pub(crate) fn limit_bounding_set_to(keep: u64) -> Result<(), SysError> {
 /// started with `execve` as root right after this, which grants root the bounding set anew;
 /// this closes the window in between.)
 pub(crate) fn keep_only_kept() -> Result<(), SysError> {
+    keep_only(kept_mask())
+}
+
+/// Sets the effective and permitted sets to `mask` (within the bounding set) and clears the
+/// inheritable set.
+pub(crate) fn keep_only(mask: u64) -> Result<(), SysError> {
     let mut header = CapHeader {
         version: CAPABILITY_VERSION_3,
         pid: 0,
     };
-    let mask = kept_mask();
     let word = |i: usize| (mask >> (32 * i)) as u32;
     let data = [0, 1].map(|i| CapData {
         effective: word(i),
@@ -107,9 +112,7 @@ pub(crate) fn keep_only_kept() -> Result<(), SysError> {
     // SAFETY: `header` and `data` are valid v3 capability structures for the duration of the
     // call; capset only reads `data`.
     let ret = unsafe { libc::syscall(libc::SYS_capset, &mut header, data.as_ptr()) };
-    check(ret as libc::c_int, || {
-        "capset(the kept capabilities)".into()
-    })
+    check(ret as libc::c_int, || format!("capset({mask:#x})"))
 }
 
 /// `PR_SET_NO_NEW_PRIVS`: nothing this process executes from now on gains a privilege (a

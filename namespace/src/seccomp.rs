@@ -6,9 +6,15 @@
 //!   debuggers and sanitizers through `ptrace`) is allowed; everything else fails with `EPERM`:
 //!   the keyring, `bpf`, `perf_event_open`, `userfaultfd`, `io_uring_*`, `unshare`, `setns`,
 //!   the mount family, `open_by_handle_at`, `kexec_*`, modules, `swapon`, clock setting, `acct`,
-//!   `quotactl`, `reboot`, `sethostname`, `pidfd_getfd`, `kcmp`, NUMA policy, …
+//!   `quotactl`, `reboot`, `pidfd_getfd`, `kcmp`, NUMA policy, …
 //! - `clone` only without `CLONE_NEW*` flags; `personality` only with the five harmless
-//!   values; `socket` not for `AF_ALG` or `AF_VSOCK` (vsock is not network-namespaced).
+//!   values; `socket` not for `AF_ALG`, `AF_VSOCK` (vsock is not network-namespaced),
+//!   `AF_PACKET` or netfilter's netlink (`NETLINK_NETFILTER`): a container granted
+//!   `NET_RAW` or `NET_ADMIN` over a network namespace of the sandbox's own does not reach
+//!   the packet-socket and `nf_tables` code that user namespaces have so often exploited.
+//! - `sethostname` and `setdomainname`, as Docker's profile allows them with `SYS_ADMIN`: the
+//!   kernel still asks for `CAP_SYS_ADMIN` in the sandbox's user namespace, which only a
+//!   container granted it holds, and the name is the sandbox's own (its UTS namespace).
 //! - `clone3` fails with `ENOSYS` (its flags are in memory seccomp cannot read), so libc falls
 //!   back to `clone`; so do numbers this table does not know yet (newer kernels), so that libc
 //!   falls back to an older call instead of failing on `EPERM`.
@@ -330,6 +336,10 @@ const ALWAYS: &[(&str, i64)] = numbered![
     SYS_process_vm_readv,
     SYS_process_vm_writev,
     SYS_chroot,
+    // The sandbox's own UTS namespace; the kernel asks for CAP_SYS_ADMIN in its user
+    // namespace, which a sandbox's root has only when a container is granted it.
+    SYS_sethostname,
+    SYS_setdomainname,
 ];
 
 /// The rest of Docker's unconditional group: calls newer than the `libc` crate's table.
@@ -356,8 +366,17 @@ pub const NAMESPACE_FLAGS: u32 = 0x7E02_0000;
 /// `personality` values allowed: PER_LINUX, PER_LINUX32, UNAME26, both, and the query.
 const PERSONALITIES: [u32; 5] = [0x0, 0x8, 0x20000, 0x20008, 0xffff_ffff];
 
-/// Socket families refused: the kernel's crypto API and vsock (not network-namespaced).
-const REFUSED_FAMILIES: [u32; 2] = [38 /* AF_ALG */, 40 /* AF_VSOCK */];
+/// Socket families refused: the kernel's crypto API, vsock (not network-namespaced) and
+/// packet sockets.
+const REFUSED_FAMILIES: [u32; 3] = [
+    38, /* AF_ALG */
+    40, /* AF_VSOCK */
+    17, /* AF_PACKET */
+];
+/// `AF_NETLINK`, whose protocol decides.
+const AF_NETLINK: u32 = 16;
+/// Netfilter's netlink protocol (`nf_tables`, `ipset`, conntrack), refused.
+const NETLINK_NETFILTER: u32 = 12;
 
 /// The highest system call number this table knows (Linux 6.18: `file_setattr`).
 pub const HIGHEST_KNOWN: u32 = 469;
@@ -374,6 +393,8 @@ const DATA_NR: u32 = 0;
 const DATA_ARCH: u32 = 4;
 /// The low 32 bits of the first argument (little-endian), all the kernel reads of these.
 const DATA_ARG0_LOW: u32 = 16;
+/// The low 32 bits of the third (`socket`'s protocol).
+const DATA_ARG2_LOW: u32 = 32;
 
 const RET_ALLOW: u32 = libc::SECCOMP_RET_ALLOW;
 const RET_EPERM: u32 = libc::SECCOMP_RET_ERRNO | libc::EPERM as u32;
@@ -473,7 +494,14 @@ fn program() -> Result<Vec<Insn>, crate::bpf::AsmError> {
     for family in REFUSED_FAMILIES {
         asm.jump(Cmp::Eq, family, To::Label(eperm), To::Next);
     }
-    asm.ret(RET_ALLOW);
+    asm.jump(Cmp::Eq, AF_NETLINK, To::Next, To::Label(allow));
+    asm.load(DATA_ARG2_LOW);
+    asm.jump(
+        Cmp::Eq,
+        NETLINK_NETFILTER,
+        To::Label(eperm),
+        To::Label(allow),
+    );
 
     asm.bind(personality);
     asm.load(DATA_ARG0_LOW);
@@ -539,17 +567,23 @@ pub fn always_allowed() -> impl Iterator<Item = &'static str> {
 mod tests {
     use super::*;
 
-    fn data(arch: u32, nr: u32, arg0: u64) -> [u8; 64] {
+    fn data(arch: u32, nr: u32, args: [u64; 3]) -> [u8; 64] {
         let mut d = [0u8; 64];
         d[0..4].copy_from_slice(&nr.to_ne_bytes());
         d[4..8].copy_from_slice(&arch.to_ne_bytes());
-        d[16..24].copy_from_slice(&arg0.to_ne_bytes());
+        for (i, arg) in args.iter().enumerate() {
+            d[16 + 8 * i..24 + 8 * i].copy_from_slice(&arg.to_ne_bytes());
+        }
         d
     }
 
     fn verdict(nr: i64, arg0: u64) -> u32 {
+        verdict_with(nr, [arg0, 0, 0])
+    }
+
+    fn verdict_with(nr: i64, args: [u64; 3]) -> u32 {
         let program = program().expect("assembles");
-        crate::bpf::run(&program, &data(ARCH_X86_64, nr as u32, arg0))
+        crate::bpf::run(&program, &data(ARCH_X86_64, nr as u32, args))
     }
 
     #[test]
@@ -577,7 +611,7 @@ mod tests {
         assert_eq!(verdict(i64::from(X32_BIT | 39), 0), RET_EPERM);
         let program = program().expect("assembles");
         assert_eq!(
-            crate::bpf::run(&program, &data(0x4000_0003, 39, 0)),
+            crate::bpf::run(&program, &data(0x4000_0003, 39, [0; 3])),
             RET_KILL
         );
     }
@@ -613,13 +647,23 @@ mod tests {
                 "{family}"
             );
         }
-        for family in [libc::AF_ALG, libc::AF_VSOCK] {
+        for family in [libc::AF_ALG, libc::AF_VSOCK, libc::AF_PACKET] {
             assert_eq!(
                 verdict(libc::SYS_socket, family as u64),
                 RET_EPERM,
                 "{family}"
             );
         }
+        let netlink = |protocol: libc::c_int| {
+            let args = [
+                libc::AF_NETLINK as u64,
+                libc::SOCK_RAW as u64,
+                protocol as u64,
+            ];
+            verdict_with(libc::SYS_socket, args)
+        };
+        assert_eq!(netlink(libc::NETLINK_ROUTE), RET_ALLOW);
+        assert_eq!(netlink(libc::NETLINK_NETFILTER), RET_EPERM);
         for p in PERSONALITIES {
             assert_eq!(verdict(libc::SYS_personality, u64::from(p)), RET_ALLOW);
         }
@@ -656,7 +700,6 @@ mod tests {
             libc::SYS_acct,
             libc::SYS_quotactl,
             libc::SYS_reboot,
-            libc::SYS_sethostname,
             libc::SYS_fsopen,
             libc::SYS_fsmount,
             libc::SYS_move_mount,
@@ -684,6 +727,8 @@ mod tests {
             libc::SYS_waitid,
             libc::SYS_chroot,
             libc::SYS_seccomp,
+            libc::SYS_sethostname,
+            libc::SYS_setdomainname,
         ] {
             assert!(allows(nr), "syscall {nr} is refused");
             assert_eq!(verdict(nr, 0), RET_ALLOW, "syscall {nr}");

@@ -127,14 +127,14 @@ pub(crate) fn joins_pod_pid_namespace(spec: &Spec) -> bool {
 
 /// A pod member's security settings as the sandbox applies them: a read-only root
 /// (`readOnlyRootFilesystem`), `noNewPrivileges` (`allowPrivilegeEscalation: false`) and the
-/// capability bounding set. Containerd's default set (Docker's) is the sandbox's whole set
-/// (the three of it a sandbox never grants, `NET_RAW`, `MKNOD`, `AUDIT_WRITE`, are left out,
-/// as documented); a set without some of the sandbox's is sent as it is (`drop`); one asking
-/// for a capability beyond Docker's default (`add: [NET_ADMIN]`, `privileged`) is refused,
-/// naming it, rather than run without it.
+/// capability bounding set. A set within containerd's default (Docker's) is sent as the
+/// sandbox takes it: its whole set when none of the sandbox's is missing (the three it does
+/// not grant by default, `NET_RAW`, `MKNOD`, `AUDIT_WRITE`, left out, as documented), else
+/// the sandbox's it keeps (`drop`). A set beyond it (`add: [NET_ADMIN]`, `privileged`) is
+/// sent as asked, every name of it: the sandbox grants each within its own user namespace.
 pub(crate) fn security(spec: &Spec) -> Result<api_types::ContainerSecurity, ShimError> {
     use contract::container_security::{
-        capability_name, DEFAULT_NOT_GRANTED, SANDBOX_CAPABILITIES,
+        capability_name, ALL_CAPABILITIES, DEFAULT_NOT_GRANTED, SANDBOX_CAPABILITIES,
     };
     let process = spec.process().as_ref();
     let mut security = api_types::ContainerSecurity {
@@ -160,19 +160,21 @@ pub(crate) fn security(spec: &Spec) -> Result<api_types::ContainerSecurity, Shim
         .flatten()
         .map(|c| capability_name(&c.to_string()))
         .collect();
-    let beyond: Vec<&str> = asked
+    if let Some(unknown) = asked
         .iter()
-        .map(String::as_str)
-        .filter(|name| !DEFAULT_NOT_GRANTED.contains(name))
-        .filter(|name| !SANDBOX_CAPABILITIES.iter().any(|(kept, _)| kept == name))
-        .collect();
-    if !beyond.is_empty() {
+        .find(|name| !ALL_CAPABILITIES.iter().any(|(known, _)| known == name))
+    {
         return Err(ShimError::Invalid(format!(
-            "securityContext.capabilities: {} beyond what a crucible sandbox grants (at most \
-             Docker's default set, less NET_RAW, MKNOD and AUDIT_WRITE; privileged containers \
-             are refused)",
-            beyond.join(", ")
+            "securityContext.capabilities: {unknown} is not a Linux capability"
         )));
+    }
+    let in_docker_default = |name: &String| {
+        DEFAULT_NOT_GRANTED.contains(&name.as_str())
+            || SANDBOX_CAPABILITIES.iter().any(|(kept, _)| kept == name)
+    };
+    if !asked.iter().all(in_docker_default) {
+        security.capabilities = Some(asked.into_iter().collect());
+        return Ok(security);
     }
     let granted: Vec<String> = SANDBOX_CAPABILITIES
         .iter()
@@ -353,7 +355,7 @@ mod tests {
     ];
 
     #[test]
-    fn a_pods_security_context_reaches_the_sandbox_or_is_refused_naming_it() {
+    fn a_pods_security_context_reaches_the_sandbox() {
         let plain = security(&with_security(CONTAINERD_DEFAULT, false, false)).expect("plain");
         assert!(plain.is_default(), "{plain:?}");
         let strict = security(&with_security(&[], true, true)).expect("restricted");
@@ -381,8 +383,12 @@ mod tests {
         assert_eq!(some.capabilities, Some(vec!["CAP_CHOWN".to_string()]));
         let mut more = CONTAINERD_DEFAULT.to_vec();
         more.push("NET_ADMIN");
-        let err = security(&with_security(&more, false, false)).expect_err("NET_ADMIN");
-        assert!(err.to_string().contains("CAP_NET_ADMIN"), "{err}");
+        let added = security(&with_security(&more, false, false)).expect("NET_ADMIN");
+        let mut every: Vec<String> = more.iter().map(|c| format!("CAP_{c}")).collect();
+        every.sort();
+        // Beyond Docker's default: every name as asked, the three a sandbox leaves out of
+        // its default included.
+        assert_eq!(added.capabilities, Some(every));
     }
 
     #[test]

@@ -226,6 +226,9 @@ static long attempt(const char *name) {
     if (!strcmp(name, "socket-vsock")) return socket(AF_VSOCK, SOCK_STREAM, 0);
     if (!strcmp(name, "socket-alg")) return socket(AF_ALG, SOCK_SEQPACKET, 0);
     if (!strcmp(name, "socket-unix")) return socket(AF_UNIX, SOCK_STREAM, 0);
+    if (!strcmp(name, "socket-packet")) return socket(AF_PACKET, SOCK_RAW, 0);
+    if (!strcmp(name, "socket-netfilter")) return socket(AF_NETLINK, SOCK_RAW, 12 /* NETLINK_NETFILTER */);
+    if (!strcmp(name, "socket-rtnetlink")) return socket(AF_NETLINK, SOCK_RAW, 0 /* NETLINK_ROUTE */);
     if (!strcmp(name, "unknown-syscall")) return syscall(1000);
     /* Run setuid root by another user: did the exec make us root? */
     if (!strcmp(name, "euid-root")) {

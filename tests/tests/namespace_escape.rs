@@ -552,6 +552,8 @@ async fn kernel_attack_surface_is_refused_by_the_seccomp_allowlist() {
             "personality-read-implies-exec",
             "socket-vsock",
             "socket-alg",
+            "socket-packet",
+            "socket-netfilter",
         ];
         let mut attempts: Vec<&str> = refused.to_vec();
         attempts.extend([
@@ -559,6 +561,7 @@ async fn kernel_attack_surface_is_refused_by_the_seccomp_allowlist() {
             "x32-syscall",
             "personality-query",
             "socket-unix",
+            "socket-rtnetlink",
         ]);
         let verdicts = sb.probe(&attempts).await;
         let mut expected: Vec<(&str, &[&str])> = refused.iter().map(|a| (*a, eperm)).collect();
@@ -568,6 +571,7 @@ async fn kernel_attack_surface_is_refused_by_the_seccomp_allowlist() {
             ("x32-syscall", &["EPERM", "ENOSYS"][..]),
             ("personality-query", &["OK"][..]),
             ("socket-unix", &["OK"][..]),
+            ("socket-rtnetlink", &["OK"][..]),
         ]);
         assert_verdicts(&verdicts, &expected);
         let (name, _, _) = sb.sh("hostname").await;

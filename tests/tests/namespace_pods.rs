@@ -1248,20 +1248,60 @@ async fn a_containers_security_settings_hold_at_creation_and_when_added() {
         );
     }
 
-    // What a sandbox never grants is refused, naming it.
+    // Capabilities beyond the sandbox's set are granted within its user namespace: the
+    // sandbox's hostname is its own to change with SYS_ADMIN, and the seccomp filter still
+    // refuses mounts, new namespaces and netfilter's sockets.
+    c.add_container(
+        &id,
+        &container(serde_json::json!({
+            "name": "admin", "command": ["sleep", "3600"],
+            "security": {"capabilities": ["ALL", "SYS_ADMIN", "NET_ADMIN"]}
+        })),
+    )
+    .await
+    .expect("add a container granted SYS_ADMIN and NET_ADMIN");
+    let (out, _, _) = sh_in(&c, &id, "admin", SECURITY_OF_SELF).await;
+    assert_eq!(out, status("0", "00000000802415fb", "00000000802415fb"));
+    let (out, code) = {
+        let (out, err, code) = sh_in(&c, &id, "plain", "hostname not-granted 2>&1").await;
+        (out + &err, code)
+    };
+    assert_ne!(code, 0, "hostname without SYS_ADMIN: {out}");
+    let (_, err, code) = sh_in(&c, &id, "admin", "hostname granted").await;
+    assert_eq!(code, 0, "hostname with SYS_ADMIN: {err}");
+    assert_eq!(sh_in(&c, &id, "plain", "hostname").await.0, "granted\n");
+    c.put_path_in(&id, Some("admin"), probe, "/usr/local/bin")
+        .await
+        .expect("upload the probe");
+    let (out, err, _) = sh_in(
+        &c,
+        &id,
+        "admin",
+        "cd /usr/local/bin && for a in mount unshare-user socket-netfilter socket-packet \
+         socket-rtnetlink; do ./escape-probe $a; done",
+    )
+    .await;
+    assert_eq!(
+        out,
+        "mount EPERM\nunshare-user EPERM\nsocket-netfilter EPERM\nsocket-packet EPERM\n\
+         socket-rtnetlink OK\n",
+        "{err}"
+    );
+
+    // A name that is no capability is refused, naming it.
     let refused = c
         .add_container(
             &id,
             &container(serde_json::json!({
-                "name": "admin", "command": ["sleep", "1"],
-                "security": {"capabilities": ["NET_ADMIN"]}
+                "name": "typo", "command": ["sleep", "1"],
+                "security": {"capabilities": ["NET_ADMINISTRATOR"]}
             })),
         )
         .await
-        .expect_err("NET_ADMIN");
+        .expect_err("NET_ADMINISTRATOR");
     let message = refused.to_string();
     assert!(
-        message.contains("security.capabilities") && message.contains("\"NET_ADMIN\""),
+        message.contains("security.capabilities") && message.contains("\"NET_ADMINISTRATOR\""),
         "{message}"
     );
     c.delete(&id).await.expect("delete");
