@@ -108,6 +108,70 @@ pub struct ContainerSecurity {
     /// of `/files` too), never replaced. The same rules as `masked_paths`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub writable_files: Vec<String>,
+    /// A seccomp profile of its own (OCI's `linux.seccomp`, Docker's `--security-opt
+    /// seccomp=FILE`, a Kubernetes `Localhost` or `RuntimeDefault` profile), stacked on the
+    /// sandbox's own filter: a call must pass both, so a profile can refuse more but never
+    /// allow what the sandbox refuses (no profile makes a container unconfined). It binds the
+    /// container's agent too, as runc's binds a container's init: a profile that refuses
+    /// what starting a command takes (`execve`, `clone`, `wait4`, …) leaves the container
+    /// unable to run one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub seccomp: Option<SeccompProfile>,
+}
+
+/// A seccomp profile, as OCI's `linux.seccomp` writes one (names in snake case).
+/// Architectures are not listed: a sandbox runs x86_64 calls, and its own filter refuses
+/// every other ABI.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[serde(deny_unknown_fields)]
+pub struct SeccompProfile {
+    /// What a call no rule matches gets: `SCMP_ACT_ALLOW`, `SCMP_ACT_ERRNO`,
+    /// `SCMP_ACT_KILL` (`_THREAD`), `SCMP_ACT_KILL_PROCESS`, `SCMP_ACT_TRAP`, `SCMP_ACT_LOG`
+    /// or `SCMP_ACT_TRACE` (`SCMP_ACT_NOTIFY` is refused: crucible runs no listener).
+    pub default_action: String,
+    /// The errno of a default `SCMP_ACT_ERRNO` (default `EPERM`), at most 4095.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub default_errno_ret: Option<u32>,
+    /// The rules, tried in order for a call; at most 512, naming at most 2,048 calls in all.
+    /// A name x86_64 does not have is skipped, as runc skips them.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub syscalls: Vec<SeccompRule>,
+}
+
+/// One rule of a [`SeccompProfile`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[serde(deny_unknown_fields)]
+pub struct SeccompRule {
+    /// The system calls it applies to (`chmod`, `fchmodat`, …).
+    pub names: Vec<String>,
+    /// What they get when every check of `args` holds; the same names as `default_action`.
+    pub action: String,
+    /// The errno of `SCMP_ACT_ERRNO` (default `EPERM`) or the data of `SCMP_ACT_TRACE`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub errno_ret: Option<u32>,
+    /// Argument checks, all of which must hold (at most 6); one argument checked twice holds
+    /// when either check does, as runc reads it.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub args: Vec<SeccompArg>,
+}
+
+/// An argument check of a [`SeccompRule`], on the 64-bit unsigned value.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[serde(deny_unknown_fields)]
+pub struct SeccompArg {
+    /// Which argument, 0–5.
+    pub index: u8,
+    /// What it is compared with (the mask, for `SCMP_CMP_MASKED_EQ`).
+    pub value: u64,
+    /// What the masked argument must equal (`SCMP_CMP_MASKED_EQ` only).
+    #[serde(default)]
+    pub value_two: u64,
+    /// `SCMP_CMP_NE`, `SCMP_CMP_LT`, `SCMP_CMP_LE`, `SCMP_CMP_EQ`, `SCMP_CMP_GE`,
+    /// `SCMP_CMP_GT` or `SCMP_CMP_MASKED_EQ`.
+    pub op: String,
 }
 
 impl ContainerSecurity {

@@ -11,7 +11,7 @@ mod sandbox;
 
 pub use container::{
     ContainerInfo, ContainerList, ContainerRequest, ContainerSecurity, ContainerState, ReadyCheck,
-    RestartPolicy, SharedMount,
+    RestartPolicy, SeccompArg, SeccompProfile, SeccompRule, SharedMount,
 };
 pub use image::{ImageInfo, ImageList, ImageUser, ImagesPruned};
 pub use sandbox::{

@@ -180,6 +180,63 @@ fn constrain(schemas: &mut Map<String, Value>) {
             }),
         );
     }
+    {
+        use contract::container_security as bounds;
+        let actions = [
+            "SCMP_ACT_ALLOW",
+            "SCMP_ACT_ERRNO",
+            "SCMP_ACT_KILL",
+            "SCMP_ACT_KILL_THREAD",
+            "SCMP_ACT_KILL_PROCESS",
+            "SCMP_ACT_TRAP",
+            "SCMP_ACT_LOG",
+            "SCMP_ACT_TRACE",
+        ];
+        let errno = json!({ "maximum": bounds::SECCOMP_MAX_ERRNO });
+        set(
+            schemas,
+            "SeccompProfile",
+            "default_action",
+            json!({ "enum": actions }),
+        );
+        set(
+            schemas,
+            "SeccompProfile",
+            "default_errno_ret",
+            errno.clone(),
+        );
+        set(
+            schemas,
+            "SeccompProfile",
+            "syscalls",
+            json!({ "maxItems": bounds::SECCOMP_MAX_RULES }),
+        );
+        set(schemas, "SeccompRule", "action", json!({ "enum": actions }));
+        set(schemas, "SeccompRule", "errno_ret", errno);
+        set(
+            schemas,
+            "SeccompRule",
+            "names",
+            json!({
+                "maxItems": bounds::SECCOMP_MAX_NAMES,
+                "items": { "type": "string", "maxLength": 64 },
+            }),
+        );
+        set(
+            schemas,
+            "SeccompRule",
+            "args",
+            json!({ "maxItems": bounds::SECCOMP_MAX_ARGS }),
+        );
+        set(schemas, "SeccompArg", "index", json!({ "maximum": 5 }));
+        set(
+            schemas,
+            "SeccompArg",
+            "op",
+            json!({ "enum": ["SCMP_CMP_NE", "SCMP_CMP_LT", "SCMP_CMP_LE", "SCMP_CMP_EQ",
+                             "SCMP_CMP_GE", "SCMP_CMP_GT", "SCMP_CMP_MASKED_EQ"] }),
+        );
+    }
     set(
         schemas,
         "ExecRequest",

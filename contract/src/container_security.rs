@@ -11,7 +11,10 @@
 //! - `mask:PATH` (any number): a path of it hidden (OCI's `maskedPaths`);
 //! - `rop:PATH` (any number): a path of it made read-only (OCI's `readonlyPaths`);
 //! - `file:PATH` (any number): a file of it that is a mount of its own, writable when its
-//!   root is not (kubelet's `/etc/hosts`).
+//!   root is not (kubelet's `/etc/hosts`);
+//! - `bpf:HEX`: a seccomp filter of its own, stacked on the sandbox's: classic-BPF
+//!   instructions of 16 hex digits each (`code << 48 | jt << 40 | jf << 32 | k`), at most
+//!   [`MAX_FILTER_INSNS`].
 //!
 //! A path is absolute and plain ([`check_path`]): no space, `+` or `=` (the supervisor's
 //! `--container` flag joins words with `+` and ends them with `=`), no `.` or `..`.
@@ -182,6 +185,21 @@ pub fn check_paths(paths: &[String]) -> Result<(), String> {
     paths.iter().try_for_each(|path| check_path(path))
 }
 
+/// The longest seccomp filter of a container's own, in instructions: half the kernel's limit
+/// (`BPF_MAXINSNS`), so that its text fits the container factory's requests.
+pub const MAX_FILTER_INSNS: usize = 2048;
+
+/// A seccomp profile's bounds: rules (containerd's default profile has about 25), names over
+/// all rules (it names about 380), argument checks in a rule (a call has six arguments), and
+/// the largest errno a filter may return (`MAX_ERRNO`).
+pub const SECCOMP_MAX_RULES: usize = 512;
+/// See [`SECCOMP_MAX_RULES`].
+pub const SECCOMP_MAX_NAMES: usize = 2048;
+/// See [`SECCOMP_MAX_RULES`].
+pub const SECCOMP_MAX_ARGS: usize = 6;
+/// See [`SECCOMP_MAX_RULES`].
+pub const SECCOMP_MAX_ERRNO: u32 = 4095;
+
 /// A container's security settings; the default is the sandbox's own rules, nothing more.
 #[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct ContainerSecurity {
@@ -205,6 +223,10 @@ pub struct ContainerSecurity {
     /// with the image's content: writable when its root is read-only.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub writable_files: Vec<String>,
+    /// A seccomp filter of its own (a compiled profile), stacked on the sandbox's: packed
+    /// classic-BPF instructions; empty: none.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub seccomp_filter: Vec<u64>,
 }
 
 impl ContainerSecurity {
@@ -232,6 +254,14 @@ impl fmt::Display for ContainerSecurity {
             ("file", &self.writable_files),
         ] {
             words.extend(paths.iter().map(|path| format!("{kind}:{path}")));
+        }
+        if !self.seccomp_filter.is_empty() {
+            let hex: String = self
+                .seccomp_filter
+                .iter()
+                .map(|insn| format!("{insn:016x}"))
+                .collect();
+            words.push(format!("bpf:{hex}"));
         }
         if words.is_empty() {
             f.write_str("-")
@@ -270,6 +300,10 @@ impl FromStr for ContainerSecurity {
                     paths.push(path.to_string());
                     false
                 }
+                _ if word.starts_with("bpf:") => {
+                    let filter = parse_filter(&word["bpf:".len()..])?;
+                    !std::mem::replace(&mut security.seccomp_filter, filter).is_empty()
+                }
                 _ => match word.strip_prefix("caps:") {
                     Some(hex) => {
                         let mask = u64::from_str_radix(hex, 16).map_err(|_| {
@@ -280,7 +314,7 @@ impl FromStr for ContainerSecurity {
                     None => {
                         return Err(format!(
                             "security: {word:?} is none of ro, nnp, caps:HEX, mask:PATH, rop:PATH, \
-                             file:PATH (in {s:?})"
+                             file:PATH, bpf:HEX (in {s:?})"
                         ))
                     }
                 },
@@ -291,6 +325,28 @@ impl FromStr for ContainerSecurity {
         }
         Ok(security)
     }
+}
+
+/// The instructions of a `bpf:` word.
+fn parse_filter(hex: &str) -> Result<Vec<u64>, String> {
+    let bad = || {
+        format!(
+            "security: bpf: is not whole 16-digit instructions ({} digits)",
+            hex.len()
+        )
+    };
+    if hex.is_empty() || !hex.len().is_multiple_of(16) || !hex.is_ascii() {
+        return Err(bad());
+    }
+    let count = hex.len() / 16;
+    if count > MAX_FILTER_INSNS {
+        return Err(format!(
+            "security: bpf: {count} instructions, more than {MAX_FILTER_INSNS}"
+        ));
+    }
+    (0..count)
+        .map(|i| u64::from_str_radix(&hex[16 * i..16 * (i + 1)], 16).map_err(|_| bad()))
+        .collect()
 }
 
 #[cfg(test)]
@@ -318,6 +374,7 @@ mod tests {
                 masked_paths: vec!["/proc/kcore".into(), "/bin/ls".into()],
                 read_only_paths: vec!["/tmp".into()],
                 writable_files: vec!["/etc/hosts".into(), "/dev/termination-log".into()],
+                seccomp_filter: vec![0x0020_0000_0000_0004, 0x0006_0000_7fff_0000],
             },
         ] {
             let text = security.to_string();
@@ -371,6 +428,10 @@ mod tests {
             ("mask:/é", "'é'"),
             ("rop:/", "absolute"),
             ("mask:/a+b", "'+'"),
+            ("bpf:", "instructions"),
+            ("bpf:0006", "instructions"),
+            ("bpf:000600007fff000g", "instructions"),
+            ("bpf:0006000000000000 bpf:0006000000000000", "twice"),
         ] {
             let err = text.parse::<ContainerSecurity>().expect_err(text);
             assert!(err.contains(named), "{text}: {err}");

@@ -35,6 +35,8 @@ pub(crate) enum AsmError {
 
 const LD_W_ABS: u16 = (libc::BPF_LD | libc::BPF_W | libc::BPF_ABS) as u16;
 const RET_K: u16 = (libc::BPF_RET | libc::BPF_K) as u16;
+const JA: u16 = (libc::BPF_JMP | libc::BPF_JA) as u16;
+const AND_K: u16 = (libc::BPF_ALU | libc::BPF_AND | libc::BPF_K) as u16;
 
 /// The comparison of a conditional jump (against a constant).
 #[derive(Debug, Clone, Copy)]
@@ -63,6 +65,7 @@ impl Cmp {
 
 #[derive(Debug, Default)]
 pub(crate) struct Assembler {
+    /// Each instruction with its jumps: `jt`, `jf`, or for `JA` its 32-bit target.
     code: Vec<(Insn, To, To)>,
     labels: Vec<Option<usize>>,
 }
@@ -104,25 +107,53 @@ impl Assembler {
         self.push(RET_K, k, To::Next, To::Next);
     }
 
+    /// `goto label`, as far forward as needed (a 32-bit offset).
+    pub(crate) fn goto(&mut self, label: Label) {
+        self.push(JA, 0, To::Label(label), To::Next);
+    }
+
+    /// `A &= k`.
+    pub(crate) fn and(&mut self, k: u32) {
+        self.push(AND_K, k, To::Next, To::Next);
+    }
+
+    /// How many instructions so far.
+    pub(crate) fn len(&self) -> usize {
+        self.code.len()
+    }
+
     /// The program, with every jump resolved.
     pub(crate) fn finish(self) -> Result<Vec<Insn>, AsmError> {
-        let resolve = |from: usize, to: To| -> Result<u8, AsmError> {
+        let offset = |from: usize, to: To| -> Result<usize, AsmError> {
             let target = match to {
                 To::Next => return Ok(0),
                 To::Label(Label(id)) => self.labels[id].ok_or(AsmError::Unbound(id))?,
             };
             target
                 .checked_sub(from + 1)
-                .and_then(|offset| u8::try_from(offset).ok())
                 .ok_or(AsmError::TooFar { from, to: target })
+        };
+        let short = |from: usize, to: To| -> Result<u8, AsmError> {
+            let far = offset(from, to)?;
+            u8::try_from(far).map_err(|_| AsmError::TooFar {
+                from,
+                to: from + 1 + far,
+            })
         };
         self.code
             .iter()
             .enumerate()
             .map(|(at, (insn, jt, jf))| {
+                if insn.code == JA {
+                    let k = u32::try_from(offset(at, *jt)?).map_err(|_| AsmError::TooFar {
+                        from: at,
+                        to: usize::MAX,
+                    })?;
+                    return Ok(Insn { k, ..*insn });
+                }
                 Ok(Insn {
-                    jt: resolve(at, *jt)?,
-                    jf: resolve(at, *jf)?,
+                    jt: short(at, *jt)?,
+                    jf: short(at, *jf)?,
                     ..*insn
                 })
             })
@@ -144,6 +175,8 @@ pub(crate) fn run(program: &[Insn], data: &[u8]) -> u32 {
                 acc = u32::from_ne_bytes(word);
             }
             RET_K => return insn.k,
+            JA => pc += insn.k as usize,
+            AND_K => acc &= insn.k,
             code => {
                 let k = insn.k;
                 let taken = match u32::from(code) & 0xf0 {
@@ -199,5 +232,24 @@ mod tests {
             asm.finish(),
             Err(AsmError::TooFar { from: 0, .. })
         ));
+
+        // A goto reaches past what a conditional jump can.
+        let mut asm = Assembler::default();
+        let (far, near) = (asm.label(), asm.label());
+        asm.load(0);
+        asm.and(0xf0);
+        asm.jump(Cmp::Eq, 0x70, To::Next, To::Label(near));
+        asm.goto(far);
+        asm.bind(near);
+        asm.ret(2);
+        for _ in 0..300 {
+            asm.ret(0);
+        }
+        asm.bind(far);
+        asm.ret(1);
+        let program = asm.finish().expect("assembles");
+        assert_eq!(program[3].k, 301);
+        assert_eq!(run(&program, &data(0x75)), 1);
+        assert_eq!(run(&program, &data(0x85)), 2);
     }
 }

@@ -158,6 +158,12 @@ pub(crate) fn become_container(
         let held = privileges::kept_mask() | layout.security.capabilities.unwrap_or(0);
         privileges::limit_bounding_set_to(held)?;
         seccomp::install()?;
+        if !layout.security.seccomp_filter.is_empty() {
+            // Its own profile, stacked: it binds its agent as well as its commands, as runc's
+            // binds the container's init (installed here, while CAP_SYS_ADMIN spares the
+            // container no_new_privs).
+            seccomp::install_profile(&layout.security.seccomp_filter)?;
+        }
         privileges::keep_only(held)?;
         if layout.security.no_new_privileges {
             privileges::no_new_privileges()?;

@@ -39,8 +39,10 @@ mod path_rules;
 pub mod pod;
 pub mod privileges;
 pub mod seccomp;
+pub mod seccomp_profile;
 mod spec;
 mod sys;
+mod syscall_table;
 pub mod sysctl;
 mod writable_files;
 

@@ -531,9 +531,31 @@ pub(crate) fn install() -> Result<(), SysError> {
             std::io::Error::new(std::io::ErrorKind::InvalidInput, e.to_string()),
         )
     })?;
+    install_program(&program, "the seccomp filter")
+}
+
+/// Installs a container's own profile ([`crate::seccomp_profile`], packed instructions) on
+/// top of the sandbox's filter, under the same conditions as [`install`].
+pub(crate) fn install_profile(packed: &[u64]) -> Result<(), SysError> {
+    let program: Vec<Insn> = packed
+        .iter()
+        .map(|word| crate::seccomp_profile::unpack(*word))
+        .collect();
+    install_program(&program, "the container's seccomp profile")
+}
+
+fn install_program(program: &[Insn], what: &str) -> Result<(), SysError> {
+    let len = u16::try_from(program.len()).map_err(|_| {
+        SysError::io(
+            format!("install {what}"),
+            std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                format!("{} instructions", program.len()),
+            ),
+        )
+    })?;
     let fprog = libc::sock_fprog {
-        // program() is a few hundred instructions at most (its jumps are 8-bit).
-        len: u16::try_from(program.len()).unwrap_or(u16::MAX),
+        len,
         filter: program.as_ptr().cast_mut(),
     };
     // SAFETY: `fprog` points at `program`'s instructions, alive for the call; the kernel
@@ -546,7 +568,7 @@ pub(crate) fn install() -> Result<(), SysError> {
             &fprog as *const libc::sock_fprog,
         )
     };
-    crate::sys::check(ret as libc::c_int, || "install the seccomp filter".into())
+    crate::sys::check(ret as libc::c_int, || format!("install {what}"))
 }
 
 /// Whether the policy allows `nr`, with any arguments or with some.

@@ -148,6 +148,7 @@ pub(crate) fn security(spec: &Spec) -> Result<api_types::ContainerSecurity, Shim
         masked_paths: linux_paths(spec, |l| l.masked_paths().as_ref()),
         read_only_paths: linux_paths(spec, |l| l.readonly_paths().as_ref()),
         writable_files: Vec::new(),
+        seccomp: seccomp(spec)?,
     };
     let Some(capabilities) = process.and_then(|p| p.capabilities().as_ref()) else {
         return Ok(security);
@@ -185,6 +186,62 @@ pub(crate) fn security(spec: &Spec) -> Result<api_types::ContainerSecurity, Shim
         security.capabilities = Some(granted);
     }
     Ok(security)
+}
+
+/// The spec's seccomp profile (`linux.seccomp`: what containerd writes for a `Localhost` or
+/// `RuntimeDefault` profile; nothing for `Unconfined` or a privileged container) as the
+/// daemon takes it, to stack on the sandbox's own filter. A notifying profile (a
+/// `listenerPath`) or one with filter flags is refused, naming the field: crucible runs no
+/// listener and installs its filters without flags.
+fn seccomp(spec: &Spec) -> Result<Option<api_types::SeccompProfile>, ShimError> {
+    let Some(profile) = spec.linux().as_ref().and_then(|l| l.seccomp().as_ref()) else {
+        return Ok(None);
+    };
+    if let Some(path) = profile.listener_path() {
+        return Err(ShimError::Invalid(format!(
+            "linux.seccomp.listenerPath {}: crucible runs no seccomp listener",
+            path.display()
+        )));
+    }
+    if let Some(flags) = profile.flags().as_ref().filter(|f| !f.is_empty()) {
+        return Err(ShimError::Invalid(format!(
+            "linux.seccomp.flags {flags:?}: crucible installs a profile without flags"
+        )));
+    }
+    // The OCI names (`SCMP_ACT_ERRNO`, `SCMP_CMP_EQ`) as serde writes them.
+    let name = |value: serde_json::Result<serde_json::Value>| -> String {
+        value
+            .ok()
+            .and_then(|v| v.as_str().map(str::to_string))
+            .unwrap_or_default()
+    };
+    let syscalls = profile
+        .syscalls()
+        .iter()
+        .flatten()
+        .map(|rule| api_types::SeccompRule {
+            names: rule.names().clone(),
+            action: name(serde_json::to_value(rule.action())),
+            errno_ret: rule.errno_ret(),
+            args: rule
+                .args()
+                .iter()
+                .flatten()
+                .map(|arg| api_types::SeccompArg {
+                    // Past 255 is past 5 too: the daemon names it.
+                    index: u8::try_from(arg.index()).unwrap_or(u8::MAX),
+                    value: arg.value(),
+                    value_two: arg.value_two().unwrap_or(0),
+                    op: name(serde_json::to_value(arg.op())),
+                })
+                .collect(),
+        })
+        .collect();
+    Ok(Some(api_types::SeccompProfile {
+        default_action: name(serde_json::to_value(profile.default_action())),
+        default_errno_ret: profile.default_errno_ret(),
+        syscalls,
+    }))
 }
 
 /// One of the spec's lists of paths (`linux.maskedPaths`, `linux.readonlyPaths`).
@@ -389,6 +446,51 @@ mod tests {
         // Beyond Docker's default: every name as asked, the three a sandbox leaves out of
         // its default included.
         assert_eq!(added.capabilities, Some(every));
+    }
+
+    #[test]
+    fn a_seccomp_profile_reaches_the_daemon_as_oci_names_it() {
+        let with = |seccomp: serde_json::Value| -> Spec {
+            serde_json::from_value(serde_json::json!({
+                "ociVersion": "1.0.2",
+                "process": {"cwd": "/", "args": ["sh"], "user": {"uid": 0, "gid": 0}},
+                "linux": {"seccomp": seccomp}
+            }))
+            .expect("a spec")
+        };
+        // critest's profile that denies chmod, with an argument rule added.
+        let spec = with(serde_json::json!({
+            "defaultAction": "SCMP_ACT_ALLOW",
+            "architectures": ["SCMP_ARCH_X86_64"],
+            "syscalls": [
+                {"names": ["chmod", "fchmodat"], "action": "SCMP_ACT_ERRNO"},
+                {"names": ["personality"], "action": "SCMP_ACT_ERRNO", "errnoRet": 22,
+                 "args": [{"index": 0, "value": 8, "valueTwo": 0, "op": "SCMP_CMP_EQ"}]}
+            ]
+        }));
+        let profile = security(&spec)
+            .expect("a profile")
+            .seccomp
+            .expect("seccomp");
+        assert_eq!(
+            serde_json::to_value(&profile).expect("json"),
+            serde_json::json!({
+                "default_action": "SCMP_ACT_ALLOW",
+                "syscalls": [
+                    {"names": ["chmod", "fchmodat"], "action": "SCMP_ACT_ERRNO"},
+                    {"names": ["personality"], "action": "SCMP_ACT_ERRNO", "errno_ret": 22,
+                     "args": [{"index": 0, "value": 8, "value_two": 0, "op": "SCMP_CMP_EQ"}]}
+                ]
+            })
+        );
+        let notifying = with(serde_json::json!({
+            "defaultAction": "SCMP_ACT_ALLOW", "listenerPath": "/run/seccomp.sock"
+        }));
+        let err = security(&notifying).expect_err("a listener");
+        assert!(
+            err.to_string().contains("linux.seccomp.listenerPath"),
+            "{err}"
+        );
     }
 
     #[test]

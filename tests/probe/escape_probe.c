@@ -223,6 +223,11 @@ static long attempt(const char *name) {
     if (!strcmp(name, "syslog")) return syscall(SYS_syslog, 10 /* SYSLOG_ACTION_SIZE_BUFFER */, 0, 0);
     if (!strcmp(name, "personality-read-implies-exec")) return personality(READ_IMPLIES_EXEC);
     if (!strcmp(name, "personality-query")) return personality(0xffffffff);
+    if (!strcmp(name, "personality-linux32")) {
+        int old = personality(PER_LINUX32);
+        if (old == -1) return -1;
+        return personality(old) == -1 ? -1 : 0;
+    }
     if (!strcmp(name, "socket-vsock")) return socket(AF_VSOCK, SOCK_STREAM, 0);
     if (!strcmp(name, "socket-alg")) return socket(AF_ALG, SOCK_SEQPACKET, 0);
     if (!strcmp(name, "socket-unix")) return socket(AF_UNIX, SOCK_STREAM, 0);

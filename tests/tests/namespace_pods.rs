@@ -1308,6 +1308,104 @@ async fn a_containers_security_settings_hold_at_creation_and_when_added() {
 }
 
 #[tokio::test]
+async fn a_containers_seccomp_profile_is_stacked_on_the_sandboxs_filter() {
+    let daemon = TestDaemon::start();
+    let c = daemon.client();
+    // Denies chmod (critest's profile), fails personality(PER_LINUX32) with EINVAL, and
+    // tries to allow what the sandbox's filter refuses.
+    let profile = serde_json::json!({
+        "default_action": "SCMP_ACT_ALLOW",
+        "syscalls": [
+            {"names": ["chmod", "fchmodat", "fchmodat2", "not_a_call"], "action": "SCMP_ACT_ERRNO"},
+            {"names": ["personality"], "action": "SCMP_ACT_ERRNO", "errno_ret": 22,
+             "args": [{"index": 0, "value": 8, "op": "SCMP_CMP_EQ"}]},
+            {"names": ["mount", "unshare"], "action": "SCMP_ACT_ALLOW"}
+        ]
+    });
+    let created = c
+        .create(&request(serde_json::json!({
+            "containers": [
+                {"name": "confined", "command": ["sleep", "3600"],
+                 "security": {"seccomp": profile}},
+                {"name": "plain", "command": ["sleep", "3600"]}
+            ]
+        })))
+        .await
+        .expect("create");
+    let id = created.id;
+    let (out, err, code) = sh_in(&c, &id, "confined", "touch /f && chmod 600 /f").await;
+    assert_ne!(code, 0, "chmod under the profile: {out}");
+    assert!(err.contains("not permitted"), "{err}");
+    let (out, err, code) = sh_in(
+        &c,
+        &id,
+        "plain",
+        "touch /f && chmod 600 /f && stat -c %a /f",
+    )
+    .await;
+    assert_eq!((out.as_str(), code), ("600\n", 0), "{err}");
+    let (seccomp, _, _) = sh_in(
+        &c,
+        &id,
+        "confined",
+        "grep Seccomp_filters /proc/self/status",
+    )
+    .await;
+    assert_eq!(seccomp.split_whitespace().last(), Some("2"), "{seccomp}");
+
+    let probe = std::path::Path::new(env!("CRUCIBLE_ESCAPE_PROBE"));
+    c.put_path_in(&id, Some("confined"), probe, "/usr/local/bin")
+        .await
+        .expect("upload the probe");
+    let (out, err, _) = sh_in(
+        &c,
+        &id,
+        "confined",
+        "/usr/local/bin/escape-probe mount unshare-user personality-query personality-linux32",
+    )
+    .await;
+    assert_eq!(
+        out, "mount EPERM\nunshare-user EPERM\npersonality-query OK\npersonality-linux32 EINVAL\n",
+        "the profile allows nothing the sandbox refuses: {err}"
+    );
+
+    // What cannot be compiled is refused, naming the rule, before anything is made.
+    for (profile, named) in [
+        (
+            serde_json::json!({"default_action": "SCMP_ACT_NOTIFY"}),
+            "seccomp: default_action",
+        ),
+        (
+            serde_json::json!({"default_action": "SCMP_ACT_ALLOW", "syscalls": [
+                {"names": ["read"], "action": "SCMP_ACT_ERRNO",
+                 "args": [{"index": 6, "value": 0, "op": "SCMP_CMP_EQ"}]}]}),
+            "argument index 6",
+        ),
+        (
+            serde_json::json!({"default_action": "SCMP_ACT_ALLOW", "syscalls": [
+                {"names": ["read"], "action": "SCMP_ACT_ERRNO",
+                 "args": [{"index": 0, "value": 0, "op": "SCMP_CMP_LIKE"}]}]}),
+            "syscalls[0]",
+        ),
+    ] {
+        let refused = c
+            .add_container(
+                &id,
+                &container(serde_json::json!({
+                    "name": "bad", "command": ["sleep", "1"],
+                    "security": {"seccomp": profile}
+                })),
+            )
+            .await
+            .expect_err("an uncompilable profile");
+        let message = refused.to_string();
+        assert!(message.contains(named), "{named}: {message}");
+    }
+    assert_eq!(containers(&c, &id).await.len(), 2);
+    c.delete(&id).await.expect("delete");
+}
+
+#[tokio::test]
 async fn masked_and_read_only_paths_hold_within_the_containers_root_only() {
     let daemon = TestDaemon::start();
     let c = daemon.client();

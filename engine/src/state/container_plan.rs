@@ -412,7 +412,51 @@ fn security_settings(
         masked_paths: paths(&request.masked_paths, "masked_paths")?,
         read_only_paths: paths(&request.read_only_paths, "read_only_paths")?,
         writable_files: paths(&request.writable_files, "writable_files")?,
+        seccomp_filter: match &request.seccomp {
+            Some(profile) => seccomp_filter(profile).map_err(|why| format!("seccomp: {why}"))?,
+            None => Vec::new(),
+        },
     })
+}
+
+/// A container's seccomp profile compiled to the filter its container installs, or why it
+/// cannot be, naming the rule.
+fn seccomp_filter(profile: &api_types::SeccompProfile) -> Result<Vec<u64>, String> {
+    use namespace::seccomp_profile::{compile, Action, ArgCheck, Op, Profile, Rule};
+    let default_action = Action::parse(&profile.default_action, profile.default_errno_ret)
+        .map_err(|why| format!("default_action: {why}"))?;
+    let rules = profile
+        .syscalls
+        .iter()
+        .enumerate()
+        .map(|(i, rule)| {
+            let field = |why: String| format!("syscalls[{i}]: {why}");
+            let action =
+                Action::parse(&rule.action, rule.errno_ret).map_err(|e| field(e.to_string()))?;
+            let args = rule
+                .args
+                .iter()
+                .map(|arg| {
+                    Ok(ArgCheck {
+                        index: arg.index,
+                        value: arg.value,
+                        value_two: arg.value_two,
+                        op: Op::parse(&arg.op).map_err(|e| field(e.to_string()))?,
+                    })
+                })
+                .collect::<Result<Vec<_>, String>>()?;
+            Ok(Rule {
+                names: rule.names.clone(),
+                action,
+                args,
+            })
+        })
+        .collect::<Result<Vec<_>, String>>()?;
+    compile(&Profile {
+        default_action,
+        rules,
+    })
+    .map_err(|why| why.to_string())
 }
 
 /// Refuses security settings on a backend that cannot apply them (a microVM's containers run

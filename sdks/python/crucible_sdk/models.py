@@ -337,9 +337,13 @@ class ContainerSecurity:
 
     #: The capabilities its commands may hold at most (their bounding set): names as Docker
     #: and Kubernetes write them (`CAP_CHOWN` or `CHOWN`, any case), `ALL` for the whole set
-    #: a sandbox grants (`CHOWN`, `DAC_OVERRIDE`, `FOWNER`, `FSETID`, `KILL`, `SETGID`,
-    #: `SETUID`, `SETPCAP`, `NET_BIND_SERVICE`, `SYS_CHROOT`, `SETFCAP`), `[]` for none. A
-    #: name outside that set is a `400` naming it. Absent: the whole set.
+    #: a sandbox grants by default (`CHOWN`, `DAC_OVERRIDE`, `FOWNER`, `FSETID`, `KILL`,
+    #: `SETGID`, `SETUID`, `SETPCAP`, `NET_BIND_SERVICE`, `SYS_CHROOT`, `SETFCAP`), `[]` for
+    #: none. Any other capability (`SYS_ADMIN`, `NET_ADMIN`, …) is granted too, within the
+    #: sandbox's user namespace: it acts on what the sandbox owns (its hostname, its own
+    #: network namespace), never on the host's, and the sandbox's seccomp filter still
+    #: refuses mounts, new namespaces, the keyring, `bpf`, packet and netfilter sockets. A
+    #: name that is no Linux capability is a `400` naming it. Absent: the default set.
     capabilities: list[str] | None = None
 
     #: Paths hidden from it (OCI's and Kubernetes' `maskedPaths`): a directory is covered by
@@ -364,6 +368,15 @@ class ContainerSecurity:
     #: `/dev/shm` and `/proc` are mounts of their own and keep their modes.
     read_only_root: bool | None = None
 
+    #: A seccomp profile of its own (OCI's `linux.seccomp`, Docker's `--security-opt
+    #: seccomp=FILE`, a Kubernetes `Localhost` or `RuntimeDefault` profile), stacked on the
+    #: sandbox's own filter: a call must pass both, so a profile can refuse more but never
+    #: allow what the sandbox refuses (no profile makes a container unconfined). It binds the
+    #: container's agent too, as runc's binds a container's init: a profile that refuses
+    #: what starting a command takes (`execve`, `clone`, `wait4`, …) leaves the container
+    #: unable to run one.
+    seccomp: SeccompProfile | None = None
+
     #: Files that stay writable when its root is read-only, as kubelet's `/etc/hosts`,
     #: `/etc/hostname` and `/etc/resolv.conf` do: each becomes a mount of its own, on a tmpfs
     #: of the container's (1 MiB for them all), holding the image's file (empty if the image
@@ -379,6 +392,7 @@ class ContainerSecurity:
             no_new_privileges=data.get('no_new_privileges', None),
             read_only_paths=list(data.get('read_only_paths', [])),
             read_only_root=data.get('read_only_root', None),
+            seccomp=_opt(data.get('seccomp'), SeccompProfile.from_dict),
             writable_files=list(data.get('writable_files', [])),
         )
 
@@ -394,6 +408,8 @@ class ContainerSecurity:
             out['read_only_paths'] = list(self.read_only_paths)
         if self.read_only_root is not None:
             out['read_only_root'] = self.read_only_root
+        if self.seccomp is not None:
+            out['seccomp'] = None if self.seccomp is None else self.seccomp.to_dict()
         if self.writable_files:
             out['writable_files'] = list(self.writable_files)
         return out
@@ -1524,6 +1540,122 @@ class SandboxTimings:
 
 
 @dataclass
+class SeccompArg:
+    """An argument check of a [`SeccompRule`], on the 64-bit unsigned value."""
+
+    # The daemon refuses unknown fields in this body.
+
+    #: Which argument, 0–5.
+    index: int
+
+    #: `SCMP_CMP_NE`, `SCMP_CMP_LT`, `SCMP_CMP_LE`, `SCMP_CMP_EQ`, `SCMP_CMP_GE`,
+    #: `SCMP_CMP_GT` or `SCMP_CMP_MASKED_EQ`.
+    op: Literal["SCMP_CMP_NE", "SCMP_CMP_LT", "SCMP_CMP_LE", "SCMP_CMP_EQ", "SCMP_CMP_GE", "SCMP_CMP_GT", "SCMP_CMP_MASKED_EQ"]
+
+    #: What it is compared with (the mask, for `SCMP_CMP_MASKED_EQ`).
+    value: int
+
+    #: What the masked argument must equal (`SCMP_CMP_MASKED_EQ` only).
+    value_two: int = 0
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> SeccompArg:
+        return cls(
+            index=data['index'],
+            op=data['op'],
+            value=data['value'],
+            value_two=data.get('value_two', 0),
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        out['index'] = self.index
+        out['op'] = self.op
+        out['value'] = self.value
+        if self.value_two != 0:
+            out['value_two'] = self.value_two
+        return out
+
+
+@dataclass
+class SeccompProfile:
+    """A seccomp profile, as OCI's `linux.seccomp` writes one (names in snake case).
+    Architectures are not listed: a sandbox runs x86_64 calls, and its own filter refuses
+    every other ABI.
+    """
+
+    # The daemon refuses unknown fields in this body.
+
+    #: What a call no rule matches gets: `SCMP_ACT_ALLOW`, `SCMP_ACT_ERRNO`,
+    #: `SCMP_ACT_KILL` (`_THREAD`), `SCMP_ACT_KILL_PROCESS`, `SCMP_ACT_TRAP`, `SCMP_ACT_LOG`
+    #: or `SCMP_ACT_TRACE` (`SCMP_ACT_NOTIFY` is refused: crucible runs no listener).
+    default_action: Literal["SCMP_ACT_ALLOW", "SCMP_ACT_ERRNO", "SCMP_ACT_KILL", "SCMP_ACT_KILL_THREAD", "SCMP_ACT_KILL_PROCESS", "SCMP_ACT_TRAP", "SCMP_ACT_LOG", "SCMP_ACT_TRACE"]
+
+    #: The errno of a default `SCMP_ACT_ERRNO` (default `EPERM`), at most 4095.
+    default_errno_ret: int | None = None
+
+    #: The rules, tried in order for a call; at most 512, naming at most 2,048 calls in all.
+    #: A name x86_64 does not have is skipped, as runc skips them.
+    syscalls: list[SeccompRule] = field(default_factory=list)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> SeccompProfile:
+        return cls(
+            default_action=data['default_action'],
+            default_errno_ret=data.get('default_errno_ret', None),
+            syscalls=[SeccompRule.from_dict(x) for x in data.get('syscalls', [])],
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        out['default_action'] = self.default_action
+        if self.default_errno_ret is not None:
+            out['default_errno_ret'] = self.default_errno_ret
+        if self.syscalls:
+            out['syscalls'] = [x.to_dict() for x in self.syscalls]
+        return out
+
+
+@dataclass
+class SeccompRule:
+    """One rule of a [`SeccompProfile`]."""
+
+    # The daemon refuses unknown fields in this body.
+
+    #: What they get when every check of `args` holds; the same names as `default_action`.
+    action: Literal["SCMP_ACT_ALLOW", "SCMP_ACT_ERRNO", "SCMP_ACT_KILL", "SCMP_ACT_KILL_THREAD", "SCMP_ACT_KILL_PROCESS", "SCMP_ACT_TRAP", "SCMP_ACT_LOG", "SCMP_ACT_TRACE"]
+
+    #: The system calls it applies to (`chmod`, `fchmodat`, …).
+    names: list[str]
+
+    #: Argument checks, all of which must hold (at most 6); one argument checked twice holds
+    #: when either check does, as runc reads it.
+    args: list[SeccompArg] = field(default_factory=list)
+
+    #: The errno of `SCMP_ACT_ERRNO` (default `EPERM`) or the data of `SCMP_ACT_TRACE`.
+    errno_ret: int | None = None
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> SeccompRule:
+        return cls(
+            action=data['action'],
+            names=list(data['names']),
+            args=[SeccompArg.from_dict(x) for x in data.get('args', [])],
+            errno_ret=data.get('errno_ret', None),
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        out['action'] = self.action
+        out['names'] = list(self.names)
+        if self.args:
+            out['args'] = [x.to_dict() for x in self.args]
+        if self.errno_ret is not None:
+            out['errno_ret'] = self.errno_ret
+        return out
+
+
+@dataclass
 class SharedMount:
     """A shared directory (a Kubernetes `emptyDir`): a directory of the sandbox's writable
     scratch, empty at creation, the same files in every container that mounts it by name.
@@ -1731,6 +1863,9 @@ __all__ = [
     'SandboxState',
     'SandboxStats',
     'SandboxTimings',
+    'SeccompArg',
+    'SeccompProfile',
+    'SeccompRule',
     'SharedMount',
     'SignalRequest',
     'UpdateSandbox',

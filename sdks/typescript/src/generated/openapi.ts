@@ -2268,9 +2268,13 @@ export interface components {
             /**
              * @description The capabilities its commands may hold at most (their bounding set): names as Docker
              *     and Kubernetes write them (`CAP_CHOWN` or `CHOWN`, any case), `ALL` for the whole set
-             *     a sandbox grants (`CHOWN`, `DAC_OVERRIDE`, `FOWNER`, `FSETID`, `KILL`, `SETGID`,
-             *     `SETUID`, `SETPCAP`, `NET_BIND_SERVICE`, `SYS_CHROOT`, `SETFCAP`), `[]` for none. A
-             *     name outside that set is a `400` naming it. Absent: the whole set.
+             *     a sandbox grants by default (`CHOWN`, `DAC_OVERRIDE`, `FOWNER`, `FSETID`, `KILL`,
+             *     `SETGID`, `SETUID`, `SETPCAP`, `NET_BIND_SERVICE`, `SYS_CHROOT`, `SETFCAP`), `[]` for
+             *     none. Any other capability (`SYS_ADMIN`, `NET_ADMIN`, …) is granted too, within the
+             *     sandbox's user namespace: it acts on what the sandbox owns (its hostname, its own
+             *     network namespace), never on the host's, and the sandbox's seccomp filter still
+             *     refuses mounts, new namespaces, the keyring, `bpf`, packet and netfilter sockets. A
+             *     name that is no Linux capability is a `400` naming it. Absent: the default set.
              */
             capabilities?: string[] | null;
             /**
@@ -2299,6 +2303,16 @@ export interface components {
              *     `/dev/shm` and `/proc` are mounts of their own and keep their modes.
              */
             read_only_root?: boolean;
+            /**
+             * @description A seccomp profile of its own (OCI's `linux.seccomp`, Docker's `--security-opt
+             *     seccomp=FILE`, a Kubernetes `Localhost` or `RuntimeDefault` profile), stacked on the
+             *     sandbox's own filter: a call must pass both, so a profile can refuse more but never
+             *     allow what the sandbox refuses (no profile makes a container unconfined). It binds the
+             *     container's agent too, as runc's binds a container's init: a profile that refuses
+             *     what starting a command takes (`execve`, `clone`, `wait4`, …) leaves the container
+             *     unable to run one.
+             */
+            seccomp?: components["schemas"]["SeccompProfile"] | (null);
             /**
              * @description Files that stay writable when its root is read-only, as kubelet's `/etc/hosts`,
              *     `/etc/hostname` and `/etc/resolv.conf` do: each becomes a mount of its own, on a tmpfs
@@ -2971,6 +2985,75 @@ export interface components {
              * @description From the create request to the agent's hello, in milliseconds (fractional).
              */
             create_to_ready_ms: number;
+        };
+        /** @description An argument check of a [`SeccompRule`], on the 64-bit unsigned value. */
+        SeccompArg: {
+            /**
+             * Format: uint8
+             * @description Which argument, 0–5.
+             */
+            index: number;
+            /**
+             * @description `SCMP_CMP_NE`, `SCMP_CMP_LT`, `SCMP_CMP_LE`, `SCMP_CMP_EQ`, `SCMP_CMP_GE`,
+             *     `SCMP_CMP_GT` or `SCMP_CMP_MASKED_EQ`.
+             * @enum {string}
+             */
+            op: "SCMP_CMP_NE" | "SCMP_CMP_LT" | "SCMP_CMP_LE" | "SCMP_CMP_EQ" | "SCMP_CMP_GE" | "SCMP_CMP_GT" | "SCMP_CMP_MASKED_EQ";
+            /**
+             * Format: uint64
+             * @description What it is compared with (the mask, for `SCMP_CMP_MASKED_EQ`).
+             */
+            value: number;
+            /**
+             * Format: uint64
+             * @description What the masked argument must equal (`SCMP_CMP_MASKED_EQ` only).
+             * @default 0
+             */
+            value_two?: number;
+        };
+        /**
+         * @description A seccomp profile, as OCI's `linux.seccomp` writes one (names in snake case).
+         *     Architectures are not listed: a sandbox runs x86_64 calls, and its own filter refuses
+         *     every other ABI.
+         */
+        SeccompProfile: {
+            /**
+             * @description What a call no rule matches gets: `SCMP_ACT_ALLOW`, `SCMP_ACT_ERRNO`,
+             *     `SCMP_ACT_KILL` (`_THREAD`), `SCMP_ACT_KILL_PROCESS`, `SCMP_ACT_TRAP`, `SCMP_ACT_LOG`
+             *     or `SCMP_ACT_TRACE` (`SCMP_ACT_NOTIFY` is refused: crucible runs no listener).
+             * @enum {string}
+             */
+            default_action: "SCMP_ACT_ALLOW" | "SCMP_ACT_ERRNO" | "SCMP_ACT_KILL" | "SCMP_ACT_KILL_THREAD" | "SCMP_ACT_KILL_PROCESS" | "SCMP_ACT_TRAP" | "SCMP_ACT_LOG" | "SCMP_ACT_TRACE";
+            /**
+             * Format: uint32
+             * @description The errno of a default `SCMP_ACT_ERRNO` (default `EPERM`), at most 4095.
+             */
+            default_errno_ret?: number | null;
+            /**
+             * @description The rules, tried in order for a call; at most 512, naming at most 2,048 calls in all.
+             *     A name x86_64 does not have is skipped, as runc skips them.
+             */
+            syscalls?: components["schemas"]["SeccompRule"][];
+        };
+        /** @description One rule of a [`SeccompProfile`]. */
+        SeccompRule: {
+            /**
+             * @description What they get when every check of `args` holds; the same names as `default_action`.
+             * @enum {string}
+             */
+            action: "SCMP_ACT_ALLOW" | "SCMP_ACT_ERRNO" | "SCMP_ACT_KILL" | "SCMP_ACT_KILL_THREAD" | "SCMP_ACT_KILL_PROCESS" | "SCMP_ACT_TRAP" | "SCMP_ACT_LOG" | "SCMP_ACT_TRACE";
+            /**
+             * @description Argument checks, all of which must hold (at most 6); one argument checked twice holds
+             *     when either check does, as runc reads it.
+             */
+            args?: components["schemas"]["SeccompArg"][];
+            /**
+             * Format: uint32
+             * @description The errno of `SCMP_ACT_ERRNO` (default `EPERM`) or the data of `SCMP_ACT_TRACE`.
+             */
+            errno_ret?: number | null;
+            /** @description The system calls it applies to (`chmod`, `fchmodat`, …). */
+            names: string[];
         };
         /**
          * @description A shared directory (a Kubernetes `emptyDir`): a directory of the sandbox's writable
