@@ -61,6 +61,46 @@ pub struct ContainerRequest {
     /// `400`).
     #[serde(default, skip_serializing_if = "ContainerSecurity::is_default")]
     pub security: ContainerSecurity,
+    /// Host directories it mounts (Kubernetes `hostPath` volumes): at most 16, each
+    /// idmapped so that host uid 0 is the sandbox's root (what the sandbox's root writes
+    /// there is the host root's), `nosuid` and `nodev`. Namespace backend, and only for a
+    /// container added to a running sandbox (`POST /sandboxes/{id}/containers`); only the
+    /// admin key or the daemon's Unix socket may ask (`403` otherwise).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub host_paths: Vec<HostPath>,
+}
+
+/// A host directory mounted into a container.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[serde(deny_unknown_fields)]
+pub struct HostPath {
+    /// The host directory: an absolute path; a symlink to a directory is followed, once, by
+    /// the daemon.
+    pub source: String,
+    /// Where it appears in the container: a plain absolute path of ASCII letters, digits and
+    /// `/._-,@:`, not in `/proc`, `/dev` or `/sys`; the directories on the way are made
+    /// (none may be a symlink of the image).
+    pub path: String,
+    /// Mounted read-only.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub read_only: bool,
+    /// How mounts the host makes below it later reach the container.
+    #[serde(default)]
+    pub propagation: HostPathPropagation,
+}
+
+/// How a host path takes the host's later mounts (Kubernetes' `mountPropagation`; its
+/// `Bidirectional` is refused: it would let the sandbox mount on the host).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[serde(rename_all = "snake_case")]
+pub enum HostPathPropagation {
+    /// Neither way (`rprivate`, Kubernetes' `None`).
+    #[default]
+    Private,
+    /// The host's mounts below it appear in the container (`rslave`, `HostToContainer`).
+    HostToContainer,
 }
 
 /// `"security"` of a container. Each setting only takes away from what the sandbox allows.

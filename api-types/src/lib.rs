@@ -10,8 +10,9 @@ mod image;
 mod sandbox;
 
 pub use container::{
-    ContainerInfo, ContainerList, ContainerRequest, ContainerSecurity, ContainerState, ReadyCheck,
-    RestartPolicy, SeccompArg, SeccompProfile, SeccompRule, SharedMount,
+    ContainerInfo, ContainerList, ContainerRequest, ContainerSecurity, ContainerState, HostPath,
+    HostPathPropagation, ReadyCheck, RestartPolicy, SeccompArg, SeccompProfile, SeccompRule,
+    SharedMount,
 };
 pub use image::{ImageInfo, ImageList, ImageUser, ImagesPruned};
 pub use sandbox::{

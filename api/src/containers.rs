@@ -42,6 +42,15 @@ pub(crate) async fn add(
     let sandbox = state.registry.get(&id, &caller)?;
     let body = crate::body::read(body, state.http.header_timeout).await?;
     let request: api_types::ContainerRequest = crate::json::parse_json(&body, "container")?;
+    if !request.host_paths.is_empty() && !caller.sees_all() {
+        // A host directory is the host's, whoever owns the sandbox.
+        return Err(ApiError::new(
+            axum::http::StatusCode::FORBIDDEN,
+            "forbidden",
+            "host_paths: only the admin key or the daemon's Unix socket may mount a host \
+             directory into a container",
+        ));
+    }
     // Carried to its end even if the client goes: a container half made would be lost.
     let addition = {
         let state = state.clone();

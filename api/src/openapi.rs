@@ -180,6 +180,27 @@ fn constrain(schemas: &mut Map<String, Value>) {
             }),
         );
     }
+    set(
+        schemas,
+        "ContainerRequest",
+        "host_paths",
+        json!({ "maxItems": contract::container_security::MAX_HOST_PATHS }),
+    );
+    set(
+        schemas,
+        "HostPath",
+        "path",
+        json!({
+            "pattern": "^(/[A-Za-z0-9._,@:-]+)+$",
+            "maxLength": contract::container_security::MAX_PATH_BYTES,
+        }),
+    );
+    set(
+        schemas,
+        "HostPath",
+        "source",
+        json!({ "pattern": "^/[^\\u0000]*$", "maxLength": 4096 }),
+    );
     {
         use contract::container_security as bounds;
         let actions = [
@@ -654,7 +675,8 @@ pub(crate) fn document() -> Value {
                     "requestBody": { "required": true, "content": {
                         "application/json": { "schema": schema_ref("ContainerRequest") } } },
                     "responses": with(errors(&[
-                        ("400", "The id or the request is invalid (a field, its image, a shared directory, a depends_on naming no container of the sandbox), or the sandbox runs no containers (the process backend)."),
+                        ("400", "The id or the request is invalid (a field, its image, a shared directory, a depends_on naming no container of the sandbox, a host path that is no directory or on a microVM), or the sandbox runs no containers (the process backend)."),
+                        ("403", "host_paths asked for by a caller other than the admin key or the daemon's Unix socket."),
                         ("404", "No sandbox with this id, as far as the caller can see, or no such imported image."),
                         ("409", "The sandbox already has a container of this name, it is not running, or it is a microVM whose container_slots are all in use."),
                         ("422", "The container did not become ready: its main process exited, or its ready check did not pass within its timeout (code container_not_ready; the message ends with its log's last lines). It stays (failed, or exited when its main process ended) with its log, until it is removed."),

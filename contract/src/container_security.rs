@@ -185,6 +185,9 @@ pub fn check_paths(paths: &[String]) -> Result<(), String> {
     paths.iter().try_for_each(|path| check_path(path))
 }
 
+/// At most this many host paths per container.
+pub const MAX_HOST_PATHS: usize = 16;
+
 /// The longest seccomp filter of a container's own, in instructions: half the kernel's limit
 /// (`BPF_MAXINSNS`), so that its text fits the container factory's requests.
 pub const MAX_FILTER_INSNS: usize = 2048;

@@ -466,6 +466,7 @@ impl Sandbox {
         root: &namespace::ContainerRoot,
         disk: Option<&std::path::Path>,
         shared: &[wire::agent::SharedDir],
+        host_paths: &[namespace::HostPathMount],
         lease: Option<oci::ImageLease>,
     ) -> Result<Arc<Container>, AddContainerError> {
         let mut next = self.next_container.lock().await;
@@ -493,7 +494,7 @@ impl Sandbox {
         *next += 1;
         self.had_containers.store(true, Ordering::Release);
         self.instance
-            .add_container(index, root, disk, shared)
+            .add_container(index, root, disk, shared, host_paths)
             .await
             .map_err(|reason| AddContainerError::Failed {
                 id: self.id.clone(),

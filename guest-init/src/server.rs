@@ -321,14 +321,16 @@ pub fn adopt_container_factory() {
     }
 }
 
-/// Receives the two descriptors that follow an `add_container` request on `conn` (the image,
-/// the listener) and has the factory make the container; its agent's pid.
+/// Receives the descriptors that follow an `add_container` request on `conn` (the image, the
+/// listener, one mount per host path) and has the factory make the container; its agent's
+/// pid.
 fn add_container(
     conn: &UnixStream,
     name: &str,
     index: usize,
     (share_pids, security): (bool, contract::container_security::ContainerSecurity),
     shared: &[wire::agent::SharedDir],
+    host_paths: &[String],
 ) -> Result<i32, ErrorBody> {
     use std::os::fd::AsFd;
     let invalid = |why: String| ErrorBody::new("invalid_request", format!("add_container: {why}"));
@@ -337,12 +339,28 @@ fn add_container(
         .ok_or_else(|| invalid(namespace::FactoryError::Missing.to_string()))?;
     conn.set_read_timeout(Some(UPLINK_WAIT))
         .map_err(|e| invalid(e.to_string()))?;
+    if host_paths.len() > namespace::MAX_HOST_PATHS {
+        return Err(invalid(format!(
+            "{} host paths, more than {}",
+            host_paths.len(),
+            namespace::MAX_HOST_PATHS
+        )));
+    }
     let mut received = Vec::with_capacity(2);
-    for what in ["the image", "the listener"] {
-        match namespace::recv_stream(conn.as_fd()) {
-            Ok(Some(fd)) => received.push(fd),
+    let mut host_mounts = Vec::with_capacity(host_paths.len());
+    let names = ["the image", "the listener"]
+        .into_iter()
+        .map(str::to_string);
+    let names = names.chain(host_paths.iter().map(|p| format!("the host path {p}")));
+    for (i, what) in names.enumerate() {
+        let fd = match namespace::recv_stream(conn.as_fd()) {
+            Ok(Some(fd)) => fd,
             Ok(None) => return Err(invalid(format!("the host hung up before {what}"))),
             Err(e) => return Err(invalid(format!("receiving {what}: {e}"))),
+        };
+        match i {
+            0 | 1 => received.push(fd),
+            _ => host_mounts.push(fd),
         }
     }
     let shared = shared
@@ -373,9 +391,11 @@ fn add_container(
                 share_pids,
                 security,
                 shared,
+                host_paths: host_paths.to_vec(),
             },
             image,
             listener,
+            host_mounts,
         )
         .map_err(|e| {
             let code = match e {
@@ -572,6 +592,7 @@ pub fn handle(mut conn: UnixStream, agent: &Agent) {
             share_pids,
             disk,
             security,
+            host_paths,
         } => {
             if share_pids {
                 // Before it exists: a signal to the sandbox must never reach it.
@@ -586,6 +607,10 @@ pub fn handle(mut conn: UnixStream, agent: &Agent) {
                     "invalid_request",
                     format!("add_container {name:?}: {why}"),
                 )),
+                (Some(_), Ok(_)) if !host_paths.is_empty() => Err(ErrorBody::new(
+                    "invalid_request",
+                    format!("add_container {name:?}: a microVM's containers mount no host path"),
+                )),
                 (Some(_), Ok(security)) if !security.is_default() => Err(ErrorBody::new(
                     "invalid_request",
                     format!(
@@ -596,7 +621,7 @@ pub fn handle(mut conn: UnixStream, agent: &Agent) {
                 (Some(disk), Ok(_)) => add_vm_container(&name, index, share_pids, &disk, &shared),
                 (None, Ok(security)) => {
                     let member = (share_pids, security);
-                    add_container(&conn, &name, index, member, &shared)
+                    add_container(&conn, &name, index, member, &shared, &host_paths)
                 }
             };
             let reply = match added {

@@ -55,6 +55,7 @@ pub(crate) fn start_some(
                     dir: Path::new("c").join(&container.name),
                     shared: shared.cloned().collect(),
                     security: container.security.clone(),
+                    host_paths: Vec::new(),
                 };
                 let hand = || host_side.hand_to_container(index);
                 let e = become_container(&layout, image, agent, hand, &argv);
@@ -97,6 +98,24 @@ pub(crate) struct Layout {
     pub(crate) shared: Vec<SharedMount>,
     /// What its processes may do, within the sandbox's rules.
     pub(crate) security: ContainerSecurity,
+    /// The host's mounts of its host paths (detached, idmapped), each with where it goes.
+    pub(crate) host_paths: Vec<(OwnedFd, String)>,
+}
+
+/// Attaches each host path's mount (made by the host) at its place under `root`, the
+/// directories on the way made; no component may be a symlink of the image
+/// ([`mounts::mount_point`]).
+fn attach_host_paths(root: &Path, host_paths: &[(OwnedFd, String)]) -> Result<(), SysError> {
+    if host_paths.is_empty() {
+        return Ok(());
+    }
+    let root_dir = sys::open_file(root, libc::O_PATH | libc::O_DIRECTORY)?;
+    for (mount, target) in host_paths {
+        let what = format!("host path {target}");
+        let at = mounts::mount_point(&root_dir, Path::new(target), &what)?;
+        crate::mount_api::attach(mount, std::os::fd::AsFd::as_fd(&at), &what)?;
+    }
+    Ok(())
 }
 
 /// The container's side, with the scratch as the working directory: builds its root, pivots,
@@ -145,6 +164,7 @@ pub(crate) fn become_container(
         std::env::set_current_dir("../..").map_err(|e| SysError::io("chdir ../..", e))?;
         mounts::finish_root(&root, &tmp)?;
         mounts::attach_shared_mounts(layout.shared.iter(), &root)?;
+        attach_host_paths(&root, &layout.host_paths)?;
         crate::writable_files::mount(&root, &layout.security.writable_files)?;
         crate::path_rules::apply(&root, &layout.security)?;
         if layout.security.read_only_root {

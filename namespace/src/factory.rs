@@ -20,8 +20,10 @@
 //!
 //! The exchange with PID 1, on a stream socket pair: the image and the listener, each one
 //! byte carrying the descriptor ([`crate::send_stream`]), then the request as text (a
-//! little-endian `u32` length, then `INDEX\nNAME\n` and one `OWNER:DIR:TARGET\n` per shared
-//! mount); the answer is text the same way: `ok PID` or `error WHY`.
+//! little-endian `u32` length, then `INDEX\nNAME\n`, `pids …`, `security …`, one
+//! `host TARGET\n` per host path and one `OWNER:DIR:TARGET\n` per shared mount), then each
+//! host path's mount (made by the host) the same way as the image; the answer is text the
+//! same way: `ok PID` or `error WHY`.
 
 use std::ffi::CString;
 use std::io::{self, Read, Write};
@@ -39,6 +41,8 @@ use crate::{mounts, pod, SharedMount};
 /// The longest request or answer text: a name, an index and a few shared mounts fit many
 /// times over.
 const MAX_TEXT: u32 = 64 * 1024;
+
+pub use contract::container_security::MAX_HOST_PATHS;
 
 /// How long PID 1 waits for the factory: building a container takes milliseconds; a factory
 /// that takes longer was stopped by a process of the sandbox.
@@ -215,7 +219,21 @@ fn serve(socket: &UnixStream, launch: &Launch<'_>) -> Result<std::convert::Infal
         })?;
         let text =
             read_text(&mut &*socket).map_err(|e| SysError::io("read a request from PID 1", e))?;
-        let answer = match make(&text, image, listener, launch) {
+        // Counted on the bare text, valid or not, so that the exchange stays in step.
+        let host_count = text.lines().filter(|l| l.starts_with("host ")).count();
+        if host_count > MAX_HOST_PATHS {
+            return Err(SysError::io(
+                format!("a request with {host_count} host paths (at most {MAX_HOST_PATHS})"),
+                io::ErrorKind::InvalidData.into(),
+            ));
+        }
+        let mut host_mounts = Vec::with_capacity(host_count);
+        for _ in 0..host_count {
+            host_mounts.push(receive_fd(socket)?.ok_or_else(|| {
+                SysError::io("receive a host path", io::ErrorKind::UnexpectedEof.into())
+            })?);
+        }
+        let answer = match make(&text, image, listener, host_mounts, launch) {
             Ok(pid) => format!("ok {pid}"),
             Err(why) => format!("error {why}"),
         };
@@ -245,6 +263,15 @@ pub struct AddRequest {
     pub security: ContainerSecurity,
     /// Its shared mounts (their owner is the container).
     pub shared: Vec<SharedMount>,
+    /// Where its host paths go, in the order of their mounts.
+    pub host_paths: Vec<String>,
+}
+
+/// Checks where a host path goes in a container: a plain absolute path
+/// ([`contract::container_security::check_path`]), not in `/proc`, `/dev` or `/sys`.
+pub fn check_host_path_target(target: &str) -> Result<(), String> {
+    contract::container_security::check_path(target)?;
+    crate::extra_mount::check_target(target)
 }
 
 impl AddRequest {
@@ -258,6 +285,9 @@ impl AddRequest {
             "{}\n{}\n{pids}\nsecurity {}\n",
             self.index, self.name, self.security
         );
+        for target in &self.host_paths {
+            text.push_str(&format!("host {target}\n"));
+        }
         for mount in &self.shared {
             text.push_str(&format!("{mount}\n"));
         }
@@ -282,6 +312,13 @@ impl AddRequest {
             .and_then(|line| line.strip_prefix("security "))
             .ok_or("the request has no security line")?
             .parse()?;
+        let mut lines = lines.peekable();
+        let mut host_paths = Vec::new();
+        while let Some(target) = lines.next_if(|l| l.starts_with("host ")) {
+            let target = &target["host ".len()..];
+            check_host_path_target(target).map_err(|why| format!("host path: {why}"))?;
+            host_paths.push(target.to_string());
+        }
         let shared = lines
             .map(|line| {
                 let mount: SharedMount = line.parse()?;
@@ -297,6 +334,7 @@ impl AddRequest {
             share_pids,
             security,
             shared,
+            host_paths,
         })
     }
 
@@ -313,9 +351,14 @@ fn make(
     text: &str,
     image: OwnedFd,
     listener: OwnedFd,
+    host_mounts: Vec<OwnedFd>,
     launch: &Launch<'_>,
 ) -> Result<libc::pid_t, String> {
     let request = AddRequest::decode(text)?;
+    let host_paths: Vec<(OwnedFd, String)> = host_mounts
+        .into_iter()
+        .zip(request.host_paths.iter().cloned())
+        .collect();
     let dir = request.dir();
     if dir.exists() {
         return Err(format!("{} is in use on the scratch", dir.display()));
@@ -330,6 +373,7 @@ fn make(
         dir,
         shared: request.shared,
         security: request.security,
+        host_paths,
     };
     let forked = if request.share_pids {
         in_pid_namespace(&launch.namespaces.main, &launch.namespaces.first, || {
@@ -469,21 +513,33 @@ impl ContainerFactory {
 
     /// Has the factory make container `name` (the sandbox's `index`th, counting every
     /// container it ever had) from `image` (an idmapped, read-only mount of its tree), its
-    /// agent listening on `listener`, with `shared` mounted, in the root's PID namespace when
-    /// `share_pids`; returns the agent's pid.
+    /// agent listening on `listener`, with `shared` mounted and each of `host_mounts` (the
+    /// host's mounts of its host paths, in the request's order) attached, in the root's PID
+    /// namespace when `share_pids`; returns the agent's pid.
     pub fn add(
         &mut self,
         request: &AddRequest,
         image: OwnedFd,
         listener: OwnedFd,
+        host_mounts: Vec<OwnedFd>,
     ) -> Result<libc::pid_t, FactoryError> {
         if let Some(why) = &self.broken {
             return Err(FactoryError::Gone { why: why.clone() });
+        }
+        if host_mounts.len() != request.host_paths.len() || host_mounts.len() > MAX_HOST_PATHS {
+            return Err(FactoryError::Refused(format!(
+                "{} host path mounts for {} host paths (at most {MAX_HOST_PATHS})",
+                host_mounts.len(),
+                request.host_paths.len()
+            )));
         }
         let exchange = || -> io::Result<String> {
             crate::send_stream(self.socket.as_fd(), &image)?;
             crate::send_stream(self.socket.as_fd(), &listener)?;
             write_text(&mut &self.socket, &request.encode())?;
+            for mount in &host_mounts {
+                crate::send_stream(self.socket.as_fd(), mount)?;
+            }
             read_text(&mut &self.socket)
         };
         let answer = match exchange() {
@@ -526,6 +582,7 @@ mod tests {
             share_pids: false,
             security: ContainerSecurity::default(),
             shared: Vec::new(),
+            host_paths: Vec::new(),
         }
     }
 
@@ -538,6 +595,7 @@ mod tests {
                 share_pids,
                 security: "ro nnp caps:0".parse().expect("security"),
                 shared: vec!["db:work:/var/work".parse().expect("mount")],
+                host_paths: vec!["/var/cache/apt".into(), "/srv".into()],
             };
             let text = request.encode();
             assert_eq!(AddRequest::decode(&text).expect("decode"), request);
@@ -548,6 +606,7 @@ mod tests {
             share_pids: false,
             security: ContainerSecurity::default(),
             shared: Vec::new(),
+            host_paths: Vec::new(),
         };
         assert_eq!(request.dir(), Path::new("c/4.db"));
         for (bad, says) in [
@@ -565,6 +624,9 @@ mod tests {
             ),
             ("1\ndb\npids own\nsecurity -\ndb:work\n", "OWNER:DIR:TARGET"),
             ("1\ndb\npids own\nsecurity -\ndb:work:/proc/x\n", "/proc"),
+            ("1\ndb\npids own\nsecurity -\nhost /dev/x\n", "host path"),
+            ("1\ndb\npids own\nsecurity -\nhost srv\n", "absolute"),
+            ("1\ndb\npids own\nsecurity -\nhost /a/../b\n", "not plain"),
         ] {
             let e = AddRequest::decode(bad).expect_err(bad);
             assert!(e.contains(says), "{bad:?}: {e}");
@@ -593,7 +655,7 @@ mod tests {
         let null = || OwnedFd::from(std::fs::File::open("/dev/null").expect("null"));
         for _ in 0..2 {
             let e = factory
-                .add(&member(0, "db"), null(), null())
+                .add(&member(0, "db"), null(), null(), Vec::new())
                 .expect_err("gone");
             assert!(matches!(e, FactoryError::Gone { .. }), "{e}");
             assert!(e.to_string().contains("killed or stopped"), "{e}");
@@ -618,7 +680,7 @@ mod tests {
         };
         let null = || OwnedFd::from(std::fs::File::open("/dev/null").expect("null"));
         let refused = factory
-            .add(&member(7, "web"), null(), null())
+            .add(&member(7, "web"), null(), null(), Vec::new())
             .expect_err("refused");
         assert_eq!(refused.to_string(), "c/7.web is in use");
         let theirs = peer.join().expect("peer");
@@ -627,11 +689,11 @@ mod tests {
             .set_read_timeout(Some(Duration::from_millis(200)))
             .expect("timeout");
         let silent = factory
-            .add(&member(8, "web"), null(), null())
+            .add(&member(8, "web"), null(), null(), Vec::new())
             .expect_err("silent");
         assert!(silent.to_string().contains("no answer"), "{silent}");
         let again = factory
-            .add(&member(9, "web"), null(), null())
+            .add(&member(9, "web"), null(), null(), Vec::new())
             .expect_err("broken");
         assert!(matches!(again, FactoryError::Gone { .. }), "{again}");
         drop(theirs);

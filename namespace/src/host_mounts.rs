@@ -246,6 +246,72 @@ pub(crate) fn host_dir(dir: &Path, userns: BorrowedFd<'_>) -> Result<OwnedFd, Ho
     Ok(tree)
 }
 
+/// How a host path's mount takes the host's later mounts below it (Kubernetes'
+/// `mountPropagation`; `Bidirectional` is never offered: it would let the sandbox mount on
+/// the host).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Propagation {
+    /// `None` (`rprivate`): neither way.
+    Private,
+    /// `HostToContainer` (`rslave`): the host's mounts below it appear in the container.
+    FromHost,
+}
+
+/// A host directory a container mounts (a Kubernetes `hostPath` volume), as the daemon asks
+/// for it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HostPathMount {
+    /// The host directory (a symlink to one is followed).
+    pub source: PathBuf,
+    /// Where it goes in the container ([`crate::check_host_path_target`]).
+    pub target: String,
+    /// Mounted read-only.
+    pub read_only: bool,
+    /// How the host's later mounts below it reach the container.
+    pub propagation: Propagation,
+}
+
+/// The host directory `dir` and the mounts below it, for a container (a Kubernetes
+/// `hostPath` volume): a detached `nosuid`, `nodev` copy, read-only when asked,
+/// idmapped through `userns` so that host uid 0 is the sandbox's root (as Kubernetes
+/// mounts a host path for a user-namespaced pod), and private or a slave of the host's
+/// mount, never shared: nothing mounted below it inside reaches the host.
+pub fn host_path_tree(
+    dir: &Path,
+    read_only: bool,
+    propagation: Propagation,
+    userns: BorrowedFd<'_>,
+) -> Result<OwnedFd, HostMountError> {
+    let what = format!("the host path {}", dir.display());
+    let at = sys::open_file(dir, libc::O_PATH | libc::O_DIRECTORY).map_err(|e| {
+        match e.source.raw_os_error() {
+            Some(libc::ENOTDIR) => HostMountError::NotADirectory {
+                path: dir.to_path_buf(),
+            },
+            _ => e.into(),
+        }
+    })?;
+    let tree = mount_api::clone_tree_below(at.as_fd(), &what)?;
+    let mut attrs = MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV | MOUNT_ATTR_IDMAP;
+    if read_only {
+        attrs |= MOUNT_ATTR_RDONLY;
+    }
+    let propagation = match propagation {
+        Propagation::Private => libc::MS_PRIVATE,
+        Propagation::FromHost => libc::MS_SLAVE,
+    };
+    mount_api::set_tree_attrs(tree.as_fd(), attrs, propagation, Some(userns)).map_err(|e| {
+        SysError::io(
+            format!(
+                "idmap {what} into the sandbox's ids (its filesystem must support idmapped \
+                 mounts: ext4, xfs, btrfs, tmpfs on Linux 6.3+; not overlayfs or NFS)"
+            ),
+            e,
+        )
+    })?;
+    Ok(tree)
+}
+
 /// These attach real images through real loop devices: they need root, and fail without it.
 #[cfg(test)]
 mod tests {

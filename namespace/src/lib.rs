@@ -49,8 +49,10 @@ mod writable_files;
 use std::ffi::CString;
 
 pub use extra_mount::{ExtraMount, MountKind};
-pub use factory::{AddRequest, ContainerFactory, FactoryError};
-pub use host_mounts::HostMountError;
+pub use factory::{
+    check_host_path_target, AddRequest, ContainerFactory, FactoryError, MAX_HOST_PATHS,
+};
+pub use host_mounts::{host_path_tree, HostMountError, HostPathMount, Propagation};
 pub use idmap::{IdMap, SANDBOX_IDS};
 pub use loop_device::LoopError;
 pub use pod::{ContainerRoot, SharedMount};

@@ -168,6 +168,38 @@ pub(crate) fn set_attrs(
     Ok(())
 }
 
+/// Sets `attrs` and the propagation `propagation` (`MS_PRIVATE`, `MS_SLAVE`, …) on the mount
+/// tree `mnt` and every mount below it; `userns` as for [`set_attrs`]. The error is the bare
+/// OS error.
+pub(crate) fn set_tree_attrs(
+    mnt: BorrowedFd<'_>,
+    attrs: u64,
+    propagation: u64,
+    userns: Option<BorrowedFd<'_>>,
+) -> std::io::Result<()> {
+    let attr = MountAttr {
+        attr_set: attrs,
+        attr_clr: 0,
+        propagation,
+        userns_fd: userns.map_or(0, |fd| fd.as_raw_fd() as u64),
+    };
+    // SAFETY: as in set_attrs; AT_RECURSIVE only widens what the kernel changes.
+    let ret = unsafe {
+        libc::syscall(
+            libc::SYS_mount_setattr,
+            mnt.as_raw_fd(),
+            c"".as_ptr(),
+            libc::AT_EMPTY_PATH | libc::AT_RECURSIVE,
+            &attr as *const MountAttr,
+            std::mem::size_of::<MountAttr>(),
+        )
+    };
+    if ret < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
 const MOVE_MOUNT_F_EMPTY_PATH: libc::c_uint = 0x4;
 const MOVE_MOUNT_T_EMPTY_PATH: libc::c_uint = 0x40;
 

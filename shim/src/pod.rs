@@ -102,6 +102,8 @@ pub(crate) struct MemberMounts {
     /// and the path in the container, where it is mounted read-only from a shared directory
     /// the shim fills and keeps up to date ([`volume_dir`], [`writer_name`]).
     pub(crate) volumes: Vec<(PathBuf, String)>,
+    /// Host directories (`hostPath` volumes), mounted idmapped by the daemon.
+    pub(crate) host_paths: Vec<api_types::HostPath>,
 }
 
 /// Where the writer container mounts its member's volume `index` (writable).
@@ -149,27 +151,31 @@ pub(crate) fn volumes_tar(
     copies_tar(&at_writer)
 }
 
-/// Sorts `spec`'s mounts into what a pod member gets (see the module's doc).
-pub(crate) fn member_mounts(spec: &Spec) -> MemberMounts {
+/// Sorts `spec`'s mounts into what a pod member gets (see the module's doc), or refuses one
+/// a sandbox cannot give, naming it: a host path shared both ways (`rshared`, Kubernetes'
+/// `Bidirectional`), or a host socket or device.
+pub(crate) fn member_mounts(spec: &Spec) -> Result<MemberMounts, ShimError> {
     let mut out = MemberMounts::default();
     for mount in spec.mounts().iter().flatten() {
-        sort_mount(mount, &mut out);
+        sort_mount(mount, &mut out)?;
     }
-    out
+    Ok(out)
 }
 
-fn sort_mount(mount: &Mount, out: &mut MemberMounts) {
+fn sort_mount(mount: &Mount, out: &mut MemberMounts) -> Result<(), ShimError> {
+    let options: Vec<&str> = mount
+        .options()
+        .iter()
+        .flatten()
+        .map(String::as_str)
+        .collect();
     let is_bind = mount.typ().as_deref() == Some("bind")
-        || mount
-            .options()
-            .iter()
-            .flatten()
-            .any(|o| o == "bind" || o == "rbind");
+        || options.iter().any(|o| *o == "bind" || *o == "rbind");
     let (Some(source), Some(target)) = (mount.source(), mount.destination().to_str()) else {
-        return;
+        return Ok(());
     };
     if !is_bind || !target.starts_with('/') {
-        return;
+        return Ok(());
     }
     let text = source.to_string_lossy();
     if let Some((_, name)) = text.split_once("/volumes/kubernetes.io~empty-dir/") {
@@ -180,7 +186,7 @@ fn sort_mount(mount: &Mount, out: &mut MemberMounts) {
                 path: target.to_string(),
                 read_only: false,
             });
-            return;
+            return Ok(());
         }
     }
     let copied_kind = [
@@ -191,17 +197,47 @@ fn sort_mount(mount: &Mount, out: &mut MemberMounts) {
     ]
     .iter()
     .any(|kind| text.contains(kind));
-    let is_file = std::fs::metadata(source).is_ok_and(|m| m.is_file());
+    let meta = std::fs::metadata(source).ok();
+    let is_file = meta.as_ref().is_some_and(|m| m.is_file());
+    let is_dir = meta.as_ref().is_some_and(|m| m.is_dir());
     if copied_kind && !is_file {
         out.volumes.push((source.clone(), target.to_string()));
     } else if is_file {
         out.copies.push((source.clone(), target.to_string()));
+    } else if target == "/dev/shm" {
+        // containerd's bind of the pod's shared memory: the sandbox's IPC namespace has its
+        // own `/dev/shm`, which every member shares.
+    } else if is_dir {
+        if options.iter().any(|o| *o == "rshared" || *o == "shared") {
+            return Err(ShimError::Invalid(format!(
+                "mount of host path {} on {target}: propagation Bidirectional (rshared) would \
+                 let the sandbox mount on the node; a crucible sandbox takes None or \
+                 HostToContainer",
+                source.display()
+            )));
+        }
+        let from_host = options.iter().any(|o| *o == "rslave" || *o == "slave");
+        out.host_paths.push(api_types::HostPath {
+            source: text.into_owned(),
+            path: target.to_string(),
+            read_only: options.contains(&"ro"),
+            propagation: match from_host {
+                true => api_types::HostPathPropagation::HostToContainer,
+                false => api_types::HostPathPropagation::Private,
+            },
+        });
     } else {
-        log::info!(
-            "mount {} on {target} is not applied: a sandbox mounts no host directory",
-            source.display()
-        );
+        return Err(ShimError::Invalid(format!(
+            "mount of host path {} on {target}: {}; a crucible sandbox mounts host \
+             directories and copies host files, not sockets or devices",
+            source.display(),
+            match meta {
+                None => "it does not exist",
+                Some(_) => "it is neither a directory nor a regular file",
+            }
+        )));
     }
+    Ok(())
 }
 
 /// A tar of `copies` (each source at its path in the container, a directory with the files
@@ -337,7 +373,7 @@ mod tests {
     }
 
     #[test]
-    fn empty_dirs_are_shared_volumes_mounted_read_only_small_files_copied_and_host_dirs_left_out() {
+    fn empty_dirs_are_shared_volumes_mounted_read_only_small_files_copied_and_host_dirs_bound() {
         let dir = tempfile::tempdir().expect("tempdir");
         let hosts = dir.path().join("hosts");
         std::fs::write(&hosts, "127.0.0.1 localhost\n").expect("hosts");
@@ -362,11 +398,49 @@ mod tests {
                 {"destination": "/var/run/secrets/x", "type": "bind", "source": secret,
                  "options": ["rbind", "ro"]},
                 {"destination": "/host", "type": "bind", "source": dir.path(),
-                 "options": ["rbind"]}
+                 "options": ["rbind", "rslave", "ro"]},
+                {"destination": "/cache", "type": "bind", "source": empty_dir.parent().expect("dir"),
+                 "options": ["rbind", "rprivate", "rw"]},
+                {"destination": "/dev/shm", "type": "bind", "source": dir.path(),
+                 "options": ["rbind", "rw"]}
             ]
         }))
         .expect("spec");
-        let mounts = member_mounts(&spec);
+        let mounts = member_mounts(&spec).expect("mounts");
+        assert_eq!(
+            mounts.host_paths,
+            [
+                api_types::HostPath {
+                    source: dir.path().display().to_string(),
+                    path: "/host".into(),
+                    read_only: true,
+                    propagation: api_types::HostPathPropagation::HostToContainer,
+                },
+                api_types::HostPath {
+                    source: empty_dir.parent().expect("dir").display().to_string(),
+                    path: "/cache".into(),
+                    read_only: false,
+                    propagation: api_types::HostPathPropagation::Private,
+                }
+            ]
+        );
+        for (options, source, refused) in [
+            (
+                vec!["rbind", "rshared"],
+                dir.path().to_path_buf(),
+                "Bidirectional",
+            ),
+            (vec!["rbind"], dir.path().join("missing"), "does not exist"),
+        ] {
+            let spec: Spec = serde_json::from_value(serde_json::json!({
+                "ociVersion": "1.0.2",
+                "mounts": [{"destination": "/x", "type": "bind", "source": source,
+                            "options": options}]
+            }))
+            .expect("spec");
+            let err = member_mounts(&spec).expect_err(refused);
+            assert!(err.to_string().contains(refused), "{err}");
+        }
         assert_eq!(
             mounts.shared,
             [api_types::SharedMount {

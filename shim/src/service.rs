@@ -411,7 +411,7 @@ impl Inner {
     ) -> Result<(), ShimError> {
         let bundle = PathBuf::from(&req.bundle);
         let image = self.image_of(client, req, spec, held).await?;
-        let mounts = pod::member_mounts(spec);
+        let mounts = pod::member_mounts(spec)?;
         let mut security = spec::security(spec)?;
         if client.get(sandbox).await?.backend == api_types::BackendKind::Microvm {
             security = spec::for_microvm(security);
@@ -451,6 +451,7 @@ impl Inner {
             shared,
             share_process_namespace: spec::joins_pod_pid_namespace(spec),
             security,
+            host_paths: mounts.host_paths,
             ..api_types::ContainerRequest::default()
         };
         client.add_container(sandbox, &request).await?;

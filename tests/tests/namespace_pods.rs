@@ -1405,6 +1405,255 @@ async fn a_containers_seccomp_profile_is_stacked_on_the_sandboxs_filter() {
     c.delete(&id).await.expect("delete");
 }
 
+/// A host directory as a test makes it: root's, mode 0700, holding `flag`; unmounted and
+/// removed on drop.
+struct HostDir {
+    dir: tempfile::TempDir,
+    mounted: Vec<std::path::PathBuf>,
+}
+
+impl HostDir {
+    fn new() -> Self {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::Builder::new()
+            .prefix("crucible-hostpath-")
+            .tempdir()
+            .expect("tempdir");
+        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o700))
+            .expect("chmod");
+        std::fs::write(dir.path().join("flag"), "from-the-host\n").expect("flag");
+        HostDir {
+            dir,
+            mounted: Vec::new(),
+        }
+    }
+
+    fn path(&self) -> &std::path::Path {
+        self.dir.path()
+    }
+
+    /// Makes it a shared mount of its own (bound on itself), as a node's `/var/lib/kubelet`
+    /// is: what the host mounts below it then reaches its peers and slaves.
+    fn make_shared(&mut self) {
+        let path = self.path().to_path_buf();
+        for args in [vec!["--bind"], vec!["--make-shared"]] {
+            let mut mount = std::process::Command::new("mount");
+            mount.args(&args).arg(&path);
+            if args == ["--bind"] {
+                mount.arg(&path);
+            }
+            assert!(mount.status().expect("mount").success(), "mount {args:?}");
+        }
+        self.mounted.push(path);
+    }
+
+    /// Mounts a tmpfs holding `name` at `below` in the host directory, on the host.
+    fn mount_below(&mut self, below: &str, name: &str) {
+        let at = self.path().join(below);
+        std::fs::create_dir_all(&at).expect("mount point");
+        let status = std::process::Command::new("mount")
+            .args(["-t", "tmpfs", "-o", "size=1m", "tmpfs"])
+            .arg(&at)
+            .status()
+            .expect("mount");
+        assert!(status.success(), "mount tmpfs on {}", at.display());
+        std::fs::write(at.join(name), "later\n").expect("write below");
+        self.mounted.push(at);
+    }
+}
+
+impl Drop for HostDir {
+    fn drop(&mut self) {
+        for at in self.mounted.iter().rev() {
+            let _ = std::process::Command::new("umount").arg(at).status();
+        }
+    }
+}
+
+#[tokio::test]
+async fn host_paths_are_mounted_idmapped_as_asked_and_never_reach_back() {
+    use std::os::unix::fs::MetadataExt;
+    let daemon = TestDaemon::start();
+    let c = daemon.client();
+    let mut shared = HostDir::new();
+    shared.make_shared();
+    let read_only = HostDir::new();
+    let link = shared.path().with_extension("link");
+    std::os::unix::fs::symlink(shared.path(), &link).expect("symlink");
+    let created = c
+        .create(&request(serde_json::json!({})))
+        .await
+        .expect("create");
+    let id = created.id;
+    let host_path = |source: &std::path::Path, path: &str, read_only: bool, propagation: &str| {
+        serde_json::json!({"source": source, "path": path, "read_only": read_only,
+                           "propagation": propagation})
+    };
+    c.add_container(
+        &id,
+        &container(serde_json::json!({
+            "name": "job", "command": ["sleep", "3600"],
+            "host_paths": [
+                host_path(shared.path(), "/cache", false, "private"),
+                host_path(&link, "/tmp/linked/cache", false, "host_to_container"),
+                host_path(read_only.path(), "/ro", true, "private"),
+            ]
+        })),
+    )
+    .await
+    .expect("add a container with host paths");
+
+    // Root's 0700 directories read as the sandbox root's: host uid 0 is its root.
+    let (out, err, code) = sh_in(
+        &c,
+        &id,
+        "job",
+        "cat /cache/flag /tmp/linked/cache/flag /ro/flag; stat -c %u /cache",
+    )
+    .await;
+    assert_eq!(
+        (out.as_str(), code),
+        ("from-the-host\nfrom-the-host\nfrom-the-host\n0\n", 0),
+        "{err}"
+    );
+    // Written through the mount: the host's root owns it; a setuid bit does not act inside.
+    let (_, err, code) = sh_in(
+        &c,
+        &id,
+        "job",
+        "echo from-the-sandbox > /cache/out && chown 1000 /cache/out",
+    )
+    .await;
+    assert_eq!(code, 0, "{err}");
+    let out = shared.path().join("out");
+    assert_eq!(
+        std::fs::read_to_string(&out).expect("written"),
+        "from-the-sandbox\n"
+    );
+    assert_eq!(std::fs::metadata(&out).expect("stat").uid(), 1000);
+    let (out, _, code) = sh_in(&c, &id, "job", "touch /ro/x 2>&1").await;
+    assert_ne!(code, 0);
+    assert!(out.contains("Read-only file system"), "{out}");
+    let (out, _, _) = sh_in(
+        &c,
+        &id,
+        "job",
+        "grep -E ' /(cache|ro) ' /proc/self/mountinfo",
+    )
+    .await;
+    for line in out.lines() {
+        assert!(line.contains("nosuid") && line.contains("nodev"), "{line}");
+    }
+
+    // The host mounts below it later: seen through the HostToContainer one, not the other
+    // (as the node made it, not idmapped: the tmpfs is world-readable).
+    shared.mount_below("later", "below");
+    let (out, _, _) = sh_in(
+        &c,
+        &id,
+        "job",
+        "cat /tmp/linked/cache/later/below; ls /cache/later | wc -l",
+    )
+    .await;
+    assert_eq!(
+        out, "later\n0\n",
+        "private keeps the host's later mounts out"
+    );
+    // Nothing the container does mounts on the host: mounting is refused inside.
+    let (_, _, code) = sh_in(&c, &id, "job", "mount -t tmpfs none /cache/later").await;
+    assert_ne!(code, 0, "a container mounted");
+
+    // Refused, naming the field: a file, a missing source, /proc, a twice-used target, at
+    // creation, and for a tenant.
+    let flag = shared.path().join("flag");
+    for (host_paths, says) in [
+        (
+            vec![host_path(&flag, "/f", false, "private")],
+            "not a directory",
+        ),
+        (
+            vec![host_path(
+                &shared.path().join("missing"),
+                "/m",
+                false,
+                "private",
+            )],
+            "host_paths[0].source",
+        ),
+        (
+            vec![host_path(shared.path(), "/proc/x", false, "private")],
+            "/proc",
+        ),
+        (
+            vec![
+                host_path(shared.path(), "/a", false, "private"),
+                host_path(read_only.path(), "/a", true, "private"),
+            ],
+            "twice",
+        ),
+    ] {
+        let refused = c
+            .add_container(
+                &id,
+                &container(serde_json::json!({
+                    "name": "bad", "command": ["sleep", "1"], "host_paths": host_paths
+                })),
+            )
+            .await
+            .expect_err(says);
+        assert!(refused.to_string().contains(says), "{says}: {refused}");
+    }
+    let at_creation = c
+        .create(&request(serde_json::json!({
+            "containers": [{"name": "early", "host_paths": [
+                host_path(shared.path(), "/cache", false, "private")]}]
+        })))
+        .await
+        .expect_err("host paths at creation");
+    assert!(
+        at_creation.to_string().contains("host_paths"),
+        "{at_creation}"
+    );
+    c.delete(&id).await.expect("delete");
+    let _ = std::fs::remove_file(&link);
+}
+
+#[tokio::test]
+async fn only_the_admin_mounts_host_paths() {
+    const KEY: &str = "tenant-key-7d1f09e3aa";
+    let daemon = TestDaemon::start_with(|c| {
+        c.tcp = Some("127.0.0.1:0".parse().expect("addr"));
+        c.api_keys = api::ApiKeys::parse(&format!("tenant:{KEY}")).expect("valid keys");
+    });
+    let tenant = client::Client::new(client::Endpoint::Tcp(
+        daemon.tcp.expect("tcp address").to_string(),
+    ))
+    .with_api_key(KEY);
+    let id = tenant
+        .create(&CreateSandbox::default())
+        .await
+        .expect("create")
+        .id;
+    let host = HostDir::new();
+    match tenant
+        .add_container(
+            &id,
+            &container(serde_json::json!({
+                "name": "job", "host_paths": [{"source": host.path(), "path": "/etc-of-host"}]
+            })),
+        )
+        .await
+    {
+        Err(ClientError::Api {
+            status: 403,
+            message,
+            ..
+        }) => assert!(message.contains("host_paths"), "{message}"),
+        other => panic!("a tenant mounting a host directory: {other:?}"),
+    }
+    tenant.delete(&id).await.expect("delete");
+}
+
 #[tokio::test]
 async fn masked_and_read_only_paths_hold_within_the_containers_root_only() {
     let daemon = TestDaemon::start();

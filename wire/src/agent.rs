@@ -145,6 +145,10 @@ pub enum AgentRequest {
         /// `nnp`, `caps:HEX`); empty: none beyond the sandbox's rules.
         #[serde(default, skip_serializing_if = "String::is_empty")]
         security: String,
+        /// Namespace sandboxes: where each host path goes in it; the host's mount of each
+        /// follows the image and the listener on the connection, in this order.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        host_paths: Vec<String>,
     },
     /// In a microVM: wait until nothing in the guest holds the disk `disk` (a removed
     /// container's: its mounts go when its last process has), so the host may give it another

@@ -879,8 +879,13 @@ impl Instance for MicrovmInstance {
         root: &'a namespace::ContainerRoot,
         disk: Option<&'a Path>,
         shared: &'a [wire::agent::SharedDir],
+        host_paths: &'a [namespace::HostPathMount],
     ) -> BoxFuture<'a, Result<(), String>> {
         Box::pin(async move {
+            if !host_paths.is_empty() {
+                // The engine refuses them first; the guest has no host directory to mount.
+                return Err("a microVM's containers mount no host path".into());
+            }
             let (name, share_pids) = (root.name.as_str(), root.share_pids);
             let disk = disk.ok_or("the container's image has no disk snapshot")?;
             let slot = self

@@ -130,6 +130,7 @@ pub(crate) async fn ask_to_add(
             sectors,
         }),
         security: String::new(),
+        host_paths: Vec::new(),
     };
     match ask(stream, &request).await? {
         wire::agent::AgentReply::ContainerAdded { .. } => Ok(()),

@@ -314,17 +314,18 @@ pub trait Instance: Send + Sync {
     }
     /// Makes container `root.name` in it, running: its image tree `root.rootfs` (a microVM
     /// takes its read-only ext4 snapshot, `disk`), in the root's PID namespace if it says so,
-    /// with its security settings, `shared` mounted, its agent reached afterwards by
-    /// [`Instance::connect_container`]`(index)`. `index` is new on every call (a failed one
-    /// included).
+    /// with its security settings, `shared` mounted and `host_paths` (namespace sandboxes)
+    /// attached, its agent reached afterwards by [`Instance::connect_container`]`(index)`.
+    /// `index` is new on every call (a failed one included).
     fn add_container<'a>(
         &'a self,
         index: usize,
         root: &'a ::namespace::ContainerRoot,
         disk: Option<&'a std::path::Path>,
         shared: &'a [wire::agent::SharedDir],
+        host_paths: &'a [::namespace::HostPathMount],
     ) -> BoxFuture<'a, Result<(), String>> {
-        let _ = (index, root, disk, shared);
+        let _ = (index, root, disk, shared, host_paths);
         Box::pin(async { Err("this backend cannot add containers to a running sandbox".into()) })
     }
     /// How many more containers [`Instance::add_container`] can take, and how many it could

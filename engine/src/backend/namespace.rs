@@ -795,6 +795,7 @@ impl Instance for NamespaceInstance {
         root: &'a namespace::ContainerRoot,
         _disk: Option<&'a Path>,
         shared: &'a [wire::agent::SharedDir],
+        host_paths: &'a [namespace::HostPathMount],
     ) -> BoxFuture<'a, Result<(), String>> {
         Box::pin(async move {
             let supervisor = self
@@ -819,12 +820,18 @@ impl Instance for NamespaceInstance {
                     true => String::new(),
                     false => root.security.to_string(),
                 },
+                host_paths: host_paths.iter().map(|h| h.target.clone()).collect(),
             };
             let rootfs = root.rootfs.clone();
             let made = socket.clone();
+            let host_paths = host_paths.to_vec();
             // Mounts, binds and a blocking exchange with the agent: off the runtime's threads.
             tokio::task::spawn_blocking(move || {
-                super::container_add::ask_agent(supervisor, &rootfs, &made, &agent_socket, &request)
+                let mounts = super::container_add::Mounts {
+                    rootfs: &rootfs,
+                    host_paths: &host_paths,
+                };
+                super::container_add::ask_agent(supervisor, mounts, &made, &agent_socket, &request)
             })
             .await
             .map_err(|e| format!("adding the container stopped: {e}"))??;

@@ -70,6 +70,12 @@ impl Engine {
             }
         }
         for (i, container) in request.containers.iter().enumerate() {
+            if !container.host_paths.is_empty() {
+                return Err(invalid(format!(
+                    "containers[{i}].host_paths: only a container added to a running sandbox \
+                     (POST /sandboxes/{{id}}/containers) mounts host paths"
+                )));
+            }
             for dependency in &container.depends_on {
                 if !names.contains(dependency.as_str()) || dependency == &container.name {
                     return Err(invalid(format!(
@@ -356,6 +362,8 @@ impl Engine {
             .map_err(invalid)?;
         check_shared_in_image("", &request.shared, &root.rootfs, &plan.image).map_err(invalid)?;
         refuse_security_on(kind, &root, "").map_err(invalid)?;
+        let host_paths =
+            host_paths(kind, &request.host_paths).map_err(AddContainerError::Invalid)?;
         // A microVM reaches the image as a read-only ext4 snapshot, as at creation.
         let disk = match kind {
             api_types::BackendKind::Microvm => {
@@ -382,10 +390,83 @@ impl Engine {
             ..root
         };
         let container = sandbox
-            .add_container(plan, &root, disk.as_deref(), &shared, leases.pop())
+            .add_container(
+                plan,
+                &root,
+                disk.as_deref(),
+                &shared,
+                &host_paths,
+                leases.pop(),
+            )
             .await?;
         Ok(container.info())
     }
+}
+
+/// A container's host paths as the backend mounts them, or why not: a namespace sandbox's
+/// alone, at most [`namespace::MAX_HOST_PATHS`], each source an absolute host directory
+/// (found now, so that a missing one is a `400`), each target a plain path outside `/proc`,
+/// `/dev` and `/sys`, no target twice.
+fn host_paths(
+    kind: api_types::BackendKind,
+    requested: &[api_types::HostPath],
+) -> Result<Vec<namespace::HostPathMount>, String> {
+    if requested.is_empty() {
+        return Ok(Vec::new());
+    }
+    if kind != api_types::BackendKind::Namespace {
+        return Err(format!(
+            "host_paths: the {kind} backend mounts no host path (a microVM's kernel is not the \
+             host's)"
+        ));
+    }
+    if requested.len() > namespace::MAX_HOST_PATHS {
+        return Err(format!(
+            "host_paths: {} asked for, at most {}",
+            requested.len(),
+            namespace::MAX_HOST_PATHS
+        ));
+    }
+    let mut targets = BTreeSet::new();
+    requested
+        .iter()
+        .enumerate()
+        .map(|(i, host)| {
+            let field = format!("host_paths[{i}]");
+            if !host.source.starts_with('/') || host.source.contains('\0') {
+                return Err(format!(
+                    "{field}.source: {:?} is not an absolute path",
+                    host.source
+                ));
+            }
+            match std::fs::metadata(&host.source) {
+                Ok(meta) if meta.is_dir() => {}
+                Ok(_) => {
+                    return Err(format!(
+                        "{field}.source: {} is not a directory",
+                        host.source
+                    ))
+                }
+                Err(e) => return Err(format!("{field}.source: {}: {e}", host.source)),
+            }
+            namespace::check_host_path_target(&host.path)
+                .map_err(|why| format!("{field}.path: {why}"))?;
+            if !targets.insert(host.path.as_str()) {
+                return Err(format!("{field}.path: {:?} is asked for twice", host.path));
+            }
+            Ok(namespace::HostPathMount {
+                source: host.source.clone().into(),
+                target: host.path.clone(),
+                read_only: host.read_only,
+                propagation: match host.propagation {
+                    api_types::HostPathPropagation::Private => namespace::Propagation::Private,
+                    api_types::HostPathPropagation::HostToContainer => {
+                        namespace::Propagation::FromHost
+                    }
+                },
+            })
+        })
+        .collect()
 }
 
 /// A container's security settings as the backend applies them: capability names as a mask.

@@ -27,6 +27,11 @@ ContainerState = Literal["waiting", "starting", "ready", "exited", "failed"]
 ExecState = Literal["running", "exited"]
 
 
+#: How a host path takes the host's later mounts (Kubernetes' `mountPropagation`; its
+#: `Bidirectional` is refused: it would let the sandbox mount on the host).
+HostPathPropagation = Literal["private", "host_to_container"]
+
+
 #: What runs a microVM sandbox's guest.
 Hypervisor = Literal["crucible-vmm", "qemu-tcg"]
 
@@ -252,6 +257,13 @@ class ContainerRequest:
     #: `env` and its image's `Env`: at most 1,024 variables and 64 KiB of names and values.
     env: dict[str, str] = field(default_factory=dict)
 
+    #: Host directories it mounts (Kubernetes `hostPath` volumes): at most 16, each
+    #: idmapped so that host uid 0 is the sandbox's root (what the sandbox's root writes
+    #: there is the host root's), `nosuid` and `nodev`. Namespace backend, and only for a
+    #: container added to a running sandbox (`POST /sandboxes/{id}/containers`); only the
+    #: admin key or the daemon's Unix socket may ask (`403` otherwise).
+    host_paths: list[HostPath] = field(default_factory=list)
+
     #: Its image: `"default"` (also when absent) or one imported with `POST /images`.
     image: str | None = None
 
@@ -290,6 +302,7 @@ class ContainerRequest:
             depends_on=list(data.get('depends_on', [])),
             entrypoint=_opt(data.get('entrypoint'), list),
             env=dict(data.get('env', {})),
+            host_paths=[HostPath.from_dict(x) for x in data.get('host_paths', [])],
             image=data.get('image', None),
             ready=_opt(data.get('ready'), ReadyCheck.from_dict),
             restart=data.get('restart', 'no'),
@@ -312,6 +325,8 @@ class ContainerRequest:
             out['entrypoint'] = None if self.entrypoint is None else list(self.entrypoint)
         if self.env:
             out['env'] = dict(self.env)
+        if self.host_paths:
+            out['host_paths'] = [x.to_dict() for x in self.host_paths]
         if self.image is not None:
             out['image'] = self.image
         if self.ready is not None:
@@ -923,6 +938,47 @@ class FilesPutResult:
         out['written'] = list(self.written)
         if self.refused is not None:
             out['refused'] = None if self.refused is None else self.refused.to_dict()
+        return out
+
+
+@dataclass
+class HostPath:
+    """A host directory mounted into a container."""
+
+    # The daemon refuses unknown fields in this body.
+
+    #: Where it appears in the container: a plain absolute path of ASCII letters, digits and
+    #: `/._-,@:`, not in `/proc`, `/dev` or `/sys`; the directories on the way are made
+    #: (none may be a symlink of the image).
+    path: str
+
+    #: The host directory: an absolute path; a symlink to a directory is followed, once, by
+    #: the daemon.
+    source: str
+
+    #: How mounts the host makes below it later reach the container.
+    propagation: HostPathPropagation = 'private'
+
+    #: Mounted read-only.
+    read_only: bool | None = None
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> HostPath:
+        return cls(
+            path=data['path'],
+            source=data['source'],
+            propagation=data.get('propagation', 'private'),
+            read_only=data.get('read_only', None),
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        out['path'] = self.path
+        out['source'] = self.source
+        if self.propagation != 'private':
+            out['propagation'] = self.propagation
+        if self.read_only is not None:
+            out['read_only'] = self.read_only
         return out
 
 
@@ -1844,6 +1900,8 @@ __all__ = [
     'ExecState',
     'ExecStatus',
     'FilesPutResult',
+    'HostPath',
+    'HostPathPropagation',
     'Hypervisor',
     'ImageInfo',
     'ImageList',

@@ -987,7 +987,7 @@ export interface paths {
                         "application/json": components["schemas"]["ContainerInfo"];
                     };
                 };
-                /** @description The id or the request is invalid (a field, its image, a shared directory, a depends_on naming no container of the sandbox), or the sandbox runs no containers (the process backend). */
+                /** @description The id or the request is invalid (a field, its image, a shared directory, a depends_on naming no container of the sandbox, a host path that is no directory or on a microVM), or the sandbox runs no containers (the process backend). */
                 400: {
                     headers: {
                         [name: string]: unknown;
@@ -998,6 +998,15 @@ export interface paths {
                 };
                 /** @description Missing or invalid API key. */
                 401: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/json": components["schemas"]["ErrorBody"];
+                    };
+                };
+                /** @description host_paths asked for by a caller other than the admin key or the daemon's Unix socket. */
+                403: {
                     headers: {
                         [name: string]: unknown;
                     };
@@ -2226,6 +2235,14 @@ export interface components {
             env?: {
                 [key: string]: string;
             };
+            /**
+             * @description Host directories it mounts (Kubernetes `hostPath` volumes): at most 16, each
+             *     idmapped so that host uid 0 is the sandbox's root (what the sandbox's root writes
+             *     there is the host root's), `nosuid` and `nodev`. Namespace backend, and only for a
+             *     container added to a running sandbox (`POST /sandboxes/{id}/containers`); only the
+             *     admin key or the daemon's Unix socket may ask (`403` otherwise).
+             */
+            host_paths?: components["schemas"]["HostPath"][];
             /** @description Its image: `"default"` (also when absent) or one imported with `POST /images`. */
             image?: string | null;
             /**
@@ -2654,6 +2671,32 @@ export interface components {
             /** @description Paths written, relative to `path`, in archive order. */
             written: string[];
         };
+        /** @description A host directory mounted into a container. */
+        HostPath: {
+            /**
+             * @description Where it appears in the container: a plain absolute path of ASCII letters, digits and
+             *     `/._-,@:`, not in `/proc`, `/dev` or `/sys`; the directories on the way are made
+             *     (none may be a symlink of the image).
+             */
+            path: string;
+            /**
+             * @description How mounts the host makes below it later reach the container.
+             * @default private
+             */
+            propagation?: components["schemas"]["HostPathPropagation"];
+            /** @description Mounted read-only. */
+            read_only?: boolean;
+            /**
+             * @description The host directory: an absolute path; a symlink to a directory is followed, once, by
+             *     the daemon.
+             */
+            source: string;
+        };
+        /**
+         * @description How a host path takes the host's later mounts (Kubernetes' `mountPropagation`; its
+         *     `Bidirectional` is refused: it would let the sandbox mount on the host).
+         */
+        HostPathPropagation: "private" | "host_to_container";
         /** @description What runs a microVM sandbox's guest. */
         Hypervisor: "crucible-vmm" | "qemu-tcg";
         /** @description One image a sandbox can be made from. */
