@@ -144,28 +144,7 @@ pub(crate) fn set_attrs(
     attrs: u64,
     userns: Option<BorrowedFd<'_>>,
 ) -> std::io::Result<()> {
-    let attr = MountAttr {
-        attr_set: attrs,
-        attr_clr: 0,
-        propagation: 0,
-        userns_fd: userns.map_or(0, |fd| fd.as_raw_fd() as u64),
-    };
-    // SAFETY: the empty path is NUL-terminated and `attr` is a valid mount_attr whose size is
-    // passed; the kernel only reads both.
-    let ret = unsafe {
-        libc::syscall(
-            libc::SYS_mount_setattr,
-            mnt.as_raw_fd(),
-            c"".as_ptr(),
-            libc::AT_EMPTY_PATH,
-            &attr as *const MountAttr,
-            std::mem::size_of::<MountAttr>(),
-        )
-    };
-    if ret < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    Ok(())
+    mount_setattr(mnt, 0, attrs, 0, userns)
 }
 
 /// Sets `attrs` and the propagation `propagation` (`MS_PRIVATE`, `MS_SLAVE`, …) on the mount
@@ -177,19 +156,30 @@ pub(crate) fn set_tree_attrs(
     propagation: u64,
     userns: Option<BorrowedFd<'_>>,
 ) -> std::io::Result<()> {
+    mount_setattr(mnt, libc::AT_RECURSIVE, attrs, propagation, userns)
+}
+
+fn mount_setattr(
+    mnt: BorrowedFd<'_>,
+    flags: libc::c_int,
+    attrs: u64,
+    propagation: u64,
+    userns: Option<BorrowedFd<'_>>,
+) -> std::io::Result<()> {
     let attr = MountAttr {
         attr_set: attrs,
         attr_clr: 0,
         propagation,
         userns_fd: userns.map_or(0, |fd| fd.as_raw_fd() as u64),
     };
-    // SAFETY: as in set_attrs; AT_RECURSIVE only widens what the kernel changes.
+    // SAFETY: the empty path is NUL-terminated and `attr` is a valid mount_attr whose size is
+    // passed; the kernel only reads both.
     let ret = unsafe {
         libc::syscall(
             libc::SYS_mount_setattr,
             mnt.as_raw_fd(),
             c"".as_ptr(),
-            libc::AT_EMPTY_PATH | libc::AT_RECURSIVE,
+            libc::AT_EMPTY_PATH | flags,
             &attr as *const MountAttr,
             std::mem::size_of::<MountAttr>(),
         )

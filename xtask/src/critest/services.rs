@@ -248,8 +248,9 @@ impl Registry {
     }
 }
 
-/// A private `crucible serve` on the namespace backend: its own socket, state and data
-/// directories and cgroup parent, so it never touches another daemon's sandboxes.
+/// A private `crucible serve` (the namespace backend, or the microVM one under QEMU TCG): its
+/// own socket, state and data directories and cgroup parent, so it never touches another
+/// daemon's sandboxes.
 #[derive(Debug)]
 pub(crate) struct Daemon {
     pub(crate) socket: PathBuf,
@@ -257,7 +258,13 @@ pub(crate) struct Daemon {
 }
 
 impl Daemon {
-    pub(crate) fn start(crucible: &Path, image: &Path, dir: &Path, log: &Path) -> Result<Self> {
+    pub(crate) fn start(
+        crucible: &Path,
+        image: &Path,
+        backend: &[&str],
+        dir: &Path,
+        log: &Path,
+    ) -> Result<Self> {
         let socket = dir.join("crucible.sock");
         let mut command = Command::new(crucible);
         command
@@ -272,7 +279,7 @@ impl Daemon {
             .arg(format!("crucible-critest-{}", std::process::id()))
             .arg("--image")
             .arg(image)
-            .args(["--backend", "namespace"])
+            .args(backend)
             .env_remove("CRUCIBLE_API_KEYS")
             .env_remove("CRUCIBLE_HOST");
         // A minute to delete what is left on SIGTERM.

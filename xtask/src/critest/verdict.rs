@@ -319,6 +319,20 @@ pub(crate) fn table(runs: &[&Run]) -> String {
 
 /// The verdict in words: the crucible-only failures with their first error lines, then what
 /// fails the tier, each with what to do.
+/// Every failed spec of `run` with its first error line (a measured run that is not judged).
+pub(crate) fn failures(run: &Run) -> String {
+    let failed: Vec<&Spec> = run
+        .specs
+        .iter()
+        .filter(|s| s.outcome == Outcome::Failed)
+        .collect();
+    let mut out = format!("{} failures with {}:\n", failed.len(), run.handler);
+    for spec in failed {
+        let _ = writeln!(out, "  - {}\n      {}", spec.name, spec.first_error);
+    }
+    out
+}
+
 pub(crate) fn report(verdict: &Verdict, known_file: &str, focused: bool) -> String {
     let mut out = String::new();
     if !verdict.known.is_empty() {
