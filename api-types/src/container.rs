@@ -167,8 +167,9 @@ pub struct ContainerSecurity {
 #[serde(deny_unknown_fields)]
 pub struct SeccompProfile {
     /// What a call no rule matches gets: `SCMP_ACT_ALLOW`, `SCMP_ACT_ERRNO`,
-    /// `SCMP_ACT_KILL` (`_THREAD`), `SCMP_ACT_KILL_PROCESS`, `SCMP_ACT_TRAP`, `SCMP_ACT_LOG`
-    /// or `SCMP_ACT_TRACE` (`SCMP_ACT_NOTIFY` is refused: crucible runs no listener).
+    /// `SCMP_ACT_KILL` (`_THREAD`), `SCMP_ACT_KILL_PROCESS`, `SCMP_ACT_TRAP` or
+    /// `SCMP_ACT_TRACE`. `SCMP_ACT_NOTIFY` is refused (crucible runs no listener), and so is
+    /// `SCMP_ACT_LOG` (it would have a tenant write the host's kernel log at will).
     pub default_action: String,
     /// The errno of a default `SCMP_ACT_ERRNO` (default `EPERM`), at most 4095.
     #[serde(default, skip_serializing_if = "Option::is_none")]

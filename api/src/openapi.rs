@@ -210,7 +210,6 @@ fn constrain(schemas: &mut Map<String, Value>) {
             "SCMP_ACT_KILL_THREAD",
             "SCMP_ACT_KILL_PROCESS",
             "SCMP_ACT_TRAP",
-            "SCMP_ACT_LOG",
             "SCMP_ACT_TRACE",
         ];
         let errno = json!({ "maximum": bounds::SECCOMP_MAX_ERRNO });

@@ -33,8 +33,6 @@ pub enum Action {
     KillProcess,
     /// `SCMP_ACT_TRAP`: `SIGSYS`.
     Trap,
-    /// `SCMP_ACT_LOG`: allowed and logged by the kernel.
-    Log,
     /// `SCMP_ACT_TRACE`: a tracer is told (without one the call fails with `ENOSYS`).
     Trace(u16),
 }
@@ -62,7 +60,7 @@ impl Action {
             "SCMP_ACT_KILL" | "SCMP_ACT_KILL_THREAD" => Action::KillThread,
             "SCMP_ACT_KILL_PROCESS" => Action::KillProcess,
             "SCMP_ACT_TRAP" => Action::Trap,
-            "SCMP_ACT_LOG" => Action::Log,
+            "SCMP_ACT_LOG" => return Err(ProfileError::Logs),
             "SCMP_ACT_TRACE" => Action::Trace(errno(0)?),
             other => return Err(ProfileError::Action(other.to_string())),
         })
@@ -76,7 +74,6 @@ impl Action {
             Action::KillThread => libc::SECCOMP_RET_KILL_THREAD,
             Action::KillProcess => libc::SECCOMP_RET_KILL_PROCESS,
             Action::Trap => libc::SECCOMP_RET_TRAP,
-            Action::Log => libc::SECCOMP_RET_LOG,
             Action::Trace(data) => libc::SECCOMP_RET_TRACE | u32::from(data),
         }
     }
@@ -161,10 +158,16 @@ pub enum ProfileError {
     /// An action crucible does not apply.
     #[error(
         "action {0:?} is not one of SCMP_ACT_ALLOW, SCMP_ACT_ERRNO, SCMP_ACT_KILL, \
-         SCMP_ACT_KILL_THREAD, SCMP_ACT_KILL_PROCESS, SCMP_ACT_TRAP, SCMP_ACT_LOG, \
-         SCMP_ACT_TRACE (SCMP_ACT_NOTIFY needs a listener, which crucible does not run)"
+         SCMP_ACT_KILL_THREAD, SCMP_ACT_KILL_PROCESS, SCMP_ACT_TRAP, SCMP_ACT_TRACE \
+         (SCMP_ACT_NOTIFY needs a listener, which crucible does not run)"
     )]
     Action(String),
+    /// `SCMP_ACT_LOG`, which would have the tenant write the host's kernel log.
+    #[error(
+        "SCMP_ACT_LOG is refused: it would write a line to the host's kernel log for every \
+         call a tenant's process makes"
+    )]
+    Logs,
     /// An errno out of range.
     #[error("errno {0} is more than {MAX_ERRNO}")]
     Errno(u32),

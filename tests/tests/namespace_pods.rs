@@ -1376,6 +1376,10 @@ async fn a_containers_seccomp_profile_is_stacked_on_the_sandboxs_filter() {
             "seccomp: default_action",
         ),
         (
+            serde_json::json!({"default_action": "SCMP_ACT_LOG"}),
+            "host's kernel log",
+        ),
+        (
             serde_json::json!({"default_action": "SCMP_ACT_ALLOW", "syscalls": [
                 {"names": ["read"], "action": "SCMP_ACT_ERRNO",
                  "args": [{"index": 6, "value": 0, "op": "SCMP_CMP_EQ"}]}]}),

@@ -1643,9 +1643,10 @@ class SeccompProfile:
     # The daemon refuses unknown fields in this body.
 
     #: What a call no rule matches gets: `SCMP_ACT_ALLOW`, `SCMP_ACT_ERRNO`,
-    #: `SCMP_ACT_KILL` (`_THREAD`), `SCMP_ACT_KILL_PROCESS`, `SCMP_ACT_TRAP`, `SCMP_ACT_LOG`
-    #: or `SCMP_ACT_TRACE` (`SCMP_ACT_NOTIFY` is refused: crucible runs no listener).
-    default_action: Literal["SCMP_ACT_ALLOW", "SCMP_ACT_ERRNO", "SCMP_ACT_KILL", "SCMP_ACT_KILL_THREAD", "SCMP_ACT_KILL_PROCESS", "SCMP_ACT_TRAP", "SCMP_ACT_LOG", "SCMP_ACT_TRACE"]
+    #: `SCMP_ACT_KILL` (`_THREAD`), `SCMP_ACT_KILL_PROCESS`, `SCMP_ACT_TRAP` or
+    #: `SCMP_ACT_TRACE`. `SCMP_ACT_NOTIFY` is refused (crucible runs no listener), and so is
+    #: `SCMP_ACT_LOG` (it would have a tenant write the host's kernel log at will).
+    default_action: Literal["SCMP_ACT_ALLOW", "SCMP_ACT_ERRNO", "SCMP_ACT_KILL", "SCMP_ACT_KILL_THREAD", "SCMP_ACT_KILL_PROCESS", "SCMP_ACT_TRAP", "SCMP_ACT_TRACE"]
 
     #: The errno of a default `SCMP_ACT_ERRNO` (default `EPERM`), at most 4095.
     default_errno_ret: int | None = None
@@ -1679,7 +1680,7 @@ class SeccompRule:
     # The daemon refuses unknown fields in this body.
 
     #: What they get when every check of `args` holds; the same names as `default_action`.
-    action: Literal["SCMP_ACT_ALLOW", "SCMP_ACT_ERRNO", "SCMP_ACT_KILL", "SCMP_ACT_KILL_THREAD", "SCMP_ACT_KILL_PROCESS", "SCMP_ACT_TRAP", "SCMP_ACT_LOG", "SCMP_ACT_TRACE"]
+    action: Literal["SCMP_ACT_ALLOW", "SCMP_ACT_ERRNO", "SCMP_ACT_KILL", "SCMP_ACT_KILL_THREAD", "SCMP_ACT_KILL_PROCESS", "SCMP_ACT_TRAP", "SCMP_ACT_TRACE"]
 
     #: The system calls it applies to (`chmod`, `fchmodat`, …).
     names: list[str]

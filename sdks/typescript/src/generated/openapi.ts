@@ -3062,11 +3062,12 @@ export interface components {
         SeccompProfile: {
             /**
              * @description What a call no rule matches gets: `SCMP_ACT_ALLOW`, `SCMP_ACT_ERRNO`,
-             *     `SCMP_ACT_KILL` (`_THREAD`), `SCMP_ACT_KILL_PROCESS`, `SCMP_ACT_TRAP`, `SCMP_ACT_LOG`
-             *     or `SCMP_ACT_TRACE` (`SCMP_ACT_NOTIFY` is refused: crucible runs no listener).
+             *     `SCMP_ACT_KILL` (`_THREAD`), `SCMP_ACT_KILL_PROCESS`, `SCMP_ACT_TRAP` or
+             *     `SCMP_ACT_TRACE`. `SCMP_ACT_NOTIFY` is refused (crucible runs no listener), and so is
+             *     `SCMP_ACT_LOG` (it would have a tenant write the host's kernel log at will).
              * @enum {string}
              */
-            default_action: "SCMP_ACT_ALLOW" | "SCMP_ACT_ERRNO" | "SCMP_ACT_KILL" | "SCMP_ACT_KILL_THREAD" | "SCMP_ACT_KILL_PROCESS" | "SCMP_ACT_TRAP" | "SCMP_ACT_LOG" | "SCMP_ACT_TRACE";
+            default_action: "SCMP_ACT_ALLOW" | "SCMP_ACT_ERRNO" | "SCMP_ACT_KILL" | "SCMP_ACT_KILL_THREAD" | "SCMP_ACT_KILL_PROCESS" | "SCMP_ACT_TRAP" | "SCMP_ACT_TRACE";
             /**
              * Format: uint32
              * @description The errno of a default `SCMP_ACT_ERRNO` (default `EPERM`), at most 4095.
@@ -3084,7 +3085,7 @@ export interface components {
              * @description What they get when every check of `args` holds; the same names as `default_action`.
              * @enum {string}
              */
-            action: "SCMP_ACT_ALLOW" | "SCMP_ACT_ERRNO" | "SCMP_ACT_KILL" | "SCMP_ACT_KILL_THREAD" | "SCMP_ACT_KILL_PROCESS" | "SCMP_ACT_TRAP" | "SCMP_ACT_LOG" | "SCMP_ACT_TRACE";
+            action: "SCMP_ACT_ALLOW" | "SCMP_ACT_ERRNO" | "SCMP_ACT_KILL" | "SCMP_ACT_KILL_THREAD" | "SCMP_ACT_KILL_PROCESS" | "SCMP_ACT_TRAP" | "SCMP_ACT_TRACE";
             /**
              * @description Argument checks, all of which must hold (at most 6); one argument checked twice holds
              *     when either check does, as runc reads it.
