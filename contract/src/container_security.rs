@@ -237,6 +237,16 @@ impl ContainerSecurity {
     pub fn is_default(&self) -> bool {
         *self == Self::default()
     }
+
+    /// Whether it asks for nothing but a seccomp filter of its own (all a microVM's
+    /// container takes).
+    pub fn is_only_seccomp(&self) -> bool {
+        ContainerSecurity {
+            seccomp_filter: Vec::new(),
+            ..self.clone()
+        }
+        .is_default()
+    }
 }
 
 impl fmt::Display for ContainerSecurity {
@@ -259,12 +269,7 @@ impl fmt::Display for ContainerSecurity {
             words.extend(paths.iter().map(|path| format!("{kind}:{path}")));
         }
         if !self.seccomp_filter.is_empty() {
-            let hex: String = self
-                .seccomp_filter
-                .iter()
-                .map(|insn| format!("{insn:016x}"))
-                .collect();
-            words.push(format!("bpf:{hex}"));
+            words.push(format!("bpf:{}", filter_hex(&self.seccomp_filter)));
         }
         if words.is_empty() {
             f.write_str("-")
@@ -330,8 +335,14 @@ impl FromStr for ContainerSecurity {
     }
 }
 
-/// The instructions of a `bpf:` word.
-fn parse_filter(hex: &str) -> Result<Vec<u64>, String> {
+/// A seccomp filter's packed instructions as text: 16 hex digits each.
+pub fn filter_hex(filter: &[u64]) -> String {
+    filter.iter().map(|insn| format!("{insn:016x}")).collect()
+}
+
+/// The instructions [`filter_hex`] wrote (a `bpf:` word's text), at most
+/// [`MAX_FILTER_INSNS`].
+pub fn parse_filter(hex: &str) -> Result<Vec<u64>, String> {
     let bad = || {
         format!(
             "security: bpf: is not whole 16-digit instructions ({} digits)",

@@ -672,7 +672,7 @@ impl Engine {
         let main_root = (kind == BackendKind::Namespace).then_some(accounts.root.as_path());
         let containers = self.plan_containers(&request, &owner, main_root)?;
         for (i, root) in containers.roots.iter().enumerate() {
-            container_plan::refuse_security_on(kind, root, &format!("containers[{i}]."))?;
+            container_plan::refuse_security_on(kind, root, &format!("containers[{i}]."), false)?;
         }
         // Only a microVM's disks are fixed at boot; the other backends need no slots.
         let container_slots = match kind {

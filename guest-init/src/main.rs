@@ -105,6 +105,9 @@ struct Args {
     shared_pids: bool,
     /// `sandbox-container --command-capabilities HEX`: the bounding set of every command.
     command_capabilities: Option<u64>,
+    /// `sandbox-container --seccomp-filter HEX` in a microVM: the container's own seccomp
+    /// profile, compiled (packed instructions), installed once its root is built.
+    seccomp_filter: Vec<u64>,
 }
 
 /// Which half of a namespace sandbox this process is, if any.
@@ -219,6 +222,13 @@ fn parse_args(argv: Vec<String>) -> Result<Option<Args>, String> {
                     .map_err(|_| format!("{flag} needs a hexadecimal mask, got {v:?}"))?;
                 args.command_capabilities = Some(mask);
             }
+            "--seccomp-filter" => {
+                if !matches!(args.mode, Mode::SandboxContainer) {
+                    return Err(format!("{flag} is only valid after `sandbox-container`"));
+                }
+                args.seccomp_filter = contract::container_security::parse_filter(&value(&flag)?)
+                    .map_err(|why| format!("{flag}: {why}"))?;
+            }
             "--container-factory" => {
                 if !matches!(args.mode, Mode::SandboxPid1) {
                     return Err(format!("{flag} is only valid after `sandbox-pid1`"));
@@ -311,6 +321,17 @@ fn main() -> ExitCode {
                         report::chain(&e)
                     );
                     return ExitCode::FAILURE;
+                }
+                // The guest's root holds CAP_SYS_ADMIN: no no_new_privs needed. Its agent is
+                // bound as well as its commands, as on the namespace backend.
+                if !args.seccomp_filter.is_empty() {
+                    if let Err(e) = namespace::seccomp::install_profile(&args.seccomp_filter) {
+                        eprintln!(
+                            "guest-init: container {name}: its seccomp profile: {}",
+                            report::chain(&e)
+                        );
+                        return ExitCode::FAILURE;
+                    }
                 }
             }
             if let Err(e) = namespace::harden_pid1() {

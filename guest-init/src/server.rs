@@ -415,14 +415,26 @@ fn add_container(
     Ok(pid)
 }
 
-/// Starts container `name` of a microVM from its image on `disk`; its agent's pid.
+/// How a microVM's container is made: in PID 1's PID namespace or not, from which disk, under
+/// which seccomp profile of its own (packed instructions; empty: none).
+struct VmMember<'a> {
+    share_pids: bool,
+    disk: &'a wire::agent::ContainerDisk,
+    seccomp_filter: &'a [u64],
+}
+
+/// Starts container `name` of a microVM from its image on its disk; its agent's pid.
 fn add_vm_container(
     name: &str,
     index: usize,
-    share_pids: bool,
-    disk: &wire::agent::ContainerDisk,
+    member: VmMember<'_>,
     shared: &[wire::agent::SharedDir],
 ) -> Result<i32, ErrorBody> {
+    let VmMember {
+        share_pids,
+        disk,
+        seccomp_filter,
+    } = member;
     let serial = disk.serial.as_str();
     let invalid = |why: String| ErrorBody::new("invalid_request", format!("add_container: {why}"));
     let container = contract::cmdline::VmContainer {
@@ -453,7 +465,8 @@ fn add_vm_container(
             }
         })
         .collect::<Result<Vec<_>, ErrorBody>>()?;
-    let pid = crate::vm_containers::add(&container, index, disk.sectors, &shared).map_err(|e| {
+    let pid = crate::vm_containers::add(&container, index, disk.sectors, &shared, seccomp_filter)
+        .map_err(|e| {
         ErrorBody::new(
             "io_error",
             format!("add_container {name:?}: {}", report::chain(&e)),
@@ -611,14 +624,21 @@ pub fn handle(mut conn: UnixStream, agent: &Agent) {
                     "invalid_request",
                     format!("add_container {name:?}: a microVM's containers mount no host path"),
                 )),
-                (Some(_), Ok(security)) if !security.is_default() => Err(ErrorBody::new(
+                (Some(_), Ok(security)) if !security.is_only_seccomp() => Err(ErrorBody::new(
                     "invalid_request",
                     format!(
                         "add_container {name:?}: a microVM's containers take no security \
-                         settings ({security})"
+                         settings but a seccomp profile ({security})"
                     ),
                 )),
-                (Some(disk), Ok(_)) => add_vm_container(&name, index, share_pids, &disk, &shared),
+                (Some(disk), Ok(security)) => {
+                    let vm = VmMember {
+                        share_pids,
+                        disk: &disk,
+                        seccomp_filter: &security.seccomp_filter,
+                    };
+                    add_vm_container(&name, index, vm, &shared)
+                }
                 (None, Ok(security)) => {
                     let member = (share_pids, security);
                     add_container(&conn, &name, index, member, &shared, &host_paths)

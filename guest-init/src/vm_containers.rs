@@ -145,25 +145,34 @@ const DISK_WITHIN: Duration = Duration::from_secs(5);
 /// on its disk (an empty slot reserved at boot, or one a removed container released, given
 /// the image by the host before it asks, `sectors` long), its agent serves on the port of
 /// `index`, with `shared` made and mounted, in PID 1's namespace if it shares it. Returns its
-/// agent's pid, which a signal to every process must spare.
+/// agent's pid, which a signal to every process must spare. `seccomp_filter` (packed
+/// instructions) is a profile of the container's own, which it installs before its agent
+/// starts.
 pub fn add(
     container: &VmContainer,
     index: usize,
     sectors: u64,
     shared: &[VmShared],
+    seccomp_filter: &[u64],
 ) -> Result<libc::pid_t, VmContainerError> {
     let (name, serial) = (container.name.as_str(), container.serial.as_str());
     let later = LATER.get();
     make_shared_dirs(shared)?;
     let device = wait_for_image(name, serial, sectors, Path::new("/sys/block"))?;
     forget_cached_blocks(&device)?;
-    let argv = agent_argv(
+    let mut argv = agent_argv(
         later.and_then(|l| l.log),
         index,
         name,
         &device,
         shared.iter(),
     );
+    if !seccomp_filter.is_empty() {
+        argv.extend([
+            "--seccomp-filter".to_string(),
+            contract::container_security::filter_hex(seccomp_filter),
+        ]);
+    }
     let cgroup = later.and_then(|l| l.commands_cgroup.as_ref().map(AsFd::as_fd));
     start_agent(name, &argv, cgroup, container.share_pids)
 }

@@ -535,8 +535,9 @@ pub(crate) fn install() -> Result<(), SysError> {
 }
 
 /// Installs a container's own profile ([`crate::seccomp_profile`], packed instructions) on
-/// top of the sandbox's filter, under the same conditions as [`install`].
-pub(crate) fn install_profile(packed: &[u64]) -> Result<(), SysError> {
+/// top of whatever filter the caller has (the sandbox's; in a microVM, none), without
+/// `no_new_privs`: the caller must hold `CAP_SYS_ADMIN` in its user namespace.
+pub fn install_profile(packed: &[u64]) -> Result<(), SysError> {
     let program: Vec<Insn> = packed
         .iter()
         .map(|word| crate::seccomp_profile::unpack(*word))

@@ -762,14 +762,13 @@ impl MicrovmInstance {
     }
 
     /// Gives the empty disk of `slot` the image `disk` and has the guest build container
-    /// `name` from it, serving on the slot's port.
+    /// `root.name` from it, serving on the slot's port.
     async fn fill_slot(
         &self,
         slot: usize,
         disk: &Path,
-        name: &str,
+        root: &namespace::ContainerRoot,
         shared: &[wire::agent::SharedDir],
-        share_pids: bool,
     ) -> Result<(), String> {
         let serial = contract::disk::container_serial(slot);
         let control = microvm_slots::control_socket(&self.dir, self.hypervisor, &serial);
@@ -783,7 +782,7 @@ impl MicrovmInstance {
         let stream = vsock_connect(&self.uds, DEFAULT_AGENT_PORT)
             .await
             .map_err(|e| format!("connecting to the guest's agent: {e}"))?;
-        microvm_slots::ask_to_add(stream, slot, name, sectors, shared, share_pids).await
+        microvm_slots::ask_to_add(stream, slot, root, sectors, shared).await
     }
 
     /// Frees the slot container `index` used, once the guest says nothing holds its disk;
@@ -886,13 +885,12 @@ impl Instance for MicrovmInstance {
                 // The engine refuses them first; the guest has no host directory to mount.
                 return Err("a microVM's containers mount no host path".into());
             }
-            let (name, share_pids) = (root.name.as_str(), root.share_pids);
             let disk = disk.ok_or("the container's image has no disk snapshot")?;
             let slot = self
                 .slot_table()
                 .take(index)
                 .ok_or("the microVM has no empty disk left")?;
-            let added = self.fill_slot(slot, disk, name, shared, share_pids).await;
+            let added = self.fill_slot(slot, disk, root, shared).await;
             if added.is_err() {
                 self.release_slot(index).await;
             }

@@ -110,26 +110,29 @@ pub(crate) fn give_image(control: &Path, serial: &str, disk: &Path) -> Result<u6
         .map_err(|why| format!("the device of disk {serial} refused its image: {why}"))
 }
 
-/// Asks the guest's agent, on `stream`, to build container `name` from the disk of `slot`,
-/// `sectors` long with its image, and serve it on the port of `slot`.
+/// Asks the guest's agent, on `stream`, to build container `root.name` from the disk of
+/// `slot`, `sectors` long with its image, and serve it on the port of `slot`; its security
+/// settings (a seccomp profile at most, which the engine checked) go with it.
 pub(crate) async fn ask_to_add(
     stream: tokio::net::UnixStream,
     slot: usize,
-    name: &str,
+    root: &::namespace::ContainerRoot,
     sectors: u64,
     shared: &[wire::agent::SharedDir],
-    share_pids: bool,
 ) -> Result<(), String> {
     let request = wire::agent::AgentRequest::AddContainer {
-        name: name.to_string(),
+        name: root.name.clone(),
         index: slot,
         shared: shared.to_vec(),
-        share_pids,
+        share_pids: root.share_pids,
         disk: Some(wire::agent::ContainerDisk {
             serial: contract::disk::container_serial(slot),
             sectors,
         }),
-        security: String::new(),
+        security: match root.security.is_default() {
+            true => String::new(),
+            false => root.security.to_string(),
+        },
         host_paths: Vec::new(),
     };
     match ask(stream, &request).await? {

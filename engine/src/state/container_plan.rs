@@ -361,7 +361,7 @@ impl Engine {
             .plan_one("", request, sandbox.owner(), &mut leases)
             .map_err(invalid)?;
         check_shared_in_image("", &request.shared, &root.rootfs, &plan.image).map_err(invalid)?;
-        refuse_security_on(kind, &root, "").map_err(invalid)?;
+        refuse_security_on(kind, &root, "", true).map_err(invalid)?;
         let host_paths =
             host_paths(kind, &request.host_paths).map_err(AddContainerError::Invalid)?;
         // A microVM reaches the image as a read-only ext4 snapshot, as at creation.
@@ -543,19 +543,28 @@ fn seccomp_filter(profile: &api_types::SeccompProfile) -> Result<Vec<u64>, Strin
 /// Refuses security settings on a backend that cannot apply them (a microVM's containers run
 /// as the guest's root, whose capabilities and mounts are the guest kernel's), naming the
 /// container by `field` (`containers[N].` or nothing).
+/// `added` says whether the container is added to a running sandbox, where a microVM's
+/// container takes a seccomp profile (its guest agent installs it); one made with the
+/// sandbox does not (its command line is the guest kernel's, too small for a filter).
 pub(crate) fn refuse_security_on(
     kind: api_types::BackendKind,
     root: &namespace::ContainerRoot,
     field: &str,
+    added: bool,
 ) -> Result<(), CreateError> {
-    if kind == api_types::BackendKind::Namespace || root.security.is_default() {
+    let microvm_takes =
+        kind == api_types::BackendKind::Microvm && added && root.security.is_only_seccomp();
+    if kind == api_types::BackendKind::Namespace || root.security.is_default() || microvm_takes {
         return Ok(());
     }
+    let takes = match added {
+        true => "a seccomp profile alone",
+        false => "none at creation (a seccomp profile when the container is added later)",
+    };
     Err(CreateError::Invalid(format!(
         "{field}security: the {kind} backend applies no container security settings \
          (read_only_root, no_new_privileges, capabilities, masked_paths, read_only_paths, \
-         writable_files); \
-         a namespace sandbox does"
+         writable_files) but {takes}; a namespace sandbox applies them all"
     )))
 }
 

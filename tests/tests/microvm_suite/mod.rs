@@ -1294,11 +1294,15 @@ pub(crate) async fn a_service_container_is_reached_on_localhost_and_keeps_its_lo
         hv,
         "what a microVM cannot take: a container beyond its slots, a seventh disk",
     );
+    // With a seccomp profile of its own (critest's, denying chmod): the one security setting
+    // a microVM's added container takes; its guest agent installs it.
     let later: api_types::ContainerRequest = serde_json::from_value(serde_json::json!({
         "name": "later",
         "command": ["/bin/sh", "-c",
                     "while true; do echo hello-from-later | nc -l -p 6380; done"],
-        "ready": {"tcp_port": 6380}
+        "ready": {"tcp_port": 6380},
+        "security": {"seccomp": {"default_action": "SCMP_ACT_ALLOW", "syscalls": [
+            {"names": ["chmod", "fchmodat", "fchmodat2"], "action": "SCMP_ACT_ERRNO"}]}}
     }))
     .expect("request");
     match c.add_container(&id, &later).await {
@@ -1330,6 +1334,26 @@ pub(crate) async fn a_service_container_is_reached_on_localhost_and_keeps_its_lo
     // Its root is the daemon's image, not what the slot held before.
     let (out, code) = sh_in(&c, &id, "later", "test -e /opt/app || echo own-image").await;
     assert_eq!((out.as_str(), code), ("own-image\n", 0));
+    let chmod = "touch /tmp/f && chmod 600 /tmp/f 2>&1 | grep -c 'not permitted'";
+    assert_eq!(sh_in(&c, &id, "later", chmod).await, ("1\n".to_string(), 0));
+    assert_eq!(
+        harness::sh(&c, &id, chmod).await.0,
+        "0\n",
+        "main has no profile"
+    );
+    let at_creation: CreateSandbox = serde_json::from_value(serde_json::json!({
+        "containers": [{"name": "early", "security": {"seccomp": {
+            "default_action": "SCMP_ACT_ALLOW"}}}]
+    }))
+    .expect("request");
+    match c.create(&at_creation).await {
+        Err(ClientError::Api {
+            status: 400,
+            message,
+            ..
+        }) => assert!(message.contains("security"), "{message}"),
+        other => panic!("a seccomp profile at a microVM's creation: {other:?}"),
+    }
     let seven: Vec<serde_json::Value> = (0..7)
         .map(|i| serde_json::json!({"name": format!("c{i}")}))
         .collect();
