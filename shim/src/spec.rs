@@ -296,11 +296,10 @@ pub(crate) fn daemon_exec_id(exec_id: &str) -> String {
 }
 
 /// The exec request that runs an OCI process in the sandbox as containerd's `exec_id` (empty
-/// for the container's own process). A terminal is refused: the agent's sessions are pipes.
+/// for the container's own process). `terminal: true` runs it on a pseudo-terminal of the
+/// sandbox's, sized as its `consoleSize` says (resized by `ResizePty`).
 pub(crate) fn exec_request(process: &Process, exec_id: &str) -> Result<ExecRequest, ShimError> {
-    if process.terminal() == Some(true) {
-        return Err(ShimError::Unsupported("terminals are"));
-    }
+    let tty = process.terminal() == Some(true);
     let args = process.args().clone().unwrap_or_default();
     if args.is_empty() {
         return Err(ShimError::Invalid(
@@ -341,6 +340,14 @@ pub(crate) fn exec_request(process: &Process, exec_id: &str) -> Result<ExecReque
             })
             .collect(),
         exec_id: daemon_exec_id(exec_id),
+        tty,
+        tty_size: process
+            .console_size()
+            .filter(|_| tty)
+            .map(|size| wire::TerminalSize {
+                rows: u16::try_from(size.height()).unwrap_or(u16::MAX),
+                cols: u16::try_from(size.width()).unwrap_or(u16::MAX),
+            }),
     };
     request
         .validate()
@@ -694,7 +701,7 @@ mod tests {
     }
 
     #[test]
-    fn a_process_becomes_an_exec_request_and_terminals_are_refused() {
+    fn a_process_becomes_an_exec_request_on_a_terminal_when_it_asks_for_one() {
         let process = exec_process(
             br#"{"args":["sh","-c","echo hi"],"env":["A=1"],"cwd":"/tmp","user":{"uid":0,"gid":0}}"#,
         )
@@ -708,13 +715,21 @@ mod tests {
         assert_eq!(request.env.get("A").map(String::as_str), Some("1"));
         assert_eq!(request.timeout_s, 0);
 
-        let terminal =
-            exec_process(br#"{"terminal":true,"args":["sh"],"cwd":"/","user":{"uid":0,"gid":0}}"#)
-                .expect("an OCI process");
-        assert!(matches!(
-            exec_request(&terminal, ""),
-            Err(ShimError::Unsupported(_))
-        ));
+        assert!(!request.tty && request.tty_size.is_none());
+
+        let terminal = exec_process(
+            br#"{"terminal":true,"consoleSize":{"height":30,"width":100},"args":["sh"],"cwd":"/","user":{"uid":0,"gid":0}}"#,
+        )
+        .expect("an OCI process");
+        let on_terminal = exec_request(&terminal, "").expect("a request");
+        assert!(on_terminal.tty);
+        assert_eq!(
+            on_terminal.tty_size,
+            Some(wire::TerminalSize {
+                rows: 30,
+                cols: 100
+            })
+        );
         let empty = exec_process(br#"{"args":[],"cwd":"/","user":{"uid":0,"gid":0}}"#)
             .expect("an OCI process");
         assert!(matches!(

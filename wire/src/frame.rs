@@ -24,16 +24,21 @@ pub enum FrameType {
     Stdin = 4,
     /// End of interactive input: the command's stdin is closed (host to guest, empty payload).
     StdinClose = 5,
+    /// The client's terminal changed size (host to guest): the payload is a
+    /// [`TerminalSize`](crate::TerminalSize) JSON document, `{"rows":R,"cols":C}`. Only a
+    /// command started with `tty` has a terminal to resize; for any other it is ignored.
+    Resize = 6,
 }
 
 impl FrameType {
     /// Every frame type, in wire-value order.
-    pub const ALL: [FrameType; 5] = [
+    pub const ALL: [FrameType; 6] = [
         FrameType::Stdout,
         FrameType::Stderr,
         FrameType::Exit,
         FrameType::Stdin,
         FrameType::StdinClose,
+        FrameType::Resize,
     ];
 
     /// The snake_case name used by the fixtures manifest (`"stdin_close"`).
@@ -44,6 +49,7 @@ impl FrameType {
             FrameType::Exit => "exit",
             FrameType::Stdin => "stdin",
             FrameType::StdinClose => "stdin_close",
+            FrameType::Resize => "resize",
         }
     }
 
@@ -74,6 +80,7 @@ impl TryFrom<u8> for FrameType {
             3 => Ok(FrameType::Exit),
             4 => Ok(FrameType::Stdin),
             5 => Ok(FrameType::StdinClose),
+            6 => Ok(FrameType::Resize),
             other => Err(UnknownFrameType(other)),
         }
     }
@@ -86,7 +93,7 @@ mod tests {
     #[test]
     fn frame_type_values_are_frozen() {
         let values: Vec<u8> = FrameType::ALL.iter().map(|t| t.as_u8()).collect();
-        assert_eq!(values, [1, 2, 3, 4, 5]);
+        assert_eq!(values, [1, 2, 3, 4, 5, 6]);
         assert_eq!(HEADER_SIZE, 8);
         assert_eq!(MAX_PAYLOAD, 65536);
     }
@@ -96,7 +103,7 @@ mod tests {
         for t in FrameType::ALL {
             assert_eq!(FrameType::try_from(t.as_u8()), Ok(t));
         }
-        for bad in [0u8, 6, 0x7f, 0xff] {
+        for bad in [0u8, 7, 0x7f, 0xff] {
             assert_eq!(FrameType::try_from(bad), Err(UnknownFrameType(bad)));
         }
     }

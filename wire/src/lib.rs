@@ -34,8 +34,8 @@ pub use signal::signal_number;
 pub use stats::{CpuStats, MemoryStats, PidsStats, SandboxStats};
 pub use types::{
     valid_exec_id, ErrorBody, ExecList, ExecRequest, ExecResult, ExecState, ExecStatus,
-    FilesPutResult, OnDisconnect, RefusedEntry, Rlimit, Usage, ValidationError, MAX_ARGS, MAX_ENV,
-    MAX_EXEC_ID, MAX_REQUEST_BYTES, MAX_TIMEOUT_S, RLIMIT_RESOURCES,
+    FilesPutResult, OnDisconnect, RefusedEntry, Rlimit, TerminalSize, Usage, ValidationError,
+    MAX_ARGS, MAX_ENV, MAX_EXEC_ID, MAX_REQUEST_BYTES, MAX_TIMEOUT_S, RLIMIT_RESOURCES,
 };
 
 #[cfg(feature = "tokio")]

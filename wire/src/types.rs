@@ -70,6 +70,37 @@ pub struct ExecRequest {
     /// the bytes it took (`ExecStatus::stdin_bytes`), and only `stdin_close` ends its input.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub on_disconnect: Option<OnDisconnect>,
+    /// Whether the command runs on a pseudo-terminal, as `docker exec -t` runs it: the
+    /// terminal is its stdin, stdout and stderr and its controlling terminal, so everything
+    /// it writes arrives as stdout frames (no stderr frames) with the terminal's line
+    /// endings (`\r\n`), and interactive input goes through the terminal's line discipline
+    /// (`^C` interrupts, `^D` at the start of a line ends a read). `resize` frames change its
+    /// size. `false` (the default): pipes, no terminal.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub tty: bool,
+    /// The terminal's size when the command starts; absent: 24 rows of 80 columns. Only with
+    /// `tty`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tty_size: Option<TerminalSize>,
+}
+
+/// A terminal's size in characters: the `tty_size` of an exec request and the payload of a
+/// `resize` frame (`{"rows":40,"cols":120}`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[serde(deny_unknown_fields)]
+pub struct TerminalSize {
+    /// Lines.
+    pub rows: u16,
+    /// Columns.
+    pub cols: u16,
+}
+
+impl Default for TerminalSize {
+    /// A VT100's 24 by 80, what a terminal with no size reports.
+    fn default() -> Self {
+        TerminalSize { rows: 24, cols: 80 }
+    }
 }
 
 /// What a command does when the connection that started it drops.
@@ -241,6 +272,12 @@ impl ExecRequest {
     /// Checks what JSON parsing cannot: a non-empty command, no NUL bytes anywhere (they cannot
     /// cross `execve`), valid env names, an absolute `cwd`, and sane sizes and timeouts.
     pub fn validate(&self) -> Result<(), ValidationError> {
+        if self.tty_size.is_some() && !self.tty {
+            return Err(ValidationError::new(
+                "tty_size",
+                "sizes a terminal, and only a request with `tty` has one",
+            ));
+        }
         if self.cmd.is_empty() {
             return Err(ValidationError::new("cmd", "must not be empty"));
         }

@@ -49,7 +49,7 @@ fn manifest_constants_match_the_codec() {
     for t in FrameType::ALL {
         assert_eq!(m["frame_types"][t.name()], t.as_u8(), "frame type {t}");
     }
-    assert_eq!(m["frame_types"].as_object().map(|o| o.len()), Some(5));
+    assert_eq!(m["frame_types"].as_object().map(|o| o.len()), Some(6));
 }
 
 /// Step 2: every valid fixture decodes to exactly the listed frames, then a clean EOF — fed

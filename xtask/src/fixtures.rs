@@ -44,6 +44,7 @@ struct FrameTypes {
     exit: u8,
     stdin: u8,
     stdin_close: u8,
+    resize: u8,
 }
 
 #[derive(Serialize)]
@@ -160,7 +161,7 @@ fn invalid(
 }
 
 fn fixtures() -> Vec<Fixture> {
-    use FrameType::{Stderr, Stdin, StdinClose, Stdout};
+    use FrameType::{Resize, Stderr, Stdin, StdinClose, Stdout};
 
     let chunked: Vec<u8> = (0..200 * 1024).map(|i| (i % 251) as u8).collect();
     let binary: Vec<u8> = (0..=255u8)
@@ -318,6 +319,20 @@ fn fixtures() -> Vec<Fixture> {
                 .bytes(),
             expect_error: None,
         },
+        Fixture {
+            file: "tty_session.bin",
+            description: "a terminal session's input: its size changes (a resize frame's payload \
+                          is the TerminalSize JSON), keystrokes, then stdin_close",
+            direction: Direction::HostToGuest,
+            bytes: StreamBuilder::new()
+                .data(Resize, br#"{"rows":40,"cols":120}"#)
+                .data(Stdin, b"stty size\r")
+                .data(Resize, br#"{"rows":50,"cols":132}"#)
+                .data(Stdin, b"exit\r")
+                .data(StdinClose, b"")
+                .bytes(),
+            expect_error: None,
+        },
         invalid(
             "truncated_header.bin",
             "EOF three bytes into a frame header",
@@ -454,6 +469,7 @@ fn generate(out: &Path) -> Result<()> {
             exit: FrameType::Exit.as_u8(),
             stdin: FrameType::Stdin.as_u8(),
             stdin_close: FrameType::StdinClose.as_u8(),
+            resize: FrameType::Resize.as_u8(),
         },
         fixtures: entries,
     };
