@@ -12,6 +12,13 @@
 //! what its pipes already hold (a snapshot of their fill level, so a background grandchild that
 //! keeps writing cannot hold the exit back), then writes the exit frame and closes.
 //!
+//! A command started with `tty` has a pseudo-terminal ([`crate::pty`]) instead of the three
+//! pipes: its master side is the one output stream (stdout frames) and, for an interactive
+//! session, where stdin frames go; `resize` frames size it. A terminal has no fill level to
+//! snapshot (the kernel hands the command's last writes to the master asynchronously), so after
+//! the exit it is read until its other side is closed by every process holding it, or for
+//! [`TERMINAL_DRAIN`] at most when a background process keeps it open.
+//!
 //! A named command that outlives its connection (`on_disconnect: keep`, [`crate::exec_registry`])
 //! also copies its output into its tail. When the connection drops, the loop goes on without
 //! one: the pipes are still read (into the tail only), the deadline still holds, and an
@@ -27,10 +34,12 @@ use std::time::{Duration, Instant};
 
 use wire::agent::{RunAs, MAX_GROUPS};
 use wire::{
-    Decoder, Direction, ExecRequest, ExecResult, FrameType, Usage, HEADER_SIZE, MAX_PAYLOAD,
+    Decoder, Direction, ExecRequest, ExecResult, FrameType, TerminalSize, Usage, HEADER_SIZE,
+    MAX_PAYLOAD,
 };
 
 use crate::exec_registry::{self, Tracked};
+use crate::pty::Terminal;
 use crate::reaper::{Child, ExitInfo};
 use crate::spawn::{self, ChildStdio, SpawnContext};
 use crate::sys;
@@ -113,6 +122,80 @@ pub fn mem_total_bytes() -> Option<u64> {
     Some(kib * 1024)
 }
 
+/// How long a terminal's output is still read after its command exited while another process
+/// keeps the terminal open (a background job): what the command itself wrote arrives well
+/// within it.
+const TERMINAL_DRAIN: Duration = Duration::from_millis(250);
+
+/// The descriptors between the agent and one command: the agent's ends and the child's.
+#[derive(Debug)]
+struct Plumbing {
+    /// Read by the agent: the command's stdout, or its terminal.
+    stdout: OwnedFd,
+    /// Read by the agent: the command's stderr; `None` on a terminal (it is the terminal).
+    stderr: Option<OwnedFd>,
+    /// Written by the agent: the command's stdin, for an interactive session.
+    stdin: Option<OwnedFd>,
+    /// The terminal, when the request asked for one.
+    terminal: Option<Terminal>,
+    /// The child's stdin; `None`: `/dev/null`.
+    child_stdin: Option<OwnedFd>,
+    child_stdout: OwnedFd,
+    /// The child's stderr; `None`: the same as its stdout.
+    child_stderr: Option<OwnedFd>,
+}
+
+impl Plumbing {
+    fn new(req: &ExecRequest, interactive: bool) -> io::Result<Plumbing> {
+        if req.tty {
+            let (terminal, peer) = Terminal::open(req.tty_size.unwrap_or_default())?;
+            return Ok(Plumbing {
+                stdout: terminal.master()?,
+                stderr: None,
+                stdin: if interactive {
+                    Some(terminal.master()?)
+                } else {
+                    None
+                },
+                terminal: Some(terminal),
+                child_stdin: Some(peer.try_clone()?),
+                child_stdout: peer,
+                child_stderr: None,
+            });
+        }
+        let (out_r, out_w) = sys::pipe()?;
+        let (err_r, err_w) = sys::pipe()?;
+        let (stdin, child_stdin) = if interactive {
+            let (r, w) = sys::pipe()?;
+            (Some(w), Some(r))
+        } else {
+            (None, None)
+        };
+        Ok(Plumbing {
+            stdout: out_r,
+            stderr: Some(err_r),
+            stdin,
+            terminal: None,
+            child_stdin,
+            child_stdout: out_w,
+            child_stderr: Some(err_w),
+        })
+    }
+
+    fn child_stdio<'a>(&'a self, devnull: &'a OwnedFd) -> ChildStdio<'a> {
+        ChildStdio {
+            stdin: self.child_stdin.as_ref().unwrap_or(devnull).as_fd(),
+            stdout: self.child_stdout.as_fd(),
+            stderr: self
+                .child_stderr
+                .as_ref()
+                .unwrap_or(&self.child_stdout)
+                .as_fd(),
+            controlling_terminal: self.terminal.is_some(),
+        }
+    }
+}
+
 /// Runs `req` on `conn`: validates, spawns, streams, writes the exit frame. Errors have
 /// already been dealt with (command killed, stream abandoned) and are returned for logging.
 pub fn run(
@@ -141,21 +224,17 @@ pub fn run(
     }
     let oom_before = ctx.oom_kills();
 
-    let (out_r, out_w) = sys::pipe()?;
-    let (err_r, err_w) = sys::pipe()?;
-    let stdin_pipe = if interactive {
-        Some(sys::pipe()?)
-    } else {
-        None
+    let plumbing = match Plumbing::new(req, interactive) {
+        Ok(plumbing) => plumbing,
+        Err(e) if req.tty => {
+            return write_exit(
+                &mut conn,
+                &ExecResult::failed(format!("cannot open a terminal: {e}")),
+            )
+        }
+        Err(e) => return Err(e.into()),
     };
-    let stdio = ChildStdio {
-        stdin: match &stdin_pipe {
-            Some((r, _)) => r.as_fd(),
-            None => ctx.devnull.as_fd(),
-        },
-        stdout: out_w.as_fd(),
-        stderr: err_w.as_fd(),
-    };
+    let stdio = plumbing.child_stdio(&ctx.devnull);
     let started = Instant::now();
     let spawned = crate::exec_ids::spawn_named(&req.exec_id, || {
         spawn::spawn(req, user, stdio, &ctx.spawn_context())
@@ -167,11 +246,17 @@ pub fn run(
         Ok(child) => child,
         Err(why) => return write_exit(&mut conn, &ExecResult::failed(why)),
     };
-    drop((out_w, err_w));
-    let stdin_w = stdin_pipe.map(|(r, w)| {
-        drop(r);
-        w
-    });
+    let Plumbing {
+        stdout,
+        stderr,
+        stdin,
+        terminal,
+        child_stdin,
+        child_stdout,
+        child_stderr,
+    } = plumbing;
+    // Only the command holds its ends now: its exit (and its children's) closes them.
+    drop((child_stdin, child_stdout, child_stderr));
     // Only a named command can be found again. A one-shot one outlives its connection unless
     // it asks not to; an interactive one only when it asks to (by default closing its
     // connection ends it, as the protocol says).
@@ -203,13 +288,14 @@ pub fn run(
         skipped: 0,
         child,
         streams: [
-            Stream::new(FrameType::Stdout, out_r),
-            Stream::new(FrameType::Stderr, err_r),
+            Stream::new(FrameType::Stdout, Some(stdout), terminal.is_some()),
+            Stream::new(FrameType::Stderr, stderr, false),
         ],
-        stdin: match stdin_w {
-            Some(w) => Some(StdinPump::new(w)?),
+        stdin: match stdin {
+            Some(w) => Some(StdinPump::new(w, terminal)?),
             None => None,
         },
+        terminal_drain_until: None,
         pending: OutBuf::take(),
         deadline: (req.timeout_s > 0)
             .then(|| started + Duration::from_secs(req.timeout_s.unsigned_abs())),
@@ -396,17 +482,21 @@ struct Stream {
     drain: Option<usize>,
     /// Whether the pipe has been enlarged (see [`BUSY_PIPE_SIZE`]).
     enlarged: bool,
+    /// Whether it is a terminal's master side (read to its end after the exit, not drained
+    /// by its fill level).
+    terminal: bool,
 }
 
 impl Stream {
     /// The pipe stays blocking: it is read only after poll reported it readable (or, after
     /// the exit, for no more than the bytes it holds), so a read never waits.
-    fn new(kind: FrameType, fd: OwnedFd) -> Stream {
+    fn new(kind: FrameType, fd: Option<OwnedFd>, terminal: bool) -> Stream {
         Stream {
             kind,
-            pipe: Some(File::from(fd)),
+            pipe: fd.map(File::from),
             drain: None,
             enlarged: false,
+            terminal,
         }
     }
 
@@ -458,7 +548,7 @@ impl Stream {
                     if *d == 0 {
                         self.pipe = None;
                     }
-                } else if n >= MAX_PAYLOAD && !self.enlarged {
+                } else if n >= MAX_PAYLOAD && !self.enlarged && !self.terminal {
                     // A full default pipe: this command writes fast.
                     self.enlarged = true;
                     if let Some(p) = &self.pipe {
@@ -472,6 +562,8 @@ impl Stream {
                 }
             }
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            // A terminal whose other side every process has closed: its end, once read.
+            Err(e) if self.terminal && e.raw_os_error() == Some(libc::EIO) => self.pipe = None,
             Err(e) => return Err(e),
         }
         Ok(())
@@ -494,10 +586,13 @@ struct StdinPump {
     taken: u64,
     /// Whether the host sent `stdin_close`.
     closed: bool,
+    /// The command's terminal, which `resize` frames size (for as long as the session lasts,
+    /// input ended or not).
+    terminal: Option<Terminal>,
 }
 
 impl StdinPump {
-    fn new(fd: OwnedFd) -> io::Result<StdinPump> {
+    fn new(fd: OwnedFd, terminal: Option<Terminal>) -> io::Result<StdinPump> {
         sys::set_nonblocking(fd.as_fd(), true)?;
         Ok(StdinPump {
             pipe: Some(File::from(fd)),
@@ -508,6 +603,7 @@ impl StdinPump {
             eof: false,
             taken: 0,
             closed: false,
+            terminal,
         })
     }
 
@@ -527,7 +623,7 @@ impl StdinPump {
     }
 
     fn wants_host_input(&self) -> bool {
-        !self.host_done && !self.eof && self.pos >= self.buf.len()
+        (!self.host_done || self.terminal.is_some()) && !self.eof && self.pos >= self.buf.len()
     }
 
     /// Moves decoded frames into the command's stdin until the pipe is full, the decoder has
@@ -538,7 +634,7 @@ impl StdinPump {
             if self.pos < self.buf.len() {
                 return Ok(()); // The pipe is full: wait for POLLOUT.
             }
-            if self.host_done {
+            if self.host_done && self.terminal.is_none() {
                 self.pipe = None;
                 return Ok(());
             }
@@ -559,6 +655,9 @@ impl StdinPump {
                 Err(e) => return Err(ExecError::Protocol(e.to_string())),
             };
             match frame.frame_type {
+                // Input after its end (or after the command's exit) has nowhere to go; a
+                // terminal's session is still read, for its resize frames.
+                FrameType::Stdin | FrameType::StdinClose if self.host_done => {}
                 FrameType::Stdin => {
                     self.buf.clear();
                     self.buf.extend_from_slice(frame.payload);
@@ -568,6 +667,22 @@ impl StdinPump {
                 FrameType::StdinClose => {
                     self.host_done = true;
                     self.closed = true;
+                    // A terminal has no end of input but the one typed: its end-of-file
+                    // character, which ends a read as a closed pipe would (in canonical mode;
+                    // in raw mode the program decides what ends its input).
+                    if let Some(eof) = self.terminal.as_ref().and_then(Terminal::end_of_input) {
+                        self.buf.clear();
+                        self.buf.push(eof);
+                        self.pos = 0;
+                    }
+                }
+                FrameType::Resize => {
+                    let size: TerminalSize = serde_json::from_slice(frame.payload)
+                        .map_err(|e| ExecError::Protocol(format!("a resize frame's size: {e}")))?;
+                    // A session without a terminal has nothing to resize.
+                    if let Some(terminal) = &self.terminal {
+                        terminal.resize(size)?;
+                    }
                 }
                 other => {
                     return Err(ExecError::Protocol(format!(
@@ -625,6 +740,8 @@ struct Session {
     deadline: Option<Instant>,
     timed_out: bool,
     exit: Option<ExitInfo>,
+    /// After the exit: when a terminal still held open by another process stops being read.
+    terminal_drain_until: Option<Instant>,
 }
 
 const CONN: usize = 0;
@@ -704,15 +821,29 @@ impl Session {
                     }
                 }
             }
-            let timeout = match (self.deadline, self.timed_out, self.exit.is_some()) {
-                (Some(d), false, false) => {
-                    let left = d.saturating_duration_since(Instant::now());
+            let wake_at = match (self.deadline, self.timed_out, self.exit.is_some()) {
+                (Some(d), false, false) => Some(d),
+                _ => None,
+            };
+            let timeout = match wake_at.into_iter().chain(self.terminal_drain_until).min() {
+                Some(at) => {
+                    let left = at.saturating_duration_since(Instant::now());
                     // Round up so that we never wake just before the deadline and spin.
                     libc::c_int::try_from(left.as_millis() + 1).unwrap_or(libc::c_int::MAX)
                 }
-                _ => -1,
+                None => -1,
             };
             sys::poll(&mut fds, timeout)?;
+            if self
+                .terminal_drain_until
+                .is_some_and(|d| Instant::now() >= d)
+            {
+                // Another process keeps the terminal open: what the command wrote is read.
+                for s in self.streams.iter_mut().filter(|s| s.terminal) {
+                    s.pipe = None;
+                }
+                self.terminal_drain_until = None;
+            }
 
             let hung_up = libc::POLLHUP | libc::POLLERR | (fds[CONN].events & libc::POLLRDHUP);
             if fds[CONN].revents & hung_up != 0 {
@@ -785,6 +916,12 @@ impl Session {
         self.exit = Some(exit);
         // Forward what the pipes hold now, then stop: later writers are background processes.
         for s in &mut self.streams {
+            if s.terminal {
+                if s.pipe.is_some() {
+                    self.terminal_drain_until = Some(Instant::now() + TERMINAL_DRAIN);
+                }
+                continue;
+            }
             if let Some(p) = &s.pipe {
                 s.drain = Some(sys::bytes_available(p.as_fd()).unwrap_or(0));
                 if s.drain == Some(0) {

@@ -120,6 +120,7 @@ mod tests {
             stdin: devnull.as_fd(),
             stdout: w.as_fd(),
             stderr: w.as_fd(),
+            controlling_terminal: false,
         };
         let ctx = SpawnContext {
             devnull: devnull.as_fd(),

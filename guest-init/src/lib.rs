@@ -23,6 +23,7 @@ pub mod log;
 pub mod main_ns;
 pub mod mount;
 pub mod power;
+pub mod pty;
 pub mod reaper;
 pub mod selftest;
 pub mod server;

@@ -102,6 +102,9 @@ pub struct ChildStdio<'a> {
     pub stdout: BorrowedFd<'a>,
     /// Becomes the child's stderr.
     pub stderr: BorrowedFd<'a>,
+    /// Whether `stdin` is a terminal that becomes the child's controlling terminal (the child
+    /// leads a session of its own, so its process group is the terminal's foreground one).
+    pub controlling_terminal: bool,
 }
 
 /// Stages of the child's setup, as reported through the error pipe.
@@ -185,6 +188,7 @@ struct ChildPlan {
     /// Who the command runs as; `None` keeps the agent's ids.
     ids: Option<ChildIds>,
     stdio: [RawFd; 3],
+    controlling_terminal: bool,
     cgroup_procs: Option<RawFd>,
     reset_oom_score: bool,
     /// The mount namespace to enter first (`main`'s in a microVM pod).
@@ -313,6 +317,7 @@ pub fn spawn(
             stdio.stdout.as_raw_fd(),
             stdio.stderr.as_raw_fd(),
         ],
+        controlling_terminal: stdio.controlling_terminal,
         cgroup_procs: ctx.cgroup_procs.map(|fd| fd.as_raw_fd()),
         reset_oom_score: ctx.reset_oom_score,
         mount_namespace: ctx.namespaces.map(|ns| ns.mounts().as_raw_fd()),
@@ -543,6 +548,10 @@ fn child_after_fork(plan: &ChildPlan) -> ! {
         if unsafe { libc::dup2(fd, target as libc::c_int) } == -1 {
             fail(&plan.report, STAGE_SETUP);
         }
+    }
+    // SAFETY: TIOCSCTTY takes an integer argument (0: do not steal another session's).
+    if plan.controlling_terminal && unsafe { libc::ioctl(0, libc::TIOCSCTTY as _, 0) } == -1 {
+        fail(&plan.report, STAGE_SETUP);
     }
     // SAFETY: sigset_t is plain old data; sigemptyset initializes it before use, and
     // sigprocmask/signal take pointers to live values or none.

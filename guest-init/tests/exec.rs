@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use common::{read_output, sh, wait_gone, write_frame, Agent};
 use wire::agent::{AgentReply, AgentRequest};
-use wire::{ExecRequest, FrameType};
+use wire::{Direction, ExecRequest, FrameReader, FrameType};
 
 #[test]
 fn stdout_and_stderr_are_separate_and_each_in_order() {
@@ -217,6 +217,137 @@ fn interactive_large_input_round_trips_with_backpressure() {
     let out = read_output(s);
     t.join().expect("writer");
     assert!(out.stdout == data, "cat echoed {} bytes", out.stdout.len());
+    assert_eq!(out.result.exit_code, 0);
+}
+
+#[test]
+fn a_tty_command_runs_on_a_sized_terminal_that_carries_stderr_too() {
+    let agent = Agent::start();
+    let mut req = sh("tty; stty size; echo to-stderr >&2; test -t 0 && test -t 1 && test -t 2");
+    req.tty = true;
+    req.tty_size = Some(wire::TerminalSize {
+        rows: 30,
+        cols: 100,
+    });
+    let out = agent.exec(req);
+    let shown = out.stdout_str();
+    assert!(shown.starts_with("/dev/pts/"), "{shown:?}");
+    assert!(shown.contains("\r\n30 100\r\nto-stderr\r\n"), "{shown:?}");
+    assert_eq!(out.stderr_str(), "", "a terminal has no separate stderr");
+    assert_eq!(
+        out.result.exit_code, 0,
+        "stdin, stdout and stderr are the terminal"
+    );
+
+    // The default size; the terminal is the command's controlling one (`/dev/tty` opens it).
+    let mut req = sh("stty size; echo via-dev-tty > /dev/tty");
+    req.tty = true;
+    let out = agent.exec(req);
+    assert_eq!(out.stdout_str(), "24 80\r\nvia-dev-tty\r\n");
+
+    // Without `tty`, nothing is a terminal; a size without a terminal is refused.
+    let out = agent.exec(sh("test -t 0 || test -t 1 || test -t 2"));
+    assert_eq!(out.result.exit_code, 1);
+    let mut req = sh("true");
+    req.tty_size = Some(wire::TerminalSize { rows: 1, cols: 1 });
+    let out = agent.exec(req);
+    assert!(
+        out.result.error.contains("tty_size"),
+        "{:?}",
+        out.result.error
+    );
+}
+
+#[test]
+fn a_terminal_session_is_resized_typed_into_and_ended_by_stdin_close() {
+    let agent = Agent::start();
+    let mut request = ExecRequest::new(["sh"]);
+    request.tty = true;
+    let mut s = agent.send(&AgentRequest::Exec {
+        tail_bytes: None,
+        request,
+        interactive: true,
+        user: None,
+    });
+    // Each size is read back once the shell has shown it, so each `stty` sees its own.
+    let mut frames = FrameReader::new(s.try_clone().expect("clone"), Direction::GuestToHost);
+    let mut shown = String::new();
+    let mut exit = None;
+    let mut read_until = |needle: &str, shown: &mut String| {
+        while !shown.contains(needle) {
+            let frame = frames
+                .read_frame()
+                .expect("valid frames")
+                .unwrap_or_else(|| panic!("ended before {needle:?}: {shown:?}"));
+            match frame.frame_type {
+                FrameType::Stdout => shown.push_str(&String::from_utf8_lossy(frame.payload)),
+                FrameType::Exit => {
+                    exit = Some(serde_json::from_slice::<wire::ExecResult>(frame.payload));
+                    return;
+                }
+                other => panic!("unexpected {other} frame"),
+            }
+        }
+    };
+    write_frame(&mut s, FrameType::Resize, br#"{"rows":40,"cols":120}"#);
+    write_frame(&mut s, FrameType::Stdin, b"stty size; echo one >&2\r");
+    read_until("one\r\n", &mut shown);
+    assert!(shown.contains("40 120\r\n"), "{shown:?}");
+    write_frame(&mut s, FrameType::Resize, br#"{"rows":50,"cols":132}"#);
+    write_frame(&mut s, FrameType::Stdin, b"stty size\r");
+    read_until("50 132\r\n", &mut shown);
+    // stdin_close types the terminal's end of file: the shell reads it and exits.
+    write_frame(&mut s, FrameType::StdinClose, b"");
+    read_until("never shown", &mut shown);
+    let result = exit.expect("an exit frame").expect("an ExecResult");
+    assert_eq!(result.exit_code, 0, "{shown:?}");
+
+    // ^C through the terminal interrupts the foreground command, as a keyboard's would.
+    let mut request = ExecRequest::new(["sh", "-c", "sleep 30"]);
+    request.tty = true;
+    let mut s = agent.send(&AgentRequest::Exec {
+        tail_bytes: None,
+        request,
+        interactive: true,
+        user: None,
+    });
+    std::thread::sleep(Duration::from_millis(200));
+    write_frame(&mut s, FrameType::Stdin, b"\x03");
+    let started = Instant::now();
+    let out = read_output(s);
+    assert!(
+        started.elapsed() < Duration::from_secs(20),
+        "^C did not interrupt"
+    );
+    assert_eq!(out.result.signal, "SIGINT", "{:?}", out.result);
+
+    // A resize frame that is not a size is a protocol error, as any bad frame is.
+    let mut request = ExecRequest::new(["cat"]);
+    request.tty = true;
+    let mut s = agent.send(&AgentRequest::Exec {
+        tail_bytes: None,
+        request,
+        interactive: true,
+        user: None,
+    });
+    write_frame(&mut s, FrameType::Resize, b"{\"rows\":-1}");
+    let out = read_output(s);
+    assert!(
+        out.result.error.contains("resize"),
+        "{:?}",
+        out.result.error
+    );
+}
+
+#[test]
+fn a_terminal_left_open_by_a_background_job_does_not_hold_the_exit() {
+    let agent = Agent::start();
+    let mut req = sh("echo before; sleep 30 & echo after");
+    req.tty = true;
+    let started = Instant::now();
+    let out = agent.exec(req);
+    assert!(started.elapsed() < Duration::from_secs(10), "hang guard");
+    assert_eq!(out.stdout_str(), "before\r\nafter\r\n");
     assert_eq!(out.result.exit_code, 0);
 }
 
