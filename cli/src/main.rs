@@ -11,6 +11,7 @@ mod doctor;
 mod exit;
 mod output;
 mod serve;
+mod terminal;
 
 #[derive(Parser)]
 #[command(

@@ -185,6 +185,74 @@ fn shell_runs_a_session_from_piped_stdin() {
 }
 
 #[test]
+fn exec_t_runs_the_command_on_a_terminal_and_it_takes_keys_from_this_one() {
+    let daemon = TestDaemon::start();
+    let id = sandbox(&daemon);
+    // -t alone: a terminal whose size is the default here (stdout is a pipe), stderr on it.
+    let out = run(crucible(&daemon).args([
+        "sandbox",
+        "exec",
+        "-t",
+        &id,
+        "--",
+        "sh",
+        "-c",
+        "tty; stty size; echo on-stderr >&2; exit 4",
+    ]));
+    let shown = text(&out.stdout);
+    assert!(shown.starts_with("/dev/pts/"), "{shown:?}");
+    assert!(shown.ends_with("\r\n24 80\r\non-stderr\r\n"), "{shown:?}");
+    assert_eq!(text(&out.stderr), "");
+    assert_eq!(out.status.code(), Some(4));
+
+    // -it from something that is not a terminal is refused, as Docker refuses it.
+    let out = crucible(&daemon)
+        .args(["sandbox", "exec", "-it", &id, "--", "cat"])
+        .stdin(Stdio::null())
+        .output()
+        .expect("exec -it");
+    assert_eq!(out.status.code(), Some(125), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("stdin is not a terminal"),
+        "{}",
+        text(&out.stderr)
+    );
+
+    // -it on a terminal (script(1) gives it one): what is typed reaches the command through
+    // its terminal, which echoes it, and Ctrl-D at the start of a line ends its input.
+    let command = format!(
+        "{} --host {} sandbox exec -it {id} -- sh -c 'read line; echo got $line; cat; echo cat-ended'",
+        env!("CARGO_BIN_EXE_crucible"),
+        daemon.socket.display()
+    );
+    let mut script = Command::new("script")
+        .args(["-q", "-e", "-c", &command, "/dev/null"])
+        .env_remove("CRUCIBLE_API_KEY")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("script(1) runs");
+    let mut keys = script.stdin.take().expect("piped");
+    keys.write_all(b"typed\r").expect("type");
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    keys.write_all(b"\x04").expect("Ctrl-D");
+    let out = script.wait_with_output().expect("script ends");
+    let shown = text(&out.stdout);
+    assert!(
+        shown.contains("got typed"),
+        "{shown:?} {}",
+        text(&out.stderr)
+    );
+    assert!(
+        shown.contains("cat-ended"),
+        "{shown:?} {}",
+        text(&out.stderr)
+    );
+    assert_eq!(out.status.code(), Some(0), "{shown:?}");
+}
+
+#[test]
 fn cp_round_trips_a_directory_tree_byte_for_byte() {
     let daemon = TestDaemon::start();
     let id = sandbox(&daemon);

@@ -3,7 +3,7 @@
 use std::io::Cursor;
 
 use tokio::io::{AsyncReadExt, Chain, ReadHalf, WriteHalf};
-use wire::{AsyncFrameReader, AsyncFrameWriter, Direction, ExecRequest, FrameType};
+use wire::{AsyncFrameReader, AsyncFrameWriter, Direction, ExecRequest, FrameType, TerminalSize};
 
 use crate::connection::{Endpoint, Stream};
 use crate::error::ClientError;
@@ -79,6 +79,17 @@ impl SessionWriter {
             .map_err(io)?;
         self.frames.flush().await.map_err(io)
     }
+
+    /// Resizes the command's terminal (a session started with `tty`; any other ignores it).
+    pub async fn resize(&mut self, size: TerminalSize) -> Result<(), ClientError> {
+        let payload = serde_json::to_vec(&size)
+            .map_err(|e| ClientError::Http(format!("encoding a terminal size: {e}")))?;
+        self.frames
+            .write_data(FrameType::Resize, &payload)
+            .await
+            .map_err(io)?;
+        self.frames.flush().await.map_err(io)
+    }
 }
 
 fn io(e: std::io::Error) -> ClientError {
@@ -94,6 +105,11 @@ impl Session {
     /// Closes the command's stdin.
     pub async fn close_stdin(&mut self) -> Result<(), ClientError> {
         self.writer.close_stdin().await
+    }
+
+    /// Resizes the command's terminal (a session started with `tty`; any other ignores it).
+    pub async fn resize(&mut self, size: TerminalSize) -> Result<(), ClientError> {
+        self.writer.resize(size).await
     }
 
     /// The next output event; `None` after the exit event.

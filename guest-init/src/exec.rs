@@ -223,6 +223,17 @@ pub fn run(
         );
     }
     let oom_before = ctx.oom_kills();
+    // Programs on a terminal want to know its type (a full-screen one refuses to start
+    // without it): `xterm`, as `docker exec -t` sets it, unless the request names one.
+    let with_term;
+    let req = if req.tty && !req.env.contains_key("TERM") {
+        let mut env = req.env.clone();
+        env.insert("TERM".into(), "xterm".into());
+        with_term = ExecRequest { env, ..req.clone() };
+        &with_term
+    } else {
+        req
+    };
 
     let plumbing = match Plumbing::new(req, interactive) {
         Ok(plumbing) => plumbing,

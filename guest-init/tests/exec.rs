@@ -240,10 +240,18 @@ fn a_tty_command_runs_on_a_sized_terminal_that_carries_stderr_too() {
     );
 
     // The default size; the terminal is the command's controlling one (`/dev/tty` opens it).
-    let mut req = sh("stty size; echo via-dev-tty > /dev/tty");
+    let mut req = sh("stty size; echo via-dev-tty > /dev/tty; echo $TERM");
     req.tty = true;
     let out = agent.exec(req);
-    assert_eq!(out.stdout_str(), "24 80\r\nvia-dev-tty\r\n");
+    assert_eq!(out.stdout_str(), "24 80\r\nvia-dev-tty\r\nxterm\r\n");
+    let mut req = sh("echo $TERM");
+    req.tty = true;
+    req.env.insert("TERM".into(), "vt100".into());
+    assert_eq!(
+        agent.exec(req).stdout_str(),
+        "vt100\r\n",
+        "the request's TERM wins"
+    );
 
     // Without `tty`, nothing is a terminal; a size without a terminal is refused.
     let out = agent.exec(sh("test -t 0 || test -t 1 || test -t 2"));

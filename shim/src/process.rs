@@ -10,7 +10,7 @@ use containerd_shim::protos::protobuf::well_known_types::timestamp::Timestamp;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 use tokio::net::unix::pipe;
 use tokio::sync::watch;
-use wire::{ExecRequest, ExecResult};
+use wire::{ExecRequest, ExecResult, TerminalSize};
 
 use crate::stdio::Output;
 
@@ -47,17 +47,20 @@ pub(crate) struct Process {
     exited: watch::Sender<Option<Exited>>,
     /// The shim's write end of the stdin FIFO while `CloseIO` has not come.
     pub stdin_hold: Option<pipe::Sender>,
+    /// For a process on a terminal: its latest size from `ResizePty`, which the relay sends.
+    pub terminal_size: Option<watch::Sender<Option<TerminalSize>>>,
 }
 
 impl Process {
     /// A process not started yet.
     pub(crate) fn new(request: ExecRequest, stdio: StdioPaths) -> Self {
         Process {
-            request,
             stdio,
             status: Status::CREATED,
             exited: watch::Sender::new(None),
             stdin_hold: None,
+            terminal_size: request.tty.then(|| watch::Sender::new(None)),
+            request,
         }
     }
 
@@ -89,6 +92,8 @@ pub(crate) struct Io {
     pub stderr: Option<Output>,
     /// What it reads, until end-of-file.
     pub stdin: Option<Box<dyn AsyncRead + Send + Unpin>>,
+    /// Its terminal's sizes as `ResizePty` sets them (a process on a terminal).
+    pub sizes: Option<watch::Receiver<Option<TerminalSize>>>,
 }
 
 impl std::fmt::Debug for Io {
@@ -97,6 +102,7 @@ impl std::fmt::Debug for Io {
             .field("stdout", &self.stdout.is_some())
             .field("stderr", &self.stderr.is_some())
             .field("stdin", &self.stdin.is_some())
+            .field("terminal", &self.sizes.is_some())
             .finish_non_exhaustive()
     }
 }
@@ -161,10 +167,14 @@ impl Input {
     }
 
     /// Gives the session what it has not had (again, after a re-attach), then forwards the
-    /// FIFO until its end, then closes the command's stdin. Cancel-safe between sends: what
-    /// was read is kept before it is sent. A session that cannot be written to leaves it to
-    /// the output side to notice.
-    async fn feed(&mut self, writer: &mut client::SessionWriter) {
+    /// FIFO until its end, then closes the command's stdin; all along, sends each new size of
+    /// its terminal (`sizes`). Cancel-safe between sends: what was read is kept before it is
+    /// sent. A session that cannot be written to leaves it to the output side to notice.
+    async fn feed(
+        &mut self,
+        writer: &mut client::SessionWriter,
+        sizes: &mut Option<watch::Receiver<Option<TerminalSize>>>,
+    ) {
         let again = self.not_taken();
         if !again.is_empty() {
             if writer.send_stdin(&again).await.is_err() {
@@ -173,25 +183,48 @@ impl Input {
             self.given = self.read;
         }
         let mut buf = vec![0u8; 64 * 1024];
-        while let Some(reader) = self.reader.as_mut() {
-            match reader.read(&mut buf).await {
-                Ok(0) | Err(_) => {
+        loop {
+            if self.reader.is_none() && self.ended && !self.close_given {
+                match writer.close_stdin().await {
+                    Ok(()) => self.close_given = true,
+                    Err(e) => log::debug!("closing stdin: {e}"),
+                }
+            }
+            let resized = async {
+                match sizes.as_mut() {
+                    Some(sizes) => match sizes.changed().await {
+                        Ok(()) => Step::Resized(*sizes.borrow_and_update()),
+                        Err(_) => Step::NoMoreSizes,
+                    },
+                    None => std::future::pending().await,
+                }
+            };
+            let step = match self.reader.as_mut() {
+                Some(reader) => tokio::select! {
+                    read = reader.read(&mut buf) => Step::Read(read),
+                    step = resized => step,
+                },
+                None => resized.await,
+            };
+            match step {
+                Step::Read(Ok(0) | Err(_)) => {
                     self.reader = None;
                     self.ended = true;
                 }
-                Ok(n) => {
+                Step::Read(Ok(n)) => {
                     self.keep(&buf[..n]);
                     if writer.send_stdin(&buf[..n]).await.is_err() {
                         return std::future::pending().await;
                     }
                     self.given = self.read;
                 }
-            }
-        }
-        if self.ended && !self.close_given {
-            match writer.close_stdin().await {
-                Ok(()) => self.close_given = true,
-                Err(e) => log::debug!("closing stdin: {e}"),
+                Step::Resized(Some(size)) => {
+                    if writer.resize(size).await.is_err() {
+                        return std::future::pending().await;
+                    }
+                }
+                Step::Resized(None) => {}
+                Step::NoMoreSizes => *sizes = None,
             }
         }
     }
@@ -223,6 +256,16 @@ impl Input {
     }
 }
 
+/// What the input side of a session does next.
+enum Step {
+    /// Stdin was read.
+    Read(std::io::Result<usize>),
+    /// The terminal has a new size.
+    Resized(Option<TerminalSize>),
+    /// The process is gone: no size will come.
+    NoMoreSizes,
+}
+
 /// How one session ended.
 enum SessionEnd {
     /// With the command's exit.
@@ -243,12 +286,20 @@ pub(crate) async fn relay(io: Io, again: Reattach) -> ExecResult {
         mut stdout,
         mut stderr,
         stdin,
+        mut sizes,
     } = io;
     let mut input = Input::new(stdin);
     let mut written = 0u64;
     let mut session = session;
     let result = loop {
-        let end = run_session(session, &mut stdout, &mut stderr, &mut input, &mut written).await;
+        let end = run_session(
+            session,
+            (&mut stdout, &mut stderr),
+            &mut input,
+            &mut sizes,
+            &mut written,
+        )
+        .await;
         let why = match end {
             SessionEnd::Exit(result) => break result,
             SessionEnd::Broke(why) => why,
@@ -296,9 +347,9 @@ pub(crate) async fn relay(io: Io, again: Reattach) -> ExecResult {
 /// until its exit frame or its end.
 async fn run_session(
     session: client::Session,
-    stdout: &mut Option<Output>,
-    stderr: &mut Option<Output>,
+    (stdout, stderr): (&mut Option<Output>, &mut Option<Output>),
     input: &mut Input,
+    sizes: &mut Option<watch::Receiver<Option<TerminalSize>>>,
     written: &mut u64,
 ) -> SessionEnd {
     let (mut reader, mut writer) = session.into_split();
@@ -320,14 +371,10 @@ async fn run_session(
         }
     };
     tokio::pin!(output);
-    let feed = input.feed(&mut writer);
-    tokio::pin!(feed);
-    let mut fed = false;
-    loop {
-        tokio::select! {
-            end = &mut output => return end,
-            () = &mut feed, if !fed => fed = true,
-        }
+    let feed = input.feed(&mut writer, sizes);
+    tokio::select! {
+        end = &mut output => end,
+        () = feed => output.await,
     }
 }
 

@@ -24,7 +24,7 @@ use containerd_shim::protos::events::task::{
 use containerd_shim::protos::protobuf::MessageField;
 use containerd_shim::protos::shim_async::Task;
 use containerd_shim::{ExitSignal, TtrpcContext, TtrpcResult};
-use tokio::sync::Mutex;
+use tokio::sync::{watch, Mutex};
 use wire::ExecRequest;
 
 use crate::bundle_state::{self, BundleState};
@@ -198,9 +198,6 @@ impl Inner {
         if slot.contains_key(&req.id) {
             return Err(ShimError::AlreadyExists(format!("task {:?}", req.id)));
         }
-        if req.terminal {
-            return Err(ShimError::Unsupported("terminals are"));
-        }
         if !req.checkpoint.is_empty() {
             return Err(ShimError::Unsupported("restoring a checkpoint is"));
         }
@@ -294,7 +291,7 @@ impl Inner {
                     stdin: req.stdin,
                     stdout: req.stdout,
                     stderr: req.stderr,
-                    terminal: false,
+                    terminal: req.terminal,
                     ..TaskIO::default()
                 }),
                 pid: pid(),
@@ -565,6 +562,7 @@ impl Inner {
             stdout,
             stderr,
             stdin,
+            sizes: p.terminal_size.as_ref().map(watch::Sender::subscribe),
         };
         let again = Reattach {
             client,
@@ -661,9 +659,6 @@ impl Inner {
     }
 
     async fn exec(&self, req: ExecProcessRequest) -> Result<(), ShimError> {
-        if req.terminal {
-            return Err(ShimError::Unsupported("terminals are"));
-        }
         if req.exec_id.is_empty() {
             return Err(ShimError::Invalid("an exec needs an exec id".into()));
         }
@@ -710,7 +705,7 @@ impl Inner {
             stdin: p.stdio.stdin.clone(),
             stdout: p.stdio.stdout.clone(),
             stderr: p.stdio.stderr.clone(),
-            terminal: false,
+            terminal: p.request.tty,
             exec_id: req.exec_id.clone(),
             ..StateResponse::default()
         };
@@ -929,6 +924,28 @@ impl Inner {
         }
     }
 
+    /// Sets the size of a process's terminal (the relay sends it to the command's session).
+    async fn resize_pty(&self, req: ResizePtyRequest) -> Result<(), ShimError> {
+        let mut slot = self.containers.lock().await;
+        let p = container_of(&mut slot, &req.id)?.process(&req.exec_id)?;
+        let sizes = p.terminal_size.as_ref().ok_or_else(|| {
+            ShimError::Precondition(format!(
+                "process {} of {} has no terminal to resize (it was not started with one)",
+                if req.exec_id.is_empty() {
+                    "init"
+                } else {
+                    &req.exec_id
+                },
+                req.id
+            ))
+        })?;
+        sizes.send_replace(Some(wire::TerminalSize {
+            rows: u16::try_from(req.height).unwrap_or(u16::MAX),
+            cols: u16::try_from(req.width).unwrap_or(u16::MAX),
+        }));
+        Ok(())
+    }
+
     async fn close_io(&self, req: CloseIORequest) -> Result<(), ShimError> {
         let mut slot = self.containers.lock().await;
         let p = container_of(&mut slot, &req.id)?.process_mut(&req.exec_id)?;
@@ -1059,8 +1076,9 @@ impl Task for Service {
         Ok(Empty::new())
     }
 
-    async fn resize_pty(&self, _ctx: &TtrpcContext, _req: ResizePtyRequest) -> TtrpcResult<Empty> {
-        Err(unsupported("terminals (and so resizing one) are"))
+    async fn resize_pty(&self, _ctx: &TtrpcContext, req: ResizePtyRequest) -> TtrpcResult<Empty> {
+        self.inner.resize_pty(req).await?;
+        Ok(Empty::new())
     }
 
     async fn pause(&self, _ctx: &TtrpcContext, _req: PauseRequest) -> TtrpcResult<Empty> {

@@ -7,7 +7,7 @@
 //! environment (`CRUCIBLE_HOST`) on to it.
 
 use std::io::Read;
-use std::process::Stdio;
+use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -140,6 +140,53 @@ async fn exec_metrics_and_kill_delete_rm_on_a_running_container() {
     ]);
     assert_eq!(exec.status.code(), Some(7), "stderr {}", text(&exec.stderr));
     assert_eq!(text(&exec.stdout), "exec-out\n");
+
+    // `--tty` runs the exec on a terminal of the sandbox's, sized through ResizePty as ctr's
+    // own terminal is (script(1) gives ctr one, which `stty` sizes first).
+    let ctr = containerd.ctr(&[
+        "task",
+        "exec",
+        "--fifo-dir",
+        &fifo,
+        "--tty",
+        "--exec-id",
+        "e-tty",
+        "c4",
+        "sh",
+        "-c",
+        "tty; sleep 1; stty size; echo on-stderr >&2; exit 5",
+    ]);
+    let ctr_line = std::iter::once(ctr.get_program())
+        .chain(ctr.get_args())
+        .map(|a| format!("'{}'", a.to_string_lossy()))
+        .collect::<Vec<_>>()
+        .join(" ");
+    let on_terminal = output_within(
+        {
+            let mut script = Command::new("script");
+            script
+                .args(["-q", "-e", "-c"])
+                .arg(format!("stty rows 33 cols 99; exec {ctr_line}"))
+                .arg("/dev/null")
+                .stdin(Stdio::null());
+            script
+        },
+        Duration::from_secs(60),
+    );
+    let shown = text(&on_terminal.stdout);
+    assert_eq!(
+        on_terminal.status.code(),
+        Some(5),
+        "{shown:?} {}",
+        text(&on_terminal.stderr)
+    );
+    assert!(shown.contains("/dev/pts/"), "{shown:?}");
+    // (script's own terminal adds a `\r` to each line ending, and echoes what it types.)
+    assert!(shown.contains("33 99\r"), "{shown:?}");
+    assert!(
+        shown.contains("on-stderr\r"),
+        "stderr on the terminal: {shown:?}"
+    );
 
     // An exec's own user, and the spec's rlimits (containerd's default spec gives
     // RLIMIT_NOFILE 1024:1024), reach the command.

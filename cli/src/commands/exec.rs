@@ -1,17 +1,24 @@
 //! `crucible sandbox exec [-i]` and `crucible shell`.
 
-use anyhow::Result;
+use anyhow::{Context, Result};
 use client::{ClientError, ExecEvent};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::AsyncWriteExt;
 use wire::{ExecRequest, ExecResult};
 
-use crate::{exit, output, Global};
+use crate::{exit, output, terminal, Global};
 
 #[derive(clap::Args)]
 pub(crate) struct ExecArgs {
-    /// Interactive: forward this process's stdin to the command (line-buffered, no PTY).
+    /// Interactive: forward this process's stdin to the command (line-buffered, no PTY;
+    /// with -t, through a terminal).
     #[arg(short, long)]
     pub interactive: bool,
+    /// Run the command on a pseudo-terminal, as `docker exec -t`: its stderr comes on the
+    /// terminal too, sized as this one. With -i, this terminal is in raw mode while the
+    /// session lasts (keys such as Ctrl-C go to the command) and its size follows this
+    /// window; stdin must then be a terminal.
+    #[arg(short, long)]
+    pub tty: bool,
     /// Environment added for this command (repeatable).
     #[arg(long = "env", value_name = "KEY=VALUE", value_parser = super::key_value)]
     pub env: Vec<(String, String)>,
@@ -265,7 +272,7 @@ pub(crate) async fn attach(global: &Global, args: AttachArgs) -> Result<i32> {
         let (session, position) = client
             .attach_interactive(&args.id, &args.exec_id, args.offset)
             .await?;
-        let result = drive(session, !position.stdin_closed).await?;
+        let result = drive(session, !position.stdin_closed, false).await?;
         if global.json {
             output::print_json(&result)?;
         }
@@ -297,28 +304,68 @@ pub(crate) async fn interactive(
     request: &ExecRequest,
 ) -> Result<ExecResult> {
     let session = client.interactive(id, request).await?;
-    drive(session, true).await
+    drive(session, true, false).await
+}
+
+/// Runs an interactive session on a terminal: this process's terminal is raw while it lasts
+/// (restored however it ends) and its size is sent whenever its window changes.
+async fn on_terminal(
+    client: &client::Client,
+    id: &str,
+    request: &ExecRequest,
+) -> Result<ExecResult> {
+    let raw = terminal::RawMode::enter()?;
+    let session = client.interactive(id, request).await?;
+    let result = drive(session, true, true).await;
+    drop(raw);
+    result
 }
 
 /// Drives an interactive session: with `forward_stdin`, this process's stdin goes to the
-/// command until EOF (then stdin_close); the command's output comes back live.
-async fn drive(session: client::Session, forward_stdin: bool) -> Result<ExecResult> {
+/// command until EOF (then stdin_close); the command's output comes back live. With
+/// `window`, a change of this terminal's window (SIGWINCH) sends its new size.
+async fn drive(session: client::Session, forward_stdin: bool, window: bool) -> Result<ExecResult> {
     let (mut reader, mut writer) = session.into_split();
+    let mut window_changes = if window {
+        Some(
+            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::window_change())
+                .context("watching the window's size (SIGWINCH)")?,
+        )
+    } else {
+        None
+    };
+    let mut typed = forward_stdin.then(stdin_chunks);
     let input = tokio::spawn(async move {
-        if !forward_stdin {
-            return std::future::pending().await;
-        }
-        let mut stdin = tokio::io::stdin();
-        let mut buf = vec![0u8; 64 * 1024];
         loop {
-            match stdin.read(&mut buf).await {
-                Ok(0) | Err(_) => {
-                    let _ = writer.close_stdin().await;
-                    return;
+            let window_changed = async {
+                match window_changes.as_mut() {
+                    Some(changes) => changes.recv().await,
+                    None => std::future::pending().await,
                 }
-                Ok(n) => {
-                    if writer.send_stdin(&buf[..n]).await.is_err() {
-                        return;
+            };
+            let chunk = async {
+                match typed.as_mut() {
+                    Some(typed) => typed.recv().await,
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                chunk = chunk => match chunk {
+                    Some(chunk) if !chunk.is_empty() => {
+                        if writer.send_stdin(&chunk).await.is_err() {
+                            return;
+                        }
+                    }
+                    _ => {
+                        let _ = writer.close_stdin().await;
+                        typed = None;
+                    }
+                },
+                Some(()) = window_changed => {
+                    if let Some(size) = terminal::size() {
+                        if writer.resize(size).await.is_err() {
+                            return;
+                        }
                     }
                 }
             }
@@ -338,6 +385,31 @@ async fn drive(session: client::Session, forward_stdin: bool) -> Result<ExecResu
     result
 }
 
+/// This process's stdin in chunks as it is read, then an empty chunk at its end (or on a read
+/// error). Read on a thread of its own, never joined: a read from a terminal blocks until a
+/// key is pressed, and the command may end first (tokio's stdin would make the runtime's
+/// shutdown wait for that key).
+fn stdin_chunks() -> tokio::sync::mpsc::Receiver<Vec<u8>> {
+    let (send, receive) = tokio::sync::mpsc::channel(4);
+    std::thread::spawn(move || {
+        use std::io::Read;
+        let mut stdin = std::io::stdin().lock();
+        let mut buf = vec![0u8; 64 * 1024];
+        loop {
+            let chunk = match stdin.read(&mut buf) {
+                Ok(n) => buf[..n].to_vec(),
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                Err(_) => Vec::new(),
+            };
+            let end = chunk.is_empty();
+            if send.blocking_send(chunk).is_err() || end {
+                return;
+            }
+        }
+    });
+    receive
+}
+
 fn finish(global: &Global, result: &ExecResult, stats: bool) -> Result<i32> {
     if stats {
         eprint!("{}", output::stats_table(result));
@@ -353,6 +425,16 @@ pub(crate) async fn exec(global: &Global, args: ExecArgs) -> Result<i32> {
     let mut request = args.options.request(&args.cmd, &args.env);
     request.user = args.user.unwrap_or_default();
     request.group_add = args.group_add;
+    if args.tty {
+        if args.interactive && !terminal::stdin_is_terminal() {
+            anyhow::bail!(
+                "-t with -i types this process's stdin into the command's terminal, and stdin \
+                 is not a terminal: drop -t to pipe input to the command"
+            );
+        }
+        request.tty = true;
+        request.tty_size = terminal::size();
+    }
     if let Some(container) = &args.container {
         if args.interactive {
             anyhow::bail!("--container does not go with -i yet: run it without -i");
@@ -375,7 +457,9 @@ pub(crate) async fn exec(global: &Global, args: ExecArgs) -> Result<i32> {
         }))?;
         return Ok(exit::code(&out.result));
     }
-    let result = if args.interactive {
+    let result = if args.interactive && args.tty {
+        on_terminal(&client, &args.id, &request).await?
+    } else if args.interactive {
         interactive(&client, &args.id, &request).await?
     } else {
         stream(&client, &args.id, &request).await?
