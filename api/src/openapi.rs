@@ -316,7 +316,8 @@ pub(crate) fn document() -> Value {
             "version": env!("CARGO_PKG_VERSION"),
             "description": "Disposable Linux sandboxes for CI. Exec output is a length-prefixed \
                 frame stream ([type:1][reserved:3][size:4 BE][payload]; 1 stdout, 2 stderr, \
-                3 exit with an ExecResult payload, 4 stdin, 5 stdin_close), specified in \
+                3 exit with an ExecResult payload, 4 stdin, 5 stdin_close, 6 resize with a \
+                TerminalSize payload), specified in \
                 docs/protocol.md. Every error has the JSON body ErrorBody."
         },
         "security": [{ "bearer": [] }],

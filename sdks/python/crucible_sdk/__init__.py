@@ -9,7 +9,7 @@ standard library; the WebSocket transport needs the `websockets` extra.
 """
 
 from .client import Client
-from .codec import (EXIT, HEADER_SIZE, MAX_PAYLOAD, STDERR, STDIN, STDIN_CLOSE, STDOUT,
+from .codec import (EXIT, HEADER_SIZE, MAX_PAYLOAD, RESIZE, STDERR, STDIN, STDIN_CLOSE, STDOUT,
                     DecodeError, Decoder, Frame, encode_frame, encode_frames)
 from .errors import (AgentError, BackendUnavailable, CacheBusy, CacheNotFound, CommandFailed,
                      Conflict, ConnectionFailed, ConnectionLost, ContainerNotFound,
@@ -22,7 +22,7 @@ from .errors import (AgentError, BackendUnavailable, CacheBusy, CacheNotFound, C
                      TooManyRequests, Unauthorized)
 from .files import Files
 from .models import (CacheMount, ContainerInfo, ContainerRequest, CreateSandbox, ExecRequest,
-                     ExecResult, ReadyCheck, Rlimit, SharedMount, VolumeMount)
+                     ExecResult, ReadyCheck, Rlimit, SharedMount, TerminalSize, VolumeMount)
 from .pool import PoolShape, PoolStatus
 from .result import ContainerLog, Event, Exit, RunResult, Stderr, Stdout
 from .sandbox import Container, Root, Sandbox
@@ -46,10 +46,11 @@ __all__ = [
     "Frame", "HEADER_SIZE", "ImageNotFound", "ImageTooLarge", "InsufficientStorage",
     "InternalError", "InvalidImage", "InvalidRequest", "IsADirectory", "MAX_PAYLOAD", "NoSpace",
     "NotFound", "NotSupported", "PayloadTooLarge", "PermissionDenied", "PoolShape",
-    "PoolStatus", "ProtocolError", "ReadyCheck", "RefusedEntry", "Rlimit", "Root", "RunResult",
-    "STDERR", "STDIN",
+    "PoolStatus", "ProtocolError", "RESIZE", "ReadyCheck", "RefusedEntry", "Rlimit", "Root",
+    "RunResult", "STDERR", "STDIN",
     "STDIN_CLOSE", "STDOUT", "Sandbox", "SandboxNotFound", "ServiceUnavailable", "Session",
     "SharedMount",
-    "ShuttingDown", "Stderr", "Stdout", "Timeout", "TooManyRequests", "Unauthorized",
+    "ShuttingDown", "Stderr", "Stdout", "TerminalSize", "Timeout", "TooManyRequests",
+    "Unauthorized",
     "VolumeMount", "encode_frame", "encode_frames", "__version__",
 ]

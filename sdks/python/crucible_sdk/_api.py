@@ -12,17 +12,17 @@ import os
 import signal as _signal
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import (IO, Any, Callable, Dict, Generic, List, Mapping, Optional, Sequence, Type,
-                    TypeVar, Union)
+from typing import (IO, Any, Callable, Dict, Generic, List, Mapping, Optional, Sequence, Tuple,
+                    Type, TypeVar, Union)
 from urllib.parse import quote, urlencode
 
-from . import errors
+from . import codec, errors
 from .errors import NotFound, ProtocolError
 from .models import (CacheInfo, CacheList, CacheMount, ContainerInfo, ContainerList,
                      ContainerRequest, CreateSandbox, ExecList, ExecRequest, ExecStatus,
                      FilesPutResult, ImageInfo, ImageList, ImagesPruned, NetworkRequest,
                      OnDisconnect, Rlimit, SandboxInfo, SandboxList, SandboxStats,
-                     SharedMount, VolumeMount)
+                     SharedMount, TerminalSize, VolumeMount)
 from .result import ContainerLog, parse_log
 
 T = TypeVar("T")
@@ -33,6 +33,10 @@ MAX_TIMEOUT_S = 604_800
 
 Command = Union[str, Sequence[str]]
 SignalLike = Union[int, _signal.Signals]
+#: A terminal's size: `(rows, cols)`, as `stty size` prints it, or a TerminalSize.
+TtySize = Union[Tuple[int, int], TerminalSize]
+#: A terminal dimension is a u16 on the wire.
+MAX_TERMINAL_DIMENSION = 65_535
 
 
 @dataclass(frozen=True)
@@ -104,7 +108,8 @@ def exec_body(request: ExecRequest) -> bytes:
     """The ExecRequest's JSON; a bare command (run()'s usual case) skips the model's walk."""
     r = request
     if (not r.env and not r.cwd and not r.timeout_s and r.user is None and not r.group_add
-            and not r.rlimits and r.exec_id is None and r.on_disconnect is None):
+            and not r.rlimits and r.exec_id is None and r.on_disconnect is None and not r.tty
+            and r.tty_size is None):
         return bare_exec_body(r.cmd)
     return _encode(r.to_dict()).encode()
 
@@ -234,7 +239,8 @@ def exec_request(cmd: Command, *, env: Optional[Mapping[str, str]] = None,
                  cwd: Optional[str] = None, timeout: Optional[int] = None,
                  user: Optional[str] = None, group_add: Optional[Sequence[str]] = None,
                  rlimits: Optional[Sequence[Rlimit]] = None, exec_id: Optional[str] = None,
-                 on_disconnect: Optional[OnDisconnect] = None) -> ExecRequest:
+                 on_disconnect: Optional[OnDisconnect] = None, tty: bool = False,
+                 tty_size: Optional[TtySize] = None) -> ExecRequest:
     if timeout is not None:
         if not isinstance(timeout, int) or isinstance(timeout, bool):
             raise TypeError(f"timeout is whole seconds (an int), got {timeout!r}")
@@ -247,11 +253,50 @@ def exec_request(cmd: Command, *, env: Optional[Mapping[str, str]] = None,
     for limit in rlimits or ():
         if not isinstance(limit, Rlimit):
             raise TypeError(f"rlimits takes Rlimit(type, soft, hard), got {limit!r}")
+    if not isinstance(tty, bool):
+        raise TypeError(f"tty must be a bool, got {tty!r}")
+    size = None
+    if tty_size is not None:
+        if not tty:
+            raise ValueError("tty_size sizes a terminal, and only a command started with "
+                             "tty=True has one")
+        size = terminal_size(tty_size, "tty_size")
     return ExecRequest(
         cmd=command(cmd), env=_str_map(env, "env") if env else {}, cwd=cwd or "",
         timeout_s=timeout or 0,
         user=user, group_add=_strings(group_add, "group_add") if group_add else [],
-        rlimits=list(rlimits or ()), exec_id=exec_id, on_disconnect=on_disconnect)
+        rlimits=list(rlimits or ()), exec_id=exec_id, on_disconnect=on_disconnect,
+        tty=True if tty else None, tty_size=size)
+
+
+def terminal_dimension(value: Any, what: str) -> int:
+    """A terminal's rows or columns: an int from 0 to 65535 (a u16 on the wire)."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{what} must be an int, got {value!r}")
+    if not 0 <= value <= MAX_TERMINAL_DIMENSION:
+        raise ValueError(f"{what} must be 0 to {MAX_TERMINAL_DIMENSION}, got {value}")
+    return int(value)
+
+
+def terminal_size(size: Any, what: str = "tty_size") -> TerminalSize:
+    """A TerminalSize from `(rows, cols)` or a TerminalSize, each dimension checked."""
+    if isinstance(size, TerminalSize):
+        rows, cols = size.rows, size.cols
+    elif isinstance(size, tuple) and len(size) == 2:
+        rows, cols = size
+    else:
+        raise TypeError(f"{what} takes (rows, cols) or TerminalSize(rows=..., cols=...), "
+                        f"got {size!r}")
+    return TerminalSize(rows=terminal_dimension(rows, f"{what} rows"),
+                        cols=terminal_dimension(cols, f"{what} cols"))
+
+
+def resize_frame(rows: int, cols: int) -> bytes:
+    """The resize frame for a terminal of `rows` by `cols`: its payload is the TerminalSize
+    JSON, `{"rows":R,"cols":C}`."""
+    rows = terminal_dimension(rows, "rows")
+    cols = terminal_dimension(cols, "cols")
+    return codec.encode_frame(codec.RESIZE, b'{"rows":%d,"cols":%d}' % (rows, cols))
 
 
 def signal_number(sig: SignalLike) -> int:

@@ -232,10 +232,11 @@ class Client:
         target = _api.exec_target(sandbox_id, transport == "hijack", container)
         if transport == "hijack":
             return Session(HijackChannel(self.address, target, self._auth, body,
-                                         self.stream_timeout), request.cmd)
+                                         self.stream_timeout), request.cmd, bool(request.tty))
         if transport == "websocket":
             return Session(WebSocketChannel(self.address, target, self.api_key, body,
-                                            self.stream_timeout), request.cmd)
+                                            self.stream_timeout), request.cmd,
+                           bool(request.tty))
         raise ValueError(f"transport must be 'hijack' or 'websocket', got {transport!r}")
 
     # -- files ------------------------------------------------------------------------------

@@ -18,6 +18,8 @@ STDERR = 2
 EXIT = 3
 STDIN = 4
 STDIN_CLOSE = 5
+#: A terminal's new size (host to guest): the payload is `{"rows":R,"cols":C}`.
+RESIZE = 6
 
 TYPE_NAMES = {
     STDOUT: "stdout",
@@ -25,6 +27,7 @@ TYPE_NAMES = {
     EXIT: "exit",
     STDIN: "stdin",
     STDIN_CLOSE: "stdin_close",
+    RESIZE: "resize",
 }
 
 _HEADER = struct.Struct(">B3xI")

@@ -700,6 +700,18 @@ class ExecRequest:
     #: Deadline in seconds after which the agent kills the command's process group; 0 = none.
     timeout_s: int = 0
 
+    #: Whether the command runs on a pseudo-terminal, as `docker exec -t` runs it: the
+    #: terminal is its stdin, stdout and stderr and its controlling terminal, so everything
+    #: it writes arrives as stdout frames (no stderr frames) with the terminal's line
+    #: endings (`\r\n`), and interactive input goes through the terminal's line discipline
+    #: (`^C` interrupts, `^D` at the start of a line ends a read). `resize` frames change its
+    #: size. `false` (the default): pipes, no terminal.
+    tty: bool | None = None
+
+    #: The terminal's size when the command starts; absent: 24 rows of 80 columns. Only with
+    #: `tty`.
+    tty_size: TerminalSize | None = None
+
     #: Who the command runs as, as `docker exec --user` takes it: `uid`, `uid:gid`, `name` or
     #: `name:group`, resolved against the sandbox image's `/etc/passwd` and `/etc/group`.
     #: Empty: the sandbox's user (its `user`, else its image's `User`, else root).
@@ -716,6 +728,8 @@ class ExecRequest:
             on_disconnect=data.get('on_disconnect', None),
             rlimits=[Rlimit.from_dict(x) for x in data.get('rlimits', [])],
             timeout_s=data.get('timeout_s', 0),
+            tty=data.get('tty', None),
+            tty_size=_opt(data.get('tty_size'), TerminalSize.from_dict),
             user=data.get('user', None),
         )
 
@@ -736,6 +750,10 @@ class ExecRequest:
             out['rlimits'] = [x.to_dict() for x in self.rlimits]
         if self.timeout_s != 0:
             out['timeout_s'] = self.timeout_s
+        if self.tty is not None:
+            out['tty'] = self.tty
+        if self.tty_size is not None:
+            out['tty_size'] = None if self.tty_size is None else self.tty_size.to_dict()
         if self.user is not None:
             out['user'] = self.user
         return out
@@ -1777,6 +1795,34 @@ class SignalRequest:
 
 
 @dataclass
+class TerminalSize:
+    """A terminal's size in characters: the `tty_size` of an exec request and the payload of a
+    `resize` frame (`{"rows":40,"cols":120}`).
+    """
+
+    # The daemon refuses unknown fields in this body.
+
+    #: Columns.
+    cols: int
+
+    #: Lines.
+    rows: int
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> TerminalSize:
+        return cls(
+            cols=data['cols'],
+            rows=data['rows'],
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        out['cols'] = self.cols
+        out['rows'] = self.rows
+        return out
+
+
+@dataclass
 class UpdateSandbox:
     """The body of `PATCH /sandboxes/{id}`: new limits for a running sandbox (`docker update
     --memory --cpus`; the Kubernetes shim's pod limits). A field left out keeps its value.
@@ -1927,6 +1973,7 @@ __all__ = [
     'SeccompRule',
     'SharedMount',
     'SignalRequest',
+    'TerminalSize',
     'UpdateSandbox',
     'Usage',
     'VolumeMount',

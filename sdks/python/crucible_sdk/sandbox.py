@@ -48,17 +48,19 @@ class Root:
             cwd: Optional[str] = None, timeout: Optional[int] = None,
             user: Optional[str] = None, group_add: Optional[Sequence[str]] = None,
             rlimits: Optional[Sequence[Rlimit]] = None, exec_id: Optional[str] = None,
-            on_disconnect: Optional[OnDisconnect] = None,
+            on_disconnect: Optional[OnDisconnect] = None, tty: bool = False,
+            tty_size: Optional[_api.TtySize] = None,
             on_stdout: Optional[OutputCallback] = None,
             on_stderr: Optional[OutputCallback] = None, check: bool = False,
             resumes: int = 5) -> RunResult:
         """Runs a command to its end. `cmd` is an argv list, or a string run by `sh -c`;
         `timeout` is whole seconds (the daemon kills the command's process group then).
         Output goes to the callbacks as it arrives and into the result; `check=True` raises
-        CommandFailed unless it exited 0."""
+        CommandFailed unless it exited 0. `tty=True` runs it on a terminal (`tty_size`:
+        `(rows, cols)`, default 24 by 80), which merges its stderr into its stdout."""
         if (env is None and cwd is None and timeout is None and user is None
                 and group_add is None and rlimits is None and exec_id is None
-                and on_disconnect is None):
+                and on_disconnect is None and tty is False and tty_size is None):
             encoded, argv = self._prepared(cmd)
             result = self.client.run_prepared(self.id, encoded, list(argv), resumes=resumes,
                                               on_stdout=on_stdout, on_stderr=on_stderr,
@@ -66,7 +68,8 @@ class Root:
         else:
             request = _api.exec_request(
                 cmd, env=env, cwd=cwd, timeout=timeout, user=user, group_add=group_add,
-                rlimits=rlimits, exec_id=exec_id, on_disconnect=on_disconnect)
+                rlimits=rlimits, exec_id=exec_id, on_disconnect=on_disconnect, tty=tty,
+                tty_size=tty_size)
             stream = self.client.exec(self.id, request, resumes=resumes,
                                       container=self._container)
             result = stream.collect(on_stdout, on_stderr)
@@ -98,11 +101,13 @@ class Root:
                cwd: Optional[str] = None, timeout: Optional[int] = None,
                user: Optional[str] = None, group_add: Optional[Sequence[str]] = None,
                rlimits: Optional[Sequence[Rlimit]] = None, exec_id: Optional[str] = None,
-               on_disconnect: Optional[OnDisconnect] = None, resumes: int = 5) -> ExecStream:
+               on_disconnect: Optional[OnDisconnect] = None, tty: bool = False,
+               tty_size: Optional[_api.TtySize] = None, resumes: int = 5) -> ExecStream:
         """Starts a command; iterate the result for Stdout, Stderr and Exit events."""
         request = _api.exec_request(
             cmd, env=env, cwd=cwd, timeout=timeout, user=user, group_add=group_add,
-            rlimits=rlimits, exec_id=exec_id, on_disconnect=on_disconnect)
+            rlimits=rlimits, exec_id=exec_id, on_disconnect=on_disconnect, tty=tty,
+            tty_size=tty_size)
         return self.client.exec(self.id, request, resumes=resumes, container=self._container)
 
     def interactive(self, cmd: _api.Command, *, transport: Transport = "hijack",
@@ -110,12 +115,16 @@ class Root:
                     timeout: Optional[int] = None, user: Optional[str] = None,
                     group_add: Optional[Sequence[str]] = None,
                     rlimits: Optional[Sequence[Rlimit]] = None, exec_id: Optional[str] = None,
-                    on_disconnect: Optional[OnDisconnect] = None) -> Session:
+                    on_disconnect: Optional[OnDisconnect] = None, tty: bool = False,
+                    tty_size: Optional[_api.TtySize] = None) -> Session:
         """Starts a command with stdin: `send()`, `close_stdin()`, iterate, `wait()`.
-        `transport` is "hijack" (standard library) or "websocket" (the websockets extra)."""
+        `transport` is "hijack" (standard library) or "websocket" (the websockets extra).
+        `tty=True` gives it a terminal (`tty_size`: `(rows, cols)`, default 24 by 80) that
+        `resize()` resizes; its stderr then arrives merged into its stdout."""
         request = _api.exec_request(
             cmd, env=env, cwd=cwd, timeout=timeout, user=user, group_add=group_add,
-            rlimits=rlimits, exec_id=exec_id, on_disconnect=on_disconnect)
+            rlimits=rlimits, exec_id=exec_id, on_disconnect=on_disconnect, tty=tty,
+            tty_size=tty_size)
         return self.client.interactive(self.id, request, transport, container=self._container)
 
     def attach(self, exec_id: str, offset: int = 0, *,

@@ -7,6 +7,9 @@
 
 Closing the connection, even its write half, kills the command (unless it was started with
 `on_disconnect="keep"`), so stdin ends with `close_stdin()`, a stdin_close frame.
+
+A session started with `tty=True` runs its command on a terminal: `resize()` sends the
+terminal's new size as a resize frame.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ import socket
 from collections import deque
 from typing import Deque, List, Literal, Optional, Protocol, Union
 
-from . import _http1, _sync_io, codec
+from . import _api, _http1, _sync_io, codec
 from ._address import Address
 from .errors import ConnectionLost, CrucibleError, ProtocolError, Timeout, from_response
 from .models import ExecResult
@@ -147,12 +150,15 @@ class Session:
 
     Iterating and sending happen on the caller's thread: a command that stops reading stdin
     while its output is not read can block `send()` (as with any pipe); send from another
-    thread, or interleave, when that can happen.
+    thread, or interleave, when that can happen. Writes (`send()`, `resize()`, `close_stdin()`)
+    from two threads at once could interleave their frames: make them from one.
     """
 
-    def __init__(self, channel: Channel, cmd: List[str]) -> None:
+    def __init__(self, channel: Channel, cmd: List[str], tty: bool = False) -> None:
         self._channel = channel
         self.cmd = cmd
+        #: Whether the command runs on a terminal (started with `tty=True`).
+        self.tty = tty
         self._decoder = codec.Decoder(response=True)
         self._pending: Deque[Event] = deque()
         self._ended = False
@@ -174,6 +180,17 @@ class Session:
     def close_stdin(self) -> None:
         """Ends the command's stdin (EOF for it); the session goes on."""
         self._channel.send(codec.encode_frame(codec.STDIN_CLOSE))
+
+    def resize(self, rows: int, cols: int) -> None:
+        """Sets the size of the command's terminal (it gets SIGWINCH); a session started
+        without `tty=True` has none (ValueError). Does nothing once the session has ended
+        (the command's Exit read, or the session closed)."""
+        frame = _api.resize_frame(rows, cols)
+        if not self.tty:
+            raise ValueError("resize() needs a terminal: this session was started without "
+                             "tty=True")
+        if not self._ended:
+            self._channel.send(frame)
 
     def __iter__(self) -> Session:
         return self

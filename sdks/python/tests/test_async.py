@@ -93,6 +93,35 @@ def test_interactive_echo(daemon, transport):
     run(main())
 
 
+@pytest.mark.parametrize("transport", ["hijack", "websocket"])
+def test_interactive_tty_resizes(daemon, transport):
+    async def read_until(session, needle):
+        got = b""
+        while needle not in got:
+            event = await session.__anext__()
+            assert isinstance(event, Stdout), (event, got)
+            got += event.data
+        return got
+
+    async def main():
+        async with aclient(daemon) as client, AsyncSandbox.create(client=client) as sb:
+            one_shot = await sb.run("tty; stty size", tty=True, tty_size=(30, 100))
+            assert one_shot.stdout.startswith(b"/dev/pts/"), one_shot.stdout
+            assert one_shot.stdout.endswith(b"\r\n30 100\r\n"), one_shot.stdout
+            async with sb.interactive(["sh"], transport=transport, tty=True,
+                                      tty_size=(40, 120)) as session:
+                await session.send("stty size\r")
+                await read_until(session, b"40 120\r\n")
+                await session.resize(50, 132)
+                await session.send("stty size\r")
+                await read_until(session, b"50 132\r\n")
+                await session.send("exit\r")
+                result = await session.wait()
+            assert result.exit_code == 0, result
+
+    run(main())
+
+
 def test_files_round_trip(daemon, tmp_path):
     tree = tmp_path / "tree"
     (tree / "d").mkdir(parents=True)

@@ -56,6 +56,67 @@ def test_encoding_stdin_session_is_byte_identical():
     assert encoded == (FIXTURES / "stdin_session.bin").read_bytes()
 
 
+def test_encoding_tty_session_is_byte_identical():
+    """The resize frames' payloads are the TerminalSize JSON exactly as the fixture has it,
+    whether encoded from the manifest or by a terminal session's resize()."""
+    import asyncio
+
+    from crucible_sdk.aio.session import AsyncSession
+    from crucible_sdk.session import Session
+
+    fixture = next(f for f in MANIFEST["fixtures"] if f["file"] == "tty_session.bin")
+    assert fixture["direction"] == "host_to_guest"
+    want = (FIXTURES / "tty_session.bin").read_bytes()
+    encoded = b"".join(
+        codec.encode_frame(f["type"], f.get("text", "").encode()) for f in fixture["frames"]
+    )
+    assert encoded == want
+    assert [f["type"] for f in fixture["frames"]].count(codec.RESIZE) == 2
+
+    class Recorder:
+        exec_id = "ex-1"
+
+        def __init__(self):
+            self.sent = b""
+
+        def send(self, data):
+            self.sent += data
+
+        def recv(self):
+            return b""
+
+        def closing_error(self):
+            return None
+
+        def close(self):
+            pass
+
+    sync = Recorder()
+    session = Session(sync, ["sh"], tty=True)
+    session.resize(40, 120)
+    session.send("stty size\r")
+    session.resize(50, 132)
+    session.send(b"exit\r")
+    session.close_stdin()
+    assert sync.sent == want
+
+    class AsyncRecorder(Recorder):
+        async def send(self, data):
+            self.sent += data
+
+    async def drive(channel):
+        s = AsyncSession(channel, ["sh"], tty=True)
+        await s.resize(40, 120)
+        await s.send("stty size\r")
+        await s.resize(50, 132)
+        await s.send(b"exit\r")
+        await s.close_stdin()
+
+    asynchronous = AsyncRecorder()
+    asyncio.run(drive(asynchronous))
+    assert asynchronous.sent == want
+
+
 def test_large_writes_are_chunked():
     data = bytes(200 * 1024)
     encoded = codec.encode_frames(codec.STDOUT, data)

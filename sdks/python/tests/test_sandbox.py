@@ -70,6 +70,66 @@ def test_interactive_refusals_are_typed(sb, transport):
         sb.client.interactive("sb-0123456789abcdef", _request(["true"]), transport)
 
 
+def test_tty_one_shot_runs_on_a_sized_terminal(sb):
+    r = sb.run("tty; stty size; echo to-stderr >&2", tty=True, tty_size=(30, 100))
+    assert r.exit_code == 0, r
+    lines = r.stdout.split(b"\r\n")  # the terminal's line endings
+    assert lines[0].startswith(b"/dev/pts/"), r.stdout
+    assert lines[1:] == [b"30 100", b"to-stderr", b""], r.stdout
+    assert r.stderr == b"", "a terminal merges stderr into stdout"
+    # The default size; and stream() takes the same options.
+    events = list(sb.stream(["stty", "size"], tty=True))
+    assert b"".join(e.data for e in events if isinstance(e, Stdout)) == b"24 80\r\n"
+    assert isinstance(events[-1], Exit) and events[-1].result.exit_code == 0
+    # Without tty, no terminal.
+    assert sb.run("tty").stdout.strip() == b"not a tty"
+
+
+def _read_until(session, needle):
+    got = b""
+    while needle not in got:
+        event = next(session)
+        assert isinstance(event, Stdout), (event, got)
+        got += event.data
+    return got
+
+
+@pytest.mark.parametrize("transport", ["hijack", "websocket"])
+def test_interactive_tty_resizes(sb, transport):
+    with sb.interactive(["sh"], transport=transport, tty=True) as session:
+        assert session.tty
+        session.send("stty size\r")
+        before = _read_until(session, b"24 80\r\n")
+        session.resize(50, 132)
+        session.send("stty size\r")
+        after = _read_until(session, b"50 132\r\n")
+        session.send("exit\r")
+        result = session.wait()
+    assert b"stty size" in before, before  # the terminal echoes what is typed
+    assert result.exit_code == 0, (before, after, result)
+    assert result.stderr == b""
+    with sb.interactive(["cat"], transport=transport) as plain:
+        with pytest.raises(ValueError, match="tty=True"):
+            plain.resize(50, 132)
+        plain.send("still here\n")
+        plain.close_stdin()
+        assert plain.wait().stdout == b"still here\n"
+
+
+def test_close_stdin_on_a_terminal_types_its_end_of_file(sb):
+    with sb.interactive(["cat"], tty=True) as session:
+        session.send("typed\r")
+        session.close_stdin()
+        result = session.wait()
+    assert result.exit_code == 0, result
+    assert result.stdout.count(b"typed\r\n") == 2, result.stdout  # the echo, then cat's copy
+
+
+def test_tty_size_without_tty_is_refused_before_sending(sb):
+    with pytest.raises(ValueError, match="tty_size"):
+        sb.run(["true"], tty_size=(30, 100))
+
+
 def _request(cmd):
     from crucible_sdk import _api
     return _api.exec_request(cmd)

@@ -7,8 +7,8 @@ import sys
 
 import pytest
 
-from crucible_sdk import _api, _http1, errors
-from crucible_sdk.models import CreateSandbox, ExecRequest, ExecResult, SandboxInfo
+from crucible_sdk import _api, _http1, codec, errors
+from crucible_sdk.models import CreateSandbox, ExecRequest, ExecResult, SandboxInfo, TerminalSize
 from crucible_sdk.pool import parse_pool
 
 TOOLS = pathlib.Path(__file__).resolve().parents[1] / "tools"
@@ -108,6 +108,126 @@ def test_bad_input_fails_before_sending():
         _api.files_target("sb-0123456789abcdef", "relative/path")
     with pytest.raises(ValueError):
         _api.sandbox_path("")
+
+
+def test_tty_options_reach_the_request_and_are_checked_before_sending():
+    plain = _api.exec_request(["sh"])
+    assert plain.to_dict() == {"cmd": ["sh"]} and _api.exec_body(plain) == b'{"cmd":["sh"]}'
+    tty = _api.exec_request(["sh"], tty=True)
+    assert json.loads(_api.exec_body(tty)) == {"cmd": ["sh"], "tty": True}
+    sized = _api.exec_request(["sh"], tty=True, tty_size=(30, 100))
+    assert json.loads(_api.exec_body(sized)) == {
+        "cmd": ["sh"], "tty": True, "tty_size": {"rows": 30, "cols": 100}}
+    same = _api.exec_request(["sh"], tty=True, tty_size=TerminalSize(rows=30, cols=100))
+    assert same.tty_size == sized.tty_size
+    assert _api.exec_request(["sh"], tty=True, tty_size=(0, 65535)).tty_size == TerminalSize(
+        rows=0, cols=65535)
+    with pytest.raises(ValueError, match="tty_size"):
+        _api.exec_request(["sh"], tty_size=(30, 100))  # no terminal to size
+    with pytest.raises(ValueError, match="tty_size rows"):
+        _api.exec_request(["sh"], tty=True, tty_size=(-1, 100))
+    with pytest.raises(ValueError, match="tty_size cols"):
+        _api.exec_request(["sh"], tty=True, tty_size=(30, 65536))
+    with pytest.raises(TypeError, match="tty_size cols"):
+        _api.exec_request(["sh"], tty=True, tty_size=(30, 100.0))  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="tty_size"):
+        _api.exec_request(["sh"], tty=True, tty_size=[30, 100])  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="tty"):
+        _api.exec_request(["sh"], tty=1)  # type: ignore[arg-type]
+
+
+class _Recorder:
+    """A session's channel that keeps what is sent."""
+
+    exec_id = "ex-1"
+
+    def __init__(self):
+        self.sent = []
+
+    def send(self, data):
+        self.sent.append(data)
+
+    def recv(self):
+        return b""
+
+    def closing_error(self):
+        return None
+
+    def close(self):
+        pass
+
+
+def test_resize_sends_a_resize_frame_and_checks_its_arguments():
+    from crucible_sdk.session import Session
+
+    channel = _Recorder()
+    session = Session(channel, ["sh"], tty=True)
+    session.resize(40, 120)
+    frames = codec.Decoder(response=False).feed(b"".join(channel.sent))
+    assert [(f.type, f.type_name, f.payload) for f in frames] == [
+        (codec.RESIZE, "resize", b'{"rows":40,"cols":120}')]
+    session.resize(0, 65535)
+    assert channel.sent[-1][8:] == b'{"rows":0,"cols":65535}'
+    channel.sent.clear()
+    for rows, cols, error, named in [
+        (-1, 80, ValueError, "rows"), (65536, 80, ValueError, "rows"),
+        (24, -5, ValueError, "cols"), (24, 1 << 20, ValueError, "cols"),
+        (24.5, 80, TypeError, "rows"), ("24", 80, TypeError, "rows"),
+        (True, 80, TypeError, "rows"), (24, None, TypeError, "cols"),
+    ]:
+        with pytest.raises(error, match=named):
+            session.resize(rows, cols)
+    assert channel.sent == [], "nothing is sent for bad arguments"
+    # A session without a terminal has nothing to resize: refused here, nothing sent.
+    plain = Session(channel, ["cat"])
+    assert not plain.tty
+    with pytest.raises(ValueError, match="tty=True"):
+        plain.resize(24, 80)
+    assert channel.sent == []
+    # Once the session has ended there is no terminal left to resize: nothing is sent.
+    session.close()
+    session.resize(30, 90)
+    assert channel.sent == []
+
+
+def test_async_resize_checks_as_the_blocking_one_does():
+    import asyncio
+
+    from crucible_sdk.aio.session import AsyncSession
+
+    class AsyncRecorder(_Recorder):
+        async def send(self, data):
+            self.sent.append(data)
+
+    async def main():
+        channel = AsyncRecorder()
+        session = AsyncSession(channel, ["sh"], tty=True)
+        await session.resize(50, 132)
+        assert channel.sent == [codec.encode_frame(codec.RESIZE, b'{"rows":50,"cols":132}')]
+        with pytest.raises(ValueError, match="cols"):
+            await session.resize(50, 70000)
+        with pytest.raises(TypeError, match="rows"):
+            await session.resize(None, 80)
+        with pytest.raises(ValueError, match="tty=True"):
+            await AsyncSession(channel, ["cat"]).resize(24, 80)
+        assert len(channel.sent) == 1
+
+    asyncio.run(main())
+
+
+def test_a_resize_frame_from_the_daemon_is_a_protocol_error():
+    """Resize frames go from client to daemon only: in an output stream, the decoder knows the
+    type (as the Rust one does) and the SDK refuses the frame, on either read path."""
+    from crucible_sdk.stream import ExecStream
+
+    data = (codec.encode_frame(codec.STDOUT, b"x")
+            + codec.encode_frame(codec.RESIZE, b'{"rows":1,"cols":1}')
+            + (FIXTURES / "no_output.bin").read_bytes())
+    assert [f.type for f in codec.Decoder(response=True).feed(data)] == [1, 6, 3]
+    with pytest.raises(errors.ProtocolError):
+        ExecStream(_Canned(data, 5), ["x"], None, 0).collect()
+    with pytest.raises(errors.ProtocolError, match="resize"):
+        list(ExecStream(_Canned(data, 5), ["x"], None, 0))
 
 
 def test_pool_metrics_parse():

@@ -14,6 +14,8 @@ export const FrameType = {
   Exit: 3,
   Stdin: 4,
   StdinClose: 5,
+  /** A terminal's new size (client to daemon): the payload is `{"rows":R,"cols":C}`. */
+  Resize: 6,
 } as const;
 export type FrameType = (typeof FrameType)[keyof typeof FrameType];
 
@@ -24,6 +26,7 @@ export const FRAME_TYPE_NAMES: Readonly<Record<FrameType, string>> = {
   3: "exit",
   4: "stdin",
   5: "stdin_close",
+  6: "resize",
 };
 
 export type FrameErrorKind =
@@ -59,7 +62,7 @@ export type Direction = "guest_to_host" | "host_to_guest";
 const EMPTY = Buffer.alloc(0);
 
 function isFrameType(t: number): t is FrameType {
-  return t >= 1 && t <= 5;
+  return t >= 1 && t <= 6;
 }
 
 /** One frame: header and payload in one buffer. The payload must fit in a frame. */

@@ -1,5 +1,6 @@
 // An interactive session: stdin frames out, output events in, over whichever pipe the
-// transport gives (a hijacked HTTP connection or a WebSocket).
+// transport gives (a hijacked HTTP connection or a WebSocket). A session started with `tty`
+// has a terminal, and resize frames change its size.
 
 import { FrameType, encodeFrame, encodeFrames } from "./codec.js";
 import { ConnectionError, CrucibleError } from "./errors.js";
@@ -8,21 +9,25 @@ import type { ExecEvent } from "./events.js";
 import type { Pipe } from "./pipe.js";
 import { CommandError, CommandResult } from "./result.js";
 import type { ExecResult } from "./result.js";
+import { terminalDimension } from "./types.js";
 
 export class InteractiveSession implements AsyncIterable<ExecEvent>, AsyncDisposable {
   /** The command's exec id (as the daemon named it, or as the SDK did for a WebSocket). */
   readonly execId: string;
   readonly transport: "hijack" | "websocket";
+  /** Whether the command runs on a terminal (started with `tty: true`): what resize() needs. */
+  readonly tty: boolean;
   readonly #pipe: Pipe;
   readonly #cmd: readonly string[];
   readonly #events: FrameEvents;
   #stdinClosed = false;
 
-  constructor(pipe: Pipe, execId: string, cmd: readonly string[], transport: "hijack" | "websocket") {
+  constructor(pipe: Pipe, execId: string, cmd: readonly string[], transport: "hijack" | "websocket", tty = false) {
     this.#pipe = pipe;
     this.execId = execId;
     this.#cmd = cmd;
     this.transport = transport;
+    this.tty = tty;
     this.#events = new FrameEvents(pipe, execId);
   }
 
@@ -57,6 +62,24 @@ export class InteractiveSession implements AsyncIterable<ExecEvent>, AsyncDispos
       await this.#pipe.write(encodeFrame(FrameType.StdinClose));
     } catch {
       // The daemon closed the connection after the exit frame: see above.
+    }
+  }
+
+  /**
+   * Sets the size of the command's terminal (the `resize` frame; the command gets SIGWINCH).
+   * `rows` and `cols` are integers from 0 to 65535 (else a TypeError naming the one that is
+   * not); a session started without `tty: true` has no terminal to resize (TypeError, nothing
+   * sent). Once the command has ended it does nothing: there is no terminal left.
+   */
+  async resize(rows: number, cols: number): Promise<void> {
+    const size = { rows: terminalDimension(rows, "rows"), cols: terminalDimension(cols, "cols") };
+    if (!this.tty) throw new TypeError(`resize() needs a terminal: the session of ${JSON.stringify(this.#cmd)} was started without \`tty: true\``);
+    await this.#settled();
+    if (this.#events.final !== null) return;
+    try {
+      await this.#pipe.write(encodeFrame(FrameType.Resize, Buffer.from(JSON.stringify(size), "utf8")));
+    } catch (e) {
+      throw e instanceof CrucibleError ? e : new ConnectionError(0, "unreachable", `resizing the terminal of ${JSON.stringify(this.#cmd)}: ${(e as Error).message}`, { cause: e });
     }
   }
 

@@ -107,7 +107,10 @@ export class Root {
     return this.#path(`/execs/${encodeURIComponent(execId)}/attach?offset=${offset}`);
   }
 
-  /** Starts a command with stdin: send(), closeStdin(), iterate its events, wait(). */
+  /**
+   * Starts a command with stdin: send(), closeStdin(), iterate its events, wait(). With
+   * `tty: true` it runs on a terminal (`ttySize`, default 24×80) that resize() resizes.
+   */
   async interactive(cmd: Command, options: InteractiveOptions = {}): Promise<InteractiveSession> {
     const args = argv(cmd);
     if ((options.transport ?? "hijack") === "websocket") {
@@ -116,11 +119,11 @@ export class Root {
       const execId = options.execId || `ws-${randomBytes(8).toString("hex")}`;
       const body = JSON.stringify(execRequest(args, { ...options, execId }));
       const pipe = await openWebSocket(this.#t, this.#path("/exec"), body, "sandbox");
-      return new InteractiveSession(pipe, execId, args, "websocket");
+      return new InteractiveSession(pipe, execId, args, "websocket", options.tty === true);
     }
     const body = JSON.stringify(execRequest(args, options));
     const { pipe, headers } = await hijack(this.#t, this.#path("/exec?stdin=1"), body, "sandbox");
-    return new InteractiveSession(pipe, headers.get("x-crucible-exec-id") ?? options.execId ?? "", args, "hijack");
+    return new InteractiveSession(pipe, headers.get("x-crucible-exec-id") ?? options.execId ?? "", args, "hijack", options.tty === true);
   }
 
   /** The commands that can be found by exec id: running, or ended with a result nobody collected. */

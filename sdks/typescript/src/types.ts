@@ -37,6 +37,8 @@ export type ContainerState = Schemas["ContainerState"];
 /** The wire form of a request body, as the daemon checks it. */
 export type CreateSandboxRequest = Schemas["CreateSandbox"];
 export type ExecRequest = Schemas["ExecRequest"];
+/** A terminal's size in characters: `{ rows, cols }` (an exec's `ttySize`, a resize's payload). */
+export type TerminalSize = Schemas["TerminalSize"];
 export type SignalRequest = Schemas["SignalRequest"];
 /** The exit frame's payload as it travels. */
 export type ExecResultDocument = Schemas["ExecResult"];
@@ -126,6 +128,14 @@ export interface ExecOptions {
   execId?: string;
   /** `keep` (one-shot default): the command outlives a dropped connection; `kill`: it dies with it. */
   onDisconnect?: OnDisconnect;
+  /**
+   * Run on a pseudo-terminal, as `docker exec -t`: the terminal is the command's stdin, stdout
+   * and stderr, so stderr is merged into stdout (no stderr events), lines end in `\r\n`, and
+   * input goes through the terminal's line discipline. Default false: pipes.
+   */
+  tty?: boolean;
+  /** The terminal's size when the command starts (only with `tty`); absent: 24 rows of 80 columns. */
+  ttySize?: TerminalSize;
 }
 
 /** A command as the daemon runs it: an argv, or a string for `/bin/sh -c`. */
@@ -148,5 +158,25 @@ export function execRequest(cmd: Command, o: ExecOptions): ExecRequest {
   if (o.rlimits !== undefined) body.rlimits = o.rlimits;
   if (o.execId !== undefined) body.exec_id = o.execId;
   if (o.onDisconnect !== undefined) body.on_disconnect = o.onDisconnect;
+  if (o.tty !== undefined) {
+    if (typeof o.tty !== "boolean") throw new TypeError(`tty must be a boolean, got ${String(o.tty)}`);
+    if (o.tty) body.tty = true;
+  }
+  if (o.ttySize !== undefined) {
+    if (o.tty !== true) throw new TypeError("ttySize sizes a terminal, and only a command started with `tty: true` has one");
+    if (typeof o.ttySize !== "object" || o.ttySize === null) throw new TypeError(`ttySize must be { rows, cols }, got ${String(o.ttySize)}`);
+    body.tty_size = { rows: terminalDimension(o.ttySize.rows, "ttySize.rows"), cols: terminalDimension(o.ttySize.cols, "ttySize.cols") };
+  }
   return body;
+}
+
+/** The largest terminal dimension: rows and columns are 16-bit on the wire. */
+export const MAX_TERMINAL_DIMENSION = 65535;
+
+/** `value` if it is a terminal's rows or columns (an integer from 0 to 65535), else a TypeError naming `what`. */
+export function terminalDimension(value: unknown, what: string): number {
+  if (typeof value !== "number" || !Number.isInteger(value) || value < 0 || value > MAX_TERMINAL_DIMENSION) {
+    throw new TypeError(`${what} must be an integer from 0 to ${MAX_TERMINAL_DIMENSION}, got ${typeof value === "string" ? JSON.stringify(value) : String(value)}`);
+  }
+  return value;
 }

@@ -74,7 +74,7 @@ describe("step 1: the manifest's constants are the codec's", () => {
     const ours = Object.fromEntries(Object.entries(FRAME_TYPE_NAMES).map(([t, name]) => [name, Number(t)]));
     assert.deepEqual(manifest.frame_types, ours);
     assert.deepEqual(
-      { stdout: FrameType.Stdout, stderr: FrameType.Stderr, exit: FrameType.Exit, stdin: FrameType.Stdin, stdin_close: FrameType.StdinClose },
+      { stdout: FrameType.Stdout, stderr: FrameType.Stderr, exit: FrameType.Exit, stdin: FrameType.Stdin, stdin_close: FrameType.StdinClose, resize: FrameType.Resize },
       manifest.frame_types,
     );
   });
@@ -150,22 +150,30 @@ describe("step 3: every invalid fixture fails with its named error, never a clea
   });
 });
 
-describe("step 4: encoding stdin_session.bin's frames is byte-identical", () => {
-  test("stdin_session.bin", () => {
-    const fixture = manifest.fixtures.find((f) => f.file === "stdin_session.bin");
-    assert.ok(fixture, "stdin_session.bin is in the manifest");
-    assert.equal(fixture.direction, "host_to_guest");
-    const frames = fixture.frames!;
-    assert.ok(frames.length > 0);
-    const encoded = Buffer.concat(
-      frames.map((f) => {
-        const payload = Buffer.from(f.text ?? "", "utf8");
-        // The manifest lists text only for short printable payloads; check it is the whole payload.
-        assert.equal(payload.length, f.length, `${f.type_name}: the listed text is the whole payload`);
-        return encodeFrame(f.type as FrameType, payload);
-      }),
-    );
-    assert.deepEqual(encoded, bytesOf(fixture));
+describe("step 4: encoding the host_to_guest fixtures' frames is byte-identical", () => {
+  test("every host_to_guest fixture is encoded, stdin_session.bin and tty_session.bin among them", () => {
+    const files = valid.filter((f) => f.direction === "host_to_guest").map((f) => f.file);
+    assert.ok(files.includes("stdin_session.bin") && files.includes("tty_session.bin"), files.join(", "));
+  });
+  for (const fixture of valid.filter((f) => f.direction === "host_to_guest")) {
+    test(fixture.file, () => {
+      const frames = fixture.frames!;
+      assert.ok(frames.length > 0);
+      const encoded = Buffer.concat(
+        frames.map((f) => {
+          const payload = Buffer.from(f.text ?? "", "utf8");
+          // The manifest lists text only for short printable payloads; check it is the whole payload.
+          assert.equal(payload.length, f.length, `${f.type_name}: the listed text is the whole payload`);
+          return encodeFrame(f.type as FrameType, payload);
+        }),
+      );
+      assert.deepEqual(encoded, bytesOf(fixture));
+    });
+  }
+  test("tty_session.bin's resize payloads are the TerminalSize JSON", () => {
+    const frames = decodeAll([bytesOf(manifest.fixtures.find((f) => f.file === "tty_session.bin")!)], "host_to_guest");
+    const sizes = frames.filter((f) => f.type === FrameType.Resize).map((f) => JSON.parse(f.payload.toString("utf8")) as unknown);
+    assert.deepEqual(sizes, [{ rows: 40, cols: 120 }, { rows: 50, cols: 132 }]);
   });
 });
 
@@ -183,6 +191,14 @@ describe("the encoder", () => {
   test("refuses an oversize payload and an unknown type", () => {
     assert.throws(() => encodeFrame(FrameType.Stdout, Buffer.alloc(MAX_PAYLOAD + 1)), RangeError);
     assert.throws(() => encodeFrame(9 as FrameType), RangeError);
+    assert.throws(() => encodeFrame(7 as FrameType), RangeError);
+  });
+  test("a resize frame is a known type in either direction, as the Rust decoder has it", () => {
+    const resize = encodeFrame(FrameType.Resize, Buffer.from('{"rows":1,"cols":2}'));
+    assert.deepEqual(decodeAll([resize], "host_to_guest").map((f) => f.type), [FrameType.Resize]);
+    // In an output stream the decoder accepts the type; the readers refuse it (events.ts, exec.ts).
+    const output = Buffer.concat([resize, bytesOf(manifest.fixtures.find((f) => f.file === "no_output.bin")!)]);
+    assert.deepEqual(decodeAll([output], "guest_to_host").map((f) => f.type), [FrameType.Resize, FrameType.Exit]);
   });
   test("frames whole inside one chunk are views, split ones are assembled", () => {
     const a = encodeFrame(FrameType.Stdout, Buffer.from("hello"));

@@ -34,8 +34,73 @@ async function next(it: AsyncIterator<ExecEvent>, what: string): Promise<ExecEve
   return r.value;
 }
 
+/** Output events until `needle` has appeared in them; all of it. */
+async function readUntil(it: AsyncIterator<ExecEvent>, needle: string, what: string): Promise<string> {
+  let got = "";
+  while (!got.includes(needle)) {
+    const ev = await next(it, `${what} (so far ${JSON.stringify(got)})`);
+    assert.equal(ev.type, "stdout", `${what}: a terminal has no stderr (so far ${JSON.stringify(got)})`);
+    if (ev.type === "stdout") got += ev.data.toString("utf8");
+  }
+  return got;
+}
+
+test("a one-shot command on a terminal: /dev/pts, its size, stderr merged into stdout", T, async () => {
+  const r = await sb.run("tty; stty size; echo oops >&2", { tty: true, ttySize: { rows: 30, cols: 100 } });
+  assert.equal(r.exitCode, 0, r.describe());
+  const lines = r.stdoutText.split("\r\n");
+  assert.match(lines[0] ?? "", /^\/dev\/pts\/\d+$/, r.stdoutText);
+  assert.deepEqual(lines.slice(1), ["30 100", "oops", ""], r.stdoutText);
+  assert.equal(r.stderr.length, 0, "a terminal merges stderr into stdout");
+  let out = "";
+  for await (const ev of sb.stream(["stty", "size"], { tty: true })) {
+    assert.notEqual(ev.type, "stderr");
+    if (ev.type === "stdout") out += ev.data.toString("utf8");
+  }
+  assert.equal(out, "24 80\r\n", "the default size");
+  assert.equal((await sb.run("tty")).stdoutText.trim(), "not a tty");
+  assert.throws(() => sb.run("true", { ttySize: { rows: 30, cols: 100 } }), (e: unknown) => e instanceof TypeError && /ttySize/.test(e.message));
+});
+
 for (const transport of ["hijack", "websocket"] as const) {
   describe(`interactive over ${transport}`, () => {
+    test("a terminal: stty size follows resize(), exit ends the shell", T, async () => {
+      const s = await sb.interactive(["sh"], { transport, tty: true });
+      assert.equal(s.tty, true);
+      const it = s[Symbol.asyncIterator]();
+      await s.send("stty size\r");
+      const before = await readUntil(it, "24 80\r\n", "the first size");
+      assert.match(before, /stty size/, "the terminal echoes what is typed");
+      await s.resize(50, 132);
+      await s.send("stty size\r");
+      await readUntil(it, "50 132\r\n", "the size after resize()");
+      await s.send("exit\r");
+      let exit: ExecEvent | undefined;
+      for (;;) {
+        const r = await within(15_000, it.next(), "the exit");
+        if (r.done) break;
+        assert.notEqual(r.value.type, "stderr");
+        if (r.value.type === "exit") exit = r.value;
+      }
+      assert.equal(exit?.type === "exit" && exit.result.exitCode, 0);
+      await s.resize(10, 10); // the command has ended: nothing to resize, no error
+    });
+
+    test("a terminal sized at the start; resize() refused without one", T, async () => {
+      const s = await sb.interactive(["sh", "-c", "stty size; read line; stty size"], { transport, tty: true, ttySize: { rows: 40, cols: 120 } });
+      const it = s[Symbol.asyncIterator]();
+      await readUntil(it, "40 120\r\n", "the size asked for");
+      await s.resize(41, 121);
+      await s.send("\r");
+      await readUntil(it, "41 121\r\n", "the size after resize()");
+      assert.equal((await within(15_000, s.wait(), "the result")).exitCode, 0);
+      const plain = await sb.interactive(["cat"], { transport });
+      await assert.rejects(plain.resize(24, 80), (e: unknown) => e instanceof TypeError && /needs a terminal/.test(e.message));
+      await plain.send("still here\n");
+      await plain.closeStdin();
+      assert.equal((await within(15_000, plain.wait(), "cat")).stdoutText, "still here\n");
+    });
+
     test("echo: what is sent comes back, line by line, then the exit", T, async () => {
       const s: InteractiveSession = await sb.interactive(["cat"], { transport });
       assert.equal(s.transport, transport);

@@ -26,7 +26,12 @@ import {
   errorFromBody,
   parseHost,
 } from "../src/index.js";
+import { FrameType, encodeFrame } from "../src/codec.js";
+import { InteractiveSession } from "../src/interactive.js";
+import type { Pipe, PipeSink } from "../src/pipe.js";
 import { tarSize, tarStream, treeEntries } from "../src/tar.js";
+import { execRequest } from "../src/types.js";
+import { FIXTURES_DIR } from "./helpers/paths.js";
 
 const scratch = mkdtempSync(path.join(os.tmpdir(), "crucible-nodetest-units-"));
 after(() => rmSync(scratch, { recursive: true, force: true }));
@@ -171,5 +176,88 @@ describe("the create request", () => {
       container_slots: 2,
       disk_mib: 128,
     });
+  });
+});
+
+/** A session's pipe that keeps what is written, and lets a test play the daemon's side. */
+class RecordingPipe implements Pipe {
+  readonly written: Buffer[] = [];
+  sink: PipeSink | null = null;
+
+  write(data: Buffer): Promise<void> {
+    this.written.push(Buffer.from(data));
+    return Promise.resolve();
+  }
+  start(sink: PipeSink): void {
+    this.sink = sink;
+  }
+  pause(): void {}
+  resume(): void {}
+  close(): void {}
+}
+
+describe("terminals", () => {
+  test("tty and ttySize become the request's tty and tty_size, checked before sending", () => {
+    assert.deepEqual(execRequest(["sh"], {}), { cmd: ["sh"] });
+    assert.deepEqual(execRequest(["sh"], { tty: false }), { cmd: ["sh"] });
+    assert.deepEqual(execRequest(["sh"], { tty: true }), { cmd: ["sh"], tty: true });
+    assert.deepEqual(execRequest(["sh"], { tty: true, ttySize: { rows: 30, cols: 100 } }), { cmd: ["sh"], tty: true, tty_size: { rows: 30, cols: 100 } });
+    assert.deepEqual(execRequest(["sh"], { tty: true, ttySize: { rows: 0, cols: 65535 } }).tty_size, { rows: 0, cols: 65535 });
+    assert.throws(() => execRequest(["sh"], { ttySize: { rows: 30, cols: 100 } }), (e: unknown) => e instanceof TypeError && /ttySize/.test(e.message));
+    assert.throws(() => execRequest(["sh"], { tty: true, ttySize: { rows: -1, cols: 100 } }), (e: unknown) => e instanceof TypeError && /ttySize\.rows/.test(e.message));
+    assert.throws(() => execRequest(["sh"], { tty: true, ttySize: { rows: 30, cols: 65536 } }), (e: unknown) => e instanceof TypeError && /ttySize\.cols/.test(e.message));
+    assert.throws(() => execRequest(["sh"], { tty: true, ttySize: { rows: 2.5, cols: 100 } }), (e: unknown) => e instanceof TypeError && /ttySize\.rows/.test(e.message));
+    assert.throws(() => execRequest(["sh"], { tty: "yes" as unknown as boolean }), (e: unknown) => e instanceof TypeError && /tty/.test(e.message));
+  });
+
+  test("resize() sends the resize frames tty_session.bin holds, byte for byte", async () => {
+    const pipe = new RecordingPipe();
+    const s = new InteractiveSession(pipe, "ex-1", ["sh"], "hijack", true);
+    assert.equal(s.tty, true);
+    await s.resize(40, 120);
+    await s.send("stty size\r");
+    await s.resize(50, 132);
+    await s.send(Buffer.from("exit\r"));
+    await s.closeStdin();
+    assert.deepEqual(Buffer.concat(pipe.written), readFileSync(path.join(FIXTURES_DIR, "tty_session.bin")));
+    s.close();
+  });
+
+  test("resize() checks its arguments and the session's terminal, and sends nothing when it throws", async () => {
+    const pipe = new RecordingPipe();
+    const s = new InteractiveSession(pipe, "ex-1", ["sh"], "websocket", true);
+    const cases: Array<[unknown, unknown, string]> = [
+      [-1, 80, "rows"], [65536, 80, "rows"], [1.5, 80, "rows"], [Number.NaN, 80, "rows"], ["24", 80, "rows"],
+      [24, -1, "cols"], [24, 1e9, "cols"], [24, undefined, "cols"], [24, null, "cols"],
+    ];
+    for (const [rows, cols, named] of cases) {
+      await assert.rejects(s.resize(rows as number, cols as number), (e: unknown) => e instanceof TypeError && e.message.startsWith(`${named} must be an integer from 0 to 65535`), `${String(rows)}x${String(cols)}`);
+    }
+    await s.resize(0, 65535);
+    assert.deepEqual(pipe.written, [encodeFrame(FrameType.Resize, Buffer.from('{"rows":0,"cols":65535}'))]);
+    const plain = new InteractiveSession(pipe, "ex-2", ["cat"], "hijack");
+    assert.equal(plain.tty, false);
+    await assert.rejects(plain.resize(24, 80), (e: unknown) => e instanceof TypeError && /needs a terminal/.test(e.message) && /tty: true/.test(e.message));
+    assert.equal(pipe.written.length, 1, "nothing sent for a session without a terminal");
+    s.close();
+    plain.close();
+  });
+
+  test("resize() after the command ended does nothing", async () => {
+    const pipe = new RecordingPipe();
+    const s = new InteractiveSession(pipe, "ex-1", ["sh"], "hijack", true);
+    const exit = Buffer.from(JSON.stringify({ exit_code: 0, duration_ms: 1, signal: "", timed_out: false, oom_killed: false, error: "", usage: null }));
+    pipe.sink!.data(encodeFrame(FrameType.Exit, exit));
+    pipe.sink!.end();
+    assert.equal((await s.wait()).exitCode, 0);
+    await s.resize(30, 90);
+    assert.deepEqual(pipe.written, []);
+  });
+
+  test("a resize frame from the daemon is a protocol error, not an event", async () => {
+    const pipe = new RecordingPipe();
+    const s = new InteractiveSession(pipe, "ex-1", ["sh"], "hijack", true);
+    pipe.sink!.data(encodeFrame(FrameType.Resize, Buffer.from('{"rows":1,"cols":1}')));
+    await assert.rejects(s.wait(), (e: unknown) => e instanceof CrucibleError && e.code === "protocol_error" && /type 6/.test(e.message));
   });
 });

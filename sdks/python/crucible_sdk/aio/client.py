@@ -183,10 +183,12 @@ class AsyncClient:
         target = _api.exec_target(sandbox_id, transport == "hijack", container)
         if transport == "hijack":
             return AsyncSession(await open_hijack(self.address, target, self._auth, body,
-                                                  self.stream_timeout), request.cmd)
+                                                  self.stream_timeout), request.cmd,
+                                bool(request.tty))
         if transport == "websocket":
             return AsyncSession(await open_websocket(self.address, target, self.api_key, body,
-                                                     self.stream_timeout), request.cmd)
+                                                     self.stream_timeout), request.cmd,
+                                bool(request.tty))
         raise ValueError(f"transport must be 'hijack' or 'websocket', got {transport!r}")
 
     # -- files ------------------------------------------------------------------------------

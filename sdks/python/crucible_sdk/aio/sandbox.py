@@ -109,14 +109,16 @@ class AsyncRoot:
                   cwd: Optional[str] = None, timeout: Optional[int] = None,
                   user: Optional[str] = None, group_add: Optional[Sequence[str]] = None,
                   rlimits: Optional[Sequence[Rlimit]] = None, exec_id: Optional[str] = None,
-                  on_disconnect: Optional[OnDisconnect] = None,
+                  on_disconnect: Optional[OnDisconnect] = None, tty: bool = False,
+                  tty_size: Optional[_api.TtySize] = None,
                   on_stdout: Optional[OutputCallback] = None,
                   on_stderr: Optional[OutputCallback] = None, check: bool = False,
                   resumes: int = 5) -> RunResult:
         """As `Sandbox.run`."""
         request = _api.exec_request(
             cmd, env=env, cwd=cwd, timeout=timeout, user=user, group_add=group_add,
-            rlimits=rlimits, exec_id=exec_id, on_disconnect=on_disconnect)
+            rlimits=rlimits, exec_id=exec_id, on_disconnect=on_disconnect, tty=tty,
+            tty_size=tty_size)
         stream = self.client.stream(self.id, request, resumes=resumes,
                                     container=self._container)
         result = await stream.collect(on_stdout, on_stderr)
@@ -126,12 +128,14 @@ class AsyncRoot:
                cwd: Optional[str] = None, timeout: Optional[int] = None,
                user: Optional[str] = None, group_add: Optional[Sequence[str]] = None,
                rlimits: Optional[Sequence[Rlimit]] = None, exec_id: Optional[str] = None,
-               on_disconnect: Optional[OnDisconnect] = None,
+               on_disconnect: Optional[OnDisconnect] = None, tty: bool = False,
+               tty_size: Optional[_api.TtySize] = None,
                resumes: int = 5) -> AsyncExecStream:
         """`async for event in sb.stream(cmd)`; the request goes out on the first step."""
         request = _api.exec_request(
             cmd, env=env, cwd=cwd, timeout=timeout, user=user, group_add=group_add,
-            rlimits=rlimits, exec_id=exec_id, on_disconnect=on_disconnect)
+            rlimits=rlimits, exec_id=exec_id, on_disconnect=on_disconnect, tty=tty,
+            tty_size=tty_size)
         return self.client.stream(self.id, request, resumes=resumes, container=self._container)
 
     def interactive(self, cmd: _api.Command, *, transport: Transport = "hijack",
@@ -139,11 +143,13 @@ class AsyncRoot:
                     timeout: Optional[int] = None, user: Optional[str] = None,
                     group_add: Optional[Sequence[str]] = None,
                     rlimits: Optional[Sequence[Rlimit]] = None, exec_id: Optional[str] = None,
-                    on_disconnect: Optional[OnDisconnect] = None) -> Opening[AsyncSession]:
+                    on_disconnect: Optional[OnDisconnect] = None, tty: bool = False,
+                    tty_size: Optional[_api.TtySize] = None) -> Opening[AsyncSession]:
         """`async with sb.interactive(cmd) as session:` (or awaited)."""
         request = _api.exec_request(
             cmd, env=env, cwd=cwd, timeout=timeout, user=user, group_add=group_add,
-            rlimits=rlimits, exec_id=exec_id, on_disconnect=on_disconnect)
+            rlimits=rlimits, exec_id=exec_id, on_disconnect=on_disconnect, tty=tty,
+            tty_size=tty_size)
         return Opening(self.client.interactive(self.id, request, transport,
                                                container=self._container))
 

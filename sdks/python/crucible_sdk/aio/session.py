@@ -7,7 +7,7 @@ import asyncio
 from collections import deque
 from typing import TYPE_CHECKING, Deque, List, Optional, Protocol, Union
 
-from .. import _http1, codec
+from .. import _api, _http1, codec
 from .._address import Address
 from ..errors import ConnectionLost, CrucibleError, ProtocolError, from_response
 from ..models import ExecResult
@@ -159,11 +159,14 @@ class WebSocketChannel:
 
 
 class AsyncSession:
-    """`await send()`, `await close_stdin()`, `async for event in session`, `await wait()`."""
+    """`await send()`, `await close_stdin()`, `async for event in session`, `await wait()`;
+    `await resize(rows, cols)` when started with `tty=True`."""
 
-    def __init__(self, channel: AsyncChannel, cmd: List[str]) -> None:
+    def __init__(self, channel: AsyncChannel, cmd: List[str], tty: bool = False) -> None:
         self._channel = channel
         self.cmd = cmd
+        #: Whether the command runs on a terminal (started with `tty=True`).
+        self.tty = tty
         self._decoder = codec.Decoder(response=True)
         self._pending: Deque[Event] = deque()
         self._ended = False
@@ -181,6 +184,15 @@ class AsyncSession:
 
     async def close_stdin(self) -> None:
         await self._channel.send(codec.encode_frame(codec.STDIN_CLOSE))
+
+    async def resize(self, rows: int, cols: int) -> None:
+        """As `Session.resize`."""
+        frame = _api.resize_frame(rows, cols)
+        if not self.tty:
+            raise ValueError("resize() needs a terminal: this session was started without "
+                             "tty=True")
+        if not self._ended:
+            await self._channel.send(frame)
 
     def __aiter__(self) -> AsyncSession:
         return self

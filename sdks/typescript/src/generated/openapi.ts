@@ -2532,6 +2532,20 @@ export interface components {
              */
             timeout_s?: number;
             /**
+             * @description Whether the command runs on a pseudo-terminal, as `docker exec -t` runs it: the
+             *     terminal is its stdin, stdout and stderr and its controlling terminal, so everything
+             *     it writes arrives as stdout frames (no stderr frames) with the terminal's line
+             *     endings (`\r\n`), and interactive input goes through the terminal's line discipline
+             *     (`^C` interrupts, `^D` at the start of a line ends a read). `resize` frames change its
+             *     size. `false` (the default): pipes, no terminal.
+             */
+            tty?: boolean;
+            /**
+             * @description The terminal's size when the command starts; absent: 24 rows of 80 columns. Only with
+             *     `tty`.
+             */
+            tty_size?: components["schemas"]["TerminalSize"] | (null);
+            /**
              * @description Who the command runs as, as `docker exec --user` takes it: `uid`, `uid:gid`, `name` or
              *     `name:group`, resolved against the sandbox image's `/etc/passwd` and `/etc/group`.
              *     Empty: the sandbox's user (its `user`, else its image's `User`, else root).
@@ -3129,6 +3143,22 @@ export interface components {
              * @description The signal number (1 to 64).
              */
             signal: number;
+        };
+        /**
+         * @description A terminal's size in characters: the `tty_size` of an exec request and the payload of a
+         *     `resize` frame (`{"rows":40,"cols":120}`).
+         */
+        TerminalSize: {
+            /**
+             * Format: uint16
+             * @description Columns.
+             */
+            cols: number;
+            /**
+             * Format: uint16
+             * @description Lines.
+             */
+            rows: number;
         };
         /**
          * @description The body of `PATCH /sandboxes/{id}`: new limits for a running sandbox (`docker update
