@@ -1136,3 +1136,79 @@ async fn read_hijacked<S: AsyncRead + AsyncWrite + Unpin>(stream: &mut S) -> (St
         all[end..].to_vec(),
     )
 }
+
+/// A tenant owns its sandbox's `/dev`: a `/dev/ptmx` it replaced (a FIFO, a symlink to a
+/// file, or nothing) gives its next terminal request a clear error from the agent, which opens
+/// the multiplexer inside the sandbox and so never reaches the host's terminals; a flood of
+/// resize frames of the largest size changes nothing but the sandbox's own terminal.
+#[tokio::test]
+async fn a_replaced_terminal_multiplexer_fails_only_the_tenants_own_terminal_requests() {
+    let daemon = daemon();
+    let client = daemon.client();
+    let id = client.create(&Default::default()).await.expect("create").id;
+    let tty = || {
+        let mut request = ExecRequest::new(["sh", "-c", "tty"]);
+        request.tty = true;
+        request
+    };
+    let out = client.exec_collect(&id, &tty()).await.expect("exec");
+    assert!(
+        String::from_utf8_lossy(&out.stdout).starts_with("/dev/pts/"),
+        "{out:?}"
+    );
+
+    // Resizes of every size, thousands of them, then the session still answers.
+    let mut session = client
+        .interactive(&id, &tty_session())
+        .await
+        .expect("session");
+    for i in 0..5000u32 {
+        let size = wire::TerminalSize {
+            rows: if i % 2 == 0 { u16::MAX } else { 0 },
+            cols: (i % 65_536) as u16,
+        };
+        session.resize(size).await.expect("resize");
+    }
+    session
+        .send_stdin(b"stty size; exit 3\r")
+        .await
+        .expect("type");
+    let mut shown = Vec::new();
+    let result = loop {
+        match tokio::time::timeout(HANG, session.next_event()).await {
+            Ok(Some(Ok(client::ExecEvent::Stdout(bytes)))) => shown.extend_from_slice(&bytes),
+            Ok(Some(Ok(client::ExecEvent::Exit(result)))) => break result,
+            other => panic!("{other:?} after {:?}", String::from_utf8_lossy(&shown)),
+        }
+    };
+    assert_eq!(result.exit_code, 3, "{:?}", String::from_utf8_lossy(&shown));
+
+    for replace in [
+        "rm -f /dev/ptmx && mkfifo /dev/ptmx",
+        "rm -f /dev/ptmx && echo x > /tmp/f && ln -s /tmp/f /dev/ptmx",
+        "rm -f /dev/ptmx",
+    ] {
+        assert_eq!(sh(&daemon, &id, replace).await, 0, "{replace}");
+        let out = tokio::time::timeout(HANG, client.exec_collect(&id, &tty()))
+            .await
+            .expect("the agent answers in time")
+            .expect("exec");
+        assert_eq!(out.result.exit_code, -1, "{replace}: {out:?}");
+        assert!(
+            out.result.error.starts_with("cannot open a terminal"),
+            "{replace}: {:?}",
+            out.result.error
+        );
+        assert_healthy(&daemon, &id).await;
+    }
+    // Put back, the sandbox's terminals work again.
+    assert_eq!(sh(&daemon, &id, "ln -s pts/ptmx /dev/ptmx").await, 0);
+    let out = client.exec_collect(&id, &tty()).await.expect("exec");
+    assert_eq!(out.result.exit_code, 0, "{out:?}");
+}
+
+fn tty_session() -> ExecRequest {
+    let mut request = ExecRequest::new(["sh"]);
+    request.tty = true;
+    request
+}
