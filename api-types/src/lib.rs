@@ -16,7 +16,7 @@ pub use container::{
 };
 pub use image::{ImageInfo, ImageList, ImageUser, ImagesPruned};
 pub use sandbox::{
-    BackendKind, CacheInfo, CacheList, CacheMount, CreateSandbox, Hypervisor, NetworkInfo,
-    NetworkRequest, SandboxInfo, SandboxList, SandboxState, SandboxTimings, SignalRequest,
-    UpdateSandbox, VolumeMount, HOST_NETWORK_NAMESPACE,
+    BackendKind, CacheInfo, CacheList, CacheMount, CreateSandbox, EgressRefusal, Hypervisor,
+    NetworkInfo, NetworkRequest, SandboxInfo, SandboxList, SandboxState, SandboxTimings,
+    SignalRequest, UpdateSandbox, VolumeMount, HOST_NETWORK_NAMESPACE,
 };

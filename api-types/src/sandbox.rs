@@ -207,6 +207,23 @@ pub struct NetworkInfo {
     pub bytes_out: u64,
     /// Bytes received by the sandbox from remote hosts.
     pub bytes_in: u64,
+    /// The destinations refused, each with the reason its client was given (the first 32
+    /// destinations; `denied` counts every refusal).
+    #[serde(default)]
+    #[cfg_attr(feature = "schema", schemars(length(max = 32)))]
+    pub refused: Vec<EgressRefusal>,
+}
+
+/// A destination a sandbox's egress refused.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+pub struct EgressRefusal {
+    /// `host:port`, as the sandbox asked for it.
+    pub destination: String,
+    /// Why it was refused, as the sandbox's client was told (at most 512 bytes).
+    pub reason: String,
+    /// How many connections to it were refused.
+    pub count: u64,
 }
 
 /// A named cache, as `GET /caches` lists it.

@@ -337,6 +337,11 @@ fn main() {
                 tracing_subscriber::EnvFilter::new(if verbose { "info" } else { "warn" })
             }),
         )
+        // Colour only for a person at a terminal: a log file or journal gets plain text.
+        .with_ansi(
+            std::io::IsTerminal::is_terminal(&std::io::stderr())
+                && std::env::var_os("NO_COLOR").is_none(),
+        )
         .with_writer(std::io::stderr)
         .init();
     match dispatch(cli) {

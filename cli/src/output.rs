@@ -285,6 +285,32 @@ pub(crate) fn usage_table(stats: &wire::SandboxStats) -> String {
     out
 }
 
+/// What `crucible run` says at its end of the connections its sandbox's egress refused: a
+/// line for the count, then one per destination with the reason its client was given
+/// (escaped: the destinations are the sandbox's). Nothing when there were none.
+pub(crate) fn egress_refusals(refused: &[api_types::EgressRefusal]) -> String {
+    if refused.is_empty() {
+        return String::new();
+    }
+    let total: u64 = refused.iter().map(|r| r.count).sum();
+    let mut text = format!(
+        "crucible: egress refused {total} connection{} to {} destination{} (allow one with \
+         --allow HOST:PORT, within the daemon's --egress-allow):\n",
+        if total == 1 { "" } else { "s" },
+        refused.len(),
+        if refused.len() == 1 { "" } else { "s" },
+    );
+    for r in refused {
+        text.push_str(&format!(
+            "  {} ({}x): {}\n",
+            escape(&r.destination),
+            r.count,
+            escape(&r.reason)
+        ));
+    }
+    text
+}
+
 /// The `--stats` table.
 pub(crate) fn stats_table(result: &ExecResult) -> String {
     let mut out = format!("duration      {} ms\n", result.duration_ms);

@@ -328,6 +328,97 @@ fn create_request_flags_reach_the_daemon() {
 
 /// Runs `crucible serve` expecting it to refuse to start; a daemon that starts anyway is
 /// stopped after 10 s and fails the test.
+#[test]
+fn run_ends_with_the_destinations_its_egress_refused_and_why() {
+    let daemon = TestDaemon::start_with(|config| {
+        config.egress_allow = vec!["127.0.0.1:9".into()];
+    });
+    let out = run(crucible(&daemon).args([
+        "run",
+        "--allow",
+        "127.0.0.1:9",
+        "--",
+        "sh",
+        "-c",
+        "wget -q -O- http://denied.test/ 2>/dev/null; wget -q -O- http://denied.test/ 2>/dev/null; exit 0",
+    ]));
+    let said = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{said}");
+    assert!(
+        said.contains("crucible: egress refused 2 connections to 1 destination"),
+        "{said}"
+    );
+    assert!(
+        said.contains("  denied.test:80 (2x): crucible egress: denied.test:80 is not allowed"),
+        "{said}"
+    );
+    // Nothing refused: nothing said.
+    let out = run(crucible(&daemon).args(["run", "--allow", "127.0.0.1:9", "--", "true"]));
+    assert_eq!(text(&out.stderr), "");
+}
+
+#[test]
+fn a_daemon_logging_to_a_file_writes_no_colour_codes() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let socket = dir.path().join("crucible.sock");
+    let log = std::fs::File::create(dir.path().join("serve.log")).expect("log file");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_crucible"))
+        .arg("serve")
+        .arg("--socket")
+        .arg(&socket)
+        .arg("--state-dir")
+        .arg(dir.path().join("state"))
+        .arg("--data-dir")
+        .arg(dir.path().join("data"))
+        .arg("--image")
+        .arg(harness::image_dir())
+        .arg("--cgroup-parent")
+        .arg(format!("crucible-cli-colour-{}", std::process::id()))
+        .env_remove("CRUCIBLE_API_KEYS")
+        .env_remove("CRUCIBLE_ADMIN_KEY_NAME")
+        .env_remove("CRUCIBLE_LOG")
+        .env_remove("NO_COLOR")
+        .stdout(Stdio::null())
+        .stderr(log)
+        .spawn()
+        .expect("crucible serve runs");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while !socket.exists() && std::time::Instant::now() < deadline {
+        if let Some(status) = child.try_wait().expect("wait") {
+            panic!(
+                "crucible serve ended ({status}): {}",
+                std::fs::read_to_string(dir.path().join("serve.log")).unwrap_or_default()
+            );
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    // A sandbox made and removed: the daemon logs both.
+    let made = run(crucible_at(&socket).args(["sandbox", "create"]));
+    let id = text(&made.stdout).trim().to_string();
+    let removed = run(crucible_at(&socket).args(["sandbox", "rm", &id]));
+    // SIGTERM: the daemon logs its shutdown.
+    let _ = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while child.try_wait().expect("wait").is_none() && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    assert!(made.status.success(), "{}", text(&made.stderr));
+    assert!(removed.status.success(), "{}", text(&removed.stderr));
+    let logged = std::fs::read_to_string(dir.path().join("serve.log")).expect("read log");
+    assert!(
+        logged.contains("INFO"),
+        "the daemon logs its shutdown: {logged:?}"
+    );
+    assert!(
+        !logged.contains('\x1b'),
+        "colour codes in a file: {logged:?}"
+    );
+}
+
 fn serve_refusal(configure: impl FnOnce(&mut Command)) -> String {
     let dir = tempfile::tempdir().expect("tempdir");
     let mut command = Command::new(env!("CARGO_BIN_EXE_crucible"));

@@ -130,7 +130,8 @@ where
         Ok(remote) => remote,
         Err(refusal) => {
             if refusal.denied {
-                ctx.counters.add_denied();
+                ctx.counters
+                    .add_refusal(&format!("{host}:{port}"), &refusal.message);
             }
             tracing::info!(sandbox, %host, port, verdict = refusal.verdict, reason = %refusal.message, "egress");
             return answer(&mut client, refusal).await;
@@ -257,8 +258,15 @@ impl Answer {
 }
 
 async fn answer<S: AsyncWrite + Unpin>(client: &mut S, answer: Answer) {
+    // A refusal's reason goes in the status line too: pip, apt and `curl -v` show a failed
+    // CONNECT's status line, never its body.
+    let refused;
     let reason = match answer.status {
         400 => "Bad Request",
+        403 if answer.denied => {
+            refused = status_line_text(&format!("Forbidden: {}", answer.message));
+            refused.as_str()
+        }
         403 => "Forbidden",
         431 => "Request Header Fields Too Large",
         502 => "Bad Gateway",
@@ -282,6 +290,24 @@ async fn answer<S: AsyncWrite + Unpin>(client: &mut S, answer: Answer) {
     let _ = client.write_all(response.as_bytes()).await;
     let _ = client.shutdown().await;
 }
+
+/// `text` as a status line's reason phrase can carry it: visible ASCII and spaces only (the
+/// host names in a reason are the sandbox's), at most [`MAX_REASON_PHRASE`] bytes.
+fn status_line_text(text: &str) -> String {
+    text.chars()
+        .map(|c| {
+            if c == ' ' || c.is_ascii_graphic() {
+                c
+            } else {
+                '?'
+            }
+        })
+        .take(MAX_REASON_PHRASE)
+        .collect()
+}
+
+/// Longest reason phrase in a refusal's status line.
+const MAX_REASON_PHRASE: usize = 300;
 
 /// Checks `host:port`, resolves it once, checks every address, and connects to the first
 /// that answers: only addresses that passed the check are ever connected to.
@@ -690,8 +716,12 @@ mod tests {
             "GET http://pypi.org:443/simple HTTP/1.1\r\n\r\n",
         ] {
             let response = exchange(&ctx, request.as_bytes()).await;
-            assert!(
-                response.starts_with("HTTP/1.1 403 Forbidden\r\n"),
+            // The reason is in the status line too (what pip, apt and `curl -v` show) and in
+            // the body, and the sandbox's refusals list it.
+            let status_line = response.lines().next().unwrap_or_default();
+            assert_eq!(
+                format!("{status_line}\n"),
+                format!("HTTP/1.1 403 Forbidden: {}", body(&response)),
                 "{response}"
             );
             assert_eq!(header(&response, "X-Crucible-Egress"), Some("denied"));
@@ -742,10 +772,14 @@ mod tests {
         let request = format!("CONNECT rebound.test:{port} HTTP/1.1\r\n\r\n");
         let response = exchange(&ctx, request.as_bytes()).await;
         assert!(
-            response.starts_with("HTTP/1.1 403 Forbidden\r\n"),
+            response.starts_with("HTTP/1.1 403 Forbidden: crucible egress: rebound.test:"),
             "{response}"
         );
         assert_eq!(header(&response, "X-Crucible-Egress"), Some("denied"));
+        let refused = ctx.counters.refused();
+        assert_eq!(refused.len(), 1, "{refused:?}");
+        assert_eq!(refused[0].destination, format!("rebound.test:{port}"));
+        assert_eq!(format!("{}\n", refused[0].reason), body(&response));
         assert_eq!(
             body(&response),
             format!(

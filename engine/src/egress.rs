@@ -7,7 +7,7 @@
 //! connections update ([`EgressCounters`]), shown in its info and the daemon's metrics.
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use tokio::net::UnixStream;
 
@@ -59,16 +59,34 @@ impl EgressProxy for NoEgress {
     }
 }
 
+/// How many distinct refused destinations a sandbox's egress keeps, with their reasons (the
+/// first ones refused; later new ones are counted in `denied` alone).
+pub const MAX_REFUSED_DESTINATIONS: usize = 32;
+/// Longest reason kept for a refused destination, in bytes (cut on a character boundary).
+pub const MAX_REFUSAL_REASON: usize = 512;
+
 /// Live counters for one sandbox's egress, shared by all its proxied connections; each count
 /// also goes to the daemon-wide counters it was made with, which never go down as sandboxes
-/// come and go.
+/// come and go. A sandbox's also keep which destinations were refused and why, bounded.
 #[derive(Debug, Default)]
 pub struct EgressCounters {
     connections: AtomicU64,
     denied: AtomicU64,
     bytes_out: AtomicU64,
     bytes_in: AtomicU64,
+    refused: Mutex<Vec<RefusedDestination>>,
     daemon: Option<std::sync::Arc<EgressCounters>>,
+}
+
+/// A destination the sandbox's egress refused, with the latest reason and how often.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RefusedDestination {
+    /// `host:port` as the sandbox asked for it.
+    pub destination: String,
+    /// Why, as the sandbox's client was told.
+    pub reason: String,
+    /// How many connections to it were refused.
+    pub count: u64,
 }
 
 /// A reading of [`EgressCounters`].
@@ -117,6 +135,34 @@ impl EgressCounters {
         }
     }
 
+    /// Counts a refused connection to `destination` and keeps why (see
+    /// [`MAX_REFUSED_DESTINATIONS`]).
+    pub fn add_refusal(&self, destination: &str, reason: &str) {
+        self.add_denied();
+        let reason = cut(reason, MAX_REFUSAL_REASON);
+        let mut refused = self.refused.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(known) = refused.iter_mut().find(|r| r.destination == destination) {
+            known.count += 1;
+            if known.reason != reason {
+                known.reason = reason.to_string();
+            }
+        } else if refused.len() < MAX_REFUSED_DESTINATIONS {
+            refused.push(RefusedDestination {
+                destination: cut(destination, MAX_REFUSAL_REASON).to_string(),
+                reason: reason.to_string(),
+                count: 1,
+            });
+        }
+    }
+
+    /// The destinations refused so far, in the order first refused.
+    pub fn refused(&self) -> Vec<RefusedDestination> {
+        self.refused
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
     pub fn add_bytes_out(&self, n: u64) {
         self.bytes_out.fetch_add(n, Ordering::Relaxed);
         if let Some(daemon) = &self.daemon {
@@ -129,5 +175,48 @@ impl EgressCounters {
         if let Some(daemon) = &self.daemon {
             daemon.add_bytes_in(n);
         }
+    }
+}
+
+/// `text` cut to at most `max` bytes, on a character boundary.
+fn cut(text: &str, max: usize) -> &str {
+    if text.len() <= max {
+        return text;
+    }
+    let mut end = max;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    &text[..end]
+}
+
+#[cfg(test)]
+mod refusal_tests {
+    use super::*;
+
+    #[test]
+    fn refused_destinations_are_kept_once_each_counted_and_bounded() {
+        let daemon = Arc::new(EgressCounters::default());
+        let sandbox = EgressCounters::for_sandbox(daemon.clone());
+        sandbox.add_refusal("a.test:443", "a.test:443 is not allowed");
+        sandbox.add_refusal("a.test:443", "a.test:443 is not allowed");
+        for i in 0..100 {
+            sandbox.add_refusal(&format!("h{i}.test:80"), &"é".repeat(400));
+        }
+        let refused = sandbox.refused();
+        assert_eq!(refused.len(), MAX_REFUSED_DESTINATIONS);
+        assert_eq!(refused[0].destination, "a.test:443");
+        assert_eq!(refused[0].count, 2);
+        assert_eq!(
+            refused[1].reason.len(),
+            MAX_REFUSAL_REASON,
+            "cut on a boundary"
+        );
+        assert_eq!(sandbox.snapshot().denied, 102, "every refusal is counted");
+        assert_eq!(daemon.snapshot().denied, 102);
+        assert!(
+            daemon.refused().is_empty(),
+            "the daemon's counters keep no list"
+        );
     }
 }

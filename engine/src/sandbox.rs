@@ -254,6 +254,16 @@ impl SandboxNetwork {
             denied: stats.denied,
             bytes_out: stats.bytes_out,
             bytes_in: stats.bytes_in,
+            refused: self
+                .counters
+                .refused()
+                .into_iter()
+                .map(|r| api_types::EgressRefusal {
+                    destination: r.destination,
+                    reason: r.reason,
+                    count: r.count,
+                })
+                .collect(),
         }
     }
 }

@@ -158,7 +158,11 @@ async fn an_allowed_host_port_is_fetched_over_http_and_connect_byte_for_byte_and
         "wget -S -O- http://denied.example.com/ 2>&1; echo exit=$?",
     )
     .await;
-    assert!(out.contains("403"), "{out}");
+    // The reason is in the status line, which is what wget -S, curl -v, pip and apt show.
+    assert!(
+        out.contains("403 Forbidden: crucible egress: denied.example.com:80 is not allowed"),
+        "{out}"
+    );
     assert!(!out.contains("exit=0"), "{out}");
     let (body, _, _) = sh(
         &c,
@@ -193,6 +197,25 @@ async fn an_allowed_host_port_is_fetched_over_http_and_connect_byte_for_byte_and
     assert_eq!(network.proxy, "http://127.0.0.1:3128");
     assert_eq!(network.connections, 2, "{network:?}");
     assert!(network.denied >= 3, "{network:?}");
+    // Each refused destination once, with how often and why, as the sandbox was told.
+    let refused = |destination: &str| {
+        network
+            .refused
+            .iter()
+            .find(|r| r.destination == destination)
+            .unwrap_or_else(|| panic!("{destination} not in {:?}", network.refused))
+    };
+    let denied = refused("denied.example.com:80");
+    assert_eq!(denied.count, 2, "{denied:?}");
+    assert!(
+        denied
+            .reason
+            .starts_with("crucible egress: denied.example.com:80 is not allowed"),
+        "{denied:?}"
+    );
+    let loopback = refused(&format!("localhost:{}", never.port));
+    assert!(loopback.reason.contains("loopback"), "{loopback:?}");
+    assert_eq!(network.refused.len(), 2, "{:?}", network.refused);
     assert!(network.bytes_in >= 2 * data.len() as u64, "{network:?}");
     assert!(network.bytes_out > 0, "{network:?}");
     let metrics = c.metrics().await.expect("metrics");

@@ -135,6 +135,18 @@ async fn run_in_sandbox(global: &Global, client: &client::Client, args: &Args) -
             Err(e) => warn(&e),
         }
     }
+    if sandbox.network.is_some() {
+        match client.get(&sandbox.id).await {
+            Ok(info) => {
+                let refused = info.network.map(|n| n.refused).unwrap_or_default();
+                eprint!("{}", output::egress_refusals(&refused));
+            }
+            Err(e) => eprintln!(
+                "crucible: warning: reading the sandbox's egress refusals: {}",
+                output::chain(&e)
+            ),
+        }
+    }
     let id = output::escape(&sandbox.id);
     if args.keep {
         eprintln!("crucible: kept sandbox {id}");

@@ -614,6 +614,35 @@ class CreateSandbox:
 
 
 @dataclass
+class EgressRefusal:
+    """A destination a sandbox's egress refused."""
+
+    #: How many connections to it were refused.
+    count: int
+
+    #: `host:port`, as the sandbox asked for it.
+    destination: str
+
+    #: Why it was refused, as the sandbox's client was told (at most 512 bytes).
+    reason: str
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> EgressRefusal:
+        return cls(
+            count=data['count'],
+            destination=data['destination'],
+            reason=data['reason'],
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        out['count'] = self.count
+        out['destination'] = self.destination
+        out['reason'] = self.reason
+        return out
+
+
+@dataclass
 class ErrorBody:
     """The JSON body of every 4xx/5xx the daemon sends."""
 
@@ -1239,6 +1268,10 @@ class NetworkInfo:
     #: The proxy URL set as `HTTP_PROXY`/`HTTPS_PROXY` inside.
     proxy: str
 
+    #: The destinations refused, each with the reason its client was given (the first 32
+    #: destinations; `denied` counts every refusal).
+    refused: list[EgressRefusal] = field(default_factory=list)
+
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> NetworkInfo:
         return cls(
@@ -1248,6 +1281,7 @@ class NetworkInfo:
             connections=data['connections'],
             denied=data['denied'],
             proxy=data['proxy'],
+            refused=[EgressRefusal.from_dict(x) for x in data.get('refused', [])],
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -1258,6 +1292,8 @@ class NetworkInfo:
         out['connections'] = self.connections
         out['denied'] = self.denied
         out['proxy'] = self.proxy
+        if self.refused:
+            out['refused'] = [x.to_dict() for x in self.refused]
         return out
 
 
@@ -1940,6 +1976,7 @@ __all__ = [
     'ContainerState',
     'CpuStats',
     'CreateSandbox',
+    'EgressRefusal',
     'ErrorBody',
     'ExecList',
     'ExecRequest',

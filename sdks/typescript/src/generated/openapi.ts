@@ -2465,6 +2465,18 @@ export interface components {
              */
             volumes?: components["schemas"]["VolumeMount"][];
         };
+        /** @description A destination a sandbox's egress refused. */
+        EgressRefusal: {
+            /**
+             * Format: uint64
+             * @description How many connections to it were refused.
+             */
+            count: number;
+            /** @description `host:port`, as the sandbox asked for it. */
+            destination: string;
+            /** @description Why it was refused, as the sandbox's client was told (at most 512 bytes). */
+            reason: string;
+        };
         /** @description The JSON body of every 4xx/5xx the daemon sends. */
         ErrorBody: {
             /** @description A stable machine-readable code (`"not_found"`, `"invalid_request"`, `"unauthorized"`, …). */
@@ -2864,6 +2876,12 @@ export interface components {
             denied: number;
             /** @description The proxy URL set as `HTTP_PROXY`/`HTTPS_PROXY` inside. */
             proxy: string;
+            /**
+             * @description The destinations refused, each with the reason its client was given (the first 32
+             *     destinations; `denied` counts every refusal).
+             * @default []
+             */
+            refused?: components["schemas"]["EgressRefusal"][];
         };
         /** @description `"network"` in a create request. */
         NetworkRequest: {
