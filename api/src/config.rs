@@ -48,6 +48,9 @@ pub struct ServeConfig {
     /// The operator's egress allowlist (`--egress-allow`): what sandboxes may ask to reach,
     /// enforced by the egress proxy (`egress::Proxy`). Empty: no sandbox gets network.
     pub egress_allow: Vec<String>,
+    /// What resolves the names sandboxes connect to (behind the proxy's cache); `None`: the
+    /// host's `getaddrinfo`. The benchmark gives a slow one.
+    pub egress_resolver: Option<std::sync::Arc<dyn egress::Resolve>>,
 }
 
 /// The daemon's default socket: `<state dir>/crucible.sock`.
@@ -67,6 +70,7 @@ impl ServeConfig {
             first_message_timeout: DEFAULT_FIRST_MESSAGE_TIMEOUT,
             max_connections: None,
             egress_allow: Vec::new(),
+            egress_resolver: None,
         }
     }
 }

@@ -126,7 +126,10 @@ impl Server {
             settings.uid_base,
             settings.limits.max_sandboxes,
         )?;
-        let egress = egress::Proxy::new(&config.egress_allow)?;
+        let egress = match &config.egress_resolver {
+            Some(resolver) => egress::Proxy::with_resolver(&config.egress_allow, resolver.clone())?,
+            None => egress::Proxy::new(&config.egress_allow)?,
+        };
         // Checked before anything is bound or cleaned, like every other setting.
         engine::state::pool_shapes(settings, &backends)?;
         if let Some(addr) = config.tcp {

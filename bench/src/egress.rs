@@ -7,6 +7,7 @@
 //! rules. Not gated: see [`rows`].
 
 use std::fmt::Display;
+use std::net::SocketAddr;
 use std::path::Path;
 use std::time::Duration;
 
@@ -39,6 +40,7 @@ pub(crate) fn rows() -> Vec<Row> {
         ("egress_connect", Some("floor_direct_tcp")),
         ("egress_request", Some("floor_direct_request")),
         ("egress_added_latency", None),
+        ("egress_named_request", Some("floor_direct_named_request")),
     ]
     .into_iter()
     .map(|(metric, direct)| Row {
@@ -119,6 +121,60 @@ impl Workload {
             },
         }
     }
+
+    /// The same requests, the proxied ones for a name the daemon's resolver answers slowly
+    /// (a package registry's): each is a new connection through the proxy, which looks the
+    /// name up once and keeps its answer. The host side connects to the address, as a client
+    /// that resolved once (npm's own lookup cache) does.
+    fn named_requests(port: impl Display, requests: usize) -> Self {
+        let each = |host: &str| {
+            format!(
+                "set -e; wget -q -O /dev/null $(for i in $(seq {requests}); do \
+                 printf 'http://{host}:{port}/one '; done)"
+            )
+        };
+        Workload {
+            direct: each("127.0.0.1"),
+            proxied: each(REGISTRY_NAME),
+            expect: Served {
+                responses: requests as u64,
+                body_bytes: requests as u64,
+            },
+        }
+    }
+}
+
+/// The name the named-request workload asks for, which only [`SlowResolver`] knows.
+const REGISTRY_NAME: &str = "registry.bench";
+/// How long [`SlowResolver`] takes to answer: a resolver a few hops away, or one that is
+/// busy (the host's took 5 s for a third of npm's parallel lookups when this was measured).
+const SLOW_LOOKUP: Duration = Duration::from_millis(20);
+
+/// The daemon's resolver in this benchmark: [`REGISTRY_NAME`] is the host's 127.0.0.1, after
+/// [`SLOW_LOOKUP`]; every other name does not exist.
+#[derive(Debug)]
+struct SlowResolver;
+
+impl ::egress::Resolve for SlowResolver {
+    fn resolve<'a>(
+        &'a self,
+        host: &'a str,
+        port: u16,
+    ) -> std::pin::Pin<
+        Box<dyn std::future::Future<Output = std::io::Result<Vec<SocketAddr>>> + Send + 'a>,
+    > {
+        Box::pin(async move {
+            tokio::time::sleep(SLOW_LOOKUP).await;
+            if host == REGISTRY_NAME {
+                Ok(vec![SocketAddr::from(([127, 0, 0, 1], port))])
+            } else {
+                Err(std::io::Error::new(
+                    std::io::ErrorKind::NotFound,
+                    format!("{host}: no such name"),
+                ))
+            }
+        })
+    }
 }
 
 /// The sandbox's egress counters.
@@ -192,13 +248,18 @@ async fn run_pair(
 pub(crate) async fn measure(plan: &Plan, image: &Path) -> Result<Vec<Measurement>> {
     let server = BlobServer::start(plan.egress_blob_bytes)?;
     let target = format!("127.0.0.1:{}", server.port());
-    let d = InProcess::start_with(image, |c| c.egress_allow = vec![target.clone()])?;
+    let named = format!("{REGISTRY_NAME}:{}", server.port());
+    let d = InProcess::start_with(image, |c| {
+        // The address rule lets the name's answer (a loopback address) through.
+        c.egress_allow = vec![target.clone(), named.clone()];
+        c.egress_resolver = Some(std::sync::Arc::new(SlowResolver));
+    })?;
     let client = d.client();
     let info = client
         .create(&CreateSandbox {
             backend: Some(BackendKind::Namespace),
             network: Some(NetworkRequest {
-                allow: vec![target.clone()],
+                allow: vec![target.clone(), named.clone()],
             }),
             ..Default::default()
         })
@@ -222,8 +283,9 @@ pub(crate) async fn measure(plan: &Plan, image: &Path) -> Result<Vec<Measurement
         Workload::http(port, n, blob),
         Workload::tcp(port, n, blob),
         Workload::requests(port, k),
+        Workload::named_requests(port, k),
     ];
-    let mut times: [(Vec<f64>, Vec<f64>); 3] = Default::default();
+    let mut times: [(Vec<f64>, Vec<f64>); 4] = Default::default();
     for run in 0..=plan.runs {
         for (w, (direct, proxied)) in workloads.iter().zip(times.iter_mut()) {
             let (a, b) = run_pair(&client, &id, &host, &server, w).await?;
@@ -241,7 +303,8 @@ pub(crate) async fn measure(plan: &Plan, image: &Path) -> Result<Vec<Measurement
     client.delete(&id).await.context("delete")?;
     d.stop();
 
-    let [(http_direct, http_proxied), (tcp_direct, tcp_proxied), (req_direct, req_proxied)] = times;
+    let [(http_direct, http_proxied), (tcp_direct, tcp_proxied), (req_direct, req_proxied), (named_direct, named_proxied)] =
+        times;
     let bytes = n as u64 * blob;
     let rates = |ms: &[f64]| -> Vec<f64> { ms.iter().map(|t| gib_per_s(bytes, t / 1e3)).collect() };
     let per_request = |ms: &[f64]| -> Vec<f64> { ms.iter().map(|t| t / k as f64).collect() };
@@ -255,6 +318,7 @@ pub(crate) async fn measure(plan: &Plan, image: &Path) -> Result<Vec<Measurement
         Workload::http("PORT", n, blob),
         Workload::tcp("PORT", n, blob),
         Workload::requests("PORT", k),
+        Workload::named_requests("PORT", k),
     ];
     let timing = "timed from spawn to exit in whole milliseconds: on the host by this process, \
                   in the sandbox by the agent (`duration_ms` of the exit frame), so neither \
@@ -338,6 +402,38 @@ pub(crate) async fn measure(plan: &Plan, image: &Path) -> Result<Vec<Measurement
             "the two rows above paired run by run: (proxied − direct) / the requests. The \
              agent's handoff, the daemon's parse, policy check and connect, and the relay's \
              extra hop, plus whatever the sandbox adds to a connection's syscalls (seccomp)",
+        ),
+        Measurement::scalar(
+            "egress_named_request",
+            &format!(
+                "HTTP request for 1 byte through the egress proxy by a name its resolver \
+                 answers in {} ms, per request",
+                SLOW_LOOKUP.as_millis()
+            ),
+            "ours",
+            Unit::Ms,
+            &per_request(&named_proxied),
+            &format!(
+                "`{}` through `http_proxy`: a new connection per request, each for the name \
+                 `{REGISTRY_NAME}`, which the daemon's resolver answers with 127.0.0.1 after \
+                 {} ms (a package registry behind a slow resolver); the proxy looks it up once \
+                 and keeps the answer for 30 s, checking it against the sandbox's rules on each \
+                 connection; {in_sandbox} and its name",
+                shown[3].proxied,
+                SLOW_LOOKUP.as_millis()
+            ),
+        ),
+        Measurement::scalar(
+            "floor_direct_named_request",
+            "the same requests on the host, to the address (resolved once), per request",
+            "floor",
+            Unit::Ms,
+            &per_request(&named_direct),
+            &format!(
+                "`{}`: a client that resolved the name once and connects to its address, as \
+                 npm's own lookup cache does; the total over {k}, {on_host}",
+                shown[3].direct
+            ),
         ),
     ])
 }

@@ -8,12 +8,14 @@
 #![forbid(unsafe_code)]
 
 mod address;
+mod dns_cache;
 mod policy;
 mod proxy;
 mod request;
 mod rules;
 mod sink;
 
+pub use proxy::{Resolve, SystemResolver};
 pub use rules::RuleError;
 pub use sink::MAX_CONNECTIONS_PER_SANDBOX;
 
@@ -21,8 +23,9 @@ use std::sync::Arc;
 
 use engine::egress::{EgressPlan, EgressRefused};
 
+use dns_cache::CachingResolver;
 use policy::{EgressPolicy, PolicyError};
-use proxy::{EgressContext, SystemResolver};
+use proxy::EgressContext;
 use rules::Allowlist;
 use sink::sink;
 
@@ -31,13 +34,25 @@ use sink::sink;
 #[derive(Debug, Clone)]
 pub struct Proxy {
     operator: Allowlist,
+    /// The host's resolver behind the daemon's cache of answers, shared by every sandbox.
+    resolver: Arc<CachingResolver>,
 }
 
 impl Proxy {
     /// The proxy for the operator's rules (`--egress-allow`); an empty list allows nothing.
+    /// Names are resolved by the host's `getaddrinfo`, behind the daemon's cache.
     pub fn new(operator_rules: &[String]) -> Result<Self, RuleError> {
+        Self::with_resolver(operator_rules, Arc::new(SystemResolver))
+    }
+
+    /// The same with names resolved by `resolver` (behind the same cache).
+    pub fn with_resolver(
+        operator_rules: &[String],
+        resolver: Arc<dyn Resolve>,
+    ) -> Result<Self, RuleError> {
         Ok(Proxy {
             operator: Allowlist::parse(operator_rules)?,
+            resolver: Arc::new(CachingResolver::new(resolver)),
         })
     }
 }
@@ -51,12 +66,13 @@ impl engine::egress::EgressProxy for Proxy {
             e => EgressRefused::Forbidden(e.to_string()),
         })?;
         let policy = Arc::new(policy);
+        let resolver = self.resolver.clone();
         Ok(Box::new(move |sandbox_id, counters| {
             let context = Arc::new(EgressContext {
                 sandbox_id: sandbox_id.to_string(),
                 policy,
                 counters,
-                resolver: Arc::new(SystemResolver),
+                resolver,
             });
             sink(context, MAX_CONNECTIONS_PER_SANDBOX)
         }))

@@ -35,8 +35,11 @@ pub(crate) const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// Relay buffer per direction.
 const RELAY_BUFFER: usize = 64 * 1024;
 
-/// Resolves a host name to the addresses to try, in order.
-pub(crate) trait Resolve: Send + Sync {
+/// Resolves a host name to the addresses to try, in order. The daemon's is the host's
+/// `getaddrinfo` behind a cache of answers; a benchmark or an embedder may give another
+/// ([`crate::Proxy::with_resolver`]).
+pub trait Resolve: Send + Sync + fmt::Debug {
+    /// The addresses of `host`, each with `port`.
     fn resolve<'a>(
         &'a self,
         host: &'a str,
@@ -46,7 +49,7 @@ pub(crate) trait Resolve: Send + Sync {
 
 /// The host's resolver (`getaddrinfo` through `tokio::net::lookup_host`).
 #[derive(Debug, Clone, Copy, Default)]
-pub(crate) struct SystemResolver;
+pub struct SystemResolver;
 
 impl Resolve for SystemResolver {
     fn resolve<'a>(
@@ -431,7 +434,7 @@ mod tests {
     use engine::egress::EgressStats;
 
     /// A resolver with a fixed table that records every name it was asked for.
-    #[derive(Default)]
+    #[derive(Debug, Default)]
     struct FakeResolver {
         table: HashMap<String, Vec<IpAddr>>,
         asked: Mutex<Vec<String>>,
