@@ -358,6 +358,25 @@ fn run_ends_with_the_destinations_its_egress_refused_and_why() {
 }
 
 #[test]
+fn json_run_keep_reports_the_kept_sandbox() {
+    let daemon = TestDaemon::start();
+    let out = run(crucible(&daemon).args(["--json", "run", "--keep", "--", "sh", "-c", "exit 2"]));
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
+    let shown: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    assert_eq!(shown["exit_code"], 2, "{shown}");
+    let id = shown["sandbox"]
+        .as_str()
+        .expect("the kept sandbox's id")
+        .to_string();
+    let kept = run(crucible(&daemon).args(["--json", "sandbox", "get", &id]));
+    assert!(kept.status.success(), "kept: {}", text(&kept.stderr));
+    // Without --keep the result is as before: nothing names a sandbox that is gone.
+    let out = run(crucible(&daemon).args(["--json", "run", "--", "true"]));
+    let shown: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    assert!(shown.get("sandbox").is_none(), "{shown}");
+}
+
+#[test]
 fn a_daemon_logging_to_a_file_writes_no_colour_codes() {
     let dir = tempfile::tempdir().expect("tempdir");
     let socket = dir.path().join("crucible.sock");

@@ -23,7 +23,8 @@ pub(crate) struct Args {
     pub cmd_env: Vec<(String, String)>,
     #[command(flatten)]
     pub options: super::exec::CommandOptions,
-    /// Keep the sandbox (print its id) instead of deleting it.
+    /// Keep the sandbox instead of deleting it: its id is printed on stderr, and with --json
+    /// is the result's `sandbox` field.
     #[arg(long)]
     pub keep: bool,
     /// Before the sandbox is deleted, write each service's log (see --service) to
@@ -167,7 +168,14 @@ async fn run_in_sandbox(global: &Global, client: &client::Client, args: &Args) -
     if args.options.stats {
         eprint!("{}", output::stats_table(&result));
     }
-    if global.json {
+    if global.json && args.keep {
+        // The kept sandbox's id with the result: a script that asked to keep it needs it.
+        let mut shown = serde_json::to_value(&result)?;
+        if let Some(fields) = shown.as_object_mut() {
+            fields.insert("sandbox".into(), sandbox.id.clone().into());
+        }
+        output::print_json(&shown)?;
+    } else if global.json {
         output::print_json(&result)?;
     }
     if !result.error.is_empty() {
