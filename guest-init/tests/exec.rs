@@ -168,12 +168,7 @@ fn timeout_kills_the_whole_process_group() {
 #[test]
 fn interactive_stdin_reaches_the_command_and_close_ends_it() {
     let agent = Agent::start();
-    let mut s = agent.send(&AgentRequest::Exec {
-        tail_bytes: None,
-        request: ExecRequest::new(["cat"]),
-        interactive: true,
-        user: None,
-    });
+    let mut s = agent.interactive(ExecRequest::new(["cat"]));
     write_frame(&mut s, FrameType::Stdin, b"hello\n");
     write_frame(&mut s, FrameType::Stdin, b"world\n");
     write_frame(&mut s, FrameType::StdinClose, b"");
@@ -182,12 +177,7 @@ fn interactive_stdin_reaches_the_command_and_close_ends_it() {
     assert_eq!(out.result.exit_code, 0);
 
     // State persists across lines of one shell.
-    let mut s = agent.send(&AgentRequest::Exec {
-        tail_bytes: None,
-        request: ExecRequest::new(["sh"]),
-        interactive: true,
-        user: None,
-    });
+    let mut s = agent.interactive(ExecRequest::new(["sh"]));
     write_frame(&mut s, FrameType::Stdin, b"cd /tmp\n");
     write_frame(&mut s, FrameType::Stdin, b"pwd\n");
     write_frame(&mut s, FrameType::StdinClose, b"");
@@ -199,12 +189,7 @@ fn interactive_stdin_reaches_the_command_and_close_ends_it() {
 #[test]
 fn interactive_large_input_round_trips_with_backpressure() {
     let agent = Agent::start();
-    let s = agent.send(&AgentRequest::Exec {
-        tail_bytes: None,
-        request: ExecRequest::new(["cat"]),
-        interactive: true,
-        user: None,
-    });
+    let s = agent.interactive(ExecRequest::new(["cat"]));
     let mut writer = s.try_clone().expect("clone");
     let data: Vec<u8> = (0..8 * 1024 * 1024u32).map(|i| (i % 251) as u8).collect();
     let sent = data.clone();
@@ -452,12 +437,7 @@ fn host_disconnect_kills_the_command() {
         "command {pid} survived the disconnect"
     );
     // Interactive sessions too.
-    let mut s = agent.send(&AgentRequest::Exec {
-        tail_bytes: None,
-        request: sh("echo $$; exec cat"),
-        interactive: true,
-        user: None,
-    });
+    let mut s = agent.interactive(sh("echo $$; exec cat"));
     let mut reader = wire::FrameReader::new(&mut s, wire::Direction::GuestToHost);
     let frame = reader.read_frame().expect("frame").expect("first frame");
     let pid: u32 = String::from_utf8_lossy(frame.payload)
@@ -545,12 +525,7 @@ fn garbage_first_message_gets_an_error_reply() {
 #[test]
 fn interactive_half_close_ends_stdin_after_the_frames_already_sent() {
     let agent = Agent::start();
-    let mut s = agent.send(&AgentRequest::Exec {
-        tail_bytes: None,
-        request: ExecRequest::new(["cat"]),
-        interactive: true,
-        user: None,
-    });
+    let mut s = agent.interactive(ExecRequest::new(["cat"]));
     write_frame(&mut s, FrameType::Stdin, b"one\n");
     write_frame(&mut s, FrameType::Stdin, b"two\n");
     s.shutdown(std::net::Shutdown::Write).expect("half-close");
@@ -562,12 +537,7 @@ fn interactive_half_close_ends_stdin_after_the_frames_already_sent() {
 #[test]
 fn invalid_stdin_frames_kill_the_command_with_an_error() {
     let agent = Agent::start();
-    let mut s = agent.send(&AgentRequest::Exec {
-        tail_bytes: None,
-        request: ExecRequest::new(["cat"]),
-        interactive: true,
-        user: None,
-    });
+    let mut s = agent.interactive(ExecRequest::new(["cat"]));
     // A guest-to-host frame type is not valid input.
     write_frame(&mut s, FrameType::Stdout, b"nope");
     let out = read_output(s);
@@ -662,14 +632,7 @@ fn hundreds_of_sessions_at_once_do_not_run_the_agent_out_of_descriptors() {
     // than the 1,024 it was started with.
     let agent = agent_with_1024_files();
     let sessions: Vec<_> = (0..300)
-        .map(|_| {
-            agent.send(&AgentRequest::Exec {
-                tail_bytes: None,
-                request: ExecRequest::new(["cat"]),
-                interactive: true,
-                user: None,
-            })
-        })
+        .map(|_| agent.interactive(ExecRequest::new(["cat"])))
         .collect();
     for (i, mut s) in sessions.into_iter().enumerate() {
         let line = format!("session {i}\n");

@@ -177,6 +177,16 @@ impl Agent {
         UnixStream::connect(&self.sock).expect("connect to agent")
     }
 
+    /// Starts `request` as an interactive session (stdin frames accepted).
+    pub(crate) fn interactive(&self, request: ExecRequest) -> UnixStream {
+        self.send(&AgentRequest::Exec {
+            tail_bytes: None,
+            request,
+            interactive: true,
+            user: None,
+        })
+    }
+
     /// Opens a connection and sends `req` as its first message.
     pub(crate) fn send(&self, req: &AgentRequest) -> UnixStream {
         let mut s = self.connect();
