@@ -5,7 +5,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use axum::body::Body;
-use axum::http::{header, StatusCode};
+use axum::http::{header, HeaderName, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use futures_util::StreamExt;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -154,8 +154,12 @@ pub(crate) async fn get(
     let reply: AgentReply = wire::read_message_async(&mut agent)
         .await
         .map_err(|e| ApiError::agent(report::chain(&AgentError::Reply(e))))?;
-    let size = match reply {
-        AgentReply::File { size } => size,
+    let (size, mode, modified) = match reply {
+        AgentReply::File {
+            size,
+            mode,
+            modified,
+        } => (size, mode, modified),
         AgentReply::Error(body) => return Err(agent_error(body)),
         other => return Err(ApiError::agent(format!("unexpected agent reply {other:?}"))),
     };
@@ -168,12 +172,27 @@ pub(crate) async fn get(
         let _busy = &guard;
         chunk
     });
-    Ok((
+    let mut response = (
         [
             (header::CONTENT_TYPE, "application/octet-stream".to_string()),
             (header::CONTENT_LENGTH, size.to_string()),
         ],
         Body::from_stream(stream),
     )
-        .into_response())
+        .into_response();
+    let headers = response.headers_mut();
+    if let Some(mode) =
+        mode.and_then(|m| HeaderValue::from_str(&format!("{:04o}", m & 0o7777)).ok())
+    {
+        headers.insert(HeaderName::from_static("x-crucible-mode"), mode);
+    }
+    // `curl -R` (and any HTTP client that keeps remote times) sets the file's time from it.
+    if let Some(modified) = modified
+        .and_then(|s| u64::try_from(s).ok())
+        .map(|s| httpdate::fmt_http_date(std::time::UNIX_EPOCH + std::time::Duration::from_secs(s)))
+        .and_then(|date| HeaderValue::from_str(&date).ok())
+    {
+        headers.insert(header::LAST_MODIFIED, modified);
+    }
+    Ok(response)
 }

@@ -740,7 +740,12 @@ pub(crate) fn document() -> Value {
                         ("404", "No such sandbox (or it is another key's), or no such file."),
                         ("409", "The sandbox is not running."),
                         ("502", "The sandbox's agent failed."),
-                    ]), json!({ "200": { "description": "The file's bytes.", "content": {
+                    ]), json!({ "200": { "description": "The file's bytes.",
+                        "headers": {
+                            "X-Crucible-Mode": { "description": "The file's permission bits, in octal (`0755`).", "schema": { "type": "string" } },
+                            "Last-Modified": { "description": "When the file was last modified.", "schema": { "type": "string" } }
+                        },
+                        "content": {
                         "application/octet-stream": { "schema": { "type": "string", "format": "binary" } } } } }))
                 }
             }

@@ -292,6 +292,55 @@ fn cp_round_trips_a_directory_tree_byte_for_byte() {
 }
 
 #[test]
+fn cp_down_keeps_the_files_mode_and_time_but_never_setuid() {
+    use std::os::unix::fs::PermissionsExt;
+    let daemon = TestDaemon::start();
+    let id = sandbox(&daemon);
+    let made = run(crucible(&daemon).args([
+        "sandbox",
+        "exec",
+        &id,
+        "--",
+        "sh",
+        "-c",
+        "printf '#!/bin/sh\\necho hi\\n' > /tmp/tool && chmod 0750 /tmp/tool && \
+         touch -d '2020-01-02 03:04:05' /tmp/tool && \
+         cp -p /tmp/tool /tmp/planted && chmod 6755 /tmp/planted && stat -c %a /tmp/planted",
+    ]));
+    assert!(made.status.success(), "{}", text(&made.stderr));
+    assert_eq!(
+        text(&made.stdout),
+        "6755\n",
+        "setuid and setgid in the sandbox"
+    );
+    let local = tempfile::tempdir().expect("tempdir");
+    for (file, want) in [("tool", 0o750), ("planted", 0o755)] {
+        let dest = local.path().join(file);
+        let out = run(crucible(&daemon).args([
+            "cp",
+            &format!("{id}:/tmp/{file}"),
+            dest.to_str().expect("utf8"),
+        ]));
+        assert!(out.status.success(), "{file}: {}", text(&out.stderr));
+        let meta = std::fs::metadata(&dest).expect("downloaded");
+        assert_eq!(
+            meta.permissions().mode() & 0o7777,
+            want,
+            "{file}: mode {:o}",
+            meta.permissions().mode()
+        );
+        let modified = meta
+            .modified()
+            .expect("mtime")
+            .duration_since(std::time::UNIX_EPOCH)
+            .expect("after the epoch")
+            .as_secs();
+        // 2020-01-02 03:04:05 in the sandbox's zone (UTC: it has no /etc/localtime).
+        assert_eq!(modified, 1_577_934_245, "{file}: time kept");
+    }
+}
+
+#[test]
 fn completions_and_man_page_are_generated() {
     let out = run(Command::new(env!("CARGO_BIN_EXE_crucible")).args(["completions", "bash"]));
     assert!(out.status.success());

@@ -42,6 +42,17 @@ pub struct Client {
     api_key: Option<String>,
 }
 
+/// A downloaded file: how many bytes, and what the daemon said of it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Download {
+    /// The bytes written.
+    pub bytes: u64,
+    /// Its permission bits in the sandbox (`st_mode & 0o7777`), when the daemon says.
+    pub mode: Option<u32>,
+    /// Its modification time in the sandbox, when the daemon says.
+    pub modified: Option<std::time::SystemTime>,
+}
+
 impl Client {
     /// A client of the daemon at `endpoint`, without an API key.
     pub fn new(endpoint: Endpoint) -> Self {
@@ -623,17 +634,36 @@ impl Client {
     where
         W: AsyncWrite + Unpin,
     {
+        Ok(self.download_file(id, path, out).await?.bytes)
+    }
+
+    /// [`Client::get_file`], with what the daemon says of the file: its permission bits
+    /// (`X-Crucible-Mode`) and modification time (`Last-Modified`).
+    pub async fn download_file<W>(
+        &self,
+        id: &str,
+        path: &str,
+        out: &mut W,
+    ) -> Result<Download, ClientError>
+    where
+        W: AsyncWrite + Unpin,
+    {
         let uri = format!(
             "/sandboxes/{}/files?path={}",
             path_segment(id),
             query_value(path)
         );
         let response = self.send(self.empty(Method::GET, &uri)?).await?;
-        let expected = response
-            .headers()
-            .get(hyper::header::CONTENT_LENGTH)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.parse::<u64>().ok());
+        let header = |name: &str| {
+            response
+                .headers()
+                .get(name)
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_string)
+        };
+        let expected = header("content-length").and_then(|v| v.parse::<u64>().ok());
+        let mode = header("x-crucible-mode").and_then(|v| u32::from_str_radix(&v, 8).ok());
+        let modified = header("last-modified").and_then(|v| httpdate::parse_http_date(&v).ok());
         let mut body = response.into_body();
         let mut written = 0u64;
         while let Some(frame) = body.frame().await {
@@ -654,7 +684,11 @@ impl Client {
                 )));
             }
         }
-        Ok(written)
+        Ok(Download {
+            bytes: written,
+            mode,
+            modified,
+        })
     }
 }
 

@@ -16,7 +16,7 @@ use std::fs::{self, File, OpenOptions};
 use std::io::{self, Read, Write};
 use std::os::fd::AsFd;
 use std::os::unix::ffi::OsStrExt;
-use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Component, Path, PathBuf};
 
 use wire::{ErrorBody, FilesPutResult, RefusedEntry};
@@ -373,9 +373,20 @@ fn create_dir(path: &Path) -> Result<(), Extract> {
         .map_err(|e| FilesError::io(format!("creating {}", path.display()), e).into())
 }
 
-/// An opened file ready to send.
+/// An opened file ready to send, with its permission bits and modification time.
 #[derive(Debug)]
-pub enum Outgoing {
+pub struct Outgoing {
+    /// Its bytes.
+    pub content: Content,
+    /// `st_mode & 0o7777`.
+    pub mode: u32,
+    /// `st_mtime`.
+    pub modified: i64,
+}
+
+/// Where an outgoing file's bytes come from.
+#[derive(Debug)]
+pub enum Content {
     /// A regular file of known size, streamed from disk.
     File(File, u64),
     /// A size-less file (procfs, sysfs), read into memory.
@@ -385,17 +396,17 @@ pub enum Outgoing {
 impl Outgoing {
     /// The size announced to the host.
     pub fn size(&self) -> u64 {
-        match self {
-            Outgoing::File(_, n) => *n,
-            Outgoing::Buffered(b) => b.len() as u64,
+        match &self.content {
+            Content::File(_, n) => *n,
+            Content::Buffered(b) => b.len() as u64,
         }
     }
 
     /// Writes exactly [`size`](Self::size) bytes, or fails (the host then sees a short stream).
     pub fn send<W: Write + AsFd>(self, out: &mut W) -> io::Result<()> {
-        match self {
-            Outgoing::Buffered(b) => out.write_all(&b),
-            Outgoing::File(f, n) => {
+        match self.content {
+            Content::Buffered(b) => out.write_all(&b),
+            Content::File(f, n) => {
                 let sent = send_file(&f, out, n)?;
                 if sent < n {
                     return Err(io::Error::new(
@@ -486,14 +497,23 @@ pub fn open_for_get(path: &str) -> Result<Outgoing, FilesError> {
     if !meta.is_file() {
         return Err(FilesError::Invalid(format!("{path} is not a regular file")));
     }
+    let (mode, modified) = (meta.mode() & 0o7777, meta.mtime());
     if meta.len() > 0 {
-        return Ok(Outgoing::File(file, meta.len()));
+        return Ok(Outgoing {
+            content: Content::File(file, meta.len()),
+            mode,
+            modified,
+        });
     }
     let mut buf = Vec::new();
     file.take(MAX_UNSIZED_FILE)
         .read_to_end(&mut buf)
         .map_err(|e| FilesError::io(format!("reading {path}"), e))?;
-    Ok(Outgoing::Buffered(buf))
+    Ok(Outgoing {
+        content: Content::Buffered(buf),
+        mode,
+        modified,
+    })
 }
 
 #[cfg(test)]

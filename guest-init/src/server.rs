@@ -537,7 +537,11 @@ pub fn handle(mut conn: UnixStream, agent: &Agent) {
         AgentRequest::GetFile { path } => {
             let reply = match files::open_for_get(&path) {
                 Ok(out) => {
-                    let header = AgentReply::File { size: out.size() };
+                    let header = AgentReply::File {
+                        size: out.size(),
+                        mode: Some(out.mode),
+                        modified: Some(out.modified),
+                    };
                     if wire::write_message(&mut conn, &header).is_ok() {
                         if let Err(e) = out.send(&mut conn) {
                             log::debug(format_args!("get_file {path}: {e}"));

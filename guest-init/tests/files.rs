@@ -312,7 +312,7 @@ fn put_files_reports_bad_destinations() {
 fn get(agent: &Agent, path: &str) -> Result<Vec<u8>, Box<AgentReply>> {
     let mut s = agent.send(&AgentRequest::GetFile { path: path.into() });
     match wire::read_message(&mut s).expect("reply") {
-        AgentReply::File { size } => {
+        AgentReply::File { size, .. } => {
             let mut data = Vec::new();
             s.read_to_end(&mut data).expect("file bytes");
             assert_eq!(data.len() as u64, size, "exactly size bytes follow");

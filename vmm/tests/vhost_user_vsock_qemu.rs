@@ -327,7 +327,7 @@ fn get_file(uds: &Path, path: &str) -> Vec<u8> {
     let request = AgentRequest::GetFile { path: path.into() };
     wire::write_message(&mut stream, &request).unwrap();
     let size = match wire::read_message(&mut stream).unwrap() {
-        AgentReply::File { size } => size,
+        AgentReply::File { size, .. } => size,
         other => panic!("get_file {path}: {other:?}"),
     };
     let mut content = vec![0u8; usize::try_from(size).unwrap()];
@@ -443,7 +443,7 @@ fn get_file_when_all_open(
         let request = AgentRequest::GetFile { path: path.into() };
         wire::write_message(&mut stream, &request).map_err(|e| format!("get_file: {e}"))?;
         match wire::read_message(&mut stream) {
-            Ok(AgentReply::File { size }) if size == content.len() as u64 => Ok(stream),
+            Ok(AgentReply::File { size, .. }) if size == content.len() as u64 => Ok(stream),
             other => Err(format!("get_file answered {other:?}")),
         }
     });

@@ -215,6 +215,13 @@ pub enum AgentReply {
     File {
         /// The file's length in bytes.
         size: u64,
+        /// Its permission bits (`st_mode & 0o7777`); absent from an older agent.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        mode: Option<u32>,
+        /// When it was last modified, in seconds since the Unix epoch; absent from an older
+        /// agent.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        modified: Option<i64>,
     },
     /// The answer to `ping`.
     Pong(Hello),
@@ -328,7 +335,12 @@ mod tests {
 
     #[test]
     fn replies_are_tagged_by_reply() {
-        let json = serde_json::to_string(&AgentReply::File { size: 3 }).expect("serializes");
+        let json = serde_json::to_string(&AgentReply::File {
+            size: 3,
+            mode: None,
+            modified: None,
+        })
+        .expect("serializes");
         assert_eq!(json, r#"{"reply":"file","size":3}"#);
         let err: AgentReply =
             serde_json::from_str(r#"{"reply":"error","code":"not_found","message":"no /x"}"#)

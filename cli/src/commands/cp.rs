@@ -56,15 +56,16 @@ pub(crate) async fn run(global: &Global, args: Args) -> Result<()> {
                 let mut file = tokio::fs::File::create(&partial)
                     .await
                     .with_context(|| format!("creating {}", partial.display()))?;
-                let result = client.get_file(id, path, &mut file).await;
+                let result = client.download_file(id, path, &mut file).await;
                 file.flush().await?;
                 drop(file);
                 match result {
-                    Ok(n) => {
+                    Ok(download) => {
+                        keep_mode_and_time(&partial, &download)?;
                         tokio::fs::rename(&partial, &target)
                             .await
                             .with_context(|| format!("writing {}", target.display()))?;
-                        n
+                        download.bytes
                     }
                     Err(e) => {
                         let _ = tokio::fs::remove_file(&partial).await;
@@ -87,4 +88,23 @@ pub(crate) async fn run(global: &Global, args: Args) -> Result<()> {
             bail!("one side must be a sandbox path, ID:PATH (e.g. sb-0123456789abcdef:/work)")
         }
     }
+}
+
+/// Gives a downloaded file the time and permission bits it had in the sandbox, as `cp -p`
+/// does, but never setuid, setgid or sticky: a sandbox must not plant a setuid file on the
+/// host of whoever downloads it (often root).
+fn keep_mode_and_time(file: &Path, download: &client::Download) -> Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    if let Some(modified) = download.modified {
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(file)
+            .and_then(|f| f.set_modified(modified))
+            .with_context(|| format!("setting the time of {}", file.display()))?;
+    }
+    if let Some(mode) = download.mode {
+        std::fs::set_permissions(file, std::fs::Permissions::from_mode(mode & 0o777))
+            .with_context(|| format!("setting the mode of {}", file.display()))?;
+    }
+    Ok(())
 }

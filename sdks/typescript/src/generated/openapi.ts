@@ -1792,6 +1792,10 @@ export interface paths {
                 /** @description The file's bytes. */
                 200: {
                     headers: {
+                        /** @description When the file was last modified. */
+                        "Last-Modified"?: string;
+                        /** @description The file's permission bits, in octal (`0755`). */
+                        "X-Crucible-Mode"?: string;
                         [name: string]: unknown;
                     };
                     content: {
