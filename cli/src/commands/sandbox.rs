@@ -8,13 +8,18 @@ use crate::Global;
 
 #[derive(clap::Args, Clone, Default)]
 pub(crate) struct CreateArgs {
-    /// Memory limit in MiB.
+    /// Memory limit in MiB [default: 512]. A namespace sandbox's writes to `/`, `/tmp` and
+    /// `/dev/shm` are held in memory too, up to 3/4 of it (384 MiB at the default; the
+    /// daemon's `serve --disk-mib` caps it): a build that writes more gets ENOSPC unless
+    /// given --disk.
     #[arg(long, value_name = "MIB")]
     pub memory: Option<u64>,
-    /// vCPUs (microVM) or CPU quota (namespace).
+    /// vCPUs (microVM) or CPU quota (namespace) [default: 1]. Build tools size their jobs by
+    /// `nproc`, which in a namespace sandbox counts the host's CPUs, not this quota: give
+    /// `-j` (or `--vcpus` matching the host) for CPU-bound builds.
     #[arg(long)]
     pub vcpus: Option<u32>,
-    /// Lifetime in seconds.
+    /// Lifetime in seconds [default: 3600].
     #[arg(long, value_name = "SECONDS")]
     pub ttl: Option<u64>,
     /// Backend: microvm or namespace [default: the daemon's choice].
@@ -48,7 +53,7 @@ pub(crate) struct CreateArgs {
     #[arg(long, value_name = "NAME:PATH", value_parser = parse_volume)]
     pub volume: Vec<api_types::VolumeMount>,
     /// A disk-backed writable layer of MIB (on the host's disk, not in memory), for builds
-    /// bigger than memory.
+    /// bigger than memory (a Rust `target/` outgrows the in-memory default).
     #[arg(long = "disk", value_name = "MIB")]
     pub disk_mib: Option<u64>,
     /// A microVM's room for N containers added once it runs (`POST
