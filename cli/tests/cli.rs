@@ -341,6 +341,108 @@ fn cp_down_keeps_the_files_mode_and_time_but_never_setuid() {
 }
 
 #[test]
+fn cp_down_of_a_directory_brings_the_tree_with_modes_times_and_links() {
+    use std::os::unix::fs::PermissionsExt;
+    let daemon = TestDaemon::start();
+    let id = sandbox(&daemon);
+    let made = run(crucible(&daemon).args([
+        "sandbox",
+        "exec",
+        &id,
+        "--",
+        "sh",
+        "-c",
+        "mkdir -p /work/build/bin /work/build/lib /work/build/empty && \
+         printf 'tool' > /work/build/bin/tool && chmod 0750 /work/build/bin/tool && \
+         printf 'data' > /work/build/lib/a.txt && ln -s ../bin/tool /work/build/lib/tool && \
+         touch -d '2020-01-02 03:04:05' /work/build/bin/tool && chmod 0700 /work/build/lib",
+    ]));
+    assert!(made.status.success(), "{}", text(&made.stderr));
+    let local = tempfile::tempdir().expect("tempdir");
+    // Into an existing directory: beneath it, under the directory's own name.
+    let out = run(crucible(&daemon).args([
+        "--json",
+        "cp",
+        &format!("{id}:/work/build"),
+        local.path().to_str().expect("utf8"),
+    ]));
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let counts: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    assert_eq!(counts["files"], 2, "{counts}");
+    assert_eq!(counts["links"], 1, "{counts}");
+    assert_eq!(counts["dirs"], 4, "{counts}");
+    let tree = local.path().join("build");
+    let tool = tree.join("bin/tool");
+    assert_eq!(std::fs::read(&tool).expect("tool"), b"tool");
+    let meta = std::fs::metadata(&tool).expect("tool");
+    assert_eq!(meta.permissions().mode() & 0o7777, 0o750);
+    let modified = meta
+        .modified()
+        .expect("mtime")
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("after the epoch")
+        .as_secs();
+    assert_eq!(modified, 1_577_934_245);
+    assert_eq!(
+        std::fs::read_link(tree.join("lib/tool")).expect("link"),
+        std::path::Path::new("../bin/tool")
+    );
+    assert_eq!(
+        std::fs::read(tree.join("lib/a.txt")).expect("a.txt"),
+        b"data"
+    );
+    let lib = std::fs::metadata(tree.join("lib")).expect("lib");
+    assert_eq!(lib.permissions().mode() & 0o777, 0o700);
+    assert!(tree.join("empty").is_dir());
+
+    // A sandbox whose `tar` forges its archive writes nothing outside the destination.
+    let forged = {
+        let mut header = tar::Header::new_old();
+        header.as_old_mut().name[..12].copy_from_slice(b"../escaped-x");
+        header.set_entry_type(tar::EntryType::Regular);
+        header.set_mode(0o4755);
+        header.set_size(1);
+        header.set_cksum();
+        let mut builder = tar::Builder::new(Vec::new());
+        builder.append(&header, &b"x"[..]).expect("append");
+        builder.into_inner().expect("archive")
+    };
+    let forged_file = local.path().join("forged.tar");
+    std::fs::write(&forged_file, &forged).expect("write");
+    let up = run(crucible(&daemon).args([
+        "cp",
+        forged_file.to_str().expect("utf8"),
+        &format!("{id}:/tmp"),
+    ]));
+    assert!(up.status.success(), "{}", text(&up.stderr));
+    let swap = run(crucible(&daemon).args([
+        "sandbox",
+        "exec",
+        &id,
+        "--",
+        "sh",
+        "-c",
+        "rm /bin/tar && printf '#!/bin/sh\\ncat /tmp/forged.tar\\n' > /bin/tar && chmod 755 /bin/tar",
+    ]));
+    assert!(swap.status.success(), "{}", text(&swap.stderr));
+    let dest = local.path().join("nested/out");
+    std::fs::create_dir_all(local.path().join("nested")).expect("mkdir");
+    let out = run(crucible(&daemon).args([
+        "cp",
+        &format!("{id}:/work/build"),
+        dest.to_str().expect("utf8"),
+    ]));
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("not copied: ../escaped-x: a name outside the directory"),
+        "{}",
+        text(&out.stderr)
+    );
+    assert!(!local.path().join("nested/escaped-x").exists());
+    assert!(!local.path().join("escaped-x").exists());
+}
+
+#[test]
 fn completions_and_man_page_are_generated() {
     let out = run(Command::new(env!("CARGO_BIN_EXE_crucible")).args(["completions", "bash"]));
     assert!(out.status.success());

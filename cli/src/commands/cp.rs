@@ -9,9 +9,11 @@ use crate::{output, Global};
 
 #[derive(clap::Args)]
 pub(crate) struct Args {
-    /// LOCAL path to upload, or ID:FILE to download.
+    /// LOCAL path to upload, or ID:PATH to download: a file, or a directory whole (its files'
+    /// modes and times kept, never setuid; hard links and devices are not made).
     pub source: String,
-    /// ID:DIR to upload into, or LOCAL path (file, directory, or `-` for stdout).
+    /// ID:DIR to upload into, or LOCAL path (file, directory, or `-` for stdout; a downloaded
+    /// directory goes beneath an existing LOCAL directory, or becomes LOCAL).
     pub destination: String,
 }
 
@@ -67,6 +69,10 @@ pub(crate) async fn run(global: &Global, args: Args) -> Result<()> {
                             .with_context(|| format!("writing {}", target.display()))?;
                         download.bytes
                     }
+                    Err(client::ClientError::Api { code, .. }) if code == "is_a_directory" => {
+                        let _ = tokio::fs::remove_file(&partial).await;
+                        return directory(global, &client, id, path, &target).await;
+                    }
                     Err(e) => {
                         let _ = tokio::fs::remove_file(&partial).await;
                         return Err(e.into());
@@ -88,6 +94,32 @@ pub(crate) async fn run(global: &Global, args: Args) -> Result<()> {
             bail!("one side must be a sandbox path, ID:PATH (e.g. sb-0123456789abcdef:/work)")
         }
     }
+}
+
+/// `crucible cp ID:DIR LOCAL`: the directory, whole, made at `target` (which must not exist).
+async fn directory(
+    global: &Global,
+    client: &client::Client,
+    id: &str,
+    dir: &str,
+    target: &Path,
+) -> Result<()> {
+    let made = super::cp_dir::download(client, id, dir, target).await?;
+    for skipped in &made.skipped {
+        eprintln!("crucible: warning: not copied: {skipped}");
+    }
+    if global.json {
+        return output::print_json(&made);
+    }
+    eprintln!(
+        "copied {} files, {} directories, {} links, {} bytes from {id}:{dir} to {}",
+        made.files,
+        made.dirs,
+        made.links,
+        made.bytes,
+        target.display()
+    );
+    Ok(())
 }
 
 /// Gives a downloaded file the time and permission bits it had in the sandbox, as `cp -p`

@@ -3,6 +3,7 @@
 pub(crate) mod builtin_image;
 pub(crate) mod cache;
 pub(crate) mod cp;
+pub(crate) mod cp_dir;
 pub(crate) mod exec;
 pub(crate) mod images;
 pub(crate) mod run;
