@@ -19,6 +19,22 @@ fn sandbox(daemon: &TestDaemon) -> String {
     text(&out.stdout).trim().to_string()
 }
 
+/// `crucible sandbox exec ID -- sh -c SCRIPT`, which must succeed; its stdout.
+fn sh_in(daemon: &TestDaemon, id: &str, script: &str) -> String {
+    let out = run(crucible(daemon).args(["sandbox", "exec", id, "--", "sh", "-c", script]));
+    assert!(out.status.success(), "{script}: {}", text(&out.stderr));
+    text(&out.stdout)
+}
+
+/// A file's modification time, in seconds since the epoch.
+fn mtime_secs(meta: &std::fs::Metadata) -> u64 {
+    meta.modified()
+        .expect("mtime")
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("after the epoch")
+        .as_secs()
+}
+
 #[test]
 fn run_streams_output_and_exits_with_the_command_status() {
     let daemon = TestDaemon::start();
@@ -296,23 +312,14 @@ fn cp_down_keeps_the_files_mode_and_time_but_never_setuid() {
     use std::os::unix::fs::PermissionsExt;
     let daemon = TestDaemon::start();
     let id = sandbox(&daemon);
-    let made = run(crucible(&daemon).args([
-        "sandbox",
-        "exec",
+    let made = sh_in(
+        &daemon,
         &id,
-        "--",
-        "sh",
-        "-c",
         "printf '#!/bin/sh\\necho hi\\n' > /tmp/tool && chmod 0750 /tmp/tool && \
          touch -d '2020-01-02 03:04:05' /tmp/tool && \
          cp -p /tmp/tool /tmp/planted && chmod 6755 /tmp/planted && stat -c %a /tmp/planted",
-    ]));
-    assert!(made.status.success(), "{}", text(&made.stderr));
-    assert_eq!(
-        text(&made.stdout),
-        "6755\n",
-        "setuid and setgid in the sandbox"
     );
+    assert_eq!(made, "6755\n", "setuid and setgid in the sandbox");
     let local = tempfile::tempdir().expect("tempdir");
     for (file, want) in [("tool", 0o750), ("planted", 0o755)] {
         let dest = local.path().join(file);
@@ -329,12 +336,7 @@ fn cp_down_keeps_the_files_mode_and_time_but_never_setuid() {
             "{file}: mode {:o}",
             meta.permissions().mode()
         );
-        let modified = meta
-            .modified()
-            .expect("mtime")
-            .duration_since(std::time::UNIX_EPOCH)
-            .expect("after the epoch")
-            .as_secs();
+        let modified = mtime_secs(&meta);
         // 2020-01-02 03:04:05 in the sandbox's zone (UTC: it has no /etc/localtime).
         assert_eq!(modified, 1_577_934_245, "{file}: time kept");
     }
@@ -345,19 +347,14 @@ fn cp_down_of_a_directory_brings_the_tree_with_modes_times_and_links() {
     use std::os::unix::fs::PermissionsExt;
     let daemon = TestDaemon::start();
     let id = sandbox(&daemon);
-    let made = run(crucible(&daemon).args([
-        "sandbox",
-        "exec",
+    sh_in(
+        &daemon,
         &id,
-        "--",
-        "sh",
-        "-c",
         "mkdir -p /work/build/bin /work/build/lib /work/build/empty && \
          printf 'tool' > /work/build/bin/tool && chmod 0750 /work/build/bin/tool && \
          printf 'data' > /work/build/lib/a.txt && ln -s ../bin/tool /work/build/lib/tool && \
          touch -d '2020-01-02 03:04:05' /work/build/bin/tool && chmod 0700 /work/build/lib",
-    ]));
-    assert!(made.status.success(), "{}", text(&made.stderr));
+    );
     let local = tempfile::tempdir().expect("tempdir");
     // Into an existing directory: beneath it, under the directory's own name.
     let out = run(crucible(&daemon).args([
@@ -376,12 +373,7 @@ fn cp_down_of_a_directory_brings_the_tree_with_modes_times_and_links() {
     assert_eq!(std::fs::read(&tool).expect("tool"), b"tool");
     let meta = std::fs::metadata(&tool).expect("tool");
     assert_eq!(meta.permissions().mode() & 0o7777, 0o750);
-    let modified = meta
-        .modified()
-        .expect("mtime")
-        .duration_since(std::time::UNIX_EPOCH)
-        .expect("after the epoch")
-        .as_secs();
+    let modified = mtime_secs(&meta);
     assert_eq!(modified, 1_577_934_245);
     assert_eq!(
         std::fs::read_link(tree.join("lib/tool")).expect("link"),
@@ -415,16 +407,11 @@ fn cp_down_of_a_directory_brings_the_tree_with_modes_times_and_links() {
         &format!("{id}:/tmp"),
     ]));
     assert!(up.status.success(), "{}", text(&up.stderr));
-    let swap = run(crucible(&daemon).args([
-        "sandbox",
-        "exec",
+    sh_in(
+        &daemon,
         &id,
-        "--",
-        "sh",
-        "-c",
         "rm /bin/tar && printf '#!/bin/sh\\ncat /tmp/forged.tar\\n' > /bin/tar && chmod 755 /bin/tar",
-    ]));
-    assert!(swap.status.success(), "{}", text(&swap.stderr));
+    );
     let dest = local.path().join("nested/out");
     std::fs::create_dir_all(local.path().join("nested")).expect("mkdir");
     let out = run(crucible(&daemon).args([
