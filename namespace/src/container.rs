@@ -177,7 +177,7 @@ pub(crate) fn become_container(
         // container was granted beyond it (each command then drops to the container's own).
         let held = privileges::kept_mask() | layout.security.capabilities.unwrap_or(0);
         privileges::limit_bounding_set_to(held)?;
-        seccomp::install()?;
+        seccomp::install(seccomp::Mounting::for_capabilities(held))?;
         if !layout.security.seccomp_filter.is_empty() {
             // Its own profile, stacked: it binds its agent as well as its commands, as runc's
             // binds the container's init (installed here, while CAP_SYS_ADMIN spares the

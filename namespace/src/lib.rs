@@ -260,7 +260,7 @@ fn inside(
         privileges::limit_bounding_set()?;
         // Installed while we still hold CAP_SYS_ADMIN in our namespace, so without
         // no_new_privs: setuid tools of the image keep working, within the bounding set.
-        seccomp::install()?;
+        seccomp::install(seccomp::Mounting::Refused)?;
         privileges::keep_only_kept()?;
         host_side.hand_to_pid1(std::os::fd::AsRawFd::as_raw_fd(&factory))?;
         let mut pid1_argv = argv.pid1.clone();

@@ -412,12 +412,49 @@ const RET_KILL: u32 = libc::SECCOMP_RET_KILL_PROCESS;
 /// Allowed only with some arguments; checked after the binary search fails to allow them.
 const CONDITIONAL: [i64; 3] = [libc::SYS_clone, libc::SYS_socket, libc::SYS_personality];
 
+/// What a container granted `CAP_SYS_ADMIN` (Kubernetes' `privileged`, or `SYS_ADMIN` added)
+/// may call beyond the sandbox's policy: `mount` and `umount2`, as Docker's profile allows them
+/// with that capability. The kernel still asks for `CAP_SYS_ADMIN` over the mount namespace,
+/// which is the container's own (made in the sandbox's user namespace), so such a mount
+/// reaches no other container, no host path's source and nothing of the node; mounts made in
+/// a less privileged mount namespace never propagate out of it. The newer mount API stays
+/// refused: `mount(8)` from util-linux and busybox use these two.
+const SYS_ADMIN_MOUNTS: &[(&str, i64)] = numbered![SYS_mount, SYS_umount2];
+
+/// `CAP_SYS_ADMIN`'s number (linux/capability.h).
+const CAP_SYS_ADMIN: u32 = 21;
+
+/// Whether the filter lets its process mount ([`SYS_ADMIN_MOUNTS`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Mounting {
+    /// The sandbox's policy: the mount family is refused.
+    Refused,
+    /// A container granted `CAP_SYS_ADMIN`.
+    Allowed,
+}
+
+impl Mounting {
+    /// The policy for a process holding the capabilities of `mask` (bit N = capability N).
+    pub(crate) fn for_capabilities(mask: u64) -> Self {
+        if mask & (1 << CAP_SYS_ADMIN) != 0 {
+            Mounting::Allowed
+        } else {
+            Mounting::Refused
+        }
+    }
+}
+
 /// The numbers allowed whatever their arguments, as sorted, disjoint, maximal ranges.
-fn allowed_ranges() -> Vec<RangeInclusive<u32>> {
+fn allowed_ranges(mounting: Mounting) -> Vec<RangeInclusive<u32>> {
+    let extra: &[(&str, i64)] = match mounting {
+        Mounting::Refused => &[],
+        Mounting::Allowed => SYS_ADMIN_MOUNTS,
+    };
     let mut numbers: Vec<u32> = ALWAYS
         .iter()
         .copied()
         .chain(always_newer())
+        .chain(extra.iter().copied())
         .filter_map(|(_, nr)| u32::try_from(nr).ok())
         .collect();
     numbers.sort_unstable();
@@ -453,7 +490,7 @@ fn search(asm: &mut Assembler, ranges: &[RangeInclusive<u32>], allow: Label, mis
 }
 
 /// The whole filter.
-fn program() -> Result<Vec<Insn>, crate::bpf::AsmError> {
+fn program(mounting: Mounting) -> Result<Vec<Insn>, crate::bpf::AsmError> {
     let mut asm = Assembler::default();
     let [allow, eperm, enosys, kill, miss, clone, socket, personality] =
         std::array::from_fn(|_| asm.label());
@@ -462,7 +499,7 @@ fn program() -> Result<Vec<Insn>, crate::bpf::AsmError> {
     asm.jump(Cmp::Eq, ARCH_X86_64, To::Next, To::Label(kill));
     asm.load(DATA_NR);
     asm.jump(Cmp::Set, X32_BIT, To::Label(eperm), To::Next);
-    search(&mut asm, &allowed_ranges(), allow, miss);
+    search(&mut asm, &allowed_ranges(mounting), allow, miss);
 
     // Not allowed whatever the arguments: maybe with some, else EPERM or ENOSYS.
     asm.bind(miss);
@@ -533,8 +570,8 @@ fn program() -> Result<Vec<Insn>, crate::bpf::AsmError> {
 /// Installs the filter on the calling thread; every child inherits it. Without
 /// `no_new_privs`, which needs `CAP_SYS_ADMIN` in the caller's user namespace (the caller
 /// still has it), so that setuid tools of the image keep working, within the bounding set.
-pub(crate) fn install() -> Result<(), SysError> {
-    let program = program().map_err(|e| {
+pub(crate) fn install(mounting: Mounting) -> Result<(), SysError> {
+    let program = program(mounting).map_err(|e| {
         SysError::io(
             "assemble the seccomp filter",
             std::io::Error::new(std::io::ErrorKind::InvalidInput, e.to_string()),
@@ -584,7 +621,11 @@ fn install_program(program: &[Insn], what: &str) -> Result<(), SysError> {
 /// Whether the policy allows `nr`, with any arguments or with some.
 pub fn allows(nr: i64) -> bool {
     CONDITIONAL.contains(&nr)
-        || u32::try_from(nr).is_ok_and(|nr| allowed_ranges().iter().any(|r| r.contains(&nr)))
+        || u32::try_from(nr).is_ok_and(|nr| {
+            allowed_ranges(Mounting::Refused)
+                .iter()
+                .any(|r| r.contains(&nr))
+        })
 }
 
 /// Every system call allowed regardless of arguments, by name.
@@ -614,19 +655,19 @@ mod tests {
     }
 
     fn verdict_with(nr: i64, args: [u64; 3]) -> u32 {
-        let program = program().expect("assembles");
+        let program = program(Mounting::Refused).expect("assembles");
         crate::bpf::run(&program, &data(ARCH_X86_64, nr as u32, args))
     }
 
     #[test]
     fn the_filter_is_short_and_assembles() {
-        let program = program().expect("assembles");
+        let program = program(Mounting::Refused).expect("assembles");
         assert!(program.len() < 256, "{} instructions", program.len());
     }
 
     #[test]
     fn every_number_gets_the_policy_verdict() {
-        let ranges = allowed_ranges();
+        let ranges = allowed_ranges(Mounting::Refused);
         for nr in 0..=1100u32 {
             let expected = if ranges.iter().any(|r| r.contains(&nr)) {
                 RET_ALLOW
@@ -641,7 +682,7 @@ mod tests {
         }
         // The x32 ABI is refused, even for numbers allowed on x86_64; i386 kills.
         assert_eq!(verdict(i64::from(X32_BIT | 39), 0), RET_EPERM);
-        let program = program().expect("assembles");
+        let program = program(Mounting::Refused).expect("assembles");
         assert_eq!(
             crate::bpf::run(&program, &data(0x4000_0003, 39, [0; 3])),
             RET_KILL
@@ -765,6 +806,45 @@ mod tests {
             assert!(allows(nr), "syscall {nr} is refused");
             assert_eq!(verdict(nr, 0), RET_ALLOW, "syscall {nr}");
         }
+    }
+
+    #[test]
+    fn a_container_granted_sys_admin_may_mount_and_nothing_more() {
+        let privileged = program(Mounting::Allowed).expect("assembles");
+        let with_mounts =
+            |nr: i64| crate::bpf::run(&privileged, &data(ARCH_X86_64, nr as u32, [0; 3]));
+        assert_eq!(with_mounts(libc::SYS_mount), RET_ALLOW);
+        assert_eq!(with_mounts(libc::SYS_umount2), RET_ALLOW);
+        for nr in [
+            libc::SYS_unshare,
+            libc::SYS_setns,
+            libc::SYS_pivot_root,
+            libc::SYS_fsopen,
+            libc::SYS_open_tree,
+            libc::SYS_move_mount,
+            libc::SYS_mount_setattr,
+            libc::SYS_bpf,
+        ] {
+            assert_eq!(with_mounts(nr), RET_EPERM, "syscall {nr}");
+        }
+        let new_namespace = (libc::CLONE_NEWNS | libc::SIGCHLD) as u64;
+        let clone = crate::bpf::run(
+            &privileged,
+            &data(ARCH_X86_64, libc::SYS_clone as u32, [new_namespace, 0, 0]),
+        );
+        assert_eq!(clone, RET_EPERM);
+        assert_eq!(
+            verdict(libc::SYS_mount, 0),
+            RET_EPERM,
+            "the sandbox's policy"
+        );
+        let sys_admin = 1u64 << CAP_SYS_ADMIN;
+        assert_eq!(Mounting::for_capabilities(sys_admin), Mounting::Allowed);
+        assert_eq!(
+            Mounting::for_capabilities(crate::privileges::kept_mask()),
+            Mounting::Refused,
+            "the sandbox's own set holds no CAP_SYS_ADMIN"
+        );
     }
 
     #[test]

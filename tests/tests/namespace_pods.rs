@@ -1249,8 +1249,9 @@ async fn a_containers_security_settings_hold_at_creation_and_when_added() {
     }
 
     // Capabilities beyond the sandbox's set are granted within its user namespace: the
-    // sandbox's hostname is its own to change with SYS_ADMIN, and the seccomp filter still
-    // refuses mounts, new namespaces and netfilter's sockets.
+    // sandbox's hostname is its own to change with SYS_ADMIN, so are mounts in the
+    // container's own mount namespace, and the seccomp filter still refuses new namespaces
+    // and netfilter's sockets.
     c.add_container(
         &id,
         &container(serde_json::json!({
@@ -1283,10 +1284,17 @@ async fn a_containers_security_settings_hold_at_creation_and_when_added() {
     .await;
     assert_eq!(
         out,
-        "mount EPERM\nunshare-user EPERM\nsocket-netfilter EPERM\nsocket-packet EPERM\n\
+        "mount OK\nunshare-user EPERM\nsocket-netfilter EPERM\nsocket-packet EPERM\n\
          socket-rtnetlink OK\n",
         "{err}"
     );
+    // The probe's tmpfs is the admin container's alone: no other container sees it, and
+    // without SYS_ADMIN the filter still refuses the call.
+    let on_mnt = "grep -c ' /mnt ' /proc/self/mountinfo";
+    assert_eq!(sh_in(&c, &id, "admin", on_mnt).await.0, "1\n");
+    assert_eq!(sh_in(&c, &id, "plain", on_mnt).await.0, "0\n");
+    let (out, err, code) = sh_in(&c, &id, "plain", "mount -t tmpfs none /tmp 2>&1").await;
+    assert_ne!(code, 0, "mount without SYS_ADMIN: {out}{err}");
 
     // A name that is no capability is refused, naming it.
     let refused = c
