@@ -1080,6 +1080,57 @@ fn run_job_with_a_service(daemon: &TestDaemon, backend: Option<&str>) {
     );
 }
 
+/// The finding of issue 42: `--service` could name no image with a tag (`postgres:16` read
+/// as image `postgres`, command `16`) and give no user (PostgreSQL refuses root). A tagged
+/// image, its user, its environment and its command, each by a flag of its own.
+#[test]
+fn a_service_takes_a_tagged_image_a_user_an_environment_and_a_command() {
+    let daemon = TestDaemon::start();
+    let out = run(crucible(&daemon)
+        .args(["image", "import", "tools:1.0"])
+        .arg(harness::image_dir().join("rootfs")));
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let out = run(crucible(&daemon).args([
+        "run",
+        "--shared",
+        "s:/s",
+        "--service",
+        "db=tools:1.0",
+        "--service-user",
+        "db=1000:1001",
+        "--service-env",
+        "db=GREETING=hello=there",
+        "--service-cmd",
+        "db=echo \"$(id -u):$(id -g) $GREETING\" > /s/who.tmp && mv /s/who.tmp /s/who; exec sleep 300",
+        "--service-ready",
+        "db=cmd:test -e /s/who",
+        "--",
+        "cat",
+        "/s/who",
+    ]));
+    assert_eq!(
+        (text(&out.stdout).as_str(), out.status.code()),
+        ("1000:1001 hello=there\n", Some(0)),
+        "{}",
+        text(&out.stderr)
+    );
+    let out = run(crucible(&daemon).args([
+        "run",
+        "--service",
+        "db=tools:1.0",
+        "--service-user",
+        "web=1000",
+        "--",
+        "true",
+    ]));
+    assert_eq!(out.status.code(), Some(125));
+    assert!(
+        text(&out.stderr).contains("--service-user web…: no --service web=…"),
+        "{}",
+        text(&out.stderr)
+    );
+}
+
 /// The same CI job with a service, on the microVM backend (QEMU TCG here: a real guest kernel,
 /// no KVM needed): the service is a container of the VM, the job reaches it on localhost.
 #[test]

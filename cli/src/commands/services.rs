@@ -14,13 +14,26 @@ use crate::{output, Global};
 /// The service flags, as clap parses them.
 #[derive(clap::Args, Clone, Default)]
 pub(crate) struct ServiceArgs {
-    /// Run a service container NAME of IMAGE beside the job (repeatable), with CMD as its main
-    /// process (run by `/bin/sh -c`; absent: the image's entrypoint and command). Services
-    /// share the sandbox's network (the job reaches them on localhost) and are up, and ready
-    /// (see --service-ready), before the job starts. IMAGE cannot contain `:` here (import
-    /// tagged images under a name without one); the API takes any. Both backends.
-    #[arg(long, value_name = "NAME=IMAGE[:CMD]", value_parser = parse_service)]
+    /// Run a service container NAME of IMAGE beside the job (repeatable). IMAGE is any image
+    /// name the daemon knows, tag included (`db=postgres:16`). Its main process is the
+    /// image's entrypoint and command unless --service-cmd gives one. Services share the
+    /// sandbox's network (the job reaches them on localhost) and are up, and ready (see
+    /// --service-ready), before the job starts. Both backends. The older form
+    /// NAME=IMAGE:CMD, where CMD holds a space, still gives CMD.
+    #[arg(long, value_name = "NAME=IMAGE", value_parser = parse_service)]
     pub service: Vec<ContainerRequest>,
+    /// Service NAME's main process: COMMAND, run by `/bin/sh -c` (repeatable, one per service).
+    #[arg(long, value_name = "NAME=COMMAND", value_parser = parse_named)]
+    pub service_cmd: Vec<(String, String)>,
+    /// The user service NAME's processes run as: a name of its image or a number, with an
+    /// optional group (`USER[:GROUP]`, as `docker run --user`) [default: the image's user,
+    /// else root]. PostgreSQL, for one, refuses to run as root.
+    #[arg(long, value_name = "NAME=USER[:GROUP]", value_parser = parse_named)]
+    pub service_user: Vec<(String, String)>,
+    /// An environment variable of service NAME (repeatable): `--service-env
+    /// db=POSTGRES_PASSWORD=secret`.
+    #[arg(long, value_name = "NAME=KEY=VALUE", value_parser = parse_service_env)]
+    pub service_env: Vec<(String, String, String)>,
     /// When service NAME counts as ready: `tcp:PORT` (something accepts connections on that
     /// loopback port) or `cmd:COMMAND` (COMMAND, run in the service by `/bin/sh -c`, exits 0),
     /// within 60 s [default: once its main process has started].
@@ -38,20 +51,50 @@ pub(crate) struct ServiceArgs {
 fn parse_service(text: &str) -> Result<ContainerRequest, String> {
     let (name, rest) = text
         .split_once('=')
-        .ok_or_else(|| format!("expected NAME=IMAGE[:CMD], got {text:?}"))?;
-    let (image, command) = match rest.split_once(':') {
-        Some((image, command)) => (image, Some(command)),
-        None => (rest, None),
-    };
+        .ok_or_else(|| format!("expected NAME=IMAGE, got {text:?}"))?;
+    let (image, command) = split_image_and_command(rest);
     if name.is_empty() || image.is_empty() {
-        return Err(format!("expected NAME=IMAGE[:CMD], got {text:?}"));
+        return Err(format!("expected NAME=IMAGE, got {text:?}"));
     }
     Ok(ContainerRequest {
         name: name.to_string(),
         image: Some(image.to_string()),
-        command: command.map(|c| vec!["/bin/sh".into(), "-c".into(), c.to_string()]),
+        command: command.map(shell_command),
         ..ContainerRequest::default()
     })
+}
+
+/// `IMAGE`, or the older `IMAGE:CMD`: what follows a `:` is a command only when it holds
+/// whitespace, which no image name does (`postgres:16`, `localhost:5000/pg:16` are images).
+fn split_image_and_command(text: &str) -> (&str, Option<&str>) {
+    match text.split_once(':') {
+        Some((image, command)) if command.contains(char::is_whitespace) => (image, Some(command)),
+        _ => (text, None),
+    }
+}
+
+fn shell_command(command: &str) -> Vec<String> {
+    vec!["/bin/sh".into(), "-c".into(), command.to_string()]
+}
+
+/// `NAME=VALUE` of the per-service flags; VALUE may hold `=` and `:`.
+fn parse_named(text: &str) -> Result<(String, String), String> {
+    match text.split_once('=') {
+        Some((name, value)) if !name.is_empty() && !value.is_empty() => {
+            Ok((name.to_string(), value.to_string()))
+        }
+        _ => Err(format!("expected NAME=VALUE, got {text:?}")),
+    }
+}
+
+fn parse_service_env(text: &str) -> Result<(String, String, String), String> {
+    let expected = || format!("expected NAME=KEY=VALUE, got {text:?}");
+    let (name, variable) = text.split_once('=').ok_or_else(expected)?;
+    let (key, value) = variable.split_once('=').ok_or_else(expected)?;
+    if name.is_empty() || key.is_empty() {
+        return Err(expected());
+    }
+    Ok((name.to_string(), key.to_string(), value.to_string()))
 }
 
 fn parse_ready(text: &str) -> Result<(String, ReadyCheck), String> {
@@ -98,24 +141,43 @@ impl ServiceArgs {
     pub(crate) fn containers(&self) -> Result<(Vec<ContainerRequest>, Vec<SharedMount>)> {
         let mut containers = self.service.clone();
         for (name, check) in &self.service_ready {
-            let service = containers
-                .iter_mut()
-                .find(|c| &c.name == name)
-                .with_context(|| format!("--service-ready {name}=…: no --service {name}=…"))?;
-            service.ready = Some(check.clone());
+            named(&mut containers, "service-ready", name)?.ready = Some(check.clone());
         }
         for name in &self.service_restart {
-            let service = containers
-                .iter_mut()
-                .find(|c| &c.name == name)
-                .with_context(|| format!("--service-restart {name}: no --service {name}=…"))?;
-            service.restart = RestartPolicy::OnFailure;
+            named(&mut containers, "service-restart", name)?.restart = RestartPolicy::OnFailure;
+        }
+        for (name, command) in &self.service_cmd {
+            let service = named(&mut containers, "service-cmd", name)?;
+            if service.command.is_some() {
+                anyhow::bail!("service {name} has two commands (--service-cmd and NAME=IMAGE:CMD)");
+            }
+            service.command = Some(shell_command(command));
+        }
+        for (name, user) in &self.service_user {
+            named(&mut containers, "service-user", name)?.user = Some(user.clone());
+        }
+        for (name, key, value) in &self.service_env {
+            named(&mut containers, "service-env", name)?
+                .env
+                .insert(key.clone(), value.clone());
         }
         for service in &mut containers {
             service.shared = self.shared.clone();
         }
         Ok((containers, self.shared.clone()))
     }
+}
+
+/// The declared service `name`, for flag `--flag`.
+fn named<'a>(
+    containers: &'a mut [ContainerRequest],
+    flag: &str,
+    name: &str,
+) -> Result<&'a mut ContainerRequest> {
+    containers
+        .iter_mut()
+        .find(|c| c.name == name)
+        .with_context(|| format!("--{flag} {name}…: no --service {name}=…"))
 }
 
 /// `crucible sandbox add ID --service …`: adds each service to the running sandbox, in order,
@@ -127,7 +189,7 @@ pub(crate) async fn add(
     json: bool,
 ) -> Result<()> {
     if services.service.is_empty() {
-        anyhow::bail!("name at least one --service NAME=IMAGE[:CMD] to add");
+        anyhow::bail!("name at least one --service NAME=IMAGE to add");
     }
     let (containers, _) = services.containers()?;
     let client = global.client()?;
@@ -300,17 +362,33 @@ mod tests {
         );
         let bare = parse_service("cache=redis").expect("no command");
         assert_eq!(bare.command, None);
-        for bad in ["db", "=x", "db=", "db=:cmd"] {
+        for image in [
+            "postgres:16",
+            "localhost:5000/pg:16",
+            "pg@sha256:0123",
+            "reg:5000/pg",
+        ] {
+            let tagged = parse_service(&format!("db={image}")).expect("an image name");
+            assert_eq!(
+                (tagged.image.as_deref(), tagged.command),
+                (Some(image), None)
+            );
+        }
+        for bad in ["db", "=x", "db=", "db=:cmd x"] {
             assert!(parse_service(bad).is_err(), "{bad}");
         }
         let (name, check) = parse_ready("db=tcp:5432").expect("tcp");
         assert_eq!((name.as_str(), check.tcp_port), ("db", Some(5432)));
         assert!(parse_ready("db=tcp:0").is_err());
         assert!(parse_ready("db=udp:53").is_err());
+        let pg = parse_service("pg=postgres:16").expect("tagged");
         let args = ServiceArgs {
-            service: vec![db],
+            service: vec![db, pg],
             service_ready: vec![(name, check)],
             service_restart: vec!["db".into()],
+            service_cmd: vec![parse_named("pg=postgres -c fsync=off").expect("cmd")],
+            service_user: vec![parse_named("pg=postgres:postgres").expect("user")],
+            service_env: vec![parse_service_env("pg=POSTGRES_PASSWORD=a=b").expect("env")],
             shared: vec![parse_shared("work:/work").expect("shared")],
         };
         let (containers, shared) = args.containers().expect("containers");
@@ -320,6 +398,22 @@ mod tests {
             Some(5432)
         );
         assert_eq!(containers[0].shared, shared);
+        let pg = &containers[1];
+        assert_eq!(pg.command, Some(shell_command("postgres -c fsync=off")));
+        assert_eq!(pg.user.as_deref(), Some("postgres:postgres"));
+        assert_eq!(
+            pg.env.get("POSTGRES_PASSWORD").map(String::as_str),
+            Some("a=b")
+        );
+        assert!(parse_service_env("pg=NOVALUE").is_err());
+        assert!(parse_named("pg=").is_err());
+        let twice = ServiceArgs {
+            service: vec![parse_service("db=default:sleep 1").expect("legacy")],
+            service_cmd: vec![("db".into(), "sleep 2".into())],
+            ..ServiceArgs::default()
+        };
+        let e = twice.containers().expect_err("two commands").to_string();
+        assert!(e.contains("two commands"), "{e}");
         let unknown = ServiceArgs {
             service_restart: vec!["web".into()],
             ..ServiceArgs::default()
