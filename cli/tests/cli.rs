@@ -495,6 +495,27 @@ fn run_ends_with_the_destinations_its_egress_refused_and_why() {
     assert_eq!(text(&out.stderr), "");
 }
 
+/// The finding of issue 42: `nproc` said the host's CPU count inside a 1-vCPU sandbox, so
+/// `make -j$(nproc)`, cargo and Go ran twice the jobs they had CPU for. It now counts the
+/// sandbox's vCPUs, at most the host's CPUs.
+#[test]
+fn nproc_inside_a_sandbox_counts_its_vcpus() {
+    let daemon = TestDaemon::start();
+    let host = std::thread::available_parallelism().map_or(1, |n| n.get());
+    for (flags, expected) in [(&[][..], 1), (&["--vcpus", "2"][..], host.min(2))] {
+        let out = run(crucible(&daemon)
+            .arg("run")
+            .args(flags)
+            .args(["--", "nproc"]));
+        assert_eq!(
+            (text(&out.stdout), out.status.code()),
+            (format!("{expected}\n"), Some(0)),
+            "{flags:?}: {}",
+            text(&out.stderr)
+        );
+    }
+}
+
 #[test]
 fn json_run_keep_reports_the_kept_sandbox() {
     let daemon = TestDaemon::start();

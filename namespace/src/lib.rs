@@ -120,7 +120,8 @@ pub fn enter(spec: &SandboxSpec, argv: &AgentArgv) -> Result<std::convert::Infal
             return Err(EnterError::Orphaned);
         }
     }
-    // Inherited through the clone below.
+    // Both inherited through the clone below.
+    sys::run_on_cpus(&spec.cpus)?;
     privileges::protect_from_oom_killer()?;
     let pid = std::process::id().to_string();
     for path in &spec.cgroup_procs {

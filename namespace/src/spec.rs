@@ -57,6 +57,10 @@ pub struct SandboxSpec {
     pub network_namespace: Option<PathBuf>,
     /// Namespaced kernel settings written before anything runs ([`crate::sysctl`]).
     pub sysctls: Vec<crate::sysctl::Sysctl>,
+    /// The host CPUs the sandbox's processes run on (empty: the supervisor's own), as many as
+    /// it has vCPUs, so that `nproc`, `make -j$(nproc)`, cargo and Go count what the sandbox
+    /// may use rather than the host's. Its cgroup's quota is the limit; this is what it sees.
+    pub cpus: Vec<u32>,
 }
 
 /// A spec that cannot be used, or a flag that cannot be parsed.
@@ -81,7 +85,7 @@ pub enum SpecError {
 }
 
 /// Flags that take a value, in the order [`SandboxSpec::to_args`] writes them.
-const FLAGS: [&str; 17] = [
+const FLAGS: [&str; 18] = [
     "--rootfs",
     "--runtime-dir",
     "--agent-socket",
@@ -99,6 +103,7 @@ const FLAGS: [&str; 17] = [
     "--commands-cgroup",
     "--netns",
     "--sysctl",
+    "--cpus",
 ];
 
 impl Default for SandboxSpec {
@@ -121,6 +126,7 @@ impl Default for SandboxSpec {
             shared: Vec::new(),
             network_namespace: None,
             sysctls: Vec::new(),
+            cpus: Vec::new(),
         }
     }
 }
@@ -166,6 +172,9 @@ impl SandboxSpec {
         }
         for sysctl in &self.sysctls {
             pair(FLAGS[16], sysctl.to_string().into());
+        }
+        if !self.cpus.is_empty() {
+            pair(FLAGS[17], cpu_list(&self.cpus).into());
         }
         if !self.die_with_parent {
             args.push(FLAGS[11].into());
@@ -226,6 +235,7 @@ impl SandboxSpec {
             "--shared" => self.shared.push(v.parse().map_err(|e: String| bad(&e))?),
             "--netns" => self.network_namespace = Some(v.into()),
             "--sysctl" => self.sysctls.push(v.parse().map_err(|e: String| bad(&e))?),
+            "--cpus" => self.cpus = parse_cpu_list(&v).map_err(|e| bad(&e))?,
             _ => return Err(bad("is not a sandbox flag")),
         }
         Ok(())
@@ -319,6 +329,33 @@ pub fn container_socket(runtime_dir: &std::path::Path, index: usize) -> PathBuf 
     runtime_dir.join(format!("c{index}.sock"))
 }
 
+/// The most CPUs a `--cpus` list names: as many as a `cpu_set_t` holds.
+pub(crate) const MAX_CPUS: usize = 1024;
+
+/// `--cpus`' value: CPU numbers separated by commas (`0,2`).
+fn cpu_list(cpus: &[u32]) -> String {
+    cpus.iter()
+        .map(u32::to_string)
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+fn parse_cpu_list(text: &str) -> Result<Vec<u32>, String> {
+    let mut cpus = Vec::new();
+    for word in text.split(',') {
+        let cpu: u32 = word
+            .parse()
+            .ok()
+            .filter(|n| (*n as usize) < MAX_CPUS)
+            .ok_or_else(|| format!("must be CPU numbers below {MAX_CPUS}, separated by commas"))?;
+        if cpus.contains(&cpu) {
+            return Err(format!("names CPU {cpu} twice"));
+        }
+        cpus.push(cpu);
+    }
+    Ok(cpus)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -356,6 +393,7 @@ mod tests {
             ],
             network_namespace: Some("/run/netns/cni-1".into()),
             sysctls: vec!["kernel.shm_rmid_forced=1".parse().expect("sysctl")],
+            cpus: vec![1, 0],
         }
     }
 
@@ -576,5 +614,11 @@ mod tests {
             SandboxSpec::default().validate(),
             Err(SpecError::Missing("--rootfs"))
         );
+        for (cpus, reason) in [("0,0", "twice"), ("1,x", "separated"), ("1024", "below")] {
+            let e = spec
+                .parse_flag("--cpus", || Some(cpus.into()))
+                .expect_err(cpus);
+            assert!(e.to_string().contains(reason), "{cpus}: {e}");
+        }
     }
 }

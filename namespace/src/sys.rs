@@ -678,6 +678,27 @@ pub(crate) fn die_with_parent() -> Result<(), SysError> {
     check(ret, || "prctl(PR_SET_PDEATHSIG)".into())
 }
 
+/// Runs the caller, and every process it forks later, on `cpus` alone (none: as it was).
+/// Not a limit (a process may widen its own set again; the cgroup's quota is the limit), but
+/// what `sched_getaffinity` reports: `nproc`, cargo, make and Go size their work by it.
+pub(crate) fn run_on_cpus(cpus: &[u32]) -> Result<(), SysError> {
+    if cpus.is_empty() {
+        return Ok(());
+    }
+    // SAFETY: cpu_set_t is plain bits; all zeroes is the empty set.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    for &cpu in cpus
+        .iter()
+        .filter(|c| (**c as usize) < crate::spec::MAX_CPUS)
+    {
+        // SAFETY: CPU_SET writes bit `cpu` of `set`, which holds MAX_CPUS bits.
+        unsafe { libc::CPU_SET(cpu as usize, &mut set) };
+    }
+    // SAFETY: `set` is a valid cpu_set_t of the size passed, alive for the call.
+    let ret = unsafe { libc::sched_setaffinity(0, std::mem::size_of_val(&set), &set) };
+    check(ret, || format!("sched_setaffinity to CPUs {cpus:?}"))
+}
+
 pub(crate) fn parent_pid() -> libc::pid_t {
     // SAFETY: getppid takes no arguments and cannot fail.
     unsafe { libc::getppid() }

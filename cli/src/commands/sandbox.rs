@@ -14,9 +14,9 @@ pub(crate) struct CreateArgs {
     /// given --disk.
     #[arg(long, value_name = "MIB")]
     pub memory: Option<u64>,
-    /// vCPUs (microVM) or CPU quota (namespace) [default: 1]. Build tools size their jobs by
-    /// `nproc`, which in a namespace sandbox counts the host's CPUs, not this quota: give
-    /// `-j` (or `--vcpus` matching the host) for CPU-bound builds.
+    /// vCPUs (microVM) or CPU quota (namespace) [default: 1]. `nproc` inside says the same
+    /// (at most the host's CPU count), so `make -j$(nproc)`, cargo and Go run as many jobs as
+    /// the sandbox has CPU for.
     #[arg(long)]
     pub vcpus: Option<u32>,
     /// Lifetime in seconds [default: 3600].

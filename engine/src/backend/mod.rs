@@ -5,6 +5,7 @@
 
 pub mod cgroup;
 mod container_add;
+mod cpu_rotation;
 pub mod host_process;
 pub mod leftovers;
 pub(crate) mod microvm;

@@ -42,6 +42,8 @@ pub(crate) struct NamespaceBackend {
     scratch_mib: u64,
     ready_timeout: Duration,
     id_ranges: IdRanges,
+    /// The CPUs each sandbox runs on, as many as its vCPUs.
+    cpus: super::cpu_rotation::CpuRotation,
     /// Whether sandboxes outlive the daemon (`--live-restore`): their supervisors are then not
     /// tied to it.
     live_restore: bool,
@@ -228,6 +230,7 @@ impl NamespaceBackend {
             scratch_mib,
             ready_timeout,
             id_ranges,
+            cpus: super::cpu_rotation::CpuRotation::of_this_process(),
             live_restore: false,
         }
     }
@@ -371,6 +374,7 @@ impl NamespaceBackend {
             shared: spec.shared,
             network_namespace: spec.network_namespace,
             sysctls: spec.sysctls,
+            cpus: self.cpus.take(spec.vcpus),
         }
         .to_args();
         let mut command = Command::new(self.image.agent());
