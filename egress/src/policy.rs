@@ -15,8 +15,13 @@ pub(crate) enum PolicyError {
     Rule(#[from] RuleError),
     #[error("egress rule {rule:?} is for the operator only (networks and `*`); name the hosts or addresses this sandbox needs")]
     OperatorOnly { rule: String },
-    #[error("egress rule {rule:?} is not within what the operator allows ({operator})")]
-    NotCovered { rule: String, operator: String },
+    #[error("egress rule {rule:?} is not within what the operator allows ({operator}){hint}")]
+    NotCovered {
+        rule: String,
+        operator: String,
+        /// What to ask for instead, when the rule lacks only a port the operator names.
+        hint: String,
+    },
 }
 
 /// The rules one sandbox may use: `sandbox` (what it asked for) and `operator` (the daemon's
@@ -131,9 +136,39 @@ fn check_requested(rule: &Rule, operator: &Allowlist) -> Result<(), PolicyError>
             } else {
                 operator.to_string()
             },
+            hint: port_hint(rule, operator),
         });
     }
     Ok(())
+}
+
+/// For a rule without a port (any port) that the operator allows only on some ports: the
+/// rules with those ports, which would be allowed (`crates.io` under `*:443,*:80`: ask for
+/// `crates.io:443` or `crates.io:80`). Empty otherwise.
+fn port_hint(rule: &Rule, operator: &Allowlist) -> String {
+    if rule.port.is_some() {
+        return String::new();
+    }
+    let mut ports: Vec<u16> = operator.rules().iter().filter_map(|r| r.port).collect();
+    ports.sort_unstable();
+    ports.dedup();
+    let allowed: Vec<String> = ports
+        .into_iter()
+        .map(|port| Rule {
+            host: rule.host.clone(),
+            port: Some(port),
+        })
+        .filter(|with_port| operator.covers(with_port))
+        .map(|with_port| format!("`{with_port}`"))
+        .collect();
+    match allowed.as_slice() {
+        [] => String::new(),
+        [one] => format!("; a rule without a port means any port: ask for {one}"),
+        many => format!(
+            "; a rule without a port means any port: ask for {}",
+            many.join(" or ")
+        ),
+    }
 }
 
 impl fmt::Display for Denial {
@@ -190,8 +225,22 @@ mod tests {
             Err(PolicyError::NotCovered {
                 rule: "crates.io".into(),
                 operator: op.to_string(),
+                hint: "; a rule without a port means any port: ask for `crates.io:443`".into(),
             })
         );
+        let web = operator("*:443, *:80");
+        let err = EgressPolicy::new(&requested(&["index.crates.io"]), &web)
+            .expect_err("any port")
+            .to_string();
+        assert!(
+            err.ends_with("ask for `index.crates.io:80` or `index.crates.io:443`"),
+            "{err}"
+        );
+        assert!(EgressPolicy::new(&requested(&["index.crates.io:443"]), &web).is_ok());
+        let err = EgressPolicy::new(&requested(&["example.com:22"]), &web)
+            .expect_err("another port")
+            .to_string();
+        assert!(!err.contains("ask for"), "{err}");
         let err = EgressPolicy::new(&requested(&["example.com"]), &Allowlist::default())
             .expect_err("egress off");
         assert!(err.to_string().contains("egress is off"), "{err}");
