@@ -4,7 +4,9 @@
 
 use std::path::PathBuf;
 
-use clap::{CommandFactory, Parser, Subcommand};
+use clap::error::ErrorKind;
+use clap::parser::ValueSource;
+use clap::{ArgMatches, CommandFactory, FromArgMatches, Parser, Subcommand};
 
 mod commands;
 mod doctor;
@@ -29,10 +31,11 @@ struct Cli {
     command: Command,
 }
 
-/// Options every client command shares.
+/// Options every client command shares (`serve`, the daemon, takes none of them).
 #[derive(clap::Args, Clone)]
 pub(crate) struct Global {
-    /// The daemon: a Unix socket path or http://host:port [default: the local daemon's socket]
+    /// The daemon to talk to: a Unix socket path or http://host:port [default: the local
+    /// daemon's socket]
     #[arg(long, global = true, env = "CRUCIBLE_HOST", value_name = "ADDR")]
     host: Option<String>,
     /// API key sent as `Authorization: Bearer <key>`.
@@ -63,9 +66,20 @@ enum Command {
     /// `cp ID:FILE LOCAL` downloads one file (`-` for stdout).
     Cp(commands::cp::Args),
     /// Run the sandbox daemon (HTTP on a Unix socket, and on TCP with --listen).
+    ///
+    /// It listens where --socket and --listen say. The client options --host, --api-key and
+    /// --json are refused here; CRUCIBLE_HOST and CRUCIBLE_API_KEY in the environment are the
+    /// client's, and ignored (the daemon's keys come from --api-keys-file or
+    /// CRUCIBLE_API_KEYS).
     Serve(serve::Args),
     /// Report what this host offers (KVM kind, cgroups, namespaces, the image) and which
-    /// backend sandboxes will use, and why.
+    /// backend sandboxes will use, and why; with --host, what that daemon says.
+    ///
+    /// On this host it also says whether a daemon answers on the default socket: one that
+    /// does decides the backend of the sandboxes client commands create. With --host (or
+    /// CRUCIBLE_HOST) it asks that daemon alone, never this host: whether it answers, how many
+    /// sandboxes it has, its images (which also tells whether it takes the API key) and its
+    /// default backend. It exits 125 when that daemon cannot be reached.
     Doctor(doctor::Args),
     /// Print a shell completion script (bash, zsh, fish, elvish, powershell).
     Completions {
@@ -223,18 +237,18 @@ fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
 fn dispatch(cli: Cli) -> anyhow::Result<i32> {
     let global = cli.global;
     match cli.command {
-        Command::Doctor(args) => doctor::run(&args, global.json).map(|()| 0),
+        Command::Doctor(args) => doctor::run(&args, &global),
         Command::Completions { shell } => {
             clap_complete::generate(
                 shell,
-                &mut Cli::command(),
+                &mut command_line(),
                 "crucible",
                 &mut std::io::stdout(),
             );
             Ok(0)
         }
         Command::Man => {
-            clap_mangen::Man::new(Cli::command()).render(&mut std::io::stdout())?;
+            clap_mangen::Man::new(command_line()).render(&mut std::io::stdout())?;
             Ok(0)
         }
         Command::Openapi => {
@@ -318,8 +332,76 @@ fn dispatch(cli: Cli) -> anyhow::Result<i32> {
     }
 }
 
+/// The client options, by clap id, each with what to say when one is given to `serve`.
+const CLIENT_OPTIONS: [(&str, &str); 3] = [
+    (
+        "host",
+        "--host names the daemon a client talks to; `crucible serve` listens on --socket, and \
+         on TCP with --listen ADDR",
+    ),
+    (
+        "api_key",
+        "--api-key is the key a client sends; `crucible serve` takes its keys from \
+         --api-keys-file or CRUCIBLE_API_KEYS",
+    ),
+    (
+        "json",
+        "--json is for client commands; `crucible serve` writes its log as text to stderr",
+    ),
+];
+
+/// The command line: the derived one, but with the client options hidden from `serve`'s help.
+/// They are global (`crucible sandbox ls --json` and `crucible --json sandbox ls` both work),
+/// so clap would copy them into every subcommand, the daemon's too, where they mean nothing.
+/// `serve` gets hidden copies of its own instead, which clap's copying leaves alone; they must
+/// be there before the command is built, which indexes every subcommand's options.
+fn command_line() -> clap::Command {
+    let command = Cli::command();
+    let hidden: Vec<clap::Arg> = command
+        .get_arguments()
+        .filter(|option| CLIENT_OPTIONS.iter().any(|(id, _)| option.get_id() == id))
+        .map(|option| option.clone().hide(true))
+        .collect();
+    command.mut_subcommand("serve", |serve| serve.args(hidden))
+}
+
+/// Refuses a client option given to `serve` on the command line (before or after `serve`): a
+/// Docker user's `dockerd --host` is where the daemon listens, and quietly ignoring
+/// `crucible serve --host 0.0.0.0:7070` would leave them wondering why nothing listens there.
+/// The environment's CRUCIBLE_HOST and CRUCIBLE_API_KEY are the client's and stay ignored: a
+/// shell set up for the client can still start the daemon.
+fn refuse_client_options_on_serve(
+    command: &clap::Command,
+    matches: &ArgMatches,
+) -> Result<(), clap::Error> {
+    let Some(("serve", serve_matches)) = matches.subcommand() else {
+        return Ok(());
+    };
+    for (id, why) in CLIENT_OPTIONS {
+        let given = [matches, serve_matches]
+            .iter()
+            .any(|m| m.value_source(id) == Some(ValueSource::CommandLine));
+        if given {
+            // `serve`'s own command, so the error shows its usage line.
+            let mut serve = command
+                .find_subcommand("serve")
+                .cloned()
+                .unwrap_or_else(|| command.clone());
+            return Err(serve.error(ErrorKind::ArgumentConflict, why));
+        }
+    }
+    Ok(())
+}
+
+fn parse() -> Result<Cli, clap::Error> {
+    let mut command = command_line();
+    let matches = command.try_get_matches_from_mut(std::env::args_os())?;
+    refuse_client_options_on_serve(&command, &matches)?;
+    Cli::from_arg_matches(&matches).map_err(|e| e.format(&mut command))
+}
+
 fn main() {
-    let cli = Cli::try_parse().unwrap_or_else(|e| {
+    let cli = parse().unwrap_or_else(|e| {
         // A usage error is crucible's own failure (125, as `docker run`), never a status the
         // command could have had (clap's 2); `--help` and `--version` are answers (0).
         let code = if e.use_stderr() {
@@ -356,4 +438,42 @@ fn main() {
 /// The default image directory: `$CRUCIBLE_IMAGE`, else `target/crucible/image`.
 pub(crate) fn default_image_dir() -> PathBuf {
     PathBuf::from("target/crucible/image")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Whether `args` parse, the client options on `serve` refused.
+    fn accepted(args: &[&str]) -> Result<(), clap::Error> {
+        let command = command_line();
+        let matches = command.clone().try_get_matches_from(args)?;
+        refuse_client_options_on_serve(&command, &matches)
+    }
+
+    #[test]
+    fn the_command_line_with_serves_hidden_copies_is_valid() {
+        command_line().debug_assert();
+    }
+
+    #[test]
+    fn serve_refuses_client_options_that_client_commands_take() {
+        for args in [
+            &["crucible", "serve", "--host", "0.0.0.0:7070"][..],
+            &["crucible", "--host", "http://127.0.0.1:7070", "serve"],
+            &["crucible", "serve", "--api-key", "k"],
+            &["crucible", "--json", "serve"],
+        ] {
+            let refused = accepted(args).expect_err("a client option on serve");
+            assert_eq!(refused.kind(), ErrorKind::ArgumentConflict, "{args:?}");
+        }
+        for args in [
+            &["crucible", "serve", "--socket", "/tmp/crucible.sock"][..],
+            &["crucible", "--host", "/d.sock", "sandbox", "ls", "--json"],
+            &["crucible", "sandbox", "ls", "--json", "--api-key", "k"],
+            &["crucible", "doctor", "--host", "http://127.0.0.1:7070"],
+        ] {
+            accepted(args).unwrap_or_else(|e| panic!("{args:?}: {e}"));
+        }
+    }
 }

@@ -105,9 +105,15 @@ fn json_output_everywhere() {
     let out =
         run(crucible(&daemon).args(["--json", "sandbox", "exec", "--stats", &id, "--", "true"]));
     assert!(out.status.success(), "{}", text(&out.stderr));
+    // With --host, doctor asks that daemon, not this host.
     let out = run(crucible(&daemon).args(["--json", "doctor"]));
     let doctor: serde_json::Value = serde_json::from_slice(&out.stdout).expect("doctor JSON");
-    assert!(doctor["host"]["kvm"].is_string());
+    assert_eq!(doctor["daemon"]["reachable"], true, "{doctor}");
+    assert_eq!(
+        doctor["default_backend"],
+        daemon.state.default_backend().to_string()
+    );
+    assert!(doctor.get("host").is_none(), "{doctor}");
 }
 
 #[test]
@@ -437,6 +443,156 @@ fn completions_and_man_page_are_generated() {
     let out = run(Command::new(env!("CARGO_BIN_EXE_crucible")).arg("man"));
     assert!(out.status.success());
     assert!(text(&out.stdout).contains(".TH crucible"));
+}
+
+#[test]
+fn doctor_with_host_reports_that_daemon_not_this_directory() {
+    let daemon = TestDaemon::start();
+    let id = sandbox(&daemon);
+    // Where a probe of this host would find no image, and so nothing that works.
+    let elsewhere = tempfile::tempdir().expect("tempdir");
+    let out = run(crucible(&daemon)
+        .current_dir(elsewhere.path())
+        .env_remove("CRUCIBLE_IMAGE")
+        .arg("doctor"));
+    let stdout = text(&out.stdout);
+    assert!(out.status.success(), "{stdout}{}", text(&out.stderr));
+    let backend = daemon.state.default_backend();
+    for line in [
+        format!(
+            "daemon:            unix:{} answers (status ok)\n",
+            daemon.socket.display()
+        ),
+        "sandboxes:         1\n".to_string(),
+        format!("sandboxes will use: {backend} (the daemon's default backend)\n"),
+    ] {
+        assert!(stdout.contains(&line), "no {line:?} in:\n{stdout}");
+    }
+    assert!(stdout.contains("\nimages:            default"), "{stdout}");
+    for local in ["KVM:", "image:", "nothing works"] {
+        assert!(!stdout.contains(local), "{local} in:\n{stdout}");
+    }
+    run(crucible(&daemon).args(["sandbox", "rm", &id]));
+}
+
+/// The long options `crucible ARGS` (a help request) lists: the first words of its option
+/// lines (`  -h, --help`, `      --host <ADDR>`), not the prose that may name them.
+fn listed_options(args: &[&str]) -> Vec<String> {
+    let out = run(Command::new(env!("CARGO_BIN_EXE_crucible")).args(args));
+    assert!(out.status.success(), "{args:?}: {}", text(&out.stderr));
+    text(&out.stdout)
+        .lines()
+        .map(str::trim_start)
+        .filter(|line| line.starts_with('-'))
+        .filter_map(|line| {
+            line.split_whitespace()
+                .map(|word| word.trim_end_matches(','))
+                .find(|word| word.starts_with("--"))
+                .map(String::from)
+        })
+        .collect()
+}
+
+#[test]
+fn serve_help_shows_the_daemons_options_only() {
+    for args in [
+        &["serve", "--help"][..],
+        &["serve", "-h"],
+        &["help", "serve"],
+    ] {
+        let listed = listed_options(args);
+        for client_option in ["--host", "--api-key", "--json"] {
+            assert!(
+                !listed.iter().any(|o| o == client_option),
+                "{args:?}: {listed:?}"
+            );
+        }
+        for own in ["--socket", "--listen", "--api-keys-file", "--help"] {
+            assert!(listed.iter().any(|o| o == own), "{args:?}: {listed:?}");
+        }
+    }
+    // Every client command keeps them.
+    for args in [
+        &["--help"][..],
+        &["sandbox", "--help"],
+        &["sandbox", "ls", "--help"],
+    ] {
+        let listed = listed_options(args);
+        for client_option in ["--host", "--api-key", "--json"] {
+            assert!(
+                listed.iter().any(|o| o == client_option),
+                "{args:?}: {listed:?}"
+            );
+        }
+    }
+}
+
+/// `crucible ARGS` with a private socket and directories, given `env`; its output once it
+/// ended, which must be within 10 s: these must fail before a daemon starts.
+fn serve_failure(args: &[&str], env: &[(&str, &str)]) -> std::process::Output {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut command = Command::new(env!("CARGO_BIN_EXE_crucible"));
+    command
+        .args(args)
+        .arg("--socket")
+        .arg(dir.path().join("crucible.sock"))
+        .arg("--state-dir")
+        .arg(dir.path().join("state"))
+        .arg("--data-dir")
+        .arg(dir.path().join("data"))
+        .env_remove("CRUCIBLE_HOST")
+        .env_remove("CRUCIBLE_API_KEY")
+        .env_remove("CRUCIBLE_API_KEYS")
+        .env_remove("CRUCIBLE_ADMIN_KEY_NAME")
+        .envs(env.iter().copied())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut child = command.spawn().expect("crucible runs");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while child.try_wait().expect("wait").is_none() {
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("crucible {args:?} started a daemon");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    child.wait_with_output().expect("output")
+}
+
+#[test]
+fn serve_refuses_client_options_and_leaves_the_clients_environment_alone() {
+    // `dockerd --host` is where Docker's daemon listens; crucible's is --socket / --listen.
+    for (args, says) in [
+        (&["serve", "--host", "0.0.0.0:7070"][..], "--listen"),
+        (&["--host", "/tmp/d.sock", "serve"], "--listen"),
+        (&["serve", "--api-key", "k"], "--api-keys-file"),
+        (&["--json", "serve"], "--json"),
+    ] {
+        let out = serve_failure(args, &[]);
+        let stderr = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(125), "{args:?}: {stderr}");
+        assert!(stderr.contains(says), "{args:?}: {stderr}");
+        assert!(
+            stderr.contains("Usage: crucible serve"),
+            "{args:?}: {stderr}"
+        );
+    }
+    // The client's CRUCIBLE_HOST and CRUCIBLE_API_KEY neither stop the daemon nor give it a
+    // key: TCP without keys is still refused, by the daemon itself.
+    let out = serve_failure(
+        &["serve", "--listen", "127.0.0.1:0"],
+        &[
+            ("CRUCIBLE_HOST", "http://127.0.0.1:7070"),
+            ("CRUCIBLE_API_KEY", "s3cr3t"),
+        ],
+    );
+    let stderr = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(125), "{stderr}");
+    assert!(
+        stderr.starts_with("crucible: error: listening on TCP (127.0.0.1:0) requires API keys"),
+        "{stderr}"
+    );
 }
 
 #[test]
@@ -1347,4 +1503,76 @@ fn a_tenants_text_is_shown_escaped_by_get_and_ps_and_exact_in_json() {
     let out = run(crucible(&daemon).args(["sandbox", "kill", "--exec-id", "hostile", &id]));
     assert!(out.status.success(), "{}", text(&out.stderr));
     job.wait().expect("the exec ends");
+}
+
+// The README's egress examples, run as written against a daemon started with the README's
+// own `serve --egress-allow` line: each example's allowlist is accepted (no internet is
+// needed to check that), and a rule without a port, which that daemon refuses, is answered
+// with the rule to ask for instead.
+
+fn readme() -> String {
+    std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../README.md")).expect("README")
+}
+
+/// The comma-separated value after `flag` on the README's line that holds `line_has`.
+fn flag_value(readme: &str, line_has: &str, flag: &str) -> String {
+    let line = readme
+        .lines()
+        .find(|l| l.contains(line_has) && l.contains(flag))
+        .unwrap_or_else(|| panic!("no README line with {line_has:?} and {flag}"));
+    let value = line
+        .split(flag)
+        .nth(1)
+        .and_then(|rest| rest.split_whitespace().next())
+        .unwrap_or_else(|| panic!("{flag} has no value in {line:?}"));
+    value.trim_matches('\'').to_string()
+}
+
+/// The `"allow":[…]` list of the README's `curl … POST $U/sandboxes` example.
+fn curl_allow(readme: &str) -> Vec<String> {
+    let line = readme
+        .lines()
+        .find(|l| l.contains("POST $U/sandboxes") && l.contains("\"allow\""))
+        .expect("the README's curl example with an allowlist");
+    let list = line
+        .split("\"allow\":[")
+        .nth(1)
+        .and_then(|rest| rest.split(']').next())
+        .expect("an allow list");
+    list.split(',')
+        .map(|rule| rule.trim().trim_matches('"').to_string())
+        .collect()
+}
+
+#[test]
+fn the_readmes_egress_examples_are_accepted_by_the_readmes_daemon() {
+    let readme = readme();
+    let operator = flag_value(&readme, "crucible serve", "--egress-allow");
+    let rules: Vec<String> = operator.split(',').map(str::to_string).collect();
+    let daemon = TestDaemon::start_with(|config| config.egress_allow = rules);
+    let crucible = || crucible_at(&daemon.socket);
+
+    let cli_allow = flag_value(&readme, "crucible run", "--allow");
+    let curl_allow = curl_allow(&readme).join(",");
+    for allow in [&cli_allow, &curl_allow] {
+        let out = run(crucible().args(["sandbox", "create", "--allow", allow]));
+        assert!(
+            out.status.success(),
+            "--allow {allow} under --egress-allow {operator}: {}",
+            text(&out.stderr)
+        );
+        let id = text(&out.stdout).trim().to_string();
+        let out = run(crucible().args(["sandbox", "rm", &id]));
+        assert!(out.status.success(), "{}", text(&out.stderr));
+    }
+    // cargo ≥ 1.70 reads the sparse index first: an example without it fetches nothing.
+    assert!(cli_allow.contains("index.crates.io"), "{cli_allow}");
+
+    let out = run(crucible().args(["sandbox", "create", "--allow", "index.crates.io"]));
+    assert!(!out.status.success());
+    let refusal = text(&out.stderr);
+    assert!(
+        refusal.contains("ask for `index.crates.io:80` or `index.crates.io:443`"),
+        "{refusal}"
+    );
 }
