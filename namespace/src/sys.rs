@@ -687,11 +687,9 @@ pub(crate) fn run_on_cpus(cpus: &[u32]) -> Result<(), SysError> {
     }
     // SAFETY: cpu_set_t is plain bits; all zeroes is the empty set.
     let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
-    for &cpu in cpus
-        .iter()
-        .filter(|c| (**c as usize) < crate::spec::MAX_CPUS)
-    {
-        // SAFETY: CPU_SET writes bit `cpu` of `set`, which holds MAX_CPUS bits.
+    let holds = 8 * std::mem::size_of_val(&set);
+    for &cpu in cpus.iter().filter(|c| (**c as usize) < holds) {
+        // SAFETY: CPU_SET writes bit `cpu` of `set`, which holds `holds` bits.
         unsafe { libc::CPU_SET(cpu as usize, &mut set) };
     }
     // SAFETY: `set` is a valid cpu_set_t of the size passed, alive for the call.
