@@ -311,6 +311,29 @@ pub(crate) fn egress_refusals(refused: &[api_types::EgressRefusal]) -> String {
     text
 }
 
+/// What `crucible run` says at the end of a job that failed with its writable layer full: its
+/// writes past it failed with ENOSPC, which the job's own message rarely blames on the
+/// sandbox. Nothing when it is not full (or its size is unknown).
+pub(crate) fn full_writable_layer(disk: &wire::DiskStats, on_disk: bool) -> String {
+    if !disk.is_full() {
+        return String::new();
+    }
+    let mib = |bytes: u64| bytes / (1024 * 1024);
+    let (used, size) = (mib(disk.used_bytes), mib(disk.limit_bytes));
+    if on_disk {
+        format!(
+            "crucible: the sandbox's writable layer was full ({used} of {size} MiB on its \
+             disk): writes failed with ENOSPC; give a larger --disk MIB\n"
+        )
+    } else {
+        format!(
+            "crucible: the sandbox's writable layer was full ({used} of {size} MiB, held in \
+             memory): writes failed with ENOSPC; give --disk MIB for a layer on the host's \
+             disk, or more --memory (the layer in memory is at most 3/4 of it)\n"
+        )
+    }
+}
+
 /// The `--stats` table.
 pub(crate) fn stats_table(result: &ExecResult) -> String {
     let mut out = format!("duration      {} ms\n", result.duration_ms);

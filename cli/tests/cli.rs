@@ -651,6 +651,37 @@ fn run_ends_with_the_destinations_its_egress_refused_and_why() {
     assert_eq!(text(&out.stderr), "");
 }
 
+/// The finding of issue 42: a build that outgrew the in-memory writable layer failed with
+/// ENOSPC, and nothing said that the sandbox's layer was full or that `--disk` makes it larger.
+#[test]
+fn a_job_that_fills_its_writable_layer_is_told_to_give_disk() {
+    let daemon = TestDaemon::start();
+    let out = run(crucible(&daemon).args([
+        "run",
+        "--memory",
+        "64",
+        "--",
+        "sh",
+        "-c",
+        "dd if=/dev/zero of=/big bs=1M count=100 2>/dev/null || { echo dd failed; exit 3; }",
+    ]));
+    assert_eq!(text(&out.stdout), "dd failed\n", "{}", text(&out.stderr));
+    assert_eq!(out.status.code(), Some(3));
+    let stderr = text(&out.stderr);
+    assert!(
+        stderr.contains("writable layer was full") && stderr.contains("--disk MIB"),
+        "{stderr}"
+    );
+    // A job that fails for another reason is not told about its layer.
+    let out = run(crucible(&daemon).args(["run", "--", "sh", "-c", "exit 4"]));
+    assert_eq!(out.status.code(), Some(4));
+    assert!(
+        !text(&out.stderr).contains("writable layer"),
+        "{}",
+        text(&out.stderr)
+    );
+}
+
 /// The finding of issue 42: `nproc` said the host's CPU count inside a 1-vCPU sandbox, so
 /// `make -j$(nproc)`, cargo and Go ran twice the jobs they had CPU for. It now counts the
 /// sandbox's vCPUs, at most the host's CPUs.

@@ -78,7 +78,32 @@ pub fn read(proc: &Path, memory_events: &Path) -> io::Result<SandboxStats> {
         current: processes,
         limit: 0,
     };
-    Ok(SandboxStats { memory, cpu, pids })
+    Ok(SandboxStats {
+        memory,
+        cpu,
+        pids,
+        disk: writable_layer(Path::new("/")),
+    })
+}
+
+/// What the filesystem of `root` holds and can hold: the guest's root, whose writes go to its
+/// writable layer. Unknown (zeros) if it cannot be asked.
+pub fn writable_layer(root: &Path) -> wire::DiskStats {
+    use std::os::unix::ffi::OsStrExt;
+    let Ok(path) = std::ffi::CString::new(root.as_os_str().as_bytes()) else {
+        return wire::DiskStats::default();
+    };
+    // SAFETY: statvfs is plain integers; all zeroes is a valid value to overwrite.
+    let mut fs: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: `path` is a NUL-terminated string and `fs` a live statvfs, both for the call.
+    if unsafe { libc::statvfs(path.as_ptr(), &mut fs) } != 0 {
+        return wire::DiskStats::default();
+    }
+    let block = fs.f_frsize;
+    wire::DiskStats {
+        used_bytes: fs.f_blocks.saturating_sub(fs.f_bfree).saturating_mul(block),
+        limit_bytes: fs.f_blocks.saturating_mul(block),
+    }
 }
 
 /// What the processes of the `/proc` at `proc` (a container's PID namespace) use: resident
@@ -119,6 +144,7 @@ pub fn read_processes(proc: &Path, mounts: Option<&Path>) -> io::Result<SandboxS
         resident_bytes = resident_bytes.saturating_add(resident_kib(&status) * 1024);
     }
     Ok(SandboxStats {
+        disk: wire::DiskStats::default(),
         memory: MemoryStats {
             usage_bytes: resident_bytes,
             ..MemoryStats::default()

@@ -77,6 +77,7 @@ mod tests {
                 current: 2,
                 limit: 1024,
             },
+            disk: wire::DiskStats::default(),
         };
         let any = metrics_any(&stats).expect("encoded");
         assert_eq!(any.type_url, METRICS_TYPE_URL);

@@ -31,7 +31,7 @@ pub use frame::{FrameType, UnknownFrameType, HEADER_SIZE, MAX_PAYLOAD};
 pub use io::{FrameReader, FrameWriter, ReadError, READ_BUFFER_SIZE};
 pub use message::{encode_message, read_message, write_message, MessageError, MAX_MESSAGE_SIZE};
 pub use signal::signal_number;
-pub use stats::{CpuStats, MemoryStats, PidsStats, SandboxStats};
+pub use stats::{CpuStats, DiskStats, MemoryStats, PidsStats, SandboxStats};
 pub use types::{
     valid_exec_id, ErrorBody, ExecList, ExecRequest, ExecResult, ExecState, ExecStatus,
     FilesPutResult, OnDisconnect, RefusedEntry, Rlimit, TerminalSize, Usage, ValidationError,

@@ -136,6 +136,14 @@ async fn run_in_sandbox(global: &Global, client: &client::Client, args: &Args) -
             Err(e) => warn(&e),
         }
     }
+    let failed = !matches!(&result, Some(Ok(r)) if r.exit_code == 0);
+    if failed {
+        // Only a failed job pays for the question; a stats error just leaves the hint out.
+        if let Ok(stats) = client.stats(&sandbox.id).await {
+            let on_disk = args.sandbox.disk_mib.is_some();
+            eprint!("{}", output::full_writable_layer(&stats.disk, on_disk));
+        }
+    }
     if sandbox.network.is_some() {
         match client.get(&sandbox.id).await {
             Ok(info) => {

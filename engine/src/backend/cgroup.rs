@@ -320,7 +320,13 @@ impl SandboxCgroups {
             // "max" (no limit) parses as nothing: 0.
             limit: number("pids.max"),
         };
-        wire::SandboxStats { memory, cpu, pids }
+        wire::SandboxStats {
+            memory,
+            cpu,
+            pids,
+            // Not the cgroups' to know: the backend fills it in.
+            disk: wire::DiskStats::default(),
+        }
     }
 
     /// The `cgroup.procs` files the sandbox's supervisor writes its pid into to join every

@@ -743,6 +743,24 @@ impl NamespaceInstance {
     }
 }
 
+impl NamespaceInstance {
+    /// What its writable layer holds and can hold: the filesystem under its PID 1's root
+    /// (an overlay reports its upper layer's: the in-memory scratch, or the disk image).
+    fn writable_layer(&self) -> Option<wire::DiskStats> {
+        let supervisor = self.record.as_ref()?.supervisor_pid;
+        let init = super::mount_table::sandbox_init(supervisor).ok()?;
+        let fs = nix::sys::statvfs::statvfs(format!("/proc/{init}/root/").as_str()).ok()?;
+        let block = fs.fragment_size();
+        Some(wire::DiskStats {
+            used_bytes: fs
+                .blocks()
+                .saturating_sub(fs.blocks_free())
+                .saturating_mul(block),
+            limit_bytes: fs.blocks().saturating_mul(block),
+        })
+    }
+}
+
 /// The device number of the loop device `image` backs now, as a mount table shows it.
 fn loop_device(image: &Path) -> Result<String, String> {
     crate::storage::loop_device_of(image)
@@ -890,7 +908,9 @@ impl Instance for NamespaceInstance {
         Box::pin(async move {
             let cleanup = self.cleanup.lock().await;
             let cgroups = cleanup.as_ref()?.cgroups.as_ref()?;
-            Some(cgroups.stats())
+            let mut stats = cgroups.stats();
+            stats.disk = self.writable_layer().unwrap_or_default();
+            Some(stats)
         })
     }
 

@@ -614,6 +614,33 @@ class CreateSandbox:
 
 
 @dataclass
+class DiskStats:
+    """A sandbox's writable layer: what `/` (with `/tmp` and `/dev/shm`, where they share it)
+    holds beyond the image, in memory or on its `disk_mib` disk. Writes past `limit_bytes`
+    fail with `ENOSPC`.
+    """
+
+    #: Its size (0 when unknown).
+    limit_bytes: int
+
+    #: Bytes written (0 when unknown).
+    used_bytes: int
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> DiskStats:
+        return cls(
+            limit_bytes=data['limit_bytes'],
+            used_bytes=data['used_bytes'],
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        out['limit_bytes'] = self.limit_bytes
+        out['used_bytes'] = self.used_bytes
+        return out
+
+
+@dataclass
 class EgressRefusal:
     """A destination a sandbox's egress refused."""
 
@@ -1608,12 +1635,16 @@ class SandboxStats:
     #: Processes.
     pids: PidsStats
 
+    #: Its writable layer (absent from older daemons and agents: zeros).
+    disk: DiskStats = field(default_factory=dict)
+
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> SandboxStats:
         return cls(
             cpu=CpuStats.from_dict(data['cpu']),
             memory=MemoryStats.from_dict(data['memory']),
             pids=PidsStats.from_dict(data['pids']),
+            disk=DiskStats.from_dict(data.get('disk', {})),
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -1621,6 +1652,8 @@ class SandboxStats:
         out['cpu'] = self.cpu.to_dict()
         out['memory'] = self.memory.to_dict()
         out['pids'] = self.pids.to_dict()
+        if self.disk:
+            out['disk'] = self.disk.to_dict()
         return out
 
 
@@ -1976,6 +2009,7 @@ __all__ = [
     'ContainerState',
     'CpuStats',
     'CreateSandbox',
+    'DiskStats',
     'EgressRefusal',
     'ErrorBody',
     'ExecList',

@@ -2469,6 +2469,23 @@ export interface components {
              */
             volumes?: components["schemas"]["VolumeMount"][];
         };
+        /**
+         * @description A sandbox's writable layer: what `/` (with `/tmp` and `/dev/shm`, where they share it)
+         *     holds beyond the image, in memory or on its `disk_mib` disk. Writes past `limit_bytes`
+         *     fail with `ENOSPC`.
+         */
+        DiskStats: {
+            /**
+             * Format: uint64
+             * @description Its size (0 when unknown).
+             */
+            limit_bytes: number;
+            /**
+             * Format: uint64
+             * @description Bytes written (0 when unknown).
+             */
+            used_bytes: number;
+        };
         /** @description A destination a sandbox's egress refused. */
         EgressRefusal: {
             /**
@@ -3046,6 +3063,14 @@ export interface components {
         SandboxStats: {
             /** @description CPU time. */
             cpu: components["schemas"]["CpuStats"];
+            /**
+             * @description Its writable layer (absent from older daemons and agents: zeros).
+             * @default {
+             *       "limit_bytes": 0,
+             *       "used_bytes": 0
+             *     }
+             */
+            disk?: components["schemas"]["DiskStats"];
             /** @description Memory. */
             memory: components["schemas"]["MemoryStats"];
             /** @description Processes. */
