@@ -697,3 +697,104 @@ async fn the_container_factory_is_out_of_every_roots_sight_and_losing_it_harms_n
         sb.assert_alive().await;
     }
 }
+
+/// A container granted `SYS_ADMIN` (as Kubernetes' `privileged: true` is) may mount, in its
+/// own mount namespace only: it can take crucible's read-only `/proc/sys` and masks away
+/// there, as a privileged container under runc has none, but the kernel's own checks still
+/// keep the host's settings, kernel memory and `/sys` out of reach, and nothing it mounts
+/// reaches a peer, the sandbox's own root or the host.
+#[tokio::test]
+async fn a_container_granted_sys_admin_mounts_in_its_own_namespace_only() {
+    let daemon = Arc::new(TestDaemon::start());
+    let mut request = pod_request();
+    request.containers[1].security.capabilities = Some(vec!["ALL".into(), "SYS_ADMIN".into()]);
+    let client = daemon.client();
+    let id = client.create(&request).await.expect("create a pod").id;
+    let admin = Sandbox {
+        daemon: daemon.clone(),
+        client: client.clone(),
+        id: id.clone(),
+        container: Some("job"),
+    };
+    let host_mounts = || std::fs::read_to_string("/proc/self/mountinfo").expect("mountinfo");
+    let before = host_mounts().lines().count();
+
+    // The host's settings, with /proc/sys no longer read-only in the container.
+    let sysctl = Path::new("/proc/sys/kernel/printk_ratelimit_burst");
+    let value = std::fs::read_to_string(sysctl).expect("read the host's sysctl");
+    let (out, err, code) = admin
+        .sh(&format!(
+            "umount /proc/sys && echo unmounted; echo 99 > {} && echo written",
+            sysctl.display()
+        ))
+        .await;
+    assert_eq!(out, "unmounted\n", "{err}");
+    assert_ne!(code, 0);
+    assert_eq!(
+        std::fs::read_to_string(sysctl).expect("read the host's sysctl"),
+        value,
+        "a host sysctl changed"
+    );
+    let verdicts = admin
+        .probe(&[
+            "openw:/proc/sys/vm/drop_caches",
+            "openw:/proc/sysrq-trigger",
+            "openw:/proc/sys/kernel/core_pattern",
+        ])
+        .await;
+    // drop_caches is in every kernel; the others depend on its configuration.
+    let refused: &[&str] = &["EACCES", "EPERM", "EROFS"];
+    let refused_or_absent: &[&str] = &["EACCES", "EPERM", "EROFS", "ENOENT"];
+    assert_verdicts(
+        &verdicts,
+        &[
+            ("openw:/proc/sys/vm/drop_caches", refused),
+            ("openw:/proc/sysrq-trigger", refused_or_absent),
+            ("openw:/proc/sys/kernel/core_pattern", refused_or_absent),
+        ],
+    );
+
+    // A new /proc shows the container's own PID namespace, and no kernel memory; no /sys.
+    let (out, err, code) = admin
+        .sh("mkdir -p /tmp/p && mount -t proc proc /tmp/p && \
+             test \"$(ls /tmp/p | grep -c '^[0-9]')\" = \"$(ls /proc | grep -c '^[0-9]')\" && \
+             echo own-pids; head -c 1 /tmp/p/kcore >/dev/null 2>&1 || echo no-kcore; \
+             mkdir -p /tmp/s && mount -t sysfs sysfs /tmp/s 2>/dev/null || echo no-sysfs")
+        .await;
+    assert_eq!(
+        (out.as_str(), code),
+        ("own-pids\nno-kcore\nno-sysfs\n", 0),
+        "{err}"
+    );
+
+    // A tmpfs over the shared directory is the container's alone.
+    let (out, err, code) = admin
+        .sh("mount -t tmpfs none /probe && touch /probe/over && mount --make-rshared /probe && echo ok")
+        .await;
+    assert_eq!((out.as_str(), code), ("ok\n", 0), "{err}");
+    let peer = |container: &'static str| Sandbox {
+        daemon: daemon.clone(),
+        client: client.clone(),
+        id: id.clone(),
+        container: Some(container),
+    };
+    let (out, _, _) = peer("svc")
+        .sh("ls /srv/tools; grep -c tmpfs /proc/self/mountinfo")
+        .await;
+    assert!(!out.contains("over"), "the peer sees the mount: {out}");
+    let root = Sandbox {
+        container: None,
+        ..peer("svc")
+    };
+    let (out, _, _) = root.sh("ls /tools").await;
+    assert!(
+        !out.contains("over"),
+        "the sandbox's root sees the mount: {out}"
+    );
+    assert_eq!(
+        host_mounts().lines().count(),
+        before,
+        "the host's mounts changed"
+    );
+    admin.assert_alive().await;
+}
