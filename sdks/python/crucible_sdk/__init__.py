@@ -20,7 +20,7 @@ from .errors import (AgentError, BackendUnavailable, CacheBusy, CacheNotFound, C
                      PayloadTooLarge, PermissionDenied, ProtocolError, RefusedEntry,
                      SandboxNotFound, ServiceUnavailable, ShuttingDown, Timeout,
                      TooManyRequests, Unauthorized)
-from .files import Files
+from .files import FileMeta, Files
 from .models import (CacheMount, ContainerInfo, ContainerRequest, CreateSandbox, ExecRequest,
                      ExecResult, ReadyCheck, Rlimit, SharedMount, TerminalSize, VolumeMount)
 from .pool import PoolShape, PoolStatus
@@ -42,7 +42,7 @@ __all__ = [
     "ContainerInfo", "ContainerLog", "ContainerNotFound", "ContainerNotReady",
     "ContainerRequest", "CreateSandbox",
     "CrucibleError", "DecodeError", "Decoder", "EXIT", "EgressNotAllowed", "Event",
-    "ExecNotFound", "ExecRequest", "ExecResult", "ExecStream", "Exit", "FileNotFound", "Files",
+    "ExecNotFound", "ExecRequest", "ExecResult", "ExecStream", "Exit", "FileMeta", "FileNotFound", "Files",
     "Frame", "HEADER_SIZE", "ImageNotFound", "ImageTooLarge", "InsufficientStorage",
     "InternalError", "InvalidImage", "InvalidRequest", "IsADirectory", "MAX_PAYLOAD", "NoSpace",
     "NotFound", "NotSupported", "PayloadTooLarge", "PermissionDenied", "PoolShape",

@@ -12,6 +12,7 @@ from typing import IO, Any, Dict, List, Optional, Type, TypeVar, Union
 from . import _api, _bare_run, _http1, _sync_io
 from ._address import Address, api_key_from_env, parse_address
 from .errors import ExecNotFound, FileNotFound, NotFound, from_response
+from .files import FileMeta, file_meta
 from .models import (CacheInfo, ContainerInfo, ContainerRequest, CreateSandbox, ExecRequest, ExecStatus,
                      FilesPutResult, ImageInfo, ImagesPruned, SandboxInfo, SandboxStats)
 from .pool import PoolStatus, parse_pool
@@ -260,13 +261,18 @@ class Client:
     def get_file_to(self, sandbox_id: str, path: str, out: IO[bytes], *,
                     container: Optional[str] = None) -> int:
         """Streams one file into `out`; returns its size."""
+        return self.get_file_meta_to(sandbox_id, path, out, container=container).size
+
+    def get_file_meta_to(self, sandbox_id: str, path: str, out: IO[bytes], *,
+                         container: Optional[str] = None) -> FileMeta:
+        """Streams one file into `out`; returns its size, mode and modification time."""
         response = self._open("GET", _api.files_target(sandbox_id, path, container),
                               not_found=FileNotFound)
         size = 0
         for piece in _sync_io.iter_body(response):
             out.write(piece)
             size += len(piece)
-        return size
+        return file_meta(size, response.header)
 
     # -- caches -----------------------------------------------------------------------------
 

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import email.utils
 import os
 import pathlib
 import posixpath
-from typing import IO, TYPE_CHECKING, Optional, Union
+from typing import IO, TYPE_CHECKING, Callable, NamedTuple, Optional, Union
 
 from . import _api, _tar
 from .errors import IsADirectory
@@ -22,6 +23,44 @@ def split_guest_path(path: str) -> tuple[str, str]:
         raise ValueError(f"a guest file path must be absolute and name a file, got {path!r}")
     directory, name = posixpath.split(posixpath.normpath(path))
     return directory, name
+
+
+class FileMeta(NamedTuple):
+    """What a file download says of the file besides its bytes."""
+
+    #: Bytes received.
+    size: int
+    #: Its mode bits in the sandbox (`X-Crucible-Mode`), setuid and all; None if not said.
+    mode: Optional[int]
+    #: Its modification time, in seconds since the epoch (`Last-Modified`); None if not said.
+    modified: Optional[float]
+
+
+def file_meta(size: int, header: Callable[[str], str]) -> FileMeta:
+    """The metadata of a download from its response's `header` lookup; a header that is
+    missing or malformed reads as None."""
+    mode: Optional[int] = None
+    try:
+        mode = int(header("x-crucible-mode"), 8)
+    except ValueError:
+        pass
+    modified: Optional[float] = None
+    text = header("last-modified")
+    if text:
+        try:
+            modified = email.utils.parsedate_to_datetime(text).timestamp()
+        except (TypeError, ValueError):
+            pass
+    return FileMeta(size, mode, modified)
+
+
+def keep_meta(path: pathlib.Path, meta: FileMeta) -> None:
+    """Gives a downloaded file its mode and time, as `cp -p` does, but never setuid, setgid
+    or sticky: a sandbox must not plant those on the host of whoever downloads its files."""
+    if meta.mode is not None:
+        os.chmod(path, meta.mode & 0o777)
+    if meta.modified is not None:
+        os.utime(path, (meta.modified, meta.modified))
 
 
 def dir_tar_command(path: str) -> list[str]:
@@ -67,14 +106,17 @@ class Files:
         return self._client.put_tar(self._id, dest, archive, container=self._container)
 
     def download(self, path: str, local: _tar.PathLike) -> pathlib.Path:
-        """Copies a guest file to the local path, or a guest directory into the local
-        directory (through the image's `tar`). Returns the local path."""
+        """Copies a guest file to the local path, with its mode and modification time (never
+        setuid, setgid or sticky), or a guest directory into the local directory (through
+        the image's `tar`, modes and times kept likewise). Returns the local path."""
         target = pathlib.Path(local)
         tmp = target.with_name(target.name + ".crucible-part")
         try:
             target.parent.mkdir(parents=True, exist_ok=True)
             with open(tmp, "wb") as out:
-                self._client.get_file_to(self._id, path, out, container=self._container)
+                meta = self._client.get_file_meta_to(self._id, path, out,
+                                                     container=self._container)
+            keep_meta(tmp, meta)
             os.replace(tmp, target)
             return target
         except IsADirectory:

@@ -1636,7 +1636,7 @@ class SandboxStats:
     pids: PidsStats
 
     #: Its writable layer (absent from older daemons and agents: zeros).
-    disk: DiskStats = field(default_factory=dict)
+    disk: DiskStats = field(default_factory=lambda: DiskStats.from_dict({'limit_bytes': 0, 'used_bytes': 0}))
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> SandboxStats:
@@ -1644,7 +1644,7 @@ class SandboxStats:
             cpu=CpuStats.from_dict(data['cpu']),
             memory=MemoryStats.from_dict(data['memory']),
             pids=PidsStats.from_dict(data['pids']),
-            disk=DiskStats.from_dict(data.get('disk', {})),
+            disk=DiskStats.from_dict(data.get('disk', {'limit_bytes': 0, 'used_bytes': 0})),
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -1652,7 +1652,7 @@ class SandboxStats:
         out['cpu'] = self.cpu.to_dict()
         out['memory'] = self.memory.to_dict()
         out['pids'] = self.pids.to_dict()
-        if self.disk:
+        if self.disk != DiskStats.from_dict({'limit_bytes': 0, 'used_bytes': 0}):
             out['disk'] = self.disk.to_dict()
         return out
 

@@ -136,6 +136,10 @@ def test_files_round_trip(daemon, tmp_path):
             assert await sb.files.read("/w/tree/d/f.bin") == bytes(range(256)) * 3000
             back = await sb.files.download("/w/tree", tmp_path / "back")
             assert (back / "d" / "f.bin").read_bytes() == bytes(range(256)) * 3000
+            (await sb.run("chmod 6750 /w/tree/d/f.bin && touch -d @1600000000 /w/tree/d/f.bin")).check()
+            one = await sb.files.download("/w/tree/d/f.bin", tmp_path / "one.bin")
+            assert (oct(one.stat().st_mode & 0o7777), int(one.stat().st_mtime)) == \
+                ("0o750", 1600000000)
             with pytest.raises(FileNotFound):
                 await sb.files.read("/w/missing")
 

@@ -160,6 +160,18 @@ def test_files_write_read_upload_download(sb, tmp_path):
         sb.files.read("/work/tree")
 
 
+def test_a_download_keeps_mode_and_time_but_never_setuid(client, sb, tmp_path):
+    sb.run("mkdir -p /work && printf x > /work/tool && chmod 4755 /work/tool && touch -d @1700000000 /work/tool"
+           " && printf y > /work/notes && chmod 600 /work/notes").check()
+    tool = sb.files.download("/work/tool", tmp_path / "tool")
+    assert (oct(tool.stat().st_mode & 0o7777), int(tool.stat().st_mtime)) == ("0o755", 1700000000)
+    notes = sb.files.download("/work/notes", tmp_path / "notes")
+    assert oct(notes.stat().st_mode & 0o7777) == "0o600"
+    with open(tmp_path / "raw", "wb") as out:
+        meta = client.get_file_meta_to(sb.id, "/work/tool", out)
+    assert (meta.size, meta.mode, meta.modified) == (1, 0o4755, 1700000000.0)
+
+
 def test_errors_map_to_their_classes(client, sb, blob_server):
     with pytest.raises(SandboxNotFound):
         Sandbox.connect("sb-0123456789abcdef", client=client)

@@ -184,6 +184,9 @@ def gen_object(name: str, schema: Schema, schemas: Dict[str, Schema]) -> List[st
                 value = ps["default"]
                 if isinstance(value, list):
                     default = "field(default_factory=list)"
+                elif isinstance(value, dict) and not t.annotation.startswith("dict["):
+                    # An object of a model class: that class, loaded from the default.
+                    default = f"field(default_factory=lambda: {t.loader(repr(value))})"
                 elif isinstance(value, dict):
                     default = "field(default_factory=dict)"
                 else:
@@ -214,6 +217,8 @@ def gen_object(name: str, schema: Schema, schemas: Dict[str, Schema]) -> List[st
                     "field(default_factory=list)": "[]",
                     "field(default_factory=dict)": "{}",
                 }.get(default or "None", default or "None")
+                if fallback.startswith("field(default_factory=lambda: "):
+                    fallback = repr(props[prop]["default"])
                 getter = f"data.get({prop!r}, {fallback})"
                 if t.load == "{v}":
                     out.append(f"            {attr}={getter},")
@@ -234,6 +239,9 @@ def gen_object(name: str, schema: Schema, schemas: Dict[str, Schema]) -> List[st
             condition = f"self.{attr} is not None"
         elif default in ("field(default_factory=list)", "field(default_factory=dict)"):
             condition = f"self.{attr}"
+        elif default and default.startswith("field(default_factory=lambda: "):
+            made = default[len("field(default_factory=lambda: "):-1]
+            condition = f"self.{attr} != {made}"
         else:
             condition = f"self.{attr} != {default}"
         out.append(f"        if {condition}:")

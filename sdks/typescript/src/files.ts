@@ -2,7 +2,8 @@
 // (`POST …/files?path=DIR`), downloads are one file each (`GET …/files?path=FILE`).
 
 import { createWriteStream } from "node:fs";
-import { rename, rm } from "node:fs/promises";
+import { chmod, rename, rm, utimes } from "node:fs/promises";
+import type { IncomingHttpHeaders } from "node:http";
 import path from "node:path";
 import { Readable } from "node:stream";
 import { pipeline } from "node:stream/promises";
@@ -18,6 +19,31 @@ const SMALL_UPLOAD = 1 << 20;
 
 /** A tar archive: bytes, or a stream of them. */
 export type TarSource = Uint8Array | Readable | AsyncIterable<Uint8Array>;
+
+/** One header's value (undici gives them lower-cased; a repeated one, the first). */
+function header(headers: IncomingHttpHeaders, name: string): string | undefined {
+  const v = headers[name];
+  return Array.isArray(v) ? v[0] : v;
+}
+
+/**
+ * A downloaded file's permission bits from `X-Crucible-Mode` (octal, `0755`): only the
+ * `0o777` bits, never setuid, setgid or sticky, which a sandbox must not plant on the host of
+ * whoever downloads its files. `undefined` when the header is absent or not octal.
+ */
+export function modeFromHeader(value: string | undefined): number | undefined {
+  const v = value?.trim();
+  if (!v || !/^[0-7]{1,7}$/.test(v)) return undefined;
+  return Number.parseInt(v, 8) & 0o777;
+}
+
+/** A downloaded file's modification time from `Last-Modified` (an HTTP date), in ms; `undefined` when absent or no date. */
+export function mtimeFromHeader(value: string | undefined): number | undefined {
+  const v = value?.trim();
+  if (!v) return undefined;
+  const ms = Date.parse(v);
+  return Number.isFinite(ms) && ms >= 0 ? ms : undefined;
+}
 
 function absolute(p: string, what: string): string {
   if (typeof p !== "string" || !p.startsWith("/")) throw new TypeError(`${what} must be an absolute guest path, got ${JSON.stringify(p)}`);
@@ -86,7 +112,10 @@ export class Files {
 
   /**
    * Downloads one file to `localPath`, streamed; the file appears there only once it is
-   * complete. Returns its size.
+   * complete, with the permission bits and modification time it has in the sandbox
+   * (`X-Crucible-Mode`, `Last-Modified`), as `cp -p` and `crucible cp` keep them, but never
+   * setuid, setgid or sticky. Without a header (or with one that does not parse), the file is
+   * 0644 (less the umask), or timed when written. Returns its size.
    */
   async download(guestPath: string, localPath: string): Promise<number> {
     absolute(guestPath, "the file's path");
@@ -96,6 +125,11 @@ export class Files {
     res.body.on("data", (c: Buffer) => (bytes += c.length));
     try {
       await pipeline(res.body, createWriteStream(partial, { mode: 0o644 }));
+      // On the partial file, so that the file appears with its time and mode or not at all.
+      const mtimeMs = mtimeFromHeader(header(res.headers, "last-modified"));
+      if (mtimeMs !== undefined) await utimes(partial, mtimeMs / 1000, mtimeMs / 1000);
+      const mode = modeFromHeader(header(res.headers, "x-crucible-mode"));
+      if (mode !== undefined) await chmod(partial, mode);
       await rename(partial, localPath);
     } catch (e) {
       res.body.destroy();

@@ -1,9 +1,12 @@
-// Files against a real daemon: write/read, a tree uploaded and downloaded back, the refusals.
+// Files against a real daemon: write/read, a tree uploaded and downloaded back, the refusals,
+// a download's mode and time.
 
 import assert from "node:assert/strict";
 import { createHash, randomBytes } from "node:crypto";
 import { execFileSync } from "node:child_process";
-import { mkdirSync, mkdtempSync, readFileSync, rmSync, symlinkSync, writeFileSync } from "node:fs";
+import { mkdirSync, mkdtempSync, readFileSync, rmSync, statSync, symlinkSync, writeFileSync } from "node:fs";
+import http from "node:http";
+import type { AddressInfo } from "node:net";
 import os from "node:os";
 import path from "node:path";
 import { after, before, describe, test } from "node:test";
@@ -139,5 +142,68 @@ describe("trees", () => {
     mkdirSync(odd);
     execFileSync("mkfifo", [path.join(odd, "fifo")], { timeout: 10_000 });
     await assert.rejects(sb.files.uploadDir(odd, "/work/odd"), /only regular files, directories and symbolic links/);
+  });
+});
+
+describe("download keeps mode and time", () => {
+  test("a file's permission bits and mtime come down with it, never setuid", T, async () => {
+    await sb.files.write("/work/keep/tool", "#!/bin/sh\necho tool\n", { mode: 0o755 });
+    await sb.files.write("/work/keep/suid", "#!/bin/sh\necho suid\n", { mode: 0o755 });
+    const prep = await sb.run(["sh", "-c", "chmod 4755 /work/keep/suid && touch -d @1700000000 /work/keep/tool /work/keep/suid && stat -c '%a %Y' /work/keep/tool /work/keep/suid"]);
+    assert.equal(prep.exitCode, 0, prep.stderrText);
+    assert.equal(prep.stdoutText, "755 1700000000\n4755 1700000000\n");
+
+    for (const name of ["tool", "suid"]) {
+      const to = path.join(local, `kept-${name}`);
+      assert.equal(await sb.files.download(`/work/keep/${name}`, to), `#!/bin/sh\necho ${name}\n`.length);
+      const st = statSync(to);
+      assert.equal(st.mode & 0o7777, 0o755, `${name}: 0755, setuid, setgid and sticky dropped`);
+      assert.equal(Math.floor(st.mtimeMs / 1000), 1700000000, `${name}: the sandbox's mtime`);
+      assert.equal(Math.floor(st.atimeMs / 1000), 1700000000, `${name}: atime set with it`);
+    }
+    // A mode that takes the owner's bits away still comes down whole.
+    await sb.run(["chmod", "0400", "/work/keep/tool"]);
+    const ro = path.join(local, "kept-ro");
+    await sb.files.download("/work/keep/tool", ro);
+    assert.equal(statSync(ro).mode & 0o7777, 0o400);
+  });
+
+  test("without X-Crucible-Mode and Last-Modified, or with them garbled, the file is 0644 and timed now", T, async () => {
+    // A daemon of our own, that answers any download with these headers.
+    const answers: Record<string, Record<string, string>> = {
+      "/absent": {},
+      "/garbled": { "x-crucible-mode": "rwxr-xr-x", "last-modified": "not a date" },
+      "/empty": { "x-crucible-mode": "", "last-modified": "" },
+    };
+    const server = http.createServer((req, res) => {
+      const asked = new URL(req.url ?? "/", "http://x").searchParams.get("path") ?? "";
+      const headers = answers[asked];
+      if (headers === undefined) {
+        res.writeHead(404, { "content-type": "application/json" }).end(JSON.stringify({ error: { code: "not_found", message: "no such file" } }));
+        return;
+      }
+      res.writeHead(200, { ...headers, "content-type": "application/octet-stream", "content-length": "5" }).end("hello");
+    });
+    await new Promise<void>((resolve) => server.listen(0, "127.0.0.1", resolve));
+    const fake = new Crucible({ host: `http://127.0.0.1:${(server.address() as AddressInfo).port}` });
+    try {
+      const reference = path.join(local, "reference-0644");
+      writeFileSync(reference, "", { mode: 0o644 });
+      const expected = statSync(reference).mode & 0o7777;
+      const ghost = new Sandbox(fake, "sb-0123456789abcdef");
+      for (const asked of Object.keys(answers)) {
+        const to = path.join(local, `plain${asked.replace("/", "-")}`);
+        const start = Date.now();
+        assert.equal(await ghost.files.download(asked, to), 5);
+        assert.equal(readFileSync(to, "utf8"), "hello");
+        const st = statSync(to);
+        assert.equal(st.mode & 0o7777, expected, asked);
+        assert.ok(st.mtimeMs >= start - 2_000 && st.mtimeMs <= Date.now() + 2_000, `${asked}: timed now, not ${st.mtime.toISOString()}`);
+      }
+    } finally {
+      await fake.close();
+      server.closeAllConnections();
+      await new Promise<void>((resolve) => server.close(() => resolve()));
+    }
   });
 });

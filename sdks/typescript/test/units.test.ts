@@ -27,6 +27,7 @@ import {
   parseHost,
 } from "../src/index.js";
 import { FrameType, encodeFrame } from "../src/codec.js";
+import { modeFromHeader, mtimeFromHeader } from "../src/files.js";
 import { InteractiveSession } from "../src/interactive.js";
 import type { Pipe, PipeSink } from "../src/pipe.js";
 import { tarSize, tarStream, treeEntries } from "../src/tar.js";
@@ -145,6 +146,19 @@ describe("addresses", () => {
     assert.throws(() => parseHost(""), TypeError);
     assert.throws(() => parseHost("https://h:1"), /plain HTTP/);
     assert.throws(() => parseHost("http://h:1/x"), /nothing after it/);
+  });
+});
+
+describe("a download's headers", () => {
+  test("X-Crucible-Mode gives the 0777 bits only; Last-Modified an HTTP date; anything else nothing", () => {
+    assert.equal(modeFromHeader("0755"), 0o755);
+    assert.equal(modeFromHeader("0644"), 0o644);
+    assert.equal(modeFromHeader("4755"), 0o755);
+    assert.equal(modeFromHeader("7777"), 0o777);
+    assert.equal(modeFromHeader("0400"), 0o400);
+    for (const bad of [undefined, "", " ", "rwxr-xr-x", "0x1ed", "-755", "0758", "12345670"]) assert.equal(modeFromHeader(bad), undefined, String(bad));
+    assert.equal(mtimeFromHeader("Tue, 14 Nov 2023 22:13:20 GMT"), 1_700_000_000_000);
+    for (const bad of [undefined, "", "not a date"]) assert.equal(mtimeFromHeader(bad), undefined, String(bad));
   });
 });
 

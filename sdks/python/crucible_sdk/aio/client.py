@@ -12,6 +12,7 @@ from .. import _api
 from .._address import Address, api_key_from_env, parse_address
 from ..client import DEFAULT_TIMEOUT
 from ..errors import ExecNotFound, FileNotFound, NotFound, from_response
+from ..files import FileMeta, file_meta
 from ..models import (CacheInfo, ContainerInfo, ContainerRequest, CreateSandbox, ExecRequest, ExecStatus,
                       FilesPutResult, ImageInfo, ImagesPruned, SandboxInfo, SandboxStats)
 from ..pool import PoolStatus, parse_pool
@@ -210,13 +211,19 @@ class AsyncClient:
 
     async def get_file_to(self, sandbox_id: str, path: str, out: IO[bytes], *,
                           container: Optional[str] = None) -> int:
+        meta = await self.get_file_meta_to(sandbox_id, path, out, container=container)
+        return meta.size
+
+    async def get_file_meta_to(self, sandbox_id: str, path: str, out: IO[bytes], *,
+                               container: Optional[str] = None) -> FileMeta:
+        """Streams one file into `out`; returns its size, mode and modification time."""
         response = await self._open("GET", _api.files_target(sandbox_id, path, container),
                                     not_found=FileNotFound)
         size = 0
         while True:
             piece = await response.read_some()
             if not piece:
-                return size
+                return file_meta(size, response.header)
             out.write(piece)
             size += len(piece)
 

@@ -13,7 +13,7 @@ from typing import IO, Mapping, Optional, Sequence, Union
 
 from .. import _api, _tar
 from ..errors import ContainerNotFound, IsADirectory, SandboxNotFound
-from ..files import Data, dir_tar_command, split_guest_path
+from ..files import Data, dir_tar_command, keep_meta, split_guest_path
 from ..models import (BackendKind, CacheMount, ContainerInfo, ContainerRequest, ExecStatus,
                       FilesPutResult, NetworkRequest, OnDisconnect, Rlimit, SandboxInfo,
                       SandboxStats, SharedMount, VolumeMount)
@@ -65,7 +65,9 @@ class AsyncFiles:
         try:
             target.parent.mkdir(parents=True, exist_ok=True)
             with open(tmp, "wb") as out:
-                await self._client.get_file_to(self._id, path, out, container=self._container)
+                meta = await self._client.get_file_meta_to(self._id, path, out,
+                                                           container=self._container)
+            keep_meta(tmp, meta)
             os.replace(tmp, target)
             return target
         except IsADirectory:
