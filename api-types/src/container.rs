@@ -56,6 +56,15 @@ pub struct ContainerRequest {
     /// makes every container join).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub share_process_namespace: bool,
+    /// Its first command (its `command`, or the first exec in it) is PID 1 of its PID
+    /// namespace, as under runc and `docker run`, instead of its agent, which stays outside
+    /// that namespace: a signal reaches it as a PID 1 receives one (one it has no handler for
+    /// is ignored, but `SIGKILL`), and when it exits every process of the container ends and
+    /// no command can start there again. What the Kubernetes shim asks for each container.
+    /// Namespace backend only; not with `share_process_namespace` or a `restart` other than
+    /// `"no"` (`400`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub command_is_pid1: bool,
     /// What its processes may do, as a Kubernetes container's `securityContext` asks: within
     /// the sandbox's own rules, never beyond them. Namespace backend only (a microVM answers
     /// `400`).

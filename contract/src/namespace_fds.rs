@@ -16,3 +16,11 @@ pub const PID1_FACTORY_FD: i32 = 6;
 /// PID 1 and every container's agent hold it here, close-on-exec, and each command they start
 /// writes itself into it before it executes.
 pub const COMMANDS_CGROUP_FD: i32 = 7;
+/// A container whose main process is PID 1 of a PID namespace of its own: its agent's
+/// connection to that process-to-be (`guest-init container-init`), which starts the
+/// container's first command in its own place, as PID 1.
+pub const CONTAINER_INIT_FD: i32 = 8;
+/// With it: the agent's connection to the container's spawner (`guest-init
+/// container-spawner`), which makes every later command in that PID namespace, as the agent's
+/// child.
+pub const CONTAINER_SPAWNER_FD: i32 = 9;

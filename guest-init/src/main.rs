@@ -105,6 +105,9 @@ struct Args {
     shared_pids: bool,
     /// `sandbox-container --command-capabilities HEX`: the bounding set of every command.
     command_capabilities: Option<u64>,
+    /// `sandbox-container --container-init PID`: the container's first command is PID 1,
+    /// started by its init (this pid, our child); later ones by its spawner.
+    container_init: Option<libc::pid_t>,
     /// `sandbox-container --seccomp-filter HEX` in a microVM: the container's own seccomp
     /// profile, compiled (packed instructions), installed once its root is built.
     seccomp_filter: Vec<u64>,
@@ -139,7 +142,13 @@ fn is_vm_init(pid: u32, args: &[String]) -> bool {
         |a: &str| matches!(a, "--listen" | "--selftest") || a.starts_with("--listen=");
     let subcommand = matches!(
         args.first().map(String::as_str),
-        Some("sandbox" | "sandbox-pid1" | "sandbox-container")
+        Some(
+            "sandbox"
+                | "sandbox-pid1"
+                | "sandbox-container"
+                | "container-init"
+                | "container-spawner"
+        )
     );
     pid == 1 && !subcommand && !args.iter().any(|a| names_a_mode(a))
 }
@@ -229,6 +238,18 @@ fn parse_args(argv: Vec<String>) -> Result<Option<Args>, String> {
                 args.seccomp_filter = contract::container_security::parse_filter(&value(&flag)?)
                     .map_err(|why| format!("{flag}: {why}"))?;
             }
+            "--container-init" => {
+                if !matches!(args.mode, Mode::SandboxContainer) {
+                    return Err(format!("{flag} is for sandbox-container only"));
+                }
+                let pid = value(&flag)?;
+                args.container_init = Some(
+                    pid.parse()
+                        .ok()
+                        .filter(|p: &libc::pid_t| *p > 0)
+                        .ok_or(format!("{flag} needs a pid, got {pid:?}"))?,
+                );
+            }
             "--container-factory" => {
                 if !matches!(args.mode, Mode::SandboxPid1) {
                     return Err(format!("{flag} is only valid after `sandbox-pid1`"));
@@ -285,6 +306,26 @@ fn main() -> ExitCode {
     let argv = arguments();
     if is_vm_init(sys::getpid(), &argv) {
         init::vm_main(&argv);
+    }
+    // A container's init and spawner (guest_init::container_init): no flags, no serving.
+    let role = match argv.first().map(String::as_str) {
+        Some("container-init") => {
+            Some(("init", guest_init::container_init::init_main as fn() -> _))
+        }
+        Some("container-spawner") => Some((
+            "spawner",
+            guest_init::container_init::spawner_main as fn() -> _,
+        )),
+        _ => None,
+    };
+    if let Some((name, run)) = role {
+        if let Err(e) = namespace::harden_pid1() {
+            eprintln!("guest-init: the container's {name}: {}", report::chain(&e));
+            return ExitCode::FAILURE;
+        }
+        let e = run();
+        eprintln!("guest-init: the container's {name}: {e}");
+        return ExitCode::from(125);
     }
     let args = match parse_args(argv) {
         Ok(Some(a)) => a,
@@ -343,6 +384,12 @@ fn main() -> ExitCode {
             }
             if let Some(mask) = args.command_capabilities {
                 guest_init::spawn::bound_commands_to(mask);
+            }
+            if let Some(pid) = args.container_init {
+                if let Err(e) = guest_init::container_init::adopt(pid) {
+                    eprintln!("guest-init: the container's init (pid {pid}): {e}");
+                    return ExitCode::FAILURE;
+                }
             }
             // A container's agent that is not PID 1 joined the sandbox's root's PID namespace;
             // PID 1 is told when a container joins its own.

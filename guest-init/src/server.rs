@@ -328,7 +328,11 @@ fn add_container(
     conn: &UnixStream,
     name: &str,
     index: usize,
-    (share_pids, security): (bool, contract::container_security::ContainerSecurity),
+    (share_pids, command_is_pid1, security): (
+        bool,
+        bool,
+        contract::container_security::ContainerSecurity,
+    ),
     shared: &[wire::agent::SharedDir],
     host_paths: &[String],
 ) -> Result<i32, ErrorBody> {
@@ -389,6 +393,7 @@ fn add_container(
                 index,
                 name: name.to_string(),
                 share_pids,
+                command_is_pid1,
                 security,
                 shared,
                 host_paths: host_paths.to_vec(),
@@ -607,6 +612,7 @@ pub fn handle(mut conn: UnixStream, agent: &Agent) {
             index,
             shared,
             share_pids,
+            command_is_pid1,
             disk,
             security,
             host_paths,
@@ -623,6 +629,19 @@ pub fn handle(mut conn: UnixStream, agent: &Agent) {
                 (_, Err(why)) => Err(ErrorBody::new(
                     "invalid_request",
                     format!("add_container {name:?}: {why}"),
+                )),
+                (_, Ok(_)) if command_is_pid1 && share_pids => Err(ErrorBody::new(
+                    "invalid_request",
+                    format!(
+                        "add_container {name:?}: a container joining the root's PID namespace \
+                         cannot have its command as PID 1 there"
+                    ),
+                )),
+                (Some(_), Ok(_)) if command_is_pid1 => Err(ErrorBody::new(
+                    "invalid_request",
+                    format!(
+                        "add_container {name:?}: in a microVM a container's agent is its PID 1"
+                    ),
                 )),
                 (Some(_), Ok(_)) if !host_paths.is_empty() => Err(ErrorBody::new(
                     "invalid_request",
@@ -644,7 +663,7 @@ pub fn handle(mut conn: UnixStream, agent: &Agent) {
                     add_vm_container(&name, index, vm, &shared)
                 }
                 (None, Ok(security)) => {
-                    let member = (share_pids, security);
+                    let member = (share_pids, command_is_pid1, security);
                     add_container(&conn, &name, index, member, &shared, &host_paths)
                 }
             };

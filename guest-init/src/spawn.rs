@@ -203,6 +203,9 @@ struct ChildPlan {
     /// Written by the child on failure: `stage << 48 | candidate << 32 | errno`; 0 means the
     /// exec happened.
     report: AtomicU64,
+    /// Where the report is also written, by a process that executes in place (a container's
+    /// init, whose agent is another process).
+    report_fd: Option<RawFd>,
 }
 
 /// The open-file limit commands run with: the agent's own before [`raise_agent_fd_limit`]
@@ -226,6 +229,11 @@ pub fn bound_commands_to(mask: u64) {
     let _ = COMMAND_BOUNDING_SET.set(mask);
 }
 
+/// The bounding set [`bound_commands_to`] set, if any.
+pub(crate) fn commands_bounding_set() -> Option<u64> {
+    COMMAND_BOUNDING_SET.get().copied()
+}
+
 /// The child's stack: it only makes a few system calls before exec.
 const CHILD_STACK: usize = 64 * 1024;
 
@@ -245,153 +253,120 @@ extern "C" fn child_entry(plan: *mut libc::c_void) -> libc::c_int {
 
 /// Starts `req` with `stdio`. The child's pid is also its process group and session id; the
 /// caller reaps it (see [`crate::reaper`]). On error no output was produced, and a child that
-/// failed to exec has been reaped.
+/// failed to exec has been reaped. In a container whose first command is PID 1
+/// ([`crate::container_init`]) the container's init or spawner makes it.
 pub fn spawn(
     req: &ExecRequest,
     user: Option<&RunAs>,
     stdio: ChildStdio<'_>,
     ctx: &SpawnContext<'_>,
 ) -> Result<Child, SpawnError> {
-    let base = BaseEnv::get();
-    let search_path = match req.env.get("PATH") {
-        Some(p) => OsStr::new(p.as_str()),
-        None => base.path.as_os_str(),
-    };
-    let cwd = (!req.cwd.is_empty()).then(|| PathBuf::from(&req.cwd));
-    let candidates = program_candidates(&req.cmd[0], search_path);
-    let candidates_c = candidates
-        .iter()
-        .map(|p| CString::new(p.as_os_str().as_bytes()))
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(|_| SpawnError::Nul)?;
-    let mut programs: Vec<*const libc::c_char> = candidates_c.iter().map(|p| p.as_ptr()).collect();
-    programs.push(std::ptr::null());
-    let args_c = req
-        .cmd
-        .iter()
-        .map(|a| CString::new(a.as_bytes()))
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(|_| SpawnError::Nul)?;
-    let added_c = req
-        .env
-        .iter()
-        .map(|(k, v)| CString::new(format!("{k}={v}")))
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(|_| SpawnError::Nul)?;
-    let cwd_c = match &cwd {
-        Some(c) => Some(CString::new(c.as_os_str().as_bytes()).map_err(|_| SpawnError::Nul)?),
-        None => None,
-    };
-    let mut argv: Vec<*const libc::c_char> = args_c.iter().map(|a| a.as_ptr()).collect();
-    argv.push(std::ptr::null());
-    // The agent's variables that the request does not override, then the request's.
-    let mut envp: Vec<*const libc::c_char> = base
-        .vars
-        .iter()
-        .filter(|(k, _)| !std::str::from_utf8(k).is_ok_and(|k| req.env.contains_key(k)))
-        .map(|(_, kv)| kv.as_ptr())
-        .chain(added_c.iter().map(|e| e.as_ptr()))
-        .collect();
-    envp.push(std::ptr::null());
-
-    let groups: Vec<libc::gid_t> = user.map(|u| u.groups.clone()).unwrap_or_default();
-    let limits = child_limits(req).ok_or_else(|| {
-        SpawnError::Io(io::Error::new(
-            io::ErrorKind::InvalidInput,
-            "unknown resource limit type",
-        ))
-    })?;
-    let plan = ChildPlan {
-        programs: programs.as_ptr(),
-        argv: argv.as_ptr(),
-        envp: envp.as_ptr(),
-        cwd: cwd_c.as_ref().map(|c| c.as_ptr()),
-        ids: user.map(|u| ChildIds {
-            uid: u.uid,
-            gid: u.gid,
-            groups: groups.as_ptr(),
-            group_count: groups.len(),
-        }),
-        stdio: [
-            stdio.stdin.as_raw_fd(),
-            stdio.stdout.as_raw_fd(),
-            stdio.stderr.as_raw_fd(),
-        ],
-        controlling_terminal: stdio.controlling_terminal,
-        cgroup_procs: ctx.cgroup_procs.map(|fd| fd.as_raw_fd()),
-        reset_oom_score: ctx.reset_oom_score,
-        mount_namespace: ctx.namespaces.map(|ns| ns.mounts().as_raw_fd()),
-        bounding_set: COMMAND_BOUNDING_SET.get().copied(),
-        nofile: COMMAND_FD_LIMIT.get().copied().flatten(),
-        limits: limits.as_ptr(),
-        limit_count: limits.len(),
-        report: AtomicU64::new(0),
-    };
-
-    // The child runs on its own small stack in our address space (CLONE_VM | CLONE_VFORK, as
-    // posix_spawn does): no page tables are copied, and this thread is suspended until the
-    // child has exec'd or exited, so everything above stays alive and unchanged meanwhile.
-    let clone_child = || {
-        CHILD_STACKS.with(|stack| {
-            let mut stack = stack.borrow_mut();
-            if stack.len() < CHILD_STACK {
-                stack.resize(CHILD_STACK, 0);
-            }
-            reaper::register_spawn(|| {
-                // The stack grows down: pass its (16-byte aligned) top.
-                let top = stack.as_mut_ptr_range().end as usize & !0xf;
-                let mut pidfd: libc::c_int = -1;
-                // SAFETY: `child_entry` only makes async-signal-safe system calls using `plan`,
-                // which outlives the call (CLONE_VFORK suspends us until the child execs or exits),
-                // and runs on `stack`, which nothing else uses meanwhile. CLONE_PIDFD writes the
-                // pidfd into the live int passed as the parent-tid argument.
-                let pid = unsafe {
-                    libc::clone(
-                        child_entry,
-                        top as *mut libc::c_void,
-                        libc::CLONE_VM | libc::CLONE_VFORK | libc::CLONE_PIDFD | libc::SIGCHLD,
-                        (&plan as *const ChildPlan).cast_mut().cast(),
-                        &mut pidfd as *mut libc::c_int,
-                    )
-                };
-                if pid == -1 {
-                    return Err(io::Error::last_os_error());
-                }
-                // SAFETY: clone succeeded with CLONE_PIDFD, so `pidfd` is a new descriptor that
-                // nothing else owns.
-                Ok((pid, unsafe { OwnedFd::from_raw_fd(pidfd) }))
-            })
-        })
-    };
+    if let Some(container) = crate::container_init::get() {
+        return container.spawn(req, user, stdio, ctx);
+    }
+    let prepared = Prepared::new(req, user)?;
+    let plan = prepared.plan(user, stdio, ctx, None);
+    let clone_child = || reaper::register_spawn(|| clone_with(&plan, 0));
     let mut child = match ctx.namespaces {
         Some(namespaces) => namespaces.spawn_inside(clone_child)?,
         None => clone_child()?,
     };
-
     let report = plan.report.load(Ordering::Acquire);
     if report == 0 {
-        drop((
-            argv,
-            envp,
-            args_c,
-            added_c,
-            cwd_c,
-            programs,
-            candidates_c,
-            groups,
-            limits,
-        ));
+        drop(prepared);
         return Ok(child);
     }
     // The child has _exit'ed (or is about to): reap it before reporting why.
     let _ = child.wait();
+    Err(error_of_report(report, req, user))
+}
+
+/// Makes `req`'s process as a child of this process's parent (`CLONE_PARENT`): the
+/// container's spawner, for its agent. Its pid and pidfd, or the child's failure report
+/// ([`error_of_report`]; the child has exited, and is its parent's to reap).
+pub(crate) fn spawn_sibling(
+    req: &ExecRequest,
+    user: Option<&RunAs>,
+    stdio: ChildStdio<'_>,
+    ctx: &SpawnContext<'_>,
+) -> Result<Result<(libc::pid_t, OwnedFd), u64>, SpawnError> {
+    let prepared = Prepared::new(req, user)?;
+    let plan = prepared.plan(user, stdio, ctx, None);
+    let (pid, pidfd) = clone_with(&plan, libc::CLONE_PARENT)?;
+    match plan.report.load(Ordering::Acquire) {
+        0 => Ok(Ok((pid, pidfd))),
+        report => Ok(Err(report)),
+    }
+}
+
+/// Becomes `req`'s process, in place: the container's init, which is PID 1. Returns only if
+/// it could not even be prepared; a failure after that is written to `report_fd` (the word
+/// of [`error_of_report`]) and ends this process.
+pub(crate) fn exec_in_place(
+    req: &ExecRequest,
+    user: Option<&RunAs>,
+    stdio: ChildStdio<'_>,
+    ctx: &SpawnContext<'_>,
+    report_fd: RawFd,
+) -> SpawnError {
+    match Prepared::new(req, user) {
+        Ok(prepared) => child_after_fork(&prepared.plan(user, stdio, ctx, Some(report_fd))),
+        Err(e) => e,
+    }
+}
+
+/// The clone of a vfork-style child running `plan`, with `extra` flags (`CLONE_PARENT`).
+fn clone_with(plan: &ChildPlan, extra: libc::c_int) -> io::Result<(libc::pid_t, OwnedFd)> {
+    CHILD_STACKS.with(|stack| {
+        let mut stack = stack.borrow_mut();
+        if stack.len() < CHILD_STACK {
+            stack.resize(CHILD_STACK, 0);
+        }
+        // The stack grows down: pass its (16-byte aligned) top.
+        let top = stack.as_mut_ptr_range().end as usize & !0xf;
+        let mut pidfd: libc::c_int = -1;
+        // The child runs on its own small stack in our address space (CLONE_VM |
+        // CLONE_VFORK, as posix_spawn does): no page tables are copied, and this thread is
+        // suspended until the child has exec'd or exited, so the plan stays alive and
+        // unchanged meanwhile.
+        // SAFETY: `child_entry` only makes async-signal-safe system calls using `plan`,
+        // which outlives the call (CLONE_VFORK suspends us until the child execs or exits),
+        // and runs on `stack`, which nothing else uses meanwhile. CLONE_PIDFD writes the
+        // pidfd into the live int passed as the parent-tid argument.
+        let pid = unsafe {
+            libc::clone(
+                child_entry,
+                top as *mut libc::c_void,
+                libc::CLONE_VM | libc::CLONE_VFORK | libc::CLONE_PIDFD | libc::SIGCHLD | extra,
+                (plan as *const ChildPlan).cast_mut().cast(),
+                &mut pidfd as *mut libc::c_int,
+            )
+        };
+        if pid == -1 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: clone succeeded with CLONE_PIDFD, so `pidfd` is a new descriptor that
+        // nothing else owns.
+        Ok((pid, unsafe { OwnedFd::from_raw_fd(pidfd) }))
+    })
+}
+
+/// Why `req` did not start, from its child's report (`stage << 48 | candidate << 32 |
+/// errno`).
+pub(crate) fn error_of_report(report: u64, req: &ExecRequest, user: Option<&RunAs>) -> SpawnError {
     let errno = (report & 0xffff_ffff) as i32;
     let source = io::Error::from_raw_os_error(errno);
-    let program = candidates
+    let search_path = match req.env.get("PATH") {
+        Some(p) => OsString::from(p),
+        None => BaseEnv::get().path.clone(),
+    };
+    let program = req.cmd.first().cloned().unwrap_or_default();
+    let candidates = program_candidates(&program, &search_path);
+    let named = candidates
         .get(((report >> 32) & 0xffff) as usize)
-        .map_or_else(|| req.cmd[0].clone(), |p| p.display().to_string());
-    let searched = !req.cmd[0].contains('/');
-    Err(match (report >> 48) as u8 {
+        .map_or_else(|| program.clone(), |p| p.display().to_string());
+    let searched = !program.contains('/');
+    match (report >> 48) as u8 {
         STAGE_USER => SpawnError::User {
             uid: user.map_or(0, |u| u.uid),
             gid: user.map_or(0, |u| u.gid),
@@ -411,13 +386,126 @@ pub fn spawn(
             source,
         },
         STAGE_EXEC => match errno {
-            libc::ENOENT if searched => SpawnError::NotFound(req.cmd[0].clone()),
-            libc::ENOENT => SpawnError::NotFound(program),
-            libc::EACCES => SpawnError::PermissionDenied(program),
-            _ => SpawnError::Exec { program, source },
+            libc::ENOENT if searched => SpawnError::NotFound(program),
+            libc::ENOENT => SpawnError::NotFound(named),
+            libc::EACCES => SpawnError::PermissionDenied(named),
+            _ => SpawnError::Exec {
+                program: named,
+                source,
+            },
         },
         _ => SpawnError::Io(source),
-    })
+    }
+}
+
+/// Everything a child's plan points into, built before the fork.
+struct Prepared {
+    programs: Vec<*const libc::c_char>,
+    argv: Vec<*const libc::c_char>,
+    envp: Vec<*const libc::c_char>,
+    groups: Vec<libc::gid_t>,
+    limits: Vec<ChildLimit>,
+    // What the pointers above point into: kept alive, never read.
+    _strings: (Vec<CString>, Vec<CString>, Vec<CString>, Option<CString>),
+}
+
+impl Prepared {
+    fn new(req: &ExecRequest, user: Option<&RunAs>) -> Result<Prepared, SpawnError> {
+        let base = BaseEnv::get();
+        let search_path = match req.env.get("PATH") {
+            Some(p) => OsStr::new(p.as_str()),
+            None => base.path.as_os_str(),
+        };
+        let program = req.cmd.first().ok_or_else(|| {
+            SpawnError::Io(io::Error::new(io::ErrorKind::InvalidInput, "no command"))
+        })?;
+        let candidates_c = program_candidates(program, search_path)
+            .iter()
+            .map(|p| CString::new(p.as_os_str().as_bytes()))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|_| SpawnError::Nul)?;
+        let mut programs: Vec<*const libc::c_char> =
+            candidates_c.iter().map(|p| p.as_ptr()).collect();
+        programs.push(std::ptr::null());
+        let args_c = req
+            .cmd
+            .iter()
+            .map(|a| CString::new(a.as_bytes()))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|_| SpawnError::Nul)?;
+        let added_c = req
+            .env
+            .iter()
+            .map(|(k, v)| CString::new(format!("{k}={v}")))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|_| SpawnError::Nul)?;
+        let cwd_c = match req.cwd.is_empty() {
+            true => None,
+            false => Some(CString::new(req.cwd.as_bytes()).map_err(|_| SpawnError::Nul)?),
+        };
+        let mut argv: Vec<*const libc::c_char> = args_c.iter().map(|a| a.as_ptr()).collect();
+        argv.push(std::ptr::null());
+        // The agent's variables that the request does not override, then the request's.
+        let mut envp: Vec<*const libc::c_char> = base
+            .vars
+            .iter()
+            .filter(|(k, _)| !std::str::from_utf8(k).is_ok_and(|k| req.env.contains_key(k)))
+            .map(|(_, kv)| kv.as_ptr())
+            .chain(added_c.iter().map(|e| e.as_ptr()))
+            .collect();
+        envp.push(std::ptr::null());
+        let limits = child_limits(req).ok_or_else(|| {
+            SpawnError::Io(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "unknown resource limit type",
+            ))
+        })?;
+        Ok(Prepared {
+            programs,
+            argv,
+            envp,
+            groups: user.map(|u| u.groups.clone()).unwrap_or_default(),
+            limits,
+            _strings: (candidates_c, args_c, added_c, cwd_c),
+        })
+    }
+
+    /// The child's plan: pointers into `self`, which must outlive it.
+    fn plan(
+        &self,
+        user: Option<&RunAs>,
+        stdio: ChildStdio<'_>,
+        ctx: &SpawnContext<'_>,
+        report_fd: Option<RawFd>,
+    ) -> ChildPlan {
+        ChildPlan {
+            programs: self.programs.as_ptr(),
+            argv: self.argv.as_ptr(),
+            envp: self.envp.as_ptr(),
+            cwd: self._strings.3.as_ref().map(|c| c.as_ptr()),
+            ids: user.map(|u| ChildIds {
+                uid: u.uid,
+                gid: u.gid,
+                groups: self.groups.as_ptr(),
+                group_count: self.groups.len(),
+            }),
+            stdio: [
+                stdio.stdin.as_raw_fd(),
+                stdio.stdout.as_raw_fd(),
+                stdio.stderr.as_raw_fd(),
+            ],
+            controlling_terminal: stdio.controlling_terminal,
+            cgroup_procs: ctx.cgroup_procs.map(|fd| fd.as_raw_fd()),
+            reset_oom_score: ctx.reset_oom_score,
+            mount_namespace: ctx.namespaces.map(|ns| ns.mounts().as_raw_fd()),
+            bounding_set: COMMAND_BOUNDING_SET.get().copied(),
+            nofile: COMMAND_FD_LIMIT.get().copied().flatten(),
+            limits: self.limits.as_ptr(),
+            limit_count: self.limits.len(),
+            report: AtomicU64::new(0),
+            report_fd,
+        }
+    }
 }
 
 /// The agent's own environment, encoded once: the agent never changes it after startup, so
@@ -478,7 +566,7 @@ fn child_after_fork(plan: &ChildPlan) -> ! {
         // First: every path below (`/proc/self/…`, the cwd, the program) is `main`'s view.
         // SAFETY: setns takes a live descriptor (the parent's, shared by CLONE_VM) and a flag.
         if unsafe { libc::setns(fd, libc::CLONE_NEWNS) } != 0 {
-            fail(&plan.report, STAGE_SETUP);
+            fail(plan, STAGE_SETUP);
         }
     }
     // SAFETY: setsid takes no arguments; the child is not a group leader, so it succeeds.
@@ -495,7 +583,7 @@ fn child_after_fork(plan: &ChildPlan) -> ! {
                 if errno() == libc::EINVAL {
                     break; // past the last capability this kernel knows
                 }
-                fail(&plan.report, STAGE_SETUP);
+                fail(plan, STAGE_SETUP);
             }
         }
     }
@@ -540,18 +628,18 @@ fn child_after_fork(plan: &ChildPlan) -> ! {
             )
         };
         if ret == -1 {
-            fail_with(&plan.report, STAGE_RLIMIT, index as u64, errno());
+            fail_with(plan, STAGE_RLIMIT, index as u64, errno());
         }
     }
     for (target, &fd) in plan.stdio.iter().enumerate() {
         // SAFETY: dup2 takes no pointers; `fd` is open in the parent and so in the child.
         if unsafe { libc::dup2(fd, target as libc::c_int) } == -1 {
-            fail(&plan.report, STAGE_SETUP);
+            fail(plan, STAGE_SETUP);
         }
     }
     // SAFETY: TIOCSCTTY takes an integer argument (0: do not steal another session's).
     if plan.controlling_terminal && unsafe { libc::ioctl(0, libc::TIOCSCTTY as _, 0) } == -1 {
-        fail(&plan.report, STAGE_SETUP);
+        fail(plan, STAGE_SETUP);
     }
     // SAFETY: sigset_t is plain old data; sigemptyset initializes it before use, and
     // sigprocmask/signal take pointers to live values or none.
@@ -581,13 +669,13 @@ fn child_after_fork(plan: &ChildPlan) -> ! {
                 || libc::syscall(libc::SYS_setresuid, ids.uid, ids.uid, ids.uid) == -1
         };
         if failed {
-            fail(&plan.report, STAGE_USER);
+            fail(plan, STAGE_USER);
         }
     }
     if let Some(cwd) = plan.cwd {
         // SAFETY: `cwd` points at a NUL-terminated string the parent keeps alive.
         if unsafe { libc::chdir(cwd) } == -1 {
-            fail(&plan.report, STAGE_CHDIR);
+            fail(plan, STAGE_CHDIR);
         }
     }
     // The first candidate refused with EACCES, reported if no later one runs (as execvp does).
@@ -610,13 +698,13 @@ fn child_after_fork(plan: &ChildPlan) -> ! {
             libc::EACCES => {
                 denied.get_or_insert((index, errno));
             }
-            _ => fail_with(&plan.report, STAGE_EXEC, index, errno),
+            _ => fail_with(plan, STAGE_EXEC, index, errno),
         }
         last = (index, errno);
         index += 1;
     }
     let (index, errno) = denied.unwrap_or(last);
-    fail_with(&plan.report, STAGE_EXEC, index, errno)
+    fail_with(plan, STAGE_EXEC, index, errno)
 }
 
 fn errno() -> libc::c_int {
@@ -624,16 +712,20 @@ fn errno() -> libc::c_int {
 }
 
 /// Reports `stage` and errno to the parent (shared memory) and exits the child.
-fn fail(report: &AtomicU64, stage: u8) -> ! {
-    fail_with(report, stage, 0, errno())
+fn fail(plan: &ChildPlan, stage: u8) -> ! {
+    fail_with(plan, stage, 0, errno())
 }
 
-/// Reports `stage`, the candidate it concerns and `errno` to the parent, and exits the child.
-fn fail_with(report: &AtomicU64, stage: u8, candidate: u64, errno: libc::c_int) -> ! {
-    report.store(
-        (u64::from(stage) << 48) | ((candidate & 0xffff) << 32) | u64::from(errno as u32),
-        Ordering::Release,
-    );
+/// Reports `stage`, the candidate it concerns and `errno` to the parent (and to the plan's
+/// report descriptor), and exits the child.
+fn fail_with(plan: &ChildPlan, stage: u8, candidate: u64, errno: libc::c_int) -> ! {
+    let word = (u64::from(stage) << 48) | ((candidate & 0xffff) << 32) | u64::from(errno as u32);
+    plan.report.store(word, Ordering::Release);
+    if let Some(fd) = plan.report_fd {
+        let bytes = word.to_ne_bytes();
+        // SAFETY: writes 8 bytes from a live local buffer; best effort.
+        unsafe { libc::write(fd, bytes.as_ptr().cast(), bytes.len()) };
+    }
     // SAFETY: _exit ends the child without running destructors or atexit handlers, which a
     // child sharing its parent's memory must not run.
     unsafe { libc::_exit(127) }

@@ -362,6 +362,11 @@ pub fn signal_all_but_self(signal: libc::c_int) -> io::Result<()> {
             format!("signal {signal} is not 1 to 64"),
         ));
     }
+    if crate::container_init::get().is_some() {
+        // Its `/proc` is its command's PID namespace, below ours: every process there, the
+        // container's own and nothing else (never its spawner, beside us).
+        return signal_each_of_proc(signal);
+    }
     let spared = SPARED.lock().unwrap_or_else(|p| p.into_inner()).clone();
     if let Some(main) = crate::main_ns::get() {
         // A microVM pod: the sandbox's own root is `main`, in namespaces of its own.
@@ -420,6 +425,53 @@ fn signal_each_but(
             new += 1;
             // SAFETY: kill takes no pointers.
             match cvt(unsafe { libc::kill(pid, signal) }) {
+                Ok(_) => {}
+                Err(e) if e.raw_os_error() == Some(libc::ESRCH) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        if new == 0 {
+            break;
+        }
+    }
+    Ok(())
+}
+
+/// [`signal_all_but_self`] for a container whose command is PID 1 of a PID namespace below
+/// this agent's, the one its `/proc` shows: each process listed there, through its `/proc`
+/// directory (whose numbers are that namespace's, not ours, so no `kill(2)`), a few times
+/// over while new ones appear. Its PID 1 receives the signal as a PID 1 does.
+fn signal_each_of_proc(signal: libc::c_int) -> io::Result<()> {
+    let mut signalled = std::collections::BTreeSet::new();
+    for _ in 0..4 {
+        let mut new = 0;
+        for entry in std::fs::read_dir("/proc")? {
+            let Some(pid) = entry?
+                .file_name()
+                .to_str()
+                .and_then(|n| n.parse::<libc::pid_t>().ok())
+            else {
+                continue;
+            };
+            if !signalled.insert(pid) {
+                continue;
+            }
+            let Ok(dir) = std::fs::File::open(format!("/proc/{pid}")) else {
+                continue; // gone meanwhile
+            };
+            new += 1;
+            // SAFETY: pidfd_send_signal takes a live descriptor (a /proc/PID directory serves
+            // as a pidfd), a signal number and null info.
+            let ret = unsafe {
+                libc::syscall(
+                    libc::SYS_pidfd_send_signal,
+                    std::os::fd::AsRawFd::as_raw_fd(&dir),
+                    signal,
+                    std::ptr::null::<libc::siginfo_t>(),
+                    0,
+                )
+            };
+            match cvt(ret as libc::c_int) {
                 Ok(_) => {}
                 Err(e) if e.raw_os_error() == Some(libc::ESRCH) => {}
                 Err(e) => return Err(e),

@@ -16,11 +16,12 @@
 //! of every command's reach.
 
 use std::ffi::CString;
-use std::os::fd::OwnedFd;
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 
 use contract::container_security::ContainerSecurity;
 use std::path::{Path, PathBuf};
 
+use crate::container_init::Init;
 use crate::mounts;
 use crate::sys::{self, cstring, HostSide, SysError};
 use crate::{privileges, seccomp, SandboxSpec, SharedMount};
@@ -56,8 +57,9 @@ pub(crate) fn start_some(
                     shared: shared.cloned().collect(),
                     security: container.security.clone(),
                     host_paths: Vec::new(),
+                    command_is_pid1: container.command_is_pid1,
                 };
-                let hand = || host_side.hand_to_container(index);
+                let hand = |init: &[(RawFd, RawFd)]| host_side.hand_to_container(index, init);
                 let e = become_container(&layout, image, agent, hand, &argv);
                 eprintln!(
                     "guest-init: making container {} failed: {}",
@@ -86,6 +88,26 @@ pub(crate) fn agent_argv(base: &[CString], security: &ContainerSecurity) -> Vec<
     argv
 }
 
+/// Drops to what a container's agent holds (`held`: the sandbox's set and the capabilities
+/// granted beyond it) under the sandbox's filter and the container's own profile, with
+/// `no_new_privs` if asked: its agent, and its init and spawner
+/// ([`crate::container_init`]) alike.
+pub(crate) fn drop_privileges(held: u64, security: &ContainerSecurity) -> Result<(), SysError> {
+    privileges::limit_bounding_set_to(held)?;
+    seccomp::install(seccomp::Mounting::for_capabilities(held))?;
+    if !security.seccomp_filter.is_empty() {
+        // Its own profile, stacked: it binds its agent as well as its commands, as runc's
+        // binds the container's init (installed here, while CAP_SYS_ADMIN spares the
+        // container no_new_privs).
+        seccomp::install_profile(&security.seccomp_filter)?;
+    }
+    privileges::keep_only(held)?;
+    if security.no_new_privileges {
+        privileges::no_new_privileges()?;
+    }
+    Ok(())
+}
+
 /// Where a container is built on the scratch, and what it mounts of it.
 #[derive(Debug)]
 pub(crate) struct Layout {
@@ -100,6 +122,8 @@ pub(crate) struct Layout {
     pub(crate) security: ContainerSecurity,
     /// The host's mounts of its host paths (detached, idmapped), each with where it goes.
     pub(crate) host_paths: Vec<(OwnedFd, String)>,
+    /// Its first command is PID 1 of its own PID namespace ([`crate::container_init`]).
+    pub(crate) command_is_pid1: bool,
 }
 
 /// Attaches each host path's mount (made by the host) at its place under `root`, the
@@ -125,7 +149,7 @@ pub(crate) fn become_container(
     layout: &Layout,
     image: OwnedFd,
     agent: &OwnedFd,
-    hand_listener: impl FnOnce() -> Result<(), SysError>,
+    hand_listener: impl FnOnce(&[(RawFd, RawFd)]) -> Result<(), SysError>,
     argv: &[CString],
 ) -> SysError {
     let step = || -> Result<std::convert::Infallible, SysError> {
@@ -162,7 +186,23 @@ pub(crate) fn become_container(
             Some("lowerdir=lower,upperdir=upper,workdir=work,userxattr"),
         )?;
         std::env::set_current_dir("../..").map_err(|e| SysError::io("chdir ../..", e))?;
-        mounts::finish_root(&root, &tmp)?;
+        // Its agent holds what its commands may: the sandbox's set and any capability the
+        // container was granted beyond it (each command then drops to the container's own).
+        let held = privileges::kept_mask() | layout.security.capabilities.unwrap_or(0);
+        let argv0 = argv.first().cloned().unwrap_or_default();
+        let init = if layout.command_is_pid1 {
+            mounts::mkdir(&root.join("proc"))?;
+            Some(Init::start(
+                &root.join("proc"),
+                held,
+                &layout.security,
+                agent,
+                &argv0,
+            )?)
+        } else {
+            None
+        };
+        mounts::finish_root(&root, &tmp, init.is_some())?;
         mounts::attach_shared_mounts(layout.shared.iter(), &root)?;
         attach_host_paths(&root, &layout.host_paths)?;
         crate::writable_files::mount(&root, &layout.security.writable_files)?;
@@ -173,23 +213,22 @@ pub(crate) fn become_container(
             mounts::make_read_only(&root)?;
         }
         mounts::pivot_into(&root)?;
-        // Its agent holds what its commands may: the sandbox's set and any capability the
-        // container was granted beyond it (each command then drops to the container's own).
-        let held = privileges::kept_mask() | layout.security.capabilities.unwrap_or(0);
-        privileges::limit_bounding_set_to(held)?;
-        seccomp::install(seccomp::Mounting::for_capabilities(held))?;
-        if !layout.security.seccomp_filter.is_empty() {
-            // Its own profile, stacked: it binds its agent as well as its commands, as runc's
-            // binds the container's init (installed here, while CAP_SYS_ADMIN spares the
-            // container no_new_privs).
-            seccomp::install_profile(&layout.security.seccomp_filter)?;
+        let mut argv = argv.to_vec();
+        let mut handed = Vec::new();
+        let spawner = match &init {
+            Some(init) => Some(init.start_spawner(held, &layout.security, agent, &argv0)?),
+            None => None,
+        };
+        if let (Some(init), Some(spawner)) = (&init, &spawner) {
+            handed.push((init.connection.as_raw_fd(), crate::CONTAINER_INIT_FD));
+            handed.push((spawner.as_raw_fd(), crate::CONTAINER_SPAWNER_FD));
+            argv.push(c"--container-init".to_owned());
+            // Digits: never a NUL.
+            argv.extend(CString::new(init.pid.to_string()).ok());
         }
-        privileges::keep_only(held)?;
-        if layout.security.no_new_privileges {
-            privileges::no_new_privileges()?;
-        }
-        hand_listener()?;
-        Err(sys::exec_pid1(agent, argv))
+        drop_privileges(held, &layout.security)?;
+        hand_listener(&handed)?;
+        Err(sys::exec_pid1(agent, &argv))
     };
     match step() {
         Ok(never) => match never {},

@@ -259,6 +259,8 @@ pub struct AddRequest {
     pub name: String,
     /// It joins the root's PID namespace.
     pub share_pids: bool,
+    /// Its first command is PID 1 of its own PID namespace ([`crate::container_init`]).
+    pub command_is_pid1: bool,
     /// What its processes may do, within the sandbox's rules.
     pub security: ContainerSecurity,
     /// Its shared mounts (their owner is the container).
@@ -276,10 +278,10 @@ pub fn check_host_path_target(target: &str) -> Result<(), String> {
 
 impl AddRequest {
     fn encode(&self) -> String {
-        let pids = if self.share_pids {
-            "pids shared"
-        } else {
-            "pids own"
+        let pids = match (self.share_pids, self.command_is_pid1) {
+            (true, _) => "pids shared",
+            (false, true) => "pids own, command is pid 1",
+            (false, false) => "pids own",
         };
         let mut text = format!(
             "{}\n{}\n{pids}\nsecurity {}\n",
@@ -302,9 +304,10 @@ impl AddRequest {
             .ok_or("the request has no index")?;
         let name = lines.next().ok_or("the request has no name")?.to_string();
         pod::check_name(&name, "a container's name")?;
-        let share_pids = match lines.next() {
-            Some("pids shared") => true,
-            Some("pids own") => false,
+        let (share_pids, command_is_pid1) = match lines.next() {
+            Some("pids shared") => (true, false),
+            Some("pids own") => (false, false),
+            Some("pids own, command is pid 1") => (false, true),
             other => return Err(format!("the request's PID namespace is {other:?}")),
         };
         let security = lines
@@ -332,6 +335,7 @@ impl AddRequest {
             index,
             name,
             share_pids,
+            command_is_pid1,
             security,
             shared,
             host_paths,
@@ -374,6 +378,7 @@ fn make(
         shared: request.shared,
         security: request.security,
         host_paths,
+        command_is_pid1: request.command_is_pid1,
     };
     let forked = if request.share_pids {
         in_pid_namespace(&launch.namespaces.main, &launch.namespaces.first, || {
@@ -401,7 +406,9 @@ fn make(
             let errors_out = move_high(errors_out).ok();
             let raw_listener = listener.as_raw_fd();
             let commands_cgroup = launch.commands_cgroup;
-            let hand = move || sys::hand_to_agent(raw_listener, commands_cgroup);
+            let hand = move |init: &[(RawFd, RawFd)]| {
+                sys::hand_to_agent(raw_listener, commands_cgroup, init)
+            };
             let e = container::become_container(&layout, image, launch.agent, hand, &argv);
             let why = format!(
                 "making container {} failed: {}",
@@ -580,6 +587,7 @@ mod tests {
             index,
             name: name.into(),
             share_pids: false,
+            command_is_pid1: false,
             security: ContainerSecurity::default(),
             shared: Vec::new(),
             host_paths: Vec::new(),
@@ -588,11 +596,12 @@ mod tests {
 
     #[test]
     fn a_request_round_trips_and_refuses_what_is_not_its_own() {
-        for share_pids in [false, true] {
+        for (share_pids, command_is_pid1) in [(false, false), (true, false), (false, true)] {
             let request = AddRequest {
                 index: 4,
                 name: "db".into(),
                 share_pids,
+                command_is_pid1,
                 security: "ro nnp caps:0".parse().expect("security"),
                 shared: vec!["db:work:/var/work".parse().expect("mount")],
                 host_paths: vec!["/var/cache/apt".into(), "/srv".into()],
@@ -604,6 +613,7 @@ mod tests {
             index: 4,
             name: "db".into(),
             share_pids: false,
+            command_is_pid1: false,
             security: ContainerSecurity::default(),
             shared: Vec::new(),
             host_paths: Vec::new(),

@@ -27,6 +27,7 @@
 
 mod bpf;
 mod container;
+mod container_init;
 mod extra_mount;
 mod factory;
 mod host_mounts;
@@ -60,7 +61,8 @@ pub use spec::{container_socket, SandboxSpec, SpecError};
 pub use sys::{current_env, null_terminated, recv_stream, send_stream, SysError};
 
 pub use contract::namespace_fds::{
-    COMMANDS_CGROUP_FD, PID1_EGRESS_FD, PID1_FACTORY_FD, PID1_LISTEN_FD, PID1_READY_FD,
+    COMMANDS_CGROUP_FD, CONTAINER_INIT_FD, CONTAINER_SPAWNER_FD, PID1_EGRESS_FD, PID1_FACTORY_FD,
+    PID1_LISTEN_FD, PID1_READY_FD,
 };
 
 /// Why the sandbox could not be entered.

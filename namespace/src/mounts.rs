@@ -162,7 +162,7 @@ pub(crate) fn build_root(
         0,
         Some("lowerdir=lower,upperdir=upper,workdir=work,userxattr"),
     )?;
-    finish_root(root, Path::new(SCRATCH_TMP))?;
+    finish_root(root, Path::new(SCRATCH_TMP), false)?;
     // Last, so that a mount under /tmp is not hidden by it.
     let root_dir = sys::open_file(root, libc::O_PATH | libc::O_DIRECTORY)?;
     for (mount, mnt) in spec.mounts.iter().zip(extra) {
@@ -181,14 +181,20 @@ pub(crate) fn build_root(
 
 /// Gives the root being built at `root` its `/proc` (of the caller's PID namespace), `/dev`
 /// and `/tmp` (bound from `tmp_source`).
-pub(crate) fn finish_root(root: &Path, tmp_source: &Path) -> Result<(), SysError> {
+pub(crate) fn finish_root(
+    root: &Path,
+    tmp_source: &Path,
+    proc_mounted: bool,
+) -> Result<(), SysError> {
     let (proc_dir, dev, tmp) = (root.join("proc"), root.join("dev"), root.join("tmp"));
     for dir in [&proc_dir, &dev, &tmp] {
         mkdir(dir)?;
     }
     // Mounted before the pivot: a user namespace may mount procfs only where a full /proc is
-    // already visible (the host's, until the pivot).
-    mount_proc(&proc_dir)?;
+    // already visible (the host's, until the pivot). A container's init mounts its own.
+    if !proc_mounted {
+        mount_proc(&proc_dir)?;
+    }
     build_dev(&dev, Path::new(SCRATCH_SHM))?;
     bind_with_flags(tmp_source, &tmp, libc::MS_NOSUID | libc::MS_NODEV)
 }
@@ -321,7 +327,7 @@ pub(crate) fn open_in_root_with(
 }
 
 /// A `/proc` of the sandbox's PID namespace at `dir`, with runc's masked and read-only paths.
-fn mount_proc(dir: &Path) -> Result<(), SysError> {
+pub(crate) fn mount_proc(dir: &Path) -> Result<(), SysError> {
     let flags = libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC;
     mount("proc", dir, Some("proc"), flags, None)?;
     let inside = |path: &str| dir.join(path.trim_start_matches("/proc/"));

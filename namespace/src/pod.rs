@@ -38,12 +38,17 @@ pub struct ContainerRoot {
     /// It joins the PID namespace of the sandbox's own root (whose agent is its PID 1), as a
     /// Kubernetes pod's member with `shareProcessNamespace`, instead of getting its own.
     pub share_pids: bool,
+    /// Its first command is PID 1 of its PID namespace, as under runc, rather than its agent
+    /// ([`crate::container_init`]); never with `share_pids`.
+    pub command_is_pid1: bool,
     /// What its processes may do, within the sandbox's own rules.
     pub security: ContainerSecurity,
 }
 
 /// The word after a container's name in the flag form when it joins the root's PID namespace.
 const SHARES_PIDS: &str = "pids";
+/// The word after a container's name in the flag form when its first command is PID 1.
+const COMMAND_IS_PID1: &str = "pid1";
 
 impl ContainerRoot {
     /// Checks every rule of the flag form.
@@ -58,6 +63,12 @@ impl ContainerRoot {
         if !rootfs.starts_with('/') {
             return Err(format!("ROOTFS {rootfs:?} must be an absolute host path"));
         }
+        if self.share_pids && self.command_is_pid1 {
+            return Err(format!(
+                "container {:?} joins the root's PID namespace, whose PID 1 it cannot be",
+                self.name
+            ));
+        }
         Ok(())
     }
 }
@@ -67,6 +78,9 @@ impl fmt::Display for ContainerRoot {
         f.write_str(&self.name)?;
         if self.share_pids {
             write!(f, "+{SHARES_PIDS}")?;
+        }
+        if self.command_is_pid1 {
+            write!(f, "+{COMMAND_IS_PID1}")?;
         }
         if !self.security.is_default() {
             for word in self.security.to_string().split(' ') {
@@ -87,10 +101,13 @@ impl FromStr for ContainerRoot {
         let mut words = name.split('+');
         let name = words.next().unwrap_or_default();
         let mut share_pids = false;
+        let mut command_is_pid1 = false;
         let mut security = Vec::new();
         for word in words {
             if word == SHARES_PIDS && !share_pids {
                 share_pids = true;
+            } else if word == COMMAND_IS_PID1 && !command_is_pid1 {
+                command_is_pid1 = true;
             } else {
                 security.push(word);
             }
@@ -103,6 +120,7 @@ impl FromStr for ContainerRoot {
             name: name.into(),
             rootfs: rootfs.into(),
             share_pids,
+            command_is_pid1,
             security,
         };
         container.check()?;
@@ -223,6 +241,13 @@ mod tests {
         assert_eq!(plain.to_string(), "db=/img/db");
         let err = "db+rw=/img/db".parse::<ContainerRoot>().expect_err("rw");
         assert!(err.contains("\"rw\""), "{err}");
+        let pid1: ContainerRoot = "app+pid1+nnp=/img/app".parse().expect("pid1");
+        assert!(pid1.command_is_pid1 && !pid1.share_pids);
+        assert_eq!(pid1.to_string(), "app+pid1+nnp=/img/app");
+        let err = "app+pids+pid1=/img/app"
+            .parse::<ContainerRoot>()
+            .expect_err("PID 1 of a namespace it joins");
+        assert!(err.contains("cannot be"), "{err}");
     }
 
     #[test]

@@ -150,6 +150,11 @@ pub(crate) fn clone_factory() -> Result<Forked, SysError> {
     )
 }
 
+/// A plain fork (see [`fork_into`] for what the child may do).
+pub(crate) fn fork() -> Result<Forked, SysError> {
+    fork_into(0, "fork")
+}
+
 /// `clone(2)` as a fork (a null stack) into the new namespaces of `namespaces`; `what` names
 /// the step in its error.
 fn fork_into(namespaces: libc::c_int, what: &str) -> Result<Forked, SysError> {
@@ -274,6 +279,29 @@ impl Socket {
         // SAFETY: `fds` is a valid array of one pollfd for the call; zero timeout.
         let ret = unsafe { libc::poll(fds.as_mut_ptr(), 1, 0) };
         ret == 0 || fds[0].revents & (libc::POLLHUP | libc::POLLERR) == 0
+    }
+
+    /// Sends one byte: "done".
+    pub(crate) fn send_byte(&self) -> io::Result<()> {
+        io::Write::write_all(&mut &self.0, &[1])
+    }
+
+    /// Waits for [`Socket::send_byte`]'s byte: false if the peer closed without sending it.
+    pub(crate) fn recv_byte(&self) -> io::Result<bool> {
+        let mut byte = [0u8];
+        loop {
+            match io::Read::read(&mut &self.0, &mut byte) {
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Ok(n) => return Ok(n == 1),
+                Err(e) => return Err(e),
+            }
+        }
+    }
+}
+
+impl AsRawFd for Socket {
+    fn as_raw_fd(&self) -> RawFd {
+        self.0.as_raw_fd()
     }
 }
 
@@ -459,29 +487,42 @@ impl HostSide {
     /// Puts container `index`'s listener at its agent's descriptor 3 (as PID 1's) and marks
     /// every other descriptor above 2 close-on-exec: the container's agent holds no socket of
     /// the sandbox's own agent or of another container.
-    pub(crate) fn hand_to_container(&self, index: usize) -> Result<(), SysError> {
+    pub(crate) fn hand_to_container(
+        &self,
+        index: usize,
+        init: &[(RawFd, RawFd)],
+    ) -> Result<(), SysError> {
         let listener = self.containers.get(index).ok_or_else(|| {
             SysError::io(
                 format!("hand container {index} its socket"),
                 io::Error::new(io::ErrorKind::NotFound, "no such container"),
             )
         })?;
-        hand_to_agent(listener.as_raw_fd(), self.commands_cgroup())
+        hand_to_agent(listener.as_raw_fd(), self.commands_cgroup(), init)
     }
 }
 
-/// Puts `listener` at a container agent's descriptor 3 ([`crate::PID1_LISTEN_FD`]) and the
-/// commands' cgroup, if any, at [`crate::COMMANDS_CGROUP_FD`], and marks every other
-/// descriptor above 2 close-on-exec.
+/// Puts `listener` at a container agent's descriptor 3 ([`crate::PID1_LISTEN_FD`]), the
+/// commands' cgroup, if any, at [`crate::COMMANDS_CGROUP_FD`] and each of `init` (the
+/// connections to a container's init and spawner, [`crate::container_init`]) at its target,
+/// and marks every other descriptor above 2 close-on-exec.
 pub(crate) fn hand_to_agent(
     listener: RawFd,
     commands_cgroup: Option<RawFd>,
+    init: &[(RawFd, RawFd)],
 ) -> Result<(), SysError> {
     let mut handed = vec![(listener, crate::PID1_LISTEN_FD)];
     if let Some(commands) = commands_cgroup {
         handed.push((commands, crate::COMMANDS_CGROUP_FD));
     }
+    handed.extend_from_slice(init);
     hand_over(&handed)
+}
+
+/// Puts `socket` at `target` and marks every other descriptor above 2 close-on-exec: what a
+/// container's init or spawner takes across its `execve`.
+pub(crate) fn hand_alone(socket: RawFd, target: RawFd) -> Result<(), SysError> {
+    hand_over(&[(socket, target)])
 }
 
 /// Duplicates each `(fd, target)` to its target and marks every descriptor above the last

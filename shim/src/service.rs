@@ -410,7 +410,8 @@ impl Inner {
         let image = self.image_of(client, req, spec, held).await?;
         let mounts = pod::member_mounts(spec)?;
         let mut security = spec::security(spec)?;
-        if client.get(sandbox).await?.backend == api_types::BackendKind::Microvm {
+        let backend = client.get(sandbox).await?.backend;
+        if backend == api_types::BackendKind::Microvm {
             security = spec::for_microvm(security);
         }
         if security.read_only_root {
@@ -447,6 +448,10 @@ impl Inner {
             user: spec::user(spec),
             shared,
             share_process_namespace: spec::joins_pod_pid_namespace(spec),
+            // As under runc: the container's process is PID 1 of its own PID namespace (a
+            // microVM's containers keep their agent there).
+            command_is_pid1: backend == api_types::BackendKind::Namespace
+                && !spec::joins_pod_pid_namespace(spec),
             security,
             host_paths: mounts.host_paths,
             ..api_types::ContainerRequest::default()

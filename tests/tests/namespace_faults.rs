@@ -744,8 +744,10 @@ async fn a_fork_bomb_hits_the_pids_limit_while_the_agent_answers_and_dies_at_its
     let id = daemon.sandbox().await;
     // The command itself waits, so its timeout applies: it kills the whole process group.
     // It waits by `exec`, which needs no new process: a `sleep` the shell had to fork could
-    // fail at the very limit the bomb reaches, ending the command before its timeout.
-    let bomb = fork_bomb(&c, &parent, &id, "b() { b | b & }; b; exec sleep 1000").await;
+    // fail at the very limit the bomb reaches, ending the command before its timeout. For the
+    // same reason the shell forks once, for the bomb's subshell: on the sandbox's one CPU the
+    // bomb may fill the limit before the shell is scheduled again.
+    let bomb = fork_bomb(&c, &parent, &id, "(b() { b | b & }; b) & exec sleep 1000").await;
     answers_during_a_bomb(&c, &id).await;
     let bomb = tokio::time::timeout(Duration::from_secs(60), bomb)
         .await
@@ -774,8 +776,10 @@ async fn a_fork_bomb_left_running_in_the_background_is_contained_until_deletion(
     let c = daemon.client();
     let id = daemon.sandbox().await;
     // The command returns at once; background processes outlive a command that exits normally
-    // (docs/agent-protocol.md), so the bomb goes on in the sandbox.
-    let bomb = fork_bomb(&c, &parent, &id, "b() { b | b & }; b").await;
+    // (docs/agent-protocol.md), so the bomb goes on in the sandbox. Its shell forks once, for
+    // the bomb's subshell: on the sandbox's one CPU the bomb may fill the pids limit before
+    // the shell is scheduled again, and a second fork of its own would fail.
+    let bomb = fork_bomb(&c, &parent, &id, "(b() { b | b & }; b) &").await;
     let bomb = tokio::time::timeout(Duration::from_secs(60), bomb)
         .await
         .expect("the command returns")

@@ -1853,3 +1853,117 @@ async fn writable_files_stay_writable_under_a_read_only_root() {
     }
     c.delete(&id).await.expect("delete");
 }
+
+/// `command_is_pid1` (what the Kubernetes shim asks for, critest's `ContainerPID`): the
+/// container's command is PID 1 of its PID namespace, as under runc. Its agent and spawner are
+/// out of that namespace's sight; later commands join it; a signal reaches PID 1 only when it
+/// has a handler; once PID 1 exits, no command starts there and the refusal says why.
+#[tokio::test]
+async fn a_containers_command_is_pid1_of_its_namespace_when_asked() {
+    let daemon = TestDaemon::start();
+    let c = daemon.client();
+    let id = c
+        .create(&request(serde_json::json!({})))
+        .await
+        .expect("create")
+        .id;
+    let main = "trap 'exit 3' TERM; trap 'echo usr1 >> /tmp/got' USR1; \
+                echo started > /tmp/started; while true; do sleep 0.1; done";
+    c.add_container(
+        &id,
+        &container(serde_json::json!({
+            "name": "svc", "command": ["sh", "-c", main], "command_is_pid1": true
+        })),
+    )
+    .await
+    .expect("add a container whose command is PID 1");
+    let mut started = false;
+    for _ in 0..100 {
+        if sh_in(&c, &id, "svc", "cat /tmp/started").await.0 == "started\n" {
+            started = true;
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    assert!(started, "the container's command never ran");
+    let (out, err, code) = sh_in(
+        &c,
+        &id,
+        "svc",
+        "tr '\\0' ' ' < /proc/1/cmdline; echo; echo $$ > /tmp/me; \
+         for p in /proc/[0-9]*; do tr '\\0' ' ' < $p/cmdline; echo; done \
+         | grep -c -e '[s]andbox-container' -e '[c]ontainer-spawner' -e '[c]ontainer-init' \
+         || true",
+    )
+    .await;
+    assert_eq!(
+        (out.as_str(), code),
+        (format!("sh -c {main} \n0\n").as_str(), 0),
+        "{err}"
+    );
+    // Commands run beside it, in its namespace, the agent's children: one's exit status and
+    // output come back as ever.
+    let (out, _, code) = sh_in(&c, &id, "svc", "echo beside; exit 7").await;
+    assert_eq!((out.as_str(), code), ("beside\n", 7));
+    // The container's signal reaches PID 1, which handles this one, and every other process
+    // of the container; never its agent or spawner: commands still start.
+    c.signal_in(
+        &id,
+        Some("svc"),
+        api_types::SignalRequest {
+            signal: 10, // SIGUSR1
+            exec_id: None,
+        },
+    )
+    .await
+    .expect("signal the container");
+    let mut got = String::new();
+    for _ in 0..100 {
+        got = sh_in(&c, &id, "svc", "cat /tmp/got 2>/dev/null").await.0;
+        if !got.is_empty() {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    assert_eq!(got, "usr1\n");
+    // A signal PID 1 handles ends it, and the container with it.
+    let (_, err, code) = sh_in(&c, &id, "svc", "kill -TERM 1").await;
+    assert_eq!(code, 0, "{err}");
+    let mut refusal = String::new();
+    for _ in 0..100 {
+        match c
+            .exec_in(&id, "svc", &ExecRequest::new(["true"]))
+            .await
+            .expect("exec")
+            .collect()
+            .await
+        {
+            Ok(out) if out.result.exit_code == 0 => {}
+            Ok(out) => {
+                refusal = out.result.error.clone();
+                break;
+            }
+            Err(e) => {
+                refusal = e.to_string();
+                break;
+            }
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    assert!(
+        refusal.contains("main process (PID 1 of its PID namespace) has exited"),
+        "{refusal:?}"
+    );
+    // Refused where it cannot hold.
+    let refused = c
+        .add_container(
+            &id,
+            &container(serde_json::json!({
+                "name": "again", "command": ["true"], "command_is_pid1": true,
+                "restart": "on-failure"
+            })),
+        )
+        .await
+        .expect_err("restarted PID 1");
+    assert!(refused.to_string().contains("command_is_pid1"), "{refused}");
+}

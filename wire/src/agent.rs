@@ -29,7 +29,7 @@ use crate::types::{ErrorBody, ExecList, ExecRequest, ExecStatus, FilesPutResult}
 /// `egress_uplink`; 4 added `probe_tcp` and `process_stats` (a sandbox's containers); 5 added
 /// `add_container`; 6 added a shared directory's `read_only`; 9 added `add_container`'s
 /// `security`.
-pub const PROTOCOL_VERSION: u32 = 9;
+pub const PROTOCOL_VERSION: u32 = 10;
 
 /// One request, the first message on a connection.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -138,6 +138,10 @@ pub enum AgentRequest {
         /// instead of getting one of its own: Kubernetes' `shareProcessNamespace`.
         #[serde(default, skip_serializing_if = "std::ops::Not::not")]
         share_pids: bool,
+        /// Namespace sandboxes: its first command is PID 1 of its own PID namespace, as
+        /// under runc, rather than its agent (never with `share_pids`).
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        command_is_pid1: bool,
         /// In a microVM: the disk holding its image.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         disk: Option<ContainerDisk>,

@@ -121,6 +121,7 @@ pub(crate) async fn ask_to_add(
     shared: &[wire::agent::SharedDir],
 ) -> Result<(), String> {
     let request = wire::agent::AgentRequest::AddContainer {
+        command_is_pid1: false,
         name: root.name.clone(),
         index: slot,
         shared: shared.to_vec(),

@@ -837,6 +837,7 @@ impl Instance for NamespaceInstance {
                 index,
                 shared: shared.to_vec(),
                 share_pids: root.share_pids,
+                command_is_pid1: root.command_is_pid1,
                 disk: None,
                 security: match root.security.is_default() {
                     true => String::new(),

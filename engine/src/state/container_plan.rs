@@ -96,6 +96,12 @@ impl Engine {
             let (resolved, mut root, image) =
                 self.plan_one(&field, container, owner, &mut plan.leases)?;
             root.share_pids |= request.share_process_namespace;
+            if root.share_pids && root.command_is_pid1 {
+                return Err(invalid(format!(
+                    "{field}command_is_pid1: the container joins the sandbox's PID namespace \
+                     (share_process_namespace), where its command cannot be PID 1"
+                )));
+            }
             check_shared_in_image(&field, &container.shared, &root.rootfs, &resolved.image)?;
             plan.containers.push(resolved);
             plan.roots.push(root);
@@ -205,10 +211,18 @@ impl Engine {
                 rootfs.display()
             ))
         })?;
+        if request.command_is_pid1 && request.restart != api_types::RestartPolicy::No {
+            return Err(CreateError::Invalid(format!(
+                "{}: a container whose command is PID 1 of its PID namespace cannot be \
+                 restarted (the namespace ends with it): leave restart at \"no\"",
+                field("command_is_pid1")
+            )));
+        }
         let root = namespace::ContainerRoot {
             name: request.name.clone(),
             rootfs,
             share_pids: request.share_process_namespace,
+            command_is_pid1: request.command_is_pid1,
             security: security_settings(&request.security)
                 .map_err(|why| CreateError::Invalid(format!("{}.{why}", field("security"))))?,
         };
@@ -552,6 +566,12 @@ pub(crate) fn refuse_security_on(
     field: &str,
     added: bool,
 ) -> Result<(), CreateError> {
+    if root.command_is_pid1 && kind != api_types::BackendKind::Namespace {
+        return Err(CreateError::Invalid(format!(
+            "{field}command_is_pid1: the {kind} backend keeps a container's agent as its PID 1; \
+             the namespace backend makes its command PID 1"
+        )));
+    }
     let microvm_takes =
         kind == api_types::BackendKind::Microvm && added && root.security.is_only_seccomp();
     if kind == api_types::BackendKind::Namespace || root.security.is_default() || microvm_takes {

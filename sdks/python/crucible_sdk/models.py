@@ -244,6 +244,15 @@ class ContainerRequest:
     #: main process: it is a root to run commands in.
     command: list[str] | None = None
 
+    #: Its first command (its `command`, or the first exec in it) is PID 1 of its PID
+    #: namespace, as under runc and `docker run`, instead of its agent, which stays outside
+    #: that namespace: a signal reaches it as a PID 1 receives one (one it has no handler for
+    #: is ignored, but `SIGKILL`), and when it exits every process of the container ends and
+    #: no command can start there again. What the Kubernetes shim asks for each container.
+    #: Namespace backend only; not with `share_process_namespace` or a `restart` other than
+    #: `"no"` (`400`).
+    command_is_pid1: bool | None = None
+
     #: The directory its main process and commands start in, over its image's `WorkingDir`.
     cwd: str | None = None
 
@@ -298,6 +307,7 @@ class ContainerRequest:
         return cls(
             name=data['name'],
             command=_opt(data.get('command'), list),
+            command_is_pid1=data.get('command_is_pid1', None),
             cwd=data.get('cwd', None),
             depends_on=list(data.get('depends_on', [])),
             entrypoint=_opt(data.get('entrypoint'), list),
@@ -317,6 +327,8 @@ class ContainerRequest:
         out['name'] = self.name
         if self.command is not None:
             out['command'] = None if self.command is None else list(self.command)
+        if self.command_is_pid1 is not None:
+            out['command_is_pid1'] = self.command_is_pid1
         if self.cwd is not None:
             out['cwd'] = self.cwd
         if self.depends_on:

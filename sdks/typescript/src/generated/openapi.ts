@@ -2226,6 +2226,16 @@ export interface components {
              *     main process: it is a root to run commands in.
              */
             command?: string[] | null;
+            /**
+             * @description Its first command (its `command`, or the first exec in it) is PID 1 of its PID
+             *     namespace, as under runc and `docker run`, instead of its agent, which stays outside
+             *     that namespace: a signal reaches it as a PID 1 receives one (one it has no handler for
+             *     is ignored, but `SIGKILL`), and when it exits every process of the container ends and
+             *     no command can start there again. What the Kubernetes shim asks for each container.
+             *     Namespace backend only; not with `share_process_namespace` or a `restart` other than
+             *     `"no"` (`400`).
+             */
+            command_is_pid1?: boolean;
             /** @description The directory its main process and commands start in, over its image's `WorkingDir`. */
             cwd?: string | null;
             /** @description Containers that must be ready before its main process starts. */
