@@ -50,7 +50,8 @@ struct State {
 
 static CONTAINER: OnceLock<ContainerInit> = OnceLock::new();
 
-/// The container's init and spawner, when this agent has them.
+/// The container's init and spawner, when this agent has them: its commands go through
+/// [`ContainerInit::spawn`] instead of [`spawn::spawn`].
 pub(crate) fn get() -> Option<&'static ContainerInit> {
     CONTAINER.get()
 }
@@ -71,7 +72,9 @@ pub fn adopt(init_pid: libc::pid_t) -> io::Result<()> {
     };
     CONTAINER
         .set(adopted)
-        .map_err(|_| io::Error::other("the container's init was adopted twice"))
+        .map_err(|_| io::Error::other("the container's init was adopted twice"))?;
+    crate::sys::commands_in_pid_namespace_below();
+    Ok(())
 }
 
 impl ContainerInit {

@@ -248,7 +248,11 @@ pub fn run(
     let stdio = plumbing.child_stdio(&ctx.devnull);
     let started = Instant::now();
     let spawned = crate::exec_ids::spawn_named(&req.exec_id, || {
-        spawn::spawn(req, user, stdio, &ctx.spawn_context())
+        match crate::container_init::get() {
+            // A container whose first command is PID 1: its init or spawner makes it.
+            Some(container) => container.spawn(req, user, stdio, &ctx.spawn_context()),
+            None => spawn::spawn(req, user, stdio, &ctx.spawn_context()),
+        }
     });
     let child = match spawned
         .map_err(|e| report::chain(&e))

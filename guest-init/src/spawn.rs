@@ -253,17 +253,14 @@ extern "C" fn child_entry(plan: *mut libc::c_void) -> libc::c_int {
 
 /// Starts `req` with `stdio`. The child's pid is also its process group and session id; the
 /// caller reaps it (see [`crate::reaper`]). On error no output was produced, and a child that
-/// failed to exec has been reaped. In a container whose first command is PID 1
-/// ([`crate::container_init`]) the container's init or spawner makes it.
+/// failed to exec has been reaped. (In a container whose first command is PID 1 the caller
+/// asks `crate::container_init` instead.)
 pub fn spawn(
     req: &ExecRequest,
     user: Option<&RunAs>,
     stdio: ChildStdio<'_>,
     ctx: &SpawnContext<'_>,
 ) -> Result<Child, SpawnError> {
-    if let Some(container) = crate::container_init::get() {
-        return container.spawn(req, user, stdio, ctx);
-    }
     let prepared = Prepared::new(req, user)?;
     let plan = prepared.plan(user, stdio, ctx, None);
     let clone_child = || reaper::register_spawn(|| clone_with(&plan, 0));

@@ -338,6 +338,17 @@ pub fn share_pid_namespace() {
     SHARED_PIDS.store(true, std::sync::atomic::Ordering::Relaxed);
 }
 
+/// Set once this agent's commands run in a PID namespace below its own, the one its `/proc`
+/// shows (a container whose first command is PID 1).
+static COMMANDS_PID_NAMESPACE_BELOW: std::sync::atomic::AtomicBool =
+    std::sync::atomic::AtomicBool::new(false);
+
+/// Says that this agent's commands run in a PID namespace below its own, whose `/proc` it sees
+/// ([`signal_all_but_self`] then signals each process listed there).
+pub fn commands_in_pid_namespace_below() {
+    COMMANDS_PID_NAMESPACE_BELOW.store(true, std::sync::atomic::Ordering::Relaxed);
+}
+
 /// Whether [`share_pid_namespace`] was called.
 pub fn shares_pid_namespace() -> bool {
     SHARED_PIDS.load(std::sync::atomic::Ordering::Relaxed)
@@ -362,7 +373,7 @@ pub fn signal_all_but_self(signal: libc::c_int) -> io::Result<()> {
             format!("signal {signal} is not 1 to 64"),
         ));
     }
-    if crate::container_init::get().is_some() {
+    if COMMANDS_PID_NAMESPACE_BELOW.load(std::sync::atomic::Ordering::Relaxed) {
         // Its `/proc` is its command's PID namespace, below ours: every process there, the
         // container's own and nothing else (never its spawner, beside us).
         return signal_each_of_proc(signal);

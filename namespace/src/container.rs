@@ -88,26 +88,6 @@ pub(crate) fn agent_argv(base: &[CString], security: &ContainerSecurity) -> Vec<
     argv
 }
 
-/// Drops to what a container's agent holds (`held`: the sandbox's set and the capabilities
-/// granted beyond it) under the sandbox's filter and the container's own profile, with
-/// `no_new_privs` if asked: its agent, and its init and spawner
-/// ([`crate::container_init`]) alike.
-pub(crate) fn drop_privileges(held: u64, security: &ContainerSecurity) -> Result<(), SysError> {
-    privileges::limit_bounding_set_to(held)?;
-    seccomp::install(seccomp::Mounting::for_capabilities(held))?;
-    if !security.seccomp_filter.is_empty() {
-        // Its own profile, stacked: it binds its agent as well as its commands, as runc's
-        // binds the container's init (installed here, while CAP_SYS_ADMIN spares the
-        // container no_new_privs).
-        seccomp::install_profile(&security.seccomp_filter)?;
-    }
-    privileges::keep_only(held)?;
-    if security.no_new_privileges {
-        privileges::no_new_privileges()?;
-    }
-    Ok(())
-}
-
 /// Where a container is built on the scratch, and what it mounts of it.
 #[derive(Debug)]
 pub(crate) struct Layout {
@@ -226,7 +206,7 @@ pub(crate) fn become_container(
             // Digits: never a NUL.
             argv.extend(CString::new(init.pid.to_string()).ok());
         }
-        drop_privileges(held, &layout.security)?;
+        crate::container_init::drop_privileges(held, &layout.security)?;
         hand_listener(&handed)?;
         Err(sys::exec_pid1(agent, &argv))
     };

@@ -25,6 +25,7 @@ use std::path::Path;
 use contract::container_security::ContainerSecurity;
 
 use crate::sys::{self, SysError};
+use crate::{privileges, seccomp};
 
 /// The init, forked and waiting for the container's first command.
 #[derive(Debug)]
@@ -48,7 +49,7 @@ fn argv_of(argv0: &CString, mode: &str) -> Vec<CString> {
 impl Init {
     /// Forks the init as PID 1 of a new PID namespace. It mounts that namespace's `/proc` at
     /// `proc_dir` (relative to the working directory, which it shares with the caller) and
-    /// says so, then drops to `held` with `security` ([`crate::container::drop_privileges`])
+    /// says so, then drops to `held` with `security` ([`drop_privileges`])
     /// and executes `agent` as `container-init`. Returns once `/proc` is mounted; the caller's
     /// children go to its own PID namespace again.
     pub(crate) fn start(
@@ -70,7 +71,7 @@ impl Init {
                     init_end
                         .send_byte()
                         .map_err(|e| SysError::io("tell the container that /proc is up", e))?;
-                    crate::container::drop_privileges(held, security)?;
+                    drop_privileges(held, security)?;
                     sys::hand_alone(init_end.as_raw_fd(), crate::CONTAINER_INIT_FD)?;
                     Err(sys::exec_pid1(agent, &argv))
                 };
@@ -128,7 +129,7 @@ impl Init {
                     sys::enter_pid_namespace_for_children(std::os::fd::AsFd::as_fd(
                         &self.pid_namespace,
                     ))?;
-                    crate::container::drop_privileges(held, security)?;
+                    drop_privileges(held, security)?;
                     sys::hand_alone(spawner_end.as_raw_fd(), crate::CONTAINER_SPAWNER_FD)?;
                     Err(sys::exec_pid1(agent, &argv))
                 };
@@ -145,4 +146,24 @@ impl Init {
             sys::Forked::Parent(_) => Ok(agent_end),
         }
     }
+}
+
+/// Drops to what a container's agent holds (`held`: the sandbox's set and the capabilities
+/// granted beyond it) under the sandbox's filter and the container's own profile, with
+/// `no_new_privs` if asked: its agent, and its init and spawner
+/// ([`crate::container_init`]) alike.
+pub(crate) fn drop_privileges(held: u64, security: &ContainerSecurity) -> Result<(), SysError> {
+    privileges::limit_bounding_set_to(held)?;
+    seccomp::install(seccomp::Mounting::for_capabilities(held))?;
+    if !security.seccomp_filter.is_empty() {
+        // Its own profile, stacked: it binds its agent as well as its commands, as runc's
+        // binds the container's init (installed here, while CAP_SYS_ADMIN spares the
+        // container no_new_privs).
+        seccomp::install_profile(&security.seccomp_filter)?;
+    }
+    privileges::keep_only(held)?;
+    if security.no_new_privileges {
+        privileges::no_new_privileges()?;
+    }
+    Ok(())
 }
