@@ -24,7 +24,7 @@ use std::path::{Path, PathBuf};
 use crate::container_init::Init;
 use crate::mounts;
 use crate::sys::{self, cstring, HostSide, SysError};
-use crate::{privileges, seccomp, SandboxSpec, SharedMount};
+use crate::{privileges, SandboxSpec, SharedMount};
 
 /// Starts the containers of `spec` that join its root's PID namespace (`share_pids`) or the
 /// others, each from its image's mount in `images` (in the spec's order), while the caller is
