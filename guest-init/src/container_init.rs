@@ -95,12 +95,8 @@ impl ContainerInit {
             spawn::commands_bounding_set(),
             ctx.cgroup_procs.is_some(),
         );
-        let mut fds = vec![
-            stdio.stdin.as_raw_fd(),
-            stdio.stdout.as_raw_fd(),
-            stdio.stderr.as_raw_fd(),
-        ];
-        fds.extend(ctx.cgroup_procs.map(|fd| fd.as_raw_fd()));
+        let mut fds = vec![stdio.stdin, stdio.stdout, stdio.stderr];
+        fds.extend(ctx.cgroup_procs);
         let mut failure = None;
         let spawned = if let Some((init, pidfd)) = state.init.take() {
             reaper::register_spawn(|| {
@@ -186,7 +182,7 @@ pub fn spawner_main() -> io::Error {
         let sent = wire::write_message(&mut &connection, &answer)
             .map_err(io::Error::other)
             .and_then(|()| match &pidfd {
-                Some(pidfd) => send_fds(connection.as_fd(), &[pidfd.as_raw_fd()]),
+                Some(pidfd) => send_fds(connection.as_fd(), &[pidfd.as_fd()]),
                 None => Ok(()),
             });
         if let Err(e) = sent {
@@ -240,7 +236,7 @@ fn with_order<T>(
     Ok(f(req, user.as_ref(), stdio, &ctx))
 }
 
-fn send_order(connection: &UnixStream, order: &Order, fds: &[RawFd]) -> io::Result<()> {
+fn send_order(connection: &UnixStream, order: &Order, fds: &[BorrowedFd<'_>]) -> io::Result<()> {
     wire::write_message(&mut &*connection, order).map_err(io::Error::other)?;
     send_fds(connection.as_fd(), fds)
 }
@@ -280,106 +276,32 @@ fn read_answer(connection: &UnixStream) -> io::Result<(Answer, Vec<OwnedFd>)> {
 }
 
 /// Sends one byte carrying `fds` (at most [`MAX_FDS`]).
-fn send_fds(socket: BorrowedFd<'_>, fds: &[RawFd]) -> io::Result<()> {
+fn send_fds(socket: BorrowedFd<'_>, fds: &[BorrowedFd<'_>]) -> io::Result<()> {
     if fds.len() > MAX_FDS {
         return Err(io::Error::other(format!(
             "{} descriptors to send",
             fds.len()
         )));
     }
-    let mut byte = [1u8];
-    let mut iov = libc::iovec {
-        iov_base: byte.as_mut_ptr().cast(),
-        iov_len: 1,
-    };
-    // u64 elements: the control buffer must be aligned for cmsghdr.
-    let mut buffer = [0u64; 8];
-    let payload = std::mem::size_of_val(fds) as u32;
-    // SAFETY: CMSG_SPACE and CMSG_LEN are pure computations.
-    let (space, len) = unsafe { (libc::CMSG_SPACE(payload), libc::CMSG_LEN(payload)) };
-    // SAFETY: msghdr is plain old data; all-zeroes is valid before the fields are set.
-    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
-    msg.msg_iov = &mut iov;
-    msg.msg_iovlen = 1;
-    msg.msg_control = buffer.as_mut_ptr().cast();
-    msg.msg_controllen = space as _;
-    // SAFETY: the control buffer (64 bytes) holds CMSG_SPACE of at most 4 descriptors, so the
-    // first header and its data are inside it; they are written before sendmsg reads them.
-    unsafe {
-        let header = libc::CMSG_FIRSTHDR(&msg);
-        (*header).cmsg_level = libc::SOL_SOCKET;
-        (*header).cmsg_type = libc::SCM_RIGHTS;
-        (*header).cmsg_len = len as _;
-        std::ptr::copy_nonoverlapping(
-            fds.as_ptr(),
-            libc::CMSG_DATA(header).cast::<RawFd>(),
-            fds.len(),
-        );
-    }
-    loop {
-        // SAFETY: `msg` points at live buffers for the call.
-        let sent = unsafe { libc::sendmsg(socket.as_raw_fd(), &msg, libc::MSG_NOSIGNAL) };
-        match sent {
-            1 => return Ok(()),
-            -1 if io::Error::last_os_error().kind() == io::ErrorKind::Interrupted => {}
-            -1 => return Err(io::Error::last_os_error()),
-            _ => return Err(io::Error::other("sendmsg sent nothing")),
-        }
-    }
+    namespace::send_streams(socket, fds)
 }
 
 /// Receives [`send_fds`]' byte and the descriptors it carries (close-on-exec).
 fn recv_fds(socket: BorrowedFd<'_>) -> io::Result<Vec<OwnedFd>> {
-    let mut byte = [0u8];
-    let mut iov = libc::iovec {
-        iov_base: byte.as_mut_ptr().cast(),
-        iov_len: 1,
-    };
-    let mut buffer = [0u64; 8];
-    // SAFETY: msghdr is plain old data; all-zeroes is valid before the fields are set.
-    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
-    msg.msg_iov = &mut iov;
-    msg.msg_iovlen = 1;
-    msg.msg_control = buffer.as_mut_ptr().cast();
-    msg.msg_controllen = std::mem::size_of_val(&buffer) as _;
-    let got = loop {
-        // SAFETY: `msg` points at live buffers for the call.
-        let got = unsafe { libc::recvmsg(socket.as_raw_fd(), &mut msg, libc::MSG_CMSG_CLOEXEC) };
-        if got == -1 && io::Error::last_os_error().kind() == io::ErrorKind::Interrupted {
-            continue;
-        }
-        break got;
-    };
-    if got == -1 {
-        return Err(io::Error::last_os_error());
-    }
-    if got == 0 {
-        return Err(io::ErrorKind::UnexpectedEof.into());
-    }
-    let mut fds = Vec::new();
-    // SAFETY: the kernel filled `msg`'s control buffer; CMSG_FIRSTHDR/NXTHDR walk within it,
-    // and each SCM_RIGHTS header's data holds (cmsg_len - CMSG_LEN(0)) / 4 descriptors, new
-    // ones that this process now owns.
-    unsafe {
-        let mut header = libc::CMSG_FIRSTHDR(&msg);
-        while !header.is_null() {
-            if (*header).cmsg_level == libc::SOL_SOCKET && (*header).cmsg_type == libc::SCM_RIGHTS {
-                let count = ((*header).cmsg_len as usize - libc::CMSG_LEN(0) as usize)
-                    / std::mem::size_of::<RawFd>();
-                let data = libc::CMSG_DATA(header).cast::<RawFd>();
-                for i in 0..count {
-                    fds.push(OwnedFd::from_raw_fd(data.add(i).read_unaligned()));
-                }
+    loop {
+        match namespace::recv_streams(socket) {
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Ok(Some(fds)) if fds.len() <= MAX_FDS => return Ok(fds),
+            Ok(Some(fds)) => {
+                return Err(io::Error::other(format!(
+                    "{} descriptors came, more than an order carries",
+                    fds.len()
+                )))
             }
-            header = libc::CMSG_NXTHDR(&msg, header);
+            Ok(None) => return Err(io::ErrorKind::UnexpectedEof.into()),
+            Err(e) => return Err(e),
         }
     }
-    if msg.msg_flags & libc::MSG_CTRUNC != 0 {
-        return Err(io::Error::other(
-            "more descriptors came than an order carries",
-        ));
-    }
-    Ok(fds)
 }
 
 /// Takes the descriptor handed at `fd`, close-on-exec from now on (no command inherits it).

@@ -412,7 +412,29 @@ fn signal_each_but(
     own_mounts: &std::path::Path,
 ) -> io::Result<()> {
     let me = std::process::id() as libc::pid_t;
-    let mut signalled = std::collections::BTreeSet::new();
+    signal_each_listed(|pid| {
+        if pid == 1 || pid == me || spared.contains(&pid) {
+            return Ok(false);
+        }
+        // A process that is gone has no namespace links; it needs no signal either.
+        let same = |kind: &str, own: &std::path::Path| {
+            std::fs::read_link(format!("/proc/{pid}/ns/{kind}")).is_ok_and(|ns| ns == own)
+        };
+        if !same("pid", own_pids) || !same("mnt", own_mounts) {
+            return Ok(false);
+        }
+        // SAFETY: kill takes no pointers.
+        cvt(unsafe { libc::kill(pid, signal) }).map(|_| true)
+    })
+}
+
+/// Walks `/proc` a few times over while new processes appear (one forked between a listing
+/// and the signals is caught by the next pass), giving each pid once to `signal_one`, which
+/// says whether it signalled it. A process gone meanwhile (`ESRCH`) is no error.
+fn signal_each_listed(
+    mut signal_one: impl FnMut(libc::pid_t) -> io::Result<bool>,
+) -> io::Result<()> {
+    let mut seen = std::collections::BTreeSet::new();
     for _ in 0..4 {
         let mut new = 0;
         for entry in std::fs::read_dir("/proc")? {
@@ -423,20 +445,12 @@ fn signal_each_but(
             else {
                 continue;
             };
-            if pid == 1 || pid == me || spared.contains(&pid) || !signalled.insert(pid) {
+            if !seen.insert(pid) {
                 continue;
             }
-            // A process that is gone has no namespace links; it needs no signal either.
-            let same = |kind: &str, own: &std::path::Path| {
-                std::fs::read_link(format!("/proc/{pid}/ns/{kind}")).is_ok_and(|ns| ns == own)
-            };
-            if !same("pid", own_pids) || !same("mnt", own_mounts) {
-                continue;
-            }
-            new += 1;
-            // SAFETY: kill takes no pointers.
-            match cvt(unsafe { libc::kill(pid, signal) }) {
-                Ok(_) => {}
+            match signal_one(pid) {
+                Ok(true) => new += 1,
+                Ok(false) => {}
                 Err(e) if e.raw_os_error() == Some(libc::ESRCH) => {}
                 Err(e) => return Err(e),
             }
@@ -453,46 +467,23 @@ fn signal_each_but(
 /// directory (whose numbers are that namespace's, not ours, so no `kill(2)`), a few times
 /// over while new ones appear. Its PID 1 receives the signal as a PID 1 does.
 fn signal_each_of_proc(signal: libc::c_int) -> io::Result<()> {
-    let mut signalled = std::collections::BTreeSet::new();
-    for _ in 0..4 {
-        let mut new = 0;
-        for entry in std::fs::read_dir("/proc")? {
-            let Some(pid) = entry?
-                .file_name()
-                .to_str()
-                .and_then(|n| n.parse::<libc::pid_t>().ok())
-            else {
-                continue;
-            };
-            if !signalled.insert(pid) {
-                continue;
-            }
-            let Ok(dir) = std::fs::File::open(format!("/proc/{pid}")) else {
-                continue; // gone meanwhile
-            };
-            new += 1;
-            // SAFETY: pidfd_send_signal takes a live descriptor (a /proc/PID directory serves
-            // as a pidfd), a signal number and null info.
-            let ret = unsafe {
-                libc::syscall(
-                    libc::SYS_pidfd_send_signal,
-                    std::os::fd::AsRawFd::as_raw_fd(&dir),
-                    signal,
-                    std::ptr::null::<libc::siginfo_t>(),
-                    0,
-                )
-            };
-            match cvt(ret as libc::c_int) {
-                Ok(_) => {}
-                Err(e) if e.raw_os_error() == Some(libc::ESRCH) => {}
-                Err(e) => return Err(e),
-            }
-        }
-        if new == 0 {
-            break;
-        }
-    }
-    Ok(())
+    signal_each_listed(|pid| {
+        let Ok(dir) = std::fs::File::open(format!("/proc/{pid}")) else {
+            return Ok(false); // gone meanwhile
+        };
+        // SAFETY: pidfd_send_signal takes a live descriptor (a /proc/PID directory serves as
+        // a pidfd), a signal number and null info.
+        let ret = unsafe {
+            libc::syscall(
+                libc::SYS_pidfd_send_signal,
+                std::os::fd::AsRawFd::as_raw_fd(&dir),
+                signal,
+                std::ptr::null::<libc::siginfo_t>(),
+                0,
+            )
+        };
+        cvt(ret as libc::c_int).map(|_| true)
+    })
 }
 
 /// Whether `path` (not followed if a symlink) is the root of a mount of its own: a file

@@ -18,6 +18,7 @@
 //! When the init exits, the kernel ends every process of its namespace and makes no new one
 //! there: the container is over, as under runc.
 
+use std::convert::Infallible;
 use std::ffi::CString;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::path::Path;
@@ -36,6 +37,19 @@ pub(crate) struct Init {
     pub(crate) connection: sys::Socket,
     /// Its PID namespace, which the spawner's children go to.
     pid_namespace: OwnedFd,
+}
+
+/// A forked child's whole life: `turn_into` executes, or says why it could not and exits 125.
+fn run_child(what: &str, turn_into: impl FnOnce() -> Result<Infallible, SysError>) -> ! {
+    let e = match turn_into() {
+        Ok(never) => match never {},
+        Err(e) => e,
+    };
+    eprintln!(
+        "guest-init: the container's {what} failed: {}",
+        report::chain(&e)
+    );
+    sys::exit_now(125)
 }
 
 /// The agent binary's command line in `mode` (`container-init`, `container-spawner`).
@@ -66,7 +80,7 @@ impl Init {
         match forked {
             Ok(sys::Forked::Child) => {
                 drop(agent_end);
-                let step = || -> Result<std::convert::Infallible, SysError> {
+                run_child("init", || {
                     crate::mounts::mount_proc(proc_dir)?;
                     init_end
                         .send_byte()
@@ -74,16 +88,7 @@ impl Init {
                     drop_privileges(held, security)?;
                     sys::hand_alone(init_end.as_raw_fd(), crate::CONTAINER_INIT_FD)?;
                     Err(sys::exec_pid1(agent, &argv))
-                };
-                let e = match step() {
-                    Ok(never) => match never {},
-                    Err(e) => e,
-                };
-                eprintln!(
-                    "guest-init: the container's init failed: {}",
-                    report::chain(&e)
-                );
-                sys::exit_now(125)
+                })
             }
             Ok(sys::Forked::Parent(pid)) => {
                 drop(init_end);
@@ -125,23 +130,14 @@ impl Init {
         match sys::fork()? {
             sys::Forked::Child => {
                 drop(agent_end);
-                let step = || -> Result<std::convert::Infallible, SysError> {
+                run_child("spawner", || {
                     sys::enter_pid_namespace_for_children(std::os::fd::AsFd::as_fd(
                         &self.pid_namespace,
                     ))?;
                     drop_privileges(held, security)?;
                     sys::hand_alone(spawner_end.as_raw_fd(), crate::CONTAINER_SPAWNER_FD)?;
                     Err(sys::exec_pid1(agent, &argv))
-                };
-                let e = match step() {
-                    Ok(never) => match never {},
-                    Err(e) => e,
-                };
-                eprintln!(
-                    "guest-init: the container's spawner failed: {}",
-                    report::chain(&e)
-                );
-                sys::exit_now(125)
+                })
             }
             sys::Forked::Parent(_) => Ok(agent_end),
         }

@@ -58,7 +58,9 @@ pub use idmap::{IdMap, SANDBOX_IDS};
 pub use loop_device::LoopError;
 pub use pod::{ContainerRoot, SharedMount};
 pub use spec::{container_socket, SandboxSpec, SpecError};
-pub use sys::{current_env, null_terminated, recv_stream, send_stream, SysError};
+pub use sys::{
+    current_env, null_terminated, recv_stream, recv_streams, send_stream, send_streams, SysError,
+};
 
 pub use contract::namespace_fds::{
     COMMANDS_CGROUP_FD, CONTAINER_INIT_FD, CONTAINER_SPAWNER_FD, PID1_EGRESS_FD, PID1_FACTORY_FD,

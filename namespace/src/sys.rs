@@ -312,45 +312,74 @@ const MAX_RECEIVED_FDS: usize = 8;
 /// Sends `stream` (any descriptor) over the Unix socket `control`, as one message of one byte
 /// carrying it. Never raises SIGPIPE: a closed peer is an `EPIPE` error.
 pub fn send_stream(control: BorrowedFd<'_>, stream: &OwnedFd) -> io::Result<()> {
-    let raw = stream.as_raw_fd();
+    send_streams(control, &[stream.as_fd()])
+}
+
+/// Sends `streams` (1 to [`MAX_RECEIVED_FDS`] descriptors) over the Unix socket `control`, as
+/// one message of one byte carrying them all. Never raises SIGPIPE.
+pub fn send_streams(control: BorrowedFd<'_>, streams: &[BorrowedFd<'_>]) -> io::Result<()> {
+    if streams.is_empty() || streams.len() > MAX_RECEIVED_FDS {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("{} descriptors in one message", streams.len()),
+        ));
+    }
+    let raw: Vec<RawFd> = streams.iter().map(AsRawFd::as_raw_fd).collect();
+    let payload = size_of_val(raw.as_slice()) as u32;
     let mut byte = [1u8];
     let mut iov = libc::iovec {
         iov_base: byte.as_mut_ptr().cast(),
         iov_len: 1,
     };
-    // u64 elements: the control buffer must be aligned for cmsghdr.
-    let mut buffer = [0u64; 4];
+    // u64 elements: the control buffer must be aligned for cmsghdr; room for a header and
+    // MAX_RECEIVED_FDS descriptors.
+    let mut buffer = [0u64; 2 + MAX_RECEIVED_FDS / 2];
     // SAFETY: CMSG_SPACE is a pure computation.
-    let space = unsafe { libc::CMSG_SPACE(size_of::<RawFd>() as u32) } as usize;
+    let space = unsafe { libc::CMSG_SPACE(payload) } as usize;
     // SAFETY: msghdr is plain old data; all-zeroes is valid before the fields are set.
     let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
     msg.msg_iov = &mut iov;
     msg.msg_iovlen = 1;
     msg.msg_control = buffer.as_mut_ptr().cast();
     msg.msg_controllen = space as _;
-    // SAFETY: msg_control points at `buffer`, large enough for one cmsghdr carrying one
-    // descriptor (space <= 32 bytes), so CMSG_FIRSTHDR is non-null and its data in bounds.
+    // SAFETY: msg_control points at `buffer`, large enough for one cmsghdr carrying
+    // MAX_RECEIVED_FDS descriptors (space <= 48 bytes), so CMSG_FIRSTHDR is non-null and its
+    // data in bounds.
     unsafe {
         let cmsg = libc::CMSG_FIRSTHDR(&msg);
         (*cmsg).cmsg_level = libc::SOL_SOCKET;
         (*cmsg).cmsg_type = libc::SCM_RIGHTS;
-        (*cmsg).cmsg_len = libc::CMSG_LEN(size_of::<RawFd>() as u32) as _;
-        std::ptr::write_unaligned(libc::CMSG_DATA(cmsg).cast::<RawFd>(), raw);
+        (*cmsg).cmsg_len = libc::CMSG_LEN(payload) as _;
+        let data = libc::CMSG_DATA(cmsg).cast::<RawFd>();
+        for (i, fd) in raw.iter().enumerate() {
+            std::ptr::write_unaligned(data.add(i), *fd);
+        }
     }
-    // SAFETY: `msg` and everything it points at live for the call.
-    let sent = unsafe { libc::sendmsg(control.as_raw_fd(), &msg, libc::MSG_NOSIGNAL) };
-    if sent < 0 {
-        return Err(io::Error::last_os_error());
+    loop {
+        // SAFETY: `msg` and everything it points at live for the call.
+        let sent = unsafe { libc::sendmsg(control.as_raw_fd(), &msg, libc::MSG_NOSIGNAL) };
+        if sent >= 0 {
+            return Ok(());
+        }
+        let e = io::Error::last_os_error();
+        if e.kind() != io::ErrorKind::Interrupted {
+            return Err(e);
+        }
     }
-    Ok(())
 }
 
-/// Receives one descriptor that [`send_stream`] sent over the Unix socket `control`; `None`
-/// when the peer closed it. Every error is returned as it is, `WouldBlock` and `Interrupted`
-/// included, so a non-blocking caller can retry (tokio's `try_io`). The descriptor is
-/// close-on-exec. A message carrying no descriptor is an `InvalidData` error; descriptors
-/// beyond the first (a hostile peer's) are closed.
+/// Receives what [`send_stream`] sent: the descriptor (close-on-exec), or `None` if the peer
+/// closed without sending anything. Extra descriptors a peer attached are closed.
 pub fn recv_stream(control: BorrowedFd<'_>) -> io::Result<Option<OwnedFd>> {
+    match recv_streams(control)? {
+        None => Ok(None),
+        Some(received) => Ok(received.into_iter().next()),
+    }
+}
+
+/// Receives what [`send_streams`] sent: its descriptors (close-on-exec, at least one), or
+/// `None` if the peer closed without sending anything.
+pub fn recv_streams(control: BorrowedFd<'_>) -> io::Result<Option<Vec<OwnedFd>>> {
     let mut byte = [0u8];
     let mut iov = libc::iovec {
         iov_base: byte.as_mut_ptr().cast(),
@@ -398,14 +427,13 @@ pub fn recv_stream(control: BorrowedFd<'_>) -> io::Result<Option<OwnedFd>> {
     if got == 0 && received.is_empty() {
         return Ok(None);
     }
-    let mut received = received.into_iter();
-    match received.next() {
-        Some(fd) => Ok(Some(fd)),
-        None => Err(io::Error::new(
+    if received.is_empty() {
+        return Err(io::Error::new(
             io::ErrorKind::InvalidData,
             "the message carried no descriptor",
-        )),
+        ));
     }
+    Ok(Some(received))
 }
 
 /// What the sandbox's PID 1 needs from the host, opened with the host's view before entering:
