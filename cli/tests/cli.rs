@@ -701,6 +701,18 @@ fn nproc_inside_a_sandbox_counts_its_vcpus() {
             text(&out.stderr)
         );
     }
+    if host < 2 {
+        return;
+    }
+    // Live sandboxes spread over the CPUs; one that goes gives its CPU to the next.
+    let cpus_of = |id: &str| sh_in(&daemon, id, "grep Cpus_allowed_list /proc/self/status");
+    let (a, b) = (sandbox(&daemon), sandbox(&daemon));
+    let (cpu_a, cpu_b) = (cpus_of(&a), cpus_of(&b));
+    assert_ne!(cpu_a, cpu_b, "two 1-vCPU sandboxes on one CPU of {host}");
+    let out = run(crucible(&daemon).args(["sandbox", "rm", &a]));
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let c = sandbox(&daemon);
+    assert_eq!(cpus_of(&c), cpu_a, "the CPU the deleted sandbox left");
 }
 
 #[test]

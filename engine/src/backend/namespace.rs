@@ -296,6 +296,7 @@ impl NamespaceBackend {
             runtime_dir: Some(runtime_dir.clone()),
             cgroups: Some(cgroups),
             ids: None,
+            cpus: None,
         };
         let ids = match ids {
             Ok(ids) => ids,
@@ -351,6 +352,7 @@ impl NamespaceBackend {
         let container_sockets: Vec<PathBuf> = (0..spec.containers.len())
             .map(|i| namespace::container_socket(&runtime_dir, i))
             .collect();
+        let cpus = self.cpus.take(spec.vcpus);
         let spec = SandboxSpec {
             rootfs,
             runtime_dir: runtime_dir.clone(),
@@ -374,9 +376,10 @@ impl NamespaceBackend {
             shared: spec.shared,
             network_namespace: spec.network_namespace,
             sysctls: spec.sysctls,
-            cpus: self.cpus.take(spec.vcpus),
+            cpus: cpus.cpus().to_vec(),
         }
         .to_args();
+        cleanup.cpus = Some(cpus);
         let mut command = Command::new(self.image.agent());
         command
             .arg("sandbox")
@@ -531,6 +534,8 @@ impl NamespaceBackend {
                 runtime_dir: Some(runtime_dir),
                 cgroups: Some(cgroups),
                 ids: Some(ids),
+                // The CPUs an earlier daemon gave it, counted again.
+                cpus: Some(self.cpus.adopt(record.supervisor_pid)),
             })),
             log_path,
             egress_task,
@@ -686,6 +691,9 @@ struct Cleanup {
     cgroups: Option<SandboxCgroups>,
     /// Released last, once no process of the sandbox can be left.
     ids: Option<IdRange>,
+    /// The CPUs it runs on, counted as taken while it lives (none for a sandbox an earlier
+    /// daemon made: its CPUs are not counted).
+    cpus: Option<super::cpu_rotation::CpuLease>,
 }
 
 impl Cleanup {
@@ -701,6 +709,7 @@ impl Cleanup {
             }
         }
         self.ids.take();
+        self.cpus.take();
     }
 }
 
