@@ -735,7 +735,10 @@ async fn a_fork_bomb_in_a_container_leaves_every_agent_answering() {
         tokio::spawn(async move {
             let request = ExecRequest {
                 timeout_s: 6,
-                ..ExecRequest::new(["sh", "-c", "b() { b | b & }; b; sleep 60"])
+                // The shell forks once, for the bomb's subshell, then waits by `exec`: on
+                // the sandbox's one CPU the bomb may fill the pids limit before the shell is
+                // scheduled again, and a fork of its own would fail.
+                ..ExecRequest::new(["sh", "-c", "(b() { b | b & }; b) & exec sleep 60"])
             };
             c.exec_in(&id, "db", &request)
                 .await
