@@ -1004,6 +1004,38 @@ async fn a_container_added_to_a_running_sandbox_joins_its_network_and_shared_dir
     assert_eq!(deaf.state, ContainerState::Failed, "{deaf:?}");
     c.remove_container(&id, "deaf").await.expect("remove deaf");
 
+    // One whose main process exits before it is ready is exited, with its status, however the
+    // exit and the ready check interleave; it stays so after the check has given up.
+    let (status, _, message) = api_code(
+        c.add_container(
+            &id,
+            &container(serde_json::json!({
+                "name": "quitter",
+                "command": ["/bin/sh", "-c", "echo bye; exit 3"],
+                "ready": {"tcp_port": 6002}
+            })),
+        )
+        .await
+        .expect_err("not ready"),
+    );
+    assert_eq!(status, 422, "{message}");
+    assert!(message.contains("exited with 3"), "{message}");
+    // Past the ready check's longest pause, so its verdict has landed.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let quitter = containers(&c, &id)
+        .await
+        .into_iter()
+        .find(|info| info.name == "quitter")
+        .expect("quitter is listed");
+    assert_eq!(
+        (quitter.state, quitter.exit_code),
+        (ContainerState::Exited, Some(3)),
+        "{quitter:?}"
+    );
+    c.remove_container(&id, "quitter")
+        .await
+        .expect("remove quitter");
+
     // A removed name can be used again, with a fresh writable layer.
     sh_in(&c, &id, "job", "echo old > /left-behind").await;
     c.remove_container(&id, "job").await.expect("remove job");

@@ -404,7 +404,11 @@ async fn live(sandbox: Weak<Sandbox>, container: Arc<Container>) {
             if let Some(main) = main {
                 main.abort();
             }
-            container.fail(why);
+            // A main process that exited before it was ready stays Exited: its exit status
+            // says why, and the state must not depend on which task saw the exit first.
+            if container.state() != ContainerState::Exited {
+                container.fail(why);
+            }
         }
     }
 }
