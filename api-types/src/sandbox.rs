@@ -83,7 +83,8 @@ pub struct CreateSandbox {
     /// Egress through the daemon's proxy; absent: the sandbox reaches no network at all.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub network: Option<NetworkRequest>,
-    /// Named caches to mount: persistent, daemon-managed, size-limited, one sandbox at a time.
+    /// Named caches to mount: persistent, daemon-managed, size-limited; sandboxes at once each
+    /// mount a copy as last saved, and the first to end saves its copy back.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub caches: Vec<CacheMount>,
     /// Read-only volumes the operator declared (`crucible serve --volume NAME=DIR:ro`): the
@@ -242,9 +243,16 @@ pub struct CacheInfo {
     pub size_mib: u64,
     /// Host disk it takes now (its image is sparse), in MiB, rounded up.
     pub used_mib: u64,
-    /// The sandbox using it now, if any.
+    /// The first of the sandboxes using it now, if any.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub in_use_by: Option<String>,
+    /// Every sandbox using it now, each on a copy of its own made when it started.
+    #[serde(default)]
+    pub users: Vec<String>,
+    /// The sandbox whose copy it last became (since the daemon started): the first of those
+    /// running at once to end.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub saved_by: Option<String>,
     /// When it was made, Unix milliseconds.
     pub created_at_ms: u64,
 }

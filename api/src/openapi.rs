@@ -346,7 +346,6 @@ pub(crate) fn document() -> Value {
                     "responses": with(errors(&[
                         ("400", "The request is invalid (a field, an egress rule, a cache name or mount path, an undeclared volume, a container (its name, image, shared directories, or a depends_on that names no container or goes round in a circle), or a feature the backend lacks: a microVM takes at most six disks, its containers' images among them)."),
                         ("403", "network.allow asks for a host outside the operator's --egress-allow rules (code egress_not_allowed)."),
-                        ("409", "A cache asked for is mounted in another sandbox (one at a time)."),
                         ("422", "A container did not become ready: its main process exited, or its ready check did not pass within its timeout (code container_not_ready; the message ends with its log's last lines). The sandbox is deleted."),
                         ("429", "The daemon runs its maximum number of sandboxes."),
                         ("500", "The sandbox could not be started."),

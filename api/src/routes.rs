@@ -358,7 +358,7 @@ async fn clear_caches(
     let store = &state.storage()?.caches;
     let mut kept = Vec::new();
     for cache in store.list(Some(&owner))? {
-        match store.remove(&owner, &cache.name) {
+        match store.remove(&owner, &cache.name).await {
             Ok(()) => {}
             Err(engine::storage::StorageError::CacheBusy { by, .. }) => {
                 kept.push(api_types::CacheInfo {
@@ -377,7 +377,11 @@ async fn delete_cache(
     Authenticated(caller): Authenticated,
     Path(name): Path<String>,
 ) -> Result<StatusCode, ApiError> {
-    state.storage()?.caches.remove(&caller.owner(), &name)?;
+    state
+        .storage()?
+        .caches
+        .remove(&caller.owner(), &name)
+        .await?;
     Ok(StatusCode::NO_CONTENT)
 }
 

@@ -134,18 +134,30 @@ pub(crate) fn exec_table(execs: &[wire::ExecStatus]) -> String {
 /// The `cache ls` table.
 pub(crate) fn cache_table(caches: &[api_types::CacheInfo]) -> String {
     let mut out = format!(
-        "{:<24} {:<12} {:<10} {:>9} {:>9} {:<20}\n",
-        "NAME", "OWNER", "BACKEND", "SIZE", "USED", "IN USE BY"
+        "{:<24} {:<12} {:<10} {:>9} {:>9} {:<20} {:<20}\n",
+        "NAME", "OWNER", "BACKEND", "SIZE", "USED", "SAVED BY", "IN USE BY"
     );
     for c in caches {
+        let users = if c.users.is_empty() {
+            // A daemon from before caches were shared names one user at most.
+            c.in_use_by.iter().cloned().collect()
+        } else {
+            c.users.clone()
+        };
+        let users = if users.is_empty() {
+            "-".to_string()
+        } else {
+            users.join(",")
+        };
         out.push_str(&format!(
-            "{:<24} {:<12} {:<10} {:>8}M {:>8}M {:<20}\n",
+            "{:<24} {:<12} {:<10} {:>8}M {:>8}M {:<20} {:<20}\n",
             escape(&c.name),
             escape(&c.owner),
             c.backend,
             c.size_mib,
             c.used_mib,
-            escape(c.in_use_by.as_deref().unwrap_or("-"))
+            escape(c.saved_by.as_deref().unwrap_or("-")),
+            escape(&users)
         ));
     }
     out

@@ -1619,3 +1619,61 @@ fn the_readmes_egress_examples_are_accepted_by_the_readmes_daemon() {
         "{refusal}"
     );
 }
+
+/// Four CI jobs at once on one cache all run; afterwards the cache is one job's whole result
+/// (what that job saw at its end, its manifest), never a mix, and `cache ls` says who saved it.
+#[test]
+fn parallel_runs_share_a_cache_and_one_whole_result_is_kept() {
+    let daemon = TestDaemon::start();
+    let list = "ls /cache | grep -v -e lost+found -e manifest | sort | tr '\\n' ' '";
+    let jobs: Vec<_> = (1..=4)
+        .map(|job| {
+            let script = format!(
+                "set -e; for f in a b c; do echo {job} > /cache/job{job}-$f; done; \
+                 echo {job} > /cache/winner; sleep 0.3; m=$({list}); echo \"$m\" > /cache/manifest"
+            );
+            crucible(&daemon)
+                .args(["run", "--cache", "ci:/cache:32", "--", "sh", "-c"])
+                .arg(script)
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .expect("spawn crucible run")
+        })
+        .collect();
+    for (n, job) in jobs.into_iter().enumerate() {
+        let out = job.wait_with_output().expect("wait");
+        assert!(
+            out.status.success(),
+            "job {}: {}{}",
+            n + 1,
+            text(&out.stdout),
+            text(&out.stderr)
+        );
+    }
+    let listed = run(crucible(&daemon).args(["--json", "cache", "ls"]));
+    let listed: serde_json::Value = serde_json::from_slice(&listed.stdout).expect("JSON");
+    assert!(listed["caches"][0]["saved_by"].is_string(), "{listed}");
+    assert_eq!(
+        listed["caches"][0]["users"],
+        serde_json::json!([]),
+        "{listed}"
+    );
+    let check = format!("cat /cache/winner /cache/manifest; {list}");
+    let out =
+        run(crucible(&daemon).args(["run", "--cache", "ci:/cache", "--", "sh", "-c", &check]));
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let stdout = text(&out.stdout);
+    let lines: Vec<&str> = stdout.lines().collect();
+    let [winner, manifest, now] = lines[..] else {
+        panic!("{stdout}");
+    };
+    assert!(["1", "2", "3", "4"].contains(&winner), "{stdout}");
+    assert_eq!(now, manifest, "the cache is exactly what one job left");
+    for f in ["a", "b", "c"] {
+        assert!(
+            now.contains(&format!("job{winner}-{f}")),
+            "the winner's files, all of them: {stdout}"
+        );
+    }
+}

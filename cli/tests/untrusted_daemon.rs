@@ -326,6 +326,8 @@ fn what_a_daemon_says_reaches_the_terminal_escaped_and_json_exactly() {
             size_mib: 1,
             used_mib: 1,
             in_use_by: Some(format!("sb{HOSTILE}")),
+            users: vec![format!("sb{HOSTILE}"), format!("sb2{HOSTILE}")],
+            saved_by: Some(format!("sb3{HOSTILE}")),
             created_at_ms: 0,
         }],
     };

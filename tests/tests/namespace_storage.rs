@@ -1,6 +1,6 @@
 //! Caches, read-only volumes and disk-backed writable layers, through the real daemon: what a
 //! CI job writes to a cache is there for the next job (owned by its root, whatever host ids
-//! that sandbox got); a cache's limit is ENOSPC for the writer and nothing else; a volume
+//! that sandbox got), and jobs at once each work on a copy; a cache's limit is ENOSPC for the writer and nothing else; a volume
 //! cannot be written or remounted; a disk-backed layer holds more than the sandbox's memory
 //! and goes with the sandbox. Each check looks at the host too.
 
@@ -16,7 +16,7 @@ fn cache(name: &str, path: &str, size_mib: Option<u64>) -> CacheMount {
 }
 
 #[tokio::test]
-async fn a_cache_outlives_its_sandbox_keeps_its_limit_and_has_one_user_at_a_time() {
+async fn a_cache_outlives_its_sandbox_keeps_its_limit_and_is_shared_by_copies() {
     let daemon = TestDaemon::start();
     let data_dir = daemon.state.config.storage.data_dir.clone();
     let c = daemon.client();
@@ -40,25 +40,30 @@ async fn a_cache_outlives_its_sandbox_keeps_its_limit_and_has_one_user_at_a_time
         "the sandbox's root owns its cache: {out}"
     );
     let first_map = out.lines().nth(1).unwrap_or_default().to_string();
-    // A second sandbox asking for the cache while the first has it is refused, at once.
-    let busy = c
-        .create(&with_cache(None))
-        .await
-        .expect_err("one user at a time");
-    assert!(
-        busy.to_string().contains("409") && busy.to_string().contains(&first),
-        "{busy}"
-    );
+    // A sandbox started meanwhile shares the cache: it gets the cache as it was saved last
+    // (empty), not what the first is writing, and its own writes stay its own.
+    let parallel = c.create(&with_cache(None)).await.expect("shared").id;
+    let (out, err, code) = sh(
+        &c,
+        &parallel,
+        "set -e; cd /root/.cargo/registry; ls -A | grep -v lost+found || true; \
+         echo parallel > who",
+    )
+    .await;
+    assert_eq!((out.as_str(), code), ("", 0), "{err}");
     let listed = c.caches().await.expect("list");
     assert_eq!(listed.len(), 1, "{listed:?}");
     assert_eq!(listed[0].in_use_by.as_deref(), Some(first.as_str()));
+    assert_eq!(listed[0].users, [first.clone(), parallel.clone()]);
     assert_eq!(listed[0].size_mib, 64);
     let rm = c.delete_cache("cargo").await.expect_err("in use");
     assert!(rm.to_string().contains("409"), "{rm}");
+    // The first ends first: the cache becomes what it left; the other's writes are dropped.
+    c.delete(&first).await.expect("delete");
+    c.delete(&parallel).await.expect("delete");
 
     // The next job, in a sandbox holding other host ids (the first one's range is taken by a
     // sandbox made in between), finds what the first wrote, owned by its own root.
-    c.delete(&first).await.expect("delete");
     let between = c
         .create(&CreateSandbox::default())
         .await
@@ -69,7 +74,7 @@ async fn a_cache_outlives_its_sandbox_keeps_its_limit_and_has_one_user_at_a_time
         &c,
         &second,
         "set -e; cd /root/.cargo/registry; cat index src/serde/lib.rs; stat -c '%u:%g' index; \
-         head -n1 /proc/self/uid_map",
+         head -n1 /proc/self/uid_map; test ! -e who",
     )
     .await;
     assert_eq!(code, 0, "{out}{err}");
@@ -82,16 +87,18 @@ async fn a_cache_outlives_its_sandbox_keeps_its_limit_and_has_one_user_at_a_time
 
     // The limit: the writer gets ENOSPC; the sandbox, its other files and the cache's
     // earlier contents are fine; the host's image never grows past the limit.
-    let image = data_dir.join("caches/namespace/unix/cargo.ext4");
+    // What it writes goes to its own copy, which becomes the cache when it ends.
+    let copy = data_dir.join(format!("caches/namespace/unix/.in-use/cargo@{second}.ext4"));
     harness::assert_cache_limit_holds(
         &c,
         &second,
         "/root/.cargo/registry",
         "serde 1.0.0",
-        &image,
+        &copy,
         (64, 200),
     )
     .await;
+    let image = data_dir.join("caches/namespace/unix/cargo.ext4");
 
     // Freed with its sandbox: the loop device goes, the cache can be deleted.
     c.delete(&second).await.expect("delete");

@@ -45,8 +45,10 @@ pub(crate) struct CreateArgs {
     #[arg(long, value_name = "HOST[:PORT]", value_delimiter = ',')]
     pub allow: Vec<String>,
     /// Mount the named cache at PATH, read-write, kept between sandboxes (repeatable); made
-    /// with SIZE_MIB (else the daemon's default) if new. One sandbox at a time per cache. Kept
-    /// by `crucible serve`; the daemon `crucible run` starts for itself keeps nothing.
+    /// with SIZE_MIB (else the daemon's default) if new. Sandboxes at once share it: each
+    /// gets a copy as it was last saved, and the first to end saves its copy back whole (the
+    /// others' writes are dropped). Kept by `crucible serve`; the daemon `crucible run`
+    /// starts for itself keeps nothing.
     #[arg(long, value_name = "NAME:PATH[:SIZE_MIB]", value_parser = parse_cache)]
     pub cache: Vec<api_types::CacheMount>,
     /// Mount the operator's read-only volume NAME at PATH (repeatable).

@@ -1,11 +1,18 @@
-//! Named caches: an ext4 image per cache and owner, kept between sandboxes, mounted read-write
-//! into one sandbox at a time.
+//! Named caches: an ext4 image per cache and owner, kept between sandboxes, shared by the
+//! sandboxes that run at once.
 //!
-//! One writer at a time is the concurrency rule: an ext4 cannot be mounted twice, and merging
-//! two sandboxes' changes to a package cache has no right answer. A request for a cache in use
-//! is refused (409) at once rather than queued, so a CI system can fall back to running cold
-//! or to another cache name. Caches are per owner (API key): one tenant can never read or
-//! poison another's.
+//! A CI system restores a cache into every job and saves one back. So each sandbox that asks
+//! for a cache mounts a copy of it of its own (a reflink where the host filesystem has them,
+//! else a sparse copy of the blocks in use): it sees the cache as it was when it started, with
+//! its own writes on top, and no other sandbox's. When it ends, its copy *becomes* the cache
+//! (one `rename`, so a cache is always one sandbox's whole result, never a mix of two) unless
+//! another sandbox's copy was saved since it started: the first to end wins, the others'
+//! writes are dropped (and logged). Sandboxes one after another each save theirs. A copy its
+//! sandbox never changed (its create failed before it was mounted) is dropped.
+//!
+//! The image a cache is made of is never mounted itself, so copying it needs no lock on the
+//! sandboxes using it. Caches are per owner (API key): one tenant can never read or poison
+//! another's.
 //!
 //! Caches are also per backend. A namespace sandbox's cache is written by the host kernel's
 //! ext4 on the sandbox's behalf; a microVM's is written block by block by its guest, which
@@ -15,18 +22,22 @@
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use api_types::{BackendKind, CacheInfo};
 
-use super::ext4::{create_private_dir, make_image, wait_detached, Journal};
+use super::ext4::{create_private_dir, is_attached, make_image, Journal};
 use super::{BudgetLease, DiskBudget, StorageError};
 use crate::owner::Owner;
 
-/// How long an acquire waits for the cache's previous sandbox's mount to be gone.
+/// How long a copy's save waits for its sandbox's mount to be gone, and an acquire for the
+/// saves before it.
 const DETACH_WAIT: Duration = Duration::from_secs(10);
 /// Largest cache name.
 const MAX_NAME: usize = 64;
+/// The directory, beside an owner's caches, of the copies sandboxes use now. Its name starts
+/// with `.`, which no cache name may.
+const COPIES_DIR: &str = ".in-use";
 
 /// Where an owner's caches live: `unix` or `key-<name>` (key names are `[A-Za-z0-9_.-]`, so
 /// this is always one plain path component).
@@ -87,10 +98,16 @@ fn backend_of_dir(name: &str) -> Option<BackendKind> {
 
 #[derive(Debug, Default)]
 struct Held {
-    /// The sandbox holding each cache in use.
-    in_use: HashMap<Key, String>,
+    /// The sandboxes using each cache now, in the order they came.
+    users: HashMap<Key, Vec<String>>,
     /// Each cache's share of the disk budget, for as long as it exists.
     leases: HashMap<Key, BudgetLease>,
+    /// How many copies have become each cache since the daemon started.
+    generation: HashMap<Key, u64>,
+    /// Copies of each cache being saved (or dropped) now, their sandbox ended.
+    settling: HashMap<Key, usize>,
+    /// The sandbox whose copy each cache last became.
+    saved_by: HashMap<Key, String>,
 }
 
 /// Every cache, on disk under one directory.
@@ -100,28 +117,244 @@ pub struct CacheStore {
     default_size_mib: u64,
     budget: Arc<DiskBudget>,
     held: Mutex<Held>,
+    /// Held while a cache's image is made, so two first users make it once.
+    making: tokio::sync::Mutex<()>,
 }
 
-/// A cache mounted in one sandbox; it is free for the next once this is dropped (and the
-/// next waits for the old mount to be fully gone).
+/// A sandbox's copy of a cache; dropped when the sandbox is gone, it becomes the cache (or is
+/// dropped, when another copy was saved since it was made).
 #[derive(Debug)]
 pub(crate) struct CacheLease {
     store: Arc<CacheStore>,
     key: Key,
-    path: PathBuf,
+    sandbox: String,
+    copy: PathBuf,
+    /// The cache's generation the copy was made from.
+    base: u64,
+    /// The copy's length and time when it was made: a copy that still has them was never
+    /// mounted, and is not saved.
+    made: Option<(u64, SystemTime)>,
+    /// The copy's share of the disk budget (it may grow to the cache's size).
+    budget: Option<BudgetLease>,
+    /// Left on disk for the next daemon (live restore): neither saved nor removed.
+    left: bool,
 }
 
 impl CacheLease {
-    /// The cache's image.
+    /// The image its sandbox mounts: its own copy.
     pub(crate) fn path(&self) -> &Path {
-        &self.path
+        &self.copy
+    }
+
+    /// Lets go of it, leaving the copy on disk (live restore: its sandbox runs on).
+    pub(crate) fn leave(mut self) {
+        self.left = true;
     }
 }
 
 impl Drop for CacheLease {
     fn drop(&mut self) {
-        self.store.held().in_use.remove(&self.key);
+        let mut held = self.store.held();
+        if let Some(users) = held.users.get_mut(&self.key) {
+            users.retain(|s| *s != self.sandbox);
+            if users.is_empty() {
+                held.users.remove(&self.key);
+            }
+        }
+        if self.left {
+            return;
+        }
+        *held.settling.entry(self.key.clone()).or_default() += 1;
+        drop(held);
+        let copy = Settle {
+            store: self.store.clone(),
+            key: self.key.clone(),
+            sandbox: std::mem::take(&mut self.sandbox),
+            copy: std::mem::take(&mut self.copy),
+            base: self.base,
+            made: self.made,
+            budget: self.budget.take(),
+        };
+        // Waiting for the sandbox's mount to go cannot block the caller (a sandbox's teardown).
+        let spawned = std::thread::Builder::new()
+            .name("cache-save".into())
+            .spawn(move || copy.run());
+        if let Err(e) = spawned {
+            tracing::warn!("cache {:?}: cannot save a sandbox's copy: {e}", self.key.2);
+            let mut held = self.store.held();
+            if let Some(n) = held.settling.get_mut(&self.key) {
+                *n -= 1;
+            }
+        }
     }
+}
+
+/// A copy whose sandbox has ended, to save or drop.
+struct Settle {
+    store: Arc<CacheStore>,
+    key: Key,
+    sandbox: String,
+    copy: PathBuf,
+    base: u64,
+    made: Option<(u64, SystemTime)>,
+    budget: Option<BudgetLease>,
+}
+
+impl Settle {
+    fn run(self) {
+        let name = &self.key.2;
+        let deadline = Instant::now() + DETACH_WAIT;
+        let mut detached = true;
+        while is_attached(&self.copy) {
+            if Instant::now() >= deadline {
+                tracing::warn!(
+                    "cache {name:?}: sandbox {}'s copy {} is still attached to a loop device \
+                     after {DETACH_WAIT:?}; its writes are not kept",
+                    self.sandbox,
+                    self.copy.display()
+                );
+                detached = false;
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let changed = detached
+            && match (std::fs::metadata(&self.copy), self.made) {
+                (Ok(meta), Some(made)) => {
+                    meta.modified().ok() != Some(made.1) || meta.len() != made.0
+                }
+                _ => false,
+            };
+        let store = self.store.clone();
+        let mut held = store.held();
+        let generation = held.generation.get(&self.key).copied().unwrap_or(0);
+        let mut kept = false;
+        if changed && generation == self.base {
+            let image = store.image_path(&self.key);
+            match std::fs::rename(&self.copy, &image) {
+                Ok(()) => {
+                    kept = true;
+                    held.generation.insert(self.key.clone(), generation + 1);
+                    held.saved_by.insert(self.key.clone(), self.sandbox.clone());
+                    if let Some(budget) = self.budget {
+                        // The copy's share is now the cache's; the old image's goes back.
+                        held.leases.insert(self.key.clone(), budget);
+                    }
+                    tracing::info!("cache {name:?}: now what sandbox {} left", self.sandbox);
+                }
+                Err(e) => tracing::warn!(
+                    "cache {name:?}: saving sandbox {}'s copy: rename {} to {}: {e}",
+                    self.sandbox,
+                    self.copy.display(),
+                    image.display()
+                ),
+            }
+        } else if changed {
+            tracing::info!(
+                "cache {name:?}: sandbox {}'s writes are not kept: {} ended first with its own",
+                self.sandbox,
+                held.saved_by
+                    .get(&self.key)
+                    .map_or("another sandbox", |s| s.as_str())
+            );
+        }
+        if !kept {
+            if let Err(e) = std::fs::remove_file(&self.copy) {
+                if e.kind() != std::io::ErrorKind::NotFound {
+                    tracing::warn!("remove {}: {e}", self.copy.display());
+                }
+            }
+        }
+        if let Some(n) = held.settling.get_mut(&self.key) {
+            *n -= 1;
+            if *n == 0 {
+                held.settling.remove(&self.key);
+            }
+        }
+    }
+}
+
+/// Copies `from` to the new file `to`, holes kept: a reflink where the filesystem has them,
+/// else the ranges holding data, copied in the kernel.
+fn copy_sparse(from: &Path, to: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let source = std::fs::File::open(from)?;
+    let target = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(to)?;
+    if rustix::fs::ioctl_ficlone(&target, &source).is_ok() {
+        return Ok(());
+    }
+    let len = source.metadata()?.len();
+    target.set_len(len)?;
+    let mut at = 0;
+    while at < len {
+        let data = match rustix::fs::seek(&source, rustix::fs::SeekFrom::Data(at)) {
+            Ok(data) => data,
+            // Nothing but a hole from here on.
+            Err(rustix::io::Errno::NXIO) => break,
+            Err(e) => return Err(e.into()),
+        };
+        let hole = rustix::fs::seek(&source, rustix::fs::SeekFrom::Hole(data))?;
+        let (mut read_at, mut write_at) = (data, data);
+        while read_at < hole {
+            let left = usize::try_from(hole - read_at).unwrap_or(usize::MAX);
+            let copied = rustix::fs::copy_file_range(
+                &source,
+                Some(&mut read_at),
+                &target,
+                Some(&mut write_at),
+                left,
+            )?;
+            if copied == 0 {
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::UnexpectedEof,
+                    format!("{} ended at {read_at} of {len} bytes", from.display()),
+                ));
+            }
+        }
+        at = hole;
+    }
+    Ok(())
+}
+
+/// Whether `name` can be part of a file name as it is.
+fn is_plain(name: &str) -> bool {
+    !name.is_empty()
+        && !name.starts_with('.')
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b'-'))
+}
+
+/// Removes the copies under `dir` (a caches directory) that a previous daemon's sandboxes used:
+/// they died with it. Before the free disk is measured, as they are not the new daemon's.
+pub(crate) fn remove_stale_copies(dir: &Path) -> Result<(), StorageError> {
+    for copies in copy_dirs(dir) {
+        std::fs::remove_dir_all(&copies)
+            .map_err(|e| StorageError::io(format!("remove {}", copies.display()), e))?;
+    }
+    Ok(())
+}
+
+/// Every directory of copies under `dir`.
+fn copy_dirs(dir: &Path) -> Vec<PathBuf> {
+    let entries = |dir: &Path| {
+        std::fs::read_dir(dir)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .map(|e| e.path())
+            .collect::<Vec<_>>()
+    };
+    entries(dir)
+        .iter()
+        .flat_map(|backend| entries(backend))
+        .map(|owner| owner.join(COPIES_DIR))
+        .filter(|copies| copies.is_dir())
+        .collect()
 }
 
 impl CacheStore {
@@ -137,6 +370,7 @@ impl CacheStore {
             default_size_mib,
             budget,
             held: Mutex::new(Held::default()),
+            making: tokio::sync::Mutex::new(()),
         };
         for (key, path) in store.on_disk()? {
             let size = std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
@@ -155,6 +389,23 @@ impl CacheStore {
             .join(&key.0)
             .join(&key.1)
             .join(format!("{}.ext4", key.2))
+    }
+
+    /// Where `sandbox`'s copy of the cache `key` is.
+    fn copy_path(&self, key: &Key, sandbox: &str) -> PathBuf {
+        self.dir
+            .join(&key.0)
+            .join(&key.1)
+            .join(COPIES_DIR)
+            .join(format!("{}@{sandbox}.ext4", key.2))
+    }
+
+    fn key(owner: &Owner, name: &str, backend: BackendKind) -> Key {
+        (
+            backend_dir(backend).to_string(),
+            owner_dir_name(owner),
+            name.to_string(),
+        )
     }
 
     /// Every cache image on disk, with its key.
@@ -189,8 +440,29 @@ impl CacheStore {
         Ok(found)
     }
 
-    /// Takes cache `name` of `owner` for sandbox `sandbox` on `backend`, making it (of
-    /// `size_mib`, else the default size) if it does not exist yet.
+    /// Waits until no copy of cache `key` is being saved, so a sandbox that starts after
+    /// another ended sees what that one left.
+    async fn await_settled(&self, key: &Key) -> Result<(), StorageError> {
+        let deadline = Instant::now() + DETACH_WAIT * 2;
+        while self.held().settling.contains_key(key) {
+            if Instant::now() >= deadline {
+                return Err(StorageError::io(
+                    format!(
+                        "cache {:?}: an ended sandbox's copy is still being saved after {:?}",
+                        key.2,
+                        DETACH_WAIT * 2
+                    ),
+                    std::io::Error::from(std::io::ErrorKind::TimedOut),
+                ));
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        Ok(())
+    }
+
+    /// Gives sandbox `sandbox` on `backend` a copy of cache `name` of `owner`, as it is now,
+    /// making the cache (of `size_mib`, else the default size) if it does not exist yet. The
+    /// copy takes the cache's size of the disk budget until its sandbox ends.
     pub(crate) async fn acquire(
         self: &Arc<Self>,
         owner: &Owner,
@@ -205,54 +477,82 @@ impl CacheStore {
                 "cache {name:?}: size_mib must be at least 1"
             )));
         }
-        let key = (
-            backend_dir(backend).to_string(),
-            owner_dir_name(owner),
-            name.to_string(),
-        );
-        let path = self.image_path(&key);
-        let new_lease = {
-            let mut held = self.held();
-            if let Some(by) = held.in_use.get(&key) {
-                return Err(StorageError::CacheBusy {
-                    name: name.to_string(),
-                    by: by.clone(),
-                });
-            }
-            held.in_use.insert(key.clone(), sandbox.to_string());
-            if held.leases.contains_key(&key) {
-                None
-            } else {
-                let size = size_mib.unwrap_or(self.default_size_mib);
-                match self.budget.take(&format!("cache {name:?}"), size) {
-                    Ok(lease) => Some((lease, size)),
-                    Err(e) => {
-                        held.in_use.remove(&key);
-                        return Err(e);
-                    }
-                }
-            }
-        };
-        // From here on the lease releases the cache if anything fails.
-        let lease = CacheLease {
-            store: self.clone(),
-            key: key.clone(),
-            path: path.clone(),
-        };
-        if let Some((budget, size)) = new_lease {
-            if let Some(dir) = path.parent() {
-                create_private_dir(dir)?;
-            }
-            make_image(&path, size, Journal::Yes).await?;
-            self.held().leases.insert(key, budget);
+        if !is_plain(sandbox) {
+            return Err(StorageError::Invalid(format!(
+                "cache {name:?}: sandbox id {sandbox:?} cannot name a file"
+            )));
         }
-        wait_detached(&path, DETACH_WAIT).await?;
+        let key = Self::key(owner, name, backend);
+        let image = self.image_path(&key);
+        self.await_settled(&key).await?;
+        {
+            let _making = self.making.lock().await;
+            if !self.held().leases.contains_key(&key) {
+                let size = size_mib.unwrap_or(self.default_size_mib);
+                let lease = self.budget.take(&format!("cache {name:?}"), size)?;
+                if let Some(dir) = image.parent() {
+                    create_private_dir(dir)?;
+                }
+                make_image(&image, size, Journal::Yes).await?;
+                self.held().leases.insert(key.clone(), lease);
+            }
+        }
+        let size_mib = std::fs::metadata(&image)
+            .map_err(|e| StorageError::io(format!("stat {}", image.display()), e))?
+            .len()
+            .div_ceil(1024 * 1024);
+        let budget = self.budget.take(
+            &format!("a copy of cache {name:?} for sandbox {sandbox}"),
+            size_mib,
+        )?;
+        let copy = self.copy_path(&key, sandbox);
+        let base = {
+            let mut held = self.held();
+            held.users
+                .entry(key.clone())
+                .or_default()
+                .push(sandbox.to_string());
+            held.generation.get(&key).copied().unwrap_or(0)
+        };
+        // From here on, dropping the lease gives everything back.
+        let mut lease = CacheLease {
+            store: self.clone(),
+            key,
+            sandbox: sandbox.to_string(),
+            copy: copy.clone(),
+            base,
+            made: None,
+            budget: Some(budget),
+            left: false,
+        };
+        if let Some(dir) = copy.parent() {
+            create_private_dir(dir)?;
+        }
+        let (from, to) = (image.clone(), copy.clone());
+        tokio::task::spawn_blocking(move || copy_sparse(&from, &to))
+            .await
+            .map_err(|e| StorageError::io("copy a cache", std::io::Error::other(e)))?
+            .map_err(|e| {
+                StorageError::io(format!("copy {} to {}", image.display(), copy.display()), e)
+            })?;
+        // A time no write can give it, so the first write (its mount's) shows.
+        let made = UNIX_EPOCH + Duration::from_secs(1);
+        std::fs::File::options()
+            .write(true)
+            .open(&copy)
+            .and_then(|f| {
+                f.set_modified(made)?;
+                f.metadata()
+            })
+            .map(|meta| lease.made = Some((meta.len(), made)))
+            .map_err(|e| StorageError::io(format!("date {}", copy.display()), e))?;
         Ok(lease)
     }
 
-    /// Takes back cache `name` of `owner` for sandbox `sandbox` on `backend`, which an earlier
-    /// daemon gave it (live restore): the cache must be on disk and held by no other sandbox
-    /// here. The caller checks, through the sandbox's backend, that it really holds it.
+    /// Takes back sandbox `sandbox`'s copy of cache `name` of `owner` on `backend`, which an
+    /// earlier daemon gave it (live restore). When it ends, it is saved unless another copy
+    /// was saved since this daemon started. The caller checks, through the sandbox's backend,
+    /// that it really holds it.
     pub(crate) fn reclaim(
         self: &Arc<Self>,
         owner: &Owner,
@@ -261,29 +561,59 @@ impl CacheStore {
         backend: BackendKind,
     ) -> Result<CacheLease, StorageError> {
         validate_name(name)?;
-        let key = (
-            backend_dir(backend).to_string(),
-            owner_dir_name(owner),
-            name.to_string(),
-        );
-        let path = self.image_path(&key);
+        let key = Self::key(owner, name, backend);
+        let copy = self.copy_path(&key, sandbox);
         let mut held = self.held();
         if !held.leases.contains_key(&key) {
             return Err(StorageError::NoCache(name.to_string()));
         }
-        if let Some(by) = held.in_use.get(&key) {
-            return Err(StorageError::CacheBusy {
-                name: name.to_string(),
-                by: by.clone(),
-            });
+        if held
+            .users
+            .get(&key)
+            .is_some_and(|u| u.iter().any(|s| s == sandbox))
+        {
+            return Err(StorageError::Invalid(format!(
+                "cache {name:?}: sandbox {sandbox} holds it already"
+            )));
         }
-        held.in_use.insert(key.clone(), sandbox.to_string());
+        let size = std::fs::metadata(&copy)
+            .map_err(|e| StorageError::io(format!("find {}", copy.display()), e))?
+            .len();
+        held.users
+            .entry(key.clone())
+            .or_default()
+            .push(sandbox.to_string());
+        let base = held.generation.get(&key).copied().unwrap_or(0);
         drop(held);
         Ok(CacheLease {
             store: self.clone(),
             key,
-            path,
+            sandbox: sandbox.to_string(),
+            copy,
+            base,
+            // Its sandbox ran: whatever it wrote is a candidate.
+            made: Some((u64::MAX, UNIX_EPOCH)),
+            budget: Some(self.budget.take_existing(size.div_ceil(1024 * 1024))),
+            left: false,
         })
+    }
+
+    /// After live restore: removes the copies no sandbox taken back uses.
+    pub(crate) fn remove_unclaimed(&self) {
+        let held = self.held();
+        for copies in copy_dirs(&self.dir) {
+            for entry in std::fs::read_dir(&copies).into_iter().flatten().flatten() {
+                let path = entry.path();
+                let used = held.users.iter().any(|(key, sandboxes)| {
+                    sandboxes.iter().any(|s| self.copy_path(key, s) == path)
+                });
+                if !used {
+                    if let Err(e) = std::fs::remove_file(&path) {
+                        tracing::warn!("remove {}: {e}", path.display());
+                    }
+                }
+            }
+        }
     }
 
     /// The caches `owner` may see (all of them for `None`).
@@ -305,42 +635,55 @@ impl CacheStore {
                 .ok()
                 .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
                 .map_or(0, |d| d.as_millis() as u64);
+            let users = held.users.get(&key).cloned().unwrap_or_default();
             caches.push(CacheInfo {
                 name: key.2.clone(),
                 owner: owner_of_dir(&key.1).map_or(key.1.clone(), |o| o.to_string()),
                 backend: backend_of_dir(&key.0).unwrap_or(BackendKind::Namespace),
                 size_mib: meta.len().div_ceil(1024 * 1024),
                 used_mib: (meta.blocks() * 512).div_ceil(1024 * 1024),
-                in_use_by: held.in_use.get(&key).cloned(),
+                in_use_by: users.first().cloned(),
+                users,
+                saved_by: held.saved_by.get(&key).cloned(),
                 created_at_ms: created,
             });
         }
         Ok(caches)
     }
 
-    /// Deletes cache `name` of `owner` (of every backend), unless a sandbox uses it.
-    pub fn remove(&self, owner: &Owner, name: &str) -> Result<(), StorageError> {
+    /// Deletes cache `name` of `owner` (of every backend), unless a sandbox uses it; the
+    /// copies of sandboxes that have ended are saved (or dropped) first.
+    pub async fn remove(&self, owner: &Owner, name: &str) -> Result<(), StorageError> {
         validate_name(name)?;
-        let mut held = self.held();
         let keys: Vec<Key> = [
             BackendKind::Namespace,
             BackendKind::Microvm,
             BackendKind::Process,
         ]
         .into_iter()
-        .map(|b| {
-            (
-                backend_dir(b).to_string(),
-                owner_dir_name(owner),
-                name.to_string(),
-            )
-        })
+        .map(|b| Self::key(owner, name, b))
         .collect();
         for key in &keys {
-            if let Some(by) = held.in_use.get(key) {
+            if !self.held().users.contains_key(key) {
+                self.await_settled(key).await?;
+            }
+        }
+        let mut held = self.held();
+        for key in &keys {
+            let by = held
+                .users
+                .get(key)
+                .and_then(|u| u.first())
+                .cloned()
+                .or_else(|| {
+                    held.settling
+                        .contains_key(key)
+                        .then(|| "(one that has ended; its copy is being saved)".to_string())
+                });
+            if let Some(by) = by {
                 return Err(StorageError::CacheBusy {
                     name: name.to_string(),
-                    by: by.clone(),
+                    by,
                 });
             }
         }
@@ -350,6 +693,8 @@ impl CacheStore {
             match std::fs::remove_file(&path) {
                 Ok(()) => {
                     held.leases.remove(&key);
+                    held.generation.remove(&key);
+                    held.saved_by.remove(&key);
                     removed = true;
                 }
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
@@ -366,6 +711,8 @@ impl CacheStore {
 
 #[cfg(test)]
 mod tests {
+    use std::io::{Read, Seek, SeekFrom, Write};
+
     use super::*;
 
     const NS: BackendKind = BackendKind::Namespace;
@@ -377,56 +724,152 @@ mod tests {
         (tmp, store, budget)
     }
 
+    /// What a sandbox writing `what` to its copy does to the image's last bytes.
+    fn write_mark(image: &Path, what: &str) {
+        let mut file = std::fs::File::options()
+            .write(true)
+            .open(image)
+            .expect("open");
+        file.seek(SeekFrom::End(-4096)).expect("seek");
+        file.write_all(format!("{what:<16}").as_bytes())
+            .expect("write");
+    }
+
+    fn mark_of(image: &Path) -> String {
+        let mut file = std::fs::File::open(image).expect("open");
+        file.seek(SeekFrom::End(-4096)).expect("seek");
+        let mut mark = [0u8; 16];
+        file.read_exact(&mut mark).expect("read");
+        String::from_utf8_lossy(&mark)
+            .trim_end_matches([' ', '\0'])
+            .to_string()
+    }
+
+    /// Waits until every ended sandbox's copy is saved or dropped.
+    async fn settled(store: &CacheStore) {
+        for _ in 0..1000 {
+            if store.held().settling.is_empty() {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        panic!("copies still settling");
+    }
+
     #[tokio::test]
-    async fn one_sandbox_at_a_time_and_each_owner_has_its_own() {
+    async fn sandboxes_at_once_each_get_a_copy_and_the_first_to_end_saves_it() {
         let (_tmp, store, budget) = store(1000);
         let alice = Owner::Key("alice".into());
-        let lease = store
+        let image = store.image_path(&CacheStore::key(&alice, "cargo", NS));
+        let first = store
             .acquire(&alice, "cargo", None, "sb-1", NS)
             .await
             .expect("made");
-        assert_eq!(budget.taken_mib(), 64);
-        match store.acquire(&alice, "cargo", None, "sb-2", NS).await {
-            Err(StorageError::CacheBusy { by, .. }) => assert_eq!(by, "sb-1"),
-            other => panic!("expected busy, got {other:?}"),
-        }
-        assert!(matches!(
-            store.remove(&alice, "cargo"),
-            Err(StorageError::CacheBusy { .. })
-        ));
-        // Another owner's cache of the same name is another cache.
-        let bob = store
-            .acquire(&Owner::Key("bob".into()), "cargo", Some(32), "sb-3", NS)
+        let second = store
+            .acquire(&alice, "cargo", None, "sb-2", NS)
             .await
-            .expect("bob's own");
-        assert_ne!(bob.path(), lease.path());
+            .expect("shared, not busy");
+        assert_ne!(first.path(), second.path());
+        assert_ne!(
+            first.path(),
+            image.as_path(),
+            "the cache itself is never mounted"
+        );
+        assert_eq!(budget.taken_mib(), 64 * 3, "the cache and two copies");
         let listed = store.list(Some(&alice)).expect("list");
         assert_eq!(listed.len(), 1);
         assert_eq!(listed[0].in_use_by.as_deref(), Some("sb-1"));
-        assert_eq!(listed[0].size_mib, 64);
-        assert_eq!(store.list(None).expect("all").len(), 2);
-        drop(lease);
-        let again = store
+        assert_eq!(listed[0].users, ["sb-1", "sb-2"]);
+        assert!(matches!(
+            store.remove(&alice, "cargo").await,
+            Err(StorageError::CacheBusy { .. })
+        ));
+        write_mark(first.path(), "from sb-1");
+        write_mark(second.path(), "from sb-2");
+        let (first_copy, second_copy) = (first.path().to_path_buf(), second.path().to_path_buf());
+
+        // The second ends first: its copy becomes the cache, whole.
+        drop(second);
+        settled(&store).await;
+        assert_eq!(mark_of(&image), "from sb-2");
+        assert!(!second_copy.exists());
+        // The first ends: its writes are dropped, as the cache moved on since it started.
+        drop(first);
+        settled(&store).await;
+        assert_eq!(mark_of(&image), "from sb-2");
+        assert!(!first_copy.exists());
+        assert_eq!(budget.taken_mib(), 64, "the copies' shares are back");
+        let listed = store.list(Some(&alice)).expect("list");
+        assert_eq!(listed[0].saved_by.as_deref(), Some("sb-2"));
+        assert!(listed[0].users.is_empty() && listed[0].in_use_by.is_none());
+
+        // One after another, each sandbox starts from the last one's and saves its own.
+        let third = store
+            .acquire(&alice, "cargo", None, "sb-3", NS)
+            .await
+            .expect("again");
+        assert_eq!(mark_of(third.path()), "from sb-2");
+        write_mark(third.path(), "from sb-3");
+        drop(third);
+        let fourth = store
             .acquire(&alice, "cargo", Some(999), "sb-4", NS)
             .await
-            .expect("free again");
+            .expect("waits for sb-3's save");
+        assert_eq!(mark_of(fourth.path()), "from sb-3");
         assert_eq!(
-            std::fs::metadata(again.path()).expect("stat").len(),
+            std::fs::metadata(fourth.path()).expect("stat").len(),
             64 << 20,
             "an existing cache keeps its size"
         );
-        drop(again);
-        store.remove(&alice, "cargo").expect("removed");
-        assert_eq!(budget.taken_mib(), 32);
+        // A copy nobody wrote (a sandbox that never started) is not saved.
+        drop(fourth);
+        settled(&store).await;
+        let listed = store.list(Some(&alice)).expect("list");
+        assert_eq!(listed[0].saved_by.as_deref(), Some("sb-3"));
+
+        // Another owner's cache of the same name is another cache.
+        let bob = store
+            .acquire(&Owner::Key("bob".into()), "cargo", Some(32), "sb-5", NS)
+            .await
+            .expect("bob's own");
+        assert_ne!(mark_of(bob.path()), "from sb-3");
+        assert_eq!(store.list(None).expect("all").len(), 2);
+        store.remove(&alice, "cargo").await.expect("removed");
+        assert_eq!(budget.taken_mib(), 64, "bob's cache and copy");
         assert!(matches!(
-            store.remove(&alice, "cargo"),
+            store.remove(&alice, "cargo").await,
             Err(StorageError::NoCache(_))
         ));
     }
 
     #[tokio::test]
+    async fn a_sparse_copy_keeps_the_holes_and_the_bytes() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let (from, to) = (tmp.path().join("from"), tmp.path().join("to"));
+        let mut file = std::fs::File::create(&from).expect("create");
+        file.set_len(64 << 20).expect("size");
+        for at in [0u64, 10 << 20, (64 << 20) - 5] {
+            file.seek(SeekFrom::Start(at)).expect("seek");
+            file.write_all(b"hello").expect("write");
+        }
+        drop(file);
+        copy_sparse(&from, &to).expect("copy");
+        assert_eq!(
+            std::fs::read(&from).expect("read"),
+            std::fs::read(&to).expect("read")
+        );
+        use std::os::unix::fs::MetadataExt;
+        let allocated = std::fs::metadata(&to).expect("stat").blocks() * 512;
+        assert!(allocated < 1 << 20, "{allocated} bytes allocated");
+        assert!(
+            copy_sparse(&from, &to).is_err(),
+            "an existing file is never written over"
+        );
+    }
+
+    #[tokio::test]
     async fn bad_names_and_sizes_past_the_budget_are_refused_and_leave_nothing_held() {
-        let (_tmp, store, budget) = store(100);
+        let (_tmp, store, budget) = store(200);
         for bad in ["", ".hidden", "a/b", "..", &"x".repeat(65), "sp ace"] {
             assert!(
                 matches!(
@@ -436,17 +879,35 @@ mod tests {
                 "{bad:?}"
             );
         }
+        for sandbox in ["../x", "", ".x", "a/b"] {
+            assert!(
+                matches!(
+                    store.acquire(&Owner::Unix, "ok", None, sandbox, NS).await,
+                    Err(StorageError::Invalid(_))
+                ),
+                "{sandbox:?}"
+            );
+        }
         assert!(matches!(
             store
-                .acquire(&Owner::Unix, "big", Some(101), "sb-1", NS)
+                .acquire(&Owner::Unix, "big", Some(201), "sb-1", NS)
                 .await,
             Err(StorageError::OverBudget { .. })
         ));
         assert_eq!(budget.taken_mib(), 0);
-        store
+        // The cache fits, with one copy; a second copy does not.
+        let lease = store
             .acquire(&Owner::Unix, "big", Some(100), "sb-1", NS)
             .await
             .expect("not held by the refusal");
+        assert!(matches!(
+            store.acquire(&Owner::Unix, "big", None, "sb-2", NS).await,
+            Err(StorageError::OverBudget { .. })
+        ));
+        assert_eq!(store.list(None).expect("list")[0].users, ["sb-1"]);
+        drop(lease);
+        settled(&store).await;
+        assert_eq!(budget.taken_mib(), 100);
     }
 
     #[tokio::test]
@@ -456,6 +917,7 @@ mod tests {
         {
             let store = CacheStore::open(dir.clone(), 40, DiskBudget::new(100)).expect("open");
             drop(store.acquire(&Owner::Unix, "npm", None, "sb-1", NS).await);
+            settled(&store).await;
         }
         let budget = DiskBudget::new(100);
         let store = CacheStore::open(dir, 40, budget.clone()).expect("reopen");
@@ -469,6 +931,56 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_copy_left_for_live_restore_is_taken_back_and_saved_and_strays_go() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let dir = tmp.path().join("caches");
+        let (kept, stray) = {
+            let store = CacheStore::open(dir.clone(), 40, DiskBudget::new(1000)).expect("open");
+            let kept = store
+                .acquire(&Owner::Unix, "npm", None, "sb-1", NS)
+                .await
+                .expect("copy");
+            let stray = store
+                .acquire(&Owner::Unix, "npm", None, "sb-2", NS)
+                .await
+                .expect("copy");
+            write_mark(kept.path(), "from sb-1");
+            let paths = (kept.path().to_path_buf(), stray.path().to_path_buf());
+            kept.leave();
+            stray.leave();
+            paths
+        };
+        let budget = DiskBudget::new(1000);
+        let store = CacheStore::open(dir.clone(), 40, budget.clone()).expect("reopen");
+        let lease = store
+            .reclaim(&Owner::Unix, "npm", "sb-1", NS)
+            .expect("taken back");
+        assert_eq!(lease.path(), kept.as_path());
+        assert!(matches!(
+            store.reclaim(&Owner::Unix, "npm", "sb-9", NS),
+            Err(StorageError::Io { .. })
+        ));
+        store.remove_unclaimed();
+        assert!(kept.exists() && !stray.exists());
+        assert_eq!(budget.taken_mib(), 80);
+        drop(lease);
+        settled(&store).await;
+        assert_eq!(mark_of(&dir.join("namespace/unix/npm.ext4")), "from sb-1");
+        assert_eq!(budget.taken_mib(), 40);
+
+        // Without live restore, what a previous daemon's sandboxes used is removed.
+        let left = store
+            .acquire(&Owner::Unix, "npm", None, "sb-3", NS)
+            .await
+            .expect("copy");
+        let path = left.path().to_path_buf();
+        left.leave();
+        remove_stale_copies(&dir).expect("clean");
+        assert!(!path.exists());
+        assert!(dir.join("namespace/unix/npm.ext4").exists());
+    }
+
+    #[tokio::test]
     async fn a_microvm_cache_is_never_given_to_a_namespace_sandbox() {
         let (_tmp, store, _budget) = store(1000);
         let vm = store
@@ -479,9 +991,10 @@ mod tests {
             .acquire(&Owner::Unix, "pip", None, "sb-2", NS)
             .await
             .expect("another cache of the same name");
+        write_mark(vm.path(), "guest");
         assert_ne!(
-            vm.path(),
-            host.path(),
+            mark_of(host.path()),
+            "guest",
             "guest-written images stay with guests"
         );
         let backends: Vec<_> = store
@@ -492,7 +1005,8 @@ mod tests {
             .collect();
         assert_eq!(backends, [BackendKind::Microvm, NS]);
         drop((vm, host));
-        store.remove(&Owner::Unix, "pip").expect("both go");
+        settled(&store).await;
+        store.remove(&Owner::Unix, "pip").await.expect("both go");
         assert!(store.list(None).expect("list").is_empty());
     }
 }

@@ -5,7 +5,6 @@
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
 
 use super::{BudgetLease, DiskBudget, StorageError};
 
@@ -94,24 +93,6 @@ pub(crate) fn loop_device_of(image: &Path) -> Option<String> {
         })
         .and_then(|entry| std::fs::read_to_string(entry.path().join("dev")).ok())
         .map(|dev| dev.trim_end().to_string())
-}
-
-/// Waits until `image` backs no loop device, for up to `wait`.
-pub(crate) async fn wait_detached(image: &Path, wait: Duration) -> Result<(), StorageError> {
-    let deadline = Instant::now() + wait;
-    while is_attached(image) {
-        if Instant::now() >= deadline {
-            return Err(StorageError::io(
-                format!(
-                    "{} is still attached to a loop device after {wait:?}",
-                    image.display()
-                ),
-                std::io::Error::from(std::io::ErrorKind::ResourceBusy),
-            ));
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    Ok(())
 }
 
 /// Disk-backed writable layers, one image per sandbox under one directory.

@@ -49,10 +49,8 @@ pub enum StorageError {
         /// The whole budget.
         budget_mib: u64,
     },
-    /// The cache is mounted in another sandbox.
-    #[error(
-        "cache {name:?} is in use by sandbox {by}: a cache is mounted in one sandbox at a time"
-    )]
+    /// A sandbox uses the cache (it cannot be removed).
+    #[error("cache {name:?} is in use by sandbox {by}: remove it once no sandbox uses it")]
     CacheBusy {
         /// The cache.
         name: String,
@@ -234,6 +232,7 @@ impl Storage {
         if !keep {
             // Before the free space is measured: they are not the new daemon's.
             volume_snapshots::remove_stale(&snapshots_dir)?;
+            caches::remove_stale_copies(&caches_dir)?;
         }
         let budget_mib = match config.disk_budget_mib {
             Some(mib) => mib,
@@ -282,6 +281,9 @@ impl SandboxStorage {
         if let Some(scratch) = self.scratch {
             scratch.leave();
         }
+        for cache in self.caches {
+            cache.leave();
+        }
     }
 }
 
@@ -297,6 +299,7 @@ impl Storage {
     /// back (`adopted`) uses.
     pub fn finish_restore(&self, adopted: &[String]) {
         self.scratch.remove_unclaimed(adopted);
+        self.caches.remove_unclaimed();
         self.volume_snapshots.remove_unclaimed();
         self.images.remove_unclaimed_disks();
     }

@@ -72,8 +72,15 @@ class CacheInfo:
     #: Host disk it takes now (its image is sparse), in MiB, rounded up.
     used_mib: int
 
-    #: The sandbox using it now, if any.
+    #: The first of the sandboxes using it now, if any.
     in_use_by: str | None = None
+
+    #: The sandbox whose copy it last became (since the daemon started): the first of those
+    #: running at once to end.
+    saved_by: str | None = None
+
+    #: Every sandbox using it now, each on a copy of its own made when it started.
+    users: list[str] = field(default_factory=list)
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> CacheInfo:
@@ -85,6 +92,8 @@ class CacheInfo:
             size_mib=data['size_mib'],
             used_mib=data['used_mib'],
             in_use_by=data.get('in_use_by', None),
+            saved_by=data.get('saved_by', None),
+            users=list(data.get('users', [])),
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -97,6 +106,10 @@ class CacheInfo:
         out['used_mib'] = self.used_mib
         if self.in_use_by is not None:
             out['in_use_by'] = self.in_use_by
+        if self.saved_by is not None:
+            out['saved_by'] = self.saved_by
+        if self.users:
+            out['users'] = list(self.users)
         return out
 
 
@@ -470,7 +483,8 @@ class CreateSandbox:
     #: Backend; default: the best one this host offers.
     backend: BackendKind | None = None
 
-    #: Named caches to mount: persistent, daemon-managed, size-limited, one sandbox at a time.
+    #: Named caches to mount: persistent, daemon-managed, size-limited; sandboxes at once each
+    #: mount a copy as last saved, and the first to end saves its copy back.
     caches: list[CacheMount] = field(default_factory=list)
 
     #: A microVM's room for containers added once it runs (`POST

@@ -1,5 +1,6 @@
 // Named caches: persistent, size-limited directories a sandbox mounts by name
-// (`caches: [{ name, path }]` at create), one sandbox at a time.
+// (`caches: [{ name, path }]` at create). Sandboxes at once each mount a copy as last
+// saved; the first to end saves its copy back whole.
 
 import type { Transport } from "./transport.js";
 import type { CacheInfo } from "./types.js";

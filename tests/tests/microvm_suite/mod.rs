@@ -868,17 +868,18 @@ pub(crate) async fn a_cache_written_by_one_sandbox_is_read_by_the_next_and_filli
     assert_eq!(out, "serde 1.0.0\nbuilt\n0:0\n");
 
     // The limit: the writer gets ENOSPC; the sandbox and the cache's earlier contents are fine;
-    // the host's image never grows past the limit.
-    let cache = data_dir.join("caches/microvm/unix/cargo.ext4");
+    // the host's image (the sandbox's own copy of the cache) never grows past the limit.
+    let copy = data_dir.join(format!("caches/microvm/unix/.in-use/cargo@{second}.ext4"));
     harness::assert_cache_limit_holds(
         &c,
         &second,
         "/root/.cargo/registry",
         "serde 1.0.0",
-        &cache,
+        &copy,
         (64, 100),
     )
     .await;
+    let cache = data_dir.join("caches/microvm/unix/cargo.ext4");
 
     c.delete(&second).await.expect("delete");
     assert_no_processes_left(&second).await;

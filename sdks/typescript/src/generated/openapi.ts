@@ -642,15 +642,6 @@ export interface paths {
                         "application/json": components["schemas"]["ErrorBody"];
                     };
                 };
-                /** @description A cache asked for is mounted in another sandbox (one at a time). */
-                409: {
-                    headers: {
-                        [name: string]: unknown;
-                    };
-                    content: {
-                        "application/json": components["schemas"]["ErrorBody"];
-                    };
-                };
                 /** @description A container did not become ready: its main process exited, or its ready check did not pass within its timeout (code container_not_ready; the message ends with its log's last lines). The sandbox is deleted. */
                 422: {
                     headers: {
@@ -2150,12 +2141,17 @@ export interface components {
              * @description When it was made, Unix milliseconds.
              */
             created_at_ms: number;
-            /** @description The sandbox using it now, if any. */
+            /** @description The first of the sandboxes using it now, if any. */
             in_use_by?: string | null;
             /** @description Its name. */
             name: string;
             /** @description The API key it belongs to (`"unix"` for the Unix socket without a key). */
             owner: string;
+            /**
+             * @description The sandbox whose copy it last became (since the daemon started): the first of those
+             *     running at once to end.
+             */
+            saved_by?: string | null;
             /**
              * Format: uint64
              * @description Its size limit.
@@ -2166,6 +2162,11 @@ export interface components {
              * @description Host disk it takes now (its image is sparse), in MiB, rounded up.
              */
             used_mib: number;
+            /**
+             * @description Every sandbox using it now, each on a copy of its own made when it started.
+             * @default []
+             */
+            users?: string[];
         };
         /** @description The body of `GET /caches`. */
         CacheList: {
@@ -2367,7 +2368,10 @@ export interface components {
         CreateSandbox: {
             /** @description Backend; default: the best one this host offers. */
             backend?: components["schemas"]["BackendKind"] | (null);
-            /** @description Named caches to mount: persistent, daemon-managed, size-limited, one sandbox at a time. */
+            /**
+             * @description Named caches to mount: persistent, daemon-managed, size-limited; sandboxes at once each
+             *     mount a copy as last saved, and the first to end saves its copy back.
+             */
             caches?: components["schemas"]["CacheMount"][];
             /**
              * Format: uint32
