@@ -472,6 +472,11 @@ impl Engine {
     pub async fn remove_all(&self) {
         self.registry.remove_all().await;
         self.pool.drain(&self.registry).await;
+        if let Ok(storage) = self.storage() {
+            // Their caches' copies are saved before the daemon goes (a copy still unsaved
+            // is saved by the next daemon).
+            storage.caches.await_all_settled().await;
+        }
     }
 
     /// The daemon's storage.

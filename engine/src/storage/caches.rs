@@ -329,10 +329,46 @@ fn is_plain(name: &str) -> bool {
             .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b'-'))
 }
 
-/// Removes the copies under `dir` (a caches directory) that a previous daemon's sandboxes used:
-/// they died with it. Before the free disk is measured, as they are not the new daemon's.
-pub(crate) fn remove_stale_copies(dir: &Path) -> Result<(), StorageError> {
+/// Saves what a previous daemon's sandboxes left under `dir` (a caches directory): they
+/// ended with it, all at once, so each cache becomes the copy written last of those no loop
+/// device holds any more, and the other copies go. Before the free disk is measured, as
+/// they are not the new daemon's.
+pub(crate) fn recover_stale_copies(dir: &Path) -> Result<(), StorageError> {
     for copies in copy_dirs(dir) {
+        let mut newest: HashMap<String, (SystemTime, PathBuf)> = HashMap::new();
+        for entry in std::fs::read_dir(&copies).into_iter().flatten().flatten() {
+            let path = entry.path();
+            let file = entry.file_name().to_string_lossy().into_owned();
+            let Some((name, _sandbox)) = file
+                .strip_suffix(".ext4")
+                .and_then(|stem| stem.split_once('@'))
+            else {
+                continue;
+            };
+            if validate_name(name).is_err() || is_attached(&path) {
+                continue;
+            }
+            let written = entry
+                .metadata()
+                .and_then(|m| m.modified())
+                .unwrap_or(UNIX_EPOCH);
+            if newest.get(name).is_none_or(|(time, _)| written > *time) {
+                newest.insert(name.to_string(), (written, path));
+            }
+        }
+        for (name, (_, copy)) in newest {
+            let Some(owner_dir) = copies.parent() else {
+                continue;
+            };
+            let image = owner_dir.join(format!("{name}.ext4"));
+            match std::fs::rename(&copy, &image) {
+                Ok(()) => tracing::info!(
+                    "cache {name:?}: now what {} left when the previous daemon stopped",
+                    copy.display()
+                ),
+                Err(e) => tracing::warn!("rename {} to {}: {e}", copy.display(), image.display()),
+            }
+        }
         std::fs::remove_dir_all(&copies)
             .map_err(|e| StorageError::io(format!("remove {}", copies.display()), e))?;
     }
@@ -458,6 +494,15 @@ impl CacheStore {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
         Ok(())
+    }
+
+    /// Waits (for a bounded time) until the copies of every ended sandbox are saved or
+    /// dropped: the daemon stops.
+    pub(crate) async fn await_all_settled(&self) {
+        let deadline = Instant::now() + DETACH_WAIT * 2;
+        while !self.held().settling.is_empty() && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
     }
 
     /// Gives sandbox `sandbox` on `backend` a copy of cache `name` of `owner`, as it is now,
@@ -968,16 +1013,23 @@ mod tests {
         assert_eq!(mark_of(&dir.join("namespace/unix/npm.ext4")), "from sb-1");
         assert_eq!(budget.taken_mib(), 40);
 
-        // Without live restore, what a previous daemon's sandboxes used is removed.
-        let left = store
-            .acquire(&Owner::Unix, "npm", None, "sb-3", NS)
-            .await
-            .expect("copy");
-        let path = left.path().to_path_buf();
-        left.leave();
-        remove_stale_copies(&dir).expect("clean");
-        assert!(!path.exists());
-        assert!(dir.join("namespace/unix/npm.ext4").exists());
+        // Without live restore, what a previous daemon's sandboxes wrote is saved: the copy
+        // written last.
+        let mut left = Vec::new();
+        for (sandbox, mark) in [("sb-3", "from sb-3"), ("sb-4", "from sb-4")] {
+            let lease = store
+                .acquire(&Owner::Unix, "npm", None, sandbox, NS)
+                .await
+                .expect("copy");
+            std::thread::sleep(Duration::from_millis(20));
+            write_mark(lease.path(), mark);
+            left.push(lease.path().to_path_buf());
+            lease.leave();
+        }
+        recover_stale_copies(&dir).expect("recover");
+        assert!(left.iter().all(|path| !path.exists()));
+        assert!(!dir.join("namespace/unix").join(COPIES_DIR).exists());
+        assert_eq!(mark_of(&dir.join("namespace/unix/npm.ext4")), "from sb-4");
     }
 
     #[tokio::test]

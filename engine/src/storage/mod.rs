@@ -232,7 +232,7 @@ impl Storage {
         if !keep {
             // Before the free space is measured: they are not the new daemon's.
             volume_snapshots::remove_stale(&snapshots_dir)?;
-            caches::remove_stale_copies(&caches_dir)?;
+            caches::recover_stale_copies(&caches_dir)?;
         }
         let budget_mib = match config.disk_budget_mib {
             Some(mib) => mib,
