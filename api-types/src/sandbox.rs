@@ -179,6 +179,20 @@ pub struct CacheMount {
     /// cache keeps the size it was made with.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub size_mib: Option<u64>,
+    /// Whether this sandbox's copy may become the cache when it ends (default `true`; the
+    /// first of the sandboxes using the cache at once to end wins). `false` for a job that
+    /// only reads it:
+    /// its writes stay its own, and it never stands in the way of the jobs that fill it.
+    #[serde(default = "save_by_default", skip_serializing_if = "is_saved")]
+    pub save: bool,
+}
+
+fn save_by_default() -> bool {
+    true
+}
+
+fn is_saved(save: &bool) -> bool {
+    *save
 }
 
 /// An operator-declared volume mounted (read-only) into a sandbox.

@@ -1622,6 +1622,7 @@ fn the_readmes_egress_examples_are_accepted_by_the_readmes_daemon() {
 
 /// Four CI jobs at once on one cache all run; afterwards the cache is one job's whole result
 /// (what that job saw at its end, its manifest), never a mix, and `cache ls` says who saved it.
+/// A fifth that only reads (`:nosave`) ends first and leaves nothing.
 #[test]
 fn parallel_runs_share_a_cache_and_one_whole_result_is_kept() {
     let daemon = TestDaemon::start();
@@ -1641,6 +1642,17 @@ fn parallel_runs_share_a_cache_and_one_whole_result_is_kept() {
                 .expect("spawn crucible run")
         })
         .collect();
+    // A job that only reads the cache, ending first: its writes are never saved.
+    let reader = run(crucible(&daemon).args([
+        "run",
+        "--cache",
+        "ci:/cache:nosave",
+        "--",
+        "sh",
+        "-c",
+        "echo reader > /cache/reader",
+    ]));
+    assert!(reader.status.success(), "{}", text(&reader.stderr));
     for (n, job) in jobs.into_iter().enumerate() {
         let out = job.wait_with_output().expect("wait");
         assert!(
@@ -1670,6 +1682,7 @@ fn parallel_runs_share_a_cache_and_one_whole_result_is_kept() {
     };
     assert!(["1", "2", "3", "4"].contains(&winner), "{stdout}");
     assert_eq!(now, manifest, "the cache is exactly what one job left");
+    assert!(!now.contains("reader"), "{stdout}");
     for f in ["a", "b", "c"] {
         assert!(
             now.contains(&format!("job{winner}-{f}")),

@@ -420,7 +420,7 @@ impl Engine {
                 |why: String| RestoreError::Mismatch(format!("its cache {:?}: {why}", cache.name));
             let lease = storage
                 .caches
-                .reclaim(owner, &cache.name, &record.id, record.backend)
+                .reclaim(owner, &cache.name, &record.id, record.backend, cache.save)
                 .map_err(|e| mismatch(report::chain(&e)))?;
             instance
                 .check_holds(Held::Mounted {
@@ -1132,7 +1132,7 @@ impl Engine {
             }
             let lease = storage
                 .caches
-                .acquire(owner, &cache.name, cache.size_mib, id, backend)
+                .acquire(owner, &cache.name, cache.size_mib, id, backend, cache.save)
                 .await?;
             mounts.push(MountSpec {
                 source: MountSource::Ext4Image(lease.path().to_path_buf()),

@@ -166,6 +166,7 @@ impl Kinds {
                     name: "restore-cache".into(),
                     path: "/cache".into(),
                     size_mib: Some(64),
+                    save: true,
                 }],
                 ..base.clone()
             })

@@ -42,6 +42,7 @@ fn with_cache() -> CreateSandbox {
             name: CACHE.into(),
             path: "/cache".into(),
             size_mib: Some(32),
+            save: true,
         }],
         ..CreateSandbox::default()
     }

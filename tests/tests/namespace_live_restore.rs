@@ -294,6 +294,7 @@ fn with_cache(name: &str, path: &str) -> CreateSandbox {
             name: name.into(),
             path: path.into(),
             size_mib: Some(32),
+            save: true,
         }],
         ..CreateSandbox::default()
     }

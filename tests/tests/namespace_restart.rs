@@ -66,6 +66,7 @@ fn with_storage() -> CreateSandbox {
             name: "restart".into(),
             path: "/cache".into(),
             size_mib: Some(16),
+            save: true,
         }],
         ..CreateSandbox::default()
     }

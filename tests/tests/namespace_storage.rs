@@ -12,6 +12,7 @@ fn cache(name: &str, path: &str, size_mib: Option<u64>) -> CacheMount {
         name: name.into(),
         path: path.into(),
         size_mib,
+        save: true,
     }
 }
 

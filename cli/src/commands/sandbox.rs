@@ -47,9 +47,10 @@ pub(crate) struct CreateArgs {
     /// Mount the named cache at PATH, read-write, kept between sandboxes (repeatable); made
     /// with SIZE_MIB (else the daemon's default) if new. Sandboxes at once share it: each
     /// gets a copy as it was last saved, and the first to end saves its copy back whole (the
-    /// others' writes are dropped). Kept by `crucible serve`; the daemon `crucible run`
-    /// starts for itself keeps nothing.
-    #[arg(long, value_name = "NAME:PATH[:SIZE_MIB]", value_parser = parse_cache)]
+    /// others' writes are dropped). `:nosave` for a job that only reads it: its writes are
+    /// never saved. Kept by `crucible serve`; the daemon `crucible run` starts for itself
+    /// keeps nothing.
+    #[arg(long, value_name = "NAME:PATH[:SIZE_MIB][:nosave]", value_parser = parse_cache)]
     pub cache: Vec<api_types::CacheMount>,
     /// Mount the operator's read-only volume NAME at PATH (repeatable).
     #[arg(long, value_name = "NAME:PATH", value_parser = parse_volume)]
@@ -78,22 +79,34 @@ pub(crate) struct CreateArgs {
 }
 
 fn parse_cache(text: &str) -> Result<api_types::CacheMount, String> {
-    let mut parts = text.splitn(3, ':');
+    let mut parts = text.split(':');
     let (Some(name), Some(path)) = (parts.next(), parts.next()) else {
-        return Err(format!("expected NAME:PATH[:SIZE_MIB], got {text:?}"));
+        return Err(format!(
+            "expected NAME:PATH[:SIZE_MIB][:nosave], got {text:?}"
+        ));
     };
-    let size_mib = parts
-        .next()
-        .map(|size| {
-            size.parse()
-                .map_err(|_| format!("SIZE_MIB must be a number of MiB, got {size:?}"))
-        })
-        .transpose()?;
-    Ok(api_types::CacheMount {
+    let mut cache = api_types::CacheMount {
         name: name.to_string(),
         path: path.to_string(),
-        size_mib,
-    })
+        size_mib: None,
+        save: true,
+    };
+    for part in parts {
+        match part {
+            "nosave" if cache.save => cache.save = false,
+            size if cache.size_mib.is_none() && cache.save => {
+                cache.size_mib = Some(size.parse().map_err(|_| {
+                    format!("expected NAME:PATH[:SIZE_MIB][:nosave]: SIZE_MIB must be a number of MiB, got {size:?}")
+                })?);
+            }
+            extra => {
+                return Err(format!(
+                "expected NAME:PATH[:SIZE_MIB][:nosave], got {text:?} ({extra:?} is one too many)"
+            ))
+            }
+        }
+    }
+    Ok(cache)
 }
 
 fn parse_volume(text: &str) -> Result<api_types::VolumeMount, String> {
@@ -284,6 +297,34 @@ mod tests {
     struct Create {
         #[command(flatten)]
         args: CreateArgs,
+    }
+
+    #[test]
+    fn a_cache_takes_a_size_and_nosave_in_that_order() {
+        let cache = |text| parse_cache(text).map(|c| (c.name, c.path, c.size_mib, c.save));
+        let owned = |name: &str, path: &str, size, save| {
+            Ok((name.to_string(), path.to_string(), size, save))
+        };
+        assert_eq!(cache("cargo:/c"), owned("cargo", "/c", None, true));
+        assert_eq!(cache("cargo:/c:64"), owned("cargo", "/c", Some(64), true));
+        assert_eq!(cache("cargo:/c:nosave"), owned("cargo", "/c", None, false));
+        assert_eq!(
+            cache("cargo:/c:64:nosave"),
+            owned("cargo", "/c", Some(64), false)
+        );
+        for bad in [
+            "cargo",
+            "cargo:/c:big",
+            "cargo:/c:nosave:64",
+            "cargo:/c:1:2",
+            "c:/c:nosave:nosave",
+        ] {
+            let error = parse_cache(bad).expect_err(bad);
+            assert!(
+                error.contains("NAME:PATH[:SIZE_MIB][:nosave]"),
+                "{bad}: {error}"
+            );
+        }
     }
 
     #[test]

@@ -38,6 +38,9 @@ const MAX_NAME: usize = 64;
 /// The directory, beside an owner's caches, of the copies sandboxes use now. Its name starts
 /// with `.`, which no cache name may.
 const COPIES_DIR: &str = ".in-use";
+/// What the name of a copy never to be saved ends with, before `.ext4` (sandbox ids have no
+/// `.`).
+const NOSAVE: &str = ".nosave";
 
 /// Where an owner's caches live: `unix` or `key-<name>` (key names are `[A-Za-z0-9_.-]`, so
 /// this is always one plain path component).
@@ -138,6 +141,8 @@ pub(crate) struct CacheLease {
     budget: Option<BudgetLease>,
     /// Left on disk for the next daemon (live restore): neither saved nor removed.
     left: bool,
+    /// Whether it may become the cache (`false`: a sandbox that only reads it).
+    save: bool,
 }
 
 impl CacheLease {
@@ -172,7 +177,8 @@ impl Drop for CacheLease {
             sandbox: std::mem::take(&mut self.sandbox),
             copy: std::mem::take(&mut self.copy),
             base: self.base,
-            made: self.made,
+            // A copy never to be saved counts as unchanged.
+            made: if self.save { self.made } else { None },
             budget: self.budget.take(),
         };
         // Waiting for the sandbox's mount to go cannot block the caller (a sandbox's teardown).
@@ -341,6 +347,7 @@ pub(crate) fn recover_stale_copies(dir: &Path) -> Result<(), StorageError> {
             let file = entry.file_name().to_string_lossy().into_owned();
             let Some((name, _sandbox)) = file
                 .strip_suffix(".ext4")
+                .filter(|stem| !stem.ends_with(NOSAVE))
                 .and_then(|stem| stem.split_once('@'))
             else {
                 continue;
@@ -427,13 +434,15 @@ impl CacheStore {
             .join(format!("{}.ext4", key.2))
     }
 
-    /// Where `sandbox`'s copy of the cache `key` is.
-    fn copy_path(&self, key: &Key, sandbox: &str) -> PathBuf {
+    /// Where `sandbox`'s copy of the cache `key` is; one never to be saved says so in its
+    /// name, so a daemon recovering copies leaves it out.
+    fn copy_path(&self, key: &Key, sandbox: &str, save: bool) -> PathBuf {
+        let kind = if save { "" } else { NOSAVE };
         self.dir
             .join(&key.0)
             .join(&key.1)
             .join(COPIES_DIR)
-            .join(format!("{}@{sandbox}.ext4", key.2))
+            .join(format!("{}@{sandbox}{kind}.ext4", key.2))
     }
 
     fn key(owner: &Owner, name: &str, backend: BackendKind) -> Key {
@@ -515,6 +524,7 @@ impl CacheStore {
         size_mib: Option<u64>,
         sandbox: &str,
         backend: BackendKind,
+        save: bool,
     ) -> Result<CacheLease, StorageError> {
         validate_name(name)?;
         if size_mib == Some(0) {
@@ -550,7 +560,7 @@ impl CacheStore {
             &format!("a copy of cache {name:?} for sandbox {sandbox}"),
             size_mib,
         )?;
-        let copy = self.copy_path(&key, sandbox);
+        let copy = self.copy_path(&key, sandbox, save);
         let base = {
             let mut held = self.held();
             held.users
@@ -569,6 +579,7 @@ impl CacheStore {
             made: None,
             budget: Some(budget),
             left: false,
+            save,
         };
         if let Some(dir) = copy.parent() {
             create_private_dir(dir)?;
@@ -604,10 +615,11 @@ impl CacheStore {
         name: &str,
         sandbox: &str,
         backend: BackendKind,
+        save: bool,
     ) -> Result<CacheLease, StorageError> {
         validate_name(name)?;
         let key = Self::key(owner, name, backend);
-        let copy = self.copy_path(&key, sandbox);
+        let copy = self.copy_path(&key, sandbox, save);
         let mut held = self.held();
         if !held.leases.contains_key(&key) {
             return Err(StorageError::NoCache(name.to_string()));
@@ -640,6 +652,7 @@ impl CacheStore {
             made: Some((u64::MAX, UNIX_EPOCH)),
             budget: Some(self.budget.take_existing(size.div_ceil(1024 * 1024))),
             left: false,
+            save,
         })
     }
 
@@ -650,7 +663,10 @@ impl CacheStore {
             for entry in std::fs::read_dir(&copies).into_iter().flatten().flatten() {
                 let path = entry.path();
                 let used = held.users.iter().any(|(key, sandboxes)| {
-                    sandboxes.iter().any(|s| self.copy_path(key, s) == path)
+                    sandboxes.iter().any(|s| {
+                        self.copy_path(key, s, true) == path
+                            || self.copy_path(key, s, false) == path
+                    })
                 });
                 if !used {
                     if let Err(e) = std::fs::remove_file(&path) {
@@ -807,11 +823,11 @@ mod tests {
         let alice = Owner::Key("alice".into());
         let image = store.image_path(&CacheStore::key(&alice, "cargo", NS));
         let first = store
-            .acquire(&alice, "cargo", None, "sb-1", NS)
+            .acquire(&alice, "cargo", None, "sb-1", NS, true)
             .await
             .expect("made");
         let second = store
-            .acquire(&alice, "cargo", None, "sb-2", NS)
+            .acquire(&alice, "cargo", None, "sb-2", NS, true)
             .await
             .expect("shared, not busy");
         assert_ne!(first.path(), second.path());
@@ -850,14 +866,14 @@ mod tests {
 
         // One after another, each sandbox starts from the last one's and saves its own.
         let third = store
-            .acquire(&alice, "cargo", None, "sb-3", NS)
+            .acquire(&alice, "cargo", None, "sb-3", NS, true)
             .await
             .expect("again");
         assert_eq!(mark_of(third.path()), "from sb-2");
         write_mark(third.path(), "from sb-3");
         drop(third);
         let fourth = store
-            .acquire(&alice, "cargo", Some(999), "sb-4", NS)
+            .acquire(&alice, "cargo", Some(999), "sb-4", NS, true)
             .await
             .expect("waits for sb-3's save");
         assert_eq!(mark_of(fourth.path()), "from sb-3");
@@ -866,15 +882,29 @@ mod tests {
             64 << 20,
             "an existing cache keeps its size"
         );
-        // A copy nobody wrote (a sandbox that never started) is not saved.
-        drop(fourth);
+        // A copy nobody wrote (a sandbox that never started) is not saved; nor is one whose
+        // sandbox only reads the cache, whatever it writes.
+        let reader = store
+            .acquire(&alice, "cargo", None, "sb-6", NS, false)
+            .await
+            .expect("a reader");
+        write_mark(reader.path(), "from sb-6");
+        drop((fourth, reader));
         settled(&store).await;
         let listed = store.list(Some(&alice)).expect("list");
         assert_eq!(listed[0].saved_by.as_deref(), Some("sb-3"));
+        assert_eq!(mark_of(&image), "from sb-3");
 
         // Another owner's cache of the same name is another cache.
         let bob = store
-            .acquire(&Owner::Key("bob".into()), "cargo", Some(32), "sb-5", NS)
+            .acquire(
+                &Owner::Key("bob".into()),
+                "cargo",
+                Some(32),
+                "sb-5",
+                NS,
+                true,
+            )
             .await
             .expect("bob's own");
         assert_ne!(mark_of(bob.path()), "from sb-3");
@@ -918,7 +948,9 @@ mod tests {
         for bad in ["", ".hidden", "a/b", "..", &"x".repeat(65), "sp ace"] {
             assert!(
                 matches!(
-                    store.acquire(&Owner::Unix, bad, None, "sb-1", NS).await,
+                    store
+                        .acquire(&Owner::Unix, bad, None, "sb-1", NS, true)
+                        .await,
                     Err(StorageError::Invalid(_))
                 ),
                 "{bad:?}"
@@ -927,7 +959,9 @@ mod tests {
         for sandbox in ["../x", "", ".x", "a/b"] {
             assert!(
                 matches!(
-                    store.acquire(&Owner::Unix, "ok", None, sandbox, NS).await,
+                    store
+                        .acquire(&Owner::Unix, "ok", None, sandbox, NS, true)
+                        .await,
                     Err(StorageError::Invalid(_))
                 ),
                 "{sandbox:?}"
@@ -935,18 +969,20 @@ mod tests {
         }
         assert!(matches!(
             store
-                .acquire(&Owner::Unix, "big", Some(201), "sb-1", NS)
+                .acquire(&Owner::Unix, "big", Some(201), "sb-1", NS, true)
                 .await,
             Err(StorageError::OverBudget { .. })
         ));
         assert_eq!(budget.taken_mib(), 0);
         // The cache fits, with one copy; a second copy does not.
         let lease = store
-            .acquire(&Owner::Unix, "big", Some(100), "sb-1", NS)
+            .acquire(&Owner::Unix, "big", Some(100), "sb-1", NS, true)
             .await
             .expect("not held by the refusal");
         assert!(matches!(
-            store.acquire(&Owner::Unix, "big", None, "sb-2", NS).await,
+            store
+                .acquire(&Owner::Unix, "big", None, "sb-2", NS, true)
+                .await,
             Err(StorageError::OverBudget { .. })
         ));
         assert_eq!(store.list(None).expect("list")[0].users, ["sb-1"]);
@@ -961,7 +997,11 @@ mod tests {
         let dir = tmp.path().join("caches");
         {
             let store = CacheStore::open(dir.clone(), 40, DiskBudget::new(100)).expect("open");
-            drop(store.acquire(&Owner::Unix, "npm", None, "sb-1", NS).await);
+            drop(
+                store
+                    .acquire(&Owner::Unix, "npm", None, "sb-1", NS, true)
+                    .await,
+            );
             settled(&store).await;
         }
         let budget = DiskBudget::new(100);
@@ -982,11 +1022,11 @@ mod tests {
         let (kept, stray) = {
             let store = CacheStore::open(dir.clone(), 40, DiskBudget::new(1000)).expect("open");
             let kept = store
-                .acquire(&Owner::Unix, "npm", None, "sb-1", NS)
+                .acquire(&Owner::Unix, "npm", None, "sb-1", NS, true)
                 .await
                 .expect("copy");
             let stray = store
-                .acquire(&Owner::Unix, "npm", None, "sb-2", NS)
+                .acquire(&Owner::Unix, "npm", None, "sb-2", NS, true)
                 .await
                 .expect("copy");
             write_mark(kept.path(), "from sb-1");
@@ -998,11 +1038,11 @@ mod tests {
         let budget = DiskBudget::new(1000);
         let store = CacheStore::open(dir.clone(), 40, budget.clone()).expect("reopen");
         let lease = store
-            .reclaim(&Owner::Unix, "npm", "sb-1", NS)
+            .reclaim(&Owner::Unix, "npm", "sb-1", NS, true)
             .expect("taken back");
         assert_eq!(lease.path(), kept.as_path());
         assert!(matches!(
-            store.reclaim(&Owner::Unix, "npm", "sb-9", NS),
+            store.reclaim(&Owner::Unix, "npm", "sb-9", NS, true),
             Err(StorageError::Io { .. })
         ));
         store.remove_unclaimed();
@@ -1014,11 +1054,15 @@ mod tests {
         assert_eq!(budget.taken_mib(), 40);
 
         // Without live restore, what a previous daemon's sandboxes wrote is saved: the copy
-        // written last.
+        // written last of those that may be saved.
         let mut left = Vec::new();
-        for (sandbox, mark) in [("sb-3", "from sb-3"), ("sb-4", "from sb-4")] {
+        for (sandbox, mark, save) in [
+            ("sb-3", "from sb-3", true),
+            ("sb-4", "from sb-4", true),
+            ("sb-5", "from sb-5", false),
+        ] {
             let lease = store
-                .acquire(&Owner::Unix, "npm", None, sandbox, NS)
+                .acquire(&Owner::Unix, "npm", None, sandbox, NS, save)
                 .await
                 .expect("copy");
             std::thread::sleep(Duration::from_millis(20));
@@ -1036,11 +1080,18 @@ mod tests {
     async fn a_microvm_cache_is_never_given_to_a_namespace_sandbox() {
         let (_tmp, store, _budget) = store(1000);
         let vm = store
-            .acquire(&Owner::Unix, "pip", None, "sb-1", BackendKind::Microvm)
+            .acquire(
+                &Owner::Unix,
+                "pip",
+                None,
+                "sb-1",
+                BackendKind::Microvm,
+                true,
+            )
             .await
             .expect("a VM's cache");
         let host = store
-            .acquire(&Owner::Unix, "pip", None, "sb-2", NS)
+            .acquire(&Owner::Unix, "pip", None, "sb-2", NS, true)
             .await
             .expect("another cache of the same name");
         write_mark(vm.path(), "guest");

@@ -145,6 +145,12 @@ class CacheMount:
     #: Where it appears inside the sandbox (absolute).
     path: str
 
+    #: Whether this sandbox's copy may become the cache when it ends (default `true`; the
+    #: first of the sandboxes using the cache at once to end wins). `false` for a job that
+    #: only reads it:
+    #: its writes stay its own, and it never stands in the way of the jobs that fill it.
+    save: bool | None = None
+
     #: Its size limit when this request creates it; default from the daemon. An existing
     #: cache keeps the size it was made with.
     size_mib: int | None = None
@@ -154,6 +160,7 @@ class CacheMount:
         return cls(
             name=data['name'],
             path=data['path'],
+            save=data.get('save', None),
             size_mib=data.get('size_mib', None),
         )
 
@@ -161,6 +168,8 @@ class CacheMount:
         out: dict[str, Any] = {}
         out['name'] = self.name
         out['path'] = self.path
+        if self.save is not None:
+            out['save'] = self.save
         if self.size_mib is not None:
             out['size_mib'] = self.size_mib
         return out

@@ -825,6 +825,7 @@ pub(crate) async fn a_cache_written_by_one_sandbox_is_read_by_the_next_and_filli
             name: "cargo".into(),
             path: "/root/.cargo/registry".into(),
             size_mib,
+            save: true,
         }],
         ..CreateSandbox::default()
     };

@@ -2183,6 +2183,13 @@ export interface components {
             /** @description Where it appears inside the sandbox (absolute). */
             path: string;
             /**
+             * @description Whether this sandbox's copy may become the cache when it ends (default `true`; the
+             *     first of the sandboxes using the cache at once to end wins). `false` for a job that
+             *     only reads it:
+             *     its writes stay its own, and it never stands in the way of the jobs that fill it.
+             */
+            save?: boolean;
+            /**
              * Format: uint64
              * @description Its size limit when this request creates it; default from the daemon. An existing
              *     cache keeps the size it was made with.
