@@ -33,6 +33,9 @@ type Answer = Result<libc::pid_t, (u64, String)>;
 
 /// The most descriptors an order or an answer carries.
 const MAX_FDS: usize = 4;
+/// How long the init or the spawner may take to answer an order: preparing and executing a
+/// command takes milliseconds, but neither may hold the agent for ever.
+const ANSWER_WAIT: std::time::Duration = std::time::Duration::from_secs(30);
 
 /// The agent's connections to its container's init and spawner.
 #[derive(Debug)]
@@ -45,7 +48,9 @@ pub struct ContainerInit {
 struct State {
     /// The init, until the first command went to it, with its pidfd.
     init: Option<(UnixStream, OwnedFd)>,
-    spawner: UnixStream,
+    /// The spawner, until it failed to answer (what it says after that could be the answer
+    /// to an earlier order).
+    spawner: Option<UnixStream>,
 }
 
 static CONTAINER: OnceLock<ContainerInit> = OnceLock::new();
@@ -63,11 +68,14 @@ pub fn adopt(init_pid: libc::pid_t) -> io::Result<()> {
     let init = take_fd(namespace::CONTAINER_INIT_FD)?;
     let spawner = take_fd(namespace::CONTAINER_SPAWNER_FD)?;
     let pidfd = pidfd_open(init_pid)?;
+    let (init, spawner) = (UnixStream::from(init), UnixStream::from(spawner));
+    init.set_read_timeout(Some(ANSWER_WAIT))?;
+    spawner.set_read_timeout(Some(ANSWER_WAIT))?;
     let adopted = ContainerInit {
         init_pid,
         state: Mutex::new(State {
-            init: Some((UnixStream::from(init), pidfd)),
-            spawner: UnixStream::from(spawner),
+            init: Some((init, pidfd)),
+            spawner: Some(spawner),
         }),
     };
     CONTAINER
@@ -110,10 +118,16 @@ impl ContainerInit {
                 }
             })
         } else {
-            let spawner = &state.spawner;
-            reaper::register_spawn(|| {
+            let Some(spawner) = state.spawner.as_ref() else {
+                return Err(SpawnError::Io(io::Error::other(format!(
+                    "the container's spawner stopped answering (it did not answer an order \
+                     within {ANSWER_WAIT:?}): no command can start in the container any more"
+                ))));
+            };
+            let mut lost = false;
+            let spawned = reaper::register_spawn(|| {
                 send_order(spawner, &order, &fds)?;
-                let (answer, mut received) = read_answer(spawner)?;
+                let (answer, mut received) = read_answer(spawner).inspect_err(|_| lost = true)?;
                 match answer {
                     Ok(pid) if !received.is_empty() => Ok((pid, received.remove(0))),
                     Ok(_) => Err(io::Error::other("the spawner sent no pidfd")),
@@ -126,7 +140,11 @@ impl ContainerInit {
                         Err(io::Error::other("the command did not execute"))
                     }
                 }
-            })
+            });
+            if lost {
+                state.spawner = None;
+            }
+            spawned
         };
         spawned.map_err(|e| failure.unwrap_or(SpawnError::Io(e)))
     }
@@ -260,16 +278,30 @@ fn read_report(connection: &UnixStream) -> io::Result<Option<u64>> {
             Ok(0) => break,
             Ok(n) => got += n,
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(e),
+            Err(e) => return Err(unanswered("init", e)),
         }
     }
     Ok((got == word.len()).then(|| u64::from_ne_bytes(word)))
 }
 
+/// A read from the init or the spawner that failed: past [`ANSWER_WAIT`], said so.
+fn unanswered(who: &str, e: io::Error) -> io::Error {
+    match e.kind() {
+        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => io::Error::new(
+            io::ErrorKind::TimedOut,
+            format!("the container's {who} did not answer within {ANSWER_WAIT:?}"),
+        ),
+        _ => e,
+    }
+}
+
 fn read_answer(connection: &UnixStream) -> io::Result<(Answer, Vec<OwnedFd>)> {
-    let answer: Answer = wire::read_message(&mut &*connection).map_err(io::Error::other)?;
+    let answer: Answer = wire::read_message(&mut &*connection).map_err(|e| match e {
+        wire::MessageError::Io(e) => unanswered("spawner", e),
+        other => io::Error::other(other),
+    })?;
     let fds = match &answer {
-        Ok(_) => recv_fds(connection.as_fd())?,
+        Ok(_) => recv_fds(connection.as_fd()).map_err(|e| unanswered("spawner", e))?,
         Err(_) => Vec::new(),
     };
     Ok((answer, fds))
@@ -329,4 +361,34 @@ fn pidfd_open(pid: libc::pid_t) -> io::Result<OwnedFd> {
     }
     // SAFETY: a new descriptor nothing else owns.
     Ok(unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An init or a spawner that takes an order and never answers costs the agent its
+    /// deadline, then a timed-out error; one that hangs up is an answer too (the init's:
+    /// "it executed").
+    #[test]
+    fn a_peer_that_never_answers_is_a_timeout_not_a_hang() {
+        let (agent, peer) = UnixStream::pair().expect("socketpair");
+        agent
+            .set_read_timeout(Some(std::time::Duration::from_millis(50)))
+            .expect("timeout");
+        let report = read_report(&agent).expect_err("no answer");
+        assert_eq!(report.kind(), io::ErrorKind::TimedOut, "{report}");
+        assert!(
+            report.to_string().contains("init did not answer"),
+            "{report}"
+        );
+        let answer = read_answer(&agent).expect_err("no answer");
+        assert_eq!(answer.kind(), io::ErrorKind::TimedOut, "{answer}");
+        assert!(
+            answer.to_string().contains("spawner did not answer"),
+            "{answer}"
+        );
+        drop(peer);
+        assert_eq!(read_report(&agent).expect("closed"), None);
+    }
 }
