@@ -134,6 +134,12 @@ export class Files {
     } catch (e) {
       res.body.destroy();
       await rm(partial, { force: true });
+      // A local file that cannot be written is this machine's error, not the daemon's.
+      const local = e as NodeJS.ErrnoException;
+      if (local?.syscall !== undefined && local.path !== undefined) {
+        local.message = `downloading ${guestPath} to ${localPath}: ${local.message}`;
+        throw local;
+      }
       throw this.#t.connectionError(e, `downloading ${guestPath} to ${localPath}`);
     }
     return bytes;

@@ -11,7 +11,7 @@ import os from "node:os";
 import path from "node:path";
 import { after, before, describe, test } from "node:test";
 
-import { Crucible, FileNotFound, IsADirectory, RefusedEntry, Sandbox, SandboxNotFound } from "../src/index.js";
+import { ConnectionError, Crucible, FileNotFound, IsADirectory, RefusedEntry, Sandbox, SandboxNotFound } from "../src/index.js";
 import { tarStream } from "../src/tar.js";
 import type { TarEntry } from "../src/tar.js";
 import { startDaemon } from "./helpers/daemon.js";
@@ -166,6 +166,15 @@ describe("download keeps mode and time", () => {
     const ro = path.join(local, "kept-ro");
     await sb.files.download("/work/keep/tool", ro);
     assert.equal(statSync(ro).mode & 0o7777, 0o400);
+    // A local directory that is not there is a local error, naming the paths, not the daemon's.
+    const nowhere = path.join(local, "no-such-dir", "tool");
+    await assert.rejects(sb.files.download("/work/keep/tool", nowhere), (e: unknown) => {
+      const err = e as NodeJS.ErrnoException;
+      assert.ok(!(e instanceof ConnectionError), String(e));
+      assert.equal(err.code, "ENOENT");
+      assert.match(err.message, /downloading \/work\/keep\/tool to .*no-such-dir/);
+      return true;
+    });
   });
 
   test("without X-Crucible-Mode and Last-Modified, or with them garbled, the file is 0644 and timed now", T, async () => {
