@@ -218,9 +218,10 @@ pub(crate) fn sandbox_details(s: &SandboxInfo) -> String {
     }
     for c in &s.caches {
         out.push_str(&format!(
-            "cache:    {} at {}\n",
+            "cache:    {} at {}{}\n",
             escape(&c.name),
-            escape(&c.path)
+            escape(&c.path),
+            if c.save { "" } else { " (never saved)" }
         ));
     }
     for v in &s.volumes {

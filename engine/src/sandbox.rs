@@ -1309,8 +1309,8 @@ impl Registry {
         }
         let task = self.destroying.spawn(async move {
             sandbox.instance.destroy().await;
-            // Its processes are gone: its caches are free for the next sandbox (which
-            // still waits for the kernel to drop the old mounts) and its layer goes.
+            // Its processes are gone: its caches' copies are saved or dropped (once the
+            // kernel has dropped their mounts) and its layer goes.
             let storage = sandbox
                 .storage
                 .lock()
