@@ -280,6 +280,31 @@ impl Settle {
     }
 }
 
+/// The time a copy has until its sandbox writes it: one no write can give it, so its mount's
+/// first write shows.
+fn never_written() -> SystemTime {
+    UNIX_EPOCH + Duration::from_secs(1)
+}
+
+/// Makes `to` a copy of `from` dated [`never_written`]: under a name of its own until it is
+/// whole, so that no half copy ever bears a copy's name. Its length.
+fn make_copy(from: &Path, to: &Path) -> std::io::Result<u64> {
+    let mut part = to.as_os_str().to_owned();
+    part.push(".part");
+    let part = PathBuf::from(part);
+    let made = copy_sparse(from, &part).and_then(|()| {
+        let file = std::fs::File::options().write(true).open(&part)?;
+        file.set_modified(never_written())?;
+        let len = file.metadata()?.len();
+        std::fs::rename(&part, to)?;
+        Ok(len)
+    });
+    if made.is_err() {
+        let _ = std::fs::remove_file(&part);
+    }
+    made
+}
+
 /// Copies `from` to the new file `to`, holes kept: a reflink where the filesystem has them,
 /// else the ranges holding data, copied in the kernel.
 fn copy_sparse(from: &Path, to: &Path) -> std::io::Result<()> {
@@ -337,7 +362,8 @@ fn is_plain(name: &str) -> bool {
 
 /// Saves what a previous daemon's sandboxes left under `dir` (a caches directory): they
 /// ended with it, all at once, so each cache becomes the copy written last of those no loop
-/// device holds any more, and the other copies go. Before the free disk is measured, as
+/// device holds any more (a copy never written, or half made, is never taken), and the other
+/// copies go. Before the free disk is measured, as
 /// they are not the new daemon's.
 pub(crate) fn recover_stale_copies(dir: &Path) -> Result<(), StorageError> {
     for copies in copy_dirs(dir) {
@@ -359,6 +385,10 @@ pub(crate) fn recover_stale_copies(dir: &Path) -> Result<(), StorageError> {
                 .metadata()
                 .and_then(|m| m.modified())
                 .unwrap_or(UNIX_EPOCH);
+            if written <= never_written() {
+                // Its sandbox never mounted it (or never started): the cache as it was.
+                continue;
+            }
             if newest.get(name).is_none_or(|(time, _)| written > *time) {
                 newest.insert(name.to_string(), (written, path));
             }
@@ -585,23 +615,15 @@ impl CacheStore {
             create_private_dir(dir)?;
         }
         let (from, to) = (image.clone(), copy.clone());
-        tokio::task::spawn_blocking(move || copy_sparse(&from, &to))
+        // Not cancelled with this future: a create given up meanwhile leaves a whole copy,
+        // never written, which the next daemon removes.
+        let len = tokio::task::spawn_blocking(move || make_copy(&from, &to))
             .await
             .map_err(|e| StorageError::io("copy a cache", std::io::Error::other(e)))?
             .map_err(|e| {
                 StorageError::io(format!("copy {} to {}", image.display(), copy.display()), e)
             })?;
-        // A time no write can give it, so the first write (its mount's) shows.
-        let made = UNIX_EPOCH + Duration::from_secs(1);
-        std::fs::File::options()
-            .write(true)
-            .open(&copy)
-            .and_then(|f| {
-                f.set_modified(made)?;
-                f.metadata()
-            })
-            .map(|meta| lease.made = Some((meta.len(), made)))
-            .map_err(|e| StorageError::io(format!("date {}", copy.display()), e))?;
+        lease.made = Some((len, never_written()));
         Ok(lease)
     }
 
@@ -1070,6 +1092,19 @@ mod tests {
             left.push(lease.path().to_path_buf());
             lease.leave();
         }
+        // Copied after those, but never written (its sandbox never started), and half a copy.
+        let unwritten = store
+            .acquire(&Owner::Unix, "npm", None, "sb-6", NS, true)
+            .await
+            .expect("copy");
+        left.push(unwritten.path().to_path_buf());
+        let half = dir
+            .join("namespace/unix")
+            .join(COPIES_DIR)
+            .join("npm@sb-7.ext4.part");
+        std::fs::write(&half, "half").expect("half a copy");
+        left.push(half);
+        unwritten.leave();
         recover_stale_copies(&dir).expect("recover");
         assert!(left.iter().all(|path| !path.exists()));
         assert!(!dir.join("namespace/unix").join(COPIES_DIR).exists());
