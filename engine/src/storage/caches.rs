@@ -128,27 +128,18 @@ pub struct CacheStore {
 /// dropped, when another copy was saved since it was made).
 #[derive(Debug)]
 pub(crate) struct CacheLease {
-    store: Arc<CacheStore>,
-    key: Key,
-    sandbox: String,
-    copy: PathBuf,
-    /// The cache's generation the copy was made from.
-    base: u64,
-    /// The copy's length and time when it was made: a copy that still has them was never
-    /// mounted, and is not saved.
-    made: Option<(u64, SystemTime)>,
-    /// The copy's share of the disk budget (it may grow to the cache's size).
-    budget: Option<BudgetLease>,
+    /// What becomes of the copy once its sandbox has ended; taken when it is dropped.
+    copy: Option<Settle>,
     /// Left on disk for the next daemon (live restore): neither saved nor removed.
     left: bool,
-    /// Whether it may become the cache (`false`: a sandbox that only reads it).
-    save: bool,
 }
 
 impl CacheLease {
     /// The image its sandbox mounts: its own copy.
     pub(crate) fn path(&self) -> &Path {
-        &self.copy
+        self.copy
+            .as_ref()
+            .map_or(Path::new(""), |c| c.copy.as_path())
     }
 
     /// Lets go of it, leaving the copy on disk (live restore: its sandbox runs on).
@@ -159,50 +150,49 @@ impl CacheLease {
 
 impl Drop for CacheLease {
     fn drop(&mut self) {
-        let mut held = self.store.held();
-        if let Some(users) = held.users.get_mut(&self.key) {
-            users.retain(|s| *s != self.sandbox);
+        let Some(copy) = self.copy.take() else {
+            return;
+        };
+        let store = copy.store.clone();
+        let mut held = store.held();
+        if let Some(users) = held.users.get_mut(&copy.key) {
+            users.retain(|s| *s != copy.sandbox);
             if users.is_empty() {
-                held.users.remove(&self.key);
+                held.users.remove(&copy.key);
             }
         }
         if self.left {
             return;
         }
-        *held.settling.entry(self.key.clone()).or_default() += 1;
+        let key = copy.key.clone();
+        *held.settling.entry(key.clone()).or_default() += 1;
         drop(held);
-        let copy = Settle {
-            store: self.store.clone(),
-            key: self.key.clone(),
-            sandbox: std::mem::take(&mut self.sandbox),
-            copy: std::mem::take(&mut self.copy),
-            base: self.base,
-            // A copy never to be saved counts as unchanged.
-            made: if self.save { self.made } else { None },
-            budget: self.budget.take(),
-        };
         // Waiting for the sandbox's mount to go cannot block the caller (a sandbox's teardown).
         let spawned = std::thread::Builder::new()
             .name("cache-save".into())
             .spawn(move || copy.run());
         if let Err(e) = spawned {
-            tracing::warn!("cache {:?}: cannot save a sandbox's copy: {e}", self.key.2);
-            let mut held = self.store.held();
-            if let Some(n) = held.settling.get_mut(&self.key) {
+            tracing::warn!("cache {:?}: cannot save a sandbox's copy: {e}", key.2);
+            if let Some(n) = store.held().settling.get_mut(&key) {
                 *n -= 1;
             }
         }
     }
 }
 
-/// A copy whose sandbox has ended, to save or drop.
+/// A sandbox's copy of a cache, and what decides whether it becomes the cache.
+#[derive(Debug)]
 struct Settle {
     store: Arc<CacheStore>,
     key: Key,
     sandbox: String,
     copy: PathBuf,
+    /// The cache's generation the copy was made from.
     base: u64,
+    /// The copy's length and time when it was made: a copy that still has them was never
+    /// mounted, and is not saved. `None`: never saved (not made, or its sandbox only reads).
     made: Option<(u64, SystemTime)>,
+    /// The copy's share of the disk budget (it may grow to the cache's size).
     budget: Option<BudgetLease>,
 }
 
@@ -601,15 +591,16 @@ impl CacheStore {
         };
         // From here on, dropping the lease gives everything back.
         let mut lease = CacheLease {
-            store: self.clone(),
-            key,
-            sandbox: sandbox.to_string(),
-            copy: copy.clone(),
-            base,
-            made: None,
-            budget: Some(budget),
+            copy: Some(Settle {
+                store: self.clone(),
+                key,
+                sandbox: sandbox.to_string(),
+                copy: copy.clone(),
+                base,
+                made: None,
+                budget: Some(budget),
+            }),
             left: false,
-            save,
         };
         if let Some(dir) = copy.parent() {
             create_private_dir(dir)?;
@@ -623,7 +614,9 @@ impl CacheStore {
             .map_err(|e| {
                 StorageError::io(format!("copy {} to {}", image.display(), copy.display()), e)
             })?;
-        lease.made = Some((len, never_written()));
+        if let Some(settle) = lease.copy.as_mut().filter(|_| save) {
+            settle.made = Some((len, never_written()));
+        }
         Ok(lease)
     }
 
@@ -665,16 +658,17 @@ impl CacheStore {
         let base = held.generation.get(&key).copied().unwrap_or(0);
         drop(held);
         Ok(CacheLease {
-            store: self.clone(),
-            key,
-            sandbox: sandbox.to_string(),
-            copy,
-            base,
-            // Its sandbox ran: whatever it wrote is a candidate.
-            made: Some((u64::MAX, UNIX_EPOCH)),
-            budget: Some(self.budget.take_existing(size.div_ceil(1024 * 1024))),
+            copy: Some(Settle {
+                store: self.clone(),
+                key,
+                sandbox: sandbox.to_string(),
+                copy,
+                base,
+                // Its sandbox ran: whatever it wrote is a candidate, unless it only reads.
+                made: save.then_some((u64::MAX, UNIX_EPOCH)),
+                budget: Some(self.budget.take_existing(size.div_ceil(1024 * 1024))),
+            }),
             left: false,
-            save,
         })
     }
 
