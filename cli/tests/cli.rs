@@ -1653,6 +1653,8 @@ fn parallel_runs_share_a_cache_and_one_whole_result_is_kept() {
         "echo reader > /cache/reader",
     ]));
     assert!(reader.status.success(), "{}", text(&reader.stderr));
+    assert_eq!(text(&reader.stderr), "", "a reader is never told of saving");
+    let mut told = Vec::new();
     for (n, job) in jobs.into_iter().enumerate() {
         let out = job.wait_with_output().expect("wait");
         assert!(
@@ -1662,6 +1664,8 @@ fn parallel_runs_share_a_cache_and_one_whole_result_is_kept() {
             text(&out.stdout),
             text(&out.stderr)
         );
+        // A job whose writes another job's replaced is told so.
+        told.push(text(&out.stderr).contains("cache ci: this run's writes were not saved"));
     }
     let listed = run(crucible(&daemon).args(["--json", "cache", "ls"]));
     let listed: serde_json::Value = serde_json::from_slice(&listed.stdout).expect("JSON");
@@ -1681,6 +1685,12 @@ fn parallel_runs_share_a_cache_and_one_whole_result_is_kept() {
         panic!("{stdout}");
     };
     assert!(["1", "2", "3", "4"].contains(&winner), "{stdout}");
+    let winner_told = winner.parse::<usize>().map(|w| told[w - 1]);
+    assert_eq!(
+        winner_told,
+        Ok(false),
+        "the winner is not told it lost: {told:?}"
+    );
     assert_eq!(now, manifest, "the cache is exactly what one job left");
     assert!(!now.contains("reader"), "{stdout}");
     for f in ["a", "b", "c"] {

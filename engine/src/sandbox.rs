@@ -1316,7 +1316,16 @@ impl Registry {
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
                 .take();
+            let caches: Vec<_> = storage
+                .iter()
+                .flat_map(|s| s.caches.iter().filter_map(|c| c.settled()))
+                .collect();
             drop(storage);
+            // A client that deletes a sandbox then lists the caches sees what became of its
+            // copies (bounded: the store waits at most for the mounts to go).
+            for cache in caches {
+                cache.wait().await;
+            }
         });
         if let Err(e) = task.await {
             tracing::warn!("destroying a sandbox failed: {e}");

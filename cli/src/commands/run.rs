@@ -164,6 +164,8 @@ async fn run_in_sandbox(global: &Global, client: &client::Client, args: &Args) -
             "crucible: warning: deleting sandbox {id}: {}",
             output::chain(&e)
         );
+    } else {
+        unsaved_caches(client, &sandbox).await;
     }
     if let Some(e) = untrusted {
         return Err(e);
@@ -190,4 +192,42 @@ async fn run_in_sandbox(global: &Global, client: &client::Client, args: &Args) -
         eprintln!("crucible: {}", output::escape(&result.error));
     }
     Ok(exit::code(&result))
+}
+
+/// Says which of the run's caches did not keep its writes (another sandbox using the cache at
+/// the same time ended first, and its copy became the cache): a CI job whose cache never
+/// fills should learn why. Silent when every cache kept them, or asked not to.
+async fn unsaved_caches(client: &client::Client, sandbox: &api_types::SandboxInfo) {
+    if !sandbox.caches.iter().any(|c| c.save) {
+        return;
+    }
+    let listed = match client.caches().await {
+        Ok(listed) => listed,
+        Err(e) => {
+            eprintln!(
+                "crucible: warning: reading what became of the caches: {}",
+                output::chain(&e)
+            );
+            return;
+        }
+    };
+    for mount in sandbox.caches.iter().filter(|c| c.save) {
+        let cache = listed
+            .iter()
+            .find(|c| c.name == mount.name && c.backend == sandbox.backend);
+        let saved_by = cache.and_then(|c| c.saved_by.as_deref());
+        if saved_by != Some(sandbox.id.as_str()) {
+            eprintln!(
+                "crucible: cache {}: this run's writes were not saved: {}",
+                output::escape(&mount.name),
+                match saved_by {
+                    Some(other) => format!(
+                        "sandbox {}, using it at the same time, ended first with its own",
+                        output::escape(other)
+                    ),
+                    None => "another sandbox using it at the same time ended first".into(),
+                }
+            );
+        }
+    }
 }

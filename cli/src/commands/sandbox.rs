@@ -47,8 +47,8 @@ pub(crate) struct CreateArgs {
     /// Mount the named cache at PATH, read-write, kept between sandboxes (repeatable); made
     /// with SIZE_MIB (else the daemon's default) if new. Sandboxes at once share it: each
     /// gets a copy as it was last saved, and the first to end saves its copy back whole (the
-    /// others' writes are dropped). `:nosave` for a job that only reads it: its writes are
-    /// never saved. Kept by `crucible serve`; the daemon `crucible run` starts for itself
+    /// others' writes are dropped; `crucible run` says so when its were). `:nosave` for a job
+    /// that only reads it: its writes are never saved. Kept by `crucible serve`; the daemon `crucible run` starts for itself
     /// keeps nothing.
     #[arg(long, value_name = "NAME:PATH[:SIZE_MIB][:nosave]", value_parser = parse_cache)]
     pub cache: Vec<api_types::CacheMount>,

@@ -146,6 +146,30 @@ impl CacheLease {
     pub(crate) fn leave(mut self) {
         self.left = true;
     }
+
+    /// What waits, once this is dropped, until its copy is saved or dropped.
+    pub(crate) fn settled(&self) -> Option<Settled> {
+        self.copy.as_ref().map(|copy| Settled {
+            store: copy.store.clone(),
+            key: copy.key.clone(),
+        })
+    }
+}
+
+/// Waits until the copies of one cache whose sandboxes ended are saved or dropped.
+#[derive(Debug)]
+pub(crate) struct Settled {
+    store: Arc<CacheStore>,
+    key: Key,
+}
+
+impl Settled {
+    /// Waits, for a bounded time (a failure to wait is the store's to log, not the caller's).
+    pub(crate) async fn wait(self) {
+        if let Err(e) = self.store.await_settled(&self.key).await {
+            tracing::warn!("{}", report::chain(&e));
+        }
+    }
 }
 
 impl Drop for CacheLease {
