@@ -33,6 +33,8 @@ use crate::owner::Owner;
 /// How long a copy's save waits for its sandbox's mount to be gone, and an acquire for the
 /// saves before it.
 const DETACH_WAIT: Duration = Duration::from_secs(10);
+/// How long a sandbox waits for a spare copy being made before it makes its own.
+const SPARE_WAIT: Duration = Duration::from_secs(60);
 /// Largest cache name.
 const MAX_NAME: usize = 64;
 /// The directory, beside an owner's caches, of the copies sandboxes use now. Its name starts
@@ -111,6 +113,21 @@ struct Held {
     settling: HashMap<Key, usize>,
     /// The sandbox whose copy each cache last became.
     saved_by: HashMap<Key, String>,
+    /// A copy of each cache made ahead, after a save, for the next sandbox to take at once.
+    spares: HashMap<Key, Spare>,
+    /// The caches whose spare is being made now.
+    sparing: std::collections::HashSet<Key>,
+}
+
+/// A copy of a cache nobody uses yet, made in the background after its generation was saved,
+/// so that the next sandbox does not wait for a copy: sandboxes one after another, the way CI
+/// jobs mostly come, then start as fast as with no copy at all.
+#[derive(Debug)]
+struct Spare {
+    /// The generation it is a copy of (it is of no use once the cache moves on).
+    generation: u64,
+    path: PathBuf,
+    budget: BudgetLease,
 }
 
 /// Every cache, on disk under one directory.
@@ -279,17 +296,17 @@ impl Settle {
             );
         }
         if !kept {
-            if let Err(e) = std::fs::remove_file(&self.copy) {
-                if e.kind() != std::io::ErrorKind::NotFound {
-                    tracing::warn!("remove {}: {e}", self.copy.display());
-                }
-            }
+            remove_quietly(&self.copy);
         }
         if let Some(n) = held.settling.get_mut(&self.key) {
             *n -= 1;
             if *n == 0 {
                 held.settling.remove(&self.key);
             }
+        }
+        drop(held);
+        if kept {
+            store.make_spare(&self.key);
         }
     }
 }
@@ -309,6 +326,9 @@ fn make_copy(from: &Path, to: &Path) -> std::io::Result<u64> {
     let made = copy_sparse(from, &part).and_then(|()| {
         let file = std::fs::File::options().write(true).open(&part)?;
         file.set_modified(never_written())?;
+        // Attaching a loop device syncs its file first: written back here, the copy costs its
+        // writes where it is made (for a spare, in the background), not in a sandbox's create.
+        file.sync_all()?;
         let len = file.metadata()?.len();
         std::fs::rename(&part, to)?;
         Ok(len)
@@ -363,6 +383,15 @@ fn copy_sparse(from: &Path, to: &Path) -> std::io::Result<()> {
         at = hole;
     }
     Ok(())
+}
+
+/// Removes `path`, which may be gone already.
+fn remove_quietly(path: &Path) {
+    if let Err(e) = std::fs::remove_file(path) {
+        if e.kind() != std::io::ErrorKind::NotFound {
+            tracing::warn!("remove {}: {e}", path.display());
+        }
+    }
 }
 
 /// Whether `name` can be part of a file name as it is.
@@ -549,6 +578,68 @@ impl CacheStore {
         Ok(())
     }
 
+    /// Makes a [`Spare`] of cache `key` as it is now, unless it has one already or the disk
+    /// budget has no room for one (then the next sandbox copies the cache itself).
+    fn make_spare(&self, key: &Key) {
+        let generation = {
+            let mut held = self.held();
+            let generation = held.generation.get(key).copied().unwrap_or(0);
+            if held
+                .spares
+                .get(key)
+                .is_some_and(|s| s.generation == generation)
+                || !held.sparing.insert(key.clone())
+            {
+                return;
+            }
+            generation
+        };
+        self.make_spare_of(key, generation);
+        self.held().sparing.remove(key);
+    }
+
+    fn make_spare_of(&self, key: &Key, generation: u64) {
+        let image = self.image_path(key);
+        let Ok(size) = std::fs::metadata(&image).map(|m| m.len()) else {
+            return;
+        };
+        let what = format!("a spare copy of cache {:?}", key.2);
+        let Ok(budget) = self.budget.take(&what, size.div_ceil(1024 * 1024)) else {
+            return;
+        };
+        let path = self.copy_path(key, &format!(".spare{generation}"), true);
+        if let Err(e) = make_copy(&image, &path) {
+            tracing::warn!("cache {:?}: making {what}: {e}", key.2);
+            return;
+        }
+        let mut held = self.held();
+        let current = held.generation.get(key).copied().unwrap_or(0);
+        if current != generation || !held.leases.contains_key(key) {
+            drop(held);
+            remove_quietly(&path);
+            return;
+        }
+        let spare = Spare {
+            generation,
+            path,
+            budget,
+        };
+        if let Some(old) = held.spares.insert(key.clone(), spare) {
+            remove_quietly(&old.path);
+        }
+    }
+
+    /// Takes cache `key`'s spare when it is a copy of the cache as it is now; one of an older
+    /// generation goes.
+    fn take_spare(held: &mut Held, key: &Key) -> Option<Spare> {
+        let spare = held.spares.remove(key)?;
+        if Some(&spare.generation) == held.generation.get(key).or(Some(&0)) {
+            return Some(spare);
+        }
+        remove_quietly(&spare.path);
+        None
+    }
+
     /// Waits (for a bounded time) until the copies of every ended sandbox are saved or
     /// dropped: the daemon stops.
     pub(crate) async fn await_all_settled(&self) {
@@ -596,6 +687,53 @@ impl CacheStore {
                 self.held().leases.insert(key.clone(), lease);
             }
         }
+        let copy = self.copy_path(&key, sandbox, save);
+        if let Some(dir) = copy.parent() {
+            create_private_dir(dir)?;
+        }
+        // A spare under way is worth its wait: it is the same copy, already begun.
+        let deadline = Instant::now() + SPARE_WAIT;
+        while self.held().sparing.contains(&key) && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let spare = {
+            let mut held = self.held();
+            let spare = Self::take_spare(&mut held, &key);
+            if spare.is_some() {
+                held.users
+                    .entry(key.clone())
+                    .or_default()
+                    .push(sandbox.to_string());
+            }
+            spare
+        };
+        if let Some(spare) = spare {
+            // Made ahead, of the cache as it is now: the sandbox need not wait for a copy.
+            let mut lease = CacheLease {
+                copy: Some(Settle {
+                    store: self.clone(),
+                    key,
+                    sandbox: sandbox.to_string(),
+                    copy: copy.clone(),
+                    base: spare.generation,
+                    made: None,
+                    budget: Some(spare.budget),
+                }),
+                left: false,
+            };
+            let taken = std::fs::rename(&spare.path, &copy).and_then(|()| std::fs::metadata(&copy));
+            let meta = taken.map_err(|e| {
+                remove_quietly(&spare.path);
+                StorageError::io(
+                    format!("take {} as {}", spare.path.display(), copy.display()),
+                    e,
+                )
+            })?;
+            if let Some(settle) = lease.copy.as_mut().filter(|_| save) {
+                settle.made = Some((meta.len(), never_written()));
+            }
+            return Ok(lease);
+        }
         let size_mib = std::fs::metadata(&image)
             .map_err(|e| StorageError::io(format!("stat {}", image.display()), e))?
             .len()
@@ -604,7 +742,6 @@ impl CacheStore {
             &format!("a copy of cache {name:?} for sandbox {sandbox}"),
             size_mib,
         )?;
-        let copy = self.copy_path(&key, sandbox, save);
         let base = {
             let mut held = self.held();
             held.users
@@ -626,9 +763,6 @@ impl CacheStore {
             }),
             left: false,
         };
-        if let Some(dir) = copy.parent() {
-            create_private_dir(dir)?;
-        }
         let (from, to) = (image.clone(), copy.clone());
         // Not cancelled with this future: a create given up meanwhile leaves a whole copy,
         // never written, which the next daemon removes.
@@ -796,6 +930,9 @@ impl CacheStore {
                     held.leases.remove(&key);
                     held.generation.remove(&key);
                     held.saved_by.remove(&key);
+                    if let Some(spare) = held.spares.remove(&key) {
+                        remove_quietly(&spare.path);
+                    }
                     removed = true;
                 }
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
@@ -849,7 +986,11 @@ mod tests {
     /// Waits until every ended sandbox's copy is saved or dropped.
     async fn settled(store: &CacheStore) {
         for _ in 0..1000 {
-            if store.held().settling.is_empty() {
+            let idle = {
+                let held = store.held();
+                held.settling.is_empty() && held.sparing.is_empty()
+            };
+            if idle {
                 return;
             }
             tokio::time::sleep(Duration::from_millis(10)).await;
@@ -899,16 +1040,30 @@ mod tests {
         settled(&store).await;
         assert_eq!(mark_of(&image), "from sb-2");
         assert!(!first_copy.exists());
-        assert_eq!(budget.taken_mib(), 64, "the copies' shares are back");
+        assert_eq!(
+            budget.taken_mib(),
+            64 * 2,
+            "the copies' shares are back; the cache and its spare copy, made ahead, hold theirs"
+        );
+        let spare = store.copy_path(&CacheStore::key(&alice, "cargo", NS), ".spare1", true);
+        assert_eq!(mark_of(&spare), "from sb-2");
         let listed = store.list(Some(&alice)).expect("list");
         assert_eq!(listed[0].saved_by.as_deref(), Some("sb-2"));
         assert!(listed[0].users.is_empty() && listed[0].in_use_by.is_none());
 
-        // One after another, each sandbox starts from the last one's and saves its own.
+        // One after another, each sandbox starts from the last one's and saves its own. The
+        // next takes the spare (no copy to wait for); the one after it the copy made ahead
+        // of sb-3's save, or one of its own.
         let third = store
             .acquire(&alice, "cargo", None, "sb-3", NS, true)
             .await
             .expect("again");
+        assert!(!spare.exists(), "taken");
+        assert_eq!(
+            budget.taken_mib(),
+            64 * 2,
+            "the spare's share is the copy's"
+        );
         assert_eq!(mark_of(third.path()), "from sb-2");
         write_mark(third.path(), "from sb-3");
         drop(third);
@@ -1091,7 +1246,7 @@ mod tests {
         drop(lease);
         settled(&store).await;
         assert_eq!(mark_of(&dir.join("namespace/unix/npm.ext4")), "from sb-1");
-        assert_eq!(budget.taken_mib(), 40);
+        assert_eq!(budget.taken_mib(), 40 * 2, "the cache and its spare copy");
 
         // Without live restore, what a previous daemon's sandboxes wrote is saved: the copy
         // written last of those that may be saved.
