@@ -888,6 +888,16 @@ pub(crate) async fn a_cache_written_by_one_sandbox_is_read_by_the_next_and_filli
     assert!(!cache.exists());
 }
 
+/// A shell command that reads what a container's `while true; do … | nc -l -p PORT; done`
+/// service says, trying again for up to 5 s: its listener serves one connection (a ready
+/// check's, say) and is gone until the loop starts it again, a gap that emulation makes long.
+fn reach(port: u16) -> String {
+    format!(
+        "(for i in $(seq 50); do nc -w 2 localhost {port} </dev/null 2>/dev/null && exit 0; \
+         sleep 0.1; done; exit 1)"
+    )
+}
+
 pub(crate) async fn a_volume_reaches_a_sandbox_as_its_read_only_snapshot_byte_for_byte(
     hv: Hypervisor,
 ) {
@@ -1141,8 +1151,7 @@ pub(crate) async fn a_service_container_is_reached_on_localhost_and_keeps_its_lo
     );
     let helper = until_container_exited(&c, &id, "helper").await;
     assert_eq!(helper.exit_code, Some(3), "{helper:?}");
-    let (out, err, code) =
-        harness::sh(&c, &id, "nc -w 2 localhost 5432 </dev/null; cat /work/note").await;
+    let (out, err, code) = harness::sh(&c, &id, &format!("{}; cat /work/note", reach(5432))).await;
     assert_eq!(
         (out.as_str(), code),
         ("hello-from-db\nwritten-by-helper\n", 0),
@@ -1271,7 +1280,7 @@ pub(crate) async fn a_service_container_is_reached_on_localhost_and_keeps_its_lo
     let added = c.add_container(&id, &late).await.expect("add a container");
     stage(hv, &format!("added and ready in {:?}", asked.elapsed()));
     assert_eq!(added.state, ContainerState::Ready, "{added:?}");
-    let (out, err, code) = harness::sh(&c, &id, "nc -w 2 localhost 6379 </dev/null").await;
+    let (out, err, code) = harness::sh(&c, &id, &reach(6379)).await;
     assert_eq!((out.as_str(), code), ("hello-from-late\n", 0), "{err}");
     let (out, code) = sh_in(
         &c,
@@ -1325,7 +1334,10 @@ pub(crate) async fn a_service_container_is_reached_on_localhost_and_keeps_its_lo
     let (out, err, code) = harness::sh(
         &c,
         &id,
-        "nc -w 2 localhost 6380 </dev/null; nc -w 1 localhost 6379 </dev/null || echo late-gone",
+        &format!(
+            "{}; nc -w 1 localhost 6379 </dev/null || echo late-gone",
+            reach(6380)
+        ),
     )
     .await;
     assert_eq!(
@@ -1379,7 +1391,7 @@ pub(crate) async fn a_service_container_is_reached_on_localhost_and_keeps_its_lo
     c.signal(&id, 9).await.expect("signal");
     let out = sleeper.await.expect("join");
     assert_eq!(out.result.signal, "SIGKILL", "{:?}", out.result);
-    let (out, err, code) = harness::sh(&c, &id, "nc -w 2 localhost 5432 </dev/null").await;
+    let (out, err, code) = harness::sh(&c, &id, &reach(5432)).await;
     assert_eq!((out.as_str(), code), ("hello-from-db\n", 0), "{err}");
 
     stage(hv, "logs, stats, removal");
