@@ -269,10 +269,21 @@ def test_pool_status_without_a_pool(client):
     assert client.health()["status"] == "ok"
 
 
-def test_cache_mount_in_use_is_a_conflict(client):
-    cache = CacheMount(name="pytest-busy", path="/cache")
-    with Sandbox.create(client=client, caches=[cache]):
-        with pytest.raises(CrucibleError) as busy:
-            Sandbox.create(client=client, caches=[cache])
-        assert busy.value.status == 409
-    client.delete_cache("pytest-busy")
+def test_a_cache_is_shared_on_copies_and_the_first_to_end_saves_it(client):
+    cache = CacheMount(name="pytest-shared", path="/cache")
+    with Sandbox.create(client=client, caches=[cache]) as first:
+        first.run(["sh", "-c", "echo first > /cache/who"])
+        with Sandbox.create(client=client, caches=[cache]) as second:
+            # A copy as last saved: not what the first is writing.
+            seen = second.run(["sh", "-c", "cat /cache/who 2>/dev/null || echo nothing"])
+            assert seen.stdout_text == "nothing\n"
+            second.run(["sh", "-c", "echo second > /cache/who"])
+            listed = [c for c in client.caches() if c.name == "pytest-shared"]
+            assert listed[0].users == [first.id, second.id]
+            with pytest.raises(CrucibleError) as busy:
+                client.delete_cache("pytest-shared")
+            assert busy.value.status == 409
+        # The second ended first: its copy is the cache; the first's writes are dropped.
+    with Sandbox.create(client=client, caches=[cache]) as after:
+        assert after.run(["cat", "/cache/who"]).stdout_text == "second\n"
+    client.delete_cache("pytest-shared")

@@ -59,9 +59,16 @@ describe("egress and caches", () => {
       assert.ok(daemon.blob.hits.size > 0, "the blob server was reached");
       const listed = (await client.caches.list()).find((c) => c.name === "node-pip");
       assert.equal(listed?.in_use_by, sb.id);
-      // One sandbox at a time: neither a delete nor a second mount while it is in use.
+      // No delete while it is in use; a second sandbox shares it, on a copy as last saved
+      // (empty: the first has not ended), and only reads it here (save: false).
       await assert.rejects(client.caches.remove("node-pip"), (e: unknown) => e instanceof Conflict && e.status === 409);
-      await assert.rejects(Sandbox.create({ client, caches: [cache] }), (e: unknown) => e instanceof Conflict && /in use/.test(e.message));
+      {
+        await using reader = await Sandbox.create({ client, caches: [{ ...cache, save: false }] });
+        const seen = await reader.run(["sh", "-c", "ls /root/.cache/pip | grep -v lost+found; echo reader > /root/.cache/pip/reader"]);
+        assert.equal(seen.stdoutText, "", "a copy as last saved, without the first's writes");
+        const both = (await client.caches.list()).find((c) => c.name === "node-pip");
+        assert.deepEqual(both?.users, [sb.id, reader.id]);
+      }
     }
     const kept = (await client.caches.list()).find((c) => c.name === "node-pip");
     assert.ok(kept, "the cache outlives its sandbox");
@@ -71,6 +78,7 @@ describe("egress and caches", () => {
       await using again = await Sandbox.create({ client, caches: [cache] });
       const sum = await again.run(["sha256sum", "/root/.cache/pip/blob"]);
       assert.equal(sum.stdoutText.split(" ")[0], blobSha, "the next sandbox finds what the last one cached");
+      assert.equal((await again.run(["test", "-e", "/root/.cache/pip/reader"])).exitCode, 1, "a reader's writes are never saved");
       assert.equal((await again.run(["wget", "-q", "-O-", `http://127.0.0.1:${port}/blob`])).exitCode === 0, false, "no network was asked for");
     }
     assert.deepEqual(await client.caches.clear(), []);
