@@ -38,6 +38,7 @@ mod mounts;
 pub mod netns;
 mod path_rules;
 pub mod pod;
+pub mod pod_link;
 pub mod privileges;
 pub mod seccomp;
 pub mod seccomp_profile;
@@ -89,9 +90,12 @@ pub enum EnterError {
     /// could not be made.
     #[error(transparent)]
     Mount(#[from] HostMountError),
-    /// The network namespace it was to join cannot be joined.
+    /// The pod's network namespace cannot be used.
     #[error(transparent)]
     Netns(#[from] netns::NetnsError),
+    /// The sandbox's network namespace could not be linked to the pod's.
+    #[error(transparent)]
+    PodLink(#[from] pod_link::PodLinkError),
     /// The process that started the sandbox died before it was made.
     #[error("the process that started the sandbox is gone")]
     Orphaned,
@@ -146,24 +150,24 @@ pub fn enter(spec: &SandboxSpec, argv: &AgentArgv) -> Result<std::convert::Infal
         }
         .into());
     }
-    if let Some(path) = spec.network_namespace.as_ref().filter(|_| !host_network) {
-        // With the host's privileges, which the sandbox's user namespace will not have.
-        let netns = netns::open_checked(path)?;
-        netns::join(&netns, path)?;
-        netns::allow_low_ports()?;
-        // The namespace is the host's: its settings are written with the host's privileges.
-        for sysctl in spec.sysctls.iter().filter(|s| s.is_network()) {
-            sysctl.apply()?;
-        }
-    }
+    // Opened with the host's privileges, which the sandbox's user namespace will not have; the
+    // sandbox gets a namespace of its own, linked to the pod's once it exists.
+    let pod_network = match spec.network_namespace.as_ref().filter(|_| !host_network) {
+        Some(path) => Some((netns::open_checked(path)?, path)),
+        None => None,
+    };
     // Opened with the host's view and privileges; PID 1 receives them as descriptors.
     let host_side = sys::HostSide::open(spec)?;
     let (parent_end, child_end) = sys::socketpair()?;
-    match sys::clone_into_namespaces(spec.network_namespace.is_none())? {
+    match sys::clone_into_namespaces(!host_network)? {
         sys::Forked::Parent(child) => {
             drop(child_end);
             drop(host_side);
-            if let Err(e) = idmap::prepare_child(child, spec, &parent_end) {
+            let linked = match &pod_network {
+                Some((pod, path)) => pod_link::link(pod, path, child).map_err(EnterError::from),
+                None => Ok(()),
+            };
+            if let Err(e) = linked.and_then(|()| idmap::prepare_child(child, spec, &parent_end)) {
                 sys::kill(child);
                 return Err(e);
             }
@@ -201,9 +205,17 @@ fn inside(
         sys::become_root_inside()?;
         // Root of the namespaces just made, which own these settings; the host's `/proc`
         // still shows them as this process's.
-        let joined = spec.network_namespace.is_some();
-        for sysctl in spec.sysctls.iter().filter(|s| !(joined && s.is_network())) {
+        let host_network = spec
+            .network_namespace
+            .as_deref()
+            .is_some_and(netns::is_host);
+        for sysctl in &spec.sysctls {
             sysctl.apply()?;
+        }
+        if spec.network_namespace.is_some() && !host_network {
+            // A pod's: its ports below 1024 are for every user, as containerd's
+            // `enable_unprivileged_ports` makes them under runc.
+            netns::allow_low_ports()?;
         }
         // Opened with the credentials it is executed with: a descriptor opened by host root
         // before the clone is refused by execveat (EACCES) once we are the sandbox's root.
@@ -219,7 +231,7 @@ fn inside(
             extra,
             containers,
         } = handed;
-        mounts::prepare_scratch(spec, &stage, scratch_disk)?;
+        mounts::prepare_scratch(spec, &stage, scratch_disk, !host_network)?;
         // The sandbox's own root (`main`) first, as PID 1 of a PID namespace of its own: its
         // agent must be that namespace's init, whether the containers join it (a shared PID
         // namespace) or each get theirs beside it (the default: a pod's members then see none
@@ -257,9 +269,7 @@ fn inside(
         // Mounted from inside that namespace, `/proc` shows it alone.
         mounts::build_root(spec, image, extra)?;
         sys::set_hostname(&spec.hostname)?;
-        if spec.network_namespace.is_none() {
-            // A joined namespace's `lo` is its maker's (CNI's loopback plugin), and not ours
-            // to change.
+        if !host_network {
             sys::bring_up_loopback()?;
         }
         privileges::limit_bounding_set()?;

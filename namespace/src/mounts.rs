@@ -98,6 +98,7 @@ pub(crate) fn prepare_scratch(
     spec: &SandboxSpec,
     stage: &OwnedFd,
     scratch_disk: Option<OwnedFd>,
+    own_network: bool,
 ) -> Result<(), SysError> {
     // Nothing mounted from here on may propagate back to the host.
     mount(
@@ -126,6 +127,15 @@ pub(crate) fn prepare_scratch(
     for shared in &spec.shared {
         make_shared_dir(&shared.dir)?;
     }
+    if own_network {
+        // The kernel lets the sandbox's root mount sysfs because the sandbox owns its network
+        // namespace, and only while the host's `/sys` is fully visible (as for `/proc`): here,
+        // before any root is pivoted into. Each root binds its network part alone.
+        let sysfs = Path::new(SCRATCH_SYSFS);
+        mkdir(sysfs)?;
+        let flags = libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC | libc::MS_RDONLY;
+        mount("sysfs", sysfs, Some("sysfs"), flags, None)?;
+    }
     Ok(())
 }
 
@@ -133,6 +143,13 @@ pub(crate) fn prepare_scratch(
 /// `/dev/shm` (one IPC namespace, one `/dev/shm`).
 const SCRATCH_TMP: &str = "tmp";
 const SCRATCH_SHM: &str = "shm";
+/// Relative to the scratch: the whole sysfs of the sandbox's network namespace, out of every
+/// root's sight, when the sandbox has a namespace of its own (not on the host's network).
+const SCRATCH_SYSFS: &str = "sysfs";
+/// The parts of sysfs each root gets under `/sys`, read-only: the network namespace's own
+/// interfaces (`brctl` and tools reading `/sys/class/net/IF/...` need them), nothing of the
+/// host's devices, kernel or cgroups.
+const NETWORK_SYSFS: [&str; 2] = ["class/net", "devices/virtual/net"];
 
 /// Builds the sandbox's own root on the prepared scratch (the working directory): the
 /// idmapped image under an overlay, `/proc`, `/dev`, `/tmp`, the extra mounts, its shared
@@ -196,7 +213,38 @@ pub(crate) fn finish_root(
         mount_proc(&proc_dir)?;
     }
     build_dev(&dev, Path::new(SCRATCH_SHM))?;
-    bind_with_flags(tmp_source, &tmp, libc::MS_NOSUID | libc::MS_NODEV)
+    bind_with_flags(tmp_source, &tmp, libc::MS_NOSUID | libc::MS_NODEV)?;
+    // Mounted by `prepare_scratch` exactly when the sandbox has a network namespace of its own.
+    if Path::new(SCRATCH_SYSFS).join("class").is_dir() {
+        build_sys(&root.join("sys"), Path::new(SCRATCH_SYSFS))?;
+    }
+    Ok(())
+}
+
+/// A read-only `/sys` at `sys` holding only [`NETWORK_SYSFS`], bound from the whole sysfs at
+/// `sysfs`.
+fn build_sys(sys: &Path, sysfs: &Path) -> Result<(), SysError> {
+    let locked = libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC;
+    mkdir(sys)?;
+    mount(
+        "tmpfs",
+        sys,
+        Some("tmpfs"),
+        locked,
+        Some("size=16k,mode=0755"),
+    )?;
+    for part in NETWORK_SYSFS {
+        let target = sys.join(part);
+        mkdir(&target)?;
+        bind_with_flags(&sysfs.join(part), &target, locked | libc::MS_RDONLY)?;
+    }
+    mount(
+        "none",
+        sys,
+        None,
+        libc::MS_REMOUNT | libc::MS_RDONLY | locked,
+        Some("size=16k,mode=0755"),
+    )
 }
 
 /// Binds the shared directories `owner` mounts (`--shared OWNER:DIR:TARGET`) under `root`.

@@ -1,12 +1,12 @@
-//! A network namespace made by someone else that a sandbox joins instead of making its own: a
-//! Kubernetes pod's, which CNI configured (its interfaces, addresses and routes) and whose file
-//! containerd names in the pause container's spec.
+//! A network namespace made by someone else that a sandbox uses: a Kubernetes pod's, which CNI
+//! configured (its interfaces, addresses and routes) and whose file containerd names in the
+//! pause container's spec.
 //!
 //! The namespace belongs to the host's user namespace, so the sandbox's root (root only in the
-//! sandbox's own user namespace) can use it — open sockets, listen, connect — but never change
-//! it: no interface, address, route or firewall rule, as a pod's containers under runc with
-//! `NET_ADMIN` dropped. The supervisor joins it while it still has the host's privileges,
-//! before it clones the sandbox without a network namespace of its own.
+//! sandbox's own user namespace) could never change it. The sandbox gets a namespace of its
+//! own instead, which [`crate::pod_link`] links to the pod's with the host's privileges: the
+//! pod's addresses are the sandbox's, and the pod's namespace routes them, out of the
+//! sandbox's reach.
 //!
 //! What is refused: a file that is not a network namespace, and the host's own (the daemon's)
 //! named by its file. The host's own is asked for by name, [`HOST`] (a Kubernetes
@@ -110,23 +110,9 @@ pub fn open_checked(path: &Path) -> Result<OwnedFd, NetnsError> {
     Ok(OwnedFd::from(file))
 }
 
-/// Moves the caller into the network namespace `netns` ([`open_checked`]).
-pub(crate) fn join(netns: &OwnedFd, path: &Path) -> Result<(), NetnsError> {
-    // SAFETY: setns takes a live descriptor and a flag.
-    if unsafe { libc::setns(netns.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
-        return Err(NetnsError::Io {
-            path: path.display().to_string(),
-            what: "setns".into(),
-            source: std::io::Error::last_os_error(),
-        });
-    }
-    Ok(())
-}
-
 /// Lets every user of the namespace the caller is in bind ports below 1024
 /// (`net.ipv4.ip_unprivileged_port_start = 0`, as containerd's `enable_unprivileged_ports`
-/// and Kubernetes' safe sysctl do for pods): the sandbox's root holds `NET_BIND_SERVICE` in
-/// its own user namespace only, which does not own the pod's network namespace. Written
+/// and Kubernetes' safe sysctl do for pods, whose containers may run as any user). Written
 /// through the caller's own view of `/proc/sys/net`, which is its network namespace's.
 pub(crate) fn allow_low_ports() -> Result<(), NetnsError> {
     let path = "/proc/sys/net/ipv4/ip_unprivileged_port_start";

@@ -1,7 +1,8 @@
-//! A namespace sandbox in a network namespace made on the host (`network_namespace`), as the
-//! Kubernetes shim runs a pod in the one CNI made: a veth pair between the host and a named
-//! namespace (`ip netns add`), the sandbox reaching a server on the host's side of it and
-//! serving a port below 1024 the host reaches, and unable to change the namespace.
+//! A namespace sandbox linked to a network namespace made on the host (`network_namespace`), as
+//! the Kubernetes shim runs a pod in the one CNI made: a veth pair between the host and a named
+//! namespace (`ip netns add`); the sandbox has the namespace's address, reaches a server on the
+//! host's side of it, serves a port below 1024 the host reaches (and the namespace's loopback,
+//! as port-forward does), configures its own namespace with NET_ADMIN and never the host's.
 
 use std::io::{Read, Write};
 use std::net::{Ipv4Addr, TcpListener, TcpStream};
@@ -130,8 +131,30 @@ fn joining(path: String) -> CreateSandbox {
     }
 }
 
+/// Runs `script` with `sh` inside the named network namespace, as the host; its stdout.
+fn in_namespace(name: &str, script: &str) -> String {
+    let out = Command::new("ip")
+        .args(["netns", "exec", name, "sh", "-c", script])
+        .output()
+        .expect("run ip netns exec");
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+async fn sh_in(c: &client::Client, id: &str, container: &str, script: &str) -> (String, i32) {
+    let out = c
+        .exec_in(id, container, &wire::ExecRequest::new(["sh", "-c", script]))
+        .await
+        .expect("exec in a container")
+        .collect()
+        .await
+        .expect("its output");
+    let text =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    (text, out.result.exit_code)
+}
+
 #[tokio::test]
-async fn a_sandbox_in_a_host_made_network_namespace_uses_it_and_cannot_change_it() {
+async fn a_sandbox_linked_to_a_host_made_network_namespace_has_its_address_and_not_its_config() {
     let daemon = TestDaemon::start();
     let c = daemon.client();
     let netns = HostLinkedNamespace::new();
@@ -139,52 +162,129 @@ async fn a_sandbox_in_a_host_made_network_namespace_uses_it_and_cannot_change_it
     let port = server.local_addr().expect("address").port();
     std::thread::spawn(move || {
         for mut stream in server.incoming().flatten() {
-            let _ = stream.write_all(b"hello-from-the-node\n");
+            let peer = stream
+                .peer_addr()
+                .map(|a| a.ip().to_string())
+                .unwrap_or_default();
+            let _ = stream.write_all(format!("hello {peer}\n").as_bytes());
         }
     });
+    let config = "ip -o addr show; ip route show table all; iptables-save | grep -v '^#'";
+    let pod_config = in_namespace(&netns.name, config);
 
     let id = c.create(&joining(netns.path())).await.expect("create").id;
-    // Its address and route are the namespace's; the node answers through them.
+    let pod_config_linked = in_namespace(&netns.name, config);
+    // Its address is the namespace's; the node answers it there.
     let (out, err, code) = sh(
         &c,
         &id,
         &format!(
-            "ip -4 -o addr show | grep -c {}; nc -w 3 {} {port} </dev/null",
+            "ip -4 -o addr show dev eth0 | grep -c ' {}/32 '; nc -w 3 {} {port} </dev/null",
             netns.inside_ip, netns.host_ip
         ),
     )
     .await;
     assert_eq!(
         (out.as_str(), code),
-        ("1\nhello-from-the-node\n", 0),
+        (format!("1\nhello {}\n", netns.inside_ip).as_str(), 0),
         "{err}"
     );
 
-    // Root in it changes nothing of the namespace: no link, address or route.
-    let (out, _, _) = sh(
-        &c,
-        &id,
-        "ip link set lo down 2>&1; ip addr add 10.9.9.9/32 dev lo 2>&1; \
-         ip route add 10.8.0.0/16 dev lo 2>&1",
-    )
-    .await;
-    assert_eq!(
-        out.matches("Operation not permitted").count(),
-        3,
-        "a change went through:\n{out}"
-    );
+    // A port below 1024, served from inside, reached from the node at the pod's address and
+    // from inside the pod's namespace on its loopback (as containerd's port-forward does).
+    for from_the_namespace in [false, true] {
+        let served = sh(
+            &c,
+            &id,
+            "(echo hello-from-the-pod | nc -l -p 80 &) ; sleep 0.3; echo listening",
+        )
+        .await;
+        assert_eq!(served.0, "listening\n", "{}", served.1);
+        let answer = if from_the_namespace {
+            in_namespace(&netns.name, "busybox nc -w 3 127.0.0.1 80 </dev/null")
+        } else {
+            read_once_listening((netns.inside_ip, 80).into()).await
+        };
+        assert_eq!(
+            answer, "hello-from-the-pod\n",
+            "port-forward: {from_the_namespace}"
+        );
+    }
 
-    // A port below 1024, served from inside and reached from the node.
-    let served = sh(
+    // A container granted NET_ADMIN configures the sandbox's own namespace (a bridge, as
+    // critest's `brctl addbr`); one without it cannot.
+    c.add_container(
+        &id,
+        &serde_json::from_value(serde_json::json!({
+            "name": "admin", "command": ["sleep", "3600"],
+            "security": {"capabilities": ["NET_ADMIN"]}
+        }))
+        .expect("a container request"),
+    )
+    .await
+    .expect("add a container granted NET_ADMIN");
+    c.add_container(
+        &id,
+        &serde_json::from_value(serde_json::json!({"name": "plain", "command": ["sleep", "3600"]}))
+            .expect("a container request"),
+    )
+    .await
+    .expect("add a container");
+    let (out, code) = sh_in(&c, &id, "plain", "brctl addbr nope 2>&1").await;
+    assert_ne!(code, 0, "brctl without NET_ADMIN: {out}");
+    let (out, code) = sh_in(
         &c,
         &id,
-        "(echo hello-from-the-pod | nc -l -p 80 &) ; sleep 0.3; echo listening",
+        "admin",
+        &format!(
+            "brctl addbr foobar && ip link set lo down && ip link set lo up && \
+             ip addr add 10.213.{}.77/32 dev eth0 && echo changed",
+            netns.inside_ip.octets()[2]
+        ),
     )
     .await;
-    assert_eq!(served.0, "listening\n", "{}", served.1);
-    let answer = read_once_listening((netns.inside_ip, 80).into()).await;
-    assert_eq!(answer, "hello-from-the-pod\n");
+    assert_eq!((out.as_str(), code), ("changed\n", 0), "NET_ADMIN: {out}");
+
+    // ...and nothing of the pod's namespace: what the host linked stays as it was, and a
+    // packet the sandbox sends as another address of the node's network goes nowhere.
+    assert_eq!(in_namespace(&netns.name, config), pod_config_linked);
+    assert!(!pod_config_linked.contains("foobar"), "{pod_config_linked}");
+    let spoofed = sh_in(
+        &c,
+        &id,
+        "admin",
+        &format!(
+            "ip route replace default via 169.254.77.1 dev eth0 src 10.213.{}.77 && \
+             nc -w 2 {} {port} </dev/null 2>&1; echo \"rc=$?\"",
+            netns.inside_ip.octets()[2],
+            netns.host_ip
+        ),
+    )
+    .await;
+    assert!(
+        !spoofed.0.contains("hello") && spoofed.0.contains("rc=1"),
+        "a spoofed source got through: {spoofed:?}"
+    );
     c.delete(&id).await.expect("delete");
+
+    // Once the sandbox is gone, so is its link (the kernel removes a namespace's interfaces a
+    // moment after its last process ends).
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let after = in_namespace(&netns.name, "ip -o link show");
+        if !after.contains("crucible0") {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the link outlived the sandbox: {after}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(
+        pod_config.contains(&netns.inside_ip.to_string()),
+        "{pod_config}"
+    );
 }
 
 #[tokio::test]
