@@ -21,7 +21,7 @@ pub use sink::MAX_CONNECTIONS_PER_SANDBOX;
 
 use std::sync::Arc;
 
-use engine::egress::{EgressPlan, EgressRefused};
+use engine::egress::{EgressPlan, EgressRefused, PodSockets};
 
 use dns_cache::CachingResolver;
 use policy::{EgressPolicy, PolicyError};
@@ -73,6 +73,26 @@ impl engine::egress::EgressProxy for Proxy {
                 policy,
                 counters,
                 resolver,
+                pod: None,
+            });
+            sink(context, MAX_CONNECTIONS_PER_SANDBOX)
+        }))
+    }
+
+    fn plan_in_pod(&self, pod: Arc<PodSockets>) -> Result<EgressPlan, EgressRefused> {
+        // Never consulted (the pod's network decides); kept for the context's shape.
+        let policy = Arc::new(
+            EgressPolicy::new(&[], &self.operator)
+                .map_err(|e| EgressRefused::Invalid(report::chain(&e)))?,
+        );
+        let resolver = self.resolver.clone();
+        Ok(Box::new(move |sandbox_id, counters| {
+            let context = Arc::new(EgressContext {
+                sandbox_id: sandbox_id.to_string(),
+                policy,
+                counters,
+                resolver,
+                pod: Some(pod),
             });
             sink(context, MAX_CONNECTIONS_PER_SANDBOX)
         }))

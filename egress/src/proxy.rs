@@ -14,6 +14,7 @@ use std::sync::Arc;
 use std::task::{ready, Context, Poll};
 use std::time::Duration;
 
+use engine::egress::PodSockets;
 use futures_util::future::BoxFuture;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::TcpStream;
@@ -67,6 +68,10 @@ pub(crate) struct EgressContext {
     pub(crate) policy: Arc<EgressPolicy>,
     pub(crate) counters: Arc<EgressCounters>,
     pub(crate) resolver: Arc<dyn Resolve>,
+    /// A microVM pod's network namespace: connections leave from there, and neither the
+    /// policy's rules nor its address checks apply (the pod's network decides, as for any
+    /// pod). `None`: the host's network, under the policy.
+    pub(crate) pod: Option<Arc<PodSockets>>,
 }
 
 impl fmt::Debug for EgressContext {
@@ -75,6 +80,7 @@ impl fmt::Debug for EgressContext {
             .field("sandbox_id", &self.sandbox_id)
             .field("policy", &self.policy)
             .field("counters", &self.counters)
+            .field("pod", &self.pod.as_ref().map(|p| p.path().to_path_buf()))
             .finish_non_exhaustive()
     }
 }
@@ -321,9 +327,11 @@ async fn open(
     timeout: Duration,
 ) -> Result<TcpStream, Answer> {
     // Before resolving: a name no rule allows is not even looked up.
-    ctx.policy
-        .check_target(host, port)
-        .map_err(|denial| Answer::denied(ctx, &denial))?;
+    if ctx.pod.is_none() {
+        ctx.policy
+            .check_target(host, port)
+            .map_err(|denial| Answer::denied(ctx, &denial))?;
+    }
     let addrs = match host {
         Host::Ip(ip) => vec![SocketAddr::new(*ip, port)],
         Host::Name(name) => {
@@ -343,7 +351,7 @@ async fn open(
     if addrs.is_empty() {
         return Err(Answer::error(502, format!("{host} has no addresses")));
     }
-    for addr in &addrs {
+    for addr in addrs.iter().filter(|_| ctx.pod.is_none()) {
         ctx.policy
             .check_address(host, *addr)
             .map_err(|denial| Answer::denied(ctx, &denial))?;
@@ -351,7 +359,7 @@ async fn open(
     let deadline = Instant::now() + timeout;
     let mut last_error = None;
     for addr in addrs {
-        match tokio::time::timeout_at(deadline, TcpStream::connect(addr)).await {
+        match tokio::time::timeout_at(deadline, connect(ctx.pod.as_ref(), addr)).await {
             Err(_) => {
                 return Err(Answer::error(
                     504,
@@ -371,6 +379,20 @@ async fn open(
         None => format!("could not connect to {host}:{port}"),
     };
     Err(Answer::error(502, reason))
+}
+
+/// A connection to `addr`: from the host's network, or from the pod's namespace.
+async fn connect(pod: Option<&Arc<PodSockets>>, addr: SocketAddr) -> io::Result<TcpStream> {
+    let Some(pod) = pod else {
+        return TcpStream::connect(addr).await;
+    };
+    let pod = pod.clone();
+    let socket = tokio::task::spawn_blocking(move || pod.tcp_socket(addr.is_ipv6()))
+        .await
+        .map_err(|e| io::Error::other(format!("making a socket in the pod's namespace: {e}")))??;
+    tokio::net::TcpSocket::from_std_stream(std::net::TcpStream::from(socket))
+        .connect(addr)
+        .await
 }
 
 /// The remote side of a relay, counting bytes into the sandbox's counters as they pass.
@@ -492,6 +514,7 @@ mod tests {
             policy: Arc::new(policy),
             counters: Arc::default(),
             resolver: resolver.clone(),
+            pod: None,
         };
         Setup { ctx, resolver }
     }

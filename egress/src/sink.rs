@@ -74,6 +74,7 @@ mod tests {
             policy: Arc::new(EgressPolicy::new(&[], &Allowlist::default()).expect("policy")),
             counters: Arc::new(EgressCounters::default()),
             resolver: Arc::new(SystemResolver),
+            pod: None,
         });
         let sink = sink(context.clone(), 1);
         // The first holds the only slot: it sends nothing, so its head never completes.

@@ -39,11 +39,24 @@ pub enum EgressRefused {
     Forbidden(String),
 }
 
+pub use namespace::netns::PodSockets;
+
 /// The egress proxy the engine calls.
 pub trait EgressProxy: Send + Sync + std::fmt::Debug {
     /// Checks a create request's `network.allow` against the operator's rules, once; the plan
     /// makes the sandbox's sink when it has an id.
     fn plan(&self, allow: &[String]) -> Result<EgressPlan, EgressRefused>;
+
+    /// The egress of a microVM pod: every connection leaves from the pod's network namespace
+    /// (sockets from `pod`), with no allowlist of crucible's, since the pod's network, as CNI
+    /// made it, decides what it reaches (as for a runc pod).
+    fn plan_in_pod(&self, pod: Arc<PodSockets>) -> Result<EgressPlan, EgressRefused> {
+        Err(EgressRefused::Forbidden(format!(
+            "network_namespace {}: this daemon serves no egress proxy to carry a microVM \
+             pod's connections",
+            pod.path().display()
+        )))
+    }
 }
 
 /// No egress at all: every request for network is refused (a daemon built without the

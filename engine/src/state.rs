@@ -633,20 +633,32 @@ impl Engine {
         let kind = request.backend.unwrap_or_else(|| self.default_backend());
         let backend = self.backend(kind)?;
         let sysctls = check_sysctls(&request, kind)?;
+        // A microVM pod's connections leave from the pod's namespace through the egress
+        // proxy: the VM has no network device to link to it.
+        let mut pod_sockets = None;
         let network_namespace = match &request.network_namespace {
             None => None,
-            Some(_) if kind != BackendKind::Namespace => {
-                return Err(CreateError::Invalid(format!(
-                    "network_namespace: the {kind} backend joins no host network namespace \
-                     (the namespace backend does)"
-                )))
-            }
             Some(_) if request.network.is_some() => {
                 return Err(CreateError::Invalid(
                     "network_namespace: a sandbox in a host network namespace reaches the \
                      network through it, not through the egress proxy: leave out `network`"
                         .into(),
                 ))
+            }
+            Some(path)
+                if kind == BackendKind::Microvm && path != api_types::HOST_NETWORK_NAMESPACE =>
+            {
+                let path = std::path::Path::new(path);
+                let sockets = ::namespace::netns::PodSockets::open(path)
+                    .map_err(|e| CreateError::Invalid(report::chain(&e)))?;
+                pod_sockets = Some(Arc::new(sockets));
+                None
+            }
+            Some(_) if kind != BackendKind::Namespace => {
+                return Err(CreateError::Invalid(format!(
+                    "network_namespace: the {kind} backend joins no host network namespace \
+                     (the namespace backend does; a microVM takes a pod's, never the host's)"
+                )))
             }
             Some(path) if path == api_types::HOST_NETWORK_NAMESPACE => {
                 if let Some(sysctl) = sysctls.iter().find(|s| s.is_network()) {
@@ -750,7 +762,13 @@ impl Engine {
                 })?;
                 Some(plan)
             }
-            _ => None,
+            _ => match pod_sockets {
+                Some(pod) => Some(self.egress.plan_in_pod(pod).map_err(|e| match e {
+                    EgressRefused::Invalid(why) => CreateError::Invalid(why),
+                    EgressRefused::Forbidden(why) => CreateError::EgressForbidden(why),
+                })?),
+                None => None,
+            },
         };
         if imported.is_some() && kind == BackendKind::Process {
             return Err(CreateError::Invalid(format!(

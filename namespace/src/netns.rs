@@ -110,6 +110,64 @@ pub fn open_checked(path: &Path) -> Result<OwnedFd, NetnsError> {
     Ok(OwnedFd::from(file))
 }
 
+/// Opens TCP sockets in a pod's network namespace for the daemon, which stays in the host's:
+/// a microVM pod's connections out leave from the pod's namespace, with its address and
+/// routes, as a runc pod's would. The namespace is held open from [`PodSockets::open`] on, so
+/// the path cannot be swapped for another namespace later.
+#[derive(Debug)]
+pub struct PodSockets {
+    netns: OwnedFd,
+    path: std::path::PathBuf,
+}
+
+impl PodSockets {
+    /// Opens the pod's namespace at `path` ([`open_checked`]).
+    pub fn open(path: &Path) -> Result<PodSockets, NetnsError> {
+        Ok(PodSockets {
+            netns: open_checked(path)?,
+            path: path.to_path_buf(),
+        })
+    }
+
+    /// The namespace's path, for messages.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// A new, unconnected TCP socket (IPv6 when `ipv6`) of the pod's namespace, non-blocking
+    /// and close-on-exec. Made on a short-lived thread of its own, which alone enters the
+    /// namespace: the caller's threads never leave the host's.
+    pub fn tcp_socket(&self, ipv6: bool) -> std::io::Result<OwnedFd> {
+        let netns = self.netns.as_raw_fd();
+        std::thread::scope(|scope| {
+            scope
+                .spawn(move || {
+                    // SAFETY: setns takes a descriptor (held open by `self` for the thread's
+                    // whole life) and a flag; a network namespace is per thread.
+                    if unsafe { libc::setns(netns, libc::CLONE_NEWNET) } != 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                    let domain = if ipv6 { libc::AF_INET6 } else { libc::AF_INET };
+                    // SAFETY: socket takes three integers and returns a new descriptor or -1.
+                    let fd = unsafe {
+                        libc::socket(
+                            domain,
+                            libc::SOCK_STREAM | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
+                            0,
+                        )
+                    };
+                    if fd < 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                    // SAFETY: `fd` was just returned by socket and is owned by nothing else.
+                    Ok(unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) })
+                })
+                .join()
+                .unwrap_or_else(|_| Err(std::io::Error::other("the socket thread panicked")))
+        })
+    }
+}
+
 /// Lets every user of the namespace the caller is in bind ports below 1024
 /// (`net.ipv4.ip_unprivileged_port_start = 0`, as containerd's `enable_unprivileged_ports`
 /// and Kubernetes' safe sysctl do for pods, whose containers may run as any user). Written
@@ -168,5 +226,49 @@ mod tests {
         let _ = other.kill();
         let _ = other.wait();
         assert!(joined.is_some(), "{path} was never taken");
+    }
+
+    #[test]
+    fn a_pods_sockets_are_made_in_its_namespace_and_ours_stay_in_ours() {
+        let mut other = std::process::Command::new("unshare")
+            .args(["--net", "sleep", "10"])
+            .spawn()
+            .expect("unshare --net sleep");
+        let path = format!("/proc/{}/ns/net", other.id());
+        let mut pod = None;
+        for _ in 0..100 {
+            match PodSockets::open(Path::new(&path)) {
+                Ok(sockets) => {
+                    pod = Some(sockets);
+                    break;
+                }
+                Err(_) => std::thread::sleep(std::time::Duration::from_millis(20)),
+            }
+        }
+        let pod = pod.expect("the namespace of unshare's sleep");
+        let theirs = std::fs::metadata(&path)
+            .expect("stat their namespace")
+            .ino();
+        let ours = std::fs::metadata("/proc/self/ns/net")
+            .expect("stat ours")
+            .ino();
+        for ipv6 in [false, true] {
+            let socket = pod.tcp_socket(ipv6).expect("a socket in their namespace");
+            // SIOCGSKNS: a descriptor of the namespace a socket belongs to.
+            // SAFETY: the ioctl takes no argument beyond the live socket descriptor.
+            let netns = unsafe { libc::ioctl(socket.as_raw_fd(), 0x894C) };
+            assert!(netns >= 0, "SIOCGSKNS: {}", std::io::Error::last_os_error());
+            // SAFETY: `netns` was just returned to us and is owned by nothing else.
+            let netns = unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(netns) };
+            let of_socket = File::from(netns).metadata().expect("fstat").ino();
+            assert_eq!(of_socket, theirs, "ipv6: {ipv6}");
+        }
+        // The calling thread never left the host's namespace.
+        let still = std::fs::metadata("/proc/thread-self/ns/net")
+            .expect("stat")
+            .ino();
+        assert_eq!(still, ours);
+        let _ = other.kill();
+        let _ = other.wait();
     }
 }

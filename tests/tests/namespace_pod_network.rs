@@ -7,101 +7,12 @@
 use std::io::{Read, Write};
 use std::net::{Ipv4Addr, TcpListener, TcpStream};
 use std::process::Command;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use api_types::CreateSandbox;
 use client::{ClientError, Endpoint};
+use harness::host_net::HostLinkedNamespace;
 use harness::{sh, TestDaemon};
-
-static NEXT: AtomicUsize = AtomicUsize::new(0);
-
-/// A named network namespace joined to the host by a veth pair (host side `.1`, namespace
-/// side `.2` of a /30), removed when dropped.
-struct HostLinkedNamespace {
-    name: String,
-    host_veth: String,
-    host_ip: Ipv4Addr,
-    inside_ip: Ipv4Addr,
-}
-
-fn ip(args: &[&str]) {
-    let out = Command::new("ip")
-        .args(args)
-        .output()
-        .expect("run ip (iproute2)");
-    assert!(
-        out.status.success(),
-        "ip {}: {}",
-        args.join(" "),
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
-impl HostLinkedNamespace {
-    fn new() -> Self {
-        let n = (std::process::id() as usize * 7 + NEXT.fetch_add(1, Ordering::Relaxed)) % 250;
-        let name = format!("crucible-t{}-{n}", std::process::id());
-        let (host_veth, inside_veth) = (
-            format!("cr{n}h{}", std::process::id() % 1000),
-            format!("cr{n}i"),
-        );
-        let (host_ip, inside_ip) = (
-            Ipv4Addr::new(10, 213, n as u8, 1),
-            Ipv4Addr::new(10, 213, n as u8, 2),
-        );
-        ip(&["netns", "add", &name]);
-        let made = HostLinkedNamespace {
-            name: name.clone(),
-            host_veth: host_veth.clone(),
-            host_ip,
-            inside_ip,
-        };
-        ip(&[
-            "link",
-            "add",
-            &host_veth,
-            "type",
-            "veth",
-            "peer",
-            "name",
-            &inside_veth,
-        ]);
-        ip(&["link", "set", &inside_veth, "netns", &name]);
-        ip(&["addr", "add", &format!("{host_ip}/30"), "dev", &host_veth]);
-        ip(&["link", "set", &host_veth, "up"]);
-        let inside = |args: &[&str]| {
-            let mut all = vec!["netns", "exec", name.as_str(), "ip"];
-            all.extend_from_slice(args);
-            ip(&all);
-        };
-        inside(&[
-            "addr",
-            "add",
-            &format!("{inside_ip}/30"),
-            "dev",
-            &inside_veth,
-        ]);
-        inside(&["link", "set", &inside_veth, "up"]);
-        inside(&["link", "set", "lo", "up"]);
-        made
-    }
-
-    fn path(&self) -> String {
-        format!("/run/netns/{}", self.name)
-    }
-}
-
-impl Drop for HostLinkedNamespace {
-    fn drop(&mut self) {
-        let _ = Command::new("ip")
-            .args(["link", "del", &self.host_veth])
-            .status();
-        let _ = Command::new("ip")
-            .args(["netns", "del", &self.name])
-            .status();
-    }
-}
 
 /// What a server at `address` sends, once something listens there (within 5 s).
 async fn read_once_listening(address: std::net::SocketAddr) -> String {

@@ -26,7 +26,7 @@ use api_types::{
 };
 use client::{ClientError, ExecEvent};
 use futures_util::{SinkExt, StreamExt};
-use harness::host_net::{random_bytes, read_head, HostServer};
+use harness::host_net::{random_bytes, read_head, HostLinkedNamespace, HostServer};
 use harness::process::{DaemonHome, DaemonProcess};
 use harness::TestDaemon;
 use nix::sys::signal::Signal;
@@ -54,6 +54,7 @@ macro_rules! microvm_suite {
             a_matching_create_is_served_from_the_warm_pool,
             a_vm_that_cannot_boot_fails_the_create_with_its_own_words,
             sandboxes_and_their_commands_survive_a_killed_daemon_and_an_upgrade_restart,
+            a_pods_connections_leave_from_its_network_namespace,
         );
     };
     // The attributes travel as one token tree, so that each case can repeat them.
@@ -1772,4 +1773,59 @@ pub(crate) async fn sandboxes_and_their_commands_survive_a_killed_daemon_and_an_
         .map(|d| d.flatten().map(|e| e.file_name()).collect())
         .unwrap_or_default();
     assert!(left.is_empty(), "left in the state directory: {left:?}");
+}
+
+/// A microVM in a Kubernetes pod (`network_namespace`, as the shim passes the one CNI made):
+/// its connections through the agent's proxy leave from that namespace, with the pod's address,
+/// to what the pod's network reaches, with no allowlist of the daemon's; the host's own
+/// loopback is not among it.
+pub(crate) async fn a_pods_connections_leave_from_its_network_namespace(hv: Hypervisor) {
+    let netns = HostLinkedNamespace::new();
+    let server = std::net::TcpListener::bind((netns.host_ip, 0)).expect("bind on the host's side");
+    let port = server.local_addr().expect("address").port();
+    std::thread::spawn(move || {
+        for mut stream in server.incoming().flatten() {
+            let _ = read_head(&mut stream);
+            let peer = stream
+                .peer_addr()
+                .map(|a| a.ip().to_string())
+                .unwrap_or_default();
+            let body = format!("hello {peer}\n");
+            let _ = stream.write_all(&harness::host_net::http_response(body.as_bytes()));
+        }
+    });
+    let on_host_loopback = HostServer::responding(|_| harness::host_net::http_response(b"host\n"));
+    // No `--egress-allow`: a pod's egress is its network's, not the operator's allowlist.
+    let daemon = microvm_daemon(hv, |_| {});
+    let c = daemon.client();
+    let id = c
+        .create(&CreateSandbox {
+            memory_mib: Some(128),
+            network_namespace: Some(netns.path()),
+            ..CreateSandbox::default()
+        })
+        .await
+        .expect("a microVM in a pod's network namespace boots")
+        .id;
+    let (out, err, code) = harness::sh(
+        &c,
+        &id,
+        &format!(
+            "wget -q -O - http://{}:{port}/file; \
+             wget -q -O - http://127.0.0.1:{}/ 2>&1 || echo host-loopback-unreached",
+            netns.host_ip, on_host_loopback.port
+        ),
+    )
+    .await;
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(
+        (lines.first().copied(), lines.last().copied()),
+        (
+            Some(format!("hello {}", netns.inside_ip).as_str()),
+            Some("host-loopback-unreached")
+        ),
+        "{out}{err} (exit {code})"
+    );
+    assert_eq!(on_host_loopback.connections(), 0);
+    c.delete(&id).await.expect("delete");
 }

@@ -2436,16 +2436,17 @@ export interface components {
             /** @description Egress through the daemon's proxy; absent: the sandbox reaches no network at all. */
             network?: components["schemas"]["NetworkRequest"] | (null);
             /**
-             * @description A network namespace on the host for the sandbox to join instead of having one of its
-             *     own: the path of a namespace file (a bind mount of `/proc/PID/ns/net`), such as the one
-             *     CNI configured for a Kubernetes pod. The sandbox uses its interfaces, addresses and
-             *     routes and can change none of them; ports below 1024 may be bound there. `"host"`: the
-             *     daemon's own network namespace (a Kubernetes `hostNetwork` pod): it listens and
+             * @description A network namespace on the host whose network the sandbox uses: the path of a
+             *     namespace file (a bind mount of `/proc/PID/ns/net`), such as the one CNI configured for
+             *     a Kubernetes pod. Its IPv4 addresses become the sandbox's (on an `eth0` linked to it),
+             *     it routes them to the sandbox, and the sandbox can change nothing of it; ports below
+             *     1024 may be bound. A microVM instead gets egress through its agent's proxy, each
+             *     connection opened from that namespace, with no allowlist. `"host"`: the daemon's own
+             *     network namespace (a Kubernetes `hostNetwork` pod; namespace backend): it listens and
              *     connects as a host process does, changes nothing of the host's network, may not bind
              *     ports below 1024 and takes no `net.*` sysctl (a `400`); the host's namespace named by
-             *     its file is refused. Namespace backend only, never with `network`; only the admin key
-             *     and the daemon's Unix socket may ask (`403` otherwise): the host's network, or a host
-             *     path, is theirs to give.
+             *     its file is refused. Never with `network`; only the admin key and the daemon's Unix
+             *     socket may ask (`403` otherwise): the host's network, or a host path, is theirs to give.
              */
             network_namespace?: string | null;
             /**
