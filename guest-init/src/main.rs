@@ -300,6 +300,57 @@ fn parse_args(argv: Vec<String>) -> Result<Option<Args>, String> {
     Ok(Some(args))
 }
 
+/// `sync-host-mounts SOCKET SUPERVISOR (SOURCE TARGET ro|rw)...`: the daemon's helper for a
+/// container with `HostToContainer` host paths (`namespace::propagation`), whose agent listens
+/// on SOCKET below the sandbox's SUPERVISOR; run single-threaded as the host's root before
+/// each connection to that agent.
+fn sync_host_mounts(args: &[String]) -> ExitCode {
+    type Parsed = (
+        std::path::PathBuf,
+        libc::pid_t,
+        Vec<namespace::propagation::FromHostPath>,
+    );
+    let parsed = (|| -> Result<Parsed, String> {
+        let [socket, supervisor, rest @ ..] = args else {
+            return Err("sync-host-mounts: expected SOCKET SUPERVISOR then triples".into());
+        };
+        let supervisor = supervisor
+            .parse()
+            .map_err(|_| format!("sync-host-mounts: {supervisor:?} is not a pid"))?;
+        if rest.is_empty() || rest.len() % 3 != 0 {
+            return Err("sync-host-mounts: expected SOURCE TARGET ro|rw triples".into());
+        }
+        let paths = rest
+            .chunks(3)
+            .map(|t| match t[2].as_str() {
+                "ro" | "rw" => Ok(namespace::propagation::FromHostPath {
+                    source: t[0].clone().into(),
+                    target: t[1].clone().into(),
+                    read_only: t[2] == "ro",
+                }),
+                other => Err(format!("sync-host-mounts: {other:?} is neither ro nor rw")),
+            })
+            .collect::<Result<_, _>>()?;
+        Ok((socket.into(), supervisor, paths))
+    })();
+    let (socket, supervisor, paths) = match parsed {
+        Ok(parsed) => parsed,
+        Err(e) => {
+            eprintln!("guest-init: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let synced = namespace::propagation::agent_of(&socket, supervisor)
+        .and_then(|pid| namespace::propagation::sync(pid, &paths));
+    match synced {
+        Ok(_) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("guest-init: sync-host-mounts: {}", report::chain(&e));
+            ExitCode::FAILURE
+        }
+    }
+}
+
 fn main() -> ExitCode {
     // First, before any thread or child exists (see the reaper module).
     reaper::block_sigchld();
@@ -318,6 +369,9 @@ fn main() -> ExitCode {
         )),
         _ => None,
     };
+    if argv.first().map(String::as_str) == Some("sync-host-mounts") {
+        return sync_host_mounts(&argv[1..]);
+    }
     if let Some((name, run)) = role {
         if let Err(e) = namespace::harden_pid1() {
             eprintln!("guest-init: the container's {name}: {}", report::chain(&e));

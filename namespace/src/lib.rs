@@ -40,6 +40,7 @@ mod path_rules;
 pub mod pod;
 pub mod pod_link;
 pub mod privileges;
+pub mod propagation;
 pub mod seccomp;
 pub mod seccomp_profile;
 mod spec;

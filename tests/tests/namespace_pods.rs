@@ -1592,20 +1592,35 @@ async fn host_paths_are_mounted_idmapped_as_asked_and_never_reach_back() {
         assert!(line.contains("nosuid") && line.contains("nodev"), "{line}");
     }
 
-    // The host mounts below it later: seen through the HostToContainer one, not the other
-    // (as the node made it, not idmapped: the tmpfs is world-readable).
+    // The host mounts below it later: seen through the HostToContainer one, not the other,
+    // idmapped as the host path is (a root-owned 0700 directory reads as the container
+    // root's, as critest's `rslave` spec checks); and gone again once the host unmounts it.
     shared.mount_below("later", "below");
-    let (out, _, _) = sh_in(
+    std::fs::set_permissions(
+        shared.path().join("later"),
+        std::os::unix::fs::PermissionsExt::from_mode(0o700),
+    )
+    .expect("chmod 0700 the host's later mount");
+    let (out, err, _) = sh_in(
         &c,
         &id,
         "job",
-        "cat /tmp/linked/cache/later/below; ls /cache/later | wc -l",
+        "cat /tmp/linked/cache/later/below; stat -c '%u %a' /tmp/linked/cache/later; \
+         ls /cache/later | wc -l",
     )
     .await;
     assert_eq!(
-        out, "later\n0\n",
-        "private keeps the host's later mounts out"
+        out, "later\n0 700\n0\n",
+        "the host's later mount, idmapped through HostToContainer alone: {err}"
     );
+    let host_mount = shared.mounted.pop().expect("the later mount");
+    let status = std::process::Command::new("umount")
+        .arg(&host_mount)
+        .status()
+        .expect("umount");
+    assert!(status.success());
+    let (out, err, _) = sh_in(&c, &id, "job", "ls /tmp/linked/cache/later | wc -l").await;
+    assert_eq!(out, "0\n", "the host's unmount is carried too: {err}");
     // Nothing the container does mounts on the host: mounting is refused inside.
     let (_, _, code) = sh_in(&c, &id, "job", "mount -t tmpfs none /cache/later").await;
     assert_ne!(code, 0, "a container mounted");

@@ -452,6 +452,8 @@ impl NamespaceBackend {
             log_path,
             egress_task,
             record,
+            agent: self.image.agent(),
+            from_host_paths: std::sync::Mutex::default(),
         })
     }
 
@@ -540,6 +542,8 @@ impl NamespaceBackend {
             log_path,
             egress_task,
             record: Some(record.clone()),
+            agent: self.image.agent(),
+            from_host_paths: std::sync::Mutex::default(),
         })
     }
 }
@@ -727,9 +731,65 @@ pub(crate) struct NamespaceInstance {
     egress_task: Option<tokio::task::JoinHandle<()>>,
     /// What a restarted daemon needs to take it back.
     record: Option<crate::restore::InstanceRecord>,
+    /// The agent binary, which also carries the host's later mounts into a container
+    /// (`sync-host-mounts`).
+    agent: PathBuf,
+    /// The `HostToContainer` host paths of its containers, by index: carried in again before
+    /// each connection to the container's agent (`namespace::propagation`).
+    from_host_paths: std::sync::Mutex<BTreeMap<usize, Vec<namespace::HostPathMount>>>,
 }
 
+/// How long carrying the host's later mounts into a container may take.
+const CARRY_MOUNTS_TIMEOUT: Duration = Duration::from_secs(10);
+
 impl NamespaceInstance {
+    /// Carries the host's mounts made below the container's `HostToContainer` host paths
+    /// since they were mounted into it, idmapped (`namespace::propagation`), through the
+    /// agent binary's single-threaded `sync-host-mounts` (entering a mount namespace takes
+    /// one thread). `socket` is the container's agent's.
+    async fn carry_host_mounts(
+        &self,
+        socket: &Path,
+        paths: &[namespace::HostPathMount],
+    ) -> io::Result<()> {
+        let supervisor = self
+            .record
+            .as_ref()
+            .map(|r| r.supervisor_pid)
+            .ok_or_else(|| {
+                io::Error::other("the daemon has no record of the sandbox's supervisor")
+            })?;
+        let mut command = tokio::process::Command::new(&self.agent);
+        command
+            .arg("sync-host-mounts")
+            .arg(socket)
+            .arg(supervisor.to_string());
+        for path in paths {
+            command
+                .arg(&path.source)
+                .arg(&path.target)
+                .arg(if path.read_only { "ro" } else { "rw" });
+        }
+        command
+            .kill_on_drop(true)
+            .stdin(std::process::Stdio::null());
+        let out = tokio::time::timeout(CARRY_MOUNTS_TIMEOUT, command.output())
+            .await
+            .map_err(|_| {
+                io::Error::other(format!(
+                    "carrying the host's later mounts into the container took over {} s",
+                    CARRY_MOUNTS_TIMEOUT.as_secs()
+                ))
+            })??;
+        if !out.status.success() {
+            return Err(io::Error::other(format!(
+                "carrying the host's later mounts into the container: {}",
+                String::from_utf8_lossy(&out.stderr).trim()
+            )));
+        }
+        Ok(())
+    }
+
     /// Whether its PID 1's mount table (the kernel's) has the filesystem of `device`
     /// (`major:minor`) mounted at `target`.
     fn check_mount(&self, device: &str, target: &str) -> Result<(), String> {
@@ -810,13 +870,22 @@ impl Instance for NamespaceInstance {
                 .unwrap_or_else(|p| p.into_inner())
                 .get(&index)
                 .cloned();
-            match socket {
-                Some(socket) => super::connect_unix(&socket).await,
-                None => Err(io::Error::new(
+            let Some(socket) = socket else {
+                return Err(io::Error::new(
                     io::ErrorKind::NotFound,
                     format!("the sandbox has no container {index}"),
-                )),
+                ));
+            };
+            let from_host = self
+                .from_host_paths
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .get(&index)
+                .cloned();
+            if let Some(paths) = from_host {
+                self.carry_host_mounts(&socket, &paths).await?;
             }
+            super::connect_unix(&socket).await
         })
     }
 
@@ -856,6 +925,11 @@ impl Instance for NamespaceInstance {
             };
             let rootfs = root.rootfs.clone();
             let made = socket.clone();
+            let from_host: Vec<_> = host_paths
+                .iter()
+                .filter(|h| h.propagation == namespace::Propagation::FromHost)
+                .cloned()
+                .collect();
             let host_paths = host_paths.to_vec();
             // Mounts, binds and a blocking exchange with the agent: off the runtime's threads.
             tokio::task::spawn_blocking(move || {
@@ -871,6 +945,12 @@ impl Instance for NamespaceInstance {
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
                 .insert(index, socket);
+            if !from_host.is_empty() {
+                self.from_host_paths
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .insert(index, from_host);
+            }
             Ok(())
         })
     }
@@ -879,6 +959,10 @@ impl Instance for NamespaceInstance {
         Box::pin(async move {
             let socket = self
                 .container_sockets
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .remove(&index);
+            self.from_host_paths
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
                 .remove(&index);
