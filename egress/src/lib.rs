@@ -65,18 +65,7 @@ impl engine::egress::EgressProxy for Proxy {
             }
             e => EgressRefused::Forbidden(e.to_string()),
         })?;
-        let policy = Arc::new(policy);
-        let resolver = self.resolver.clone();
-        Ok(Box::new(move |sandbox_id, counters| {
-            let context = Arc::new(EgressContext {
-                sandbox_id: sandbox_id.to_string(),
-                policy,
-                counters,
-                resolver,
-                pod: None,
-            });
-            sink(context, MAX_CONNECTIONS_PER_SANDBOX)
-        }))
+        Ok(self.plan_with(Arc::new(policy), None))
     }
 
     fn plan_in_pod(&self, pod: Arc<PodSockets>) -> Result<EgressPlan, EgressRefused> {
@@ -85,16 +74,23 @@ impl engine::egress::EgressProxy for Proxy {
             EgressPolicy::new(&[], &self.operator)
                 .map_err(|e| EgressRefused::Invalid(report::chain(&e)))?,
         );
+        Ok(self.plan_with(policy, Some(pod)))
+    }
+}
+
+impl Proxy {
+    /// The plan making a sandbox's sink: its connections under `policy`, or from `pod`.
+    fn plan_with(&self, policy: Arc<EgressPolicy>, pod: Option<Arc<PodSockets>>) -> EgressPlan {
         let resolver = self.resolver.clone();
-        Ok(Box::new(move |sandbox_id, counters| {
+        Box::new(move |sandbox_id, counters| {
             let context = Arc::new(EgressContext {
                 sandbox_id: sandbox_id.to_string(),
                 policy,
                 counters,
                 resolver,
-                pod: Some(pod),
+                pod,
             });
             sink(context, MAX_CONNECTIONS_PER_SANDBOX)
-        }))
+        })
     }
 }

@@ -89,10 +89,17 @@ pub fn sync(container: libc::pid_t, paths: &[FromHostPath]) -> Result<usize, Sys
     let host = read_table("/proc/self/mountinfo")?;
     let mut wanted = Vec::new();
     for path in paths {
-        let source = path
-            .source
-            .canonicalize()
-            .map_err(|e| SysError::io(format!("resolve {}", path.source.display()), e))?;
+        let source = match path.source.canonicalize() {
+            Ok(source) => source,
+            // Removed from the host since: nothing is mounted below it any more.
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+            Err(e) => {
+                return Err(SysError::io(
+                    format!("resolve {}", path.source.display()),
+                    e,
+                ))
+            }
+        };
         for rel in below(&host, &source) {
             let at = source.join(&rel);
             let what = format!("the host's mount {}", at.display());

@@ -714,11 +714,7 @@ async fn pods_on_a_cni_network_reach_the_node_and_each_other() {
 
 async fn pods_on_a_cni_network() {
     let daemon = TestDaemon::start();
-    let network = CniBridge::new();
-    let containerd = Containerd::start_cri_on(&daemon, &network);
-    let mut cri = cri(&containerd).await;
-    let logs = containerd.dir.path().join("pod-logs");
-    std::fs::create_dir_all(&logs).expect("mkdir logs");
+    let (network, containerd, mut cri, logs) = on_a_cni_network(&daemon).await;
 
     let (web, _, web_ip) = pod_running(
         &mut cri,
@@ -801,7 +797,97 @@ async fn pods_on_a_cni_network() {
         "{}",
         text(&out.stdout)
     );
-    for pod in [web, client_pod] {
+    stop_and_remove(&mut cri, [web, client_pod]).await;
+}
+
+/// A microVM pod (QEMU TCG) on a CNI network: its container fetches a file from a server on
+/// the node's side of the bridge through the agent's proxy, and the server sees the pod's IP,
+/// since the daemon opens the connection in the pod's network namespace.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_microvm_pod_on_a_cni_network_fetches_from_the_node_as_its_pod_ip() {
+    tokio::time::timeout(Duration::from_secs(300), microvm_pod_on_a_cni_network())
+        .await
+        .expect("the pod finished within 5 minutes");
+}
+
+async fn microvm_pod_on_a_cni_network() {
+    let daemon = TestDaemon::start_qemu_tcg(|_| {});
+    let (network, containerd, mut cri, logs) = on_a_cni_network(&daemon).await;
+    let (pod, job, pod_ip) = pod_running(
+        &mut cri,
+        &containerd,
+        networked_pod("vm-job", "c0ffee00-0000-4000-8000-0000000000b1", &logs),
+        "sleep 3600",
+        None,
+    )
+    .await;
+    assert!(pod_ip.starts_with("10.215."), "the pod's IP: {pod_ip:?}");
+    let node = std::net::TcpListener::bind((network.gateway, 0)).expect("bind on the bridge");
+    let node_port = node.local_addr().expect("address").port();
+    std::thread::spawn(move || {
+        use std::io::{Read, Write};
+        for mut stream in node.incoming().flatten() {
+            let mut head = [0u8; 1024];
+            let _ = stream.read(&mut head);
+            let peer = stream
+                .peer_addr()
+                .map(|a| a.ip().to_string())
+                .unwrap_or_default();
+            let body = format!("hello {peer}\n");
+            let _ = write!(
+                stream,
+                "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                body.len()
+            );
+        }
+    });
+    let out = cri
+        .exec_sync(ExecSyncRequest {
+            container_id: job,
+            cmd: vec![
+                "/bin/sh".into(),
+                "-c".into(),
+                format!("wget -q -O - http://{}:{node_port}/file", network.gateway),
+            ],
+            timeout: 60,
+        })
+        .await
+        .expect("ExecSync")
+        .into_inner();
+    assert_eq!(
+        text(&out.stdout),
+        format!("hello {pod_ip}\n"),
+        "{}\n{}",
+        text(&out.stderr),
+        containerd.log()
+    );
+    stop_and_remove(&mut cri, [pod]).await;
+}
+
+/// A CNI `bridge` network of the test's own, a containerd using it with `daemon`, a CRI
+/// client, and the pods' log directory.
+async fn on_a_cni_network(
+    daemon: &TestDaemon,
+) -> (
+    CniBridge,
+    Containerd,
+    RuntimeServiceClient<Channel>,
+    std::path::PathBuf,
+) {
+    let network = CniBridge::new();
+    let containerd = Containerd::start_cri_on(daemon, &network);
+    let cri = cri(&containerd).await;
+    let logs = containerd.dir.path().join("pod-logs");
+    std::fs::create_dir_all(&logs).expect("mkdir logs");
+    (network, containerd, cri, logs)
+}
+
+/// Stops and removes each of `pods`, as kubelet does when they are deleted.
+async fn stop_and_remove(
+    cri: &mut RuntimeServiceClient<Channel>,
+    pods: impl IntoIterator<Item = String>,
+) {
+    for pod in pods {
         cri.stop_pod_sandbox(StopPodSandboxRequest {
             pod_sandbox_id: pod.clone(),
         })

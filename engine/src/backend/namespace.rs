@@ -883,7 +883,11 @@ impl Instance for NamespaceInstance {
                 .get(&index)
                 .cloned();
             if let Some(paths) = from_host {
-                self.carry_host_mounts(&socket, &paths).await?;
+                // Never in the way of the container's agent (a stop, a kill): the command
+                // then sees the host's later mounts as the kernel propagated them.
+                if let Err(e) = self.carry_host_mounts(&socket, &paths).await {
+                    tracing::warn!(container = index, "{e}");
+                }
             }
             super::connect_unix(&socket).await
         })

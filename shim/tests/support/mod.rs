@@ -52,9 +52,12 @@ pub(crate) struct CniBridge {
 
 impl CniBridge {
     pub(crate) fn new() -> Self {
-        let n = (std::process::id() % 200) as u8 + 20;
+        // Each of a test binary's bridges its own name and subnet: tests run at once.
+        static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let k = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let n = ((std::process::id() * 7 + k) % 200) as u8 + 20;
         CniBridge {
-            bridge: format!("crbr{}", std::process::id() % 100_000),
+            bridge: format!("crbr{}x{k}", std::process::id() % 100_000),
             subnet: format!("10.215.{n}.0/24"),
             gateway: std::net::Ipv4Addr::new(10, 215, n, 1),
         }
