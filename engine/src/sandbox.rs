@@ -239,6 +239,9 @@ impl ExecAccounts {
 pub(crate) struct SandboxNetwork {
     /// Its allowlist as asked for.
     pub(crate) allow: Vec<String>,
+    /// Whether its connections leave from a pod's network namespace, with no allowlist (a
+    /// microVM given `network_namespace`).
+    pub(crate) in_pod: bool,
     /// Its proxy's counters.
     pub(crate) counters: Arc<crate::egress::EgressCounters>,
 }
@@ -828,6 +831,11 @@ impl Sandbox {
         // Its containers' life is the daemon's (their main processes, logs and restarts):
         // a restarted daemon could not take it over.
         if self.had_containers.load(Ordering::Acquire) {
+            return None;
+        }
+        // Its egress leaves from a pod's network namespace, which a restarted daemon could
+        // not open again for it (the namespace's file may be gone or reused by then).
+        if self.settings.network.as_ref().is_some_and(|n| n.in_pod) {
             return None;
         }
         let instance = self.instance.record()?;

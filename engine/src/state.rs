@@ -311,6 +311,7 @@ impl Engine {
             hostname: record.hostname,
             network: network.map(|(counters, _)| SandboxNetwork {
                 allow: record.network,
+                in_pod: false,
                 counters,
             }),
             image_defaults: record.defaults.map(Arc::new),
@@ -912,8 +913,10 @@ impl Engine {
             }
         })?;
         settings.env = spec_env;
+        let in_pod = request.network.is_none() && request.network_namespace.is_some();
         settings.network = network.map(|(counters, _)| SandboxNetwork {
             allow: request.network.map(|n| n.allow).unwrap_or_default(),
+            in_pod,
             counters,
         });
         let containers = containers

@@ -1796,7 +1796,7 @@ pub(crate) async fn a_pods_connections_leave_from_its_network_namespace(hv: Hype
     });
     let on_host_loopback = HostServer::responding(|_| harness::host_net::http_response(b"host\n"));
     // No `--egress-allow`: a pod's egress is its network's, not the operator's allowlist.
-    let daemon = microvm_daemon(hv, |_| {});
+    let daemon = microvm_daemon(hv, |c| c.engine.live_restore = true);
     let c = daemon.client();
     let id = c
         .create(&CreateSandbox {
@@ -1827,5 +1827,21 @@ pub(crate) async fn a_pods_connections_leave_from_its_network_namespace(hv: Hype
         "{out}{err} (exit {code})"
     );
     assert_eq!(on_host_loopback.connections(), 0);
-    c.delete(&id).await.expect("delete");
+    // A restarted daemon could not open the pod's namespace for it again: no record is kept
+    // (a plain sandbox beside it has one).
+    let plain = c
+        .create(&CreateSandbox {
+            memory_mib: Some(128),
+            ..CreateSandbox::default()
+        })
+        .await
+        .expect("a plain microVM")
+        .id;
+    let records = engine::restore::records_dir(&daemon.state.config.state_dir);
+    let recorded = |id: &str| records.join(format!("{id}.json")).exists();
+    assert!(recorded(&plain), "the plain sandbox's record");
+    assert!(!recorded(&id), "a pod-network sandbox has no record");
+    for id in [id, plain] {
+        c.delete(&id).await.expect("delete");
+    }
 }
