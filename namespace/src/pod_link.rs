@@ -222,7 +222,8 @@ impl Linker {
     /// Appends a rule to the `nat` table unless it is there (from an earlier sandbox of the pod).
     fn nat_rule(&self, rule: &[&str]) -> Result<(), PodLinkError> {
         let with = |verb: &'static str| {
-            let mut args = vec!["-w", "-t", "nat", verb];
+            // A bounded wait for the xtables lock: never a supervisor hung on another holder.
+            let mut args = vec!["-w", "5", "-t", "nat", verb];
             args.extend_from_slice(rule);
             args
         };
