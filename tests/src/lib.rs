@@ -96,6 +96,9 @@ impl TestDaemon {
             std::process::id(),
             NEXT.fetch_add(1, Ordering::Relaxed)
         );
+        // A cache's default size counts whole against a budget taken from the host's free
+        // disk: a small one keeps the tests from depending on how full the machine is.
+        config.engine.storage.default_cache_mib = 256;
         configure(&mut config);
         let daemon = BackgroundDaemon::start(config, None).expect("the daemon starts");
         TestDaemon {

@@ -120,6 +120,9 @@ def daemon(blob_server):
                  "--state-dir", os.path.join(tmp, "state"),
                  "--data-dir", os.path.join(tmp, "data"),
                  "--egress-allow", f"127.0.0.1:{blob_server}",
+                 # A cache's default size counts whole against a budget taken from the host's
+                 # free disk: a small one keeps the tests from depending on how full it is.
+                 "--cache-mib", "256",
                  "--cgroup-parent", f"crucible-pytest-{os.getpid()}"],
                 env=env, stdout=log, stderr=log)
         deadline = time.monotonic() + 20

@@ -97,6 +97,9 @@ export async function startDaemon(options: DaemonOptions = {}): Promise<Daemon> 
     "--data-dir", path.join(dir, "data"),
     "--egress-allow", `127.0.0.1:${blob.port}`,
     "--cgroup-parent", `crucible-nodetest-${process.pid}`,
+    // A cache's default size counts whole against a budget taken from the host's free disk:
+    // a small one keeps the tests from depending on how full the machine is.
+    "--cache-mib", "256",
     ...(options.args ?? []),
   ];
   const proc = spawn(binary, args, { env, stdio: ["ignore", "ignore", "pipe"] });
