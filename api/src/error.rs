@@ -217,6 +217,7 @@ impl From<CreateError> for ApiError {
                 "container_not_ready",
                 e.to_string(),
             ),
+            CreateError::PodNetwork { .. } => ApiError::internal(report::chain(&e)),
             CreateError::Failed {
                 source: BackendError::Exhausted(_),
                 ..

@@ -15,6 +15,7 @@ pub mod host;
 mod ids;
 mod metrics;
 pub mod owner;
+pub mod pod_inbound;
 pub mod pool;
 pub mod restore;
 pub mod sandbox;

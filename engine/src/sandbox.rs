@@ -306,6 +306,8 @@ pub struct Sandbox {
     limits: tokio::sync::Mutex<(u64, u32)>,
     /// The same, for readers that must not wait.
     limits_now: std::sync::Mutex<(u64, u32)>,
+    /// A microVM pod's inbound connections, closed before it is destroyed.
+    inbound: Mutex<Option<crate::pod_inbound::PodInbound>>,
 }
 
 impl std::fmt::Debug for Sandbox {
@@ -409,7 +411,13 @@ impl Sandbox {
             next_container: tokio::sync::Mutex::new(0),
             limits: tokio::sync::Mutex::new((settings_limits.0, settings_limits.1)),
             limits_now: std::sync::Mutex::new(settings_limits),
+            inbound: Mutex::new(None),
         }
+    }
+
+    /// Makes `inbound` its pod's inbound connections, closed when it is destroyed.
+    pub(crate) fn set_inbound(&self, inbound: crate::pod_inbound::PodInbound) {
+        *self.inbound.lock().unwrap_or_else(|p| p.into_inner()) = Some(inbound);
     }
 
     /// Its memory (MiB) and CPU limits now.
@@ -1316,6 +1324,14 @@ impl Registry {
             crate::restore::remove(dir, &sandbox.id);
         }
         let task = self.destroying.spawn(async move {
+            let inbound = sandbox
+                .inbound
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .take();
+            if let Some(inbound) = inbound {
+                inbound.close().await;
+            }
             sandbox.instance.destroy().await;
             // Its processes are gone: its caches' copies are saved or dropped (once the
             // kernel has dropped their mounts) and its layer goes.

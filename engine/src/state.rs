@@ -56,6 +56,16 @@ pub enum CreateError {
         /// Which container, why, and the end of its log.
         reason: String,
     },
+    /// A microVM pod's inbound connections could not be set up in its network namespace;
+    /// the sandbox was deleted again.
+    #[error("sandbox {id}: the pod's inbound connections")]
+    PodNetwork {
+        /// The id it had.
+        id: String,
+        /// What failed.
+        #[source]
+        source: crate::pod_inbound::InboundError,
+    },
     /// The backend failed to make it.
     #[error("creating sandbox {id}")]
     Failed {
@@ -763,7 +773,7 @@ impl Engine {
                 })?;
                 Some(plan)
             }
-            _ => match pod_sockets {
+            _ => match pod_sockets.clone() {
                 Some(pod) => Some(self.egress.plan_in_pod(pod).map_err(|e| match e {
                     EgressRefused::Invalid(why) => CreateError::Invalid(why),
                     EgressRefused::Forbidden(why) => CreateError::EgressForbidden(why),
@@ -929,6 +939,20 @@ impl Engine {
                 .with_containers(containers),
         );
         self.registry.insert(sandbox.clone(), reservation);
+        // A microVM pod is reached on its pod IP and through port-forward before its
+        // containers are (their readiness is the agent's to check).
+        if let Some(pod) = pod_sockets {
+            match crate::pod_inbound::PodInbound::start(pod, Arc::downgrade(&sandbox)).await {
+                Ok(inbound) => sandbox.set_inbound(inbound),
+                Err(e) => {
+                    self.registry.remove(&id).await;
+                    self.metrics
+                        .sandboxes_failed
+                        .fetch_add(1, Ordering::Relaxed);
+                    return Err(CreateError::PodNetwork { id, source: e });
+                }
+            }
+        }
         // Listed while its containers come up (it runs); gone again if one cannot.
         if let Err(reason) = crate::sandbox::containers::start_all(&sandbox).await {
             self.registry.remove(&id).await;

@@ -13,7 +13,6 @@
 use std::io;
 use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
 use std::os::fd::{AsFd, OwnedFd};
-use std::os::unix::net::UnixStream;
 use std::sync::{Condvar, Mutex};
 use std::time::Duration;
 
@@ -170,24 +169,5 @@ fn relay_over_vsock(client: TcpStream, port: u32) {
             return;
         }
     };
-    let (Ok(client_reader), Ok(host_writer)) = (client.try_clone(), host.try_clone()) else {
-        return;
-    };
-    let upstream = std::thread::Builder::new()
-        .name("egress-up".into())
-        .spawn(move || pump(client_reader, host_writer));
-    pump_down(host, client);
-    if let Ok(upstream) = upstream {
-        let _ = upstream.join();
-    }
-}
-
-fn pump(mut from: TcpStream, mut to: UnixStream) {
-    let _ = io::copy(&mut from, &mut to);
-    let _ = to.shutdown(std::net::Shutdown::Write);
-}
-
-fn pump_down(mut from: UnixStream, mut to: TcpStream) {
-    let _ = io::copy(&mut from, &mut to);
-    let _ = to.shutdown(std::net::Shutdown::Write);
+    crate::relay::both_ways(client, host, "egress");
 }

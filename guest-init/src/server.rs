@@ -600,6 +600,10 @@ pub fn handle(mut conn: UnixStream, agent: &Agent) {
             });
             let _ = wire::write_message(&mut conn, &AgentReply::Probed { open });
         }
+        AgentRequest::ConnectTcp {
+            port,
+            wildcard_only,
+        } => crate::inbound::connect_tcp(conn, port, wildcard_only),
         AgentRequest::EgressUplink => {
             let reply = match receive_uplink(&conn) {
                 Ok(()) => AgentReply::EgressUplinked,

@@ -39,6 +39,7 @@ pub mod netns;
 mod path_rules;
 pub mod pod;
 pub mod pod_link;
+pub mod pod_redirect;
 pub mod privileges;
 pub mod propagation;
 pub mod seccomp;

@@ -136,8 +136,42 @@ impl PodSockets {
 
     /// A new, unconnected TCP socket (IPv6 when `ipv6`) of the pod's namespace, non-blocking
     /// and close-on-exec. Made on a short-lived thread of its own, which alone enters the
-    /// namespace: the caller's threads never leave the host's.
+    /// namespace: the caller's threads never leave the host's. A socket stays in the namespace
+    /// it was made in: binding, listening and connecting it later need no thread.
     pub fn tcp_socket(&self, ipv6: bool) -> std::io::Result<OwnedFd> {
+        self.within(move || {
+            let domain = if ipv6 { libc::AF_INET6 } else { libc::AF_INET };
+            // SAFETY: socket takes three integers and returns a new descriptor or -1.
+            let fd = unsafe {
+                libc::socket(
+                    domain,
+                    libc::SOCK_STREAM | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
+                    0,
+                )
+            };
+            if fd < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            // SAFETY: `fd` was just returned by socket and is owned by nothing else.
+            Ok(unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) })
+        })
+    }
+
+    /// Runs `command` to its end in the pod's namespace (a child inherits the namespace of
+    /// the thread that starts it), from a short-lived thread as [`PodSockets::tcp_socket`];
+    /// its output.
+    pub fn run(
+        &self,
+        command: &mut std::process::Command,
+    ) -> std::io::Result<std::process::Output> {
+        self.within(|| command.output())
+    }
+
+    /// Calls `work` on a short-lived thread that first enters the pod's namespace.
+    fn within<T: Send>(
+        &self,
+        work: impl FnOnce() -> std::io::Result<T> + Send,
+    ) -> std::io::Result<T> {
         let netns = self.netns.as_raw_fd();
         std::thread::scope(|scope| {
             scope
@@ -147,23 +181,10 @@ impl PodSockets {
                     if unsafe { libc::setns(netns, libc::CLONE_NEWNET) } != 0 {
                         return Err(std::io::Error::last_os_error());
                     }
-                    let domain = if ipv6 { libc::AF_INET6 } else { libc::AF_INET };
-                    // SAFETY: socket takes three integers and returns a new descriptor or -1.
-                    let fd = unsafe {
-                        libc::socket(
-                            domain,
-                            libc::SOCK_STREAM | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
-                            0,
-                        )
-                    };
-                    if fd < 0 {
-                        return Err(std::io::Error::last_os_error());
-                    }
-                    // SAFETY: `fd` was just returned by socket and is owned by nothing else.
-                    Ok(unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) })
+                    work()
                 })
                 .join()
-                .unwrap_or_else(|_| Err(std::io::Error::other("the socket thread panicked")))
+                .unwrap_or_else(|_| Err(std::io::Error::other("the namespace thread panicked")))
         })
     }
 }

@@ -295,7 +295,7 @@ impl Linker {
     }
 }
 
-fn find_tool(program: &str) -> Option<PathBuf> {
+pub(crate) fn find_tool(program: &str) -> Option<PathBuf> {
     let path = std::env::var_os("PATH").unwrap_or_default();
     std::env::split_paths(&path)
         .chain(["/usr/sbin", "/sbin", "/usr/bin", "/bin"].map(PathBuf::from))

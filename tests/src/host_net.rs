@@ -178,6 +178,51 @@ impl HostLinkedNamespace {
     pub fn path(&self) -> String {
         format!("/run/netns/{}", self.name)
     }
+
+    /// The rules of the namespace's `nat` table (`iptables -S`).
+    pub fn nat_rules(&self) -> String {
+        let out = Command::new("ip")
+            .args([
+                "netns", "exec", &self.name, "iptables", "-w", "5", "-t", "nat", "-S",
+            ])
+            .output()
+            .expect("ip netns exec iptables");
+        assert!(out.status.success(), "{out:?}");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+}
+
+/// How long a test's `GET` may take (a microVM under QEMU TCG answers in seconds).
+const HTTP_GET_WITHIN: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// `GET /` on `to` from inside the network namespace at `path` (as containerd's port-forward
+/// dials): everything that came back, empty when the connection was closed unanswered.
+pub fn http_get_in(path: &str, to: std::net::SocketAddr) -> std::io::Result<String> {
+    let pod = namespace::netns::PodSockets::open(std::path::Path::new(path))
+        .map_err(std::io::Error::other)?;
+    let socket = socket2::Socket::from(pod.tcp_socket(false)?);
+    socket.set_nonblocking(false)?;
+    socket.connect_timeout(&to.into(), HTTP_GET_WITHIN)?;
+    http_get_on(TcpStream::from(socket))
+}
+
+/// `GET /` on `to` from the host: everything that came back, empty when the connection was
+/// closed unanswered.
+pub fn http_get(to: std::net::SocketAddr) -> std::io::Result<String> {
+    http_get_on(TcpStream::connect_timeout(&to, HTTP_GET_WITHIN)?)
+}
+
+fn http_get_on(mut stream: TcpStream) -> std::io::Result<String> {
+    stream.set_read_timeout(Some(HTTP_GET_WITHIN))?;
+    stream.write_all(b"GET / HTTP/1.0\r\nHost: pod\r\n\r\n")?;
+    let mut got = Vec::new();
+    match stream.read_to_end(&mut got) {
+        Ok(_) => {}
+        // Closed unanswered may come as a reset.
+        Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => {}
+        Err(e) => return Err(e),
+    }
+    Ok(String::from_utf8_lossy(&got).into_owned())
 }
 
 impl Drop for HostLinkedNamespace {

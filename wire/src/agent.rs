@@ -15,6 +15,9 @@
 //! - `execs`: [`AgentReply::Execs`], the commands that can be found by name.
 //! - `ping`: [`AgentReply::Pong`] with the agent's [`Hello`]. `shutdown`: `shutting_down`, then
 //!   the agent syncs and ends the VM.
+//! - `connect_tcp`: [`AgentReply::Connected`], then the connection carries the bytes of a TCP
+//!   connection to the sandbox's port both ways (each side's end of stream passed on as a
+//!   half-close); or `error`.
 //!
 //! Where the agent listens (its vsock ports, set on the kernel command line) is agreed at boot,
 //! not on a connection: see `contract::vsock` and `contract::cmdline`.
@@ -28,8 +31,8 @@ use crate::types::{ErrorBody, ExecList, ExecRequest, ExecStatus, FilesPutResult}
 /// fail one by one): 2 added `attach`, `execs`, `on_disconnect` and `tail_bytes`; 3 added
 /// `egress_uplink`; 4 added `probe_tcp` and `process_stats` (a sandbox's containers); 5 added
 /// `add_container`; 6 added a shared directory's `read_only`; 9 added `add_container`'s
-/// `security`.
-pub const PROTOCOL_VERSION: u32 = 10;
+/// `security`; 11 added `connect_tcp` (a microVM pod's inbound connections).
+pub const PROTOCOL_VERSION: u32 = 11;
 
 /// One request, the first message on a connection.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -110,6 +113,21 @@ pub enum AgentRequest {
     ProbeTcp {
         /// The TCP port.
         port: u16,
+    },
+    /// Connect to `port` on the sandbox's loopback (127.0.0.1, then ::1) and carry that
+    /// connection's bytes from here on: a microVM pod's inbound connection, which arrived at
+    /// the pod's network namespace on the host. Answered with `connected`, then raw bytes both
+    /// ways; or `error`: `not_found` (nothing listens there, or, with `wildcard_only`, only on
+    /// a loopback address), `permission_denied` (the agent's own egress proxy port, never
+    /// reachable from outside), `io_error`.
+    ConnectTcp {
+        /// The TCP port.
+        port: u16,
+        /// The connection came to the pod's address, not its loopback: only a listener on
+        /// every address (`0.0.0.0` or `::`) takes it, as a runc pod's loopback-only service
+        /// is not reached on its pod IP.
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        wildcard_only: bool,
     },
     /// A namespace sandbox's new egress uplink (a restarted daemon's, live restore): right
     /// after this message, in a message of its own, comes one byte carrying a connected Unix
@@ -253,6 +271,8 @@ pub enum AgentReply {
         /// Whether something accepted the connection.
         open: bool,
     },
+    /// The answer to `connect_tcp`: the sandbox's port accepted; raw bytes follow both ways.
+    Connected,
 }
 
 /// The output an agent keeps per command for a client that re-attaches, unless the host asks

@@ -1827,6 +1827,53 @@ pub(crate) async fn a_pods_connections_leave_from_its_network_namespace(hv: Hype
         "{out}{err} (exit {code})"
     );
     assert_eq!(on_host_loopback.connections(), 0);
+    // Inbound: a server on every address answers at the pod's IP, from the node; one on the
+    // loopback alone only through the pod's 127.0.0.1 (containerd's port-forward); the
+    // agent's egress proxy port at neither.
+    let (out, err, code) = harness::sh(
+        &c,
+        &id,
+        "mkdir -p /tmp/www && echo served-by-the-pod > /tmp/www/index.html && \
+         httpd -p 8080 -h /tmp/www && httpd -p 127.0.0.1:8081 -h /tmp/www && echo up",
+    )
+    .await;
+    assert_eq!((out.trim(), code), ("up", 0), "{out}{err}");
+    let inside_ip = netns.inside_ip;
+    let pod_ip = move |port: u16| std::net::SocketAddr::from((inside_ip, port));
+    let pod_loopback = |port: u16| std::net::SocketAddr::from(([127, 0, 0, 1], port));
+    let (everywhere, loopback_only, proxy) = (8080, 8081, contract::egress::PROXY_PORT);
+    let answered = tokio::task::spawn_blocking({
+        let netns_path = netns.path();
+        move || {
+            let inside = |to| harness::host_net::http_get_in(&netns_path, to);
+            [
+                harness::host_net::http_get(pod_ip(everywhere)),
+                harness::host_net::http_get(pod_ip(loopback_only)),
+                harness::host_net::http_get(pod_ip(proxy)),
+                inside(pod_loopback(everywhere)),
+                inside(pod_loopback(loopback_only)),
+                inside(pod_loopback(proxy)),
+            ]
+            .map(|got| {
+                got.map(|text| text.contains("served-by-the-pod"))
+                    .map_err(|e| e.to_string())
+            })
+        }
+    })
+    .await
+    .expect("join");
+    assert_eq!(
+        answered,
+        [
+            Ok(true),
+            Ok(false),
+            Ok(false),
+            Ok(true),
+            Ok(true),
+            Ok(false)
+        ],
+        "pod IP :8080, :8081, :3128; pod 127.0.0.1 :8080, :8081, :3128"
+    );
     // A restarted daemon could not open the pod's namespace for it again: no record is kept
     // (a plain sandbox beside it has one).
     let plain = c
@@ -1844,4 +1891,12 @@ pub(crate) async fn a_pods_connections_leave_from_its_network_namespace(hv: Hype
     for id in [id, plain] {
         c.delete(&id).await.expect("delete");
     }
+    // Its redirect left with it: the pod's port is closed again, as with nothing behind it.
+    let rules = netns.nat_rules();
+    assert!(!rules.contains("REDIRECT"), "{rules}");
+    let after =
+        tokio::task::spawn_blocking(move || harness::host_net::http_get(pod_ip(everywhere)))
+            .await
+            .expect("join");
+    assert!(after.is_err(), "{after:?}");
 }
