@@ -802,7 +802,9 @@ async fn pods_on_a_cni_network() {
 
 /// A microVM pod (QEMU TCG) on a CNI network: its container fetches a file from a server on
 /// the node's side of the bridge through the agent's proxy, and the server sees the pod's IP,
-/// since the daemon opens the connection in the pod's network namespace.
+/// since the daemon opens the connection in the pod's network namespace; and the node reaches
+/// the container's server at the pod's IP (the daemon's redirect in that namespace, the
+/// agent's `connect_tcp` in the VM).
 #[tokio::test(flavor = "multi_thread")]
 async fn a_microvm_pod_on_a_cni_network_fetches_from_the_node_as_its_pod_ip() {
     tokio::time::timeout(Duration::from_secs(300), microvm_pod_on_a_cni_network())
@@ -817,7 +819,7 @@ async fn microvm_pod_on_a_cni_network() {
         &mut cri,
         &containerd,
         networked_pod("vm-job", "c0ffee00-0000-4000-8000-0000000000b1", &logs),
-        "sleep 3600",
+        "while true; do echo hello-from-the-vm | nc -l -p 80; done",
         None,
     )
     .await;
@@ -859,6 +861,37 @@ async fn microvm_pod_on_a_cni_network() {
         format!("hello {pod_ip}\n"),
         "{}\n{}",
         text(&out.stderr),
+        containerd.log()
+    );
+    let pod_addr: std::net::IpAddr = pod_ip.parse().expect("the pod's IP");
+    let answered = tokio::task::spawn_blocking(move || {
+        use std::io::Read;
+        // Until its `nc` listens (the container's command, started with the pod).
+        let mut last = String::new();
+        for _ in 0..60 {
+            let got = std::net::TcpStream::connect_timeout(
+                &(pod_addr, 80).into(),
+                Duration::from_secs(10),
+            )
+            .and_then(|mut stream| {
+                stream.set_read_timeout(Some(Duration::from_secs(30)))?;
+                let mut text = String::new();
+                stream.read_to_string(&mut text).map(|_| text)
+            });
+            match got {
+                Ok(text) if text.contains("hello-from-the-vm") => return Ok(text),
+                Ok(text) => last = format!("answered {text:?}"),
+                Err(e) => last = e.to_string(),
+            }
+            std::thread::sleep(Duration::from_millis(500));
+        }
+        Err(last)
+    })
+    .await
+    .expect("join");
+    assert!(
+        answered.is_ok(),
+        "the node reaching {pod_ip}:80: {answered:?}\n{}",
         containerd.log()
     );
     stop_and_remove(&mut cri, [pod]).await;
