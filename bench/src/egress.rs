@@ -2,8 +2,8 @@
 //! through a `CONNECT` tunnel, and the time per small request, each taken by the same client
 //! binary (the image's static busybox `wget` and `nc`) run by the same shell script twice: on
 //! the host straight to the target, and inside a namespace sandbox with network allowed,
-//! through `HTTP_PROXY` (the agent hands each connection to the daemon, which connects out and
-//! relays). The target is a [`BlobServer`] on the host's 127.0.0.1, named by the operator's
+//! through `HTTP_PROXY` (the daemon accepts each connection on the proxy's listening socket,
+//! which the agent handed it, then connects out and relays). The target is a [`BlobServer`] on the host's 127.0.0.1, named by the operator's
 //! rules. Not gated: see [`rows`].
 
 use std::fmt::Display;
@@ -327,8 +327,8 @@ pub(crate) async fn measure(plan: &Plan, image: &Path) -> Result<Vec<Measurement
         "in a namespace sandbox created with `network.allow: [\"127.0.0.1:PORT\"]` (and the \
          operator's rule naming it), the server on the host's 127.0.0.1:PORT; {timing}"
     );
-    let relayed = "the agent hands each connection to the daemon, which checks, connects and \
-                   relays";
+    let relayed = "the daemon accepts each connection on the proxy's listening socket (the agent \
+                   handed it over once), checks, connects and relays";
     let on_host = format!(
         "run by the image's busybox `sh` on the host with only its applet links on `PATH` and \
          no proxy settings; {timing}"
@@ -400,8 +400,8 @@ pub(crate) async fn measure(plan: &Plan, image: &Path) -> Result<Vec<Measurement
             Unit::Ms,
             &added,
             "the two rows above paired run by run: (proxied − direct) / the requests. The \
-             agent's handoff, the daemon's parse, policy check and connect, and the relay's \
-             extra hop, plus whatever the sandbox adds to a connection's syscalls (seccomp)",
+             daemon's accept, parse, policy check and connect, and the relay's extra hop, \
+             plus whatever the sandbox adds to a connection's syscalls (seccomp)",
         ),
         Measurement::scalar(
             "egress_named_request",

@@ -3,17 +3,20 @@
 //! may reach. The agent parses nothing and decides nothing: a command that talks to the uplink
 //! directly gets exactly what it would get through here.
 //!
-//! In a namespace sandbox the accepted socket itself is handed to the daemon over a Unix
-//! socket with `SCM_RIGHTS`, so its bytes never pass through the agent. That socket is the
-//! daemon's: when the daemon goes (a restart under live restore), connections wait, accepted
-//! or in the listen backlog, until the next daemon hands the agent a new one
-//! (`egress_uplink`, [`replace_uplink`]). In a microVM each connection is relayed over a
-//! vsock connection to the host, which the next daemon answers as the last did.
+//! In a namespace sandbox the proxy's listening socket itself is handed to the daemon, once,
+//! over a Unix socket with `SCM_RIGHTS`: the daemon accepts each connection on it, so no
+//! connection passes through the agent at all (neither its bytes nor its descriptor). The
+//! agent keeps its own copy of the listening socket and the uplink open: the daemon serves the
+//! proxy for as long as the uplink stays open (until the sandbox ends). When the daemon goes
+//! (a restart under live restore), connections wait in the listen backlog until the next
+//! daemon gets the listening socket over a new uplink (`egress_uplink`, [`replace_uplink`]).
+//! In a microVM each connection is relayed over a vsock connection to the host, which the next
+//! daemon answers as the last did.
 
 use std::io;
 use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
 use std::os::fd::{AsFd, OwnedFd};
-use std::sync::{Condvar, Mutex};
+use std::sync::Mutex;
 use std::time::Duration;
 
 use crate::log;
@@ -21,7 +24,8 @@ use crate::log;
 /// Where proxied connections go.
 #[derive(Debug)]
 pub enum Uplink {
-    /// A Unix socket to the daemon that takes each connection as a descriptor.
+    /// A Unix socket to the daemon, which is handed the proxy's listening socket and accepts
+    /// its connections itself.
     Descriptors(OwnedFd),
     /// The host's vsock port, one connection per proxied connection.
     Vsock(u32),
@@ -42,13 +46,21 @@ pub enum EgressError {
     /// The serving thread could not start.
     #[error("start the egress proxy thread")]
     Thread(#[source] io::Error),
+    /// The listening socket could not be handed to the daemon.
+    #[error("hand the egress proxy's listening socket to the daemon")]
+    HandOver(#[source] io::Error),
 }
 
-/// A namespace sandbox's uplink to the daemon, when its proxy hands descriptors over: `None`
-/// between a daemon's end and the next one's hand-over.
-static DESCRIPTOR_UPLINK: Mutex<Option<Option<OwnedFd>>> = Mutex::new(None);
-/// Wakes the proxy thread waiting for an uplink.
-static UPLINK_REPLACED: Condvar = Condvar::new();
+/// A namespace sandbox's proxy: its listening socket (for the next daemon's uplink) and the
+/// uplink in use (held open: the daemon serves the proxy while it is).
+struct HandedOver {
+    listener: OwnedFd,
+    _uplink: OwnedFd,
+}
+
+/// The proxy whose listening socket the daemon accepts on; `None` without one (no egress, or
+/// a microVM's).
+static HANDED_OVER: Mutex<Option<HandedOver>> = Mutex::new(None);
 
 /// Why a new uplink was refused.
 #[derive(Debug, thiserror::Error)]
@@ -56,82 +68,54 @@ pub enum UplinkError {
     /// This agent's proxy hands no descriptors over (no egress, or a microVM's).
     #[error("this sandbox has no egress proxy that hands connections to the daemon")]
     NoProxy,
+    /// The listening socket could not be sent over the new uplink.
+    #[error("sending the proxy's listening socket")]
+    Send(#[source] io::Error),
 }
 
-/// Makes `uplink` (a connected Unix stream socket to the daemon) the one the proxy hands its
-/// connections over from now on; connections waiting for an uplink go to it.
+/// Hands the proxy's listening socket to the daemon at the other end of `uplink` (a connected
+/// Unix stream socket), which accepts its connections from now on; connections waiting in the
+/// backlog since the last daemon went are its first.
 pub fn replace_uplink(uplink: OwnedFd) -> Result<(), UplinkError> {
-    let mut slot = DESCRIPTOR_UPLINK.lock().unwrap_or_else(|p| p.into_inner());
-    let Some(current) = slot.as_mut() else {
+    let mut slot = HANDED_OVER.lock().unwrap_or_else(|p| p.into_inner());
+    let Some(proxy) = slot.as_mut() else {
         return Err(UplinkError::NoProxy);
     };
-    *current = Some(uplink);
-    UPLINK_REPLACED.notify_all();
+    namespace::send_stream(uplink.as_fd(), &proxy.listener).map_err(UplinkError::Send)?;
+    proxy._uplink = uplink;
     Ok(())
 }
 
-/// How long a connection waits for a daemon's uplink (a restart takes a second or two); past
-/// it the connection is closed, as it was refused before the daemon could come back.
-const UPLINK_WAIT: Duration = Duration::from_secs(30);
-
-/// Hands `client` to the daemon over the current uplink, waiting for one while there is none
-/// (a daemon gone), for up to [`UPLINK_WAIT`]; a send that fails means the daemon is gone, and
-/// `client` waits for the next one rather than being dropped at once.
-fn hand_over(client: &OwnedFd) {
-    let deadline = std::time::Instant::now() + UPLINK_WAIT;
-    let mut slot = DESCRIPTOR_UPLINK.lock().unwrap_or_else(|p| p.into_inner());
-    loop {
-        match slot.as_mut() {
-            Some(Some(daemon)) => match namespace::send_stream(daemon.as_fd(), client) {
-                Ok(()) => return,
-                Err(e) => {
-                    log::info(format_args!(
-                        "egress: handing a connection to the daemon: {e}; waiting for its \
-                         next uplink"
-                    ));
-                    *slot = Some(None);
-                }
-            },
-            _ => {
-                let left = deadline.saturating_duration_since(std::time::Instant::now());
-                if left.is_zero() {
-                    log::info(format_args!(
-                        "egress: no daemon took the connection within {UPLINK_WAIT:?}; closing it"
-                    ));
-                    return;
-                }
-                slot = UPLINK_REPLACED
-                    .wait_timeout(slot, left)
-                    .map(|(slot, _)| slot)
-                    .unwrap_or_else(|p| p.into_inner().0);
-            }
-        }
-    }
-}
-
-/// Listens on the proxy address and serves it from a thread of its own. Called before any
-/// command runs, so no command can take the address first.
+/// Listens on the proxy address and serves it: in a microVM from a thread of its own, in a
+/// namespace sandbox by handing the listening socket to the daemon. Called before any command
+/// runs, so no command can take the address first.
 pub fn start(uplink: Uplink) -> Result<(), EgressError> {
     let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, contract::egress::PROXY_PORT));
     let listener =
         TcpListener::bind(addr).map_err(|source| EgressError::Listen { addr, source })?;
-    let port = match uplink {
+    match uplink {
         Uplink::Descriptors(daemon) => {
-            *DESCRIPTOR_UPLINK.lock().unwrap_or_else(|p| p.into_inner()) = Some(Some(daemon));
-            None
+            let listener = OwnedFd::from(listener);
+            namespace::send_stream(daemon.as_fd(), &listener).map_err(EgressError::HandOver)?;
+            *HANDED_OVER.lock().unwrap_or_else(|p| p.into_inner()) = Some(HandedOver {
+                listener,
+                _uplink: daemon,
+            });
+            Ok(())
         }
-        Uplink::Vsock(port) => Some(port),
-    };
-    std::thread::Builder::new()
-        .name("egress".into())
-        .spawn(move || serve(listener, port))
-        .map_err(EgressError::Thread)?;
-    Ok(())
+        Uplink::Vsock(port) => {
+            std::thread::Builder::new()
+                .name("egress".into())
+                .spawn(move || serve(listener, port))
+                .map_err(EgressError::Thread)?;
+            Ok(())
+        }
+    }
 }
 
-/// Serves the proxy: each connection to the daemon's host `port` over vsock, or without one
-/// over the descriptor uplink.
-fn serve(listener: TcpListener, port: Option<u32>) {
+/// Serves the proxy in a microVM: each connection relayed over a vsock connection of its own
+/// to the daemon's host `port`.
+fn serve(listener: TcpListener, port: u32) {
     loop {
         let client = match listener.accept() {
             Ok((client, _)) => client,
@@ -143,16 +127,11 @@ fn serve(listener: TcpListener, port: Option<u32>) {
                 continue;
             }
         };
-        match port {
-            None => hand_over(&OwnedFd::from(client)),
-            Some(port) => {
-                let spawned = std::thread::Builder::new()
-                    .name("egress-relay".into())
-                    .spawn(move || relay_over_vsock(client, port));
-                if let Err(e) = spawned {
-                    log::info(format_args!("egress: starting a relay: {e}"));
-                }
-            }
+        let spawned = std::thread::Builder::new()
+            .name("egress-relay".into())
+            .spawn(move || relay_over_vsock(client, port));
+        if let Err(e) = spawned {
+            log::info(format_args!("egress: starting a relay: {e}"));
         }
     }
 }

@@ -31,7 +31,8 @@ use crate::types::{ErrorBody, ExecList, ExecRequest, ExecStatus, FilesPutResult}
 /// fail one by one): 2 added `attach`, `execs`, `on_disconnect` and `tail_bytes`; 3 added
 /// `egress_uplink`; 4 added `probe_tcp` and `process_stats` (a sandbox's containers); 5 added
 /// `add_container`; 6 added a shared directory's `read_only`; 9 added `add_container`'s
-/// `security`; 11 added `connect_tcp` (a microVM pod's inbound connections).
+/// `security`; 11 added `connect_tcp` (a microVM pod's inbound connections), and a namespace
+/// agent hands over its egress proxy's listening socket instead of each connection.
 pub const PROTOCOL_VERSION: u32 = 11;
 
 /// One request, the first message on a connection.
@@ -131,8 +132,9 @@ pub enum AgentRequest {
     },
     /// A namespace sandbox's new egress uplink (a restarted daemon's, live restore): right
     /// after this message, in a message of its own, comes one byte carrying a connected Unix
-    /// stream socket (`SCM_RIGHTS`); the agent hands its proxy's connections over it from then
-    /// on, instead of over the one it connected before entering (whose daemon is gone).
+    /// stream socket (`SCM_RIGHTS`); the agent sends its proxy's listening socket over it and
+    /// holds it open instead of the one it connected before entering (whose daemon is gone):
+    /// the new daemon accepts the proxy's connections from then on.
     /// Answered with `egress_uplinked`, or `error` when the sandbox has no such proxy.
     EgressUplink,
     /// A new container in a running sandbox. In a namespace sandbox its container factory

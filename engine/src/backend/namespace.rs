@@ -553,8 +553,8 @@ const UPLINK_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Gives a taken-back sandbox's agent a new egress uplink (the old one was a connection to the
 /// daemon that died): one end of a fresh socket pair goes to the agent, over a connection of
-/// its own, with `SCM_RIGHTS`; the agent hands its proxy's connections over it from then on,
-/// and they go to `sink` as before.
+/// its own, with `SCM_RIGHTS`; the agent sends its proxy's listening socket over it, and the
+/// connections accepted on that go to `sink` as before.
 async fn hand_over_egress_uplink(
     agent_socket: &Path,
     sink: EgressSink,
@@ -607,10 +607,11 @@ fn extra_mount(mount: &MountSpec) -> namespace::ExtraMount {
     }
 }
 
-/// Takes the connections a sandbox's agent hands over (its egress proxy's accepted sockets,
-/// one descriptor per message on the one connection the sandbox made before entering) and
-/// gives each to `sink`. Whatever arrives is checked to be a stream socket first: the agent
-/// is the sandbox's PID 1, but a sandbox is hostile by assumption.
+/// Serves a sandbox's egress proxy on what its agent hands over on the one connection the
+/// sandbox made before entering: the proxy's listening socket, on which the daemon accepts
+/// each connection and gives it to `sink`, for as long as that connection stays open (the
+/// agent holds it until the sandbox ends). Whatever arrives is checked first: the agent is
+/// the sandbox's PID 1, but a sandbox is hostile by assumption.
 async fn receive_egress(listener: UnixListener, sink: EgressSink, id: String) {
     let control = match listener.accept().await {
         Ok((control, _)) => control,
@@ -623,36 +624,80 @@ async fn receive_egress(listener: UnixListener, sink: EgressSink, id: String) {
     receive_egress_on(control, sink, id).await;
 }
 
+/// What happened next on a sandbox's egress.
+enum EgressEvent {
+    /// The agent's connection has something to read (or failed).
+    Control(io::Result<()>),
+    /// The proxy's listening socket gave a connection (or failed).
+    Accepted(io::Result<tokio::net::TcpStream>),
+}
+
 /// [`receive_egress`] on the agent's connection `control`.
 async fn receive_egress_on(control: UnixStream, sink: EgressSink, id: String) {
     use std::os::fd::AsFd;
+    let mut proxy: Option<tokio::net::TcpListener> = None;
     loop {
-        if control.readable().await.is_err() {
-            return;
-        }
-        let received = control.try_io(tokio::io::Interest::READABLE, || {
-            namespace::recv_stream(control.as_fd())
-        });
-        let fd = match received {
-            Ok(Some(fd)) => fd,
-            Ok(None) => return,
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
-            Err(e) => {
-                tracing::warn!(sandbox = %id, "egress: receiving a connection: {e}");
-                return;
-            }
+        let event = tokio::select! {
+            ready = control.readable() => EgressEvent::Control(ready),
+            accepted = accept_on(proxy.as_ref()) => EgressEvent::Accepted(accepted),
         };
-        match egress_stream(fd) {
-            Ok(stream) => sink(stream),
-            Err(e) => {
-                tracing::warn!(sandbox = %id, "egress: refused a handed-over descriptor: {e}")
+        match event {
+            EgressEvent::Accepted(Ok(tcp)) => {
+                // The relay's writes are the remote's own segments: no added latency.
+                let _ = tcp.set_nodelay(true);
+                sink(EgressStream::Tcp(tcp))
+            }
+            EgressEvent::Accepted(Err(e)) => {
+                // Out of descriptors, say: back off rather than spin, and keep serving.
+                tracing::debug!(sandbox = %id, "egress: accept: {e}");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            EgressEvent::Control(Err(_)) => return,
+            EgressEvent::Control(Ok(())) => {
+                let received = control.try_io(tokio::io::Interest::READABLE, || {
+                    namespace::recv_stream(control.as_fd())
+                });
+                let fd = match received {
+                    Ok(Some(fd)) => fd,
+                    // The agent is gone, and with it the sandbox: so is its proxy.
+                    Ok(None) => return,
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
+                    Err(e) => {
+                        tracing::warn!(sandbox = %id, "egress: receiving a descriptor: {e}");
+                        return;
+                    }
+                };
+                match egress_descriptor(fd) {
+                    Ok(EgressDescriptor::Listener(listener)) => proxy = Some(listener),
+                    Ok(EgressDescriptor::Stream(stream)) => sink(stream),
+                    Err(e) => tracing::warn!(
+                        sandbox = %id,
+                        "egress: refused a handed-over descriptor: {e}"
+                    ),
+                }
             }
         }
     }
 }
 
-/// The received descriptor as a stream, if it is a connected stream socket.
-fn egress_stream(fd: std::os::fd::OwnedFd) -> io::Result<EgressStream> {
+/// The next connection on `proxy`; never, without one.
+async fn accept_on(proxy: Option<&tokio::net::TcpListener>) -> io::Result<tokio::net::TcpStream> {
+    match proxy {
+        Some(listener) => listener.accept().await.map(|(tcp, _)| tcp),
+        None => std::future::pending().await,
+    }
+}
+
+/// A descriptor an agent handed over.
+enum EgressDescriptor {
+    /// Its proxy's listening TCP socket (one at a time: a later one replaces it).
+    Listener(tokio::net::TcpListener),
+    /// One connection to its proxy.
+    Stream(EgressStream),
+}
+
+/// The received descriptor as a listening TCP socket or a connected stream, if it is either.
+fn egress_descriptor(fd: std::os::fd::OwnedFd) -> io::Result<EgressDescriptor> {
     let socket = socket2::Socket::from(fd);
     if socket.r#type()? != socket2::Type::STREAM {
         return Err(io::Error::other("not a stream socket"));
@@ -660,14 +705,22 @@ fn egress_stream(fd: std::os::fd::OwnedFd) -> io::Result<EgressStream> {
     socket.set_nonblocking(true)?;
     let local = socket.local_addr()?;
     if local.as_socket().is_some() {
+        if socket.is_listener()? {
+            let listener = std::net::TcpListener::from(socket);
+            return tokio::net::TcpListener::from_std(listener).map(EgressDescriptor::Listener);
+        }
         let tcp = std::net::TcpStream::from(socket);
-        return tokio::net::TcpStream::from_std(tcp).map(EgressStream::Tcp);
+        return tokio::net::TcpStream::from_std(tcp)
+            .map(|tcp| EgressDescriptor::Stream(EgressStream::Tcp(tcp)));
     }
-    if local.is_unix() {
+    if local.is_unix() && !socket.is_listener()? {
         let unix = std::os::unix::net::UnixStream::from(socket);
-        return UnixStream::from_std(unix).map(EgressStream::Unix);
+        return UnixStream::from_std(unix)
+            .map(|unix| EgressDescriptor::Stream(EgressStream::Unix(unix)));
     }
-    Err(io::Error::other("neither a TCP nor a Unix socket"))
+    Err(io::Error::other(
+        "neither a listening TCP socket nor a connected TCP or Unix socket",
+    ))
 }
 
 /// The size of a sandbox's writable layer: the configured size, but at most three quarters of
