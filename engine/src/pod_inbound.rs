@@ -15,7 +15,24 @@ use tokio::sync::Semaphore;
 use tokio::task::{JoinHandle, JoinSet};
 
 use crate::egress::PodSockets;
-use crate::sandbox::Sandbox;
+
+/// A sandbox agent's one reply, and the connection it came on, or why not.
+pub(crate) type AgentAnswer<'a> = std::pin::Pin<
+    Box<
+        dyn std::future::Future<
+                Output = Result<(wire::agent::AgentReply, tokio::net::UnixStream), String>,
+            > + Send
+            + 'a,
+    >,
+>;
+
+/// What the inbound connections are carried to: a sandbox's agent, asked one question on a new
+/// connection (the sandbox implements it; this module knows no more of it).
+pub(crate) trait AgentDialer: Send + Sync {
+    /// Sends `request` to the sandbox's own agent and reads its one reply, with a deadline;
+    /// the connection is returned for a reply that starts a stream.
+    fn ask(&self, request: wire::agent::AgentRequest) -> AgentAnswer<'_>;
+}
 
 /// The most inbound connections one sandbox relays at once; past it a new one is closed as
 /// soon as it is accepted (the pod's network may be anyone's to connect from).
@@ -52,10 +69,10 @@ pub struct PodInbound {
 
 impl PodInbound {
     /// Listens in `pod`'s namespace, redirects its inbound TCP there, and relays each
-    /// connection to `sandbox`'s agent from then on.
+    /// connection to `sandbox`'s agent from then on (never keeping it alive).
     pub(crate) async fn start(
         pod: Arc<PodSockets>,
-        sandbox: Weak<Sandbox>,
+        sandbox: Weak<dyn AgentDialer>,
     ) -> Result<PodInbound, InboundError> {
         let in_pod = pod.clone();
         let (listener, port) = tokio::task::spawn_blocking(move || listen(&in_pod))
@@ -118,7 +135,7 @@ fn listen(pod: &PodSockets) -> Result<(TcpListener, u16), InboundError> {
 }
 
 /// Accepts until aborted; the relays are this task's, and end with it.
-async fn accept(listener: TcpListener, sandbox: Weak<Sandbox>) {
+async fn accept(listener: TcpListener, sandbox: Weak<dyn AgentDialer>) {
     let limit = Arc::new(Semaphore::new(MAX_INBOUND_CONNECTIONS));
     let mut relays = JoinSet::new();
     loop {
@@ -152,7 +169,7 @@ async fn accept(listener: TcpListener, sandbox: Weak<Sandbox>) {
 }
 
 /// Has the sandbox's agent connect to the port `tcp` was meant for, then relays the two.
-async fn relay(mut tcp: TcpStream, sandbox: Weak<Sandbox>) -> Result<(), String> {
+async fn relay(mut tcp: TcpStream, sandbox: Weak<dyn AgentDialer>) -> Result<(), String> {
     let asked = original_destination(&tcp)?;
     let request = wire::agent::AgentRequest::ConnectTcp {
         port: asked.port(),
@@ -161,7 +178,7 @@ async fn relay(mut tcp: TcpStream, sandbox: Weak<Sandbox>) -> Result<(), String>
     let Some(sandbox) = sandbox.upgrade() else {
         return Err("its sandbox is gone".into());
     };
-    let answer = sandbox.ask_agent(&request).await;
+    let answer = sandbox.ask(request).await;
     // The relay must not keep a deleted sandbox alive.
     drop(sandbox);
     match answer {
@@ -175,7 +192,7 @@ async fn relay(mut tcp: TcpStream, sandbox: Weak<Sandbox>) -> Result<(), String>
             Err(format!("to {asked}: {}", body.message))
         }
         Ok((other, _)) => Err(format!("to {asked}: the agent answered {other:?}")),
-        Err(e) => Err(format!("to {asked}: {}", report::chain(&e))),
+        Err(e) => Err(format!("to {asked}: {e}")),
     }
 }
 

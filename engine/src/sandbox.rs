@@ -310,6 +310,16 @@ pub struct Sandbox {
     inbound: Mutex<Option<crate::pod_inbound::PodInbound>>,
 }
 
+impl crate::pod_inbound::AgentDialer for Sandbox {
+    fn ask(&self, request: wire::agent::AgentRequest) -> crate::pod_inbound::AgentAnswer<'_> {
+        Box::pin(async move {
+            self.ask_agent(&request)
+                .await
+                .map_err(|e| report::chain(&e))
+        })
+    }
+}
+
 impl std::fmt::Debug for Sandbox {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Sandbox")

@@ -942,7 +942,9 @@ impl Engine {
         // A microVM pod is reached on its pod IP and through port-forward before its
         // containers are (their readiness is the agent's to check).
         if let Some(pod) = pod_sockets {
-            match crate::pod_inbound::PodInbound::start(pod, Arc::downgrade(&sandbox)).await {
+            let dialer: std::sync::Weak<dyn crate::pod_inbound::AgentDialer> =
+                Arc::downgrade(&sandbox) as std::sync::Weak<Sandbox>;
+            match crate::pod_inbound::PodInbound::start(pod, dialer).await {
                 Ok(inbound) => sandbox.set_inbound(inbound),
                 Err(e) => {
                     self.registry.remove(&id).await;
