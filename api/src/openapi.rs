@@ -731,21 +731,21 @@ pub(crate) fn document() -> Value {
                     ]), json!({ "200": json_response("What was written.", "FilesPutResult") }))
                 },
                 "get": {
-                    "summary": "Download one file (?path=).",
-                    "parameters": [path_query("The file in the sandbox (absolute)."), container_param()],
+                    "summary": "Download one file (?path=), or with `Accept: application/x-tar` a directory (or file) as a tar stream.",
+                    "description": "With `Accept: application/x-tar` the answer is a tar archive of the path, chunked: a directory's entries named relative to it (the directory itself is `./`), a file's one entry named after it; modes, owners and times kept; symbolic links archived as links, never followed; sockets left out. An archive the sandbox cannot finish is cut short without its last chunk, so a client sees an incomplete transfer, never a shorter archive.",
+                    "parameters": [path_query("The file or, with `Accept: application/x-tar`, the directory in the sandbox (absolute)."), container_param()],
                     "responses": with(errors(&[
-                        ("400", "Bad path, or the path is a directory."),
+                        ("400", "Bad path, or the path is a directory and the request did not ask for `application/x-tar`."),
                         ("403", "Permission denied in the sandbox."),
                         ("404", "No such sandbox (or it is another key's), or no such file."),
                         ("409", "The sandbox is not running."),
                         ("502", "The sandbox's agent failed."),
-                    ]), json!({ "200": { "description": "The file's bytes.",
+                    ]), json!({ "200": { "description": "The file's bytes, or the tar archive asked for with `Accept`.",
                         "headers": {
                             "X-Crucible-Mode": { "description": "The file's permission bits, in octal (`0755`).", "schema": { "type": "string" } },
                             "Last-Modified": { "description": "When the file was last modified.", "schema": { "type": "string" } }
                         },
-                        "content": {
-                        "application/octet-stream": { "schema": { "type": "string", "format": "binary" } } } } }))
+                        "content": binary_content(&["application/octet-stream", crate::files::TAR]) } }))
                 }
             }
         },
@@ -754,6 +754,20 @@ pub(crate) fn document() -> Value {
             "securitySchemes": { "bearer": { "type": "http", "scheme": "bearer" } }
         }
     })
+}
+
+/// A response's `content` for raw bytes of each of `types`.
+fn binary_content(types: &[&str]) -> Value {
+    types
+        .iter()
+        .map(|t| {
+            (
+                t.to_string(),
+                json!({ "schema": { "type": "string", "format": "binary" } }),
+            )
+        })
+        .collect::<Map<_, _>>()
+        .into()
 }
 
 /// The document as written to `docs/openapi.json`: pretty, with a final newline.

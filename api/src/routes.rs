@@ -7,7 +7,7 @@ use api_types::{CreateSandbox, SandboxList};
 use axum::body::Body;
 use axum::extract::ws::WebSocketUpgrade;
 use axum::extract::{FromRequestParts, Request, State};
-use axum::http::{header, StatusCode};
+use axum::http::{header, HeaderMap, StatusCode};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{delete, get, post};
@@ -587,10 +587,14 @@ async fn files_get(
     Authenticated(caller): Authenticated,
     Path(id): Path<String>,
     Query(query): Query<FilesQuery>,
+    headers: HeaderMap,
 ) -> Result<Response, ApiError> {
     let sandbox = state.registry.get(&id, &caller)?;
     let path = files::validate_path(query.path.as_deref(), "file")?;
     let container = sandbox.container_named(query.container.as_deref())?;
     let guard = sandbox.begin_in(false, container)?;
+    if files::wants_tar(headers.get(header::ACCEPT)) {
+        return files::get_tree(state, guard, path).await;
+    }
     files::get(state, guard, path).await
 }

@@ -690,6 +690,50 @@ impl Client {
             modified,
         })
     }
+
+    /// `GET /sandboxes/{id}/files?path=PATH` with `Accept: application/x-tar`: the directory
+    /// (or file) as a tar archive written to `out`, entries named relative to it (the top
+    /// directory is `./`). An archive the agent could not finish is an error here, never a
+    /// short archive taken for whole. Returns the archive's size.
+    pub async fn download_tree<W>(
+        &self,
+        id: &str,
+        path: &str,
+        out: &mut W,
+    ) -> Result<u64, ClientError>
+    where
+        W: AsyncWrite + Unpin,
+    {
+        let uri = format!(
+            "/sandboxes/{}/files?path={}",
+            path_segment(id),
+            query_value(path)
+        );
+        let request = self
+            .request(Method::GET, &uri)
+            .header(hyper::header::ACCEPT, "application/x-tar")
+            .body(Full::new(Bytes::new()))
+            .map_err(|e| ClientError::Protocol(e.to_string()))?;
+        let mut body = self.send(request).await?.into_body();
+        let mut written = 0u64;
+        while let Some(frame) = body.frame().await {
+            let frame = frame.map_err(|e| {
+                ClientError::Protocol(format!(
+                    "the archive of {id}:{path} ended after {written} bytes, cut short: {e}"
+                ))
+            })?;
+            if let Ok(data) = frame.into_data() {
+                out.write_all(&data)
+                    .await
+                    .map_err(|e| ClientError::Local(format!("writing the archive: {e}")))?;
+                written += data.len() as u64;
+            }
+        }
+        out.flush()
+            .await
+            .map_err(|e| ClientError::Local(format!("writing the archive: {e}")))?;
+        Ok(written)
+    }
 }
 
 use futures_util::TryStreamExt;

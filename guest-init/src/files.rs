@@ -52,7 +52,7 @@ pub enum FilesError {
 }
 
 impl FilesError {
-    fn io(what: impl Into<String>, source: io::Error) -> FilesError {
+    pub(crate) fn io(what: impl Into<String>, source: io::Error) -> FilesError {
         FilesError::Io {
             what: what.into(),
             source,

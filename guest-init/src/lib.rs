@@ -11,6 +11,7 @@
 //! through a pidfd) and reaps orphans; [`files`] extracts tar archives and sends files;
 //! [`vm_root`] builds a microVM's root and mounts its disks; [`egress`] serves the proxy.
 
+pub mod archive;
 pub mod container_init;
 pub mod egress;
 pub mod exec;

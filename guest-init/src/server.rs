@@ -12,10 +12,10 @@ use wire::agent::{AgentReply, AgentRequest, Hello, PROTOCOL_VERSION};
 use wire::{ErrorBody, MessageError};
 
 use crate::exec::{self, ExecContext};
-use crate::files;
 use crate::log;
 use crate::sys;
 use crate::vsock;
+use crate::{archive, files};
 
 /// Per-connection thread stack: the exec loop needs little, and there may be many.
 const CONNECTION_STACK: usize = 256 * 1024;
@@ -550,6 +550,20 @@ pub fn handle(mut conn: UnixStream, agent: &Agent) {
                     if wire::write_message(&mut conn, &header).is_ok() {
                         if let Err(e) = out.send(&mut conn) {
                             log::debug(format_args!("get_file {path}: {e}"));
+                        }
+                    }
+                    return;
+                }
+                Err(e) => AgentReply::Error(e.to_body()),
+            };
+            let _ = wire::write_message(&mut conn, &reply);
+        }
+        AgentRequest::GetTree { path } => {
+            let reply = match archive::open_tree(&path) {
+                Ok(tree) => {
+                    if wire::write_message(&mut conn, &AgentReply::Tree).is_ok() {
+                        if let Err(e) = archive::send_tree(&tree, &mut conn) {
+                            log::debug(format_args!("get_tree {path}: {e}"));
                         }
                     }
                     return;

@@ -414,3 +414,124 @@ async fn unknown_routes_and_methods_answer_json() {
         "{response}"
     );
 }
+
+/// The entries of a tar archive: name → (type, mode, mtime, contents or link target).
+fn entries(
+    archive: &[u8],
+) -> std::collections::BTreeMap<String, (tar::EntryType, u32, u64, Vec<u8>)> {
+    let mut out = std::collections::BTreeMap::new();
+    for entry in tar::Archive::new(archive).entries().expect("an archive") {
+        let mut entry = entry.expect("an entry");
+        let name = entry.path().expect("a name").to_string_lossy().into_owned();
+        let header = entry.header().clone();
+        let mut data = Vec::new();
+        std::io::Read::read_to_end(&mut entry, &mut data).expect("its data");
+        if let Ok(Some(link)) = header.link_name() {
+            data = link.to_string_lossy().into_owned().into_bytes();
+        }
+        out.insert(
+            name,
+            (
+                header.entry_type(),
+                header.mode().expect("mode") & 0o7777,
+                header.mtime().expect("mtime"),
+                data,
+            ),
+        );
+    }
+    out
+}
+
+#[tokio::test]
+async fn a_directory_downloads_as_a_tar_stream_with_modes_times_and_links() {
+    let daemon = TestDaemon::start();
+    let c = daemon.client();
+    let id = daemon.sandbox().await;
+    let (_, err, code) = harness::sh(
+        &c,
+        &id,
+        "mkdir -p /work/build/bin /work/build/empty && printf 'tool' > /work/build/bin/tool && \
+         chmod 0755 /work/build/bin/tool && touch -d '2020-01-02 03:04:05' /work/build/bin/tool && \
+         ln -s bin/tool /work/build/run && head -c 300000 /dev/urandom > /work/build/big && \
+         chmod 0700 /work/build/empty && rm /bin/tar",
+    )
+    .await;
+    assert_eq!(code, 0, "{err}");
+
+    let mut archive = Vec::new();
+    let size = c
+        .download_tree(&id, "/work/build", &mut archive)
+        .await
+        .expect("the archive");
+    assert_eq!(size, archive.len() as u64);
+    let got = entries(&archive);
+    let names: Vec<&str> = got.keys().map(String::as_str).collect();
+    assert_eq!(
+        names,
+        [".", "big", "bin", "bin/tool", "empty", "run"],
+        "{names:?}"
+    );
+    let (kind, mode, mtime, data) = &got["bin/tool"];
+    assert_eq!(
+        (*kind, *mode, *mtime),
+        (tar::EntryType::Regular, 0o755, 1_577_934_245)
+    );
+    assert_eq!(data, b"tool");
+    assert_eq!(got["run"].0, tar::EntryType::Symlink);
+    assert_eq!(got["run"].3, b"bin/tool");
+    assert_eq!(got["empty"].1, 0o700);
+    assert_eq!(got["big"].3.len(), 300_000);
+    let mut big = Vec::new();
+    c.get_file(&id, "/work/build/big", &mut big)
+        .await
+        .expect("big");
+    assert_eq!(got["big"].3, big, "the archive holds the file's bytes");
+
+    // One file asked as a tar: one entry, named after it.
+    let mut one = Vec::new();
+    c.download_tree(&id, "/work/build/bin/tool", &mut one)
+        .await
+        .expect("a file as a tar");
+    assert_eq!(entries(&one).keys().collect::<Vec<_>>(), ["tool"]);
+
+    // Without the Accept header a directory is refused, and the message says how to ask.
+    let err = c
+        .get_file(&id, "/work/build", &mut Vec::new())
+        .await
+        .expect_err("a directory is not a file");
+    match err {
+        ClientError::Api {
+            status,
+            code,
+            message,
+            ..
+        } => {
+            assert_eq!((status, code.as_str()), (400, "is_a_directory"));
+            assert!(message.contains("Accept: application/x-tar"), "{message}");
+        }
+        other => panic!("{other:?}"),
+    }
+    let err = c
+        .download_tree(&id, "/work/missing", &mut Vec::new())
+        .await
+        .expect_err("missing");
+    assert!(
+        matches!(err, ClientError::Api { status: 404, .. }),
+        "{err:?}"
+    );
+
+    // An archive the agent cannot finish is cut short, never handed over as whole: a tree
+    // deeper than the agent walks.
+    let deep = "/d".repeat(300);
+    let (_, err, code) = harness::sh(&c, &id, &format!("mkdir -p /work/deep{deep}")).await;
+    assert_eq!(code, 0, "{err}");
+    let mut partial = Vec::new();
+    let err = c
+        .download_tree(&id, "/work/deep", &mut partial)
+        .await
+        .expect_err("a cut archive is an error");
+    assert!(err.to_string().contains("cut short"), "{err}");
+    // The sandbox is still usable after.
+    let (out, _, code) = harness::sh(&c, &id, "echo ok").await;
+    assert_eq!((out.trim(), code), ("ok", 0));
+}

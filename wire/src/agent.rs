@@ -32,8 +32,9 @@ use crate::types::{ErrorBody, ExecList, ExecRequest, ExecStatus, FilesPutResult}
 /// `egress_uplink`; 4 added `probe_tcp` and `process_stats` (a sandbox's containers); 5 added
 /// `add_container`; 6 added a shared directory's `read_only`; 9 added `add_container`'s
 /// `security`; 11 added `connect_tcp` (a microVM pod's inbound connections), and a namespace
-/// agent hands over its egress proxy's listening socket instead of each connection.
-pub const PROTOCOL_VERSION: u32 = 11;
+/// agent hands over its egress proxy's listening socket instead of each connection; 12 added
+/// `get_tree` (a directory downloaded as a tar stream).
+pub const PROTOCOL_VERSION: u32 = 12;
 
 /// One request, the first message on a connection.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -87,6 +88,14 @@ pub enum AgentRequest {
     /// Send one file's bytes.
     GetFile {
         /// The file (absolute).
+        path: String,
+    },
+    /// Send a directory (or one file) as a tar archive: answered with `tree` and then the
+    /// archive's bytes in `stdout` frames, ended by one `exit` frame whose payload is an
+    /// [`AgentReply`] (`tree_sent` when the archive is whole, `error` when it was cut short);
+    /// or with `error` alone when `path` cannot be read at all.
+    GetTree {
+        /// The directory or file (absolute; a symbolic link here is followed, none beneath).
         path: String,
     },
     /// Send `signal` to the process group of the running command named `exec_id`, or, with
@@ -275,6 +284,27 @@ pub enum AgentReply {
     },
     /// The answer to `connect_tcp`: the sandbox's port accepted; raw bytes follow both ways.
     Connected,
+    /// The answer to `get_tree`: the archive's frames follow.
+    Tree,
+    /// The payload of `get_tree`'s `exit` frame when the archive is whole.
+    TreeSent(TreeSummary),
+}
+
+/// What a `get_tree` archive holds.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TreeSummary {
+    /// Regular files archived.
+    pub files: u64,
+    /// Directories archived (the top one included).
+    pub dirs: u64,
+    /// Symbolic links archived.
+    pub links: u64,
+    /// Other entries archived (fifos, device nodes) as headers without data.
+    pub special: u64,
+    /// Sockets left out: a tar archive cannot hold one.
+    pub sockets_skipped: u64,
+    /// Bytes of the files' contents.
+    pub bytes: u64,
 }
 
 /// The output an agent keeps per command for a client that re-attaches, unless the host asks

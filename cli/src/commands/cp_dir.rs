@@ -1,6 +1,7 @@
-//! `crucible cp ID:DIR LOCAL`: a sandbox directory, whole, with modes and times. The sandbox's
-//! own `tar` writes the archive (the files endpoint serves one file), so the archive is the
-//! sandbox's to forge: it is read as hostile input. Only directories, regular files and
+//! `crucible cp ID:DIR LOCAL`: a sandbox directory, whole, with modes and times, downloaded as
+//! the files endpoint's tar stream (`Accept: application/x-tar`). The sandbox's agent writes
+//! that archive, and a sandbox runs hostile code as root, so the archive is the sandbox's to
+//! forge: it is read as hostile input. Only directories, regular files and
 //! symbolic links are made, each strictly beneath the destination: an absolute name, a `..`,
 //! a name under a symbolic link the archive made, a hard link or a device is skipped (and
 //! counted); modes lose setuid, setgid and sticky; nothing is ever written through a link.
@@ -11,9 +12,8 @@ use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Component, Path, PathBuf};
 use std::time::{Duration, SystemTime};
 
-use anyhow::{bail, Context, Result};
+use anyhow::{Context, Result};
 use serde::Serialize;
-use wire::ExecRequest;
 
 /// What a directory download made.
 #[derive(Debug, Default, Clone, PartialEq, Eq, Serialize)]
@@ -40,37 +40,15 @@ pub(crate) async fn download(
     dir: &str,
     target: &Path,
 ) -> Result<Extracted> {
-    let mut spool = tempfile::tempfile().context("a temporary file for the archive")?;
-    let request = ExecRequest::new(["tar", "-C", dir, "-cf", "-", "."]);
-    let mut stream = client.exec(id, &request).await?;
-    let mut stderr = Vec::new();
-    let result = loop {
-        match stream.next_event().await {
-            Some(Ok(client::ExecEvent::Stdout(bytes))) => {
-                io::Write::write_all(&mut spool, &bytes).context("spooling the archive")?
-            }
-            Some(Ok(client::ExecEvent::Stderr(bytes))) => {
-                if stderr.len() < 4096 {
-                    stderr.extend_from_slice(&bytes);
-                }
-            }
-            Some(Ok(client::ExecEvent::Exit(result))) => break result,
-            Some(Err(e)) => return Err(e.into()),
-            None => bail!("the archive of {id}:{dir} ended without its command's exit"),
-        }
-    };
-    if result.exit_code != 0 {
-        bail!(
-            "archiving {id}:{dir} in the sandbox failed (tar exited {}{}): {}",
-            result.exit_code,
-            if result.error.is_empty() {
-                String::new()
-            } else {
-                format!(", {}", result.error)
-            },
-            crate::output::escape(String::from_utf8_lossy(&stderr).trim())
-        );
-    }
+    let spool = tempfile::tempfile().context("a temporary file for the archive")?;
+    let mut writer = tokio::fs::File::from_std(
+        spool
+            .try_clone()
+            .context("a second handle on the archive's temporary file")?,
+    );
+    client.download_tree(id, dir, &mut writer).await?;
+    drop(writer);
+    let mut spool = spool;
     spool.rewind().context("reading the archive back")?;
     let target = target.to_path_buf();
     tokio::task::spawn_blocking(move || extract(spool, &target))

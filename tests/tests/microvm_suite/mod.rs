@@ -489,6 +489,26 @@ pub(crate) async fn sandbox_serves_the_api_with_a_real_guest_kernel(hv: Hypervis
         .await
         .expect("download");
     assert!(back == payload, "the file came back different");
+    // The same directory as the agent's tar stream, over vsock.
+    let mut archive = Vec::new();
+    c.download_tree(id, "/tmp/in", &mut archive)
+        .await
+        .expect("download the directory as a tar");
+    let mut names = Vec::new();
+    for entry in tar::Archive::new(archive.as_slice())
+        .entries()
+        .expect("an archive")
+    {
+        let mut entry = entry.expect("an entry");
+        let name = entry.path().expect("a name").to_string_lossy().into_owned();
+        let mut data = Vec::new();
+        std::io::Read::read_to_end(&mut entry, &mut data).expect("its data");
+        if name == "data.bin" {
+            assert!(data == payload, "the archived file came back different");
+        }
+        names.push(name);
+    }
+    assert_eq!(names, [".", "data.bin"], "{names:?}");
 
     stage(hv, "64 MiB of stdout");
     // 64 MiB of stdout through the guest's vsock driver and our device's credit flow,
