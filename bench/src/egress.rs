@@ -19,6 +19,7 @@ use super::blob_server::{BlobServer, Served};
 use super::daemon::InProcess;
 use super::host_shell::HostShell;
 use super::metrics::{size, Plan};
+use super::minimal_proxy::MinimalProxy;
 use super::model::{Measurement, Row, Unit};
 use super::peers::gib_per_s;
 
@@ -39,6 +40,7 @@ pub(crate) fn rows() -> Vec<Row> {
         ("egress_http", Some("floor_direct_http")),
         ("egress_connect", Some("floor_direct_tcp")),
         ("egress_request", Some("floor_direct_request")),
+        ("peer_minimal_proxy_request", Some("floor_direct_request")),
         ("egress_added_latency", None),
         ("egress_named_request", Some("floor_direct_named_request")),
     ]
@@ -46,7 +48,11 @@ pub(crate) fn rows() -> Vec<Row> {
     .map(|(metric, direct)| Row {
         section: SECTION.into(),
         metric: metric.into(),
-        peers: direct.iter().map(|d| d.to_string()).collect(),
+        peers: direct
+            .iter()
+            .map(|d| d.to_string())
+            .chain((metric == "egress_request").then(|| MINIMAL.to_string()))
+            .collect(),
         floor: direct.map(String::from),
         gated: false,
     })
@@ -143,6 +149,9 @@ impl Workload {
         }
     }
 }
+
+/// The key of the requests through [`MinimalProxy`].
+const MINIMAL: &str = "peer_minimal_proxy_request";
 
 /// The name the named-request workload asks for, which only [`SlowResolver`] knows.
 const REGISTRY_NAME: &str = "registry.bench";
@@ -285,7 +294,14 @@ pub(crate) async fn measure(plan: &Plan, image: &Path) -> Result<Vec<Measurement
         Workload::requests(port, k),
         Workload::named_requests(port, k),
     ];
+    let minimal = MinimalProxy::start(SocketAddr::from(([127, 0, 0, 1], port)))?;
+    let through_minimal = format!(
+        "export http_proxy={}; {}",
+        minimal.url(),
+        workloads[2].direct
+    );
     let mut times: [(Vec<f64>, Vec<f64>); 4] = Default::default();
+    let mut minimal_times = Vec::new();
     for run in 0..=plan.runs {
         for (w, (direct, proxied)) in workloads.iter().zip(times.iter_mut()) {
             let (a, b) = run_pair(&client, &id, &host, &server, w).await?;
@@ -299,7 +315,24 @@ pub(crate) async fn measure(plan: &Plan, image: &Path) -> Result<Vec<Measurement
                 proxied.push(b);
             }
         }
+        let before = server.served()?;
+        let ms = {
+            let (host, script) = (host.clone(), through_minimal.clone());
+            tokio::task::spawn_blocking(move || host.run_whole_ms(&script))
+                .await
+                .context("the host command's thread")??
+        };
+        check_served(
+            &server,
+            before,
+            workloads[2].expect,
+            "through the minimal proxy",
+        )?;
+        if run > 0 {
+            minimal_times.push(ms);
+        }
     }
+    drop(minimal);
     client.delete(&id).await.context("delete")?;
     d.stop();
 
@@ -392,6 +425,22 @@ pub(crate) async fn measure(plan: &Plan, image: &Path) -> Result<Vec<Measurement
             Unit::Ms,
             &per_request(&req_direct),
             &format!("the same script straight to the server, the total over {k}, {on_host}"),
+        ),
+        Measurement::scalar(
+            MINIMAL,
+            "the same requests on the host through a minimal proxy, per request",
+            "minimal proxy",
+            Unit::Ms,
+            &per_request(&minimal_times),
+            &format!(
+                "`export http_proxy=http://127.0.0.1:MINPORT; {}`: the least a proxy that ends \
+                 the client's TCP connection costs, a thread of this process that accepts, \
+                 reads the head, connects and copies the answer back, one connection after the \
+                 other, with no checks, lookups, runtime or hand-off; so the direct floor's \
+                 ratio to it is what the second TCP connection per request alone costs. The \
+                 total over {k}, {on_host}",
+                shown[2].direct
+            ),
         ),
         Measurement::scalar(
             "egress_added_latency",

@@ -9,8 +9,8 @@
 //! - `daemon`: the daemon under test (in-process, or a child for footprint)
 //! - `metrics`: our figures through the public API
 //! - `peers`: the floor and the peers
-//! - `egress`, `blob_server`: the egress proxy next to a direct host connection, and the host
-//!   server both download from
+//! - `egress`, `blob_server`, `minimal_proxy`: the egress proxy next to a direct host
+//!   connection and a minimal proxy, and the host server they all download from
 //! - `nested`, `nested_boot`: crucible-vmm's boot beside QEMU microvm's, both under KVM inside
 //!   the nested tier's L1 (the figures, and the half that runs inside L1)
 //! - `sdks`: the exec round trip through the Python and TypeScript SDKs, beside raw HTTP
@@ -27,6 +27,7 @@ mod egress;
 mod gate;
 mod host_shell;
 mod metrics;
+mod minimal_proxy;
 mod model;
 mod nested;
 mod nested_boot;

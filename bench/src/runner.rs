@@ -765,6 +765,29 @@ fn goals(results: &Results) -> Vec<Goal> {
         measured: echo.map_or("not measured".into(), |r| format!("{r:.2}× the ping-pong")),
         met: echo.map(|r| r <= 2.0),
     });
+    // The egress goal of many small requests over new connections, shown beside what a
+    // minimal proxy (no checks, one thread) pays for the same extra hop in the same run.
+    let ratio_of = |ours: &str, peer: &str| {
+        results
+            .get(ours)
+            .zip(results.get(peer))
+            .and_then(|(a, b)| cost_ratio(a, b))
+    };
+    let named = ratio_of("egress_named_request", "floor_direct_named_request");
+    let minimal = ratio_of("peer_minimal_proxy_request", "floor_direct_request");
+    goals.push(Goal {
+        goal: "egress: many small requests over new connections (by name, slow resolver) ≤ 1.3× \
+               direct"
+            .into(),
+        measured: match (named, minimal) {
+            (Some(r), Some(m)) => format!(
+                "{r:.2}× direct; a minimal proxy with no checks pays {m:.2}× for the same hop"
+            ),
+            (Some(r), None) => format!("{r:.2}× direct"),
+            _ => "not measured".into(),
+        },
+        met: named.map(|r| r <= 1.3),
+    });
     for (key, text) in super::sdks::goals() {
         goals.push(goal(results, &text, &key, |v| {
             v <= super::sdks::OVERHEAD_GOAL_MS
