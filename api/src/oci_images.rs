@@ -13,8 +13,8 @@ use tokio::io::AsyncWriteExt;
 use crate::auth::Owner;
 use crate::edge::Edge;
 use crate::error::ApiError;
-use engine::state::DEFAULT_IMAGE;
 use engine::storage::Images;
+use engine::storage::DEFAULT_IMAGE;
 
 /// What the built-in image (the daemon's own busybox tree) shows as its owner: everyone's.
 pub(crate) const BUILTIN_OWNER: &str = "*";

@@ -464,7 +464,7 @@ async fn get_image(
     Authenticated(caller): Authenticated,
     Path(name): Path<String>,
 ) -> Result<Json<api_types::ImageInfo>, ApiError> {
-    if name == engine::state::DEFAULT_IMAGE {
+    if name == engine::storage::DEFAULT_IMAGE {
         return Ok(Json(oci_images::builtin()));
     }
     let record = state.storage()?.images.get(&caller.owner(), &name)?;
@@ -476,7 +476,7 @@ async fn delete_image(
     Authenticated(caller): Authenticated,
     Path(name): Path<String>,
 ) -> Result<StatusCode, ApiError> {
-    if name == engine::state::DEFAULT_IMAGE {
+    if name == engine::storage::DEFAULT_IMAGE {
         return Err(ApiError::conflict("the built-in image cannot be removed"));
     }
     state.storage()?.images.remove(&caller.owner(), &name)?;

@@ -27,7 +27,9 @@ use crate::sandbox::{
     new_id, ExecAccounts, Registry, Sandbox, SandboxError, SandboxNetwork, SandboxSettings,
 };
 use crate::settings::EngineConfig;
-use crate::storage::{check_in_image, validate_targets, SandboxStorage, Storage, StorageError};
+use crate::storage::{
+    check_in_image, validate_targets, SandboxStorage, Storage, StorageError, DEFAULT_IMAGE,
+};
 
 /// Why a sandbox was not created.
 #[derive(Debug, thiserror::Error)]
@@ -102,9 +104,6 @@ impl std::fmt::Debug for Engine {
             .finish_non_exhaustive()
     }
 }
-
-/// The built-in image's name.
-pub const DEFAULT_IMAGE: &str = "default";
 
 /// How many sandboxes live restore checks at once.
 const RESTORE_CONCURRENCY: usize = 16;

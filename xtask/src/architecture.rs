@@ -3,9 +3,11 @@
 //!
 //! - **no module cycle in any crate**: within a crate, modules refer to each other through
 //!   `crate::…` and `super::…` paths; the graph those paths draw between a crate's modules has
-//!   no cycle. A module may use its own ancestors' items (a child of `backend` naming
+//!   no cycle, file by file and again with every module folded into its top-level one (so a
+//!   cycle between two subtrees is found even when it runs through a parent's re-export). A
+//!   module may use its own ancestors' items (a child of `backend` naming
 //!   `crate::backend::Backend` is how a parent shares its types), so edges to an ancestor do
-//!   not count, and neither do a module's unit tests (`#[cfg(test)] mod …`);
+//!   not count, and neither do a module's unit tests (`#[cfg(test)] mod …`, or a `tests.rs`);
 //! - **the engine knows no HTTP**: `crucible-engine`'s dependency tree holds no HTTP server,
 //!   WebSocket or HTTP edge crate, and neither does the egress proxy's; the edge depends on
 //!   the engine, never the reverse;
@@ -90,6 +92,13 @@ pub(crate) fn run(sh: &Shell) -> Result<()> {
         let graph = module_graph(&package.src)?;
         for cycle in cycles(&graph) {
             problems.push(format!("{name}: module cycle {}", cycle.join(" → ")));
+        }
+        for cycle in cycles(&top_level(&graph)) {
+            problems.push(format!(
+                "{name}: a cycle between top-level modules {} ({})",
+                cycle.join(" → "),
+                witnesses(&graph, &cycle).join("; ")
+            ));
         }
         for violation in errors_repeating_their_source(&package.src)? {
             problems.push(format!("{name}: {violation}"));
@@ -243,6 +252,10 @@ fn module_graph(src: &Path) -> Result<BTreeMap<String, BTreeSet<String>>> {
     let mods = modules(src)?;
     let mut graph = BTreeMap::new();
     for (module, path) in &mods {
+        // A module's tests in a file of their own (`foo/tests.rs`) are tests all the same.
+        if module.rsplit("::").next() == Some("tests") {
+            continue;
+        }
         let text = std::fs::read_to_string(path)?;
         let code = strip_comments(without_tests(&text));
         let parent = module.rsplit_once("::").map(|(p, _)| p).unwrap_or("");
@@ -275,6 +288,47 @@ fn module_graph(src: &Path) -> Result<BTreeMap<String, BTreeSet<String>>> {
         graph.insert(module.clone(), refs);
     }
     Ok(graph)
+}
+
+/// `graph` with every module folded into its top-level one (`backend::microvm` into
+/// `backend`): a cycle between two subtrees is a cycle even when each file's edges go to a
+/// different child, or through a parent's re-export. The crate root is left out: it is where
+/// a crate names its modules.
+fn top_level(graph: &BTreeMap<String, BTreeSet<String>>) -> BTreeMap<String, BTreeSet<String>> {
+    let top = |module: &str| module.split("::").next().unwrap_or(module).to_string();
+    let mut folded: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for (module, refs) in graph {
+        let from = top(module);
+        if from == "crate" {
+            continue;
+        }
+        let edges = folded.entry(from.clone()).or_default();
+        edges.extend(
+            refs.iter()
+                .map(|r| top(r))
+                .filter(|to| *to != from && to != "crate"),
+        );
+    }
+    folded
+}
+
+/// The file-level edges behind a top-level `cycle`: which module names which.
+fn witnesses(graph: &BTreeMap<String, BTreeSet<String>>, cycle: &[String]) -> Vec<String> {
+    let top = |module: &str| module.split("::").next().unwrap_or(module).to_string();
+    let members: BTreeSet<&String> = cycle.iter().collect();
+    let mut found = Vec::new();
+    for (module, refs) in graph {
+        let from = top(module);
+        if !members.contains(&from) {
+            continue;
+        }
+        for to in refs {
+            if top(to) != from && members.contains(&top(to)) {
+                found.push(format!("{module} uses {to}"));
+            }
+        }
+    }
+    found
 }
 
 /// `text` up to its `#[cfg(test)]` module: a test may use any module of its crate without
@@ -539,6 +593,40 @@ mod tests {
         assert_eq!(g["state"], ["backend::microvm".to_string()].into());
         assert_eq!(g["backend::microvm"], ["state".to_string()].into());
         assert_eq!(cycles(&g), vec![vec!["backend::microvm", "state"]]);
+    }
+
+    #[test]
+    fn a_cycle_hidden_behind_a_parents_re_export_is_found_between_top_level_modules() {
+        let dir = tempfile::tempdir().unwrap();
+        let src = dir.path();
+        std::fs::create_dir_all(src.join("storage")).unwrap();
+        std::fs::write(src.join("lib.rs"), "pub mod state; pub mod storage;").unwrap();
+        // `state` names `storage`'s re-export; `storage::images` names `state`: no file
+        // names a file that names it back.
+        std::fs::write(src.join("state.rs"), "use crate::storage::Image;").unwrap();
+        std::fs::write(
+            src.join("storage/mod.rs"),
+            "mod images; pub use images::Image;",
+        )
+        .unwrap();
+        std::fs::write(
+            src.join("storage/images.rs"),
+            "pub struct Image; fn f() { let _ = crate::state::DEFAULT; }",
+        )
+        .unwrap();
+        // A test file's edge back is not a dependency.
+        std::fs::write(src.join("storage/tests.rs"), "use crate::state::X;").unwrap();
+        let g = module_graph(src).unwrap();
+        assert!(cycles(&g).is_empty(), "no cycle file by file: {g:?}");
+        let folded = top_level(&g);
+        assert_eq!(cycles(&folded), vec![vec!["state", "storage"]]);
+        assert_eq!(
+            witnesses(&g, &["state".into(), "storage".into()]),
+            ["state uses storage", "storage::images uses state"]
+        );
+        // Cut, the same tree passes.
+        std::fs::write(src.join("storage/images.rs"), "pub struct Image;").unwrap();
+        assert!(cycles(&top_level(&module_graph(src).unwrap())).is_empty());
     }
 
     #[test]

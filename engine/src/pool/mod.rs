@@ -9,8 +9,6 @@
 //! creates one instance at a time, drops the ones that die while waiting, and backs off when
 //! creating fails. See `docs/pool.md`.
 
-mod spec;
-
 use std::collections::VecDeque;
 use std::fmt::Write;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -19,8 +17,8 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::Notify;
 
-pub use spec::{parse_file, PoolSpec, PoolSpecError, Shape, ShapeDefaults};
-pub(crate) use spec::{resolve_all, ShapeBounds};
+pub use crate::settings::pool_spec::{parse_file, PoolSpec, PoolSpecError, Shape, ShapeDefaults};
+pub(crate) use crate::settings::pool_spec::{resolve_all, ShapeBounds};
 
 use crate::backend::{Backend, BackendError, Backends, Instance, InstanceSpec};
 use crate::metrics::Histogram;

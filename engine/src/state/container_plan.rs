@@ -13,7 +13,8 @@ use crate::backend::ImagePaths;
 use crate::owner::Owner;
 use crate::sandbox::containers::{ContainerPlan, MAIN_CONTAINER, MAX_CONTAINERS};
 use crate::sandbox::{AddContainerError, Sandbox};
-use crate::state::{CreateError, Engine, DEFAULT_IMAGE};
+use crate::state::{CreateError, Engine};
+use crate::storage::DEFAULT_IMAGE;
 use crate::storage::{check_in_image, validate_targets};
 
 /// Everything a request's containers need, resolved.

@@ -88,6 +88,9 @@ impl StorageError {
     }
 }
 
+/// The built-in image's name: the image the daemon was started with, never stored here.
+pub const DEFAULT_IMAGE: &str = "default";
+
 /// The default of `crucible serve --image-max-mib`.
 pub const DEFAULT_IMAGE_MAX_MIB: u64 = 4096;
 

@@ -72,7 +72,7 @@ impl Images {
     /// upload grows as it arrives ([`BudgetLease::grow`]) and its unpacking grows again.
     pub fn begin_import(&self, name: &str) -> Result<(PathBuf, BudgetLease), StorageError> {
         oci::store::validate_name(name)?;
-        if name == crate::state::DEFAULT_IMAGE {
+        if name == crate::storage::DEFAULT_IMAGE {
             return Err(StorageError::Invalid(format!(
                 "image name {name:?} is the built-in image's"
             )));

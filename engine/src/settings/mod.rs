@@ -2,6 +2,8 @@
 //! limits, storage, egress rules and pools. The HTTP edge's own settings (listeners, keys,
 //! timeouts of a request) are `api::config`.
 
+pub mod pool_spec;
+
 use std::path::PathBuf;
 
 use api_types::BackendKind;
@@ -85,7 +87,7 @@ pub struct EngineConfig {
     /// Caches, disk-backed layers, volumes and the disk budget.
     pub storage: crate::storage::StorageConfig,
     /// Warm pools (`--pool`): ready sandboxes kept per shape, checked when the daemon binds.
-    pub pools: Vec<crate::pool::PoolSpec>,
+    pub pools: Vec<pool_spec::PoolSpec>,
     /// Live restore (`--live-restore`): sandboxes outlive the daemon (a crash, a SIGTERM), and
     /// the next daemon takes back those it can verify (`crate::restore`).
     pub live_restore: bool,
