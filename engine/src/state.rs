@@ -224,6 +224,13 @@ impl Engine {
         default_backend(&self.config, &self.backends)
     }
 
+    /// What backend `kind` can give a sandbox (nothing, for one this daemon does not offer).
+    pub(crate) fn capabilities(&self, kind: BackendKind) -> crate::backend::Capabilities {
+        self.backends
+            .get(kind)
+            .map_or(crate::backend::Capabilities::NONE, |b| b.capabilities())
+    }
+
     fn backend(&self, kind: BackendKind) -> Result<&dyn Backend, CreateError> {
         let unavailable = |reason| {
             CreateError::Unavailable(BackendError::Unavailable {

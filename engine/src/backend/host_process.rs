@@ -16,7 +16,7 @@ use tokio::sync::watch;
 use wire::agent::Hello;
 
 use super::supervised::{spawn_and_await_hello, Diagnostics, SandboxProcess};
-use super::{Backend, BackendError, BoxFuture, Instance, InstanceSpec};
+use super::{Backend, BackendError, BoxFuture, Capabilities, Instance, InstanceSpec};
 
 /// Runs each sandbox's agent as a host process.
 #[derive(Debug)]
@@ -104,6 +104,11 @@ impl HostProcessBackend {
 impl Backend for HostProcessBackend {
     fn kind(&self) -> BackendKind {
         BackendKind::Process
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        // A host process: a command, and nothing more.
+        Capabilities::NONE
     }
 
     fn unavailable_reason(&self) -> Option<String> {

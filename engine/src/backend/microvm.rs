@@ -32,8 +32,8 @@ use super::microvm_slots::{self, SlotTable};
 use super::qemu::{self, QemuGuest, QemuTools};
 use super::supervised::{first_exit, spawn_and_await_hello, Diagnostics, SandboxProcess};
 use super::{
-    AdoptSpec, Backend, BackendError, BoxFuture, EgressSink, EgressStream, Held, Instance,
-    InstanceSpec,
+    AdoptSpec, Backend, BackendError, BoxFuture, Capabilities, ContainerSecurity, EgressSink,
+    EgressStream, Held, Instance, InstanceSpec,
 };
 use crate::restore::{InstanceRecord, RecordedProcess, RestoreError};
 
@@ -978,9 +978,30 @@ impl Instance for MicrovmInstance {
     }
 }
 
+/// What the backend gives a sandbox. A microVM has its own kernel and only the disks it booted with.
+pub(crate) const CAPABILITIES: Capabilities = Capabilities {
+    containers: true,
+    container_pid1: false,
+    container_security: ContainerSecurity::SeccompWhenAdded,
+    host_paths: false,
+    storage: true,
+    imported_images: true,
+    egress: true,
+    sysctls: false,
+    host_network_namespace: false,
+    pod_network_through_proxy: true,
+    disks_fixed_at_boot: true,
+    mounts_in_image_tree: false,
+    restore: true,
+};
+
 impl Backend for MicrovmBackend {
     fn kind(&self) -> BackendKind {
         BackendKind::Microvm
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        CAPABILITIES
     }
 
     fn unavailable_reason(&self) -> Option<String> {

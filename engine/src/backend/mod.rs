@@ -3,6 +3,7 @@
 //! daemon holds its backends by kind ([`Backends`]), injected at startup, so that tests can
 //! run the whole daemon on the host-process backend without root.
 
+mod capabilities;
 pub mod cgroup;
 mod container_add;
 mod cpu_rotation;
@@ -16,6 +17,8 @@ pub mod namespace;
 mod open_files;
 pub mod qemu;
 mod supervised;
+
+pub use capabilities::{Capabilities, ContainerSecurity};
 
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -158,8 +161,10 @@ impl BackendError {
 
 /// A kind of sandbox.
 pub trait Backend: Send + Sync + 'static {
-    /// Which backend this is.
+    /// Which backend this is (its name in the API and in messages).
     fn kind(&self) -> BackendKind;
+    /// What it can give a sandbox: the create steps ask this, never [`Backend::kind`].
+    fn capabilities(&self) -> Capabilities;
     /// Why this host cannot run it, or `None` when it can.
     fn unavailable_reason(&self) -> Option<String>;
     /// Creates a sandbox and waits for its agent's hello.

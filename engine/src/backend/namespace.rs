@@ -23,8 +23,8 @@ use wire::agent::Hello;
 use super::cgroup::{CgroupLimits, SandboxCgroups};
 use super::supervised::{spawn_and_await_hello, Diagnostics, SandboxProcess};
 use super::{
-    AdoptSpec, Backend, BackendError, BoxFuture, EgressSink, EgressStream, Held, ImagePaths,
-    Instance, InstanceSpec, MountSource, MountSpec,
+    AdoptSpec, Backend, BackendError, BoxFuture, Capabilities, ContainerSecurity, EgressSink,
+    EgressStream, Held, ImagePaths, Instance, InstanceSpec, MountSource, MountSpec,
 };
 use crate::restore::RestoreError;
 
@@ -1083,9 +1083,30 @@ impl Instance for NamespaceInstance {
     }
 }
 
+/// What the backend gives a sandbox. A namespace sandbox shares the host's kernel: it takes everything a container runtime gives.
+pub(crate) const CAPABILITIES: Capabilities = Capabilities {
+    containers: true,
+    container_pid1: true,
+    container_security: ContainerSecurity::All,
+    host_paths: true,
+    storage: true,
+    imported_images: true,
+    egress: true,
+    sysctls: true,
+    host_network_namespace: true,
+    pod_network_through_proxy: false,
+    disks_fixed_at_boot: false,
+    mounts_in_image_tree: true,
+    restore: true,
+};
+
 impl Backend for NamespaceBackend {
     fn kind(&self) -> BackendKind {
         BackendKind::Namespace
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        CAPABILITIES
     }
 
     fn unavailable_reason(&self) -> Option<String> {

@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use api_types::{ContainerRequest, CreateSandbox};
 
-use crate::backend::ImagePaths;
+use crate::backend::{Capabilities, ContainerSecurity, ImagePaths};
 use crate::owner::Owner;
 use crate::sandbox::containers::{ContainerPlan, MAIN_CONTAINER, MAX_CONTAINERS};
 use crate::sandbox::{AddContainerError, Sandbox};
@@ -348,7 +348,8 @@ impl Engine {
             other => AddContainerError::Invalid(report::chain(&other)),
         };
         let kind = sandbox.backend();
-        if kind == api_types::BackendKind::Process {
+        let caps = self.capabilities(kind);
+        if !caps.containers {
             return Err(AddContainerError::Invalid(format!(
                 "containers: the {kind} backend runs no containers (sandbox {})",
                 sandbox.id
@@ -376,19 +377,19 @@ impl Engine {
             .plan_one("", request, sandbox.owner(), &mut leases)
             .map_err(invalid)?;
         check_shared_in_image("", &request.shared, &root.rootfs, &plan.image).map_err(invalid)?;
-        refuse_security_on(kind, &root, "", true).map_err(invalid)?;
+        refuse_security_on(kind, caps, &root, "", true).map_err(invalid)?;
         let host_paths =
-            host_paths(kind, &request.host_paths).map_err(AddContainerError::Invalid)?;
+            host_paths(kind, caps, &request.host_paths).map_err(AddContainerError::Invalid)?;
         // A microVM reaches the image as a read-only ext4 snapshot, as at creation.
-        let disk = match kind {
-            api_types::BackendKind::Microvm => {
+        let disk = match caps.disks_fixed_at_boot {
+            true => {
                 let images = &self.storage()?.images;
                 Some(match &record {
                     Some(record) => images.root_disk(record).await?,
                     None => images.tree_disk(&root.rootfs).await?,
                 })
             }
-            api_types::BackendKind::Namespace | api_types::BackendKind::Process => None,
+            false => None,
         };
         let shared: Vec<wire::agent::SharedDir> = shared
             .into_iter()
@@ -424,12 +425,13 @@ impl Engine {
 /// `/dev` and `/sys`, no target twice.
 fn host_paths(
     kind: api_types::BackendKind,
+    caps: Capabilities,
     requested: &[api_types::HostPath],
 ) -> Result<Vec<namespace::HostPathMount>, String> {
     if requested.is_empty() {
         return Ok(Vec::new());
     }
-    if kind != api_types::BackendKind::Namespace {
+    if !caps.host_paths {
         return Err(format!(
             "host_paths: the {kind} backend mounts no host path (a microVM's kernel is not the \
              host's)"
@@ -563,19 +565,23 @@ fn seccomp_filter(profile: &api_types::SeccompProfile) -> Result<Vec<u64>, Strin
 /// sandbox does not (its command line is the guest kernel's, too small for a filter).
 pub(crate) fn refuse_security_on(
     kind: api_types::BackendKind,
+    caps: Capabilities,
     root: &namespace::ContainerRoot,
     field: &str,
     added: bool,
 ) -> Result<(), CreateError> {
-    if root.command_is_pid1 && kind != api_types::BackendKind::Namespace {
+    if root.command_is_pid1 && !caps.container_pid1 {
         return Err(CreateError::Invalid(format!(
             "{field}command_is_pid1: the {kind} backend keeps a container's agent as its PID 1; \
              the namespace backend makes its command PID 1"
         )));
     }
-    let microvm_takes =
-        kind == api_types::BackendKind::Microvm && added && root.security.is_only_seccomp();
-    if kind == api_types::BackendKind::Namespace || root.security.is_default() || microvm_takes {
+    let takes_it = match caps.container_security {
+        ContainerSecurity::All => true,
+        ContainerSecurity::SeccompWhenAdded => added && root.security.is_only_seccomp(),
+        ContainerSecurity::None => false,
+    };
+    if takes_it || root.security.is_default() {
         return Ok(());
     }
     let takes = match added {

@@ -28,7 +28,8 @@ use super::request_bounds;
 use super::{check_env, mount_target, sandbox_defaults, CreateError, Engine};
 use crate::backend::microvm_disks;
 use crate::backend::{
-    Backend, BackendError, ImagePaths, ImageRoot, Instance, InstanceSpec, MountSource, MountSpec,
+    Backend, BackendError, Capabilities, ImagePaths, ImageRoot, Instance, InstanceSpec,
+    MountSource, MountSpec,
 };
 use crate::egress::{EgressCounters, EgressPlan, EgressRefused};
 use crate::owner::Owner;
@@ -113,10 +114,11 @@ impl Engine {
         let sizes = validate(&self.config.limits, &request)?;
         let kind = request.backend.unwrap_or_else(|| self.default_backend());
         let backend = self.backend(kind)?;
-        let sysctls = check_sysctls(&request, kind)?;
+        let caps = backend.capabilities();
+        let sysctls = check_sysctls(&request, kind, caps)?;
         let image = self.choose_image(&request, &owner)?;
-        let placement = place_network(kind, &request, &sysctls)?;
-        let plan = self.plan(&request, &owner, kind, &image, &placement)?;
+        let placement = place_network(kind, caps, &request, &sysctls)?;
+        let plan = self.plan(&request, &owner, (kind, caps), &image, &placement)?;
         let poolable = is_poolable(&request, &plan, &image, &placement, &sysctls);
         let settings = self.settings(&mut request, kind, sizes, owner, &image);
         let reservation = match self.source(poolable, kind, sizes, &image.name)? {
@@ -139,7 +141,7 @@ impl Engine {
                 &request,
                 &settings.owner,
                 &id,
-                kind,
+                (kind, caps),
                 image.imported,
                 &plan.containers,
             )
@@ -210,24 +212,32 @@ impl Engine {
         &self,
         request: &CreateSandbox,
         owner: &Owner,
-        kind: BackendKind,
+        (kind, caps): (BackendKind, Capabilities),
         image: &ChosenImage,
         placement: &NetworkPlacement,
     ) -> Result<Plan, CreateError> {
-        check_backend_features(kind, request, image.imported.is_some())?;
-        // A namespace sandbox makes its mount points without following a link of its image.
-        let main_root = (kind == BackendKind::Namespace).then_some(image.accounts.root.as_path());
+        check_backend_features(kind, caps, request, image.imported.is_some())?;
+        // Mount points made in the image's tree are made without following a link of it.
+        let main_root = caps
+            .mounts_in_image_tree
+            .then_some(image.accounts.root.as_path());
         let containers = self.plan_containers(request, owner, main_root)?;
         for (i, root) in containers.roots.iter().enumerate() {
-            container_plan::refuse_security_on(kind, root, &format!("containers[{i}]."), false)?;
+            container_plan::refuse_security_on(
+                kind,
+                caps,
+                root,
+                &format!("containers[{i}]."),
+                false,
+            )?;
         }
-        // Only a microVM's disks are fixed at boot; the other backends need no slots.
-        let container_slots = match kind {
-            BackendKind::Microvm => request.container_slots.unwrap_or(0) as usize,
-            BackendKind::Namespace | BackendKind::Process => 0,
+        // Only disks fixed at boot need slots for the containers added later.
+        let container_slots = match caps.disks_fixed_at_boot {
+            true => request.container_slots.unwrap_or(0) as usize,
+            false => 0,
         };
         check_storage_targets(request, main_root, &image.name)?;
-        if kind == BackendKind::Microvm {
+        if caps.disks_fixed_at_boot {
             let targets: Vec<&str> = request
                 .volumes
                 .iter()
@@ -340,13 +350,13 @@ impl Engine {
         request: &CreateSandbox,
         owner: &Owner,
         id: &str,
-        kind: BackendKind,
+        (kind, caps): (BackendKind, Capabilities),
         imported: Option<(oci::ImageRecord, oci::ImageLease)>,
         containers: &ContainersPlan,
     ) -> Result<Claimed, CreateError> {
-        let (mut held, disk, mounts) = self.claim_storage(request, owner, id, kind).await?;
+        let (mut held, disk, mounts) = self.claim_storage(request, owner, id, (kind, caps)).await?;
         let mut container_disks = Vec::new();
-        if kind == BackendKind::Microvm {
+        if caps.disks_fixed_at_boot {
             let images = &self.storage()?.images;
             for (root, image) in containers.roots.iter().zip(&containers.images) {
                 container_disks.push(match image {
@@ -358,9 +368,9 @@ impl Engine {
         let root = match imported {
             Some((record, lease)) => {
                 let images = &self.storage()?.images;
-                let disk = match kind {
-                    BackendKind::Microvm => Some(images.root_disk(&record).await?),
-                    BackendKind::Namespace | BackendKind::Process => None,
+                let disk = match caps.disks_fixed_at_boot {
+                    true => Some(images.root_disk(&record).await?),
+                    false => None,
                 };
                 held.image = Some(lease);
                 Some(ImageRoot {
@@ -527,7 +537,7 @@ impl Engine {
         request: &CreateSandbox,
         owner: &Owner,
         id: &str,
-        backend: BackendKind,
+        (backend, caps): (BackendKind, Capabilities),
     ) -> Result<(SandboxStorage, Option<PathBuf>, Vec<MountSpec>), CreateError> {
         let mut held = SandboxStorage::default();
         let mut mounts = Vec::new();
@@ -537,14 +547,12 @@ impl Engine {
         let storage = self.storage()?;
         for volume in &request.volumes {
             let dir = storage.volumes.get(&volume.name)?;
-            let source = match backend {
+            let source = match caps.disks_fixed_at_boot {
                 // A VM can only be given block devices.
-                BackendKind::Microvm => {
+                true => {
                     MountSource::Ext4Image(storage.volume_snapshots.image(&volume.name, dir).await?)
                 }
-                BackendKind::Namespace | BackendKind::Process => {
-                    MountSource::Directory(dir.to_path_buf())
-                }
+                false => MountSource::Directory(dir.to_path_buf()),
             };
             mounts.push(MountSpec {
                 source,
@@ -626,11 +634,15 @@ pub(crate) fn validate(limits: &Limits, request: &CreateSandbox) -> Result<Sizes
 }
 
 /// A create request's `sysctls`, checked: namespaced settings only, on the namespace backend.
-fn check_sysctls(request: &CreateSandbox, kind: BackendKind) -> Result<Vec<Sysctl>, CreateError> {
+fn check_sysctls(
+    request: &CreateSandbox,
+    kind: BackendKind,
+    caps: Capabilities,
+) -> Result<Vec<Sysctl>, CreateError> {
     if request.sysctls.is_empty() {
         return Ok(Vec::new());
     }
-    if kind != BackendKind::Namespace {
+    if !caps.sysctls {
         return Err(CreateError::Invalid(format!(
             "sysctls: the {kind} backend sets no kernel settings (the namespace backend does)"
         )));
@@ -662,6 +674,7 @@ fn check_sysctls(request: &CreateSandbox, kind: BackendKind) -> Result<Vec<Sysct
 /// for a sandbox with a network of its own.
 pub(crate) fn place_network(
     kind: BackendKind,
+    caps: Capabilities,
     request: &CreateSandbox,
     sysctls: &[Sysctl],
 ) -> Result<NetworkPlacement, CreateError> {
@@ -676,56 +689,51 @@ pub(crate) fn place_network(
         ));
     }
     let host = path == api_types::HOST_NETWORK_NAMESPACE;
-    match kind {
-        BackendKind::Microvm if !host => {
-            let sockets = PodSockets::open(std::path::Path::new(path))
-                .map_err(|e| CreateError::Invalid(report::chain(&e)))?;
-            Ok(NetworkPlacement {
-                joins: None,
-                pod: Some(Arc::new(sockets)),
-            })
-        }
-        BackendKind::Microvm | BackendKind::Process => Err(CreateError::Invalid(format!(
+    if !host && caps.pod_network_through_proxy {
+        let sockets = PodSockets::open(std::path::Path::new(path))
+            .map_err(|e| CreateError::Invalid(report::chain(&e)))?;
+        return Ok(NetworkPlacement {
+            joins: None,
+            pod: Some(Arc::new(sockets)),
+        });
+    }
+    if !caps.host_network_namespace {
+        return Err(CreateError::Invalid(format!(
             "network_namespace: the {kind} backend joins no host network namespace (the \
              namespace backend does; a microVM takes a pod's, never the host's)"
-        ))),
-        BackendKind::Namespace if host => {
-            if let Some(sysctl) = sysctls.iter().find(|s| s.is_network()) {
-                return Err(CreateError::Invalid(format!(
-                    "sysctls: {} would set the host's own network settings: a sandbox on the \
-                     host's network (network_namespace \"host\") takes no net.* sysctl",
-                    sysctl.name
-                )));
-            }
-            Ok(NetworkPlacement {
-                joins: Some(PathBuf::from(::namespace::netns::HOST)),
-                pod: None,
-            })
-        }
-        BackendKind::Namespace => {
-            let path = PathBuf::from(path);
-            // Checked here for a clear 400; the supervisor checks what it opens again.
-            ::namespace::netns::open_checked(&path)
-                .map_err(|e| CreateError::Invalid(report::chain(&e)))?;
-            Ok(NetworkPlacement {
-                joins: Some(path),
-                pod: None,
-            })
-        }
+        )));
     }
+    if host {
+        if let Some(sysctl) = sysctls.iter().find(|s| s.is_network()) {
+            return Err(CreateError::Invalid(format!(
+                "sysctls: {} would set the host's own network settings: a sandbox on the \
+                 host's network (network_namespace \"host\") takes no net.* sysctl",
+                sysctl.name
+            )));
+        }
+        return Ok(NetworkPlacement {
+            joins: Some(PathBuf::from(::namespace::netns::HOST)),
+            pod: None,
+        });
+    }
+    let path = PathBuf::from(path);
+    // Checked here for a clear 400; the supervisor checks what it opens again.
+    ::namespace::netns::open_checked(&path).map_err(|e| CreateError::Invalid(report::chain(&e)))?;
+    Ok(NetworkPlacement {
+        joins: Some(path),
+        pod: None,
+    })
 }
 
-/// What of a request backend `kind` cannot provide, refused naming it: the process backend
-/// runs no containers and has no storage, network or imported image.
+/// What of a request backend `kind` cannot give, refused naming it (the process backend runs
+/// a command and nothing more: no containers, storage, network or imported image).
 pub(crate) fn check_backend_features(
     kind: BackendKind,
+    caps: Capabilities,
     request: &CreateSandbox,
     imported_image: bool,
 ) -> Result<(), CreateError> {
-    if kind != BackendKind::Process {
-        return Ok(());
-    }
-    if !request.containers.is_empty() || !request.shared.is_empty() {
+    if !caps.containers && (!request.containers.is_empty() || !request.shared.is_empty()) {
         return Err(CreateError::Invalid(format!(
             "containers: the {kind} backend runs no containers (ask for \"backend\": \
              \"namespace\" or \"microvm\")"
@@ -737,7 +745,7 @@ pub(crate) fn check_backend_features(
         (!request.volumes.is_empty(), "volumes"),
     ]
     .into_iter()
-    .filter_map(|(asked, name)| asked.then_some(name))
+    .filter_map(|(asked, name)| (asked && !caps.storage).then_some(name))
     .collect();
     if !storage.is_empty() {
         return Err(CreateError::Invalid(format!(
@@ -746,16 +754,17 @@ pub(crate) fn check_backend_features(
             if storage.len() == 1 { "is" } else { "are" },
         )));
     }
-    if request
-        .network
-        .as_ref()
-        .is_some_and(|n| !n.allow.is_empty())
+    if !caps.egress
+        && request
+            .network
+            .as_ref()
+            .is_some_and(|n| !n.allow.is_empty())
     {
         return Err(CreateError::Invalid(format!(
             "network is not available on the {kind} backend yet (use the namespace backend)"
         )));
     }
-    if imported_image {
+    if imported_image && !caps.imported_images {
         return Err(CreateError::Invalid(format!(
             "image: imported images are not available on the {kind} backend (use the \
              namespace or microvm backend)"
@@ -849,6 +858,14 @@ fn instance_spec(
 mod tests {
     use super::*;
     use crate::backend::{Backends, BoxFuture};
+
+    const NAMESPACE: (BackendKind, Capabilities) = (
+        BackendKind::Namespace,
+        crate::backend::namespace::CAPABILITIES,
+    );
+    const MICROVM: (BackendKind, Capabilities) =
+        (BackendKind::Microvm, crate::backend::microvm::CAPABILITIES);
+    const PROCESS: (BackendKind, Capabilities) = (BackendKind::Process, Capabilities::NONE);
     use crate::settings::EngineConfig;
     use std::sync::atomic::AtomicUsize;
     use tokio::sync::watch;
@@ -930,27 +947,27 @@ mod tests {
         let mut asked = request();
         asked.sysctls = [("net.ipv4.ip_forward".to_string(), "1".to_string())].into();
         assert_eq!(
-            check_sysctls(&asked, BackendKind::Namespace)
+            check_sysctls(&asked, NAMESPACE.0, NAMESPACE.1)
                 .expect("namespaced")
                 .len(),
             1
         );
-        assert!(invalid(check_sysctls(&asked, BackendKind::Microvm)).contains("microvm"));
+        assert!(invalid(check_sysctls(&asked, MICROVM.0, MICROVM.1)).contains("microvm"));
         asked.sysctls = (0..=MAX_SYSCTLS)
             .map(|i| (format!("net.ipv4.conf.eth{i}.forwarding"), "1".to_string()))
             .collect();
-        assert!(invalid(check_sysctls(&asked, BackendKind::Namespace)).contains("at most 64"));
+        assert!(invalid(check_sysctls(&asked, NAMESPACE.0, NAMESPACE.1)).contains("at most 64"));
     }
 
     #[test]
     fn the_network_step_places_each_backend_or_says_why_not() {
-        let none = place_network(BackendKind::Microvm, &request(), &[]).expect("no namespace");
+        let none = place_network(MICROVM.0, MICROVM.1, &request(), &[]).expect("no namespace");
         assert!(none.joins.is_none() && none.pod.is_none());
         let host = CreateSandbox {
             network_namespace: Some(api_types::HOST_NETWORK_NAMESPACE.into()),
             ..request()
         };
-        let joined = place_network(BackendKind::Namespace, &host, &[]).expect("host");
+        let joined = place_network(NAMESPACE.0, NAMESPACE.1, &host, &[]).expect("host");
         assert_eq!(
             joined.joins.as_deref(),
             Some(std::path::Path::new(::namespace::netns::HOST))
@@ -960,13 +977,14 @@ mod tests {
             value: "1".into(),
         };
         assert!(invalid(place_network(
-            BackendKind::Namespace,
+            NAMESPACE.0,
+            NAMESPACE.1,
             &host,
             std::slice::from_ref(&net_sysctl)
         ))
         .contains("the host's own network settings"));
-        for kind in [BackendKind::Microvm, BackendKind::Process] {
-            assert!(invalid(place_network(kind, &host, &[]))
+        for (kind, caps) in [MICROVM, PROCESS] {
+            assert!(invalid(place_network(kind, caps, &host, &[]))
                 .contains("joins no host network namespace"));
         }
         let both = CreateSandbox {
@@ -975,14 +993,14 @@ mod tests {
             }),
             ..host.clone()
         };
-        assert!(invalid(place_network(BackendKind::Namespace, &both, &[]))
+        assert!(invalid(place_network(NAMESPACE.0, NAMESPACE.1, &both, &[]))
             .contains("leave out `network`"));
         let missing = CreateSandbox {
             network_namespace: Some("/no/such/netns".into()),
             ..request()
         };
-        invalid(place_network(BackendKind::Microvm, &missing, &[]));
-        invalid(place_network(BackendKind::Namespace, &missing, &[]));
+        invalid(place_network(MICROVM.0, MICROVM.1, &missing, &[]));
+        invalid(place_network(NAMESPACE.0, NAMESPACE.1, &missing, &[]));
     }
 
     #[test]
@@ -998,9 +1016,7 @@ mod tests {
             ..request()
         };
         let why = invalid(check_backend_features(
-            BackendKind::Process,
-            &storage,
-            false,
+            PROCESS.0, PROCESS.1, &storage, false,
         ));
         assert!(
             why.starts_with("disk_mib, caches are not available"),
@@ -1013,19 +1029,18 @@ mod tests {
             ..request()
         };
         assert!(invalid(check_backend_features(
-            BackendKind::Process,
-            &network,
-            false
+            PROCESS.0, PROCESS.1, &network, false
         ))
         .starts_with("network"));
         assert!(invalid(check_backend_features(
-            BackendKind::Process,
+            PROCESS.0,
+            PROCESS.1,
             &request(),
             true
         ))
         .starts_with("image:"));
-        for kind in [BackendKind::Namespace, BackendKind::Microvm] {
-            check_backend_features(kind, &storage, true).expect("the others give it");
+        for (kind, caps) in [NAMESPACE, MICROVM] {
+            check_backend_features(kind, caps, &storage, true).expect("the others give it");
         }
     }
 
@@ -1136,7 +1151,10 @@ mod tests {
     /// the process backend's kind, the only thing it shares with it.
     struct ToyBackend {
         fail: bool,
+        caps: Capabilities,
         made: AtomicUsize,
+        /// The kernel settings of each spec it was asked to make.
+        sysctls_seen: std::sync::Mutex<Vec<String>>,
     }
 
     struct ToyInstance {
@@ -1164,6 +1182,9 @@ mod tests {
         fn kind(&self) -> BackendKind {
             BackendKind::Process
         }
+        fn capabilities(&self) -> Capabilities {
+            self.caps
+        }
         fn unavailable_reason(&self) -> Option<String> {
             None
         }
@@ -1172,6 +1193,13 @@ mod tests {
             spec: InstanceSpec,
         ) -> BoxFuture<'_, Result<Box<dyn Instance>, BackendError>> {
             self.made.fetch_add(1, Ordering::Relaxed);
+            if let Ok(mut seen) = self.sysctls_seen.lock() {
+                seen.extend(
+                    spec.sysctls
+                        .iter()
+                        .map(|s| format!("{}={}", s.name, s.value)),
+                );
+            }
             let fail = self.fail;
             Box::pin(async move {
                 if fail {
@@ -1197,16 +1225,60 @@ mod tests {
     }
 
     fn engine(fail: bool) -> (Engine, tempfile::TempDir) {
+        let (engine, _, dir) = engine_with(fail, Capabilities::NONE);
+        (engine, dir)
+    }
+
+    fn engine_with(fail: bool, caps: Capabilities) -> (Engine, Arc<ToyBackend>, tempfile::TempDir) {
         let dir = tempfile::tempdir().expect("tempdir");
         let mut config = EngineConfig::new(dir.path().join("image"));
         config.state_dir = dir.path().join("state");
         config.live_restore = false;
         config.limits.max_sandboxes = 1;
-        let toy: Arc<dyn Backend> = Arc::new(ToyBackend {
+        let toy = Arc::new(ToyBackend {
             fail,
+            caps,
             made: AtomicUsize::new(0),
+            sysctls_seen: Default::default(),
         });
-        (Engine::with_backends(config, Backends::new(vec![toy])), dir)
+        let backend: Arc<dyn Backend> = toy.clone();
+        (
+            Engine::with_backends(config, Backends::new(vec![backend])),
+            toy,
+            dir,
+        )
+    }
+
+    #[tokio::test]
+    async fn the_steps_follow_what_a_backend_can_do_never_its_kind() {
+        let asking = || CreateSandbox {
+            sysctls: [("net.ipv4.ip_forward".to_string(), "1".to_string())].into(),
+            ..request()
+        };
+        // The same kind, first without kernel settings, then declaring them.
+        let (plain, plain_toy, _a) = engine_with(false, Capabilities::NONE);
+        let why = invalid(plain.create_sandbox(asking(), Owner::Unix).await);
+        assert!(
+            why.contains("the process backend sets no kernel settings"),
+            "{why}"
+        );
+        assert_eq!(
+            plain_toy.made.load(Ordering::Relaxed),
+            0,
+            "refused before launch"
+        );
+        let caps = Capabilities {
+            sysctls: true,
+            ..Capabilities::NONE
+        };
+        let (able, able_toy, _b) = engine_with(false, caps);
+        able.create_sandbox(asking(), Owner::Unix)
+            .await
+            .expect("a backend that sets them is given them");
+        assert_eq!(
+            *able_toy.sysctls_seen.lock().expect("lock"),
+            ["net.ipv4.ip_forward=1"]
+        );
     }
 
     #[tokio::test]

@@ -5,8 +5,6 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use api_types::BackendKind;
-
 use crate::egress::EgressCounters;
 use crate::owner::Owner;
 use crate::restore::RestoreError;
@@ -201,10 +199,12 @@ impl Engine {
     ) -> Result<SandboxStorage, RestoreError> {
         use crate::backend::Held;
         let mut held = SandboxStorage::default();
+        // Disks fixed at boot: each volume and an imported root are block devices.
+        let disks = self.capabilities(record.backend).disks_fixed_at_boot;
         let needs_storage = !record.caches.is_empty()
             || !record.volumes.is_empty()
             || record.disk_mib.is_some()
-            || (record.image != DEFAULT_IMAGE && record.backend == BackendKind::Microvm);
+            || (record.image != DEFAULT_IMAGE && disks);
         if !needs_storage {
             return Ok(held);
         }
@@ -216,7 +216,6 @@ impl Engine {
                 .check_holds(what)
                 .map_err(|why| RestoreError::Mismatch(format!("{}: {why}", what.describe())))
         };
-        let microvm = record.backend == BackendKind::Microvm;
         for volume in &record.volumes {
             let mismatch = |why: String| {
                 RestoreError::Mismatch(format!("its volume {:?}: {why}", volume.name))
@@ -226,7 +225,7 @@ impl Engine {
                 .get(&volume.name)
                 .map_err(|e| mismatch(report::chain(&e)))?;
             let target = mount_target(&volume.path);
-            if microvm {
+            if disks {
                 let image = storage
                     .volume_snapshots
                     .reclaim(&volume.name)
@@ -267,7 +266,7 @@ impl Engine {
             })?;
             held.scratch = Some(scratch);
         }
-        if microvm && record.image != DEFAULT_IMAGE {
+        if disks && record.image != DEFAULT_IMAGE {
             let image = storage
                 .images
                 .get(owner, &record.image)
