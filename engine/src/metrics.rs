@@ -95,23 +95,83 @@ impl Metrics {
     /// The Prometheus text exposition.
     pub fn render(&self, registry: &Registry, caller: &crate::owner::Caller) -> String {
         let mut out = String::new();
-        let counter = |out: &mut String, name: &str, help: &str, value: &AtomicU64| {
+        render_states(&mut out, registry);
+        self.render_egress(&mut out, registry, caller);
+        let counters: [(&str, &str, &AtomicU64); 10] = [
+            (
+                "crucible_sandboxes_created_total",
+                "Sandboxes created.",
+                &self.sandboxes_created,
+            ),
+            (
+                "crucible_sandbox_create_failures_total",
+                "Sandbox creations that failed.",
+                &self.sandboxes_failed,
+            ),
+            (
+                "crucible_sandboxes_died_total",
+                "Sandboxes that died unexpectedly.",
+                &registry.died,
+            ),
+            (
+                "crucible_execs_total",
+                "Execs started.",
+                &self.execs_started,
+            ),
+            (
+                "crucible_execs_lost_total",
+                "Execs whose agent was lost mid-stream.",
+                &self.execs_lost,
+            ),
+            (
+                "crucible_stream_bytes_total",
+                "Frame bytes relayed to clients.",
+                &self.bytes_streamed,
+            ),
+            (
+                "crucible_stdin_bytes_total",
+                "Stdin frame bytes relayed from interactive clients to agents.",
+                &self.bytes_stdin,
+            ),
+            (
+                "crucible_connections_refused_total",
+                "Connections answered 503 at the --max-connections cap.",
+                &self.connections_refused,
+            ),
+            (
+                "crucible_upload_bytes_total",
+                "Bytes uploaded into sandboxes.",
+                &self.bytes_uploaded,
+            ),
+            (
+                "crucible_download_bytes_total",
+                "Bytes downloaded from sandboxes.",
+                &self.bytes_downloaded,
+            ),
+        ];
+        for (name, help, value) in counters {
             let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter");
             let _ = writeln!(out, "{name} {}", value.load(Ordering::Relaxed));
-        };
+        }
+        self.exec_latency.render(
+            &mut out,
+            "crucible_exec_duration_seconds",
+            "Exec duration, request to exit frame.",
+        );
         let _ = writeln!(
             out,
-            "# HELP crucible_sandboxes Sandboxes by state.\n# TYPE crucible_sandboxes gauge"
+            "# HELP crucible_http_errors_total Error responses by status.\n# TYPE crucible_http_errors_total counter"
         );
-        for (state, n) in registry.count_by_state() {
-            let state = serde_json::to_value(state)
-                .ok()
-                .and_then(|v| v.as_str().map(String::from))
-                .unwrap_or_default();
-            let _ = writeln!(out, "crucible_sandboxes{{state=\"{state}\"}} {n}");
+        let errors = self.errors.lock().unwrap_or_else(|p| p.into_inner());
+        for (status, n) in errors.iter() {
+            let _ = writeln!(out, "crucible_http_errors_total{{status=\"{status}\"}} {n}");
         }
-        // Per sandbox, but only the caller's own: a label naming another key's sandbox would
-        // tell this key it exists. The daemon-wide totals count every sandbox ever made.
+        out
+    }
+
+    /// The egress counters: the daemon's totals, and each live sandbox's of the caller's only
+    /// (a label naming another key's sandbox would tell this key it exists).
+    fn render_egress(&self, out: &mut String, registry: &Registry, caller: &crate::owner::Caller) {
         let sandboxes = registry.list();
         let egress: Vec<_> = sandboxes
             .iter()
@@ -147,81 +207,20 @@ impl Metrics {
                 let _ = writeln!(out, "{name}{{sandbox=\"{}\"}} {}", sandbox.id, pick(stats));
             }
         }
-        counter(
-            &mut out,
-            "crucible_sandboxes_created_total",
-            "Sandboxes created.",
-            &self.sandboxes_created,
-        );
-        counter(
-            &mut out,
-            "crucible_sandbox_create_failures_total",
-            "Sandbox creations that failed.",
-            &self.sandboxes_failed,
-        );
-        counter(
-            &mut out,
-            "crucible_sandboxes_died_total",
-            "Sandboxes that died unexpectedly.",
-            &registry.died,
-        );
-        counter(
-            &mut out,
-            "crucible_execs_total",
-            "Execs started.",
-            &self.execs_started,
-        );
-        counter(
-            &mut out,
-            "crucible_execs_lost_total",
-            "Execs whose agent was lost mid-stream.",
-            &self.execs_lost,
-        );
-        counter(
-            &mut out,
-            "crucible_stream_bytes_total",
-            "Frame bytes relayed to clients.",
-            &self.bytes_streamed,
-        );
-        counter(
-            &mut out,
-            "crucible_stdin_bytes_total",
-            "Stdin frame bytes relayed from interactive clients to agents.",
-            &self.bytes_stdin,
-        );
-        counter(
-            &mut out,
-            "crucible_connections_refused_total",
-            "Connections answered 503 at the --max-connections cap.",
-            &self.connections_refused,
-        );
-        counter(
-            &mut out,
-            "crucible_upload_bytes_total",
-            "Bytes uploaded into sandboxes.",
-            &self.bytes_uploaded,
-        );
-        counter(
-            &mut out,
-            "crucible_download_bytes_total",
-            "Bytes downloaded from sandboxes.",
-            &self.bytes_downloaded,
-        );
+    }
+}
 
-        self.exec_latency.render(
-            &mut out,
-            "crucible_exec_duration_seconds",
-            "Exec duration, request to exit frame.",
-        );
-
-        let _ = writeln!(
-            out,
-            "# HELP crucible_http_errors_total Error responses by status.\n# TYPE crucible_http_errors_total counter"
-        );
-        let errors = self.errors.lock().unwrap_or_else(|p| p.into_inner());
-        for (status, n) in errors.iter() {
-            let _ = writeln!(out, "crucible_http_errors_total{{status=\"{status}\"}} {n}");
-        }
-        out
+/// Sandboxes by state.
+fn render_states(out: &mut String, registry: &Registry) {
+    let _ = writeln!(
+        out,
+        "# HELP crucible_sandboxes Sandboxes by state.\n# TYPE crucible_sandboxes gauge"
+    );
+    for (state, n) in registry.count_by_state() {
+        let state = serde_json::to_value(state)
+            .ok()
+            .and_then(|v| v.as_str().map(String::from))
+            .unwrap_or_default();
+        let _ = writeln!(out, "crucible_sandboxes{{state=\"{state}\"}} {n}");
     }
 }

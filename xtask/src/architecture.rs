@@ -14,6 +14,8 @@
 //! - **the guest links no host code**: the guest agent's dependency tree (`guest-init`,
 //!   hence `wire` and `contract`) holds no async runtime, no REST type and no host crate: it
 //!   runs as PID 1 inside a hostile sandbox, and every crate it links is attack surface there;
+//! - **no function in the engine is over 120 lines**: past that, a function does several
+//!   jobs, and each deserves a name and tests of its own (the create path is named steps);
 //! - **an error never repeats its cause**: no `thiserror` message interpolates the field that
 //!   is its `#[source]` / `#[from]` (`report::chain` prints the cause once).
 
@@ -105,6 +107,16 @@ pub(crate) fn run(sh: &Shell) -> Result<()> {
         }
     }
     problems.extend(layer_violations(&packages));
+    for package in packages.iter().filter(|p| p.name == "crucible-engine") {
+        for (file, function, lines) in long_functions(&package.src)? {
+            problems.push(format!(
+                "{}: fn {function} in {} is {lines} lines, over {MAX_ENGINE_FN_LINES}: split \
+                 it into named steps (docs/architecture.md)",
+                package.name,
+                file.display()
+            ));
+        }
+    }
     for package in ["crucible-engine", "crucible-egress"] {
         for dependency in forbidden_dependencies(sh, package, HTTP_CRATES)? {
             problems.push(format!(
@@ -126,10 +138,72 @@ pub(crate) fn run(sh: &Shell) -> Result<()> {
         );
     }
     eprintln!(
-        "    every crate in its layer; no module cycle in any crate; the engine knows no HTTP; \
-         the guest links no host code; no error repeats its cause"
+        "    every crate in its layer; no module cycle in any crate; the engine knows no HTTP \
+         and has no function over {MAX_ENGINE_FN_LINES} lines; the guest links no host code; \
+         no error repeats its cause"
     );
     Ok(())
+}
+
+/// The longest function the engine may have: past it, a function does several jobs and its
+/// steps deserve names (and tests) of their own.
+const MAX_ENGINE_FN_LINES: usize = 120;
+
+/// Every function of the `.rs` files under `src` (tests left out) longer than
+/// [`MAX_ENGINE_FN_LINES`], from its `fn` line to its closing brace at the same indent.
+fn long_functions(src: &Path) -> Result<Vec<(PathBuf, String, usize)>> {
+    let mut long = Vec::new();
+    for path in modules(src)?.into_values() {
+        let text = std::fs::read_to_string(&path)?;
+        for (name, lines) in function_lengths(without_tests(&text)) {
+            if lines > MAX_ENGINE_FN_LINES {
+                long.push((path.strip_prefix(src)?.to_path_buf(), name, lines));
+            }
+        }
+    }
+    long.sort();
+    Ok(long)
+}
+
+/// Each function with a body in `code` and its length in lines (rustfmt's layout: the body
+/// closes with `}` at the indent of its `fn`).
+fn function_lengths(code: &str) -> Vec<(String, usize)> {
+    let lines: Vec<&str> = code.lines().collect();
+    let mut found = Vec::new();
+    for (start, line) in lines.iter().enumerate() {
+        let trimmed = line.trim_start();
+        let indent = line.len() - trimmed.len();
+        let after_keywords = [
+            "pub(crate) ",
+            "pub(super) ",
+            "pub ",
+            "async ",
+            "unsafe ",
+            "const ",
+        ]
+        .iter()
+        .fold(trimmed, |rest, keyword| {
+            rest.strip_prefix(keyword).unwrap_or(rest)
+        });
+        let Some(signature) = after_keywords.strip_prefix("fn ") else {
+            continue;
+        };
+        if line.trim_end().ends_with(';') {
+            continue;
+        }
+        let name: String = signature
+            .chars()
+            .take_while(|c| c.is_alphanumeric() || *c == '_')
+            .collect();
+        let closing = " ".repeat(indent) + "}";
+        if let Some(end) = lines[start + 1..]
+            .iter()
+            .position(|l| l.trim_end() == closing)
+        {
+            found.push((name, end + 2));
+        }
+    }
+    found
 }
 
 /// A workspace crate: its name, `src` directory and the workspace crates it depends on
@@ -627,6 +701,28 @@ mod tests {
         // Cut, the same tree passes.
         std::fs::write(src.join("storage/images.rs"), "pub struct Image;").unwrap();
         assert!(cycles(&top_level(&module_graph(src).unwrap())).is_empty());
+    }
+
+    #[test]
+    fn a_functions_length_runs_from_its_signature_to_its_closing_brace() {
+        let code = "fn short() {\n    1\n}\n\nimpl X {\n    pub(crate) async fn long(\n        a: u8,\n    ) -> u8 {\n        if a > 0 {\n            a\n        } else {\n            0\n        }\n    }\n    fn declared(&self);\n}\n";
+        assert_eq!(
+            function_lengths(code),
+            [("short".to_string(), 3), ("long".to_string(), 9)]
+        );
+        let dir = tempfile::tempdir().unwrap();
+        let body = "    let _ = 1;\n".repeat(MAX_ENGINE_FN_LINES);
+        std::fs::write(
+            dir.path().join("lib.rs"),
+            format!("fn knot() {{\n{body}}}\n"),
+        )
+        .unwrap();
+        let long = long_functions(dir.path()).unwrap();
+        assert_eq!(long.len(), 1);
+        assert_eq!(
+            (long[0].1.as_str(), long[0].2),
+            ("knot", MAX_ENGINE_FN_LINES + 2)
+        );
     }
 
     #[test]

@@ -267,17 +267,50 @@ impl NamespaceBackend {
     }
 
     async fn create_instance(&self, spec: InstanceSpec) -> Result<NamespaceInstance, BackendError> {
-        let memory_mib = spec.memory_mib;
         if let Some(reason) = self.why_unavailable() {
             return Err(BackendError::Unavailable {
                 backend: BackendKind::Namespace,
                 reason,
             });
         }
+        let (mut cleanup, id_map) = self.claim_host_resources(&spec).await?;
+        // From here on, whatever fails gives back what was claimed: nothing runs yet.
+        let started = match self.start_supervisor(spec, id_map, &mut cleanup).await {
+            Ok(started) => started,
+            Err(e) => {
+                cleanup.run().await;
+                return Err(e);
+            }
+        };
+        Ok(NamespaceInstance {
+            hello: started.hello,
+            socket: started.agent_socket,
+            container_sockets: std::sync::Mutex::new(
+                started.container_sockets.into_iter().enumerate().collect(),
+            ),
+            process: SandboxProcess::watch(
+                started.child,
+                "the sandbox's init".into(),
+                started.diagnostics,
+            ),
+            cleanup: tokio::sync::Mutex::new(Some(cleanup)),
+            log_path: started.log_path,
+            egress_task: started.egress_task,
+            record: started.record,
+            agent: self.image.agent(),
+            from_host_paths: std::sync::Mutex::default(),
+        })
+    }
+
+    /// What a sandbox holds of the host before anything runs: its runtime directory, its
+    /// cgroups and a range of user ids; given back by [`Cleanup::run`].
+    async fn claim_host_resources(
+        &self,
+        spec: &InstanceSpec,
+    ) -> Result<(Cleanup, IdMap), BackendError> {
         let runtime_dir = self.runtime_dir(&spec.id);
         create_private_dir(&runtime_dir)?;
-        let log_path = self.log_path(&spec.id);
-        if let Some(dir) = log_path.parent() {
+        if let Some(dir) = self.log_path(&spec.id).parent() {
             create_private_dir(dir)?;
         }
         let cgroups = SandboxCgroups::create(
@@ -291,71 +324,65 @@ impl NamespaceBackend {
             },
         )
         .map_err(|e| BackendError::setup("creating the sandbox's cgroups", e))?;
-        let ids = self.id_ranges.take(RANGE_WAIT).await;
         let mut cleanup = Cleanup {
-            runtime_dir: Some(runtime_dir.clone()),
+            runtime_dir: Some(runtime_dir),
             cgroups: Some(cgroups),
             ids: None,
             cpus: None,
         };
-        let ids = match ids {
-            Ok(ids) => ids,
+        match self.id_ranges.take(RANGE_WAIT).await {
+            Ok(ids) => {
+                let map = ids.map;
+                cleanup.ids = Some(ids);
+                Ok((cleanup, map))
+            }
             Err(e) => {
                 cleanup.run().await;
-                return Err(e);
+                Err(e)
             }
-        };
-        let id_map = ids.map;
-        cleanup.ids = Some(ids);
+        }
+    }
 
+    /// Starts the sandbox's supervisor (`guest-init sandbox …`) and waits for its agent's
+    /// hello; its CPUs go into `cleanup`.
+    async fn start_supervisor(
+        &self,
+        spec: InstanceSpec,
+        id_map: IdMap,
+        cleanup: &mut Cleanup,
+    ) -> Result<Started, BackendError> {
+        let runtime_dir = self.runtime_dir(&spec.id);
+        let log_path = self.log_path(&spec.id);
         let ready_path = runtime_dir.join("ready.sock");
-        let opened = (|| {
-            let ready = UnixListener::bind(&ready_path)
-                .map_err(|e| BackendError::setup(format!("bind {}", ready_path.display()), e))?;
-            let log = std::fs::File::create(&log_path)
-                .map_err(|e| BackendError::setup(format!("create {}", log_path.display()), e))?;
-            let log_err = log
-                .try_clone()
-                .map_err(|e| BackendError::setup("duplicate the log file", e))?;
-            Ok((ready, log, log_err))
-        })();
-        let (ready, log, log_err) = match opened {
-            Ok(opened) => opened,
-            Err(e) => {
-                // Nothing runs yet: the cgroups and the runtime directory go, then the range.
-                cleanup.run().await;
-                return Err(e);
-            }
-        };
-
+        let ready = UnixListener::bind(&ready_path)
+            .map_err(|e| BackendError::setup(format!("bind {}", ready_path.display()), e))?;
+        let log = std::fs::File::create(&log_path)
+            .map_err(|e| BackendError::setup(format!("create {}", log_path.display()), e))?;
+        let log_err = log
+            .try_clone()
+            .map_err(|e| BackendError::setup("duplicate the log file", e))?;
         let egress_path = runtime_dir.join("egress.sock");
         let egress = match &spec.egress {
-            Some(sink) => match UnixListener::bind(&egress_path) {
-                Ok(listener) => Some((listener, sink.clone())),
-                Err(e) => {
-                    cleanup.run().await;
-                    return Err(BackendError::setup(
-                        format!("bind {}", egress_path.display()),
-                        e,
-                    ));
-                }
-            },
+            Some(sink) => Some((
+                UnixListener::bind(&egress_path).map_err(|e| {
+                    BackendError::setup(format!("bind {}", egress_path.display()), e)
+                })?,
+                sink.clone(),
+            )),
             None => None,
         };
         let agent_socket = runtime_dir.join("agent.sock");
-        let hostname = spec.hostname.clone();
-        let spec_id = spec.id.clone();
-        let rootfs = spec
-            .root
-            .as_ref()
-            .map_or_else(|| self.image.rootfs.clone(), |root| root.dir.clone());
+        let (id, hostname, memory_mib) = (spec.id.clone(), spec.hostname.clone(), spec.memory_mib);
         let container_sockets: Vec<PathBuf> = (0..spec.containers.len())
             .map(|i| namespace::container_socket(&runtime_dir, i))
             .collect();
         let cpus = self.cpus.take(spec.vcpus);
-        let spec = SandboxSpec {
-            rootfs,
-            runtime_dir: runtime_dir.clone(),
+        let args = SandboxSpec {
+            rootfs: spec
+                .root
+                .as_ref()
+                .map_or_else(|| self.image.rootfs.clone(), |root| root.dir.clone()),
+            runtime_dir,
             agent_socket: agent_socket.clone(),
             ready_socket: ready_path.clone(),
             hostname: hostname.clone(),
@@ -380,19 +407,72 @@ impl NamespaceBackend {
         }
         .to_args();
         cleanup.cpus = Some(cpus);
+        let mut command = self.supervisor_command(args, memory_mib, &hostname, log, log_err);
+        let what = format!("the sandbox's init {}", self.image.agent().display());
+        let diagnostics = Diagnostics::new().with("its log", &log_path);
+        let (child, hello) = spawn_and_await_hello(
+            &mut command,
+            &ready,
+            self.ready_timeout,
+            &what,
+            &diagnostics,
+        )
+        .await?;
+        drop(ready);
+        let _ = std::fs::remove_file(&ready_path);
+        let record = child
+            .id()
+            .and_then(|pid| i32::try_from(pid).ok())
+            .and_then(|pid| {
+                let ticks = crate::restore::process_start_ticks(pid).ok()?;
+                Some(crate::restore::InstanceRecord {
+                    supervisor_pid: pid,
+                    supervisor_start_ticks: ticks,
+                    id_slot: cleanup.ids.as_ref()?.slot,
+                    hello: hello.clone(),
+                    hypervisor: None,
+                    devices: Vec::new(),
+                    container_slots: Vec::new(),
+                })
+            });
+        // The sandbox connected before entering; the path is of no more use.
+        let egress_task = egress.map(|(listener, sink)| {
+            let _ = std::fs::remove_file(&egress_path);
+            tokio::spawn(receive_egress(listener, sink, id))
+        });
+        Ok(Started {
+            hello,
+            agent_socket,
+            container_sockets,
+            child,
+            diagnostics,
+            log_path,
+            egress_task,
+            record,
+        })
+    }
+
+    /// The supervisor's command line and environment: none of the daemon's (API keys among
+    /// it) and none of the sandbox's own (the daemon adds it to every exec request, so an
+    /// agent started before it was known, a warm pool's, is the same as one started after).
+    fn supervisor_command(
+        &self,
+        args: Vec<std::ffi::OsString>,
+        memory_mib: u64,
+        hostname: &str,
+        log: std::fs::File,
+        log_err: std::fs::File,
+    ) -> Command {
         let mut command = Command::new(self.image.agent());
         command
             .arg("sandbox")
-            .args(spec)
+            .args(args)
             .arg("--memory-bytes")
             .arg((memory_mib * 1024 * 1024).to_string())
-            // The daemon's environment (API keys among it) must not reach the sandbox. Nor does
-            // the sandbox's own: the daemon adds it to every exec request, so an agent started
-            // before it was known (a warm pool's) is the same as one started after.
             .env_clear()
             .env("PATH", DEFAULT_PATH)
             .env("HOME", contract::AGENT_HOME)
-            .env("HOSTNAME", &hostname)
+            .env("HOSTNAME", hostname)
             .stdin(Stdio::null())
             .stdout(Stdio::from(log))
             .stderr(Stdio::from(log_err))
@@ -400,61 +480,7 @@ impl NamespaceBackend {
         if self.live_restore {
             super::supervised::outlive_the_daemon(&mut command);
         }
-        let what = format!("the sandbox's init {}", self.image.agent().display());
-        let diagnostics = Diagnostics::new().with("its log", &log_path);
-        let spawned = spawn_and_await_hello(
-            &mut command,
-            &ready,
-            self.ready_timeout,
-            &what,
-            &diagnostics,
-        )
-        .await;
-        let (child, hello) = match spawned {
-            Ok(spawned) => spawned,
-            Err(e) => {
-                cleanup.run().await;
-                return Err(e);
-            }
-        };
-        drop(ready);
-        let _ = std::fs::remove_file(&ready_path);
-        let record = match child.id().and_then(|pid| i32::try_from(pid).ok()) {
-            Some(pid) => crate::restore::process_start_ticks(pid)
-                .ok()
-                .and_then(|ticks| {
-                    Some(crate::restore::InstanceRecord {
-                        supervisor_pid: pid,
-                        supervisor_start_ticks: ticks,
-                        id_slot: cleanup.ids.as_ref()?.slot,
-                        hello: hello.clone(),
-                        hypervisor: None,
-                        devices: Vec::new(),
-                        container_slots: Vec::new(),
-                    })
-                }),
-            None => None,
-        };
-        // The sandbox connected before entering; the path is of no more use.
-        let egress_task = egress.map(|(listener, sink)| {
-            let _ = std::fs::remove_file(&egress_path);
-            tokio::spawn(receive_egress(listener, sink, spec_id.clone()))
-        });
-
-        Ok(NamespaceInstance {
-            hello,
-            socket: agent_socket,
-            container_sockets: std::sync::Mutex::new(
-                container_sockets.into_iter().enumerate().collect(),
-            ),
-            process: SandboxProcess::watch(child, "the sandbox's init".into(), diagnostics),
-            cleanup: tokio::sync::Mutex::new(Some(cleanup)),
-            log_path,
-            egress_task,
-            record,
-            agent: self.image.agent(),
-            from_host_paths: std::sync::Mutex::default(),
-        })
+        command
     }
 
     /// Takes back sandbox `id` as `record` describes it (live restore): its supervisor the
@@ -739,6 +765,18 @@ fn create_private_dir(path: &Path) -> Result<(), BackendError> {
         .mode(0o700)
         .create(path)
         .map_err(|e| BackendError::setup(format!("create {}", path.display()), e))
+}
+
+/// A started supervisor, before it becomes a [`NamespaceInstance`].
+struct Started {
+    hello: Hello,
+    agent_socket: PathBuf,
+    container_sockets: Vec<PathBuf>,
+    child: tokio::process::Child,
+    diagnostics: Diagnostics,
+    log_path: PathBuf,
+    egress_task: Option<tokio::task::JoinHandle<()>>,
+    record: Option<crate::restore::InstanceRecord>,
 }
 
 /// What to release when a sandbox goes away.

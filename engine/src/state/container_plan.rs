@@ -152,49 +152,9 @@ impl Engine {
             defaults = Some(Arc::new(with_cwd));
         }
         crate::state::check_env(&request.env, &field("env"))?;
-        let config = record.map(|r| &r.run_config);
-        // Docker's rule: an entrypoint of the request's own drops the image's `Cmd` too.
-        let entrypoint = match &request.entrypoint {
-            Some(own) => own.clone(),
-            None => config
-                .and_then(|c| c.entrypoint.clone())
-                .unwrap_or_default(),
-        };
-        let command = match (&request.command, &request.entrypoint) {
-            (Some(own), _) => own.clone(),
-            (None, Some(_)) => Vec::new(),
-            (None, None) => config.and_then(|c| c.cmd.clone()).unwrap_or_default(),
-        };
-        let main: Vec<String> = entrypoint.into_iter().chain(command).collect();
-        if main.iter().any(|a| a.contains('\0')) {
-            return Err(CreateError::Invalid(format!(
-                "{}: arguments may not contain NUL",
-                field("command")
-            )));
-        }
+        let main = container_command(request, record.map(|r| &r.run_config), &field("command"))?;
         if let Some(check) = &request.ready {
-            match (&check.tcp_port, &check.command) {
-                (Some(0), _) => {
-                    return Err(CreateError::Invalid(format!(
-                        "{}: tcp_port must be 1 to 65535",
-                        field("ready")
-                    )))
-                }
-                (Some(_), None) => {}
-                (None, Some(command)) if !command.is_empty() => {}
-                _ => {
-                    return Err(CreateError::Invalid(format!(
-                        "{}: give exactly one of tcp_port and a non-empty command",
-                        field("ready")
-                    )))
-                }
-            }
-            if check.timeout_s == Some(0) || check.timeout_s.is_some_and(|t| t > 3600) {
-                return Err(CreateError::Invalid(format!(
-                    "{}: timeout_s must be 1 to 3600",
-                    field("ready")
-                )));
-            }
+            check_ready(check, &field("ready"))?;
         }
         let rootfs = match &imported {
             Some((record, _)) => self.storage()?.images.root_dir(record),
@@ -245,6 +205,57 @@ impl Engine {
             record,
         ))
     }
+}
+
+/// What a container runs: the image's entrypoint and command, or the request's own (Docker's
+/// rule: an entrypoint of the request's own drops the image's `Cmd` too).
+fn container_command(
+    request: &ContainerRequest,
+    config: Option<&oci::manifest::RunConfig>,
+    field: &str,
+) -> Result<Vec<String>, CreateError> {
+    let entrypoint = match &request.entrypoint {
+        Some(own) => own.clone(),
+        None => config
+            .and_then(|c| c.entrypoint.clone())
+            .unwrap_or_default(),
+    };
+    let command = match (&request.command, &request.entrypoint) {
+        (Some(own), _) => own.clone(),
+        (None, Some(_)) => Vec::new(),
+        (None, None) => config.and_then(|c| c.cmd.clone()).unwrap_or_default(),
+    };
+    let main: Vec<String> = entrypoint.into_iter().chain(command).collect();
+    if main.iter().any(|a| a.contains('\0')) {
+        return Err(CreateError::Invalid(format!(
+            "{field}: arguments may not contain NUL"
+        )));
+    }
+    Ok(main)
+}
+
+/// A container's readiness check: exactly one of a TCP port and a command, within an hour.
+fn check_ready(check: &api_types::ReadyCheck, field: &str) -> Result<(), CreateError> {
+    match (&check.tcp_port, &check.command) {
+        (Some(0), _) => {
+            return Err(CreateError::Invalid(format!(
+                "{field}: tcp_port must be 1 to 65535"
+            )))
+        }
+        (Some(_), None) => {}
+        (None, Some(command)) if !command.is_empty() => {}
+        _ => {
+            return Err(CreateError::Invalid(format!(
+                "{field}: give exactly one of tcp_port and a non-empty command"
+            )))
+        }
+    }
+    if check.timeout_s == Some(0) || check.timeout_s.is_some_and(|t| t > 3600) {
+        return Err(CreateError::Invalid(format!(
+            "{field}: timeout_s must be 1 to 3600"
+        )));
+    }
+    Ok(())
 }
 
 /// `error` with `field` in front of its message, for an error about one container.

@@ -649,6 +649,83 @@ impl CacheStore {
         }
     }
 
+    /// Makes cache `key` at `image` (of `size_mib`, else the default size) unless it exists.
+    async fn make_if_missing(
+        &self,
+        key: &Key,
+        image: &Path,
+        name: &str,
+        size_mib: Option<u64>,
+    ) -> Result<(), StorageError> {
+        let _making = self.making.lock().await;
+        if self.held().leases.contains_key(key) {
+            return Ok(());
+        }
+        let size = size_mib.unwrap_or(self.default_size_mib);
+        let lease = self.budget.take(&format!("cache {name:?}"), size)?;
+        if let Some(dir) = image.parent() {
+            create_private_dir(dir)?;
+        }
+        make_image(image, size, Journal::Yes).await?;
+        self.held().leases.insert(key.clone(), lease);
+        Ok(())
+    }
+
+    /// A spare copy made ahead, of the cache as it is now, taken as sandbox `sandbox`'s own
+    /// `copy`, when one is ready: the sandbox need not wait for a copy.
+    async fn spare_copy(
+        self: &Arc<Self>,
+        key: &Key,
+        sandbox: &str,
+        copy: &Path,
+        save: bool,
+    ) -> Result<Option<CacheLease>, StorageError> {
+        // A spare under way is worth its wait: it is the same copy, already begun.
+        let deadline = Instant::now() + SPARE_WAIT;
+        while self.held().sparing.contains(key) && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let spare = {
+            let mut held = self.held();
+            let spare = Self::take_spare(&mut held, key);
+            if spare.is_some() {
+                held.users
+                    .entry(key.clone())
+                    .or_default()
+                    .push(sandbox.to_string());
+            }
+            spare
+        };
+        if let Some(spare) = spare {
+            // Made ahead, of the cache as it is now: the sandbox need not wait for a copy.
+            let mut lease = CacheLease {
+                copy: Some(Settle {
+                    store: self.clone(),
+                    key: key.clone(),
+                    sandbox: sandbox.to_string(),
+                    copy: copy.to_path_buf(),
+                    base: spare.generation,
+                    made: None,
+                    budget: Some(spare.budget),
+                }),
+                left: false,
+            };
+            let taken = std::fs::rename(&spare.path, copy).and_then(|()| std::fs::metadata(copy));
+            let meta = taken.map_err(|e| {
+                remove_quietly(&spare.path);
+                StorageError::io(
+                    format!("take {} as {}", spare.path.display(), copy.display()),
+                    e,
+                )
+            })?;
+            if let Some(settle) = lease.copy.as_mut().filter(|_| save) {
+                settle.made = Some((meta.len(), never_written()));
+            }
+            return Ok(Some(lease));
+        }
+        Ok(None)
+    }
+
     /// Gives sandbox `sandbox` on `backend` a copy of cache `name` of `owner`, as it is now,
     /// making the cache (of `size_mib`, else the default size) if it does not exist yet. The
     /// copy takes the cache's size of the disk budget until its sandbox ends.
@@ -675,63 +752,12 @@ impl CacheStore {
         let key = Self::key(owner, name, backend);
         let image = self.image_path(&key);
         self.await_settled(&key).await?;
-        {
-            let _making = self.making.lock().await;
-            if !self.held().leases.contains_key(&key) {
-                let size = size_mib.unwrap_or(self.default_size_mib);
-                let lease = self.budget.take(&format!("cache {name:?}"), size)?;
-                if let Some(dir) = image.parent() {
-                    create_private_dir(dir)?;
-                }
-                make_image(&image, size, Journal::Yes).await?;
-                self.held().leases.insert(key.clone(), lease);
-            }
-        }
+        self.make_if_missing(&key, &image, name, size_mib).await?;
         let copy = self.copy_path(&key, sandbox, save);
         if let Some(dir) = copy.parent() {
             create_private_dir(dir)?;
         }
-        // A spare under way is worth its wait: it is the same copy, already begun.
-        let deadline = Instant::now() + SPARE_WAIT;
-        while self.held().sparing.contains(&key) && Instant::now() < deadline {
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-        let spare = {
-            let mut held = self.held();
-            let spare = Self::take_spare(&mut held, &key);
-            if spare.is_some() {
-                held.users
-                    .entry(key.clone())
-                    .or_default()
-                    .push(sandbox.to_string());
-            }
-            spare
-        };
-        if let Some(spare) = spare {
-            // Made ahead, of the cache as it is now: the sandbox need not wait for a copy.
-            let mut lease = CacheLease {
-                copy: Some(Settle {
-                    store: self.clone(),
-                    key,
-                    sandbox: sandbox.to_string(),
-                    copy: copy.clone(),
-                    base: spare.generation,
-                    made: None,
-                    budget: Some(spare.budget),
-                }),
-                left: false,
-            };
-            let taken = std::fs::rename(&spare.path, &copy).and_then(|()| std::fs::metadata(&copy));
-            let meta = taken.map_err(|e| {
-                remove_quietly(&spare.path);
-                StorageError::io(
-                    format!("take {} as {}", spare.path.display(), copy.display()),
-                    e,
-                )
-            })?;
-            if let Some(settle) = lease.copy.as_mut().filter(|_| save) {
-                settle.made = Some((meta.len(), never_written()));
-            }
+        if let Some(lease) = self.spare_copy(&key, sandbox, &copy, save).await? {
             return Ok(lease);
         }
         let size_mib = std::fs::metadata(&image)
