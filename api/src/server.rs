@@ -19,11 +19,9 @@ use crate::config::ServeConfig;
 use crate::edge::{Edge, HttpSettings};
 use crate::error::ApiError;
 use crate::front_door::serve_connection;
-use engine::backend::leftovers::LeftoverScan;
-use engine::backend::{cgroup, Backends};
+use engine::backend::Backends;
+use engine::state::{ShutdownMode, StartError};
 use engine::Engine;
-
-const CGROUP_ROOT: &str = "/sys/fs/cgroup";
 
 /// Why the daemon could not start.
 #[derive(Debug, thiserror::Error)]
@@ -34,24 +32,16 @@ pub enum ServeError {
     /// Neither a socket nor a TCP address was given.
     #[error("nothing to listen on: give a Unix socket path or a TCP address")]
     NoListener,
-    /// The sandboxes' host id ranges do not fit below the last valid id, or start at 0.
-    #[error(transparent)]
-    IdRanges(#[from] engine::backend::namespace::IdRangeError),
     /// Another daemon owns the socket.
     #[error("another daemon is already listening on {0}")]
     SocketInUse(PathBuf),
     /// An --egress-allow rule is malformed.
     #[error("--egress-allow")]
     Egress(#[from] egress::RuleError),
-    /// The cgroup parent is malformed, or held by another daemon.
+    /// The engine could not start: its settings (id ranges, pools), its cgroup parent (held
+    /// by another daemon), its state or data directory.
     #[error(transparent)]
-    CgroupParent(#[from] cgroup::ParentLockError),
-    /// The storage (data directory, caches) could not be opened.
-    #[error("opening the data directory")]
-    Storage(#[from] engine::storage::StorageError),
-    /// A `--pool` declaration is malformed, or the pools do not fit.
-    #[error(transparent)]
-    Pool(#[from] engine::pool::PoolSpecError),
+    Engine(#[from] StartError),
     /// `--max-connections 0` would refuse every client.
     #[error("--max-connections must be at least 1")]
     NoConnections,
@@ -80,8 +70,6 @@ pub struct Server {
     max_connections: usize,
     unix: Option<(UnixListener, PathBuf)>,
     tcp: Option<TcpListener>,
-    /// The cgroup parent, held for the daemon's life (when it makes cgroups at all).
-    cgroup_lock: Option<cgroup::ParentLock>,
 }
 
 /// Raises the soft limit on open files to the hard one and returns it: every connection holds
@@ -121,17 +109,10 @@ impl Server {
         if config.max_connections == Some(0) {
             return Err(ServeError::NoConnections);
         }
-        let settings = &config.engine;
-        engine::backend::namespace::IdRanges::check(
-            settings.uid_base,
-            settings.limits.max_sandboxes,
-        )?;
         let egress = match &config.egress_resolver {
             Some(resolver) => egress::Proxy::with_resolver(&config.egress_allow, resolver.clone())?,
             None => egress::Proxy::new(&config.egress_allow)?,
         };
-        // Checked before anything is bound or cleaned, like every other setting.
-        engine::state::pool_shapes(settings, &backends)?;
         if let Some(addr) = config.tcp {
             if config.api_keys.is_empty() {
                 return Err(ServeError::TcpWithoutKeys(addr));
@@ -140,19 +121,9 @@ impl Server {
         if config.unix_socket.is_none() && config.tcp.is_none() {
             return Err(ServeError::NoListener);
         }
-        // Before anything on the host is touched (socket, state, leftovers): a second daemon
-        // on a parent in use would take the first one's sandboxes for leftovers and kill
-        // them. A daemon that makes no cgroups neither holds a parent nor cleans one.
-        let cgroup_lock = if backends.make_cgroups() {
-            Some(cgroup::ParentLock::acquire(
-                &cgroup::lock_dir(),
-                &settings.cgroup_parent,
-                &settings.state_dir,
-            )?)
-        } else {
-            None
-        };
-        create_dir(&settings.state_dir)?;
+        // Before anything on the host is touched (socket, state, leftovers): the engine's
+        // settings are checked and its cgroup parent taken.
+        let claimed = Engine::claim(config.engine, backends)?;
         let unix = match &config.unix_socket {
             Some(path) => Some((bind_unix(path).await?, path.clone())),
             None => None,
@@ -165,37 +136,12 @@ impl Server {
             ),
             None => None,
         };
-        let live_restore = settings.live_restore;
-        let state_dir = settings.state_dir.clone();
-        // Only the daemon holding the parent removes groups under it.
-        let cgroup_parent = cgroup_lock.as_ref().map(|_| settings.cgroup_parent.clone());
-        let leftovers = LeftoverScan::for_config(settings);
-        if !live_restore {
-            clean_stale_sandboxes(&state_dir, cgroup_parent.as_deref(), &leftovers, &[]).await;
-        }
         let fd_limit = raise_fd_limit();
         let max_connections = config
             .max_connections
             .unwrap_or_else(|| default_max_connections(fd_limit));
-        let storage = engine::storage::Storage::open(&settings.storage, live_restore)?;
-        let engine = Engine::with_backends(config.engine, backends)
-            .with_storage(storage)
-            .with_egress(Arc::new(egress))
-            .with_pools()?;
-        if live_restore {
-            // Before anything else is cleaned: what can be taken back is kept.
-            let started = std::time::Instant::now();
-            let keys: Vec<String> = config.api_keys.names().map(str::to_string).collect();
-            let adopted = engine.restore(&keys).await;
-            if !adopted.is_empty() {
-                tracing::info!(
-                    "live restore: took back {} sandboxes in {:.1?}",
-                    adopted.len(),
-                    started.elapsed()
-                );
-            }
-            clean_stale_sandboxes(&state_dir, cgroup_parent.as_deref(), &leftovers, &adopted).await;
-        }
+        let keys: Vec<String> = config.api_keys.names().map(str::to_string).collect();
+        let engine = claimed.start(Arc::new(egress), &keys).await?;
         let state = Arc::new(Edge {
             engine: Arc::new(engine),
             http: HttpSettings {
@@ -211,7 +157,6 @@ impl Server {
             state,
             unix,
             tcp,
-            cgroup_lock,
         })
     }
 
@@ -239,7 +184,6 @@ impl Server {
             max_connections,
             unix,
             tcp,
-            cgroup_lock,
         } = self;
         let unix_path = unix.as_ref().map(|(_, p)| p.clone());
         let front = Arc::new(Front {
@@ -261,23 +205,16 @@ impl Server {
         state.start_pool();
         shutdown.await;
         accepting.abort_all();
-        if state.config.live_restore {
-            tracing::info!(
-                "shutting down with --live-restore: sandboxes keep running for the next daemon"
-            );
-            state.leave_all().await;
-        } else {
-            tracing::info!("shutting down: deleting every sandbox");
-            state.remove_all().await;
-            if cgroup_lock.is_some() {
-                cgroup::remove_parent(Path::new(CGROUP_ROOT), &state.config.cgroup_parent);
-            }
-        }
+        let mode = match state.config.live_restore {
+            true => ShutdownMode::LeaveRunning,
+            false => ShutdownMode::RemoveAll,
+        };
+        let stopped = state.shutdown(mode).await;
         if let Some(path) = unix_path {
             let _ = std::fs::remove_file(path);
         }
         // Last: the next daemon on this parent may start now.
-        drop(cgroup_lock);
+        drop(stopped);
     }
 }
 
@@ -487,68 +424,6 @@ async fn bind_unix(path: &Path) -> Result<UnixListener, ServeError> {
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
         .map_err(io_error(format!("chmod 0600 {}", path.display())))?;
     Ok(listener)
-}
-
-/// A daemon that died leaves sandboxes behind. Without live restore their init processes died
-/// with it (they are tied to the daemon), so what remains is cgroups and directories; with it,
-/// whatever was not taken back (`keep`) still runs. Kill and remove all of it but `keep`.
-/// `cgroup_parent` is the parent this daemon holds, `None` when it makes no cgroups (then it
-/// removes none).
-async fn clean_stale_sandboxes(
-    state_dir: &Path,
-    cgroup_parent: Option<&str>,
-    leftovers: &LeftoverScan,
-    keep: &[String],
-) {
-    let removed = match cgroup_parent {
-        Some(parent) => cgroup::remove_stale(Path::new(CGROUP_ROOT), parent, keep).await,
-        None => 0,
-    };
-    // A microVM left by a daemon under live restore is in no cgroup: found by its executable
-    // and arguments, a read of all of /proc kept off the runtime's threads. Awaited, so it is
-    // done before the directories go and the daemon serves.
-    let (scan, kept_ids) = (leftovers.clone(), keep.to_vec());
-    let killed = match tokio::task::spawn_blocking(move || scan.kill(&kept_ids)).await {
-        Ok(killed) => killed,
-        Err(e) => {
-            tracing::warn!("looking for leftover VM processes: {e}");
-            0
-        }
-    };
-    let kept = |name: &std::ffi::OsStr| {
-        let name = name.to_string_lossy();
-        let id = name
-            .strip_suffix(".log")
-            .or_else(|| name.strip_suffix(".json"))
-            .unwrap_or(&name);
-        keep.iter().any(|k| k == id)
-    };
-    let mut entries = 0;
-    for sub in ["sandboxes", "logs", "records"] {
-        let Ok(dir) = std::fs::read_dir(state_dir.join(sub)) else {
-            continue;
-        };
-        for entry in dir.flatten() {
-            if kept(&entry.file_name()) {
-                continue;
-            }
-            let path = entry.path();
-            let gone = if path.is_dir() {
-                std::fs::remove_dir_all(&path)
-            } else {
-                std::fs::remove_file(&path)
-            };
-            if gone.is_ok() {
-                entries += 1;
-            }
-        }
-    }
-    if removed > 0 || entries > 0 || killed > 0 {
-        tracing::info!(
-            "cleaned up {removed} stale sandbox cgroups, {killed} leftover VM processes and \
-             {entries} leftover files"
-        );
-    }
 }
 
 /// Resolves on SIGTERM or SIGINT.

@@ -3,10 +3,12 @@
 
 mod container_plan;
 mod create;
+mod lifecycle;
 mod live_restore;
 pub mod request_bounds;
 
 pub use create::MIN_DISK_MIB;
+pub use lifecycle::{Claimed, ShutdownMode, StartError, Stopped};
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -88,6 +90,8 @@ pub struct Engine {
     /// The egress proxy a sandbox's network goes through (none: every request for network
     /// is refused).
     egress: Arc<dyn EgressProxy>,
+    /// The cgroup parent's lock, from [`Engine::claim`] until [`Engine::shutdown`].
+    parent_lock: std::sync::Mutex<Option<crate::backend::cgroup::ParentLock>>,
 }
 
 impl std::fmt::Debug for Engine {
@@ -118,6 +122,7 @@ impl Engine {
             host: host::inspect(),
             storage: None,
             egress: Arc::new(NoEgress),
+            parent_lock: std::sync::Mutex::new(None),
             config,
         }
     }

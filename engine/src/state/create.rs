@@ -87,7 +87,7 @@ struct Plan {
 }
 
 /// What the storage step claimed.
-struct Claimed {
+struct Provided {
     held: SandboxStorage,
     disk: Option<PathBuf>,
     mounts: Vec<MountSpec>,
@@ -136,8 +136,8 @@ impl Engine {
                 request.env.entry(name.to_string()).or_insert(value);
             }
         }
-        let mut claimed = self
-            .claim(
+        let mut provided = self
+            .provide_storage(
                 &request,
                 &settings.owner,
                 &id,
@@ -153,7 +153,7 @@ impl Engine {
             leases,
             images: _,
         } = plan.containers;
-        claimed.held.container_images = leases;
+        provided.held.container_images = leases;
         let spec = InstanceSpec {
             containers: roots,
             shared,
@@ -161,7 +161,7 @@ impl Engine {
             network_namespace: placement.joins,
             sysctls,
             egress: network.as_ref().map(|(_, sink)| sink.clone()),
-            ..instance_spec(&id, &request, sizes, &mut claimed)
+            ..instance_spec(&id, &request, sizes, &mut provided)
         };
         let instance = self.launch(backend, spec, &id).await?;
         let mut settings = settings;
@@ -172,7 +172,7 @@ impl Engine {
             counters,
         });
         let sandbox = Arc::new(
-            Sandbox::new(id, settings, instance, started.elapsed(), claimed.held).with_containers(
+            Sandbox::new(id, settings, instance, started.elapsed(), provided.held).with_containers(
                 containers
                     .into_iter()
                     .enumerate()
@@ -345,7 +345,7 @@ impl Engine {
 
     /// The storage step: what the request asks of the storage, and each image as the backend
     /// takes it (a microVM reaches each as a read-only ext4 snapshot of its tree).
-    async fn claim(
+    async fn provide_storage(
         &self,
         request: &CreateSandbox,
         owner: &Owner,
@@ -353,7 +353,7 @@ impl Engine {
         (kind, caps): (BackendKind, Capabilities),
         imported: Option<(oci::ImageRecord, oci::ImageLease)>,
         containers: &ContainersPlan,
-    ) -> Result<Claimed, CreateError> {
+    ) -> Result<Provided, CreateError> {
         let (mut held, disk, mounts) = self.claim_storage(request, owner, id, (kind, caps)).await?;
         let mut container_disks = Vec::new();
         if caps.disks_fixed_at_boot {
@@ -380,7 +380,7 @@ impl Engine {
             }
             None => None,
         };
-        Ok(Claimed {
+        Ok(Provided {
             held,
             disk,
             mounts,
@@ -828,12 +828,12 @@ fn is_poolable(
 }
 
 /// The spec step: what the backend is asked to make, from the request and what the storage
-/// step claimed (taken out of `claimed`: its disks and mounts go to the instance).
+/// step provided (taken out of `provided`: its disks and mounts go to the instance).
 fn instance_spec(
     id: &str,
     request: &CreateSandbox,
     sizes: Sizes,
-    claimed: &mut Claimed,
+    provided: &mut Provided,
 ) -> InstanceSpec {
     InstanceSpec {
         id: id.to_string(),
@@ -841,12 +841,12 @@ fn instance_spec(
         memory_mib: sizes.memory_mib,
         vcpus: sizes.vcpus,
         env: request.env.clone(),
-        disk: claimed.disk.take(),
-        mounts: std::mem::take(&mut claimed.mounts),
+        disk: provided.disk.take(),
+        mounts: std::mem::take(&mut provided.mounts),
         egress: None,
-        root: claimed.root.take(),
+        root: provided.root.take(),
         containers: Vec::new(),
-        container_disks: std::mem::take(&mut claimed.container_disks),
+        container_disks: std::mem::take(&mut provided.container_disks),
         shared: Vec::new(),
         container_slots: 0,
         network_namespace: None,
@@ -1111,7 +1111,7 @@ mod tests {
 
     #[test]
     fn the_spec_takes_what_storage_claimed_and_names_the_host_after_the_id() {
-        let mut claimed = Claimed {
+        let mut provided = Provided {
             held: SandboxStorage::default(),
             disk: Some(PathBuf::from("/var/scratch.ext4")),
             mounts: vec![MountSpec {
@@ -1127,7 +1127,7 @@ mod tests {
             vcpus: 2,
             ttl_s: 60,
         };
-        let spec = instance_spec("sb-0123456789abcdef", &request(), sizes, &mut claimed);
+        let spec = instance_spec("sb-0123456789abcdef", &request(), sizes, &mut provided);
         assert_eq!(spec.hostname, "sb-0123456789abcdef");
         assert_eq!((spec.memory_mib, spec.vcpus), (256, 2));
         assert_eq!(
@@ -1136,13 +1136,13 @@ mod tests {
         );
         assert_eq!(spec.mounts.len(), 1);
         assert_eq!(spec.container_disks.len(), 1);
-        assert!(claimed.disk.is_none() && claimed.mounts.is_empty());
+        assert!(provided.disk.is_none() && provided.mounts.is_empty());
         let named = CreateSandbox {
             hostname: Some("builder".into()),
             ..request()
         };
         assert_eq!(
-            instance_spec("sb-1", &named, sizes, &mut claimed).hostname,
+            instance_spec("sb-1", &named, sizes, &mut provided).hostname,
             "builder"
         );
     }
