@@ -126,6 +126,32 @@ pub(crate) struct ContainerPlan {
     pub(crate) depends_on: Vec<String>,
 }
 
+/// Whether a container may go from `from` to `to`: every change of its state goes through
+/// this table, so no task can undo another's (an exit is never taken back by a late ready
+/// check, nor a failure by a late start). `Exited` and `Failed` are final; removal is not a
+/// state (a removed container keeps the state it had, and is never started again).
+///
+/// | from | to | when |
+/// | --- | --- | --- |
+/// | `Waiting` | `Starting` | every container it depends on is ready |
+/// | `Waiting` | `Failed` | one it depends on does not exist or never becomes ready |
+/// | `Starting` | `Ready` | its ready check passed (at once without one) |
+/// | `Starting` | `Failed` | its ready check did not pass in time |
+/// | `Starting` | `Exited` | its main process ended for good before it was ready |
+/// | `Ready` | `Exited` | its main process ended for good |
+pub(crate) fn may_become(from: ContainerState, to: ContainerState) -> bool {
+    use ContainerState::{Exited, Failed, Ready, Starting, Waiting};
+    matches!(
+        (from, to),
+        (Waiting, Starting)
+            | (Waiting, Failed)
+            | (Starting, Ready)
+            | (Starting, Failed)
+            | (Starting, Exited)
+            | (Ready, Exited)
+    )
+}
+
 impl Container {
     pub(crate) fn new(index: usize, plan: ContainerPlan) -> Self {
         Container {
@@ -169,10 +195,26 @@ impl Container {
         *self.state.borrow()
     }
 
+    /// Moves it to `to` when [`may_become`] allows it from where it is; false, and no
+    /// change, when it does not.
+    fn move_to(&self, to: ContainerState) -> bool {
+        self.state.send_if_modified(|state| {
+            let allowed = may_become(*state, to);
+            if allowed {
+                *state = to;
+            }
+            allowed
+        })
+    }
+
+    /// Fails it with `error`, unless it has already ended (an exit keeps its own status).
     fn fail(&self, error: String) {
+        if !may_become(self.state(), ContainerState::Failed) {
+            return;
+        }
         tracing::warn!("container {}: {error}", self.name);
         self.status().error = error;
-        self.state.send_replace(ContainerState::Failed);
+        self.move_to(ContainerState::Failed);
     }
 
     /// The API's view of it.
@@ -382,7 +424,7 @@ async fn live(sandbox: Weak<Sandbox>, container: Arc<Container>) {
             return container.fail(format!("{name}, which it depends on, is not ready"));
         }
     }
-    container.state.send_replace(ContainerState::Starting);
+    container.move_to(ContainerState::Starting);
     drop(strong);
     let main = (!container.main.is_empty())
         .then(|| tokio::spawn(run_main(sandbox.clone(), container.clone())));
@@ -392,13 +434,7 @@ async fn live(sandbox: Weak<Sandbox>, container: Arc<Container>) {
     match await_ready(&strong, &container).await {
         Ok(()) => {
             // A main process that has already exited for good keeps its Exited.
-            container.state.send_if_modified(|s| {
-                let starting = *s == ContainerState::Starting;
-                if starting {
-                    *s = ContainerState::Ready;
-                }
-                starting
-            });
+            container.move_to(ContainerState::Ready);
         }
         Err(why) => {
             if let Some(main) = main {
@@ -406,9 +442,7 @@ async fn live(sandbox: Weak<Sandbox>, container: Arc<Container>) {
             }
             // A main process that exited before it was ready stays Exited: its exit status
             // says why, and the state must not depend on which task saw the exit first.
-            if container.state() != ContainerState::Exited {
-                container.fail(why);
-            }
+            container.fail(why);
         }
     }
 }
@@ -499,7 +533,7 @@ async fn run_main(sandbox: Weak<Sandbox>, container: Arc<Container>) {
         let failed = result.exit_code != 0;
         container.status().last_exit = Some(result);
         if !failed || container.restart == RestartPolicy::No || !strong.is_running() {
-            container.state.send_replace(ContainerState::Exited);
+            container.move_to(ContainerState::Exited);
             return;
         }
         drop(strong);
@@ -512,6 +546,67 @@ async fn run_main(sandbox: Weak<Sandbox>, container: Arc<Container>) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    const ALL: [ContainerState; 5] = [
+        ContainerState::Waiting,
+        ContainerState::Starting,
+        ContainerState::Ready,
+        ContainerState::Exited,
+        ContainerState::Failed,
+    ];
+
+    #[test]
+    fn an_ended_container_stays_ended_and_none_goes_back() {
+        for to in ALL {
+            assert!(!may_become(ContainerState::Exited, to), "Exited → {to:?}");
+            assert!(!may_become(ContainerState::Failed, to), "Failed → {to:?}");
+            assert!(!may_become(to, ContainerState::Waiting), "{to:?} → Waiting");
+            assert!(!may_become(to, to), "{to:?} → itself");
+        }
+        assert!(!may_become(ContainerState::Ready, ContainerState::Starting));
+        assert!(!may_become(ContainerState::Ready, ContainerState::Failed));
+        let allowed = ALL
+            .iter()
+            .flat_map(|from| ALL.iter().map(move |to| (*from, *to)))
+            .filter(|(from, to)| may_become(*from, *to))
+            .count();
+        assert_eq!(allowed, 6, "the table in may_become's documentation");
+    }
+
+    #[test]
+    fn a_late_ready_or_failure_does_not_undo_an_exit() {
+        let container = Container::new(
+            0,
+            ContainerPlan {
+                name: "db".into(),
+                image: "default".into(),
+                env: BTreeMap::new(),
+                defaults: None,
+                accounts: Arc::new(ExecAccounts {
+                    root: std::path::PathBuf::from("/nonexistent"),
+                    image_sets_home: false,
+                }),
+                main: vec!["true".into()],
+                restart: RestartPolicy::No,
+                ready: None,
+                depends_on: Vec::new(),
+            },
+        );
+        assert!(
+            !container.move_to(ContainerState::Ready),
+            "not from Waiting"
+        );
+        assert!(container.move_to(ContainerState::Starting));
+        assert!(container.move_to(ContainerState::Exited));
+        assert!(!container.move_to(ContainerState::Ready));
+        container.fail("its ready check did not pass".into());
+        assert_eq!(container.state(), ContainerState::Exited);
+        assert_eq!(
+            container.info().error,
+            "",
+            "a refused failure leaves no error behind"
+        );
+    }
 
     #[test]
     fn the_log_keeps_the_latest_bytes_and_counts_the_rest() {
