@@ -32,8 +32,8 @@ use super::microvm_slots::{self, SlotTable};
 use super::qemu::{self, QemuGuest, QemuTools};
 use super::supervised::{first_exit, spawn_and_await_hello, Diagnostics, SandboxProcess};
 use super::{
-    AdoptSpec, Backend, BackendError, BoxFuture, Capabilities, ContainerSecurity, EgressSink,
-    EgressStream, Held, Instance, InstanceSpec,
+    AdoptSpec, Backend, BackendError, BoxFuture, Capabilities, ContainerHost, ContainerSecurity,
+    EgressSink, EgressStream, Held, Instance, InstanceSpec, Restorable,
 };
 use crate::restore::{InstanceRecord, RecordedProcess, RestoreError};
 
@@ -857,81 +857,12 @@ impl Instance for MicrovmInstance {
         Box::pin(vsock_connect(&self.uds, DEFAULT_AGENT_PORT))
     }
 
-    /// A container named at boot serves on the port of its index, an added one on its slot's.
-    fn connect_container(&self, index: usize) -> BoxFuture<'_, io::Result<UnixStream>> {
-        let slot = self.slot_table().slot_of(index).unwrap_or(index);
-        Box::pin(vsock_connect(
-            &self.uds,
-            contract::vsock::container_agent_port(slot),
-        ))
-    }
-
-    fn container_room(&self) -> Option<(usize, usize)> {
-        Some(self.slot_table().room())
-    }
-
-    /// Fills a free empty disk with `disk` (the image's ext4 snapshot) and has the guest build
-    /// the container from it. A failure gives the disk back once the guest lets go of it.
-    fn add_container<'a>(
-        &'a self,
-        index: usize,
-        root: &'a namespace::ContainerRoot,
-        disk: Option<&'a Path>,
-        shared: &'a [wire::agent::SharedDir],
-        host_paths: &'a [namespace::HostPathMount],
-    ) -> BoxFuture<'a, Result<(), String>> {
-        Box::pin(async move {
-            if !host_paths.is_empty() {
-                // The engine refuses them first; the guest has no host directory to mount.
-                return Err("a microVM's containers mount no host path".into());
-            }
-            let disk = disk.ok_or("the container's image has no disk snapshot")?;
-            let slot = self
-                .slot_table()
-                .take(index)
-                .ok_or("the microVM has no empty disk left")?;
-            let added = self.fill_slot(slot, disk, root, shared).await;
-            if added.is_err() {
-                self.release_slot(index).await;
-            }
-            added
-        })
-    }
-
-    fn container_removed(&self, index: usize) -> BoxFuture<'_, ()> {
-        Box::pin(self.release_slot(index))
-    }
-
     fn exited(&self) -> watch::Receiver<Option<String>> {
         self.exited.clone()
     }
 
     fn hypervisor(&self) -> Option<Hypervisor> {
         Some(self.hypervisor)
-    }
-
-    fn record(&self) -> Option<InstanceRecord> {
-        self.record.clone()
-    }
-
-    /// A disk is attached for as long as the VM process (or, under QEMU, its block device
-    /// process) holds its image open; where the guest mounted it is the guest's own business.
-    fn check_holds(&self, what: Held<'_>) -> Result<(), String> {
-        let record = self
-            .record
-            .as_ref()
-            .ok_or("it has no record of its processes")?;
-        let pids: Vec<i32> = std::iter::once(record.supervisor_pid)
-            .chain(record.devices.iter().map(|d| d.pid))
-            .collect();
-        match what {
-            Held::Mounted { image, .. }
-            | Held::WritableLayer { image }
-            | Held::RootImage { image } => {
-                super::open_files::held_open_by(&pids, image).map(|_| ())
-            }
-            Held::Bound { .. } => Err("a microVM is given no host directories".into()),
-        }
     }
 
     /// The guest's own counters (the VM is the sandbox), asked of its agent.
@@ -975,6 +906,87 @@ impl Instance for MicrovmInstance {
             }
             let _ = std::fs::remove_dir_all(&self.dir);
         })
+    }
+
+    fn containers(&self) -> Option<&dyn ContainerHost> {
+        Some(self)
+    }
+
+    fn restorable(&self) -> Option<&dyn Restorable> {
+        Some(self)
+    }
+}
+
+impl ContainerHost for MicrovmInstance {
+    /// A container named at boot serves on the port of its index, an added one on its slot's.
+    fn connect_container(&self, index: usize) -> BoxFuture<'_, io::Result<UnixStream>> {
+        let slot = self.slot_table().slot_of(index).unwrap_or(index);
+        Box::pin(vsock_connect(
+            &self.uds,
+            contract::vsock::container_agent_port(slot),
+        ))
+    }
+
+    /// Fills a free empty disk with `disk` (the image's ext4 snapshot) and has the guest build
+    /// the container from it. A failure gives the disk back once the guest lets go of it.
+    fn add_container<'a>(
+        &'a self,
+        index: usize,
+        root: &'a namespace::ContainerRoot,
+        disk: Option<&'a Path>,
+        shared: &'a [wire::agent::SharedDir],
+        host_paths: &'a [namespace::HostPathMount],
+    ) -> BoxFuture<'a, Result<(), String>> {
+        Box::pin(async move {
+            if !host_paths.is_empty() {
+                // The engine refuses them first; the guest has no host directory to mount.
+                return Err("a microVM's containers mount no host path".into());
+            }
+            let disk = disk.ok_or("the container's image has no disk snapshot")?;
+            let slot = self
+                .slot_table()
+                .take(index)
+                .ok_or("the microVM has no empty disk left")?;
+            let added = self.fill_slot(slot, disk, root, shared).await;
+            if added.is_err() {
+                self.release_slot(index).await;
+            }
+            added
+        })
+    }
+
+    fn container_room(&self) -> Option<(usize, usize)> {
+        Some(self.slot_table().room())
+    }
+
+    fn container_removed(&self, index: usize) -> BoxFuture<'_, ()> {
+        Box::pin(self.release_slot(index))
+    }
+}
+
+impl Restorable for MicrovmInstance {
+    fn record(&self) -> Option<InstanceRecord> {
+        self.record.clone()
+    }
+
+    /// A disk is attached for as long as the VM process (or, under QEMU, its block device
+    /// process) holds its image open; where the guest mounted it is the guest's own business.
+    fn check_holds(&self, what: Held<'_>) -> Result<(), String> {
+        let record = self
+            .record
+            .as_ref()
+            .ok_or("it has no record of its processes")?;
+        let pids: Vec<i32> = std::iter::once(record.supervisor_pid)
+            .chain(record.devices.iter().map(|d| d.pid))
+            .collect();
+        match what {
+            Held::Mounted { image, .. }
+            | Held::WritableLayer { image }
+            | Held::RootImage { image } => {
+                super::open_files::held_open_by(&pids, image).map(|_| ())
+            }
+            Held::Bound { .. } => Err("a microVM is given no host directories".into()),
+        }
     }
 }
 

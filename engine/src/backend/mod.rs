@@ -301,50 +301,14 @@ impl Backends {
     }
 }
 
-/// One running sandbox.
+/// One running sandbox: what every backend gives. What only some give is a trait of its own,
+/// reached through the accessors below (`None` where the backend does not), so a backend
+/// implements only what it does, and nothing defaults to "unsupported".
 pub trait Instance: Send + Sync {
     /// The hello its agent sent when it became ready.
     fn hello(&self) -> &Hello;
     /// A new connection to its agent; one per request.
     fn connect(&self) -> BoxFuture<'_, io::Result<UnixStream>>;
-    /// A new connection to the agent of its container `index` (in the order of
-    /// [`InstanceSpec::containers`]).
-    fn connect_container(&self, index: usize) -> BoxFuture<'_, io::Result<UnixStream>> {
-        let _ = index;
-        Box::pin(async {
-            Err(io::Error::new(
-                io::ErrorKind::Unsupported,
-                "this backend runs no containers",
-            ))
-        })
-    }
-    /// Makes container `root.name` in it, running: its image tree `root.rootfs` (a microVM
-    /// takes its read-only ext4 snapshot, `disk`), in the root's PID namespace if it says so,
-    /// with its security settings, `shared` mounted and `host_paths` (namespace sandboxes)
-    /// attached, its agent reached afterwards by [`Instance::connect_container`]`(index)`.
-    /// `index` is new on every call (a failed one included).
-    fn add_container<'a>(
-        &'a self,
-        index: usize,
-        root: &'a ::namespace::ContainerRoot,
-        disk: Option<&'a std::path::Path>,
-        shared: &'a [wire::agent::SharedDir],
-        host_paths: &'a [::namespace::HostPathMount],
-    ) -> BoxFuture<'a, Result<(), String>> {
-        let _ = (index, root, disk, shared, host_paths);
-        Box::pin(async { Err("this backend cannot add containers to a running sandbox".into()) })
-    }
-    /// How many more containers [`Instance::add_container`] can take, and how many it could
-    /// take at most, when the backend has a fixed number (a microVM's empty disks); `None`:
-    /// no such limit.
-    fn container_room(&self) -> Option<(usize, usize)> {
-        None
-    }
-    /// Its container `index` was removed (its agent ended): what it held can serve another.
-    fn container_removed(&self, index: usize) -> BoxFuture<'_, ()> {
-        let _ = index;
-        Box::pin(async {})
-    }
     /// `None` while alive; `Some(reason)` once it died or was destroyed.
     fn exited(&self) -> watch::Receiver<Option<String>>;
     /// Kills it and releases everything it held (processes, cgroups, files).
@@ -353,36 +317,146 @@ pub trait Instance: Send + Sync {
     fn hypervisor(&self) -> Option<api_types::Hypervisor> {
         None
     }
-    /// What a restarted daemon must find to take it back (live restore); `None` where its
-    /// backend cannot.
-    fn record(&self) -> Option<crate::restore::InstanceRecord> {
-        None
-    }
-    /// Whether it holds `what`, as the host's kernel sees it (live restore checks an adopted
-    /// sandbox's storage this way); `Err` says why not, or that its backend cannot tell.
-    fn check_holds(&self, what: Held<'_>) -> Result<(), String> {
-        let _ = what;
-        Err("its backend cannot tell what it holds".into())
-    }
     /// What it uses now, where its backend can say (`None`: not measured on this backend).
     fn stats(&self) -> BoxFuture<'_, Option<wire::SandboxStats>> {
         Box::pin(async { None })
     }
-    /// Gives it new limits while it runs (either may stay); why not, where its backend cannot.
+    /// Its containers, where its backend runs them.
+    fn containers(&self) -> Option<&dyn ContainerHost> {
+        None
+    }
+    /// What live restore needs of it, where its backend takes sandboxes back.
+    fn restorable(&self) -> Option<&dyn Restorable> {
+        None
+    }
+    /// New limits while it runs, where its backend can give them.
+    fn resizable(&self) -> Option<&dyn Resizable> {
+        None
+    }
+}
+
+/// What the engine asks of any instance, answered by its optional parts where it has them
+/// and refused, saying so, where it does not.
+impl dyn Instance + '_ {
+    /// A new connection to the agent of its container `index`.
+    pub(crate) async fn connect_container(&self, index: usize) -> io::Result<UnixStream> {
+        match self.containers() {
+            Some(host) => host.connect_container(index).await,
+            None => Err(io::Error::new(
+                io::ErrorKind::Unsupported,
+                "this backend runs no containers",
+            )),
+        }
+    }
+
+    /// [`ContainerHost::add_container`], refused where the backend runs no containers.
+    pub(crate) async fn add_container(
+        &self,
+        index: usize,
+        root: &::namespace::ContainerRoot,
+        disk: Option<&std::path::Path>,
+        shared: &[wire::agent::SharedDir],
+        host_paths: &[::namespace::HostPathMount],
+    ) -> Result<(), String> {
+        match self.containers() {
+            Some(host) => {
+                host.add_container(index, root, disk, shared, host_paths)
+                    .await
+            }
+            None => Err("this backend cannot add containers to a running sandbox".into()),
+        }
+    }
+
+    /// [`ContainerHost::container_room`]; `None` without containers.
+    pub(crate) fn container_room(&self) -> Option<(usize, usize)> {
+        self.containers()?.container_room()
+    }
+
+    /// [`ContainerHost::container_removed`]; nothing without containers.
+    pub(crate) async fn container_removed(&self, index: usize) {
+        if let Some(host) = self.containers() {
+            host.container_removed(index).await;
+        }
+    }
+
+    /// [`Restorable::record`]; `None` where its backend cannot take it back.
+    pub(crate) fn record(&self) -> Option<crate::restore::InstanceRecord> {
+        self.restorable()?.record()
+    }
+
+    /// [`Restorable::check_holds`]; refused where its backend cannot tell.
+    pub(crate) fn check_holds(&self, what: Held<'_>) -> Result<(), String> {
+        match self.restorable() {
+            Some(restorable) => restorable.check_holds(what),
+            None => Err("its backend cannot tell what it holds".into()),
+        }
+    }
+
+    /// [`Resizable::set_limits`]; refused where its limits are fixed when it starts.
+    pub(crate) async fn set_limits(
+        &self,
+        memory_mib: Option<u64>,
+        vcpus: Option<u32>,
+    ) -> Result<(), String> {
+        match self.resizable() {
+            Some(resizable) => resizable.set_limits(memory_mib, vcpus).await,
+            None => Err(
+                "its memory and CPUs are fixed when it starts on this backend (a microVM's \
+                 guest has them from boot)"
+                    .into(),
+            ),
+        }
+    }
+}
+
+/// A sandbox that runs containers beside its own root.
+pub trait ContainerHost: Send + Sync {
+    /// A new connection to the agent of its container `index` (in the order of
+    /// [`InstanceSpec::containers`], then of [`ContainerHost::add_container`]).
+    fn connect_container(&self, index: usize) -> BoxFuture<'_, io::Result<UnixStream>>;
+    /// Makes container `root.name` in it, running: its image tree `root.rootfs` (a microVM
+    /// takes its read-only ext4 snapshot, `disk`), in the root's PID namespace if it says so,
+    /// with its security settings, `shared` mounted and `host_paths` (namespace sandboxes)
+    /// attached, its agent reached afterwards by [`ContainerHost::connect_container`]`(index)`.
+    /// `index` is new on every call (a failed one included).
+    fn add_container<'a>(
+        &'a self,
+        index: usize,
+        root: &'a ::namespace::ContainerRoot,
+        disk: Option<&'a std::path::Path>,
+        shared: &'a [wire::agent::SharedDir],
+        host_paths: &'a [::namespace::HostPathMount],
+    ) -> BoxFuture<'a, Result<(), String>>;
+    /// How many more containers [`ContainerHost::add_container`] can take, and how many it
+    /// could take at most, when the backend has a fixed number (a microVM's empty disks);
+    /// `None`: no such limit.
+    fn container_room(&self) -> Option<(usize, usize)> {
+        None
+    }
+    /// Its container `index` was removed (its agent ended): what it held can serve another.
+    fn container_removed(&self, index: usize) -> BoxFuture<'_, ()> {
+        let _ = index;
+        Box::pin(async {})
+    }
+}
+
+/// A sandbox a restarted daemon can take back (live restore).
+pub trait Restorable: Send + Sync {
+    /// What a restarted daemon must find to take it back.
+    fn record(&self) -> Option<crate::restore::InstanceRecord>;
+    /// Whether it holds `what`, as the host's kernel sees it (live restore checks an adopted
+    /// sandbox's storage this way); `Err` says why not.
+    fn check_holds(&self, what: Held<'_>) -> Result<(), String>;
+}
+
+/// A sandbox whose limits can change while it runs.
+pub trait Resizable: Send + Sync {
+    /// Gives it new limits (either may stay).
     fn set_limits(
         &self,
         memory_mib: Option<u64>,
         vcpus: Option<u32>,
-    ) -> BoxFuture<'_, Result<(), String>> {
-        let _ = (memory_mib, vcpus);
-        Box::pin(async {
-            Err(
-                "its memory and CPUs are fixed when it starts on this backend (a microVM's \
-                 guest has them from boot)"
-                    .into(),
-            )
-        })
-    }
+    ) -> BoxFuture<'_, Result<(), String>>;
 }
 
 /// Connects to a Unix socket (an agent's) without a trip through the event loop when, as

@@ -23,8 +23,9 @@ use wire::agent::Hello;
 use super::cgroup::{CgroupLimits, SandboxCgroups};
 use super::supervised::{spawn_and_await_hello, Diagnostics, SandboxProcess};
 use super::{
-    AdoptSpec, Backend, BackendError, BoxFuture, Capabilities, ContainerSecurity, EgressSink,
-    EgressStream, Held, ImagePaths, Instance, InstanceSpec, MountSource, MountSpec,
+    AdoptSpec, Backend, BackendError, BoxFuture, Capabilities, ContainerHost, ContainerSecurity,
+    EgressSink, EgressStream, Held, ImagePaths, Instance, InstanceSpec, MountSource, MountSpec,
+    Resizable, Restorable,
 };
 use crate::restore::RestoreError;
 
@@ -928,23 +929,6 @@ fn loop_device(image: &Path) -> Result<String, String> {
 }
 
 impl Instance for NamespaceInstance {
-    fn check_holds(&self, what: Held<'_>) -> Result<(), String> {
-        match what {
-            Held::Mounted { image, target } => self.check_mount(&loop_device(image)?, target),
-            // The writable layer also holds `/tmp`, bound from it (namespace::mounts).
-            Held::WritableLayer { image } => self.check_mount(&loop_device(image)?, "/tmp"),
-            Held::Bound { dir, target } => {
-                use std::os::unix::fs::MetadataExt;
-                let dev = std::fs::metadata(dir)
-                    .map_err(|e| format!("{}: {e}", dir.display()))?
-                    .dev();
-                let device = format!("{}:{}", rustix::fs::major(dev), rustix::fs::minor(dev));
-                self.check_mount(&device, target)
-            }
-            Held::RootImage { .. } => Err("a namespace sandbox boots no root image".into()),
-        }
-    }
-
     fn hello(&self) -> &Hello {
         &self.hello
     }
@@ -953,6 +937,47 @@ impl Instance for NamespaceInstance {
         Box::pin(super::connect_unix(&self.socket))
     }
 
+    fn exited(&self) -> watch::Receiver<Option<String>> {
+        self.process.exited()
+    }
+
+    fn destroy(&self) -> BoxFuture<'_, ()> {
+        Box::pin(async move {
+            self.process.kill_and_wait().await;
+            if let Some(task) = &self.egress_task {
+                task.abort();
+            }
+            if let Some(mut cleanup) = self.cleanup.lock().await.take() {
+                cleanup.run().await;
+            }
+            let _ = std::fs::remove_file(&self.log_path);
+        })
+    }
+
+    fn stats(&self) -> BoxFuture<'_, Option<wire::SandboxStats>> {
+        Box::pin(async move {
+            let cleanup = self.cleanup.lock().await;
+            let cgroups = cleanup.as_ref()?.cgroups.as_ref()?;
+            let mut stats = cgroups.stats();
+            stats.disk = self.writable_layer().unwrap_or_default();
+            Some(stats)
+        })
+    }
+
+    fn containers(&self) -> Option<&dyn ContainerHost> {
+        Some(self)
+    }
+
+    fn restorable(&self) -> Option<&dyn Restorable> {
+        Some(self)
+    }
+
+    fn resizable(&self) -> Option<&dyn Resizable> {
+        Some(self)
+    }
+}
+
+impl ContainerHost for NamespaceInstance {
     fn connect_container(&self, index: usize) -> BoxFuture<'_, io::Result<UnixStream>> {
         Box::pin(async move {
             let socket = self
@@ -1071,38 +1096,32 @@ impl Instance for NamespaceInstance {
             }
         })
     }
+}
 
-    fn exited(&self) -> watch::Receiver<Option<String>> {
-        self.process.exited()
-    }
-
-    fn destroy(&self) -> BoxFuture<'_, ()> {
-        Box::pin(async move {
-            self.process.kill_and_wait().await;
-            if let Some(task) = &self.egress_task {
-                task.abort();
-            }
-            if let Some(mut cleanup) = self.cleanup.lock().await.take() {
-                cleanup.run().await;
-            }
-            let _ = std::fs::remove_file(&self.log_path);
-        })
-    }
-
+impl Restorable for NamespaceInstance {
     fn record(&self) -> Option<crate::restore::InstanceRecord> {
         self.record.clone()
     }
 
-    fn stats(&self) -> BoxFuture<'_, Option<wire::SandboxStats>> {
-        Box::pin(async move {
-            let cleanup = self.cleanup.lock().await;
-            let cgroups = cleanup.as_ref()?.cgroups.as_ref()?;
-            let mut stats = cgroups.stats();
-            stats.disk = self.writable_layer().unwrap_or_default();
-            Some(stats)
-        })
+    fn check_holds(&self, what: Held<'_>) -> Result<(), String> {
+        match what {
+            Held::Mounted { image, target } => self.check_mount(&loop_device(image)?, target),
+            // The writable layer also holds `/tmp`, bound from it (namespace::mounts).
+            Held::WritableLayer { image } => self.check_mount(&loop_device(image)?, "/tmp"),
+            Held::Bound { dir, target } => {
+                use std::os::unix::fs::MetadataExt;
+                let dev = std::fs::metadata(dir)
+                    .map_err(|e| format!("{}: {e}", dir.display()))?
+                    .dev();
+                let device = format!("{}:{}", rustix::fs::major(dev), rustix::fs::minor(dev));
+                self.check_mount(&device, target)
+            }
+            Held::RootImage { .. } => Err("a namespace sandbox boots no root image".into()),
+        }
     }
+}
 
+impl Resizable for NamespaceInstance {
     fn set_limits(
         &self,
         memory_mib: Option<u64>,
