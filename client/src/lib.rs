@@ -648,11 +648,7 @@ impl Client {
     where
         W: AsyncWrite + Unpin,
     {
-        let uri = format!(
-            "/sandboxes/{}/files?path={}",
-            path_segment(id),
-            query_value(path)
-        );
+        let uri = files_uri(id, path);
         let response = self.send(self.empty(Method::GET, &uri)?).await?;
         let header = |name: &str| {
             response
@@ -704,11 +700,7 @@ impl Client {
     where
         W: AsyncWrite + Unpin,
     {
-        let uri = format!(
-            "/sandboxes/{}/files?path={}",
-            path_segment(id),
-            query_value(path)
-        );
+        let uri = files_uri(id, path);
         let request = self
             .request(Method::GET, &uri)
             .header(hyper::header::ACCEPT, "application/x-tar")
@@ -737,6 +729,15 @@ impl Client {
 }
 
 use futures_util::TryStreamExt;
+
+/// `GET /sandboxes/{id}/files?path=PATH`'s target.
+fn files_uri(id: &str, path: &str) -> String {
+    format!(
+        "/sandboxes/{}/files?path={}",
+        path_segment(id),
+        query_value(path)
+    )
+}
 
 /// Reads an error response's JSON envelope.
 async fn api_error(response: Response<Incoming>) -> ClientError {
