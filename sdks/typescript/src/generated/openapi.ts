@@ -1762,11 +1762,14 @@ export interface paths {
             };
             cookie?: never;
         };
-        /** Download one file (?path=). */
+        /**
+         * Download one file (?path=), or with `Accept: application/x-tar` a directory (or file) as a tar stream.
+         * @description With `Accept: application/x-tar` the answer is a tar archive of the path, chunked: a directory's entries named relative to it (the directory itself is `./`), a file's one entry named after it; modes, owners and times kept; symbolic links archived as links, never followed; sockets left out. An archive the sandbox cannot finish is cut short without its last chunk, so a client sees an incomplete transfer, never a shorter archive.
+         */
         get: {
             parameters: {
                 query: {
-                    /** @description The file in the sandbox (absolute). */
+                    /** @description The file or, with `Accept: application/x-tar`, the directory in the sandbox (absolute). */
                     path: string;
                     /** @description One of the sandbox's containers, by name (see CreateSandbox.containers); absent or `main`: the sandbox's own root. */
                     container?: string;
@@ -1780,7 +1783,7 @@ export interface paths {
             };
             requestBody?: never;
             responses: {
-                /** @description The file's bytes. */
+                /** @description The file's bytes, or the tar archive asked for with `Accept`. */
                 200: {
                     headers: {
                         /** @description When the file was last modified. */
@@ -1791,9 +1794,10 @@ export interface paths {
                     };
                     content: {
                         "application/octet-stream": string;
+                        "application/x-tar": string;
                     };
                 };
-                /** @description Bad path, or the path is a directory. */
+                /** @description Bad path, or the path is a directory and the request did not ask for `application/x-tar`. */
                 400: {
                     headers: {
                         [name: string]: unknown;
